@@ -1,0 +1,329 @@
+//! The command line: `plexus train | demo | plot | doctor | list`.
+
+use crate::config::ConfigError;
+use crate::experiment::Experiment;
+use crate::plot::{self, LineChart, Series};
+use crate::run_dir::{atomic_write, RunDir};
+use crate::train::{self, Summary, TrainOptions};
+use crate::{data, doctor, model, sets, topology};
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "plexus",
+    version,
+    about = "Study how the layers of deep networks connect across depth"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Train from YAML configs: files, or directories whose *.yaml files form a set (one figure).
+    Train {
+        #[arg(required = true)]
+        configs: Vec<PathBuf>,
+        /// Run directory (one config) or parent directory of the runs (several). Default: runs/<name>.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Override a config key, e.g. --set model.depth=4 (repeatable; validated like the file).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+        /// Hide the progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// The main job on an embedded default: run a figure's set of configs, print the result
+    /// table and write the figure.
+    Demo {
+        /// Which embedded set (see `plexus list`).
+        #[arg(long, default_value = "lnn-fig2b")]
+        figure: String,
+        #[arg(long, default_value = "runs/demo")]
+        out: PathBuf,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+    },
+    /// Draw the training-loss curves of one or more runs on one log axis (PNG and SVG).
+    Plot {
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// Output directory. Default: <run>/figures for one run, <parent of the runs>/figures for several.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Figure title.
+        #[arg(long)]
+        title: Option<String>,
+    },
+    /// Report the torch version, CUDA availability and devices, bf16 support and threads.
+    Doctor,
+    /// List the registered topologies, backbones, datasets and embedded config sets.
+    List,
+}
+
+/// Exit code for configuration errors (usage errors), as opposed to 1 for failures at run time.
+pub const EXIT_CONFIG: u8 = 2;
+
+pub fn exit_code(err: &anyhow::Error) -> u8 {
+    if err
+        .chain()
+        .any(|e| e.downcast_ref::<ConfigError>().is_some())
+    {
+        EXIT_CONFIG
+    } else {
+        1
+    }
+}
+
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Train {
+            configs,
+            out,
+            overrides,
+            quiet,
+        } => {
+            let exps = resolve_paths(&configs, &overrides)?;
+            let progress = !quiet && std::io::stderr().is_terminal();
+            let dirs = run_dirs(&exps, out.as_deref())?;
+            let summaries = train_all(&exps, &dirs, progress)?;
+            print_table(&summaries);
+            Ok(())
+        }
+        Cmd::Demo {
+            figure,
+            out,
+            overrides,
+        } => demo(&figure, &out, &overrides),
+        Cmd::Plot { runs, out, title } => {
+            let out = out.unwrap_or_else(|| default_figure_dir(&runs));
+            for p in plot_losses(&runs, &out, title.as_deref())? {
+                println!("{}", p.display());
+            }
+            Ok(())
+        }
+        Cmd::Doctor => {
+            if doctor::run() {
+                Ok(())
+            } else {
+                bail!("libtorch is not fully usable (see above)")
+            }
+        }
+        Cmd::List => {
+            println!("topologies (topology.kind):");
+            for e in topology::REGISTRY {
+                println!("  {:<12} {}", e.name, e.about);
+            }
+            println!("backbones (model.kind):");
+            for e in model::REGISTRY {
+                println!("  {:<12} {}", e.name, e.about);
+            }
+            println!("datasets (data.kind):");
+            for e in data::REGISTRY {
+                println!("  {:<20} {}", e.name, e.about);
+            }
+            println!("embedded config sets (plexus demo --figure NAME):");
+            for s in sets::SETS {
+                println!("  {:<12} {}", s.name, s.about);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Expands directories into their `*.yaml` files (sorted) and resolves every config before any
+/// run starts, so one bad file stops the whole set before work.
+pub fn resolve_paths(paths: &[PathBuf], overrides: &[String]) -> Result<Vec<Experiment>> {
+    let mut files = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let mut yamls: Vec<PathBuf> = std::fs::read_dir(p)
+                .with_context(|| format!("reading {}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+                .collect();
+            yamls.sort();
+            if yamls.is_empty() {
+                bail!("{} holds no *.yaml config", p.display());
+            }
+            files.extend(yamls);
+        } else {
+            files.push(p.clone());
+        }
+    }
+    let mut exps = Vec::new();
+    for f in files {
+        exps.push(Experiment::from_file(&f, overrides)?);
+    }
+    Ok(exps)
+}
+
+/// One run directory per experiment; names must be unique within a set.
+fn run_dirs(exps: &[Experiment], out: Option<&Path>) -> Result<Vec<PathBuf>> {
+    let mut seen = std::collections::HashSet::new();
+    for e in exps {
+        if !seen.insert(e.config().name.clone()) {
+            bail!(
+                "two configs share the name `{}`; run names must be unique within one command",
+                e.config().name
+            );
+        }
+    }
+    Ok(exps
+        .iter()
+        .map(|e| match (out, exps.len()) {
+            (Some(o), 1) => o.to_path_buf(),
+            (Some(o), _) => o.join(&e.config().name),
+            (None, _) => Path::new("runs").join(&e.config().name),
+        })
+        .collect())
+}
+
+fn train_all(exps: &[Experiment], dirs: &[PathBuf], progress: bool) -> Result<Vec<Summary>> {
+    let mut out = Vec::new();
+    for (e, d) in exps.iter().zip(dirs) {
+        let dir = RunDir::create(d)?;
+        if !progress {
+            eprintln!("training {} → {}", e.config().name, d.display());
+        }
+        out.push(train::train(e, &dir, &TrainOptions { progress })?);
+    }
+    Ok(out)
+}
+
+fn demo(figure: &str, out: &Path, overrides: &[String]) -> Result<()> {
+    let set = sets::find(figure).with_context(|| {
+        format!(
+            "no embedded config set `{figure}`; available: {}",
+            sets::SETS
+                .iter()
+                .map(|s| s.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })?;
+    let exps = set
+        .configs
+        .iter()
+        .map(|c| Experiment::from_str(c.yaml, &format!("<embedded:configs/{}>", c.path), overrides))
+        .collect::<Result<Vec<_>, _>>()?;
+    println!("{} — {}", set.name, set.about);
+    let dirs = run_dirs(&exps, Some(out))?;
+    let summaries = train_all(&exps, &dirs, std::io::stderr().is_terminal())?;
+    print_table(&summaries);
+    atomic_write(
+        &out.join("results.csv"),
+        results_csv(&summaries)?.as_bytes(),
+    )?;
+    let figs = plot_losses(&dirs, &out.join("figures"), Some(set.about))?;
+    println!("\nresults: {}", out.join("results.csv").display());
+    for f in figs {
+        println!("figure:  {}", f.display());
+    }
+    Ok(())
+}
+
+fn results_csv(summaries: &[Summary]) -> Result<String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record([
+        "run",
+        "topology",
+        "layout",
+        "steps",
+        "initial_loss",
+        "final_loss",
+        "min_loss",
+        "params",
+        "seconds",
+    ])?;
+    for s in summaries {
+        w.write_record([
+            s.name.clone(),
+            s.topology.clone(),
+            s.topology_label.clone(),
+            s.steps.to_string(),
+            s.initial_loss.to_string(),
+            s.final_loss.to_string(),
+            s.min_loss.to_string(),
+            s.num_params.to_string(),
+            format!("{:.3}", s.wall_seconds),
+        ])?;
+    }
+    Ok(String::from_utf8(w.into_inner()?)?)
+}
+
+pub fn print_table(summaries: &[Summary]) {
+    println!(
+        "\n{:<24} {:<10} {:<16} {:>7} {:>12} {:>12} {:>8}",
+        "run", "topology", "layout", "steps", "final loss", "min loss", "time"
+    );
+    for s in summaries {
+        println!(
+            "{:<24} {:<10} {:<16} {:>7} {:>12.3e} {:>12.3e} {:>7.2}s",
+            s.name, s.topology, s.topology_label, s.steps, s.final_loss, s.min_loss, s.wall_seconds
+        );
+    }
+}
+
+fn default_figure_dir(runs: &[PathBuf]) -> PathBuf {
+    match runs {
+        [one] => one.join("figures"),
+        _ => runs[0]
+            .parent()
+            .map(|p| p.join("figures"))
+            .unwrap_or_else(|| PathBuf::from("figures")),
+    }
+}
+
+/// Reads `metrics.csv` (step, loss) of a run.
+pub fn read_losses(run: &Path) -> Result<Vec<(f64, f64)>> {
+    let path = run.join("metrics.csv");
+    let mut r =
+        csv::Reader::from_path(&path).with_context(|| format!("reading {}", path.display()))?;
+    let headers = r.headers()?.clone();
+    let col = |name: &str| {
+        headers
+            .iter()
+            .position(|h| h == name)
+            .with_context(|| format!("{}: no `{name}` column", path.display()))
+    };
+    let (si, li) = (col("step")?, col("loss")?);
+    let mut pts = Vec::new();
+    for (n, rec) in r.records().enumerate() {
+        let rec = rec?;
+        let parse = |i: usize| -> Result<f64> {
+            rec.get(i)
+                .unwrap_or("")
+                .parse::<f64>()
+                .with_context(|| format!("{}: row {}: not a number", path.display(), n + 2))
+        };
+        pts.push((parse(si)?, parse(li)?));
+    }
+    Ok(pts)
+}
+
+/// Loss curves of several runs on one log axis → `<out>/loss.{png,svg}`.
+pub fn plot_losses(runs: &[PathBuf], out: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
+    let mut series = Vec::new();
+    for run in runs {
+        let dir = RunDir::open(run)?;
+        let exp = Experiment::from_file(&dir.file("config.yaml"), &[])?;
+        series.push(Series {
+            label: format!("{} ({})", exp.topology.label(), exp.topology.kind()),
+            points: read_losses(run)?,
+        });
+    }
+    let chart = LineChart {
+        title: title.unwrap_or("Training loss").to_string(),
+        x_label: "step".into(),
+        y_label: "training loss (log scale)".into(),
+        log_y: true,
+        series,
+    };
+    plot::line_chart(&chart, &out.join("loss"))
+}

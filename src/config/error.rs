@@ -1,0 +1,183 @@
+//! Configuration errors that say where and what: the file, the key path, the bad value, what is
+//! allowed, and the line when we can find it.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// One bad value in a config. `Display` gives the one-line message users see.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError {
+    /// The YAML file (or `<embedded:NAME>` / `<--set>` for values that did not come from a file).
+    pub file: PathBuf,
+    /// Dotted key path from the root, e.g. `topology.edges[1]`; empty for the document itself.
+    pub key: String,
+    /// The offending value as written, or `None` when the problem is a missing key or bad syntax.
+    pub value: Option<String>,
+    /// What is allowed instead.
+    pub allowed: String,
+    /// 1-based line in `file`, when known.
+    pub line: Option<usize>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid config {}", self.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, " (line {line})")?;
+        }
+        if !self.key.is_empty() {
+            write!(f, ": key `{}`", self.key)?;
+        }
+        if let Some(v) = &self.value {
+            write!(f, " has value `{v}`")?;
+        }
+        write!(f, ": {}", self.allowed)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A problem found below some key, before we know the file: topology/model/data option parsers
+/// return these and the config loader adds the file, the prefix and the line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OptionError {
+    pub key: String,
+    pub value: Option<String>,
+    pub allowed: String,
+}
+
+impl OptionError {
+    pub fn new(
+        key: impl Into<String>,
+        value: impl fmt::Display,
+        allowed: impl Into<String>,
+    ) -> Self {
+        Self {
+            key: key.into(),
+            value: Some(value.to_string()),
+            allowed: allowed.into(),
+        }
+    }
+
+    /// Wraps a serde error from deserialising a sub-mapping, keeping its path.
+    pub fn from_serde(err: serde_path_to_error::Error<serde_yaml::Error>) -> Self {
+        let path = err.path().to_string();
+        let key = if path == "." { String::new() } else { path };
+        Self {
+            key,
+            value: None,
+            allowed: clean_serde_message(&err.inner().to_string()),
+        }
+    }
+
+    /// Attaches the file, prefixes the key with `prefix` (e.g. `topology`) and finds the line.
+    pub fn in_file(self, file: &Path, source: Option<&str>, prefix: &str) -> ConfigError {
+        let key = join_key(prefix, &self.key);
+        let line = source.and_then(|s| locate_key(s, &key));
+        ConfigError {
+            file: file.to_path_buf(),
+            key,
+            value: self.value,
+            allowed: self.allowed,
+            line,
+        }
+    }
+}
+
+fn join_key(prefix: &str, key: &str) -> String {
+    match (prefix.is_empty(), key.is_empty()) {
+        (true, _) => key.to_string(),
+        (_, true) => prefix.to_string(),
+        _ if key.starts_with('[') => format!("{prefix}{key}"),
+        _ => format!("{prefix}.{key}"),
+    }
+}
+
+/// serde_yaml appends " at line L column C" to messages; we report the line separately.
+pub(crate) fn clean_serde_message(msg: &str) -> String {
+    match msg.find(" at line ") {
+        Some(i) => msg[..i].to_string(),
+        None => msg.to_string(),
+    }
+}
+
+/// Finds the 1-based line of a dotted key path (`a.b[2].c`) in block-style YAML by following
+/// indentation. Good enough for the configs we write and for error messages; returns `None` when
+/// unsure rather than guessing.
+pub fn locate_key(source: &str, key: &str) -> Option<usize> {
+    let mut parts: Vec<(String, Option<usize>)> = Vec::new();
+    for seg in key.split('.') {
+        if seg.is_empty() {
+            continue;
+        }
+        let (name, idx) = match seg.find('[') {
+            Some(i) => (
+                seg[..i].to_string(),
+                seg[i + 1..seg.len() - 1].parse::<usize>().ok(),
+            ),
+            None => (seg.to_string(), None),
+        };
+        parts.push((name, idx));
+    }
+    let lines: Vec<&str> = source.lines().collect();
+    let (mut lo, mut hi, mut min_indent) = (0usize, lines.len(), 0usize);
+    let mut found = None;
+    for (name, idx) in parts {
+        let mut hit = None;
+        for (i, line) in lines.iter().enumerate().take(hi).skip(lo) {
+            let indent = line.len() - line.trim_start().len();
+            let t = line.trim_start();
+            if indent < min_indent || t.starts_with('#') {
+                continue;
+            }
+            if t.starts_with(&format!("{name}:")) {
+                hit = Some((i, indent));
+                break;
+            }
+        }
+        let (i, indent) = hit?;
+        found = Some(i + 1);
+        // The block of this key ends at the next line with indentation <= its own.
+        let end = lines
+            .iter()
+            .enumerate()
+            .skip(i + 1)
+            .find(|(_, l)| {
+                let t = l.trim_start();
+                !t.is_empty()
+                    && !t.starts_with('#')
+                    && l.len() - t.len() <= indent
+                    && !t.starts_with("- ")
+            })
+            .map(|(j, _)| j)
+            .unwrap_or(hi);
+        lo = i + 1;
+        hi = end;
+        min_indent = indent + 1;
+        if let Some(k) = idx {
+            // Inline list `key: [a, b]` stays on the key's line; block lists have one `- ` per item.
+            let items: Vec<usize> = (lo..hi)
+                .filter(|&j| lines[j].trim_start().starts_with("- "))
+                .collect();
+            if let Some(&j) = items.get(k) {
+                found = Some(j + 1);
+                lo = j;
+            }
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locates_nested_keys_and_list_items() {
+        let src = "name: x\nmodel:\n  kind: lnn\n  depth: 3\ntopology:\n  kind: shortcuts\n  edges:\n    - \"0:1\"\n    - \"0:5\"\n";
+        assert_eq!(locate_key(src, "model.depth"), Some(4));
+        assert_eq!(locate_key(src, "topology.kind"), Some(6));
+        assert_eq!(locate_key(src, "topology.edges[1]"), Some(9));
+        assert_eq!(locate_key(src, "train.lr"), None);
+    }
+}

@@ -1,0 +1,396 @@
+//! The run configuration: one YAML schema for the whole run, strict parsing (unknown keys are
+//! rejected), value validation, and `--set key=value` overrides that go through the same checks.
+//!
+//! `model`, `topology` and `data` are "kind sections": a `kind` that picks an entry of the
+//! corresponding registry plus that entry's own options, which the entry parses and validates
+//! itself (so adding a topology never touches this file).
+
+mod error;
+
+pub(crate) use error::clean_serde_message;
+pub use error::{locate_key, ConfigError, OptionError};
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Run name; the default run directory is `runs/<name>`.
+    pub name: String,
+    /// Seeds model initialisation and everything random in training.
+    #[serde(default)]
+    pub seed: u64,
+    /// `auto` (CUDA if available, else CPU), `cpu`, `cuda` or `cuda:N`.
+    #[serde(default = "default_device")]
+    pub device: String,
+    #[serde(default)]
+    pub precision: Precision,
+    pub model: KindSection,
+    pub topology: KindSection,
+    pub data: KindSection,
+    #[serde(default)]
+    pub train: TrainConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+fn default_device() -> String {
+    "auto".into()
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// Everything in fp32.
+    #[default]
+    Fp32,
+    /// fp32 master weights, bf16 compute; norms, softmax and loss in fp32.
+    Bf16,
+}
+
+/// `kind` selects a registry entry; every other key is that entry's option.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct KindSection {
+    pub kind: String,
+    #[serde(flatten)]
+    pub options: serde_yaml::Mapping,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Optimizer {
+    /// Plain full-batch gradient descent, `p ← p − lr·∇p` (the LNN case study).
+    #[default]
+    Gd,
+    /// AdamW (decoupled weight decay).
+    Adamw,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    #[serde(default)]
+    pub optimizer: Optimizer,
+    /// Learning rate, > 0.
+    #[serde(default = "default_lr")]
+    pub lr: f64,
+    /// Number of optimizer steps, ≥ 1.
+    #[serde(default = "default_steps")]
+    pub steps: u64,
+    /// Decoupled weight decay for AdamW, ≥ 0.
+    #[serde(default)]
+    pub weight_decay: f64,
+}
+
+fn default_lr() -> f64 {
+    1e-3
+}
+fn default_steps() -> u64 {
+    1000
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            optimizer: Optimizer::Gd,
+            lr: default_lr(),
+            steps: default_steps(),
+            weight_decay: 0.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// Write a `metrics.csv` row every this many steps (and always at step 0 and the last step).
+    #[serde(default = "default_every")]
+    pub every: u64,
+    /// Save the connectivity matrix C every this many steps (0 = only at the end).
+    #[serde(default)]
+    pub connectivity_every: u64,
+}
+
+fn default_every() -> u64 {
+    10
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            every: default_every(),
+            connectivity_every: 0,
+        }
+    }
+}
+
+/// A config together with where it came from, for error messages.
+#[derive(Debug, Clone)]
+pub struct LoadedConfig {
+    pub config: Config,
+    /// Path of the YAML file, or a pseudo-path such as `<embedded:lnn/fig2b/k3-0to2.yaml>`.
+    pub file: PathBuf,
+    /// The YAML text as read (before overrides), used to find line numbers.
+    pub source: String,
+}
+
+impl LoadedConfig {
+    /// Turns an option error found under `prefix` into a config error for this file.
+    pub fn error(&self, prefix: &str, e: OptionError) -> ConfigError {
+        e.in_file(&self.file, Some(&self.source), prefix)
+    }
+}
+
+/// Reads, overrides and validates a config file.
+pub fn load_file(path: &Path, overrides: &[String]) -> Result<LoadedConfig, ConfigError> {
+    let source = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: path.to_path_buf(),
+        key: String::new(),
+        value: None,
+        allowed: format!("cannot read the file: {e}"),
+        line: None,
+    })?;
+    load_str(&source, path, overrides)
+}
+
+/// Parses YAML text as a config (`file` is only used in messages).
+pub fn load_str(
+    source: &str,
+    file: &Path,
+    overrides: &[String],
+) -> Result<LoadedConfig, ConfigError> {
+    let err =
+        |key: String, value: Option<String>, allowed: String, line: Option<usize>| ConfigError {
+            file: file.to_path_buf(),
+            key,
+            value,
+            allowed,
+            line,
+        };
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(source).map_err(|e| {
+        let line = e.location().map(|l| l.line());
+        err(
+            String::new(),
+            None,
+            format!("not valid YAML: {}", clean_serde_message(&e.to_string())),
+            line,
+        )
+    })?;
+    for ov in overrides {
+        apply_override(&mut doc, ov).map_err(|(key, allowed)| ConfigError {
+            file: PathBuf::from(format!("{} (--set {ov})", file.display())),
+            key,
+            value: None,
+            allowed,
+            line: None,
+        })?;
+    }
+    let config: Config = serde_path_to_error::deserialize(doc.clone()).map_err(|e| {
+        let key = e.path().to_string();
+        let key = if key == "." { String::new() } else { key };
+        let line = locate_key(source, &key).or_else(|| e.inner().location().map(|l| l.line()));
+        let value = lookup(&doc, &key).and_then(scalar_text);
+        err(
+            key,
+            value,
+            clean_serde_message(&e.inner().to_string()),
+            line,
+        )
+    })?;
+    let loaded = LoadedConfig {
+        config,
+        file: file.to_path_buf(),
+        source: source.to_string(),
+    };
+    loaded.config.validate().map_err(|e| loaded.error("", e))?;
+    Ok(loaded)
+}
+
+impl Config {
+    /// Checks values that serde's types cannot express. Sections with a `kind` are checked by
+    /// their registry entries (see `crate::experiment`).
+    pub fn validate(&self) -> Result<(), OptionError> {
+        let name_ok = !self.name.is_empty()
+            && self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            && !self.name.starts_with('.');
+        if !name_ok {
+            return Err(OptionError::new(
+                "name",
+                &self.name,
+                "a non-empty run name of letters, digits, '-', '_' or '.' (it names the run directory)",
+            ));
+        }
+        crate::device::parse_device(&self.device)
+            .map_err(|allowed| OptionError::new("device", &self.device, allowed))?;
+        let t = &self.train;
+        if !(t.lr.is_finite() && t.lr > 0.0) {
+            return Err(OptionError::new(
+                "train.lr",
+                t.lr,
+                "a finite learning rate > 0",
+            ));
+        }
+        if t.steps == 0 {
+            return Err(OptionError::new("train.steps", t.steps, "an integer ≥ 1"));
+        }
+        if !(t.weight_decay.is_finite() && t.weight_decay >= 0.0) {
+            return Err(OptionError::new(
+                "train.weight_decay",
+                t.weight_decay,
+                "a finite value ≥ 0",
+            ));
+        }
+        if self.log.every == 0 {
+            return Err(OptionError::new(
+                "log.every",
+                self.log.every,
+                "an integer ≥ 1",
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn to_yaml(&self) -> String {
+        serde_yaml::to_string(self).expect("a Config always serialises")
+    }
+}
+
+/// Applies one `key.path=value` override to a YAML document. The value is parsed as YAML
+/// (`4` is an integer, `[0:2]` … use quotes for strings that look like other types).
+fn apply_override(doc: &mut serde_yaml::Value, ov: &str) -> Result<(), (String, String)> {
+    let (key, value) = ov.split_once('=').ok_or_else(|| {
+        (
+            String::new(),
+            "an override of the form key.path=value".to_string(),
+        )
+    })?;
+    let key = key.trim();
+    if key.is_empty() || key.split('.').any(|s| s.is_empty()) {
+        return Err((
+            key.to_string(),
+            "a dotted key path such as model.depth".into(),
+        ));
+    }
+    let value: serde_yaml::Value = serde_yaml::from_str(value).map_err(|e| {
+        (
+            key.to_string(),
+            format!("a YAML value: {}", clean_serde_message(&e.to_string())),
+        )
+    })?;
+    let mut node = doc;
+    let segs: Vec<&str> = key.split('.').collect();
+    for (i, seg) in segs.iter().enumerate() {
+        let map = node.as_mapping_mut().ok_or_else(|| {
+            (
+                segs[..i].join("."),
+                "a mapping (this key has no sub-keys to set)".to_string(),
+            )
+        })?;
+        let k = serde_yaml::Value::String(seg.to_string());
+        if i + 1 == segs.len() {
+            map.insert(k, value);
+            return Ok(());
+        }
+        node = map
+            .entry(k)
+            .or_insert_with(|| serde_yaml::Value::Mapping(Default::default()));
+    }
+    unreachable!("the loop returns on the last segment")
+}
+
+fn lookup<'a>(doc: &'a serde_yaml::Value, key: &str) -> Option<&'a serde_yaml::Value> {
+    let mut node = doc;
+    for seg in key.split('.').filter(|s| !s.is_empty()) {
+        let (name, idx) = match seg.find('[') {
+            Some(i) => (&seg[..i], seg[i + 1..seg.len() - 1].parse::<usize>().ok()),
+            None => (seg, None),
+        };
+        node = node.get(name)?;
+        if let Some(i) = idx {
+            node = node.get(i)?;
+        }
+    }
+    Some(node)
+}
+
+fn scalar_text(v: &serde_yaml::Value) -> Option<String> {
+    match v {
+        serde_yaml::Value::Mapping(_) | serde_yaml::Value::Sequence(_) => None,
+        other => serde_yaml::to_string(other)
+            .ok()
+            .map(|s| s.trim().to_string()),
+    }
+}
+
+/// Deserialises a kind section's options into an entry's own `Options` struct (which should be
+/// `#[serde(deny_unknown_fields)]`), reporting the key path on failure.
+pub fn parse_options<T: serde::de::DeserializeOwned>(
+    options: &serde_yaml::Mapping,
+) -> Result<T, OptionError> {
+    let value = serde_yaml::Value::Mapping(options.clone());
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let mut oe = OptionError::from_serde(e);
+        if let Some(v) = lookup(&serde_yaml::Value::Mapping(options.clone()), &oe.key) {
+            oe.value = scalar_text(v);
+        }
+        oe
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "name: t\nmodel:\n  kind: lnn\n  depth: 3\ntopology:\n  kind: plain\ndata:\n  kind: whitened_regression\ntrain:\n  lr: 0.1\n  steps: 5\n";
+
+    fn load(src: &str, ov: &[&str]) -> Result<LoadedConfig, ConfigError> {
+        let ov: Vec<String> = ov.iter().map(|s| s.to_string()).collect();
+        load_str(src, Path::new("t.yaml"), &ov)
+    }
+
+    #[test]
+    fn good_config_loads_and_overrides_apply() {
+        let c = load(GOOD, &["model.depth=4", "train.lr=0.5"])
+            .unwrap()
+            .config;
+        assert_eq!(
+            c.model.options.get("depth").and_then(|v| v.as_u64()),
+            Some(4)
+        );
+        assert_eq!(c.train.lr, 0.5);
+        assert_eq!(c.precision, Precision::Fp32);
+    }
+
+    #[test]
+    fn unknown_key_names_file_key_and_line() {
+        let e = load(&GOOD.replace("  lr: 0.1", "  lr: 0.1\n  lrr: 3"), &[]).unwrap_err();
+        assert_eq!(e.key, "train.lrr");
+        assert_eq!(e.line, Some(12));
+        assert!(e.allowed.contains("unknown field `lrr`"), "{e}");
+        assert!(e.to_string().contains("t.yaml"), "{e}");
+    }
+
+    #[test]
+    fn negative_lr_and_wrong_type_are_rejected() {
+        let e = load(GOOD, &["train.lr=-1"]).unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.value.as_deref()),
+            ("train.lr", Some("-1"))
+        );
+        let e = load(&GOOD.replace("steps: 5", "steps: many"), &[]).unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.value.as_deref(), e.line),
+            ("train.steps", Some("many"), Some(11))
+        );
+        let e = load(GOOD, &["precision=fp16"]).unwrap_err();
+        assert!(
+            e.allowed.contains("fp32") && e.allowed.contains("bf16"),
+            "{e}"
+        );
+    }
+}

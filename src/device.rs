@@ -1,0 +1,51 @@
+//! Device and precision selection.
+
+use tch::{Device, Kind};
+
+/// Parses `auto | cpu | cuda | cuda:N` without touching the GPU. The error is the allowed set.
+pub fn parse_device(s: &str) -> Result<DeviceRequest, String> {
+    const ALLOWED: &str = "one of `auto`, `cpu`, `cuda`, `cuda:N` (N a GPU index)";
+    match s {
+        "auto" => Ok(DeviceRequest::Auto),
+        "cpu" => Ok(DeviceRequest::Cpu),
+        "cuda" => Ok(DeviceRequest::Cuda(0)),
+        _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(i)) => Ok(DeviceRequest::Cuda(i)),
+            _ => Err(ALLOWED.to_string()),
+        },
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceRequest {
+    Auto,
+    Cpu,
+    Cuda(usize),
+}
+
+/// Resolves a request against what libtorch sees; asking for a GPU that is not there is an error,
+/// not a silent fall-back to the CPU.
+pub fn resolve(req: DeviceRequest) -> anyhow::Result<Device> {
+    match req {
+        DeviceRequest::Cpu => Ok(Device::Cpu),
+        DeviceRequest::Auto => Ok(Device::cuda_if_available()),
+        DeviceRequest::Cuda(i) => {
+            let n = tch::Cuda::device_count() as usize;
+            if i < n {
+                Ok(Device::Cuda(i))
+            } else {
+                anyhow::bail!(
+                    "device cuda:{i} requested but libtorch sees {n} CUDA device(s); run `plexus doctor`, or use `device: cpu`"
+                )
+            }
+        }
+    }
+}
+
+/// The dtype that matmuls run in for a precision setting.
+pub fn compute_kind(p: crate::config::Precision) -> Kind {
+    match p {
+        crate::config::Precision::Fp32 => Kind::Float,
+        crate::config::Precision::Bf16 => Kind::BFloat16,
+    }
+}

@@ -1,0 +1,53 @@
+//! A config resolved against the registries: every kind section parsed and validated, in the
+//! order data → model → topology (each needs what the previous one describes). Nothing is
+//! loaded, built or written here, so a bad config fails before any work.
+
+use crate::config::{self, ConfigError, LoadedConfig};
+use crate::data::{self, DataSpec};
+use crate::model::{self, ModelSpec};
+use crate::topology::{self, TopologySpec};
+use std::path::Path;
+
+#[derive(Debug)]
+pub struct Experiment {
+    pub loaded: LoadedConfig,
+    pub data: Box<dyn DataSpec>,
+    pub model: Box<dyn ModelSpec>,
+    pub topology: Box<dyn TopologySpec>,
+}
+
+impl Experiment {
+    pub fn resolve(loaded: LoadedConfig) -> Result<Self, ConfigError> {
+        let c = &loaded.config;
+        let data =
+            data::parse(&c.data.kind, &c.data.options).map_err(|e| loaded.error("data", e))?;
+        let model = model::parse(&c.model.kind, &c.model.options, &data.info())
+            .map_err(|e| loaded.error("model", e))?;
+        let topology = topology::parse(&c.topology.kind, &c.topology.options, model.stack())
+            .map_err(|e| loaded.error("topology", e))?;
+        Ok(Self {
+            loaded,
+            data,
+            model,
+            topology,
+        })
+    }
+
+    pub fn from_file(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        Self::resolve(config::load_file(path, overrides)?)
+    }
+
+    /// From YAML text; `origin` names it in messages (e.g. `<embedded:lnn/fig2b/k3-0to2.yaml>`).
+    pub fn from_str(source: &str, origin: &str, overrides: &[String]) -> Result<Self, ConfigError> {
+        Self::resolve(config::load_str(source, Path::new(origin), overrides)?)
+    }
+
+    pub fn config(&self) -> &config::Config {
+        &self.loaded.config
+    }
+
+    /// Legend text: `name (topology: label)`.
+    pub fn label(&self) -> String {
+        format!("{} {}", self.topology.kind(), self.topology.label())
+    }
+}

@@ -1,0 +1,19 @@
+//! plexus: a research framework on libtorch for studying how the layers of deep networks connect
+//! across depth.
+//!
+//! A model is `stem → depth stack of L units → readout head` ([`model`]); a [`topology`] decides
+//! what each unit and the readout read. Configs ([`config`]) are resolved against the registries
+//! into an [`experiment::Experiment`], which [`train`] runs into a run directory ([`run_dir`]).
+
+pub mod cli;
+pub mod config;
+pub mod data;
+pub mod device;
+pub mod doctor;
+pub mod experiment;
+pub mod model;
+pub mod plot;
+pub mod run_dir;
+pub mod sets;
+pub mod topology;
+pub mod train;

@@ -1,0 +1,13 @@
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = plexus::cli::Cli::parse();
+    match plexus::cli::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(plexus::cli::exit_code(&e))
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! `lnn`: the deep linear network of the ANCRe case study (§3): `K` square `d×d` linear layers,
+//! no bias, no norm, small random init, `f(x) = W_K … W_1 x`. Stem and head are the identity, so the
+//! topology's shortcuts are the only thing added to the product.
+//!
+//! Rows are samples: input `[n, d]` → output `[n, d]`; `layers.{k}.weight` is `[d, d]` as in
+//! `torch.nn.Linear(d, d, bias=False)`.
+
+use super::{Backbone, ModelEntry, ModelSpec};
+use crate::config::{parse_options, OptionError};
+use crate::data::DataInfo;
+use crate::topology::{StackInfo, Unit};
+use serde::Deserialize;
+use tch::{nn, Kind, Tensor};
+
+pub const ENTRY: ModelEntry = ModelEntry {
+    name: "lnn",
+    about: "deep linear network W_K … W_1 x (ANCRe §3 case study)",
+    parse,
+};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Options {
+    /// Number of layers K, ≥ 1.
+    depth: usize,
+    /// Standard deviation of the i.i.d. normal initialisation of every weight ("small init").
+    #[serde(default = "default_init_std")]
+    init_std: f64,
+}
+
+fn default_init_std() -> f64 {
+    0.05
+}
+
+#[derive(Debug)]
+struct Spec {
+    depth: usize,
+    width: usize,
+    init_std: f64,
+}
+
+fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError> {
+    let o: Options = parse_options(opts)?;
+    if o.depth == 0 || o.depth > 1024 {
+        return Err(OptionError::new("depth", o.depth, "an integer in 1..=1024"));
+    }
+    if !(o.init_std.is_finite() && o.init_std >= 0.0) {
+        return Err(OptionError::new(
+            "init_std",
+            o.init_std,
+            "a finite standard deviation ≥ 0",
+        ));
+    }
+    if data.input_dim != data.output_dim {
+        return Err(OptionError::new(
+            "kind",
+            "lnn",
+            format!(
+                "data with equal input and output dimensions (square layers); got {} → {}",
+                data.input_dim, data.output_dim
+            ),
+        ));
+    }
+    Ok(Box::new(Spec {
+        depth: o.depth,
+        width: data.input_dim,
+        init_std: o.init_std,
+    }))
+}
+
+impl ModelSpec for Spec {
+    fn kind(&self) -> &'static str {
+        "lnn"
+    }
+    fn stack(&self) -> StackInfo {
+        StackInfo {
+            depth: self.depth,
+            width: self.width,
+        }
+    }
+    fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Backbone> {
+        let d = self.width as i64;
+        let layers = (0..self.depth)
+            .map(|k| {
+                let weight = (vs / "layers" / k).var(
+                    "weight",
+                    &[d, d],
+                    nn::Init::Randn {
+                        mean: 0.0,
+                        stdev: self.init_std,
+                    },
+                );
+                Linear { weight, compute }
+            })
+            .collect();
+        Box::new(Lnn { layers })
+    }
+}
+
+/// One bias-free square linear layer `x ↦ x Wᵀ`, computed in `compute` and returned in `x`'s dtype.
+struct Linear {
+    weight: Tensor,
+    compute: Kind,
+}
+
+impl Unit for Linear {
+    fn forward(&self, x: &Tensor, _train: bool) -> Tensor {
+        x.to_kind(self.compute)
+            .matmul(&self.weight.to_kind(self.compute).tr())
+            .to_kind(x.kind())
+    }
+}
+
+struct Lnn {
+    layers: Vec<Linear>,
+}
+
+impl Backbone for Lnn {
+    fn embed(&self, input: &Tensor, _train: bool) -> Tensor {
+        input.shallow_clone()
+    }
+    fn units(&self) -> Vec<&dyn Unit> {
+        self.layers.iter().map(|l| l as &dyn Unit).collect()
+    }
+    fn readout(&self, y: &Tensor, _train: bool) -> Tensor {
+        y.shallow_clone()
+    }
+}
