@@ -238,6 +238,7 @@ fn results_csv(summaries: &[Summary]) -> Result<String> {
         "initial_loss",
         "final_loss",
         "min_loss",
+        "steps_to_1e-3",
         "params",
         "seconds",
     ])?;
@@ -250,6 +251,7 @@ fn results_csv(summaries: &[Summary]) -> Result<String> {
             s.initial_loss.to_string(),
             s.final_loss.to_string(),
             s.min_loss.to_string(),
+            s.steps_to_1e3.map(|v| v.to_string()).unwrap_or_default(),
             s.num_params.to_string(),
             format!("{:.3}", s.wall_seconds),
         ])?;
@@ -259,13 +261,24 @@ fn results_csv(summaries: &[Summary]) -> Result<String> {
 
 pub fn print_table(summaries: &[Summary]) {
     println!(
-        "\n{:<24} {:<10} {:<16} {:>7} {:>12} {:>12} {:>8}",
-        "run", "topology", "layout", "steps", "final loss", "min loss", "time"
+        "\n{:<24} {:<10} {:<16} {:>7} {:>12} {:>12} {:>11} {:>8}",
+        "run", "topology", "layout", "steps", "final loss", "min loss", "to 1e-3·L0", "time"
     );
     for s in summaries {
+        let reach = s
+            .steps_to_1e3
+            .map(|v| v.to_string())
+            .unwrap_or_else(|| "never".into());
         println!(
-            "{:<24} {:<10} {:<16} {:>7} {:>12.3e} {:>12.3e} {:>7.2}s",
-            s.name, s.topology, s.topology_label, s.steps, s.final_loss, s.min_loss, s.wall_seconds
+            "{:<24} {:<10} {:<16} {:>7} {:>12.3e} {:>12.3e} {:>11} {:>7.2}s",
+            s.name,
+            s.topology,
+            s.topology_label,
+            s.steps,
+            s.final_loss,
+            s.min_loss,
+            reach,
+            s.wall_seconds
         );
     }
 }

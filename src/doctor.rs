@@ -29,12 +29,10 @@ pub fn torch_version() -> String {
 fn bf16_works(dev: Device) -> Result<(), String> {
     let r = std::panic::catch_unwind(|| {
         let a = Tensor::ones([8, 8], (Kind::BFloat16, dev));
-        let v = a
-            .matmul(&a)
+        a.matmul(&a)
             .to_kind(Kind::Float)
             .sum(Kind::Float)
-            .double_value(&[]);
-        v
+            .double_value(&[])
     });
     match r {
         Ok(v) if (v - 512.0).abs() < 1e-3 => Ok(()),

@@ -93,6 +93,19 @@ fn join_key(prefix: &str, key: &str) -> String {
     }
 }
 
+/// The key path of a serde error; for "unknown field `x`" the path stops at the parent, so the
+/// field is appended to point at the offending line.
+pub(crate) fn serde_key(path: &str, msg: &str) -> String {
+    let path = if path == "." { "" } else { path };
+    match msg
+        .strip_prefix("unknown field `")
+        .and_then(|r| r.split_once('`'))
+    {
+        Some((field, _)) if !path.ends_with(field) => join_key(path, field),
+        _ => path.to_string(),
+    }
+}
+
 /// serde_yaml appends " at line L column C" to messages; we report the line separately.
 pub(crate) fn clean_serde_message(msg: &str) -> String {
     match msg.find(" at line ") {

@@ -7,7 +7,7 @@
 
 mod error;
 
-pub(crate) use error::clean_serde_message;
+pub(crate) use error::{clean_serde_message, serde_key};
 pub use error::{locate_key, ConfigError, OptionError};
 
 use serde::{Deserialize, Serialize};
@@ -188,8 +188,7 @@ pub fn load_str(
         })?;
     }
     let config: Config = serde_path_to_error::deserialize(doc.clone()).map_err(|e| {
-        let key = e.path().to_string();
-        let key = if key == "." { String::new() } else { key };
+        let key = serde_key(&e.path().to_string(), &e.inner().to_string());
         let line = locate_key(source, &key).or_else(|| e.inner().location().map(|l| l.line()));
         let value = lookup(&doc, &key).and_then(scalar_text);
         err(
@@ -370,7 +369,7 @@ mod tests {
     fn unknown_key_names_file_key_and_line() {
         let e = load(&GOOD.replace("  lr: 0.1", "  lr: 0.1\n  lrr: 3"), &[]).unwrap_err();
         assert_eq!(e.key, "train.lrr");
-        assert_eq!(e.line, Some(12));
+        assert_eq!(e.line, Some(11));
         assert!(e.allowed.contains("unknown field `lrr`"), "{e}");
         assert!(e.to_string().contains("t.yaml"), "{e}");
     }

@@ -53,10 +53,13 @@ pub trait DataSpec: Debug {
     fn load(&self, device: Device) -> anyhow::Result<Box<dyn DataSource>>;
 }
 
+/// Parses and validates a section's options (everything but `kind`).
+pub type ParseFn = fn(&serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError>;
+
 pub struct DataEntry {
     pub name: &'static str,
     pub about: &'static str,
-    pub parse: fn(&serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError>,
+    pub parse: ParseFn,
 }
 
 /// Every dataset plexus knows, by `data.kind`.

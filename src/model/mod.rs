@@ -30,11 +30,14 @@ pub trait ModelSpec: Debug {
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Backbone>;
 }
 
+/// Parses and validates a section's options (everything but `kind`).
+pub type ParseFn = fn(&serde_yaml::Mapping, &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError>;
+
 pub struct ModelEntry {
     pub name: &'static str,
     pub about: &'static str,
     /// Parses and validates `model.*` options for a dataset.
-    pub parse: fn(&serde_yaml::Mapping, &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError>,
+    pub parse: ParseFn,
 }
 
 /// Every backbone plexus knows, by `model.kind`.

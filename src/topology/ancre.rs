@@ -113,12 +113,13 @@ impl TopologySpec for Spec {
     fn build(&self, vs: &nn::Path) -> Box<dyn Topology> {
         let l = self.stack.depth as i64;
         let new = |p: &nn::Path, name: &str, size: i64, init: f64| {
-            let t = if self.learnable {
+            if self.learnable {
                 p.var(name, &[size], nn::Init::Const(init))
             } else {
-                p.zeros_no_train(name, &[size]) + init
-            };
-            t
+                // Registered (so checkpoints hold it) but frozen.
+                let t = p.zeros_no_train(name, &[size]);
+                tch::no_grad(|| t.shallow_clone().fill_(init))
+            }
         };
         let params = match self.weights {
             Weights::Softmax => {
@@ -206,7 +207,7 @@ impl Topology for Ancre {
             let pj = p[j].to_device(x0.device()).to_kind(x0.kind());
             let mut s = f.forward(&streams[k], train);
             for (i, si) in streams.iter().enumerate() {
-                s = s + si * pj.get(i as i64);
+                s += si * pj.get(i as i64);
             }
             streams.push(s);
         }

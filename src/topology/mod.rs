@@ -65,12 +65,16 @@ pub trait TopologySpec: Debug {
     fn build(&self, vs: &nn::Path) -> Box<dyn Topology>;
 }
 
+/// Parses and validates a section's options (everything but `kind`).
+pub type ParseFn =
+    fn(&serde_yaml::Mapping, StackInfo) -> Result<Box<dyn TopologySpec>, OptionError>;
+
 /// One registry line.
 pub struct TopologyEntry {
     pub name: &'static str,
     pub about: &'static str,
     /// Parses and validates `topology.*` options (everything but `kind`) for a stack.
-    pub parse: fn(&serde_yaml::Mapping, StackInfo) -> Result<Box<dyn TopologySpec>, OptionError>,
+    pub parse: ParseFn,
 }
 
 /// Every topology plexus knows, by `topology.kind`.

@@ -89,7 +89,7 @@ impl Topology for Shortcuts {
             let j = k + 1;
             let mut s = f.forward(&streams[k], train);
             for &(i, _) in self.edges.iter().filter(|e| e.1 == j) {
-                s = s + &streams[i];
+                s += &streams[i];
             }
             streams.push(s);
         }

@@ -29,6 +29,9 @@ pub struct Summary {
     pub initial_loss: f64,
     pub final_loss: f64,
     pub min_loss: f64,
+    /// First logged step whose loss is ≤ 1e-3 × the initial loss (a convergence-speed measure
+    /// that, unlike the final loss, does not depend on where fp32 round-off stops progress).
+    pub steps_to_1e3: Option<u64>,
     pub num_params: i64,
     pub device: String,
     pub wall_seconds: f64,
@@ -169,6 +172,10 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         initial_loss: losses[0],
         final_loss: *losses.last().expect("at least one row"),
         min_loss: losses.iter().cloned().fold(f64::INFINITY, f64::min),
+        steps_to_1e3: rows
+            .iter()
+            .find(|r| r.loss <= 1e-3 * rows[0].loss)
+            .map(|r| r.step),
         num_params: model.num_params(),
         device: format!("{dev:?}"),
         wall_seconds: wall,

@@ -1,0 +1,40 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use plexus::experiment::Experiment;
+use plexus::run_dir::RunDir;
+use plexus::train::{self, Summary, TrainOptions};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Trains a config from the repository into `dir`, with overrides.
+pub fn train_config(config: &str, dir: &Path, overrides: &[&str]) -> Summary {
+    let ov: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    let exp = Experiment::from_file(&repo().join(config), &ov).unwrap_or_else(|e| panic!("{e}"));
+    let run = RunDir::create(dir).unwrap();
+    train::train(&exp, &run, &TrainOptions { progress: false }).unwrap()
+}
+
+/// Runs the plexus binary.
+pub fn plexus(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_plexus"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run plexus")
+}
+
+pub fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+pub fn read_losses(run: &Path) -> Vec<(f64, f64)> {
+    plexus::cli::read_losses(run).unwrap()
+}
