@@ -15,10 +15,7 @@ fn main() {
         .as_ref()
         .and_then(|d| std::fs::read_to_string(d.join("..").join("version.py")).ok())
         .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("__version__ = ")
-                    .map(|v| v.trim_matches(['\'', '"']).to_string())
-            })
+            s.lines().find_map(|l| l.strip_prefix("__version__ = ").map(|v| v.trim_matches(['\'', '"']).to_string()))
         })
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=PLEXUS_TORCH_BUILD_VERSION={version}");

@@ -12,11 +12,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "plexus",
-    version,
-    about = "Study how the layers of deep networks connect across depth"
-)]
+#[command(name = "plexus", version, about = "Study how the layers of deep networks connect across depth")]
 pub struct Cli {
     #[command(subcommand)]
     pub cmd: Cmd,
@@ -60,6 +56,29 @@ pub enum Cmd {
         #[arg(long)]
         title: Option<String>,
     },
+    /// Check every topology and backbone against its PyTorch reference (parity/), forward and
+    /// every gradient. Prints one line per case; exits non-zero if any fails.
+    Parity {
+        /// Only cases whose name contains this.
+        #[arg(long)]
+        only: Option<String>,
+        /// Directory of the references and their cases.
+        #[arg(long, default_value = "parity")]
+        dir: PathBuf,
+        /// Keep the reference files here (default: a temporary directory).
+        #[arg(long)]
+        keep: Option<PathBuf>,
+    },
+    /// Print the direct layer connectivity matrix C as CSV (row = source node, column = target):
+    /// of the initialised model for a config, of the final checkpoint (or a saved step) for a run.
+    Connectivity {
+        config_or_run: PathBuf,
+        /// A step saved in the run's connectivity/ directory.
+        #[arg(long)]
+        step: Option<u64>,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+    },
     /// Report the torch version, CUDA availability and devices, bf16 support and threads.
     Doctor,
     /// List the registered topologies, backbones, datasets and embedded config sets.
@@ -70,10 +89,7 @@ pub enum Cmd {
 pub const EXIT_CONFIG: u8 = 2;
 
 pub fn exit_code(err: &anyhow::Error) -> u8 {
-    if err
-        .chain()
-        .any(|e| e.downcast_ref::<ConfigError>().is_some())
-    {
+    if err.chain().any(|e| e.downcast_ref::<ConfigError>().is_some()) {
         EXIT_CONFIG
     } else {
         1
@@ -82,12 +98,7 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
 
 pub fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Train {
-            configs,
-            out,
-            overrides,
-            quiet,
-        } => {
+        Cmd::Train { configs, out, overrides, quiet } => {
             let exps = resolve_paths(&configs, &overrides)?;
             let progress = !quiet && std::io::stderr().is_terminal();
             let dirs = run_dirs(&exps, out.as_deref())?;
@@ -95,16 +106,17 @@ pub fn run(cli: Cli) -> Result<()> {
             print_table(&summaries);
             Ok(())
         }
-        Cmd::Demo {
-            figure,
-            out,
-            overrides,
-        } => demo(&figure, &out, &overrides),
+        Cmd::Demo { figure, out, overrides } => demo(&figure, &out, &overrides),
         Cmd::Plot { runs, out, title } => {
             let out = out.unwrap_or_else(|| default_figure_dir(&runs));
             for p in plot_losses(&runs, &out, title.as_deref())? {
                 println!("{}", p.display());
             }
+            Ok(())
+        }
+        Cmd::Parity { only, dir, keep } => parity(&dir, only.as_deref(), keep.as_deref()),
+        Cmd::Connectivity { config_or_run, step, overrides } => {
+            print!("{}", connectivity_csv(&config_or_run, step, &overrides)?);
             Ok(())
         }
         Cmd::Doctor => {
@@ -168,10 +180,7 @@ fn run_dirs(exps: &[Experiment], out: Option<&Path>) -> Result<Vec<PathBuf>> {
     let mut seen = std::collections::HashSet::new();
     for e in exps {
         if !seen.insert(e.config().name.clone()) {
-            bail!(
-                "two configs share the name `{}`; run names must be unique within one command",
-                e.config().name
-            );
+            bail!("two configs share the name `{}`; run names must be unique within one command", e.config().name);
         }
     }
     Ok(exps
@@ -200,11 +209,7 @@ fn demo(figure: &str, out: &Path, overrides: &[String]) -> Result<()> {
     let set = sets::find(figure).with_context(|| {
         format!(
             "no embedded config set `{figure}`; available: {}",
-            sets::SETS
-                .iter()
-                .map(|s| s.name)
-                .collect::<Vec<_>>()
-                .join(", ")
+            sets::SETS.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
         )
     })?;
     let exps = set
@@ -216,16 +221,92 @@ fn demo(figure: &str, out: &Path, overrides: &[String]) -> Result<()> {
     let dirs = run_dirs(&exps, Some(out))?;
     let summaries = train_all(&exps, &dirs, std::io::stderr().is_terminal())?;
     print_table(&summaries);
-    atomic_write(
-        &out.join("results.csv"),
-        results_csv(&summaries)?.as_bytes(),
-    )?;
+    atomic_write(&out.join("results.csv"), results_csv(&summaries)?.as_bytes())?;
     let figs = plot_losses(&dirs, &out.join("figures"), Some(set.about))?;
     println!("\nresults: {}", out.join("results.csv").display());
     for f in figs {
         println!("figure:  {}", f.display());
     }
     Ok(())
+}
+
+fn parity(dir: &Path, only: Option<&str>, keep: Option<&Path>) -> Result<()> {
+    let cases = crate::parity::cases(&dir.join("cases"), only)?;
+    if cases.is_empty() {
+        bail!("no parity case in {} matches {:?}", dir.join("cases").display(), only.unwrap_or(""));
+    }
+    let tmp = tempfile::tempdir()?;
+    let work = keep.unwrap_or(tmp.path());
+    eprintln!("running {} PyTorch references…", cases.len());
+    let results = crate::parity::run_all(dir, &cases, work)?;
+    println!(
+        "{:<28} {:>5} {:>11} {:>11} {:<34} {:>8} {:>7}  result",
+        "case", "prec", "output err", "grad err", "(worst gradient)", "tol", "params"
+    );
+    let mut failed = 0;
+    for (case, r) in cases.iter().zip(results) {
+        match r {
+            Ok(r) => {
+                if !r.pass {
+                    failed += 1;
+                }
+                println!(
+                    "{:<28} {:>5} {:>11.3e} {:>11.3e} {:<34} {:>8.0e} {:>7}  {}",
+                    r.name,
+                    format!("{:?}", r.precision).to_lowercase(),
+                    r.output_err,
+                    r.grad_err,
+                    format!("({})", r.worst_grad),
+                    r.tolerance,
+                    r.params,
+                    if r.pass { "pass" } else { "FAIL" }
+                );
+            }
+            Err(e) => {
+                failed += 1;
+                println!("{:<28} ERROR {e:#}", crate::parity::case_name(case));
+            }
+        }
+    }
+    println!("parity: {} passed, {failed} failed", cases.len() - failed);
+    if failed > 0 {
+        bail!("{failed} parity case(s) failed");
+    }
+    Ok(())
+}
+
+/// C as CSV for a config (initialised model) or a run directory (final checkpoint, or a saved step).
+pub fn connectivity_csv(path: &Path, step: Option<u64>, overrides: &[String]) -> Result<String> {
+    let (exp, checkpoint) = if path.is_dir() {
+        let run = RunDir::open(path)?;
+        if let Some(step) = step {
+            let f = run.path.join("connectivity").join(format!("step_{step}.csv"));
+            return std::fs::read_to_string(&f).with_context(|| {
+                format!(
+                    "no C saved at step {step} in {} (see log.connectivity_every)",
+                    run.path.join("connectivity").display()
+                )
+            });
+        }
+        (
+            Experiment::from_file(&run.file("config.yaml"), overrides)?,
+            Some(run.path.join("checkpoints/final.safetensors")),
+        )
+    } else {
+        anyhow::ensure!(step.is_none(), "--step needs a run directory, not a config");
+        (Experiment::from_file(path, overrides)?, None)
+    };
+    let cfg = exp.config();
+    let dev = tch::Device::Cpu;
+    let mut model = crate::device::with_seed(cfg.seed, || {
+        crate::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, tch::Kind::Float)
+    });
+    if let Some(ck) = checkpoint {
+        model.vs.load(&ck).with_context(|| format!("loading {}", ck.display()))?;
+    }
+    let mut data = exp.data.load(dev)?;
+    let c = model.connectivity(&data.next_train().input);
+    Ok(crate::run_dir::matrix_csv(&c))
 }
 
 fn results_csv(summaries: &[Summary]) -> Result<String> {
@@ -265,20 +346,10 @@ pub fn print_table(summaries: &[Summary]) {
         "run", "topology", "layout", "steps", "final loss", "min loss", "to 1e-3·L0", "time"
     );
     for s in summaries {
-        let reach = s
-            .steps_to_1e3
-            .map(|v| v.to_string())
-            .unwrap_or_else(|| "never".into());
+        let reach = s.steps_to_1e3.map(|v| v.to_string()).unwrap_or_else(|| "never".into());
         println!(
             "{:<24} {:<10} {:<16} {:>7} {:>12.3e} {:>12.3e} {:>11} {:>7.2}s",
-            s.name,
-            s.topology,
-            s.topology_label,
-            s.steps,
-            s.final_loss,
-            s.min_loss,
-            reach,
-            s.wall_seconds
+            s.name, s.topology, s.topology_label, s.steps, s.final_loss, s.min_loss, reach, s.wall_seconds
         );
     }
 }
@@ -286,24 +357,17 @@ pub fn print_table(summaries: &[Summary]) {
 fn default_figure_dir(runs: &[PathBuf]) -> PathBuf {
     match runs {
         [one] => one.join("figures"),
-        _ => runs[0]
-            .parent()
-            .map(|p| p.join("figures"))
-            .unwrap_or_else(|| PathBuf::from("figures")),
+        _ => runs[0].parent().map(|p| p.join("figures")).unwrap_or_else(|| PathBuf::from("figures")),
     }
 }
 
 /// Reads `metrics.csv` (step, loss) of a run.
 pub fn read_losses(run: &Path) -> Result<Vec<(f64, f64)>> {
     let path = run.join("metrics.csv");
-    let mut r =
-        csv::Reader::from_path(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut r = csv::Reader::from_path(&path).with_context(|| format!("reading {}", path.display()))?;
     let headers = r.headers()?.clone();
     let col = |name: &str| {
-        headers
-            .iter()
-            .position(|h| h == name)
-            .with_context(|| format!("{}: no `{name}` column", path.display()))
+        headers.iter().position(|h| h == name).with_context(|| format!("{}: no `{name}` column", path.display()))
     };
     let (si, li) = (col("step")?, col("loss")?);
     let mut pts = Vec::new();

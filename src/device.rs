@@ -49,3 +49,14 @@ pub fn compute_kind(p: crate::config::Precision) -> Kind {
         crate::config::Precision::Bf16 => Kind::BFloat16,
     }
 }
+
+static SEED_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Seeds libtorch's global generator and runs `f` while holding a process-wide lock, so that
+/// "seed, then draw" is atomic even when several runs share a process (tests, sweeps): the same
+/// seed always gives the same tensors.
+pub fn with_seed<R>(seed: u64, f: impl FnOnce() -> R) -> R {
+    let _guard = SEED_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    tch::manual_seed(seed as i64);
+    f()
+}

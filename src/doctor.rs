@@ -18,10 +18,7 @@ pub fn torch_version() -> String {
     loaded_torch_lib_dir()
         .and_then(|d| std::fs::read_to_string(d.join("..").join("version.py")).ok())
         .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("__version__ = ")
-                    .map(|v| v.trim_matches(['\'', '"']).to_string())
-            })
+            s.lines().find_map(|l| l.strip_prefix("__version__ = ").map(|v| v.trim_matches(['\'', '"']).to_string()))
         })
         .unwrap_or_else(|| env!("PLEXUS_TORCH_BUILD_VERSION").to_string())
 }
@@ -29,10 +26,7 @@ pub fn torch_version() -> String {
 fn bf16_works(dev: Device) -> Result<(), String> {
     let r = std::panic::catch_unwind(|| {
         let a = Tensor::ones([8, 8], (Kind::BFloat16, dev));
-        a.matmul(&a)
-            .to_kind(Kind::Float)
-            .sum(Kind::Float)
-            .double_value(&[])
+        a.matmul(&a).to_kind(Kind::Float).sum(Kind::Float).double_value(&[])
     });
     match r {
         Ok(v) if (v - 512.0).abs() < 1e-3 => Ok(()),
@@ -44,51 +38,28 @@ fn bf16_works(dev: Device) -> Result<(), String> {
 /// Prints the report; returns false if something required is missing.
 pub fn run() -> bool {
     let version = torch_version();
-    let lib = loaded_torch_lib_dir()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| "?".into());
+    let lib = loaded_torch_lib_dir().map(|p| p.display().to_string()).unwrap_or_else(|| "?".into());
     let cuda = tch::Cuda::is_available();
     let n = tch::Cuda::device_count();
-    let cuda_linked = std::fs::read_to_string("/proc/self/maps")
-        .map(|m| m.contains("libtorch_cuda.so"))
-        .unwrap_or(false);
+    let cuda_linked =
+        std::fs::read_to_string("/proc/self/maps").map(|m| m.contains("libtorch_cuda.so")).unwrap_or(false);
     println!("plexus {}", env!("CARGO_PKG_VERSION"));
-    println!(
-        "torch             {version} (built against {})",
-        env!("PLEXUS_TORCH_BUILD_VERSION")
-    );
+    println!("torch             {version} (built against {})", env!("PLEXUS_TORCH_BUILD_VERSION"));
     println!("libtorch          {lib}");
     println!(
         "libtorch_cuda.so  {}",
-        if cuda_linked {
-            "loaded"
-        } else {
-            "NOT loaded (CUDA unavailable even on a GPU machine)"
-        }
+        if cuda_linked { "loaded" } else { "NOT loaded (CUDA unavailable even on a GPU machine)" }
     );
     println!("CUDA available    {cuda}");
     println!("CUDA devices      {n}");
     println!("cuDNN available   {}", tch::Cuda::cudnn_is_available());
     println!("CPU threads       {}", tch::get_num_threads());
-    println!(
-        "MKL / OpenMP      {} / {}",
-        tch::utils::has_mkl(),
-        tch::utils::has_openmp()
-    );
+    println!("MKL / OpenMP      {} / {}", tch::utils::has_mkl(), tch::utils::has_openmp());
     let cpu_bf16 = bf16_works(Device::Cpu);
-    println!(
-        "bf16 on CPU       {}",
-        cpu_bf16
-            .as_ref()
-            .map(|_| "ok".to_string())
-            .unwrap_or_else(|e| e.clone())
-    );
+    println!("bf16 on CPU       {}", cpu_bf16.as_ref().map(|_| "ok".to_string()).unwrap_or_else(|e| e.clone()));
     for i in 0..n.max(0) as usize {
         let r = bf16_works(Device::Cuda(i));
-        println!(
-            "bf16 on cuda:{i}     {}",
-            r.map(|_| "ok".to_string()).unwrap_or_else(|e| e)
-        );
+        println!("bf16 on cuda:{i}     {}", r.map(|_| "ok".to_string()).unwrap_or_else(|e| e));
     }
     cuda_linked && version != "unknown"
 }

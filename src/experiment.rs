@@ -19,18 +19,12 @@ pub struct Experiment {
 impl Experiment {
     pub fn resolve(loaded: LoadedConfig) -> Result<Self, ConfigError> {
         let c = &loaded.config;
-        let data =
-            data::parse(&c.data.kind, &c.data.options).map_err(|e| loaded.error("data", e))?;
-        let model = model::parse(&c.model.kind, &c.model.options, &data.info())
-            .map_err(|e| loaded.error("model", e))?;
+        let data = data::parse(&c.data.kind, &c.data.options).map_err(|e| loaded.error("data", e))?;
+        let model =
+            model::parse(&c.model.kind, &c.model.options, &data.info()).map_err(|e| loaded.error("model", e))?;
         let topology = topology::parse(&c.topology.kind, &c.topology.options, model.stack())
             .map_err(|e| loaded.error("topology", e))?;
-        Ok(Self {
-            loaded,
-            data,
-            model,
-            topology,
-        })
+        Ok(Self { loaded, data, model, topology })
     }
 
     pub fn from_file(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {

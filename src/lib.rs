@@ -12,6 +12,7 @@ pub mod device;
 pub mod doctor;
 pub mod experiment;
 pub mod model;
+pub mod parity;
 pub mod plot;
 pub mod run_dir;
 pub mod sets;

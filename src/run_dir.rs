@@ -10,45 +10,29 @@ use std::path::{Path, PathBuf};
 
 /// Writes `bytes` to `path` atomically (temp file in the same directory, fsync, rename).
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut tmp = tempfile::Builder::new()
         .prefix(".tmp-")
         .tempfile_in(dir)
         .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-    tmp.write_all(bytes)
-        .with_context(|| format!("writing {}", path.display()))?;
+    tmp.write_all(bytes).with_context(|| format!("writing {}", path.display()))?;
     tmp.as_file().sync_all()?;
-    tmp.persist(path)
-        .with_context(|| format!("renaming into {}", path.display()))?;
+    tmp.persist(path).with_context(|| format!("renaming into {}", path.display()))?;
     Ok(())
 }
 
 /// Runs `write` on a temporary path in `path`'s directory, then renames it to `path`. For writers
 /// that want a path (libtorch's safetensors saver).
 pub fn atomic_write_with(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     // Keep the extension: some writers pick the format from it (tch: `.safetensors`).
-    let suffix = path
-        .extension()
-        .map(|e| format!(".{}", e.to_string_lossy()))
-        .unwrap_or_default();
-    let tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .suffix(&suffix)
-        .tempfile_in(dir)?
-        .into_temp_path();
+    let suffix = path.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
+    let tmp = tempfile::Builder::new().prefix(".tmp-").suffix(&suffix).tempfile_in(dir)?.into_temp_path();
     write(&tmp)?;
     std::fs::File::open(&tmp)?.sync_all()?;
-    tmp.persist(path)
-        .with_context(|| format!("renaming into {}", path.display()))?;
+    tmp.persist(path).with_context(|| format!("renaming into {}", path.display()))?;
     Ok(())
 }
 
@@ -63,9 +47,7 @@ impl RunDir {
     pub fn create(path: &Path) -> Result<Self> {
         std::fs::create_dir_all(path.join("figures"))
             .with_context(|| format!("creating run directory {}", path.display()))?;
-        Ok(Self {
-            path: path.to_path_buf(),
-        })
+        Ok(Self { path: path.to_path_buf() })
     }
 
     pub fn open(path: &Path) -> Result<Self> {
@@ -74,9 +56,7 @@ impl RunDir {
             "{} is not a plexus run directory (no config.yaml)",
             path.display()
         );
-        Ok(Self {
-            path: path.to_path_buf(),
-        })
+        Ok(Self { path: path.to_path_buf() })
     }
 
     pub fn file(&self, name: &str) -> PathBuf {

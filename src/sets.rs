@@ -25,11 +25,7 @@ pub const SETS: &[ConfigSet] = &[
     ConfigSet {
         name: "lnn-fig2a",
         about: "ANCRe Fig. 2a: deep linear networks of depth 2, 3, 4 without shortcuts",
-        configs: embed!(
-            "lnn/fig2a/1-k2.yaml",
-            "lnn/fig2a/2-k3.yaml",
-            "lnn/fig2a/3-k4.yaml"
-        ),
+        configs: embed!("lnn/fig2a/1-k2.yaml", "lnn/fig2a/2-k3.yaml", "lnn/fig2a/3-k4.yaml"),
     },
     ConfigSet {
         name: "lnn-fig2b",

@@ -16,12 +16,7 @@ fn assert_rejected(from: &str, to: &str, extra: &[&str], key: &str, value: &str,
     let cfg = tmp.path().join("bad.yaml");
     std::fs::write(&cfg, src.replacen(from, to, 1)).unwrap();
     let out_dir = tmp.path().join("run");
-    let mut args = vec![
-        "train",
-        cfg.to_str().unwrap(),
-        "--out",
-        out_dir.to_str().unwrap(),
-    ];
+    let mut args = vec!["train", cfg.to_str().unwrap(), "--out", out_dir.to_str().unwrap()];
     args.extend_from_slice(extra);
     let o = plexus(&args, tmp.path());
     let (_, err) = text(&o);
@@ -30,10 +25,7 @@ fn assert_rejected(from: &str, to: &str, extra: &[&str], key: &str, value: &str,
         assert!(err.contains(needle), "`{needle}` not in: {err}");
     }
     assert!(!out_dir.exists(), "a run directory was left behind");
-    assert!(
-        !tmp.path().join("runs").exists(),
-        "a default run directory was left behind"
-    );
+    assert!(!tmp.path().join("runs").exists(), "a default run directory was left behind");
 }
 
 #[test]
@@ -50,14 +42,7 @@ fn unknown_key_is_rejected_with_its_line() {
 
 #[test]
 fn wrong_type_is_rejected() {
-    assert_rejected(
-        "steps: 3000",
-        "steps: lots",
-        &[],
-        "train.steps",
-        "lots",
-        "invalid type",
-    );
+    assert_rejected("steps: 3000", "steps: lots", &[], "train.steps", "lots", "invalid type");
 }
 
 #[test]
@@ -67,46 +52,18 @@ fn negative_learning_rate_is_rejected() {
 
 #[test]
 fn edge_beyond_the_depth_is_rejected() {
-    assert_rejected(
-        "\"0:1\"",
-        "\"0:5\"",
-        &[],
-        "topology.edges[0]",
-        "0:5",
-        "0 ≤ i < j ≤ 3",
-    );
+    assert_rejected("\"0:1\"", "\"0:5\"", &[], "topology.edges[0]", "0:5", "0 ≤ i < j ≤ 3");
 }
 
 #[test]
 fn unknown_topology_is_rejected_listing_the_known_ones() {
-    assert_rejected(
-        "kind: shortcuts",
-        "kind: shortcutz",
-        &[],
-        "topology.kind",
-        "shortcutz",
-        "`ancre`",
-    );
+    assert_rejected("kind: shortcuts", "kind: shortcutz", &[], "topology.kind", "shortcutz", "`ancre`");
 }
 
 #[test]
 fn bad_override_is_rejected_like_a_bad_file_value() {
-    assert_rejected(
-        "depth: 3",
-        "depth: 3",
-        &["--set", "model.depth=0"],
-        "model.depth",
-        "0",
-        "1..=1024",
-    );
-    assert_rejected(
-        "depth: 3",
-        "depth: 3",
-        &["--set", "train.nope=1"],
-        "train",
-        "unknown field `nope`",
-        "",
-    );
+    assert_rejected("depth: 3", "depth: 3", &["--set", "model.depth=0"], "model.depth", "0", "1..=1024");
+    assert_rejected("depth: 3", "depth: 3", &["--set", "train.nope=1"], "train", "unknown field `nope`", "");
 }
 
 #[test]
@@ -129,10 +86,7 @@ fn set_overrides_reach_the_resolved_config() {
     );
     assert!(o.status.success(), "{:?}", text(&o));
     let resolved = std::fs::read_to_string(out.join("config.yaml")).unwrap();
-    assert!(
-        resolved.contains("depth: 4") && resolved.contains("steps: 7"),
-        "{resolved}"
-    );
+    assert!(resolved.contains("depth: 4") && resolved.contains("steps: 7"), "{resolved}");
     assert_eq!(read_losses(&out).last().unwrap().0, 7.0);
 }
 
@@ -141,11 +95,7 @@ fn doctor_reports_torch_2_11_and_a_loaded_libtorch_cuda() {
     let o = plexus(&["doctor"], Path::new("."));
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}{err}");
-    assert!(
-        out.lines()
-            .any(|l| l.starts_with("torch") && l.contains("2.11.0")),
-        "{out}"
-    );
+    assert!(out.lines().any(|l| l.starts_with("torch") && l.contains("2.11.0")), "{out}");
     assert!(out.contains("libtorch_cuda.so  loaded"), "{out}");
     assert!(out.contains("bf16 on CPU       ok"), "{out}");
 }
@@ -158,51 +108,24 @@ fn binary_lists_libtorch_cuda_as_needed() {
         .expect("readelf (binutils) must be installed for this check");
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("Shared library: [libtorch_cuda.so]"), "{out}");
-    assert!(
-        out.contains("RUNPATH") || out.contains("RPATH"),
-        "no rpath: {out}"
-    );
+    assert!(out.contains("RUNPATH") || out.contains("RPATH"), "no rpath: {out}");
 }
 
 #[test]
 fn demo_prints_the_fig2b_table_and_writes_the_figure() {
     let tmp = tempfile::tempdir().unwrap();
-    let o = plexus(
-        &["demo", "--out", "demo", "--set", "train.steps=400"],
-        tmp.path(),
-    );
+    let o = plexus(&["demo", "--out", "demo", "--set", "train.steps=400"], tmp.path());
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}{err}");
-    for name in [
-        "lnn-fig2b-none",
-        "lnn-fig2b-cascaded",
-        "lnn-fig2b-0to1",
-        "lnn-fig2b-0to2",
-        "lnn-fig2b-ancre",
-    ] {
-        assert!(
-            out.lines().any(|l| l.starts_with(name)),
-            "{name} missing from table:\n{out}"
-        );
+    for name in ["lnn-fig2b-none", "lnn-fig2b-cascaded", "lnn-fig2b-0to1", "lnn-fig2b-0to2", "lnn-fig2b-ancre"] {
+        assert!(out.lines().any(|l| l.starts_with(name)), "{name} missing from table:\n{out}");
     }
     let png = std::fs::read(tmp.path().join("demo/figures/loss.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
-    assert!(
-        png.len() > 20_000,
-        "suspiciously small figure: {} bytes",
-        png.len()
-    );
+    assert!(png.len() > 20_000, "suspiciously small figure: {} bytes", png.len());
     let svg = std::fs::read_to_string(tmp.path().join("demo/figures/loss.svg")).unwrap();
-    for label in [
-        "0:2 (shortcuts)",
-        "0:1 (shortcuts)",
-        "cascaded (residual)",
-        "training loss (log scale)",
-    ] {
-        assert!(
-            svg.contains(label),
-            "legend/axis text `{label}` not in the SVG"
-        );
+    for label in ["0:2 (shortcuts)", "0:1 (shortcuts)", "cascaded (residual)", "training loss (log scale)"] {
+        assert!(svg.contains(label), "legend/axis text `{label}` not in the SVG");
     }
     let results = std::fs::read_to_string(tmp.path().join("demo/results.csv")).unwrap();
     assert_eq!(results.lines().count(), 6, "{results}");
@@ -212,34 +135,12 @@ fn demo_prints_the_fig2b_table_and_writes_the_figure() {
 fn plot_accepts_several_runs_and_rejects_a_non_run() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = repo().join("configs/lnn/fig2a");
-    let o = plexus(
-        &[
-            "train",
-            dir.to_str().unwrap(),
-            "--out",
-            "fig2a",
-            "--set",
-            "train.steps=50",
-        ],
-        tmp.path(),
-    );
+    let o = plexus(&["train", dir.to_str().unwrap(), "--out", "fig2a", "--set", "train.steps=50"], tmp.path());
     assert!(o.status.success(), "{:?}", text(&o));
-    let o = plexus(
-        &[
-            "plot",
-            "fig2a/lnn-fig2a-k2",
-            "fig2a/lnn-fig2a-k3",
-            "fig2a/lnn-fig2a-k4",
-        ],
-        tmp.path(),
-    );
+    let o = plexus(&["plot", "fig2a/lnn-fig2a-k2", "fig2a/lnn-fig2a-k3", "fig2a/lnn-fig2a-k4"], tmp.path());
     assert!(o.status.success(), "{:?}", text(&o));
     assert!(tmp.path().join("fig2a/figures/loss.svg").is_file());
     let o = plexus(&["plot", "fig2a"], tmp.path());
     assert!(!o.status.success());
-    assert!(
-        text(&o).1.contains("not a plexus run directory"),
-        "{:?}",
-        text(&o)
-    );
+    assert!(text(&o).1.contains("not a plexus run directory"), "{:?}", text(&o));
 }

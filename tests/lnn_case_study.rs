@@ -6,42 +6,16 @@ use common::*;
 #[test]
 fn fig2b_single_shortcut_0to2_beats_0to1_and_cascaded_and_ancre_matches_it() {
     let tmp = tempfile::tempdir().unwrap();
-    let run = |f: &str| {
-        train_config(
-            &format!("configs/lnn/fig2b/{f}.yaml"),
-            &tmp.path().join(f),
-            &[],
-        )
-    };
-    let (casc, s01, s02, ancre) = (
-        run("2-cascaded"),
-        run("3-0to1"),
-        run("4-0to2"),
-        run("5-ancre"),
-    );
+    let run = |f: &str| train_config(&format!("configs/lnn/fig2b/{f}.yaml"), &tmp.path().join(f), &[]);
+    let (casc, s01, s02, ancre) = (run("2-cascaded"), run("3-0to1"), run("4-0to2"), run("5-ancre"));
     println!(
         "cascaded {:e}, 0:1 {:e}, 0:2 {:e}, ancre {:e}",
         casc.final_loss, s01.final_loss, s02.final_loss, ancre.final_loss
     );
     // Theorems 3.2/3.3: 0:1 is sublinear, 0:2 linear; after 3000 steps the gap is many decades.
-    assert!(
-        s02.final_loss * 100.0 <= s01.final_loss,
-        "0:2 {:e} vs 0:1 {:e}",
-        s02.final_loss,
-        s01.final_loss
-    );
-    assert!(
-        s02.final_loss < casc.final_loss,
-        "0:2 {:e} vs cascaded {:e}",
-        s02.final_loss,
-        casc.final_loss
-    );
-    assert!(
-        ancre.final_loss * 100.0 <= s01.final_loss,
-        "ancre {:e} vs 0:1 {:e}",
-        ancre.final_loss,
-        s01.final_loss
-    );
+    assert!(s02.final_loss * 100.0 <= s01.final_loss, "0:2 {:e} vs 0:1 {:e}", s02.final_loss, s01.final_loss);
+    assert!(s02.final_loss < casc.final_loss, "0:2 {:e} vs cascaded {:e}", s02.final_loss, casc.final_loss);
+    assert!(ancre.final_loss * 100.0 <= s01.final_loss, "ancre {:e} vs 0:1 {:e}", ancre.final_loss, s01.final_loss);
     // Every run starts from a real problem (no accidental zero target).
     assert!(s01.initial_loss > 1.0 && s02.initial_loss > 1.0);
     // ANCRe's ingoing coefficients are a distribution over the sources of every target.
@@ -56,11 +30,7 @@ fn fig2b_single_shortcut_0to2_beats_0to1_and_cascaded_and_ancre_matches_it() {
 /// Steps until the loss first falls below `frac` of its initial value.
 fn steps_to(losses: &[(f64, f64)], frac: f64) -> f64 {
     let target = losses[0].1 * frac;
-    losses
-        .iter()
-        .find(|(_, l)| *l <= target)
-        .map(|(s, _)| *s)
-        .unwrap_or(f64::INFINITY)
+    losses.iter().find(|(_, l)| *l <= target).map(|(s, _)| *s).unwrap_or(f64::INFINITY)
 }
 
 #[test]
@@ -87,10 +57,7 @@ fn same_config_and_seed_give_identical_metrics() {
     let a = std::fs::read(tmp.path().join("a/metrics.csv")).unwrap();
     let b = std::fs::read(tmp.path().join("b/metrics.csv")).unwrap();
     assert!(a.len() > 100);
-    assert_eq!(
-        a, b,
-        "metrics.csv differs between two runs of the same config"
-    );
+    assert_eq!(a, b, "metrics.csv differs between two runs of the same config");
     // A different seed gives a different initialisation, hence different losses.
     train_config(cfg, &tmp.path().join("c"), &["train.steps=300", "seed=1"]);
     assert_ne!(a, std::fs::read(tmp.path().join("c/metrics.csv")).unwrap());
@@ -100,59 +67,29 @@ fn same_config_and_seed_give_identical_metrics() {
 fn run_directory_has_the_documented_files() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("run");
-    let s = train_config(
-        "configs/lnn/fig2b/4-0to2.yaml",
-        &dir,
-        &["train.steps=20", "log.every=5"],
-    );
-    for f in [
-        "config.yaml",
-        "metrics.csv",
-        "summary.json",
-        "checkpoints/final.safetensors",
-        "connectivity/step_20.csv",
-    ] {
+    let s = train_config("configs/lnn/fig2b/4-0to2.yaml", &dir, &["train.steps=20", "log.every=5"]);
+    for f in ["config.yaml", "metrics.csv", "summary.json", "checkpoints/final.safetensors", "connectivity/step_20.csv"]
+    {
         assert!(dir.join(f).is_file(), "{f} missing");
     }
     assert!(dir.join("figures").is_dir());
     let rows = read_losses(&dir);
-    assert_eq!(
-        rows.iter().map(|r| r.0 as u64).collect::<Vec<_>>(),
-        vec![0, 5, 10, 15, 20]
-    );
+    assert_eq!(rows.iter().map(|r| r.0 as u64).collect::<Vec<_>>(), vec![0, 5, 10, 15, 20]);
     assert_eq!(rows.last().unwrap().1, s.final_loss);
     // The resolved config reloads to the same experiment.
     let again = plexus::experiment::Experiment::from_file(&dir.join("config.yaml"), &[]).unwrap();
     assert_eq!(again.config().name, "lnn-fig2b-0to2");
     // No temporary files left behind by the atomic writes.
-    let leftovers: Vec<_> = walk(&dir)
-        .into_iter()
-        .filter(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with(".tmp-")
-        })
-        .collect();
+    let leftovers: Vec<_> =
+        walk(&dir).into_iter().filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(".tmp-")).collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     // C of the 0:2 layout: unit 3 reads s_2 = h_2 + h_0, the readout reads s_3 = h_3.
     let c = std::fs::read_to_string(dir.join("connectivity/step_20.csv")).unwrap();
-    let rows: Vec<Vec<String>> = c
-        .lines()
-        .map(|l| l.split(',').map(str::to_string).collect())
-        .collect();
+    let rows: Vec<Vec<String>> = c.lines().map(|l| l.split(',').map(str::to_string).collect()).collect();
     assert_eq!(rows[0], ["node", "0", "1", "2", "3", "4"]);
     let at = |i: usize, k: usize| rows[i + 1][k + 1].parse::<f64>().unwrap();
     assert_eq!(
-        (
-            at(0, 1),
-            at(1, 2),
-            at(0, 3),
-            at(2, 3),
-            at(1, 3),
-            at(3, 4),
-            at(0, 4)
-        ),
+        (at(0, 1), at(1, 2), at(0, 3), at(2, 3), at(1, 3), at(3, 4), at(0, 4)),
         (1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0)
     );
 }

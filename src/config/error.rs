@@ -47,40 +47,22 @@ pub struct OptionError {
 }
 
 impl OptionError {
-    pub fn new(
-        key: impl Into<String>,
-        value: impl fmt::Display,
-        allowed: impl Into<String>,
-    ) -> Self {
-        Self {
-            key: key.into(),
-            value: Some(value.to_string()),
-            allowed: allowed.into(),
-        }
+    pub fn new(key: impl Into<String>, value: impl fmt::Display, allowed: impl Into<String>) -> Self {
+        Self { key: key.into(), value: Some(value.to_string()), allowed: allowed.into() }
     }
 
     /// Wraps a serde error from deserialising a sub-mapping, keeping its path.
     pub fn from_serde(err: serde_path_to_error::Error<serde_yaml::Error>) -> Self {
         let path = err.path().to_string();
         let key = if path == "." { String::new() } else { path };
-        Self {
-            key,
-            value: None,
-            allowed: clean_serde_message(&err.inner().to_string()),
-        }
+        Self { key, value: None, allowed: clean_serde_message(&err.inner().to_string()) }
     }
 
     /// Attaches the file, prefixes the key with `prefix` (e.g. `topology`) and finds the line.
     pub fn in_file(self, file: &Path, source: Option<&str>, prefix: &str) -> ConfigError {
         let key = join_key(prefix, &self.key);
         let line = source.and_then(|s| locate_key(s, &key));
-        ConfigError {
-            file: file.to_path_buf(),
-            key,
-            value: self.value,
-            allowed: self.allowed,
-            line,
-        }
+        ConfigError { file: file.to_path_buf(), key, value: self.value, allowed: self.allowed, line }
     }
 }
 
@@ -97,10 +79,7 @@ fn join_key(prefix: &str, key: &str) -> String {
 /// field is appended to point at the offending line.
 pub(crate) fn serde_key(path: &str, msg: &str) -> String {
     let path = if path == "." { "" } else { path };
-    match msg
-        .strip_prefix("unknown field `")
-        .and_then(|r| r.split_once('`'))
-    {
+    match msg.strip_prefix("unknown field `").and_then(|r| r.split_once('`')) {
         Some((field, _)) if !path.ends_with(field) => join_key(path, field),
         _ => path.to_string(),
     }
@@ -124,10 +103,7 @@ pub fn locate_key(source: &str, key: &str) -> Option<usize> {
             continue;
         }
         let (name, idx) = match seg.find('[') {
-            Some(i) => (
-                seg[..i].to_string(),
-                seg[i + 1..seg.len() - 1].parse::<usize>().ok(),
-            ),
+            Some(i) => (seg[..i].to_string(), seg[i + 1..seg.len() - 1].parse::<usize>().ok()),
             None => (seg.to_string(), None),
         };
         parts.push((name, idx));
@@ -157,10 +133,7 @@ pub fn locate_key(source: &str, key: &str) -> Option<usize> {
             .skip(i + 1)
             .find(|(_, l)| {
                 let t = l.trim_start();
-                !t.is_empty()
-                    && !t.starts_with('#')
-                    && l.len() - t.len() <= indent
-                    && !t.starts_with("- ")
+                !t.is_empty() && !t.starts_with('#') && l.len() - t.len() <= indent && !t.starts_with("- ")
             })
             .map(|(j, _)| j)
             .unwrap_or(hi);
@@ -169,9 +142,7 @@ pub fn locate_key(source: &str, key: &str) -> Option<usize> {
         min_indent = indent + 1;
         if let Some(k) = idx {
             // Inline list `key: [a, b]` stays on the key's line; block lists have one `- ` per item.
-            let items: Vec<usize> = (lo..hi)
-                .filter(|&j| lines[j].trim_start().starts_with("- "))
-                .collect();
+            let items: Vec<usize> = (lo..hi).filter(|&j| lines[j].trim_start().starts_with("- ")).collect();
             if let Some(&j) = items.get(k) {
                 found = Some(j + 1);
                 lo = j;

@@ -93,12 +93,7 @@ fn default_steps() -> u64 {
 
 impl Default for TrainConfig {
     fn default() -> Self {
-        Self {
-            optimizer: Optimizer::Gd,
-            lr: default_lr(),
-            steps: default_steps(),
-            weight_decay: 0.0,
-        }
+        Self { optimizer: Optimizer::Gd, lr: default_lr(), steps: default_steps(), weight_decay: 0.0 }
     }
 }
 
@@ -119,10 +114,7 @@ fn default_every() -> u64 {
 
 impl Default for LogConfig {
     fn default() -> Self {
-        Self {
-            every: default_every(),
-            connectivity_every: 0,
-        }
+        Self { every: default_every(), connectivity_every: 0 }
     }
 }
 
@@ -156,27 +148,17 @@ pub fn load_file(path: &Path, overrides: &[String]) -> Result<LoadedConfig, Conf
 }
 
 /// Parses YAML text as a config (`file` is only used in messages).
-pub fn load_str(
-    source: &str,
-    file: &Path,
-    overrides: &[String],
-) -> Result<LoadedConfig, ConfigError> {
-    let err =
-        |key: String, value: Option<String>, allowed: String, line: Option<usize>| ConfigError {
-            file: file.to_path_buf(),
-            key,
-            value,
-            allowed,
-            line,
-        };
+pub fn load_str(source: &str, file: &Path, overrides: &[String]) -> Result<LoadedConfig, ConfigError> {
+    let err = |key: String, value: Option<String>, allowed: String, line: Option<usize>| ConfigError {
+        file: file.to_path_buf(),
+        key,
+        value,
+        allowed,
+        line,
+    };
     let mut doc: serde_yaml::Value = serde_yaml::from_str(source).map_err(|e| {
         let line = e.location().map(|l| l.line());
-        err(
-            String::new(),
-            None,
-            format!("not valid YAML: {}", clean_serde_message(&e.to_string())),
-            line,
-        )
+        err(String::new(), None, format!("not valid YAML: {}", clean_serde_message(&e.to_string())), line)
     })?;
     for ov in overrides {
         apply_override(&mut doc, ov).map_err(|(key, allowed)| ConfigError {
@@ -191,18 +173,9 @@ pub fn load_str(
         let key = serde_key(&e.path().to_string(), &e.inner().to_string());
         let line = locate_key(source, &key).or_else(|| e.inner().location().map(|l| l.line()));
         let value = lookup(&doc, &key).and_then(scalar_text);
-        err(
-            key,
-            value,
-            clean_serde_message(&e.inner().to_string()),
-            line,
-        )
+        err(key, value, clean_serde_message(&e.inner().to_string()), line)
     })?;
-    let loaded = LoadedConfig {
-        config,
-        file: file.to_path_buf(),
-        source: source.to_string(),
-    };
+    let loaded = LoadedConfig { config, file: file.to_path_buf(), source: source.to_string() };
     loaded.config.validate().map_err(|e| loaded.error("", e))?;
     Ok(loaded)
 }
@@ -212,10 +185,7 @@ impl Config {
     /// their registry entries (see `crate::experiment`).
     pub fn validate(&self) -> Result<(), OptionError> {
         let name_ok = !self.name.is_empty()
-            && self
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            && self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
             && !self.name.starts_with('.');
         if !name_ok {
             return Err(OptionError::new(
@@ -228,28 +198,16 @@ impl Config {
             .map_err(|allowed| OptionError::new("device", &self.device, allowed))?;
         let t = &self.train;
         if !(t.lr.is_finite() && t.lr > 0.0) {
-            return Err(OptionError::new(
-                "train.lr",
-                t.lr,
-                "a finite learning rate > 0",
-            ));
+            return Err(OptionError::new("train.lr", t.lr, "a finite learning rate > 0"));
         }
         if t.steps == 0 {
             return Err(OptionError::new("train.steps", t.steps, "an integer ≥ 1"));
         }
         if !(t.weight_decay.is_finite() && t.weight_decay >= 0.0) {
-            return Err(OptionError::new(
-                "train.weight_decay",
-                t.weight_decay,
-                "a finite value ≥ 0",
-            ));
+            return Err(OptionError::new("train.weight_decay", t.weight_decay, "a finite value ≥ 0"));
         }
         if self.log.every == 0 {
-            return Err(OptionError::new(
-                "log.every",
-                self.log.every,
-                "an integer ≥ 1",
-            ));
+            return Err(OptionError::new("log.every", self.log.every, "an integer ≥ 1"));
         }
         Ok(())
     }
@@ -262,42 +220,26 @@ impl Config {
 /// Applies one `key.path=value` override to a YAML document. The value is parsed as YAML
 /// (`4` is an integer, `[0:2]` … use quotes for strings that look like other types).
 fn apply_override(doc: &mut serde_yaml::Value, ov: &str) -> Result<(), (String, String)> {
-    let (key, value) = ov.split_once('=').ok_or_else(|| {
-        (
-            String::new(),
-            "an override of the form key.path=value".to_string(),
-        )
-    })?;
+    let (key, value) =
+        ov.split_once('=').ok_or_else(|| (String::new(), "an override of the form key.path=value".to_string()))?;
     let key = key.trim();
     if key.is_empty() || key.split('.').any(|s| s.is_empty()) {
-        return Err((
-            key.to_string(),
-            "a dotted key path such as model.depth".into(),
-        ));
+        return Err((key.to_string(), "a dotted key path such as model.depth".into()));
     }
-    let value: serde_yaml::Value = serde_yaml::from_str(value).map_err(|e| {
-        (
-            key.to_string(),
-            format!("a YAML value: {}", clean_serde_message(&e.to_string())),
-        )
-    })?;
+    let value: serde_yaml::Value = serde_yaml::from_str(value)
+        .map_err(|e| (key.to_string(), format!("a YAML value: {}", clean_serde_message(&e.to_string()))))?;
     let mut node = doc;
     let segs: Vec<&str> = key.split('.').collect();
     for (i, seg) in segs.iter().enumerate() {
-        let map = node.as_mapping_mut().ok_or_else(|| {
-            (
-                segs[..i].join("."),
-                "a mapping (this key has no sub-keys to set)".to_string(),
-            )
-        })?;
+        let map = node
+            .as_mapping_mut()
+            .ok_or_else(|| (segs[..i].join("."), "a mapping (this key has no sub-keys to set)".to_string()))?;
         let k = serde_yaml::Value::String(seg.to_string());
         if i + 1 == segs.len() {
             map.insert(k, value);
             return Ok(());
         }
-        node = map
-            .entry(k)
-            .or_insert_with(|| serde_yaml::Value::Mapping(Default::default()));
+        node = map.entry(k).or_insert_with(|| serde_yaml::Value::Mapping(Default::default()));
     }
     unreachable!("the loop returns on the last segment")
 }
@@ -320,17 +262,13 @@ fn lookup<'a>(doc: &'a serde_yaml::Value, key: &str) -> Option<&'a serde_yaml::V
 fn scalar_text(v: &serde_yaml::Value) -> Option<String> {
     match v {
         serde_yaml::Value::Mapping(_) | serde_yaml::Value::Sequence(_) => None,
-        other => serde_yaml::to_string(other)
-            .ok()
-            .map(|s| s.trim().to_string()),
+        other => serde_yaml::to_string(other).ok().map(|s| s.trim().to_string()),
     }
 }
 
 /// Deserialises a kind section's options into an entry's own `Options` struct (which should be
 /// `#[serde(deny_unknown_fields)]`), reporting the key path on failure.
-pub fn parse_options<T: serde::de::DeserializeOwned>(
-    options: &serde_yaml::Mapping,
-) -> Result<T, OptionError> {
+pub fn parse_options<T: serde::de::DeserializeOwned>(options: &serde_yaml::Mapping) -> Result<T, OptionError> {
     let value = serde_yaml::Value::Mapping(options.clone());
     serde_path_to_error::deserialize(value).map_err(|e| {
         let mut oe = OptionError::from_serde(e);
@@ -354,13 +292,8 @@ mod tests {
 
     #[test]
     fn good_config_loads_and_overrides_apply() {
-        let c = load(GOOD, &["model.depth=4", "train.lr=0.5"])
-            .unwrap()
-            .config;
-        assert_eq!(
-            c.model.options.get("depth").and_then(|v| v.as_u64()),
-            Some(4)
-        );
+        let c = load(GOOD, &["model.depth=4", "train.lr=0.5"]).unwrap().config;
+        assert_eq!(c.model.options.get("depth").and_then(|v| v.as_u64()), Some(4));
         assert_eq!(c.train.lr, 0.5);
         assert_eq!(c.precision, Precision::Fp32);
     }
@@ -377,19 +310,10 @@ mod tests {
     #[test]
     fn negative_lr_and_wrong_type_are_rejected() {
         let e = load(GOOD, &["train.lr=-1"]).unwrap_err();
-        assert_eq!(
-            (e.key.as_str(), e.value.as_deref()),
-            ("train.lr", Some("-1"))
-        );
+        assert_eq!((e.key.as_str(), e.value.as_deref()), ("train.lr", Some("-1")));
         let e = load(&GOOD.replace("steps: 5", "steps: many"), &[]).unwrap_err();
-        assert_eq!(
-            (e.key.as_str(), e.value.as_deref(), e.line),
-            ("train.steps", Some("many"), Some(11))
-        );
+        assert_eq!((e.key.as_str(), e.value.as_deref(), e.line), ("train.steps", Some("many"), Some(11)));
         let e = load(GOOD, &["precision=fp16"]).unwrap_err();
-        assert!(
-            e.allowed.contains("fp32") && e.allowed.contains("bf16"),
-            "{e}"
-        );
+        assert!(e.allowed.contains("fp32") && e.allowed.contains("bf16"), "{e}");
     }
 }

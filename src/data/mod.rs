@@ -10,9 +10,18 @@ use tch::{Device, Tensor};
 /// What the model and the trainer need to know about a dataset before it is loaded.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DataInfo {
-    pub input_dim: usize,
+    /// Shape of one input sample: `[d]` for vectors, `[C, H, W]` for images.
+    pub input_shape: Vec<usize>,
+    /// Target dimension (regression) or number of classes (classification).
     pub output_dim: usize,
     pub task: Task,
+}
+
+impl DataInfo {
+    /// Number of scalars in one input sample.
+    pub fn input_dim(&self) -> usize {
+        self.input_shape.iter().product()
+    }
 }
 
 /// The objective, fixed by the dataset.
@@ -20,6 +29,8 @@ pub struct DataInfo {
 pub enum Task {
     /// Regression with `½‖f(X) − Y‖²_F` summed over the batch (the LNN case study's loss).
     HalfSumSquares,
+    /// Classification with the mean cross-entropy of logits `[n, classes]` against labels `[n]`.
+    Classification,
 }
 
 impl Task {
@@ -30,6 +41,7 @@ impl Task {
                 let diff = output.to_kind(tch::Kind::Float) - target.to_kind(tch::Kind::Float);
                 diff.square().sum(tch::Kind::Float) * 0.5
             }
+            Task::Classification => output.to_kind(tch::Kind::Float).cross_entropy_for_logits(target),
         }
     }
 }
@@ -63,7 +75,7 @@ pub struct DataEntry {
 }
 
 /// Every dataset plexus knows, by `data.kind`.
-pub const REGISTRY: &[DataEntry] = &[synthetic::WHITENED_REGRESSION];
+pub const REGISTRY: &[DataEntry] = &[synthetic::WHITENED_REGRESSION, synthetic::SYNTHETIC_IMAGES];
 
 pub fn parse(kind: &str, options: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
     match REGISTRY.iter().find(|e| e.name == kind) {
@@ -71,14 +83,7 @@ pub fn parse(kind: &str, options: &serde_yaml::Mapping) -> Result<Box<dyn DataSp
         None => Err(OptionError::new(
             "kind",
             kind,
-            format!(
-                "one of {}",
-                REGISTRY
-                    .iter()
-                    .map(|e| format!("`{}`", e.name))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+            format!("one of {}", REGISTRY.iter().map(|e| format!("`{}`", e.name)).collect::<Vec<_>>().join(", ")),
         )),
     }
 }

@@ -73,24 +73,13 @@ fn parse(opts: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
     }
     let rank = o.rank.unwrap_or(o.dim / 2);
     if rank > o.dim {
-        return Err(OptionError::new(
-            "rank",
-            rank,
-            format!("an integer in 0..={}", o.dim),
-        ));
+        return Err(OptionError::new("rank", rank, format!("an integer in 0..={}", o.dim)));
     }
-    if !(o.sigma_min.is_finite()
-        && o.sigma_max.is_finite()
-        && 0.0 < o.sigma_min
-        && o.sigma_min <= o.sigma_max)
-    {
+    if !(o.sigma_min.is_finite() && o.sigma_max.is_finite() && 0.0 < o.sigma_min && o.sigma_min <= o.sigma_max) {
         return Err(OptionError::new(
             "sigma_min",
             o.sigma_min,
-            format!(
-                "finite singular values with 0 < sigma_min ≤ sigma_max (sigma_max = {})",
-                o.sigma_max
-            ),
+            format!("finite singular values with 0 < sigma_min ≤ sigma_max (sigma_max = {})", o.sigma_max),
         ));
     }
     Ok(Box::new(Spec {
@@ -108,18 +97,11 @@ impl DataSpec for Spec {
         "whitened_regression"
     }
     fn info(&self) -> DataInfo {
-        DataInfo {
-            input_dim: self.dim,
-            output_dim: self.dim,
-            task: Task::HalfSumSquares,
-        }
+        DataInfo { input_shape: vec![self.dim], output_dim: self.dim, task: Task::HalfSumSquares }
     }
     fn load(&self, device: Device) -> anyhow::Result<Box<dyn DataSource>> {
         let (x, y) = self.generate();
-        Ok(Box::new(FullBatch {
-            x: x.to_device(device),
-            y: y.to_device(device),
-        }))
+        Ok(Box::new(FullBatch { x: x.to_device(device), y: y.to_device(device) }))
     }
 }
 
@@ -128,22 +110,18 @@ impl Spec {
     fn generate(&self) -> (Tensor, Tensor) {
         let opts = (Kind::Double, Device::Cpu);
         let (n, d) = (self.samples as i64, self.dim as i64);
-        tch::manual_seed(self.seed as i64);
-        let (x, _) = Tensor::linalg_qr(&Tensor::randn([n, d], opts), "reduced");
-        let (u, _) = Tensor::linalg_qr(&Tensor::randn([d, d], opts), "reduced");
-        let (v, _) = Tensor::linalg_qr(&Tensor::randn([d, d], opts), "reduced");
+        let (g, h, k) = crate::device::with_seed(self.seed, || {
+            (Tensor::randn([n, d], opts), Tensor::randn([d, d], opts), Tensor::randn([d, d], opts))
+        });
+        let (x, _) = Tensor::linalg_qr(&g, "reduced");
+        let (u, _) = Tensor::linalg_qr(&h, "reduced");
+        let (v, _) = Tensor::linalg_qr(&k, "reduced");
         let mut sigma = vec![0.0f64; self.dim];
         for (i, s) in sigma.iter_mut().take(self.rank).enumerate() {
-            let t = if self.rank > 1 {
-                i as f64 / (self.rank - 1) as f64
-            } else {
-                0.0
-            };
+            let t = if self.rank > 1 { i as f64 / (self.rank - 1) as f64 } else { 0.0 };
             *s = self.sigma_max - t * (self.sigma_max - self.sigma_min);
         }
-        let a = u
-            .matmul(&Tensor::from_slice(&sigma).diag(0))
-            .matmul(&v.tr());
+        let a = u.matmul(&Tensor::from_slice(&sigma).diag(0)).matmul(&v.tr());
         let y = x.matmul(&a.tr());
         (x.to_kind(Kind::Float), y.to_kind(Kind::Float))
     }
@@ -156,10 +134,7 @@ struct FullBatch {
 
 impl DataSource for FullBatch {
     fn next_train(&mut self) -> Batch {
-        Batch {
-            input: self.x.shallow_clone(),
-            target: self.y.shallow_clone(),
-        }
+        Batch { input: self.x.shallow_clone(), target: self.y.shallow_clone() }
     }
 }
 
@@ -169,24 +144,133 @@ mod tests {
 
     #[test]
     fn inputs_are_whitened_and_target_map_has_the_rank_asked_for() {
-        let spec = Spec {
-            dim: 8,
-            samples: 32,
-            rank: 3,
-            sigma_min: 1.0,
-            sigma_max: 2.0,
-            seed: 7,
-        };
+        let spec = Spec { dim: 8, samples: 32, rank: 3, sigma_min: 1.0, sigma_max: 2.0, seed: 7 };
         let (x, y) = spec.generate();
         let gram = x.tr().matmul(&x) - Tensor::eye(8, (Kind::Float, Device::Cpu));
         assert!(gram.abs().max().double_value(&[]) < 1e-5);
         // Y = X Aᵀ with Xᵀ X = I, so A = (Xᵀ Y)ᵀ.
         let a = x.tr().matmul(&y).tr();
         let sv = Vec::<f32>::try_from(a.svd(true, true).1).unwrap();
-        assert!(
-            (sv[0] - 2.0).abs() < 1e-4 && (sv[2] - 1.0).abs() < 1e-4,
-            "{sv:?}"
-        );
+        assert!((sv[0] - 2.0).abs() < 1e-4 && (sv[2] - 1.0).abs() < 1e-4, "{sv:?}");
         assert!(sv[3] < 1e-4, "rank 3 expected: {sv:?}");
+    }
+}
+
+/// `synthetic_images`: class-prototype images for smoke tests and parity shapes, generated from a
+/// seed: each class has a random prototype `[C, S, S]`; a sample is its class prototype plus
+/// Gaussian noise of standard deviation `noise`. Learnable, so a falling loss means something.
+pub const SYNTHETIC_IMAGES: DataEntry = DataEntry {
+    name: "synthetic_images",
+    about: "generated class-prototype images (smoke tests; no download)",
+    parse: parse_images,
+};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ImageOptions {
+    #[serde(default = "s8")]
+    image_size: usize,
+    #[serde(default = "c3")]
+    channels: usize,
+    #[serde(default = "c10")]
+    classes: usize,
+    #[serde(default = "n256")]
+    samples: usize,
+    #[serde(default = "one")]
+    noise: f64,
+    #[serde(default = "b32")]
+    batch_size: usize,
+    #[serde(default)]
+    seed: u64,
+}
+
+fn s8() -> usize {
+    8
+}
+fn c3() -> usize {
+    3
+}
+fn c10() -> usize {
+    10
+}
+fn n256() -> usize {
+    256
+}
+fn b32() -> usize {
+    32
+}
+
+#[derive(Debug)]
+struct ImageSpec(ImageOptions);
+
+fn parse_images(opts: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
+    let o: ImageOptions = parse_options(opts)?;
+    for (key, v, max) in [
+        ("image_size", o.image_size, 512),
+        ("channels", o.channels, 64),
+        ("classes", o.classes, 100_000),
+        ("samples", o.samples, 10_000_000),
+        ("batch_size", o.batch_size, 1 << 20),
+    ] {
+        if v == 0 || v > max {
+            return Err(OptionError::new(key, v, format!("an integer in 1..={max}")));
+        }
+    }
+    if !(o.noise.is_finite() && o.noise >= 0.0) {
+        return Err(OptionError::new("noise", o.noise, "a finite standard deviation ≥ 0"));
+    }
+    Ok(Box::new(ImageSpec(o)))
+}
+
+impl DataSpec for ImageSpec {
+    fn kind(&self) -> &'static str {
+        "synthetic_images"
+    }
+    fn info(&self) -> DataInfo {
+        let o = &self.0;
+        DataInfo {
+            input_shape: vec![o.channels, o.image_size, o.image_size],
+            output_dim: o.classes,
+            task: Task::Classification,
+        }
+    }
+    fn load(&self, device: Device) -> anyhow::Result<Box<dyn DataSource>> {
+        let o = &self.0;
+        let opts = (Kind::Float, Device::Cpu);
+        let (c, s) = (o.channels as i64, o.image_size as i64);
+        let (x, labels) = crate::device::with_seed(o.seed, || {
+            let protos = Tensor::randn([o.classes as i64, c, s, s], opts);
+            let labels = Tensor::randint(o.classes as i64, [o.samples as i64], (Kind::Int64, Device::Cpu));
+            (protos.index_select(0, &labels) + Tensor::randn([o.samples as i64, c, s, s], opts) * o.noise, labels)
+        });
+        Ok(Box::new(Minibatches {
+            x: x.to_device(device),
+            y: labels.to_device(device),
+            batch: o.batch_size.min(o.samples) as i64,
+            cursor: 0,
+        }))
+    }
+}
+
+/// Cycles through a fixed in-memory set in order, one minibatch at a time (deterministic).
+struct Minibatches {
+    x: Tensor,
+    y: Tensor,
+    batch: i64,
+    cursor: i64,
+}
+
+impl DataSource for Minibatches {
+    fn next_train(&mut self) -> Batch {
+        let n = self.x.size()[0];
+        if self.cursor + self.batch > n {
+            self.cursor = 0;
+        }
+        let b = Batch {
+            input: self.x.narrow(0, self.cursor, self.batch),
+            target: self.y.narrow(0, self.cursor, self.batch),
+        };
+        self.cursor += self.batch;
+        b
     }
 }

@@ -8,15 +8,12 @@
 use super::{Backbone, ModelEntry, ModelSpec};
 use crate::config::{parse_options, OptionError};
 use crate::data::DataInfo;
-use crate::topology::{StackInfo, Unit};
+use crate::topology::{Norm, StackInfo, Unit};
 use serde::Deserialize;
 use tch::{nn, Kind, Tensor};
 
-pub const ENTRY: ModelEntry = ModelEntry {
-    name: "lnn",
-    about: "deep linear network W_K … W_1 x (ANCRe §3 case study)",
-    parse,
-};
+pub const ENTRY: ModelEntry =
+    ModelEntry { name: "lnn", about: "deep linear network W_K … W_1 x (ANCRe §3 case study)", parse };
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,27 +42,20 @@ fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpe
         return Err(OptionError::new("depth", o.depth, "an integer in 1..=1024"));
     }
     if !(o.init_std.is_finite() && o.init_std >= 0.0) {
-        return Err(OptionError::new(
-            "init_std",
-            o.init_std,
-            "a finite standard deviation ≥ 0",
-        ));
+        return Err(OptionError::new("init_std", o.init_std, "a finite standard deviation ≥ 0"));
     }
-    if data.input_dim != data.output_dim {
+    if data.input_dim() != data.output_dim {
         return Err(OptionError::new(
             "kind",
             "lnn",
             format!(
                 "data with equal input and output dimensions (square layers); got {} → {}",
-                data.input_dim, data.output_dim
+                data.input_dim(),
+                data.output_dim
             ),
         ));
     }
-    Ok(Box::new(Spec {
-        depth: o.depth,
-        width: data.input_dim,
-        init_std: o.init_std,
-    }))
+    Ok(Box::new(Spec { depth: o.depth, width: data.input_dim(), init_std: o.init_std }))
 }
 
 impl ModelSpec for Spec {
@@ -73,23 +63,14 @@ impl ModelSpec for Spec {
         "lnn"
     }
     fn stack(&self) -> StackInfo {
-        StackInfo {
-            depth: self.depth,
-            width: self.width,
-        }
+        StackInfo { sublayers: self.depth, block_size: 1, width: self.width, pre_norm: false }
     }
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Backbone> {
         let d = self.width as i64;
         let layers = (0..self.depth)
             .map(|k| {
-                let weight = (vs / "layers" / k).var(
-                    "weight",
-                    &[d, d],
-                    nn::Init::Randn {
-                        mean: 0.0,
-                        stdev: self.init_std,
-                    },
-                );
+                let weight =
+                    (vs / "layers" / k).var("weight", &[d, d], nn::Init::Randn { mean: 0.0, stdev: self.init_std });
                 Linear { weight, compute }
             })
             .collect();
@@ -104,10 +85,8 @@ struct Linear {
 }
 
 impl Unit for Linear {
-    fn forward(&self, x: &Tensor, _train: bool) -> Tensor {
-        x.to_kind(self.compute)
-            .matmul(&self.weight.to_kind(self.compute).tr())
-            .to_kind(x.kind())
+    fn forward(&self, x: &Tensor, _norm: Norm, _train: bool) -> Tensor {
+        x.to_kind(self.compute).matmul(&self.weight.to_kind(self.compute).tr()).to_kind(x.kind())
     }
 }
 

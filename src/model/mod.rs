@@ -3,11 +3,14 @@
 //!
 //! Adding a backbone: write `src/model/<name>.rs` with an `ENTRY` and add one line to [`REGISTRY`].
 
+pub mod layers;
 pub mod lnn;
+pub mod mixer;
+pub mod mlp;
 
 use crate::config::OptionError;
 use crate::data::DataInfo;
-use crate::topology::{StackInfo, Topology, TopologySpec, Unit};
+use crate::topology::{BlockUnit, Granularity, StackInfo, Topology, TopologySpec, Unit};
 use std::fmt::Debug;
 use tch::{nn, Kind, Tensor};
 
@@ -24,7 +27,7 @@ pub trait Backbone {
 /// A validated backbone configuration.
 pub trait ModelSpec: Debug {
     fn kind(&self) -> &'static str;
-    /// Depth and width of the stack, for the topology.
+    /// The stack's sublayers, block size and width, for the topology.
     fn stack(&self) -> StackInfo;
     /// Builds the backbone under `vs` (the VarStore root); `compute` is the matmul dtype.
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Backbone>;
@@ -41,26 +44,15 @@ pub struct ModelEntry {
 }
 
 /// Every backbone plexus knows, by `model.kind`.
-pub const REGISTRY: &[ModelEntry] = &[lnn::ENTRY];
+pub const REGISTRY: &[ModelEntry] = &[lnn::ENTRY, mlp::ENTRY, mixer::ENTRY];
 
-pub fn parse(
-    kind: &str,
-    options: &serde_yaml::Mapping,
-    data: &DataInfo,
-) -> Result<Box<dyn ModelSpec>, OptionError> {
+pub fn parse(kind: &str, options: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError> {
     match REGISTRY.iter().find(|e| e.name == kind) {
         Some(e) => (e.parse)(options, data),
         None => Err(OptionError::new(
             "kind",
             kind,
-            format!(
-                "one of {}",
-                REGISTRY
-                    .iter()
-                    .map(|e| format!("`{}`", e.name))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+            format!("one of {}", REGISTRY.iter().map(|e| format!("`{}`", e.name)).collect::<Vec<_>>().join(", ")),
         )),
     }
 }
@@ -70,30 +62,45 @@ pub struct Model {
     pub vs: nn::VarStore,
     pub backbone: Box<dyn Backbone>,
     pub topology: Box<dyn Topology>,
+    /// Whether the topology wires sublayers or whole blocks of `block_size` sublayers.
+    pub granularity: Granularity,
+    pub block_size: usize,
 }
 
 impl Model {
     /// Builds both parts on `device`; the caller seeds torch beforehand for reproducible init.
-    pub fn new(
-        model: &dyn ModelSpec,
-        topology: &dyn TopologySpec,
-        device: tch::Device,
-        compute: Kind,
-    ) -> Self {
+    pub fn new(model: &dyn ModelSpec, topology: &dyn TopologySpec, device: tch::Device, compute: Kind) -> Self {
         let vs = nn::VarStore::new(device);
         let backbone = model.build(&vs.root(), compute);
-        let topology = topology.build(&(vs.root() / "topology"));
+        let built = topology.build(&(vs.root() / "topology"));
         Self {
             vs,
             backbone,
-            topology,
+            topology: built,
+            granularity: topology.granularity(),
+            block_size: model.stack().block_size,
+        }
+    }
+
+    /// Calls `f` with the units at the topology's granularity (blocks are assembled here, so
+    /// backbones only ever expose sublayers).
+    pub fn with_units<R>(&self, f: impl FnOnce(&[&dyn Unit]) -> R) -> R {
+        let subs = self.backbone.units();
+        match self.granularity {
+            Granularity::Sublayer => f(&subs),
+            Granularity::Block => {
+                let blocks: Vec<BlockUnit> =
+                    subs.chunks(self.block_size).map(|c| BlockUnit { sublayers: c.to_vec() }).collect();
+                let refs: Vec<&dyn Unit> = blocks.iter().map(|b| b as &dyn Unit).collect();
+                f(&refs)
+            }
         }
     }
 
     /// Full forward pass: input → output.
     pub fn forward(&self, input: &Tensor, train: bool) -> Tensor {
         let x0 = self.backbone.embed(input, train);
-        let y = self.topology.forward(&x0, &self.backbone.units(), train);
+        let y = self.with_units(|units| self.topology.forward(&x0, units, train));
         self.backbone.readout(&y, train)
     }
 
@@ -101,7 +108,7 @@ impl Model {
     pub fn connectivity(&self, input: &Tensor) -> Tensor {
         tch::no_grad(|| {
             let x0 = self.backbone.embed(input, false);
-            self.topology.connectivity(&x0, &self.backbone.units())
+            self.with_units(|units| self.topology.connectivity(&x0, units))
         })
     }
 

@@ -27,8 +27,7 @@ static FONTS: Once = Once::new();
 pub fn register_fonts() {
     FONTS.call_once(|| {
         for family in ["sans-serif", "DejaVu Sans"] {
-            let _ =
-                plotters::style::register_font(family, FontStyle::Normal, dejavu::sans::regular());
+            let _ = plotters::style::register_font(family, FontStyle::Normal, dejavu::sans::regular());
             let _ = plotters::style::register_font(family, FontStyle::Bold, dejavu::sans::bold());
         }
     });
@@ -62,14 +61,12 @@ pub fn line_chart(chart: &LineChart, out_base: &Path) -> Result<Vec<PathBuf>> {
     {
         let root = BitMapBackend::new(&png, (1200, 800)).into_drawing_area();
         draw_lines(&root, chart)?;
-        root.present()
-            .map_err(|e| anyhow!("writing {}: {e}", png.display()))?;
+        root.present().map_err(|e| anyhow!("writing {}: {e}", png.display()))?;
     }
     {
         let root = SVGBackend::new(&svg, (1200, 800)).into_drawing_area();
         draw_lines(&root, chart)?;
-        root.present()
-            .map_err(|e| anyhow!("writing {}: {e}", svg.display()))?;
+        root.present().map_err(|e| anyhow!("writing {}: {e}", svg.display()))?;
     }
     Ok(vec![png, svg])
 }
@@ -80,11 +77,7 @@ where
 {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing: {e:?}");
     root.fill(&WHITE).map_err(err)?;
-    let all: Vec<(f64, f64)> = chart
-        .series
-        .iter()
-        .flat_map(|s| s.points.iter().cloned())
-        .collect();
+    let all: Vec<(f64, f64)> = chart.series.iter().flat_map(|s| s.points.iter().cloned()).collect();
     anyhow::ensure!(!all.is_empty(), "nothing to plot: no data points");
     let x_max = all.iter().map(|p| p.0).fold(f64::MIN, f64::max).max(1.0);
     let x_min = all.iter().map(|p| p.0).fold(f64::MAX, f64::min).min(0.0);
@@ -98,22 +91,13 @@ where
     if chart.log_y {
         // Log axes need positive values; clamp exact zeros (converged to machine precision) to
         // a decade below the smallest positive value so they stay visible.
-        let pos: Vec<f64> = all
-            .iter()
-            .map(|p| p.1)
-            .filter(|v| *v > 0.0 && v.is_finite())
-            .collect();
+        let pos: Vec<f64> = all.iter().map(|p| p.1).filter(|v| *v > 0.0 && v.is_finite()).collect();
         let lo = pos.iter().cloned().fold(f64::MAX, f64::min);
         let hi = pos.iter().cloned().fold(f64::MIN, f64::max);
-        anyhow::ensure!(
-            lo.is_finite() && hi.is_finite(),
-            "nothing positive to plot on a log axis"
-        );
+        anyhow::ensure!(lo.is_finite() && hi.is_finite(), "nothing positive to plot on a log axis");
         let floor = lo / 10.0;
         let y_range = (floor..hi * 2.0).log_scale();
-        let mut ctx = builder
-            .build_cartesian_2d(x_min..x_max, y_range)
-            .map_err(err)?;
+        let mut ctx = builder.build_cartesian_2d(x_min..x_max, y_range).map_err(err)?;
         ctx.configure_mesh()
             .x_desc(&chart.x_label)
             .y_desc(&chart.y_label)
@@ -125,25 +109,18 @@ where
             .map_err(err)?;
         for (i, s) in chart.series.iter().enumerate() {
             let color = PALETTE[i % PALETTE.len()];
-            let pts = s
-                .points
-                .iter()
-                .map(|&(x, y)| (x, if y > 0.0 { y } else { floor }));
+            let pts = s.points.iter().map(|&(x, y)| (x, if y > 0.0 { y } else { floor }));
             ctx.draw_series(LineSeries::new(pts, color.stroke_width(3)))
                 .map_err(err)?
                 .label(&s.label)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 30, y)], color.stroke_width(3))
-                });
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 30, y)], color.stroke_width(3)));
         }
         legend(&mut ctx).map_err(err)?;
     } else {
         let lo = all.iter().map(|p| p.1).fold(f64::MAX, f64::min);
         let hi = all.iter().map(|p| p.1).fold(f64::MIN, f64::max);
         let pad = ((hi - lo) * 0.05).max(1e-12);
-        let mut ctx = builder
-            .build_cartesian_2d(x_min..x_max, (lo - pad)..(hi + pad))
-            .map_err(err)?;
+        let mut ctx = builder.build_cartesian_2d(x_min..x_max, (lo - pad)..(hi + pad)).map_err(err)?;
         ctx.configure_mesh()
             .x_desc(&chart.x_label)
             .y_desc(&chart.y_label)
@@ -153,15 +130,10 @@ where
             .map_err(err)?;
         for (i, s) in chart.series.iter().enumerate() {
             let color = PALETTE[i % PALETTE.len()];
-            ctx.draw_series(LineSeries::new(
-                s.points.iter().cloned(),
-                color.stroke_width(3),
-            ))
-            .map_err(err)?
-            .label(&s.label)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 30, y)], color.stroke_width(3))
-            });
+            ctx.draw_series(LineSeries::new(s.points.iter().cloned(), color.stroke_width(3)))
+                .map_err(err)?
+                .label(&s.label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 30, y)], color.stroke_width(3)));
         }
         legend(&mut ctx).map_err(err)?;
     }

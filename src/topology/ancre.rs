@@ -1,27 +1,32 @@
 //! `ancre` — Adaptive Neural Connection REassignment (ANCRe §4, eq. 6–8).
 //!
-//! Every shortcut `i:j` (`i < j`) carries a coefficient `p_ij`:
-//! `s_j = f_j(s_{j-1}) + Σ_{i<j} p_ij · s_i`, `s_0 = x0`, `y = s_L`.
+//! Every shortcut `i:j` (`i < j`) between the states `s_0 … s_A` carries a coefficient `p_ij`:
+//! `s_j = f_j(s_{j-1}) + Σ_{i<j} p_ij · s_i`, `s_0 = x0`, `y = s_A`.
 //!
-//! * `normalization: ingoing` (default, eq. 7): `p_{·j} = softmax_i(c_{ij} / τ)` over the sources
-//!   of target `j`; parameters `topology.logits.{j-1}`, shape `[j]`, `L(L+1)/2` in all. The first
-//!   unit's single coefficient is therefore always 1 (its gradient is exactly 0).
-//! * `normalization: outgoing` (eq. 6): `p_{i·} = softmax_j(c_{ij} / τ)` over the targets of source
-//!   `i`; parameters `topology.logits.{i}`, shape `[L-i]`, `i = 0..L-1`.
+//! * Placement (ANCRe §4.2, Fig. 4): on a Transformer/Mixer (`block_size = 2`) the learned
+//!   connections go to the *anchor* sublayers: `block` (default, the paper's choice) = the first
+//!   sublayer of each block (MHSA/token-mix inputs), `ffn` = the second, `module` = every sublayer.
+//!   Non-anchor sublayers keep their usual residual. With one unit per block (LNN, MLP stack) all
+//!   placements mean "every unit".
+//! * `normalization: ingoing` (default, eq. 7): `p_{·j} = softmax_i(c_{ij} / τ)`;
+//!   `topology.logits.{j-1}` `[j]`, `A(A+1)/2` in all — the first anchor's single coefficient is
+//!   always 1. `outgoing` (eq. 6): `p_{i·} = softmax_j(c_{ij} / τ)`; `topology.logits.{i}` `[A-i]`.
 //! * Logits start at 0: a uniform average over sources, not an identity.
-//! * `tau` defaults to 0.01 as in the official code (the paper's text says 0.1); note that `1/τ`
-//!   scales the logits' gradients.
-//! * Ablations (ANCRe Table 5): `weights: constant` (`p_ij = 1/j`, no parameters) and
-//!   `weights: cascaded` (a learnable scalar on each `k-1:k` shortcut, init 1, `topology.scale`).
+//! * `tau` defaults to 0.01 as in the official code (the paper's text says 0.1); `1/τ` scales the
+//!   logits' gradients, so keep them out of weight decay and mind their learning rate.
+//! * Ablations (Table 5): `weights: constant` (`p_ij = 1/j`), `weights: cascaded` (a learnable
+//!   scalar per anchor on the `j-1:j` shortcut, init 1, `topology.scale`).
+//! * `tsallis: {weight, q}`: adds `weight · Σ (1 − Σ p^q)/(q − 1)` over the softmax distributions
+//!   to the loss, pushing towards sparse connectivity.
 
-use super::{common, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
+use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
 use crate::config::{parse_options, OptionError};
 use serde::Deserialize;
 use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "ancre",
-    about: "learned, softmax-normalised shortcuts between every pair of nodes (ANCRe)",
+    about: "learned, softmax-normalised shortcuts between every pair of states (ANCRe)",
     parse,
 };
 
@@ -40,6 +45,27 @@ enum Weights {
     Cascaded,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Placement {
+    Block,
+    Ffn,
+    Module,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Tsallis {
+    #[serde(default)]
+    weight: f64,
+    #[serde(default = "two")]
+    q: f64,
+}
+
+fn two() -> f64 {
+    2.0
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Options {
@@ -47,10 +73,14 @@ struct Options {
     normalization: Normalization,
     #[serde(default = "default_tau")]
     tau: f64,
-    #[serde(default = "default_true")]
+    #[serde(default = "yes")]
     learnable: bool,
     #[serde(default = "default_weights")]
     weights: Weights,
+    #[serde(default = "default_placement")]
+    placement: Placement,
+    tsallis: Option<Tsallis>,
+    granularity: Option<Granularity>,
 }
 
 fn default_norm() -> Normalization {
@@ -59,36 +89,59 @@ fn default_norm() -> Normalization {
 fn default_tau() -> f64 {
     0.01
 }
-fn default_true() -> bool {
+fn yes() -> bool {
     true
 }
 fn default_weights() -> Weights {
     Weights::Softmax
 }
+fn default_placement() -> Placement {
+    Placement::Block
+}
 
 #[derive(Debug)]
 struct Spec {
-    stack: StackInfo,
+    granularity: Granularity,
+    /// 0-based indices of the anchor units.
+    anchors: Vec<usize>,
     normalization: Normalization,
     tau: f64,
     learnable: bool,
     weights: Weights,
+    tsallis: Option<Tsallis>,
 }
 
-fn parse(
-    opts: &serde_yaml::Mapping,
-    stack: StackInfo,
-) -> Result<Box<dyn TopologySpec>, OptionError> {
+fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn TopologySpec>, OptionError> {
     let o: Options = parse_options(opts)?;
+    let (granularity, depth) = common::granularity(o.granularity, Granularity::Sublayer, stack)?;
     if !(o.tau.is_finite() && o.tau > 0.0) {
         return Err(OptionError::new("tau", o.tau, "a finite temperature > 0"));
     }
+    let bs = if granularity == Granularity::Sublayer { stack.block_size } else { 1 };
+    let anchors: Vec<usize> = match (o.placement, bs) {
+        (_, 1) | (Placement::Module, _) => (0..depth).collect(),
+        (Placement::Block, _) => (0..depth).filter(|k| k % bs == 0).collect(),
+        (Placement::Ffn, _) => (0..depth).filter(|k| k % bs == 1).collect(),
+    };
+    if let Some(t) = o.tsallis {
+        if !(t.weight.is_finite() && t.weight >= 0.0) {
+            return Err(OptionError::new("tsallis.weight", t.weight, "a finite weight ≥ 0"));
+        }
+        if !(t.q.is_finite() && t.q > 1.0) {
+            return Err(OptionError::new("tsallis.q", t.q, "an entropic index q > 1"));
+        }
+        if t.weight > 0.0 && o.weights != Weights::Softmax {
+            return Err(OptionError::new("tsallis.weight", t.weight, "0 unless `weights: softmax`"));
+        }
+    }
     Ok(Box::new(Spec {
-        stack,
+        granularity,
+        anchors,
         normalization: o.normalization,
         tau: o.tau,
         learnable: o.learnable,
         weights: o.weights,
+        tsallis: o.tsallis.filter(|t| t.weight > 0.0),
     }))
 }
 
@@ -99,97 +152,86 @@ impl TopologySpec for Spec {
     fn label(&self) -> String {
         match self.weights {
             Weights::Softmax => {
-                let n = if self.normalization == Normalization::Ingoing {
-                    "in"
-                } else {
-                    "out"
-                };
+                let n = if self.normalization == Normalization::Ingoing { "in" } else { "out" };
                 format!("{n}, τ={}", self.tau)
             }
             Weights::Constant => "constant 1/j".into(),
             Weights::Cascaded => "cascaded scalars".into(),
         }
     }
+    fn granularity(&self) -> Granularity {
+        self.granularity
+    }
     fn build(&self, vs: &nn::Path) -> Box<dyn Topology> {
-        let l = self.stack.depth as i64;
-        let new = |p: &nn::Path, name: &str, size: i64, init: f64| {
-            if self.learnable {
-                p.var(name, &[size], nn::Init::Const(init))
-            } else {
-                // Registered (so checkpoints hold it) but frozen.
-                let t = p.zeros_no_train(name, &[size]);
-                tch::no_grad(|| t.shallow_clone().fill_(init))
-            }
-        };
+        let a = self.anchors.len() as i64;
         let params = match self.weights {
             Weights::Softmax => {
                 let logits = vs / "logits";
                 let sizes: Vec<i64> = match self.normalization {
-                    Normalization::Ingoing => (1..=l).collect(),
-                    Normalization::Outgoing => (0..l).map(|i| l - i).collect(),
+                    Normalization::Ingoing => (1..=a).collect(),
+                    Normalization::Outgoing => (0..a).map(|i| a - i).collect(),
                 };
                 sizes
                     .iter()
                     .enumerate()
-                    .map(|(n, &s)| new(&logits, &n.to_string(), s, 0.0))
+                    .map(|(n, &s)| common::param(&logits, &n.to_string(), &[s], 0.0, self.learnable))
                     .collect()
             }
-            Weights::Cascaded => vec![new(vs, "scale", l, 1.0)],
+            Weights::Cascaded => vec![common::param(vs, "scale", &[a], 1.0, self.learnable)],
             Weights::Constant => vec![],
         };
         Box::new(Ancre {
-            depth: self.stack.depth,
-            spec_norm: self.normalization,
+            anchors: self.anchors.clone(),
+            normalization: self.normalization,
             weights: self.weights,
             tau: self.tau,
+            tsallis: self.tsallis,
             params,
         })
     }
 }
 
 struct Ancre {
-    depth: usize,
-    spec_norm: Normalization,
+    anchors: Vec<usize>,
+    normalization: Normalization,
     weights: Weights,
     tau: f64,
+    tsallis: Option<Tsallis>,
     /// Softmax: the logit vectors (see module docs); cascaded: `[scale]`; constant: empty.
     params: Vec<Tensor>,
 }
 
 impl Ancre {
-    /// `p[j]` = coefficients of the sources `0..j` into target `j` (1-D tensor `[j]`), `j = 1..=L`;
-    /// index 0 is unused.
+    /// The softmax distributions the logits define (ingoing: per target; outgoing: per source).
+    fn distributions(&self) -> Vec<Tensor> {
+        self.params.iter().map(|c| (c / self.tau).softmax(0, Kind::Float)).collect()
+    }
+
+    /// `p[j]` (j = 1..=A) = coefficients `[j]` of the states `s_0 … s_{j-1}` into state `j`;
+    /// `p[0]` is unused.
     fn coefficients(&self) -> Vec<Tensor> {
-        let l = self.depth;
-        let mut p: Vec<Tensor> = vec![Tensor::zeros([0], (Kind::Float, tch::Device::Cpu))];
-        match (self.weights, self.spec_norm) {
-            (Weights::Softmax, Normalization::Ingoing) => {
-                for j in 1..=l {
-                    p.push((&self.params[j - 1] / self.tau).softmax(0, Kind::Float));
-                }
-            }
+        let a = self.anchors.len();
+        let dev = self.params.first().map_or(tch::Device::Cpu, |p| p.device());
+        let mut p = vec![Tensor::zeros([0], (Kind::Float, dev))];
+        match (self.weights, self.normalization) {
+            (Weights::Softmax, Normalization::Ingoing) => p.extend(self.distributions()),
             (Weights::Softmax, Normalization::Outgoing) => {
-                let out: Vec<Tensor> = self
-                    .params
-                    .iter()
-                    .map(|c| (c / self.tau).softmax(0, Kind::Float))
-                    .collect();
-                for j in 1..=l {
-                    // source i's targets are i+1..=L, so target j is entry j-i-1 of out[i].
+                let out = self.distributions();
+                for j in 1..=a {
+                    // Source i's targets are i+1..=A, so target j is entry j-i-1 of out[i].
                     let col: Vec<Tensor> = (0..j).map(|i| out[i].get((j - i - 1) as i64)).collect();
                     p.push(Tensor::stack(&col, 0));
                 }
             }
             (Weights::Constant, _) => {
-                for j in 1..=l {
-                    let dev = tch::Device::Cpu;
+                for j in 1..=a {
                     p.push(Tensor::full([j as i64], 1.0 / j as f64, (Kind::Float, dev)));
                 }
             }
             (Weights::Cascaded, _) => {
-                for j in 1..=l {
-                    let s = &self.params[0];
-                    let zeros = Tensor::zeros([(j - 1) as i64], (Kind::Float, s.device()));
+                let s = &self.params[0];
+                for j in 1..=a {
+                    let zeros = Tensor::zeros([(j - 1) as i64], (Kind::Float, dev));
                     p.push(Tensor::cat(&[zeros, s.narrow(0, (j - 1) as i64, 1)], 0));
                 }
             }
@@ -201,39 +243,46 @@ impl Ancre {
 impl Topology for Ancre {
     fn forward(&self, x0: &Tensor, units: &[&dyn Unit], train: bool) -> Tensor {
         let p = self.coefficients();
-        let mut streams: Vec<Tensor> = vec![x0.shallow_clone()];
-        for (k, f) in units.iter().enumerate() {
-            let j = k + 1;
-            let pj = p[j].to_device(x0.device()).to_kind(x0.kind());
-            let mut s = f.forward(&streams[k], train);
-            for (i, si) in streams.iter().enumerate() {
-                s += si * pj.get(i as i64);
-            }
-            streams.push(s);
+        let mut x = x0.shallow_clone();
+        let first = self.anchors[0];
+        for f in &units[..first] {
+            x = &x + f.forward(&x, Norm::Default, train);
         }
-        streams.pop().expect("s_L")
-    }
-
-    fn connectivity(&self, _x0: &Tensor, _units: &[&dyn Unit]) -> Tensor {
-        common::stream_connectivity(&common::to_rows(
-            &self.parameter_view().expect("ancre has p").1,
-        ))
+        let mut states = vec![x];
+        for (j0, &a) in self.anchors.iter().enumerate() {
+            let pj = p[j0 + 1].to_device(x0.device()).to_kind(x0.kind());
+            let mut z = units[a].forward(&states[j0], Norm::Default, train);
+            for (i, s) in states.iter().enumerate() {
+                z = z + s * pj.get(i as i64);
+            }
+            let end = self.anchors.get(j0 + 1).copied().unwrap_or(units.len());
+            for f in &units[a + 1..end] {
+                z = &z + f.forward(&z, Norm::Default, train);
+            }
+            states.push(z);
+        }
+        states.pop().expect("s_A")
     }
 
     fn parameter_view(&self) -> Option<(String, Tensor)> {
-        let n = self.depth + 1;
+        let n = self.anchors.len() + 1;
         let p = tch::no_grad(|| self.coefficients());
         let mut m = vec![0.0f64; n * n];
         for (j, pj) in p.iter().enumerate().skip(1) {
-            let v = Vec::<f64>::try_from(pj.to_kind(Kind::Double).to_device(tch::Device::Cpu))
-                .expect("f64");
-            for (i, x) in v.iter().enumerate() {
+            for (i, x) in common::to_vec(pj).iter().enumerate() {
                 m[i * n + j] = *x;
             }
         }
-        Some((
-            "p".into(),
-            Tensor::from_slice(&m).view([n as i64, n as i64]),
-        ))
+        Some(("p".into(), Tensor::from_slice(&m).view([n as i64, n as i64])))
+    }
+
+    fn regularizer(&self) -> Option<Tensor> {
+        let t = self.tsallis?;
+        let entropies: Vec<Tensor> = self
+            .distributions()
+            .iter()
+            .map(|p| (1.0 - p.pow_tensor_scalar(t.q).sum(Kind::Float)) / (t.q - 1.0))
+            .collect();
+        Some(common::sum(&entropies) * t.weight)
     }
 }

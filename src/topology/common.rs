@@ -1,46 +1,113 @@
-//! Helpers shared by topologies: connectivity of stream-based rules, option parsing.
+//! Helpers shared by topologies: connectivity by probing, parameters, option parsing.
 
-use tch::{Kind, Tensor};
+use super::{Granularity, Norm, StackInfo, Unit};
+use crate::config::OptionError;
+use std::cell::RefCell;
+use tch::{nn, Device, Kind, Tensor};
 
-/// Effective connectivity of a *stream* topology `s_j = f_j(s_{j-1}) + Σ_{i<j} w[i][j] · s_i`
-/// (`s_0 = x0`, unit `j` reads `s_{j-1}`, the readout reads `s_L`).
-///
-/// Writing every stream as a combination of unit outputs, `s_j = Σ_i M[i][j] h_i` with
-/// `M[:, j] = e_j + Σ_{i<j} w[i][j] M[:, i]`, gives `C[i][k] = M[i][k-1]` for `k = 1..=L+1`.
-///
-/// `w`: `(L+1) × (L+1)` row-major, only `i < j` entries are read. Returns `[(L+2), (L+2)]` f64.
-pub fn stream_connectivity(w: &[Vec<f64>]) -> Tensor {
-    let n = w.len(); // L + 1 stream nodes
-    let mut m = vec![vec![0.0f64; n]; n];
-    for j in 0..n {
-        m[j][j] = 1.0;
-        for i in 0..j {
-            if w[i][j] != 0.0 {
-                for row in m.iter_mut() {
-                    row[j] += w[i][j] * row[i];
-                }
-            }
-        }
+/// A stand-in unit for tracing connectivity: it records the input it is given (a vector of
+/// coefficients over `h_0 … h_L`) and returns the basis vector `e_k` as its output `h_k`.
+struct Probe {
+    k: i64,
+    seen: RefCell<Option<Tensor>>,
+}
+
+impl Unit for Probe {
+    fn forward(&self, x: &Tensor, _norm: Norm, _train: bool) -> Tensor {
+        *self.seen.borrow_mut() = Some(x.detach().copy());
+        let e = Tensor::zeros_like(x);
+        let _ = e.narrow(-1, self.k, 1).fill_(1.0);
+        e
     }
-    let size = n + 1;
+}
+
+/// Effective connectivity of a topology whose mixing is linear in the streams with weights that
+/// do not depend on the streams' values (plain, residual, shortcuts, ACN, H-ACN, ANCRe, DWA,
+/// LayerComb, ReZero, …): run it with `x0 = e_0` and units returning `e_k`, in the
+/// `(L+1)`-dimensional space of coefficients over `h_0 … h_L`. The input recorded by unit k is
+/// column k of C; the readout representation is column L+1. Exact, and shares the topology's own
+/// forward code, so C cannot drift from what the model computes.
+///
+/// `run(x0, units) -> y`. Returns `[(L+2), (L+2)]` f64 on the CPU.
+pub fn probe_connectivity(run: impl Fn(&Tensor, &[&dyn Unit]) -> Tensor, depth: usize) -> Tensor {
+    let n = depth as i64 + 1;
+    let probes: Vec<Probe> = (1..=depth as i64).map(|k| Probe { k, seen: RefCell::new(None) }).collect();
+    let units: Vec<&dyn Unit> = probes.iter().map(|p| p as &dyn Unit).collect();
+    let x0 = Tensor::zeros([1, n], (Kind::Double, Device::Cpu));
+    let _ = x0.narrow(-1, 0, 1).fill_(1.0);
+    let y = tch::no_grad(|| run(&x0, &units));
+    let c = Tensor::zeros([n + 1, n + 1], (Kind::Double, Device::Cpu));
+    for (k, p) in probes.iter().enumerate() {
+        let col = p.seen.borrow().as_ref().expect("every unit is called once").to_kind(Kind::Double).view([n]);
+        c.narrow(1, k as i64 + 1, 1).narrow(0, 0, n).copy_(&col.view([n, 1]));
+    }
+    c.narrow(1, n, 1).narrow(0, 0, n).copy_(&y.to_kind(Kind::Double).view([n, 1]));
+    c
+}
+
+/// Builds C from per-target coefficient columns: `cols[k-1]` = coefficients over `h_0…h_{k-1}`
+/// (length ≥ k) of the input of node k, for k = 1..=L+1. Returns `[(L+2), (L+2)]` f64.
+pub fn connectivity_from_columns(cols: &[Vec<f64>]) -> Tensor {
+    let size = cols.len() + 1;
     let mut c = vec![0.0f64; size * size];
-    for k in 1..size {
-        for i in 0..k {
-            c[i * size + k] = m[i][k - 1];
+    for (k1, col) in cols.iter().enumerate() {
+        for (i, v) in col.iter().enumerate().take(k1 + 1) {
+            c[i * size + k1 + 1] = *v;
         }
     }
     Tensor::from_slice(&c).view([size as i64, size as i64])
 }
 
-/// A 2-D f64 CPU tensor as nested vectors.
+/// A 2-D tensor as nested f64 vectors.
 pub fn to_rows(t: &Tensor) -> Vec<Vec<f64>> {
-    let t = t
-        .to_kind(Kind::Double)
-        .to_device(tch::Device::Cpu)
-        .contiguous();
+    let t = t.to_kind(Kind::Double).to_device(Device::Cpu).contiguous();
     let (r, c) = (t.size()[0] as usize, t.size()[1] as usize);
     let flat = Vec::<f64>::try_from(t.view([-1])).expect("f64 tensor");
     (0..r).map(|i| flat[i * c..(i + 1) * c].to_vec()).collect()
+}
+
+/// A 1-D tensor as f64 values.
+pub fn to_vec(t: &Tensor) -> Vec<f64> {
+    Vec::<f64>::try_from(t.to_kind(Kind::Double).to_device(Device::Cpu).contiguous().view([-1])).expect("f64 tensor")
+}
+
+/// A parameter of `shape` filled with `init`; frozen (registered, no gradient) if not learnable.
+pub fn param(vs: &nn::Path, name: &str, shape: &[i64], init: f64, learnable: bool) -> Tensor {
+    if learnable {
+        vs.var(name, shape, nn::Init::Const(init))
+    } else {
+        let t = vs.zeros_no_train(name, shape);
+        tch::no_grad(|| t.shallow_clone().fill_(init))
+    }
+}
+
+/// A parameter initialised from a given tensor (copied).
+pub fn param_from(vs: &nn::Path, name: &str, value: &Tensor, learnable: bool) -> Tensor {
+    let t = vs.var_copy(name, value);
+    if learnable {
+        t
+    } else {
+        t.set_requires_grad(false)
+    }
+}
+
+/// The topology's granularity (`granularity:` option or the topology's default) and the number
+/// of units it gives.
+pub fn granularity(
+    opt: Option<Granularity>,
+    default: Granularity,
+    stack: StackInfo,
+) -> Result<(Granularity, usize), OptionError> {
+    let g = opt.unwrap_or(default);
+    let depth = stack.depth(g);
+    if depth == 0 {
+        return Err(OptionError::new(
+            "granularity",
+            format!("{g:?}").to_lowercase(),
+            "a granularity with at least one unit",
+        ));
+    }
+    Ok((g, depth))
 }
 
 /// Parses a shortcut written `i:j` (identity from the output of node i added to the output of
@@ -57,20 +124,81 @@ pub fn parse_edge(s: &str, depth: usize) -> Result<(usize, usize), String> {
     }
 }
 
+/// Sum of a list of same-shape tensors.
+pub fn sum(ts: &[Tensor]) -> Tensor {
+    ts.iter().skip(1).fold(ts[0].shallow_clone(), |a, b| a + b)
+}
+
+/// The per-unit mixing of a multi-stream topology (Hyper-Connections, mHC) with `n` streams
+/// `H: [.., n, D]`: unit k reads `u = Σ_s pre[s] H_s`, and the streams become
+/// `H'_t = Σ_s res[s, t] H_s + post[t] · f_k(u)`.
+pub trait StreamMixing {
+    fn streams(&self) -> usize;
+    /// For unit `k` (0-based) and streams `h` `[.., n, D]`: `(pre [.., n], res [.., n, n], post [.., n])`
+    /// (leading dims may be absent for static mixing).
+    fn mixing(&self, k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor);
+}
+
+/// Runs a multi-stream topology: `H_0` = n copies of `x0`, `y` = mean over streams. With
+/// `trace`, also returns C by carrying, next to `H`, the coefficients of every stream over
+/// `h_0 … h_L` (`[.., n, L+1]`) and averaging each unit's input coefficients over the batch.
+pub fn multi_stream(
+    mix: &dyn StreamMixing,
+    x0: &Tensor,
+    units: &[&dyn Unit],
+    train: bool,
+    trace: bool,
+) -> (Tensor, Option<Tensor>) {
+    let n = mix.streams() as i64;
+    let l = units.len() as i64;
+    let mut h = x0.unsqueeze(-2).repeat_interleave_self_int(n, Some(-2), None);
+    let lead: Vec<i64> = x0.size()[..x0.dim() - 1].to_vec();
+    let mut coef = trace.then(|| {
+        let mut shape = lead.clone();
+        shape.extend([n, l + 1]);
+        let c = Tensor::zeros(shape.as_slice(), (Kind::Double, x0.device()));
+        let _ = c.narrow(-1, 0, 1).fill_(1.0);
+        c
+    });
+    let mut cols: Vec<Vec<f64>> = Vec::new();
+    let mean_over_lead = |t: &Tensor| -> Vec<f64> {
+        let flat = t.reshape([-1, l + 1]);
+        to_vec(&flat.mean_dim(0, false, Kind::Double))
+    };
+    for (k, f) in units.iter().enumerate() {
+        let (pre, res, post) = mix.mixing(k, &h);
+        let u = (pre.unsqueeze(-1) * &h).sum_dim_intlist(-2, false, h.kind());
+        let o = f.forward(&u, Norm::Default, train);
+        h = res.transpose(-1, -2).matmul(&h) + post.unsqueeze(-1) * o.unsqueeze(-2);
+        if let Some(c) = coef.as_mut() {
+            let (pre, res, post) = (pre.to_kind(Kind::Double), res.to_kind(Kind::Double), post.to_kind(Kind::Double));
+            cols.push(mean_over_lead(&(pre.unsqueeze(-1) * &*c).sum_dim_intlist(-2, false, Kind::Double)));
+            let e = Tensor::zeros([l + 1], (Kind::Double, x0.device()));
+            let _ = e.get(k as i64 + 1).fill_(1.0);
+            *c = res.transpose(-1, -2).matmul(&*c) + post.unsqueeze(-1) * e;
+        }
+    }
+    let y = h.mean_dim(-2, false, h.kind());
+    let c = coef.map(|c| {
+        cols.push(mean_over_lead(&c.mean_dim(-2, false, Kind::Double)));
+        connectivity_from_columns(&cols)
+    });
+    (y, c)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn residual_weights_give_all_ones() {
+    fn probing_a_residual_rule_gives_all_ones() {
         let l = 3;
-        let mut w = vec![vec![0.0; l + 1]; l + 1];
-        for j in 1..=l {
-            w[j - 1][j] = 1.0;
-        }
-        let c = to_rows(&stream_connectivity(&w));
+        let c = to_rows(&probe_connectivity(
+            |x0, units| units.iter().fold(x0.shallow_clone(), |x, f| f.forward(&x, Norm::Default, false) + x),
+            l,
+        ));
         for (i, row) in c.iter().enumerate() {
-            for (k, v) in row.iter().enumerate().skip(1) {
+            for (k, v) in row.iter().enumerate() {
                 assert_eq!(*v, if i < k { 1.0 } else { 0.0 }, "C[{i}][{k}]");
             }
         }

@@ -3,53 +3,131 @@
 //! A model is `stem → depth stack of L units → readout head` (see `crate::model`). The topology
 //! drives the loop over depth: the backbone hands it the embedding `x0` and its units, and the
 //! topology calls the units in order, keeping whatever state it needs between them (one stream, a
-//! history of streams, …). Topologies know nothing of attention, patches or tokens.
+//! running sum, a history of streams, n parallel streams, …). Topologies know nothing of attention,
+//! patches or tokens.
 //!
 //! Notation (REFERENCE.md): `h_0 = x0`, `h_k = f_k(input_k)`, nodes `0 = embedding`, `1..=L = units`,
 //! `L+1 = readout`, and the direct layer connectivity matrix `C` with
-//! `input_k = Σ_{i<k} C[i][k] · h_i`.
+//! `input_k = Σ_{i<k} C[i][k] · h_i`. The exact contract of every topology is `parity/SPEC.md`.
 //!
 //! Adding a topology: write `src/topology/<name>.rs` with an `ENTRY` and add one line to
 //! [`REGISTRY`]. Every registry-driven test picks it up.
 
 pub mod common;
 
+pub mod acn;
 pub mod ancre;
+pub mod attnres;
+pub mod denseformer;
+pub mod densenet;
+pub mod hacn;
+pub mod hyper;
+pub mod laurel;
+pub mod layercomb;
+pub mod mhc;
 pub mod plain;
 pub mod residual;
+pub mod rezero;
 pub mod shortcuts;
 
 use crate::config::OptionError;
+use serde::Deserialize;
 use std::fmt::Debug;
 use tch::{nn, Tensor};
 
-/// A unit of the depth stack: a branch (with its own pre-norm, if any) mapping `[.., D] → [.., D]`.
-pub trait Unit {
-    fn forward(&self, x: &Tensor, train: bool) -> Tensor;
+/// How a topology asks a unit to treat its pre-norm.
+#[derive(Clone, Copy)]
+pub enum Norm<'a> {
+    /// The unit's own pre-norm, unchanged.
+    Default,
+    /// The pre-norm output multiplied by a 0-dim tensor (H-ACN Depth-adaptive LayerNorm).
+    Scaled(&'a Tensor),
+    /// No pre-norm at all (ReZero).
+    Off,
 }
 
-/// What a topology needs to know about the stack it wires.
+/// A unit of the depth stack: a branch (with its own pre-norm, if any) mapping `[.., D] → [.., D]`.
+pub trait Unit {
+    /// `x`: the unit's input `[.., D]`. Returns the branch output `h` (not `x + h`), `[.., D]`.
+    fn forward(&self, x: &Tensor, norm: Norm, train: bool) -> Tensor;
+}
+
+/// Whether a topology wires the backbone's sublayers (attention / MLP, token / channel mixing)
+/// or whole blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Granularity {
+    Sublayer,
+    Block,
+}
+
+/// What a topology needs to know about the backbone's stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StackInfo {
-    /// Number of units `L`.
-    pub depth: usize,
+    /// Number of sublayer units.
+    pub sublayers: usize,
+    /// Sublayers per block (2 for Transformer/Mixer layers, 1 when a block is one unit).
+    pub block_size: usize,
     /// Feature width `D` of the stream.
     pub width: usize,
+    /// Whether units have a pre-norm (Depth-adaptive LN and ReZero's `norm: off` need one).
+    pub pre_norm: bool,
+}
+
+impl StackInfo {
+    /// Number of units `L` at a granularity.
+    pub fn depth(&self, g: Granularity) -> usize {
+        match g {
+            Granularity::Sublayer => self.sublayers,
+            Granularity::Block => self.sublayers / self.block_size,
+        }
+    }
+}
+
+/// A block of consecutive sublayers acting as one unit: it returns the *delta* of running its
+/// sublayers with their usual residuals, so that a residual topology on blocks equals a residual
+/// topology on sublayers.
+pub struct BlockUnit<'a> {
+    pub sublayers: Vec<&'a dyn Unit>,
+}
+
+impl Unit for BlockUnit<'_> {
+    fn forward(&self, x: &Tensor, norm: Norm, train: bool) -> Tensor {
+        let mut z = x.shallow_clone();
+        for g in &self.sublayers {
+            z = &z + g.forward(&z, norm, train);
+        }
+        z - x
+    }
 }
 
 /// A built topology, owning its parameters (registered under `topology.` in the VarStore).
 pub trait Topology {
-    /// Runs the stack. `x0`: embedding `[.., D]`; `units.len() == L`. Returns the readout
-    /// representation `y`, same shape as `x0`.
+    /// Runs the stack. `x0`: embedding `[.., D]`; `units.len() == L` at the topology's granularity.
+    /// Returns the readout representation `y`, same shape as `x0`.
     fn forward(&self, x0: &Tensor, units: &[&dyn Unit], train: bool) -> Tensor;
 
     /// Effective direct layer connectivity `C`, `[(L+2), (L+2)]` f64 on the CPU, strictly upper
-    /// triangular. Static topologies ignore `x0` and `units`; input-dependent ones average over
-    /// `x0`'s batch.
-    fn connectivity(&self, x0: &Tensor, units: &[&dyn Unit]) -> Tensor;
+    /// triangular. The default traces the topology with probe units (exact for every topology that
+    /// mixes streams with scalar weights); input-dependent ones override it and average over `x0`'s
+    /// batch and tokens.
+    fn connectivity(&self, x0: &Tensor, units: &[&dyn Unit]) -> Tensor {
+        let _ = x0;
+        common::probe_connectivity(|x, u| self.forward(x, u, false), units.len())
+    }
 
-    /// The topology's own parameter view (ANCRe's `p`, …) as `(name, matrix)`, if it has one.
+    /// The topology's own parameter view (ANCRe's `p`, DWA weights, …) as `(name, matrix)`.
     fn parameter_view(&self) -> Option<(String, Tensor)> {
+        None
+    }
+
+    /// A term added to the training loss (ANCRe's Tsallis regulariser), if any.
+    fn regularizer(&self) -> Option<Tensor> {
+        None
+    }
+
+    /// Total connectivity strength `Γ = ‖a‖₂/√L` where the topology has residual weights `a`.
+    fn gamma(&self) -> Option<f64> {
         None
     }
 }
@@ -60,20 +138,20 @@ pub trait TopologySpec: Debug {
     fn kind(&self) -> &'static str;
     /// Short description of the settings for tables and legends, e.g. `0:2` or `τ=0.1`.
     fn label(&self) -> String;
+    /// Which units the topology wires.
+    fn granularity(&self) -> Granularity;
     /// Builds the topology; `vs` is the `topology` sub-path, so parameters are named
     /// `topology.<name>` like PyTorch `state_dict` keys.
     fn build(&self, vs: &nn::Path) -> Box<dyn Topology>;
 }
 
-/// Parses and validates a section's options (everything but `kind`).
-pub type ParseFn =
-    fn(&serde_yaml::Mapping, StackInfo) -> Result<Box<dyn TopologySpec>, OptionError>;
+/// Parses and validates `topology.*` options (everything but `kind`) for a stack.
+pub type ParseFn = fn(&serde_yaml::Mapping, StackInfo) -> Result<Box<dyn TopologySpec>, OptionError>;
 
 /// One registry line.
 pub struct TopologyEntry {
     pub name: &'static str,
     pub about: &'static str,
-    /// Parses and validates `topology.*` options (everything but `kind`) for a stack.
     pub parse: ParseFn,
 }
 
@@ -82,7 +160,17 @@ pub const REGISTRY: &[TopologyEntry] = &[
     plain::ENTRY,
     residual::ENTRY,
     shortcuts::ENTRY,
+    acn::ENTRY,
+    hacn::ENTRY,
     ancre::ENTRY,
+    denseformer::ENTRY,
+    layercomb::ENTRY,
+    densenet::ENTRY,
+    hyper::ENTRY,
+    mhc::ENTRY,
+    attnres::ENTRY,
+    laurel::ENTRY,
+    rezero::ENTRY,
 ];
 
 /// Looks up `kind` and parses its options. The error lists the known kinds.
@@ -96,14 +184,7 @@ pub fn parse(
         None => Err(OptionError::new(
             "kind",
             kind,
-            format!(
-                "one of {}",
-                REGISTRY
-                    .iter()
-                    .map(|e| format!("`{}`", e.name))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+            format!("one of {}", REGISTRY.iter().map(|e| format!("`{}`", e.name)).collect::<Vec<_>>().join(", ")),
         )),
     }
 }

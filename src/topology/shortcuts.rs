@@ -7,16 +7,13 @@
 //! topology: { kind: shortcuts, edges: ["0:2"] }
 //! ```
 
-use super::{common, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
+use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
 use crate::config::{parse_options, OptionError};
 use serde::Deserialize;
 use tch::{nn, Tensor};
 
-pub const ENTRY: TopologyEntry = TopologyEntry {
-    name: "shortcuts",
-    about: "explicit identity shortcuts i:j added to the output of unit j",
-    parse,
-};
+pub const ENTRY: TopologyEntry =
+    TopologyEntry { name: "shortcuts", about: "explicit identity shortcuts i:j added to the output of unit j", parse };
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,34 +21,28 @@ struct Options {
     /// Shortcuts as `"i:j"` strings, `0 ≤ i < j ≤ L`.
     #[serde(default)]
     edges: Vec<String>,
+    granularity: Option<Granularity>,
 }
 
 #[derive(Debug)]
 struct Spec {
-    stack: StackInfo,
+    granularity: Granularity,
     edges: Vec<(usize, usize)>,
 }
 
-fn parse(
-    opts: &serde_yaml::Mapping,
-    stack: StackInfo,
-) -> Result<Box<dyn TopologySpec>, OptionError> {
+fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn TopologySpec>, OptionError> {
     let o: Options = parse_options(opts)?;
+    let (granularity, depth) = common::granularity(o.granularity, Granularity::Sublayer, stack)?;
     let mut edges = Vec::new();
     for (n, s) in o.edges.iter().enumerate() {
-        let e = common::parse_edge(s, stack.depth)
-            .map_err(|a| OptionError::new(format!("edges[{n}]"), s, a))?;
+        let e = common::parse_edge(s, depth).map_err(|a| OptionError::new(format!("edges[{n}]"), s, a))?;
         if edges.contains(&e) {
-            return Err(OptionError::new(
-                format!("edges[{n}]"),
-                s,
-                "each edge at most once",
-            ));
+            return Err(OptionError::new(format!("edges[{n}]"), s, "each edge at most once"));
         }
         edges.push(e);
     }
     edges.sort();
-    Ok(Box::new(Spec { stack, edges }))
+    Ok(Box::new(Spec { granularity, edges }))
 }
 
 impl TopologySpec for Spec {
@@ -62,46 +53,31 @@ impl TopologySpec for Spec {
         if self.edges.is_empty() {
             return "none".into();
         }
-        self.edges
-            .iter()
-            .map(|(i, j)| format!("{i}:{j}"))
-            .collect::<Vec<_>>()
-            .join("+")
+        self.edges.iter().map(|(i, j)| format!("{i}:{j}")).collect::<Vec<_>>().join("+")
+    }
+    fn granularity(&self) -> Granularity {
+        self.granularity
     }
     fn build(&self, _vs: &nn::Path) -> Box<dyn Topology> {
-        Box::new(Shortcuts {
-            depth: self.stack.depth,
-            edges: self.edges.clone(),
-        })
+        Box::new(Shortcuts { edges: self.edges.clone() })
     }
 }
 
 struct Shortcuts {
-    depth: usize,
     edges: Vec<(usize, usize)>,
 }
 
 impl Topology for Shortcuts {
     fn forward(&self, x0: &Tensor, units: &[&dyn Unit], train: bool) -> Tensor {
-        // streams[i] = s_i; only kept so that later edges can read them.
+        // streams[i] = s_i; kept so that later edges can read them.
         let mut streams: Vec<Tensor> = vec![x0.shallow_clone()];
         for (k, f) in units.iter().enumerate() {
-            let j = k + 1;
-            let mut s = f.forward(&streams[k], train);
-            for &(i, _) in self.edges.iter().filter(|e| e.1 == j) {
-                s += &streams[i];
+            let mut s = f.forward(&streams[k], Norm::Default, train);
+            for &(i, _) in self.edges.iter().filter(|e| e.1 == k + 1) {
+                s = s + &streams[i];
             }
             streams.push(s);
         }
         streams.pop().expect("s_L")
-    }
-
-    fn connectivity(&self, _x0: &Tensor, _units: &[&dyn Unit]) -> Tensor {
-        let n = self.depth + 1;
-        let mut w = vec![vec![0.0; n]; n];
-        for &(i, j) in &self.edges {
-            w[i][j] = 1.0;
-        }
-        common::stream_connectivity(&w)
     }
 }

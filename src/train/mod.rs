@@ -56,28 +56,16 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     let task = exp.data.info().task;
     let mut data = exp.data.load(dev)?;
 
-    tch::manual_seed(cfg.seed as i64);
-    let model = Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute);
+    let model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
     atomic_write(&dir.file("config.yaml"), cfg.to_yaml().as_bytes())?;
 
     let lr = cfg.train.lr;
     let mut adamw = match cfg.train.optimizer {
         Optimizer::Gd => None,
-        Optimizer::Adamw => Some(
-            nn::AdamW {
-                wd: cfg.train.weight_decay,
-                ..Default::default()
-            }
-            .build(&model.vs, lr)?,
-        ),
+        Optimizer::Adamw => Some(nn::AdamW { wd: cfg.train.weight_decay, ..Default::default() }.build(&model.vs, lr)?),
     };
     let vars: Vec<(String, Tensor)> = {
-        let mut v: Vec<_> = model
-            .vs
-            .variables()
-            .into_iter()
-            .filter(|(_, t)| t.requires_grad())
-            .collect();
+        let mut v: Vec<_> = model.vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     };
@@ -89,16 +77,19 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     for step in 0..=steps {
         let batch = data.next_train();
         let output = model.forward(&batch.input, true);
-        let loss = task.loss(&output, &batch.target);
+        let loss = match model.topology.regularizer() {
+            Some(r) => task.loss(&output, &batch.target) + r,
+            None => task.loss(&output, &batch.target),
+        };
         let loss_value = loss.double_value(&[]);
         if !loss_value.is_finite() {
             write_metrics(dir, &rows)?;
-            let culprit = if output.isfinite().all().int64_value(&[]) == 0 {
-                "model output"
-            } else {
-                "loss"
-            };
-            bail!("{}: step {step}: the {culprit} went non-finite (loss = {loss_value}); metrics up to here are in {}", cfg.name, dir.file("metrics.csv").display());
+            let culprit = if output.isfinite().all().int64_value(&[]) == 0 { "model output" } else { "loss" };
+            bail!(
+                "{}: step {step}: the {culprit} went non-finite (loss = {loss_value}); metrics up to here are in {}",
+                cfg.name,
+                dir.file("metrics.csv").display()
+            );
         }
         for (_, t) in &vars {
             t.shallow_clone().zero_grad();
@@ -112,29 +103,16 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
                 .find(|(_, t)| t.grad().isfinite().all().int64_value(&[]) == 0)
                 .map(|(n, _)| n.as_str())
                 .unwrap_or("?");
-            bail!(
-                "{}: step {step}: the gradient of `{name}` went non-finite (loss = {loss_value})",
-                cfg.name
-            );
+            bail!("{}: step {step}: the gradient of `{name}` went non-finite (loss = {loss_value})", cfg.name);
         }
         if step % cfg.log.every == 0 || step == steps {
-            rows.push(Row {
-                step,
-                loss: loss_value,
-                grad_norm,
-                lr,
-            });
+            rows.push(Row { step, loss: loss_value, grad_norm, lr });
             bar.set_message(format!("{loss_value:.3e}"));
         }
         let c_every = cfg.log.connectivity_every;
         if (c_every > 0 && step % c_every == 0) || step == steps {
             let c = model.connectivity(&batch.input);
-            atomic_write(
-                &dir.path
-                    .join("connectivity")
-                    .join(format!("step_{step}.csv")),
-                matrix_csv(&c).as_bytes(),
-            )?;
+            atomic_write(&dir.path.join("connectivity").join(format!("step_{step}.csv")), matrix_csv(&c).as_bytes())?;
         }
         if step == steps {
             break;
@@ -153,15 +131,9 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     let wall = start.elapsed().as_secs_f64();
 
     write_metrics(dir, &rows)?;
-    atomic_write_with(
-        &dir.path.join("checkpoints").join("final.safetensors"),
-        |p| {
-            model
-                .vs
-                .save(p)
-                .with_context(|| format!("saving checkpoint {}", p.display()))
-        },
-    )?;
+    atomic_write_with(&dir.path.join("checkpoints").join("final.safetensors"), |p| {
+        model.vs.save(p).with_context(|| format!("saving checkpoint {}", p.display()))
+    })?;
     let losses: Vec<f64> = rows.iter().map(|r| r.loss).collect();
     let summary = Summary {
         name: cfg.name.clone(),
@@ -172,22 +144,13 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         initial_loss: losses[0],
         final_loss: *losses.last().expect("at least one row"),
         min_loss: losses.iter().cloned().fold(f64::INFINITY, f64::min),
-        steps_to_1e3: rows
-            .iter()
-            .find(|r| r.loss <= 1e-3 * rows[0].loss)
-            .map(|r| r.step),
+        steps_to_1e3: rows.iter().find(|r| r.loss <= 1e-3 * rows[0].loss).map(|r| r.step),
         num_params: model.num_params(),
         device: format!("{dev:?}"),
         wall_seconds: wall,
-        parameter_view: model
-            .topology
-            .parameter_view()
-            .map(|(n, m)| (n, crate::topology::common::to_rows(&m))),
+        parameter_view: model.topology.parameter_view().map(|(n, m)| (n, crate::topology::common::to_rows(&m))),
     };
-    atomic_write(
-        &dir.file("summary.json"),
-        serde_json::to_string_pretty(&summary)?.as_bytes(),
-    )?;
+    atomic_write(&dir.file("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
     Ok(summary)
 }
 
@@ -196,12 +159,7 @@ fn global_grad_norm(vars: &[(String, Tensor)]) -> f64 {
         vars.iter()
             .map(|(_, t)| t.grad())
             .filter(|g| g.defined())
-            .map(|g| {
-                g.to_kind(tch::Kind::Double)
-                    .square()
-                    .sum(tch::Kind::Double)
-                    .double_value(&[])
-            })
+            .map(|g| g.to_kind(tch::Kind::Double).square().sum(tch::Kind::Double).double_value(&[]))
             .sum::<f64>()
             .sqrt()
     })
@@ -224,11 +182,9 @@ fn progress_bar(steps: u64, name: &str, show: bool) -> ProgressBar {
         bar.set_draw_target(ProgressDrawTarget::hidden());
     }
     bar.set_style(
-        ProgressStyle::with_template(
-            "{prefix:>20} [{bar:30}] {pos}/{len} loss {msg} {per_sec} ETA {eta}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
+        ProgressStyle::with_template("{prefix:>20} [{bar:30}] {pos}/{len} loss {msg} {per_sec} ETA {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
     );
     bar.set_prefix(name.to_string());
     bar

@@ -21,18 +21,11 @@ pub fn train_config(config: &str, dir: &Path, overrides: &[&str]) -> Summary {
 
 /// Runs the plexus binary.
 pub fn plexus(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_plexus"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("run plexus")
+    Command::new(env!("CARGO_BIN_EXE_plexus")).args(args).current_dir(cwd).output().expect("run plexus")
 }
 
 pub fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
 }
 
 pub fn read_losses(run: &Path) -> Vec<(f64, f64)> {

@@ -1,0 +1,21 @@
+"""acn: x_k = f_k(x_{k-1}), y = x0 + sum_{k=1}^{L} h_k. No parameters."""
+
+from torch import nn
+
+import common
+
+
+class Topology(nn.Module):
+    def __init__(self, options, L, D, block_size):
+        super().__init__()
+        common.take_options("topology 'acn'", options, {})
+        self.L = L
+
+    def forward(self, x0, units):
+        common.check_units("acn", units, self.L)
+        x = x0
+        acc = x0
+        for f in units:
+            x = f(x)
+            acc = acc + x
+        return acc

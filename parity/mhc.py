@@ -1,0 +1,73 @@
+"""mhc (Manifold-Constrained Hyper-Connections): options `n` (4), `sinkhorn_iters` (20).
+
+Streams as in hyper (H_0 = n copies of x0, y = mean over streams). Unit k (params under
+`topology.layers.{k-1}.`): v = flatten(H); r = sqrt(mean(v^2)); q = v @ phi split into pre [n],
+post [n], res [n, n]; H_pre = sigmoid(alpha_pre pre / r + bias_pre); H_post = 2 sigmoid(...);
+H_res = Sinkhorn(exp(R - max R)), R = alpha_res res / r + bias_res (rows then columns, iters times);
+u = sum_s H_pre[s] H_s; o = f_k(u); H'_t = sum_s H_res[s, t] H_s + H_post[t] o.
+"""
+
+import torch
+from torch import nn
+
+import common
+
+
+def sinkhorn(R, iters):
+    M = torch.exp(R - R.amax(dim=(-2, -1), keepdim=True))
+    for _ in range(iters):
+        M = M / M.sum(dim=-1, keepdim=True)
+        M = M / M.sum(dim=-2, keepdim=True)
+    return M
+
+
+class MHCLayer(nn.Module):
+    def __init__(self, n, D, iters):
+        super().__init__()
+        self.n = n
+        self.iters = iters
+        self.phi = nn.Parameter(torch.randn(n * D, n * n + 2 * n) * 0.02)
+        self.alpha_pre = nn.Parameter(torch.tensor(0.01))
+        self.alpha_post = nn.Parameter(torch.tensor(0.01))
+        self.alpha_res = nn.Parameter(torch.tensor(0.01))
+        self.bias_pre = nn.Parameter(torch.zeros(n))
+        self.bias_post = nn.Parameter(torch.zeros(n))
+        self.bias_res = nn.Parameter(torch.zeros(n, n))
+
+    def coefficients(self, H):
+        n = self.n
+        v = H.flatten(-2)
+        r = torch.sqrt((v * v).mean(dim=-1, keepdim=True))
+        q = v @ self.phi
+        pre = q[..., :n]
+        post = q[..., n : 2 * n]
+        res = q[..., 2 * n :].reshape(*q.shape[:-1], n, n)
+        h_pre = torch.sigmoid(self.alpha_pre * pre / r + self.bias_pre)
+        h_post = 2.0 * torch.sigmoid(self.alpha_post * post / r + self.bias_post)
+        R = self.alpha_res * res / r.unsqueeze(-1) + self.bias_res
+        h_res = sinkhorn(R, self.iters)
+        return h_pre, h_post, h_res
+
+    def forward(self, H, f):
+        h_pre, h_post, h_res = self.coefficients(H)
+        u = (h_pre.unsqueeze(-1) * H).sum(dim=-2)
+        o = f(u)
+        return h_res.transpose(-1, -2) @ H + h_post.unsqueeze(-1) * o.unsqueeze(-2)
+
+
+class Topology(nn.Module):
+    def __init__(self, options, L, D, block_size):
+        super().__init__()
+        where = "topology 'mhc'"
+        opts = common.take_options(where, options, {"n": 4, "sinkhorn_iters": 20})
+        self.n = common.as_int(where, "n", opts["n"], minimum=1)
+        self.iters = common.as_int(where, "sinkhorn_iters", opts["sinkhorn_iters"], minimum=0)
+        self.L = L
+        self.layers = nn.ModuleList([MHCLayer(self.n, D, self.iters) for _ in range(L)])
+
+    def forward(self, x0, units):
+        common.check_units("mhc", units, self.L)
+        H = torch.stack([x0] * self.n, dim=-2)
+        for layer, f in zip(self.layers, units):
+            H = layer(H, f)
+        return H.mean(dim=-2)

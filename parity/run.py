@@ -1,0 +1,146 @@
+"""PyTorch side of `plexus parity` (protocol: SPEC.md).
+
+    python parity/run.py CASE.yaml OUT.safetensors
+    python parity/run.py --out-dir DIR CASE.yaml ...   # several cases, one process
+    python parity/run.py --count CASE.yaml        # prints the total number of parameters
+"""
+
+import argparse
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+import backbones  # noqa: E402
+import common  # noqa: E402
+
+BATCH = 3
+
+
+def load_case(path):
+    with open(path) as fh:
+        case = yaml.safe_load(fh)
+    if not isinstance(case, dict):
+        raise common.OptionError(f"{path}: not a mapping")
+    return case
+
+
+def build_model(case):
+    precision = case.get("precision", "fp32")
+    if "model" not in case:
+        raise common.OptionError("case has no 'model' section")
+    model = backbones.build_backbone(case["model"], precision)
+    model.topology = common.build_topology(case.get("topology"), model)
+    return model
+
+
+def forward(model, x):
+    x0 = model.embed(x)
+    units, _ = common.make_units(model, model.topology.granularity)
+    y = model.topology(x0, units)
+    return model.readout(y)
+
+
+def regularizer(model):
+    fn = getattr(model.topology, "regularizer", None)
+    return fn() if fn is not None else None
+
+
+def redraw_parameters(model):
+    """Overwrite every parameter, in sorted state_dict key order, per the protocol."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    keys = sorted(model.state_dict().keys())
+    if set(keys) != set(params):
+        raise RuntimeError("state_dict holds something other than the parameters")
+    with torch.no_grad():
+        for name in keys:
+            p = params[name]
+            noise = torch.randn(p.shape, dtype=torch.float32)
+            if name.endswith("norm.weight"):
+                value = 1.0 + 0.1 * noise
+            else:
+                scale = 1.0 / math.sqrt(p.shape[-1]) if p.dim() >= 2 else 0.5
+                value = noise * scale
+            p.copy_(value)
+    return keys
+
+
+def run(case_path, out_path):
+    case = load_case(case_path)
+    seed = case.get("seed", 0)
+    seed = common.as_int("case", "seed", seed, minimum=0)
+    model = build_model(case)
+
+    torch.manual_seed(seed)
+    keys = redraw_parameters(model)
+    x = torch.randn(model.input_shape(BATCH), dtype=torch.float32)
+    g = torch.randn(model.output_shape(BATCH), dtype=torch.float32)
+    x.requires_grad_(True)
+
+    out = forward(model, x)
+    if tuple(out.shape) != tuple(g.shape):
+        raise RuntimeError(f"output shape {tuple(out.shape)} != {tuple(g.shape)}")
+    loss = (out * g).sum()
+    reg = regularizer(model)
+    if reg is not None:
+        loss = loss + reg
+    loss.backward()
+
+    def f32(t):
+        return t.detach().to(torch.float32).contiguous().clone()
+
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tensors = {}
+    for name in keys:
+        p = params[name]
+        tensors[f"param.{name}"] = f32(p)
+        tensors[f"grad.{name}"] = f32(p.grad) if p.grad is not None else torch.zeros(
+            p.shape, dtype=torch.float32
+        )
+    tensors["input.x"] = f32(x)
+    tensors["input.g"] = f32(g)
+    tensors["output.y"] = f32(out)
+    tensors["output.loss"] = f32(loss).reshape(())
+    tensors["grad.input"] = f32(x.grad)
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    save_file(tensors, out_path)
+
+
+def count(case_path):
+    model = build_model(load_case(case_path))
+    return sum(p.numel() for p in model.parameters())
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--count", action="store_true", help="print the total number of parameters")
+    ap.add_argument("--out-dir", help="run every CASE.yaml given, writing OUT_DIR/<case>.safetensors")
+    ap.add_argument("case", nargs="+", help="CASE.yaml [OUT.safetensors], or several cases with --out-dir")
+    args = ap.parse_args(argv)
+    cases = args.case
+    try:
+        if args.count:
+            for c in cases:
+                print(count(c))
+        elif args.out_dir is not None:
+            os.makedirs(args.out_dir, exist_ok=True)
+            for c in cases:
+                stem = os.path.splitext(os.path.basename(c))[0]
+                run(c, os.path.join(args.out_dir, stem + ".safetensors"))
+        else:
+            if len(cases) != 2:
+                ap.error("expected CASE.yaml OUT.safetensors (or --out-dir DIR CASE.yaml ...)")
+            run(cases[0], cases[1])
+    except common.OptionError as e:
+        print(f"parity/run.py: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

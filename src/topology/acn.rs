@@ -1,0 +1,62 @@
+//! `acn` — Auto-regressive/accumulating connection network (H-ACN §2): units are chained without
+//! shortcuts, `x_k = f_k(x_{k-1})`, and the readout sums every unit output and the embedding,
+//! `y = x0 + Σ_k h_k` (long connections to the output, fixed at 1).
+//! C: `C[k-1][k] = 1`, readout column all ones.
+
+use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
+use crate::config::{parse_options, OptionError};
+use serde::Deserialize;
+use tch::{nn, Tensor};
+
+pub const ENTRY: TopologyEntry =
+    TopologyEntry { name: "acn", about: "chained units, readout = x0 + sum of all unit outputs (H-ACN's ACN)", parse };
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Options {
+    granularity: Option<Granularity>,
+}
+
+#[derive(Debug)]
+struct Spec {
+    granularity: Granularity,
+}
+
+fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn TopologySpec>, OptionError> {
+    let o: Options = parse_options(opts)?;
+    let (granularity, _) = common::granularity(o.granularity, Granularity::Sublayer, stack)?;
+    Ok(Box::new(Spec { granularity }))
+}
+
+impl TopologySpec for Spec {
+    fn kind(&self) -> &'static str {
+        "acn"
+    }
+    fn label(&self) -> String {
+        "a=0".into()
+    }
+    fn granularity(&self) -> Granularity {
+        self.granularity
+    }
+    fn build(&self, _vs: &nn::Path) -> Box<dyn Topology> {
+        Box::new(Acn)
+    }
+}
+
+struct Acn;
+
+impl Topology for Acn {
+    fn forward(&self, x0: &Tensor, units: &[&dyn Unit], train: bool) -> Tensor {
+        let mut x = x0.shallow_clone();
+        let mut acc = x0.shallow_clone();
+        for f in units {
+            x = f.forward(&x, Norm::Default, train);
+            acc = acc + &x;
+        }
+        acc
+    }
+
+    fn gamma(&self) -> Option<f64> {
+        Some(0.0)
+    }
+}

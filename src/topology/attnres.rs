@@ -1,0 +1,155 @@
+//! `attnres` — Attention Residuals (Kimi 2026): each unit reads a softmax-weighted mixture of
+//! earlier outputs, the weights coming from one learned pseudo-query per unit against the
+//! RMS-normalised sources: `input_l = Σ_{i<l} softmax_i(w_l · rms(v_i)) v_i`, `v_0 = x0`, `v_i = h_i`,
+//! and the readout likewise with its own query. `topology.queries` `[L+1, D]`, init 0: a uniform
+//! *mean* of the sources (not the residual sum). `blocks: N > 0` is the block variant: units in N
+//! groups; sources are `x0`, the sums of completed groups and the current group's partial sum.
+//! The RMS norm and the softmax run in fp32. Effective C: the attention weights, averaged over
+//! batch and tokens, spread over the units each source sums.
+
+use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
+use crate::config::{parse_options, OptionError};
+use serde::Deserialize;
+use tch::{nn, Kind, Tensor};
+
+pub const ENTRY: TopologyEntry = TopologyEntry {
+    name: "attnres",
+    about: "Attention Residuals: softmax attention over earlier outputs per unit (full or block)",
+    parse,
+};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Options {
+    /// 0 = full AttnRes; N > 0 = block AttnRes with N groups.
+    #[serde(default)]
+    blocks: usize,
+    granularity: Option<Granularity>,
+}
+
+#[derive(Debug)]
+struct Spec {
+    granularity: Granularity,
+    depth: usize,
+    width: usize,
+    blocks: usize,
+}
+
+fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn TopologySpec>, OptionError> {
+    let o: Options = parse_options(opts)?;
+    let (granularity, depth) = common::granularity(o.granularity, Granularity::Sublayer, stack)?;
+    if o.blocks > depth {
+        return Err(OptionError::new("blocks", o.blocks, format!("0 (full) or a number of groups in 1..={depth}")));
+    }
+    Ok(Box::new(Spec { granularity, depth, width: stack.width, blocks: o.blocks }))
+}
+
+impl TopologySpec for Spec {
+    fn kind(&self) -> &'static str {
+        "attnres"
+    }
+    fn label(&self) -> String {
+        if self.blocks == 0 {
+            "full".into()
+        } else {
+            format!("{} blocks", self.blocks)
+        }
+    }
+    fn granularity(&self) -> Granularity {
+        self.granularity
+    }
+    fn build(&self, vs: &nn::Path) -> Box<dyn Topology> {
+        let queries = vs.zeros("queries", &[self.depth as i64 + 1, self.width as i64]);
+        let group = if self.blocks == 0 { 1 } else { self.depth.div_ceil(self.blocks) };
+        Box::new(AttnRes { queries, group, full: self.blocks == 0 })
+    }
+}
+
+struct AttnRes {
+    queries: Tensor,
+    /// Units per group (block variant).
+    group: usize,
+    full: bool,
+}
+
+/// A source: its value and which unit outputs it sums (0 = x0).
+struct Source {
+    value: Tensor,
+    members: Vec<usize>,
+}
+
+impl AttnRes {
+    /// Attention of query `q` over the sources; returns the mixture and the weights `[.., m]`.
+    fn attend(&self, q: usize, sources: &[&Source]) -> (Tensor, Tensor) {
+        let query = self.queries.get(q as i64);
+        let logits: Vec<Tensor> = sources
+            .iter()
+            .map(|s| {
+                let v = s.value.to_kind(Kind::Float);
+                let rms = &v / (v.square().mean_dim(-1, true, Kind::Float) + 1e-6).sqrt();
+                (rms * &query).sum_dim_intlist(-1, false, Kind::Float)
+            })
+            .collect();
+        let alpha = Tensor::stack(&logits, -1).softmax(-1, Kind::Float);
+        let terms: Vec<Tensor> = sources
+            .iter()
+            .enumerate()
+            .map(|(i, s)| &s.value * alpha.select(-1, i as i64).unsqueeze(-1).to_kind(s.value.kind()))
+            .collect();
+        (common::sum(&terms), alpha)
+    }
+
+    /// Runs the stack; with `trace`, collects the columns of C.
+    fn run(&self, x0: &Tensor, units: &[&dyn Unit], train: bool, mut trace: Option<&mut Vec<Vec<f64>>>) -> Tensor {
+        let l = units.len();
+        let mut column = |alpha: &Tensor, sources: &[&Source]| {
+            if let Some(cols) = trace.as_deref_mut() {
+                let mean = common::to_vec(&alpha.reshape([-1, sources.len() as i64]).mean_dim(0, false, Kind::Double));
+                let mut col = vec![0.0; l + 1];
+                for (w, s) in mean.iter().zip(sources) {
+                    for &i in &s.members {
+                        col[i] += w;
+                    }
+                }
+                cols.push(col);
+            }
+        };
+        let mut done: Vec<Source> = vec![Source { value: x0.shallow_clone(), members: vec![0] }];
+        let mut partial: Option<Source> = None;
+        for (k, f) in units.iter().enumerate() {
+            let sources: Vec<&Source> = done.iter().chain(partial.as_ref()).collect();
+            let (input, alpha) = self.attend(k, &sources);
+            column(&alpha, &sources);
+            let h = f.forward(&input, Norm::Default, train);
+            if self.full {
+                done.push(Source { value: h, members: vec![k + 1] });
+                continue;
+            }
+            let p = match partial.take() {
+                Some(p) => Source { value: p.value + h, members: [p.members, vec![k + 1]].concat() },
+                None => Source { value: h, members: vec![k + 1] },
+            };
+            if (k + 1) % self.group == 0 || k + 1 == l {
+                done.push(p);
+            } else {
+                partial = Some(p);
+            }
+        }
+        let sources: Vec<&Source> = done.iter().collect();
+        let (y, alpha) = self.attend(l, &sources);
+        column(&alpha, &sources);
+        y
+    }
+}
+
+impl Topology for AttnRes {
+    fn forward(&self, x0: &Tensor, units: &[&dyn Unit], train: bool) -> Tensor {
+        self.run(x0, units, train, None)
+    }
+
+    fn connectivity(&self, x0: &Tensor, units: &[&dyn Unit]) -> Tensor {
+        let mut cols = Vec::new();
+        let _ = tch::no_grad(|| self.run(x0, units, false, Some(&mut cols)));
+        common::connectivity_from_columns(&cols)
+    }
+}

@@ -1,0 +1,261 @@
+//! `hacn` — Hybrid ACN (H-ACN Alg. 1, App. G): trainable residual weights between chained units,
+//! plus ACN's long connections to the readout:
+//! `x_k = f_k(x_{k-1}) + a_k · x_{k-1}`, `y = x0 + Σ_k h_k` (or `y = x_L` with `long: false`).
+//!
+//! `a = 0` is ACN and `a = 1` is the residual network, exactly. C: `C[i][k] = Π_{l=i+1}^{k-1} a_l`
+//! (empty product 1), readout all ones. `Γ = ‖a‖₂/√L`.
+//!
+//! * `topology.alpha` `[L]`, init `N(μ, σ)` (paper default μ = 0.25, σ = 0.005) or the ablation
+//!   schedules `half_layers`, `exp_decay`, `constant`; drawn from the run's seed.
+//! * `convention: alpha` (the paper, and the authors' ViT/Mixer code): `a = alpha`;
+//!   `one_minus_alpha` (the authors' GPT code): `a = 1 − alpha`, so "μ = 0.25" starts at 0.75.
+//! * `depth_ln: true` (App. D): each unit's pre-norm becomes `s_l · LN(x)` with a learnable scalar
+//!   `topology.norm_scale[l-1]` initialised to `1 + 0.05·l`; the final norm stays plain.
+
+use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
+use crate::config::{parse_options, OptionError};
+use serde::Deserialize;
+use tch::{nn, Kind, Tensor};
+
+pub const ENTRY: TopologyEntry = TopologyEntry {
+    name: "hacn",
+    about: "Hybrid ACN: trainable residual weights a_k + long connections to the readout",
+    parse,
+};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+enum Init {
+    Normal {
+        #[serde(default = "mu")]
+        mu: f64,
+        #[serde(default = "sigma")]
+        sigma: f64,
+    },
+    HalfLayers {
+        #[serde(default = "mu_first")]
+        mu_first: f64,
+        #[serde(default = "mu_second")]
+        mu_second: f64,
+        #[serde(default = "sigma")]
+        sigma: f64,
+    },
+    ExpDecay {
+        #[serde(default = "mu")]
+        mu_start: f64,
+        #[serde(default = "mu_end")]
+        mu_end: f64,
+        #[serde(default = "sigma")]
+        sigma: f64,
+    },
+    Constant {
+        value: f64,
+    },
+}
+
+fn mu() -> f64 {
+    0.25
+}
+fn sigma() -> f64 {
+    0.005
+}
+fn mu_first() -> f64 {
+    0.4
+}
+fn mu_second() -> f64 {
+    0.15
+}
+fn mu_end() -> f64 {
+    0.1
+}
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Convention {
+    Alpha,
+    OneMinusAlpha,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Options {
+    #[serde(default = "default_init")]
+    init: Init,
+    #[serde(default)]
+    depth_ln: bool,
+    #[serde(default = "yes")]
+    long: bool,
+    #[serde(default = "default_convention")]
+    convention: Convention,
+    #[serde(default = "yes")]
+    learnable: bool,
+    granularity: Option<Granularity>,
+}
+
+fn default_init() -> Init {
+    Init::Normal { mu: mu(), sigma: sigma() }
+}
+fn default_convention() -> Convention {
+    Convention::Alpha
+}
+
+#[derive(Debug)]
+struct Spec {
+    granularity: Granularity,
+    depth: usize,
+    init: Init,
+    depth_ln: bool,
+    long: bool,
+    convention: Convention,
+    learnable: bool,
+}
+
+fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn TopologySpec>, OptionError> {
+    let o: Options = parse_options(opts)?;
+    let (granularity, depth) = common::granularity(o.granularity, Granularity::Sublayer, stack)?;
+    let (values, sigma) = match &o.init {
+        Init::Normal { mu, sigma } => (vec![("init.mu", *mu)], *sigma),
+        Init::HalfLayers { mu_first, mu_second, sigma } => {
+            (vec![("init.mu_first", *mu_first), ("init.mu_second", *mu_second)], *sigma)
+        }
+        Init::ExpDecay { mu_start, mu_end, sigma } => {
+            if *mu_start <= 0.0 || *mu_end <= 0.0 {
+                return Err(OptionError::new("init.mu_end", mu_end, "mu_start and mu_end > 0 (geometric decay)"));
+            }
+            (vec![("init.mu_start", *mu_start), ("init.mu_end", *mu_end)], *sigma)
+        }
+        Init::Constant { value } => (vec![("init.value", *value)], 0.0),
+    };
+    for (key, v) in values {
+        if !v.is_finite() {
+            return Err(OptionError::new(key, v, "a finite number"));
+        }
+    }
+    if !(sigma.is_finite() && sigma >= 0.0) {
+        return Err(OptionError::new("init.sigma", sigma, "a finite standard deviation ≥ 0"));
+    }
+    if o.depth_ln && !stack.pre_norm {
+        return Err(OptionError::new("depth_ln", true, "false: this backbone's units have no pre-norm to scale"));
+    }
+    Ok(Box::new(Spec {
+        granularity,
+        depth,
+        init: o.init,
+        depth_ln: o.depth_ln,
+        long: o.long,
+        convention: o.convention,
+        learnable: o.learnable,
+    }))
+}
+
+impl Spec {
+    /// The per-unit means of the alpha initialisation, and its standard deviation.
+    fn init_means(&self) -> (Vec<f64>, f64) {
+        let l = self.depth;
+        match self.init {
+            Init::Normal { mu, sigma } => (vec![mu; l], sigma),
+            Init::HalfLayers { mu_first, mu_second, sigma } => {
+                ((0..l).map(|k| if k < l.div_ceil(2) { mu_first } else { mu_second }).collect(), sigma)
+            }
+            Init::ExpDecay { mu_start, mu_end, sigma } => {
+                let t = |k: usize| if l > 1 { k as f64 / (l - 1) as f64 } else { 0.0 };
+                ((0..l).map(|k| mu_start * (mu_end / mu_start).powf(t(k))).collect(), sigma)
+            }
+            Init::Constant { value } => (vec![value; l], 0.0),
+        }
+    }
+}
+
+impl TopologySpec for Spec {
+    fn kind(&self) -> &'static str {
+        "hacn"
+    }
+    fn label(&self) -> String {
+        let init = match &self.init {
+            Init::Normal { mu, .. } => format!("μ={mu}"),
+            Init::HalfLayers { mu_first, mu_second, .. } => format!("half {mu_first}/{mu_second}"),
+            Init::ExpDecay { mu_start, mu_end, .. } => format!("exp {mu_start}→{mu_end}"),
+            Init::Constant { value } => format!("a={value}"),
+        };
+        let mut parts = vec![init];
+        if self.convention == Convention::OneMinusAlpha {
+            parts.push("1−α".into());
+        }
+        if self.depth_ln {
+            parts.push("DLN".into());
+        }
+        if !self.long {
+            parts.push("w/o long".into());
+        }
+        if !self.learnable {
+            parts.push("frozen".into());
+        }
+        parts.join(", ")
+    }
+    fn granularity(&self) -> Granularity {
+        self.granularity
+    }
+    fn build(&self, vs: &nn::Path) -> Box<dyn Topology> {
+        let (means, sigma) = self.init_means();
+        let dev = vs.device();
+        let init = Tensor::from_slice(&means).to_kind(Kind::Float).to_device(dev)
+            + Tensor::randn([self.depth as i64], (Kind::Float, dev)) * sigma;
+        let alpha = common::param_from(vs, "alpha", &init, self.learnable);
+        let norm_scale = self.depth_ln.then(|| {
+            let s: Vec<f64> = (1..=self.depth).map(|l| 1.0 + 0.05 * l as f64).collect();
+            common::param_from(vs, "norm_scale", &Tensor::from_slice(&s).to_kind(Kind::Float).to_device(dev), true)
+        });
+        Box::new(Hacn { alpha, norm_scale, long: self.long, convention: self.convention })
+    }
+}
+
+struct Hacn {
+    alpha: Tensor,
+    norm_scale: Option<Tensor>,
+    long: bool,
+    convention: Convention,
+}
+
+impl Hacn {
+    /// The residual weights `a` `[L]`.
+    fn a(&self) -> Tensor {
+        match self.convention {
+            Convention::Alpha => self.alpha.shallow_clone(),
+            Convention::OneMinusAlpha => 1.0 - &self.alpha,
+        }
+    }
+}
+
+impl Topology for Hacn {
+    fn forward(&self, x0: &Tensor, units: &[&dyn Unit], train: bool) -> Tensor {
+        let a = self.a();
+        let mut x = x0.shallow_clone();
+        let mut acc = x0.shallow_clone();
+        for (k, f) in units.iter().enumerate() {
+            let scale = self.norm_scale.as_ref().map(|s| s.get(k as i64));
+            let norm = scale.as_ref().map_or(Norm::Default, Norm::Scaled);
+            let h = f.forward(&x, norm, train);
+            x = &h + a.get(k as i64) * &x;
+            if self.long {
+                acc = acc + h;
+            }
+        }
+        if self.long {
+            acc
+        } else {
+            x
+        }
+    }
+
+    fn parameter_view(&self) -> Option<(String, Tensor)> {
+        Some(("a".into(), self.a().detach().to_kind(Kind::Double).to_device(tch::Device::Cpu).unsqueeze(0)))
+    }
+
+    fn gamma(&self) -> Option<f64> {
+        let a = common::to_vec(&self.a().detach());
+        Some((a.iter().map(|v| v * v).sum::<f64>() / a.len() as f64).sqrt())
+    }
+}

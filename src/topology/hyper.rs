@@ -1,0 +1,143 @@
+//! `hyper` — Hyper-Connections (Zhu et al. 2024): `n` parallel streams `H: [.., n, D]` (n = 4),
+//! expanded from n copies of `x0` and reduced by the mean (the paper sums; the constant factor n is
+//! removed by the final norm, and the mean keeps "at init = residual" exact without one).
+//!
+//! Per unit k: `A = A_static + tanh(Norm(H) W_a)·s_a` (`[.., n, n+1]`), `B = B_static + tanh(Norm(H) w_b)·s_b`
+//! (`[.., n]`); the unit reads `Σ_s A[s,0] H_s`, and `H'_t = Σ_s A[s,1+t] H_s + B[t]·f_k(·)`.
+//! Init: `A_static[:,0] = onehot(k mod n)`, `A_static[:,1:] = I`, `B_static = 1`, `W_a = w_b = 0`,
+//! `s = 0.01` — exactly the pre-norm residual network. `dynamic: false` drops the input-dependent
+//! terms. Parameters under `topology.layers.{k-1}.` (see `parity/SPEC.md`).
+//! Effective C: unit inputs traced as coefficients over `h_0 … h_L`, averaged over batch and tokens.
+
+use super::common::{self, StreamMixing};
+use super::{Granularity, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
+use crate::config::{parse_options, OptionError};
+use serde::Deserialize;
+use tch::{nn, nn::Module, Kind, Tensor};
+
+pub const ENTRY: TopologyEntry = TopologyEntry {
+    name: "hyper",
+    about: "Hyper-Connections: n parallel streams with learned (dynamic) mixing",
+    parse,
+};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Options {
+    #[serde(default = "four")]
+    n: usize,
+    #[serde(default = "yes")]
+    dynamic: bool,
+    granularity: Option<Granularity>,
+}
+
+fn four() -> usize {
+    4
+}
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug)]
+struct Spec {
+    granularity: Granularity,
+    depth: usize,
+    width: usize,
+    n: usize,
+    dynamic: bool,
+}
+
+fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn TopologySpec>, OptionError> {
+    let o: Options = parse_options(opts)?;
+    let (granularity, depth) = common::granularity(o.granularity, Granularity::Sublayer, stack)?;
+    if o.n == 0 || o.n > 64 {
+        return Err(OptionError::new("n", o.n, "a number of streams in 1..=64"));
+    }
+    Ok(Box::new(Spec { granularity, depth, width: stack.width, n: o.n, dynamic: o.dynamic }))
+}
+
+impl TopologySpec for Spec {
+    fn kind(&self) -> &'static str {
+        "hyper"
+    }
+    fn label(&self) -> String {
+        format!("n={}, {}", self.n, if self.dynamic { "dynamic" } else { "static" })
+    }
+    fn granularity(&self) -> Granularity {
+        self.granularity
+    }
+    fn build(&self, vs: &nn::Path) -> Box<dyn Topology> {
+        let (n, d) = (self.n as i64, self.width as i64);
+        let dev = vs.device();
+        let layers = (0..self.depth)
+            .map(|k| {
+                let p = vs / "layers" / k;
+                let a = Tensor::zeros([n, n + 1], (Kind::Float, dev));
+                let _ = a.get((k as i64) % n).get(0).fill_(1.0);
+                a.narrow(1, 1, n).copy_(&Tensor::eye(n, (Kind::Float, dev)));
+                let dynamic = self.dynamic.then(|| Dynamic {
+                    norm: nn::layer_norm(&p / "norm", vec![d], Default::default()),
+                    alpha: p.zeros("dynamic_alpha", &[d, n + 1]),
+                    beta: p.zeros("dynamic_beta", &[d]),
+                    alpha_scale: p.var("alpha_scale", &[], nn::Init::Const(0.01)),
+                    beta_scale: p.var("beta_scale", &[], nn::Init::Const(0.01)),
+                });
+                Layer {
+                    static_alpha: common::param_from(&p, "static_alpha", &a, true),
+                    static_beta: p.ones("static_beta", &[n]),
+                    dynamic,
+                }
+            })
+            .collect();
+        Box::new(Hyper { layers, n: self.n })
+    }
+}
+
+struct Dynamic {
+    norm: nn::LayerNorm,
+    alpha: Tensor,
+    beta: Tensor,
+    alpha_scale: Tensor,
+    beta_scale: Tensor,
+}
+
+struct Layer {
+    static_alpha: Tensor,
+    static_beta: Tensor,
+    dynamic: Option<Dynamic>,
+}
+
+struct Hyper {
+    layers: Vec<Layer>,
+    n: usize,
+}
+
+impl StreamMixing for Hyper {
+    fn streams(&self) -> usize {
+        self.n
+    }
+    fn mixing(&self, k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let l = &self.layers[k];
+        let (a, b) = match &l.dynamic {
+            None => (l.static_alpha.shallow_clone(), l.static_beta.shallow_clone()),
+            Some(d) => {
+                let normed = d.norm.forward(&h.to_kind(Kind::Float));
+                let a = &l.static_alpha + normed.matmul(&d.alpha).tanh() * &d.alpha_scale;
+                let b = &l.static_beta + normed.matmul(&d.beta).tanh() * &d.beta_scale;
+                (a, b)
+            }
+        };
+        let n = self.n as i64;
+        (a.select(-1, 0), a.narrow(-1, 1, n), b)
+    }
+}
+
+impl Topology for Hyper {
+    fn forward(&self, x0: &Tensor, units: &[&dyn Unit], train: bool) -> Tensor {
+        common::multi_stream(self, x0, units, train, false).0
+    }
+
+    fn connectivity(&self, x0: &Tensor, units: &[&dyn Unit]) -> Tensor {
+        tch::no_grad(|| common::multi_stream(self, x0, units, false, true).1.expect("traced"))
+    }
+}

@@ -1,0 +1,74 @@
+//! `plexus parity` as a test: every topology and backbone against its PyTorch reference
+//! (parity/SPEC.md), forward and every gradient, plus coverage and parameter counts.
+
+use plexus::parity;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+fn parity_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("parity")
+}
+
+fn case_kinds() -> Vec<(String, String, String)> {
+    parity::cases(&parity_dir().join("cases"), None)
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let doc: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+            let s = |k: &str, f: &str| doc[k][f].as_str().map(str::to_string).unwrap_or_default();
+            let precision = doc["precision"].as_str().unwrap_or("fp32").to_string();
+            (parity::case_name(p), s("topology", "kind"), format!("{}/{precision}", s("model", "kind")))
+        })
+        .collect()
+}
+
+#[test]
+fn every_registered_topology_has_a_parity_case() {
+    let cases = case_kinds();
+    for entry in plexus::topology::REGISTRY {
+        let on: BTreeSet<&str> = cases.iter().filter(|c| c.1 == entry.name).map(|c| c.2.as_str()).collect();
+        assert!(on.contains("mlp/fp32"), "topology `{}` has no fp32 mlp case in parity/cases", entry.name);
+    }
+    for name in ["residual", "hacn", "ancre", "mhc"] {
+        assert!(cases.iter().any(|c| c.1 == name && c.2.ends_with("/bf16")), "no bf16 parity case for {name}");
+    }
+    assert!(cases.iter().filter(|c| c.2.starts_with("mixer")).count() >= 5, "too few Transformer-like (mixer) cases");
+}
+
+#[test]
+fn all_parity_cases_pass_and_parameter_counts_match_the_references() {
+    let cases = parity::cases(&parity_dir().join("cases"), None).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let results = parity::run_all(&parity_dir(), &cases, work.path()).unwrap();
+    let counts = std::process::Command::new(parity::python())
+        .arg(parity_dir().join("run.py"))
+        .arg("--count")
+        .args(&cases)
+        .output()
+        .unwrap();
+    assert!(counts.status.success(), "{}", String::from_utf8_lossy(&counts.stderr));
+    let counts: Vec<i64> = String::from_utf8_lossy(&counts.stdout).lines().map(|l| l.trim().parse().unwrap()).collect();
+    assert_eq!(counts.len(), cases.len());
+    let mut failures = Vec::new();
+    for ((case, r), py_count) in cases.iter().zip(results).zip(counts) {
+        match r {
+            Ok(r) => {
+                println!(
+                    "{:<26} out {:.2e} grad {:.2e} ({}) tol {:.0e} params {}",
+                    r.name, r.output_err, r.grad_err, r.worst_grad, r.tolerance, r.params
+                );
+                if !r.pass {
+                    failures.push(format!(
+                        "{}: output {:e}, grad {:e} ({})",
+                        r.name, r.output_err, r.grad_err, r.worst_grad
+                    ));
+                }
+                if r.params != py_count {
+                    failures.push(format!("{}: {} parameters in plexus, {py_count} in PyTorch", r.name, r.params));
+                }
+            }
+            Err(e) => failures.push(format!("{}: {e:#}", parity::case_name(case))),
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
