@@ -144,3 +144,68 @@ fn plot_accepts_several_runs_and_rejects_a_non_run() {
     assert!(!o.status.success());
     assert!(text(&o).1.contains("not a plexus run directory"), "{:?}", text(&o));
 }
+
+fn parse_csv(text: &str) -> Vec<Vec<f64>> {
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(header[0], "node");
+    lines
+        .enumerate()
+        .map(|(i, l)| {
+            let cells: Vec<&str> = l.split(',').collect();
+            assert_eq!(cells[0], i.to_string(), "first column is the source node");
+            cells[1..].iter().map(|c| c.parse().unwrap()).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn connectivity_of_an_hacn_config_with_sigma_0_is_the_product_of_its_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("hacn.yaml");
+    std::fs::write(
+        &cfg,
+        "name: c\nmodel: {kind: mlp, width: 8, depth: 5}\ndata: {kind: whitened_regression, dim: 4, samples: 8}\ntopology: {kind: hacn, init: {kind: normal, mu: 0.3, sigma: 0.0}}\n",
+    )
+    .unwrap();
+    let o = plexus(&["connectivity", cfg.to_str().unwrap()], tmp.path());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let c = parse_csv(&out);
+    let l = 5;
+    assert_eq!(c.len(), l + 2);
+    let a = 0.3f32 as f64; // the weights are fp32 parameters
+    for k in 1..=l {
+        for i in 0..l + 2 {
+            let expected = if i < k { a.powi((k - i - 1) as i32) } else { 0.0 };
+            assert!((c[i][k] - expected).abs() <= 1e-12, "C[{i}][{k}] = {} vs {expected}", c[i][k]);
+        }
+    }
+    for i in 0..l + 2 {
+        assert_eq!(c[i][l + 1], if i <= l { 1.0 } else { 0.0 }, "readout column");
+    }
+    // A run directory: the saved step and the final checkpoint agree.
+    let run = tmp.path().join("run");
+    let o = plexus(
+        &[
+            "train",
+            cfg.to_str().unwrap(),
+            "--out",
+            run.to_str().unwrap(),
+            "--set",
+            "train.steps=3",
+            "--set",
+            "log.connectivity_every=1",
+        ],
+        tmp.path(),
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    let saved = text(&plexus(&["connectivity", run.to_str().unwrap(), "--step", "3"], tmp.path())).0;
+    let from_ckpt = text(&plexus(&["connectivity", run.to_str().unwrap()], tmp.path())).0;
+    let (s, f) = (parse_csv(&saved), parse_csv(&from_ckpt));
+    for (a, b) in s.iter().flatten().zip(f.iter().flatten()) {
+        assert!((a - b).abs() < 1e-6, "{saved}\n{from_ckpt}");
+    }
+    let o = plexus(&["connectivity", run.to_str().unwrap(), "--step", "99"], tmp.path());
+    assert!(!o.status.success() && text(&o).1.contains("no C saved at step 99"));
+}

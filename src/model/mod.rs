@@ -112,6 +112,14 @@ impl Model {
         })
     }
 
+    /// The topology's parameter view on this input batch (see [`Topology::parameter_view_on`]).
+    pub fn parameter_view(&self, input: &Tensor) -> Option<(String, Tensor)> {
+        tch::no_grad(|| {
+            let x0 = self.backbone.embed(input, false);
+            self.with_units(|units| self.topology.parameter_view_on(&x0, units))
+        })
+    }
+
     /// Number of scalar parameters (trainable or not).
     pub fn num_params(&self) -> i64 {
         self.vs.variables().values().map(|t| t.numel() as i64).sum()

@@ -147,6 +147,11 @@ impl Topology for AttnRes {
         self.run(x0, units, train, None)
     }
 
+    /// The mean attention weights, spread over the units each source sums (= C).
+    fn parameter_view_on(&self, x0: &Tensor, units: &[&dyn Unit]) -> Option<(String, Tensor)> {
+        Some(("mean_alpha".into(), self.connectivity(x0, units)))
+    }
+
     fn connectivity(&self, x0: &Tensor, units: &[&dyn Unit]) -> Tensor {
         let mut cols = Vec::new();
         let _ = tch::no_grad(|| self.run(x0, units, false, Some(&mut cols)));

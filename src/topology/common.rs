@@ -148,7 +148,7 @@ pub fn multi_stream(
     units: &[&dyn Unit],
     train: bool,
     trace: bool,
-) -> (Tensor, Option<Tensor>) {
+) -> (Tensor, Option<StreamTrace>) {
     let n = mix.streams() as i64;
     let l = units.len() as i64;
     let mut h = x0.unsqueeze(-2).repeat_interleave_self_int(n, Some(-2), None);
@@ -161,6 +161,7 @@ pub fn multi_stream(
         c
     });
     let mut cols: Vec<Vec<f64>> = Vec::new();
+    let mut res_means: Vec<Tensor> = Vec::new();
     let mean_over_lead = |t: &Tensor| -> Vec<f64> {
         let flat = t.reshape([-1, l + 1]);
         to_vec(&flat.mean_dim(0, false, Kind::Double))
@@ -172,6 +173,7 @@ pub fn multi_stream(
         h = res.transpose(-1, -2).matmul(&h) + post.unsqueeze(-1) * o.unsqueeze(-2);
         if let Some(c) = coef.as_mut() {
             let (pre, res, post) = (pre.to_kind(Kind::Double), res.to_kind(Kind::Double), post.to_kind(Kind::Double));
+            res_means.push(res.reshape([-1, n, n]).mean_dim(0, false, Kind::Double).to_device(Device::Cpu));
             cols.push(mean_over_lead(&(pre.unsqueeze(-1) * &*c).sum_dim_intlist(-2, false, Kind::Double)));
             let e = Tensor::zeros([l + 1], (Kind::Double, x0.device()));
             let _ = e.get(k as i64 + 1).fill_(1.0);
@@ -179,11 +181,20 @@ pub fn multi_stream(
         }
     }
     let y = h.mean_dim(-2, false, h.kind());
-    let c = coef.map(|c| {
+    let trace = coef.map(|c| {
         cols.push(mean_over_lead(&c.mean_dim(-2, false, Kind::Double)));
-        connectivity_from_columns(&cols)
+        StreamTrace { connectivity: connectivity_from_columns(&cols), res: Tensor::cat(&res_means, 0) }
     });
-    (y, c)
+    (y, trace)
+}
+
+/// What a traced multi-stream run yields.
+pub struct StreamTrace {
+    /// Effective C, `[(L+2), (L+2)]`.
+    pub connectivity: Tensor,
+    /// The stream-mixing matrices averaged over batch and tokens, stacked per unit: `[L·n, n]`
+    /// (rows `k·n + s`, column t = weight of stream s in the new stream t after unit k).
+    pub res: Tensor,
 }
 
 #[cfg(test)]

@@ -138,6 +138,13 @@ impl Topology for Hyper {
     }
 
     fn connectivity(&self, x0: &Tensor, units: &[&dyn Unit]) -> Tensor {
-        tch::no_grad(|| common::multi_stream(self, x0, units, false, true).1.expect("traced"))
+        tch::no_grad(|| common::multi_stream(self, x0, units, false, true).1.expect("traced").connectivity)
+    }
+
+    fn parameter_view_on(&self, x0: &Tensor, units: &[&dyn Unit]) -> Option<(String, Tensor)> {
+        Some((
+            "A_res".into(),
+            tch::no_grad(|| common::multi_stream(self, x0, units, false, true).1.expect("traced").res),
+        ))
     }
 }

@@ -159,7 +159,14 @@ impl Topology for Mhc {
     }
 
     fn connectivity(&self, x0: &Tensor, units: &[&dyn Unit]) -> Tensor {
-        tch::no_grad(|| common::multi_stream(self, x0, units, false, true).1.expect("traced"))
+        tch::no_grad(|| common::multi_stream(self, x0, units, false, true).1.expect("traced").connectivity)
+    }
+
+    fn parameter_view_on(&self, x0: &Tensor, units: &[&dyn Unit]) -> Option<(String, Tensor)> {
+        Some((
+            "H_res".into(),
+            tch::no_grad(|| common::multi_stream(self, x0, units, false, true).1.expect("traced").res),
+        ))
     }
 }
 

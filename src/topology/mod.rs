@@ -121,6 +121,13 @@ pub trait Topology {
         None
     }
 
+    /// The parameter view on an input batch: input-dependent topologies (mHC's mean `H_res`,
+    /// AttnRes's mean attention) override this; others return [`Topology::parameter_view`].
+    fn parameter_view_on(&self, x0: &Tensor, units: &[&dyn Unit]) -> Option<(String, Tensor)> {
+        let _ = (x0, units);
+        self.parameter_view()
+    }
+
     /// A term added to the training loss (ANCRe's Tsallis regulariser), if any.
     fn regularizer(&self) -> Option<Tensor> {
         None

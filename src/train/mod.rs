@@ -148,7 +148,9 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         num_params: model.num_params(),
         device: format!("{dev:?}"),
         wall_seconds: wall,
-        parameter_view: model.topology.parameter_view().map(|(n, m)| (n, crate::topology::common::to_rows(&m))),
+        parameter_view: model
+            .parameter_view(&data.next_train().input)
+            .map(|(n, m)| (n, crate::topology::common::to_rows(&m))),
     };
     atomic_write(&dir.file("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
     Ok(summary)
