@@ -304,8 +304,8 @@ pub fn connectivity_csv(path: &Path, step: Option<u64>, overrides: &[String]) ->
     if let Some(ck) = checkpoint {
         model.vs.load(&ck).with_context(|| format!("loading {}", ck.display()))?;
     }
-    let mut data = exp.data.load(dev)?;
-    let c = model.connectivity(&data.next_train().input);
+    let data = exp.data.load()?;
+    let c = model.connectivity(&data.train_batch(0).input);
     Ok(crate::run_dir::matrix_csv(&c))
 }
 

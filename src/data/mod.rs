@@ -1,11 +1,28 @@
 //! Datasets. A `data.kind` selects a registry entry that parses its options, describes the data
 //! ([`DataInfo`]) before anything is loaded, and then loads it as a [`DataSource`].
+//!
+//! Real datasets are read from a data root: the `PLEXUS_DATA` environment variable if set, else
+//! the section's `root` option, else `data/` (see [`data_root`]). They are never downloaded at run
+//! time; a missing file is an error that says where plexus looked and where to get it.
 
+pub mod prefetch;
 pub mod synthetic;
 
 use crate::config::OptionError;
 use std::fmt::Debug;
-use tch::{Device, Tensor};
+use std::path::{Path, PathBuf};
+use tch::Tensor;
+
+/// The environment variable that overrides every dataset's `root`.
+pub const DATA_ENV: &str = "PLEXUS_DATA";
+
+/// Where datasets are read from: `$PLEXUS_DATA`, else `configured`, else `data`.
+pub fn data_root(configured: Option<&Path>) -> PathBuf {
+    match std::env::var_os(DATA_ENV) {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => configured.map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("data")),
+    }
+}
 
 /// What the model and the trainer need to know about a dataset before it is loaded.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,10 +48,13 @@ pub enum Task {
     HalfSumSquares,
     /// Classification with the mean cross-entropy of logits `[n, classes]` against labels `[n]`.
     Classification,
+    /// Next-token prediction: logits `[B, T, vocab]` against tokens `[B, T]`, mean cross-entropy
+    /// (perplexity = exp of it).
+    LanguageModel,
 }
 
 impl Task {
-    /// `output`, `target`: `[n, d]`. Returns a scalar, computed in fp32.
+    /// Returns a scalar, computed in fp32 (shapes: see the variants).
     pub fn loss(&self, output: &Tensor, target: &Tensor) -> Tensor {
         match self {
             Task::HalfSumSquares => {
@@ -42,27 +62,45 @@ impl Task {
                 diff.square().sum(tch::Kind::Float) * 0.5
             }
             Task::Classification => output.to_kind(tch::Kind::Float).cross_entropy_for_logits(target),
+            Task::LanguageModel => {
+                let v = *output.size().last().expect("logits have a vocabulary dimension");
+                output.to_kind(tch::Kind::Float).reshape([-1, v]).cross_entropy_for_logits(&target.reshape([-1]))
+            }
         }
     }
 }
 
-/// One batch: `input` for the model, `target` for the loss.
+/// One batch (on the CPU; the trainer moves it): `input` for the model, `target` for the loss.
 pub struct Batch {
     pub input: Tensor,
     pub target: Tensor,
 }
 
-/// A loaded dataset.
-pub trait DataSource {
-    /// The next training batch (the whole set for full-batch data).
-    fn next_train(&mut self) -> Batch;
+impl Batch {
+    pub fn to_device(&self, device: tch::Device) -> Batch {
+        Batch { input: self.input.to_device(device), target: self.target.to_device(device) }
+    }
+}
+
+/// A loaded dataset. Training batches are addressed by their index over the whole run
+/// (0, 1, 2, … across epochs) and must be a deterministic function of the dataset, its seed and
+/// the index: that is what makes a resumed run see exactly the batches of an uninterrupted one,
+/// and lets [`prefetch::Prefetcher`] prepare them on another thread.
+pub trait DataSource: Send {
+    /// Training batch number `index`, on the CPU.
+    fn train_batch(&self, index: u64) -> Batch;
+    /// Batches in one epoch (1 for full-batch data).
+    fn batches_per_epoch(&self) -> u64;
+    /// The held-out evaluation set as fixed batches, on the CPU (empty if the dataset has none).
+    fn eval_batches(&self) -> Vec<Batch>;
 }
 
 /// A validated dataset configuration.
 pub trait DataSpec: Debug {
     fn kind(&self) -> &'static str;
     fn info(&self) -> DataInfo;
-    fn load(&self, device: Device) -> anyhow::Result<Box<dyn DataSource>>;
+    /// Loads (or generates) the data. Errors name the files and how to get them.
+    fn load(&self) -> anyhow::Result<Box<dyn DataSource>>;
 }
 
 /// Parses and validates a section's options (everything but `kind`).

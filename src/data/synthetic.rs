@@ -10,6 +10,8 @@
 
 use super::{Batch, DataEntry, DataInfo, DataSource, DataSpec, Task};
 use crate::config::{parse_options, OptionError};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use serde::Deserialize;
 use tch::{Device, Kind, Tensor};
 
@@ -99,9 +101,9 @@ impl DataSpec for Spec {
     fn info(&self) -> DataInfo {
         DataInfo { input_shape: vec![self.dim], output_dim: self.dim, task: Task::HalfSumSquares }
     }
-    fn load(&self, device: Device) -> anyhow::Result<Box<dyn DataSource>> {
+    fn load(&self) -> anyhow::Result<Box<dyn DataSource>> {
         let (x, y) = self.generate();
-        Ok(Box::new(FullBatch { x: x.to_device(device), y: y.to_device(device) }))
+        Ok(Box::new(FullBatch { x, y }))
     }
 }
 
@@ -133,8 +135,15 @@ struct FullBatch {
 }
 
 impl DataSource for FullBatch {
-    fn next_train(&mut self) -> Batch {
+    fn train_batch(&self, _index: u64) -> Batch {
         Batch { input: self.x.shallow_clone(), target: self.y.shallow_clone() }
+    }
+    fn batches_per_epoch(&self) -> u64 {
+        1
+    }
+    /// The case study measures optimisation, not generalisation: there is no held-out set.
+    fn eval_batches(&self) -> Vec<Batch> {
+        Vec::new()
     }
 }
 
@@ -234,43 +243,65 @@ impl DataSpec for ImageSpec {
             task: Task::Classification,
         }
     }
-    fn load(&self, device: Device) -> anyhow::Result<Box<dyn DataSource>> {
+    fn load(&self) -> anyhow::Result<Box<dyn DataSource>> {
         let o = &self.0;
         let opts = (Kind::Float, Device::Cpu);
         let (c, s) = (o.channels as i64, o.image_size as i64);
-        let (x, labels) = crate::device::with_seed(o.seed, || {
+        let eval_n = (o.samples / 4).max(1) as i64;
+        let (x, y, ex, ey) = crate::device::with_seed(o.seed, || {
             let protos = Tensor::randn([o.classes as i64, c, s, s], opts);
-            let labels = Tensor::randint(o.classes as i64, [o.samples as i64], (Kind::Int64, Device::Cpu));
-            (protos.index_select(0, &labels) + Tensor::randn([o.samples as i64, c, s, s], opts) * o.noise, labels)
+            let draw = |n: i64| {
+                let labels = Tensor::randint(o.classes as i64, [n], (Kind::Int64, Device::Cpu));
+                (protos.index_select(0, &labels) + Tensor::randn([n, c, s, s], opts) * o.noise, labels)
+            };
+            let (x, y) = draw(o.samples as i64);
+            let (ex, ey) = draw(eval_n);
+            (x, y, ex, ey)
         });
-        Ok(Box::new(Minibatches {
-            x: x.to_device(device),
-            y: labels.to_device(device),
-            batch: o.batch_size.min(o.samples) as i64,
-            cursor: 0,
-        }))
+        Ok(Box::new(InMemory { x, y, eval: (ex, ey), batch: o.batch_size.min(o.samples), seed: o.seed }))
     }
 }
 
-/// Cycles through a fixed in-memory set in order, one minibatch at a time (deterministic).
-struct Minibatches {
-    x: Tensor,
-    y: Tensor,
-    batch: i64,
-    cursor: i64,
+/// A labelled set held in memory: every epoch is a fresh permutation drawn from `(seed, epoch)`,
+/// cut into `batch`-sized batches (the incomplete tail is dropped).
+pub struct InMemory {
+    pub x: Tensor,
+    pub y: Tensor,
+    /// Held-out `(inputs, labels)`.
+    pub eval: (Tensor, Tensor),
+    pub batch: usize,
+    pub seed: u64,
 }
 
-impl DataSource for Minibatches {
-    fn next_train(&mut self) -> Batch {
-        let n = self.x.size()[0];
-        if self.cursor + self.batch > n {
-            self.cursor = 0;
-        }
-        let b = Batch {
-            input: self.x.narrow(0, self.cursor, self.batch),
-            target: self.y.narrow(0, self.cursor, self.batch),
-        };
-        self.cursor += self.batch;
-        b
+/// The permutation of `n` samples for `epoch`, a pure function of `(seed, epoch)`.
+pub fn epoch_permutation(n: usize, seed: u64, epoch: u64) -> Vec<i64> {
+    let mut idx: Vec<i64> = (0..n as i64).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ epoch);
+    idx.shuffle(&mut rng);
+    idx
+}
+
+impl DataSource for InMemory {
+    fn train_batch(&self, index: u64) -> Batch {
+        let n = self.x.size()[0] as usize;
+        let per_epoch = self.batches_per_epoch();
+        let (epoch, b) = (index / per_epoch, (index % per_epoch) as usize);
+        let perm = epoch_permutation(n, self.seed, epoch);
+        let sel = Tensor::from_slice(&perm[b * self.batch..(b + 1) * self.batch]);
+        Batch { input: self.x.index_select(0, &sel), target: self.y.index_select(0, &sel) }
+    }
+    fn batches_per_epoch(&self) -> u64 {
+        (self.x.size()[0] as usize / self.batch).max(1) as u64
+    }
+    fn eval_batches(&self) -> Vec<Batch> {
+        let n = self.eval.0.size()[0];
+        let b = self.batch as i64;
+        (0..n)
+            .step_by(self.batch)
+            .map(|s| {
+                let len = b.min(n - s);
+                Batch { input: self.eval.0.narrow(0, s, len), target: self.eval.1.narrow(0, s, len) }
+            })
+            .collect()
     }
 }

@@ -54,7 +54,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     let dev = device::resolve(device::parse_device(&cfg.device).map_err(anyhow::Error::msg)?)?;
     let compute = device::compute_kind(cfg.precision);
     let task = exp.data.info().task;
-    let mut data = exp.data.load(dev)?;
+    let data = exp.data.load()?;
 
     let model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
     atomic_write(&dir.file("config.yaml"), cfg.to_yaml().as_bytes())?;
@@ -75,7 +75,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     let start = Instant::now();
     let mut rows: Vec<Row> = Vec::new();
     for step in 0..=steps {
-        let batch = data.next_train();
+        let batch = data.train_batch(step).to_device(dev);
         let output = model.forward(&batch.input, true);
         let loss = match model.topology.regularizer() {
             Some(r) => task.loss(&output, &batch.target) + r,
@@ -149,7 +149,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         device: format!("{dev:?}"),
         wall_seconds: wall,
         parameter_view: model
-            .parameter_view(&data.next_train().input)
+            .parameter_view(&data.train_batch(0).input.to_device(dev))
             .map(|(n, m)| (n, crate::topology::common::to_rows(&m))),
     };
     atomic_write(&dir.file("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;

@@ -1,0 +1,58 @@
+//! Batches prepared off the training thread: a worker calls `train_batch(i)` for consecutive
+//! indices ahead of the trainer, through a bounded channel.
+
+use super::{Batch, DataSource};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+pub struct Prefetcher {
+    rx: Option<Receiver<Batch>>,
+    stop: Arc<AtomicBool>,
+    worker: Option<JoinHandle<()>>,
+    next: u64,
+}
+
+impl Prefetcher {
+    /// Starts preparing batches `start, start+1, …`, keeping at most `depth` ready.
+    pub fn new(source: Box<dyn DataSource>, start: u64, depth: usize) -> Self {
+        let (tx, rx) = sync_channel(depth.max(1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let worker = std::thread::Builder::new()
+            .name("plexus-data".into())
+            .spawn(move || {
+                let mut i = start;
+                while !flag.load(Ordering::Relaxed) {
+                    if tx.send(source.train_batch(i)).is_err() {
+                        break;
+                    }
+                    i += 1;
+                }
+            })
+            .expect("spawn the data thread");
+        Self { rx: Some(rx), stop, worker: Some(worker), next: start }
+    }
+
+    /// The next batch, in index order.
+    pub fn next_batch(&mut self) -> Batch {
+        self.next += 1;
+        self.rx.as_ref().expect("open").recv().expect("the data thread stopped (it panicked; see above)")
+    }
+
+    /// Index of the batch `next_batch` will return.
+    pub fn position(&self) -> u64 {
+        self.next
+    }
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        drop(self.rx.take()); // unblocks a worker waiting to send
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
