@@ -5,8 +5,12 @@
 //! the section's `root` option, else `data/` (see [`data_root`]). They are never downloaded at run
 //! time; a missing file is an error that says where plexus looked and where to get it.
 
+pub mod cifar;
+pub mod files;
+pub mod idx;
 pub mod prefetch;
 pub mod synthetic;
+pub mod text;
 
 use crate::config::OptionError;
 use std::fmt::Debug;
@@ -113,7 +117,14 @@ pub struct DataEntry {
 }
 
 /// Every dataset plexus knows, by `data.kind`.
-pub const REGISTRY: &[DataEntry] = &[synthetic::WHITENED_REGRESSION, synthetic::SYNTHETIC_IMAGES];
+pub const REGISTRY: &[DataEntry] = &[
+    synthetic::WHITENED_REGRESSION,
+    synthetic::SYNTHETIC_IMAGES,
+    synthetic::SYNTHETIC_TOKENS,
+    cifar::CIFAR10,
+    idx::MNIST,
+    text::TEXT,
+];
 
 pub fn parse(kind: &str, options: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
     match REGISTRY.iter().find(|e| e.name == kind) {

@@ -305,3 +305,124 @@ impl DataSource for InMemory {
             .collect()
     }
 }
+
+/// `synthetic_tokens`: token sequences from a fixed random Markov chain (each token has a few
+/// likely successors), for smoke tests and parity shapes of language models without a corpus.
+/// Learnable: the best achievable loss is the chain's entropy rate, well below `ln(vocab)`.
+pub const SYNTHETIC_TOKENS: DataEntry = DataEntry {
+    name: "synthetic_tokens",
+    about: "generated Markov-chain token sequences (language-model smoke tests; no download)",
+    parse: parse_tokens,
+};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenOptions {
+    #[serde(default = "v64")]
+    vocab: usize,
+    #[serde(default = "t32")]
+    seq_len: usize,
+    #[serde(default = "b16")]
+    batch_size: usize,
+    #[serde(default = "four")]
+    eval_batches: usize,
+    #[serde(default)]
+    seed: u64,
+}
+
+fn v64() -> usize {
+    64
+}
+fn t32() -> usize {
+    32
+}
+fn b16() -> usize {
+    16
+}
+fn four() -> usize {
+    4
+}
+
+#[derive(Debug)]
+struct TokenSpec(TokenOptions);
+
+fn parse_tokens(opts: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
+    let o: TokenOptions = parse_options(opts)?;
+    for (key, v, lo, hi) in [
+        ("vocab", o.vocab, 2, 1 << 20),
+        ("seq_len", o.seq_len, 1, 1 << 16),
+        ("batch_size", o.batch_size, 1, 1 << 16),
+        ("eval_batches", o.eval_batches, 0, 1 << 16),
+    ] {
+        if v < lo || v > hi {
+            return Err(OptionError::new(key, v, format!("an integer in {lo}..={hi}")));
+        }
+    }
+    Ok(Box::new(TokenSpec(o)))
+}
+
+impl DataSpec for TokenSpec {
+    fn kind(&self) -> &'static str {
+        "synthetic_tokens"
+    }
+    fn info(&self) -> DataInfo {
+        DataInfo { input_shape: vec![self.0.seq_len], output_dim: self.0.vocab, task: Task::LanguageModel }
+    }
+    fn load(&self) -> anyhow::Result<Box<dyn DataSource>> {
+        use rand::Rng;
+        let o = &self.0;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(o.seed);
+        // Four likely successors per token, with probabilities 0.55, 0.25, 0.15, 0.05.
+        let successors: Vec<[u32; 4]> =
+            (0..o.vocab).map(|_| [0; 4].map(|_: u32| rng.gen_range(0..o.vocab as u32))).collect();
+        Ok(Box::new(MarkovTokens { successors, o: o.clone() }))
+    }
+}
+
+struct MarkovTokens {
+    successors: Vec<[u32; 4]>,
+    o: TokenOptions,
+}
+
+impl MarkovTokens {
+    /// `batch_size` sequences of `seq_len + 1` tokens drawn from `stream_seed`.
+    fn sample(&self, stream_seed: u64) -> Batch {
+        use rand::Rng;
+        let (b, t) = (self.o.batch_size, self.o.seq_len);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(stream_seed);
+        let mut toks = Vec::with_capacity(b * (t + 1));
+        for _ in 0..b {
+            let mut cur = rng.gen_range(0..self.o.vocab as u32);
+            for _ in 0..=t {
+                toks.push(cur as i64);
+                let u: f64 = rng.gen();
+                let pick = if u < 0.55 {
+                    0
+                } else if u < 0.8 {
+                    1
+                } else if u < 0.95 {
+                    2
+                } else {
+                    3
+                };
+                cur = self.successors[cur as usize][pick];
+            }
+        }
+        let all = Tensor::from_slice(&toks).view([b as i64, t as i64 + 1]);
+        Batch { input: all.narrow(1, 0, t as i64), target: all.narrow(1, 1, t as i64) }
+    }
+}
+
+impl DataSource for MarkovTokens {
+    fn train_batch(&self, index: u64) -> Batch {
+        self.sample(self.o.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (2 * index + 1))
+    }
+    fn batches_per_epoch(&self) -> u64 {
+        u64::MAX
+    }
+    fn eval_batches(&self) -> Vec<Batch> {
+        (0..self.o.eval_batches as u64)
+            .map(|i| self.sample(self.o.seed.wrapping_mul(31) ^ (2 * i) ^ (1 << 40)))
+            .collect()
+    }
+}
