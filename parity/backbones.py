@@ -1,10 +1,16 @@
 """Backbones for the parity references (SPEC.md "Backbones").
 
 Each backbone is the root `nn.Module` of the model (parameter names `stem.*`, `units.*` /
-`blocks.*`, `norm.*`, `head.*`; the topology is attached as attribute `topology`) and exposes
-`embed(x)`, `units` (the sublayer units in order, each callable as `unit(x, norm)`),
-`block_size`, `width` and `readout(y)`.
+`blocks.*` / `layers.*`, `norm.*`, `head.*`, …; the topology is attached as attribute `topology`)
+and exposes `embed(x)`, `units` (the sublayer units in order, each callable as `unit(x, norm)`),
+`block_size`, `width`, `readout(y)`, `input_shape(B)`, `output_shape(B)` and, for language
+models, `input_vocab` (inputs are integer tokens in `[0, input_vocab)`).
+
+The Transformer references (vit, gpt, llama) are written from SPEC.md in the style of the
+reference code bases (lucidrains' simple ViT, nanoGPT, Hugging Face LLaMA), not from the Rust.
 """
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -174,11 +180,382 @@ class MixerBackbone(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
+# Transformer pieces shared by vit, gpt and llama (SPEC.md "Attention", "RoPE")
 
-MODEL_KEYS = {
-    "mlp": ("input_dim", "output_dim", "width", "hidden", "depth"),
-    "mixer": ("image_size", "channels", "patch", "width", "token_hidden", "channel_hidden",
-              "depth", "num_classes"),
+
+def sdpa(q, k, v, causal, bf16):
+    """q, k, v [B, H, T, hd] float32 -> [B, H, T, hd] float32; the kernel runs in bf16 if asked."""
+    dt = torch.bfloat16 if bf16 else torch.float32
+    out = F.scaled_dot_product_attention(q.to(dt), k.to(dt), v.to(dt), is_causal=causal)
+    return out.float()
+
+
+def split_heads(t, heads):
+    """[B, T, D] -> [B, H, T, D/H]."""
+    B, T, D = t.shape
+    return t.view(B, T, heads, D // heads).transpose(1, 2)
+
+
+def merge_heads(t):
+    """[B, H, T, hd] -> [B, T, H*hd]."""
+    B, H, T, hd = t.shape
+    return t.transpose(1, 2).reshape(B, T, H * hd)
+
+
+def rope_tables(T, head_dim, base=10000.0):
+    """cos, sin [T, head_dim] float32 (computed in float64), Hugging Face LLaMA convention."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().float(), emb.sin().float()
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x, cos, sin):
+    """x [B, H, T, hd]; cos, sin [T, hd]."""
+    return x * cos + rotate_half(x) * sin
+
+
+def head_linear(x, weight, bf16):
+    """x @ weight.T without bias (the tied GPT head), in bf16 if asked."""
+    if not bf16:
+        return F.linear(x, weight)
+    return F.linear(x.bfloat16(), weight.bfloat16()).float()
+
+
+# ---------------------------------------------------------------------------------------------
+# vit
+
+
+def posemb_sincos_2d(h, w, dim, temperature=10000.0):
+    """[h*w, dim] float32 (computed in float64): [sin(x*om), cos(x*om), sin(y*om), cos(y*om)]."""
+    y, x = torch.meshgrid(
+        torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64), indexing="ij"
+    )
+    omega = torch.arange(dim // 4, dtype=torch.float64) / (dim // 4 - 1)
+    omega = 1.0 / (temperature ** omega)
+    y = y.flatten()[:, None] * omega[None, :]
+    x = x.flatten()[:, None] * omega[None, :]
+    return torch.cat((x.sin(), x.cos(), y.sin(), y.cos()), dim=1).float()
+
+
+class ViTAttention(nn.Module):
+    def __init__(self, D, heads, bf16):
+        super().__init__()
+        self.heads = heads
+        self.bf16 = bf16
+        self.norm = layer_norm(D)
+        self.qkv = Linear(D, 3 * D, bf16=bf16)
+        self.proj = Linear(D, D, bf16=bf16)
+
+    def forward(self, x, norm=None):
+        D = x.shape[-1]
+        q, k, v = self.qkv(pre_norm(self.norm, x, norm)).split(D, dim=-1)
+        q, k, v = (split_heads(t, self.heads) for t in (q, k, v))
+        return self.proj(merge_heads(sdpa(q, k, v, causal=False, bf16=self.bf16)))
+
+
+class ViTMlp(nn.Module):
+    def __init__(self, D, hidden, bf16):
+        super().__init__()
+        self.norm = layer_norm(D)
+        self.fc1 = Linear(D, hidden, bf16=bf16)
+        self.fc2 = Linear(hidden, D, bf16=bf16)
+
+    def forward(self, x, norm=None):
+        return self.fc2(gelu(self.fc1(pre_norm(self.norm, x, norm))))
+
+
+class ViTLayer(nn.Module):
+    def __init__(self, D, heads, hidden, bf16):
+        super().__init__()
+        self.attn = ViTAttention(D, heads, bf16)
+        self.mlp = ViTMlp(D, hidden, bf16)
+
+
+class ViTBackbone(nn.Module):
+    """Simple ViT (Beyer et al. 2022): x [B, C, S, S] -> out [B, num_classes]; 2*depth units."""
+
+    block_size = 2
+
+    def __init__(self, image_size, channels, patch, width, depth, heads, num_classes, mlp_hidden=None,
+                 bf16=False):
+        super().__init__()
+        where = "model 'vit'"
+        if image_size % patch != 0:
+            raise common.OptionError(f"{where}: image_size {image_size} is not a multiple of patch {patch}")
+        if width % 4 != 0 or width < 8:
+            raise common.OptionError(f"{where}: width {width} must be a multiple of 4, at least 8")
+        if width % heads != 0:
+            raise common.OptionError(f"{where}: heads {heads} does not divide width {width}")
+        mlp_hidden = 4 * width if mlp_hidden is None else mlp_hidden
+        self.image_size = image_size
+        self.channels = channels
+        self.patch = patch
+        self.width = width
+        self.num_classes = num_classes
+        self.grid = image_size // patch
+        self.stem = Linear(channels * patch * patch, width, bf16=bf16)
+        self.blocks = nn.ModuleList([ViTLayer(width, heads, mlp_hidden, bf16) for _ in range(depth)])
+        self.norm = layer_norm(width)
+        self.head = Linear(width, num_classes, bf16=bf16)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    @property
+    def units(self):
+        out = []
+        for blk in self.blocks:
+            out.append(blk.attn)
+            out.append(blk.mlp)
+        return out
+
+    def input_shape(self, batch):
+        return (batch, self.channels, self.image_size, self.image_size)
+
+    def output_shape(self, batch):
+        return (batch, self.num_classes)
+
+    def embed(self, x):
+        B, C, S, p, g = x.shape[0], self.channels, self.image_size, self.patch, self.grid
+        x = x.reshape(B, C, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(B, g * g, C * p * p)
+        return self.stem(x) + posemb_sincos_2d(g, g, self.width)
+
+    def readout(self, y):
+        return self.head(self.norm(y).mean(dim=1))
+
+
+# ---------------------------------------------------------------------------------------------
+# gpt (nanoGPT with RoPE)
+
+
+class GPTLayerNorm(nn.Module):
+    """nanoGPT's LayerNorm with an optional bias."""
+
+    def __init__(self, ndim, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class GPTAttention(nn.Module):
+    def __init__(self, D, heads, bias, dropout, bf16):
+        super().__init__()
+        self.heads = heads
+        self.bf16 = bf16
+        self.norm = GPTLayerNorm(D, bias)
+        self.qkv = Linear(D, 3 * D, bias=bias, bf16=bf16)
+        self.proj = Linear(D, D, bias=bias, bf16=bf16)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x, norm=None):
+        B, T, D = x.shape
+        q, k, v = self.qkv(pre_norm(self.norm, x, norm)).split(D, dim=2)
+        q, k, v = (split_heads(t, self.heads) for t in (q, k, v))
+        cos, sin = rope_tables(T, D // self.heads)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = merge_heads(sdpa(q, k, v, causal=True, bf16=self.bf16))
+        return self.resid_dropout(self.proj(y))
+
+
+class GPTMlp(nn.Module):
+    def __init__(self, D, bias, dropout, bf16):
+        super().__init__()
+        self.norm = GPTLayerNorm(D, bias)
+        self.fc1 = Linear(D, 4 * D, bias=bias, bf16=bf16)
+        self.fc2 = Linear(4 * D, D, bias=bias, bf16=bf16)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x, norm=None):
+        h = F.gelu(self.fc1(pre_norm(self.norm, x, norm)), approximate="tanh")
+        return self.dropout(self.fc2(h))
+
+
+class GPTLayer(nn.Module):
+    def __init__(self, D, heads, bias, dropout, bf16):
+        super().__init__()
+        self.attn = GPTAttention(D, heads, bias, dropout, bf16)
+        self.mlp = GPTMlp(D, bias, dropout, bf16)
+
+
+class GPTBackbone(nn.Module):
+    """GPT-2 with RoPE and a tied head: tokens [B, T] -> logits [B, T, vocab_size]."""
+
+    block_size = 2
+
+    def __init__(self, vocab_size, width, depth, heads, seq_len, dropout=0.0, bias=True, bf16=False):
+        super().__init__()
+        if width % heads != 0 or (width // heads) % 2 != 0:
+            raise common.OptionError(f"model 'gpt': heads {heads} must divide width {width} into even heads")
+        self.vocab_size = vocab_size
+        self.input_vocab = vocab_size  # run.py draws integer tokens in [0, vocab_size)
+        self.seq_len = seq_len
+        self.width = width
+        self.bf16 = bf16
+        self.wte = nn.Embedding(vocab_size, width)
+        self.blocks = nn.ModuleList([GPTLayer(width, heads, bias, dropout, bf16) for _ in range(depth)])
+        self.norm = GPTLayerNorm(width, bias)
+
+    @property
+    def units(self):
+        out = []
+        for blk in self.blocks:
+            out.append(blk.attn)
+            out.append(blk.mlp)
+        return out
+
+    def input_shape(self, batch):
+        return (batch, self.seq_len)
+
+    def output_shape(self, batch):
+        return (batch, self.seq_len, self.vocab_size)
+
+    def embed(self, idx):
+        return self.wte(idx)
+
+    def readout(self, y):
+        return head_linear(self.norm(y), self.wte.weight, self.bf16)
+
+
+# ---------------------------------------------------------------------------------------------
+# llama (Hugging Face LlamaForCausalLM names, without the `model.` prefix)
+
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, D, heads, bf16):
+        super().__init__()
+        self.heads = heads
+        self.bf16 = bf16
+        self.q_proj = Linear(D, D, bias=False, bf16=bf16)
+        self.k_proj = Linear(D, D, bias=False, bf16=bf16)
+        self.v_proj = Linear(D, D, bias=False, bf16=bf16)
+        self.o_proj = Linear(D, D, bias=False, bf16=bf16)
+
+    def forward(self, u):
+        T, D = u.shape[1], u.shape[2]
+        q = split_heads(self.q_proj(u), self.heads)
+        k = split_heads(self.k_proj(u), self.heads)
+        v = split_heads(self.v_proj(u), self.heads)
+        cos, sin = rope_tables(T, D // self.heads)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return self.o_proj(merge_heads(sdpa(q, k, v, causal=True, bf16=self.bf16)))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, D, hidden, bf16):
+        super().__init__()
+        self.gate_proj = Linear(D, hidden, bias=False, bf16=bf16)
+        self.up_proj = Linear(D, hidden, bias=False, bf16=bf16)
+        self.down_proj = Linear(hidden, D, bias=False, bf16=bf16)
+
+    def forward(self, u):
+        return self.down_proj(F.silu(self.gate_proj(u)) * self.up_proj(u))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, D, heads, hidden, bf16):
+        super().__init__()
+        self.self_attn = LlamaAttention(D, heads, bf16)
+        self.mlp = LlamaMLP(D, hidden, bf16)
+        self.input_layernorm = LlamaRMSNorm(D)
+        self.post_attention_layernorm = LlamaRMSNorm(D)
+
+
+class PreNormUnit:
+    """A sublayer unit made of a layer's norm and branch (not a module: the parameters live in the
+    decoder layer)."""
+
+    def __init__(self, norm_module, branch):
+        self.norm_module = norm_module
+        self.branch = branch
+
+    def __call__(self, x, norm=None):
+        return self.branch(pre_norm(self.norm_module, x, norm))
+
+
+def llama_default_hidden(width):
+    """floor(8*D/3) rounded up to a multiple of 64."""
+    return 64 * math.ceil((8 * width // 3) / 64)
+
+
+class LlamaBackbone(nn.Module):
+    """LLaMA: tokens [B, T] -> logits [B, T, vocab_size]; 2*depth units."""
+
+    block_size = 2
+
+    def __init__(self, vocab_size, width, depth, heads, seq_len, hidden=None, bf16=False):
+        super().__init__()
+        if width % heads != 0 or (width // heads) % 2 != 0:
+            raise common.OptionError(f"model 'llama': heads {heads} must divide width {width} into even heads")
+        hidden = llama_default_hidden(width) if hidden is None else hidden
+        self.vocab_size = vocab_size
+        self.input_vocab = vocab_size
+        self.seq_len = seq_len
+        self.width = width
+        self.embed_tokens = nn.Embedding(vocab_size, width)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(width, heads, hidden, bf16) for _ in range(depth)])
+        self.norm = LlamaRMSNorm(width)
+        self.lm_head = Linear(width, vocab_size, bias=False, bf16=bf16)
+
+    @property
+    def units(self):
+        out = []
+        for layer in self.layers:
+            out.append(PreNormUnit(layer.input_layernorm, layer.self_attn))
+            out.append(PreNormUnit(layer.post_attention_layernorm, layer.mlp))
+        return out
+
+    def input_shape(self, batch):
+        return (batch, self.seq_len)
+
+    def output_shape(self, batch):
+        return (batch, self.seq_len, self.vocab_size)
+
+    def embed(self, idx):
+        return self.embed_tokens(idx)
+
+    def readout(self, y):
+        return self.lm_head(self.norm(y))
+
+
+# ---------------------------------------------------------------------------------------------
+
+# kind -> (required integer options, {optional option: (default, parser)})
+MODELS = {
+    "mlp": (("input_dim", "output_dim", "width", "hidden", "depth"), {}),
+    "mixer": (("image_size", "channels", "patch", "width", "token_hidden", "channel_hidden",
+               "depth", "num_classes"), {}),
+    "vit": (("image_size", "channels", "patch", "width", "depth", "heads", "num_classes"),
+            {"mlp_hidden": (None, "int")}),
+    "gpt": (("vocab_size", "width", "depth", "heads", "seq_len"),
+            {"dropout": (0.0, "prob"), "bias": (True, "bool")}),
+    "llama": (("vocab_size", "width", "depth", "heads", "seq_len"), {"hidden": (None, "int")}),
+}
+BUILDERS = {
+    "mlp": MLPBackbone,
+    "mixer": MixerBackbone,
+    "vit": ViTBackbone,
+    "gpt": GPTBackbone,
+    "llama": LlamaBackbone,
 }
 
 
@@ -189,17 +566,29 @@ def build_backbone(cfg, precision="fp32"):
     bf16 = precision == "bf16"
     cfg = dict(cfg)
     kind = cfg.pop("kind", None)
-    if kind not in MODEL_KEYS:
-        raise common.OptionError(f"model: unknown kind {kind!r}; known: {sorted(MODEL_KEYS)}")
-    keys = MODEL_KEYS[kind]
+    if kind not in MODELS:
+        raise common.OptionError(f"model: unknown kind {kind!r}; known: {sorted(MODELS)}")
+    required, optional = MODELS[kind]
     where = f"model '{kind}'"
-    unknown = sorted(set(cfg) - set(keys))
+    unknown = sorted(set(cfg) - set(required) - set(optional))
     if unknown:
-        raise common.OptionError(f"{where}: unknown option(s) {unknown}; allowed: {list(keys)}")
-    missing = [k for k in keys if k not in cfg]
+        raise common.OptionError(
+            f"{where}: unknown option(s) {unknown}; allowed: {list(required) + list(optional)}"
+        )
+    missing = [k for k in required if k not in cfg]
     if missing:
         raise common.OptionError(f"{where}: missing option(s) {missing}")
-    args = {k: common.as_int(where, k, cfg[k], minimum=1) for k in keys}
-    if kind == "mlp":
-        return MLPBackbone(bf16=bf16, **args)
-    return MixerBackbone(bf16=bf16, **args)
+    args = {k: common.as_int(where, k, cfg[k], minimum=1) for k in required}
+    for k, (default, parser) in optional.items():
+        if k not in cfg:
+            continue
+        if parser == "int":
+            args[k] = common.as_int(where, k, cfg[k], minimum=1)
+        elif parser == "bool":
+            args[k] = common.as_bool(where, k, cfg[k])
+        else:
+            p = common.as_float(where, k, cfg[k], nonnegative=True)
+            if p >= 1.0:
+                raise common.OptionError(f"{where}: option '{k}' must be < 1, got {p}")
+            args[k] = p
+    return BUILDERS[kind](bf16=bf16, **args)

@@ -20,6 +20,9 @@ import backbones  # noqa: E402
 import common  # noqa: E402
 
 BATCH = 3
+# Parameter names redrawn as norm gains, 1 + 0.1·N(0,1) (LayerNorm `norm.weight`; LLaMA's RMSNorms
+# `input_layernorm.weight`, `post_attention_layernorm.weight`, `norm.weight`).
+NORM_GAINS = ("norm.weight", "layernorm.weight")
 
 
 def load_case(path):
@@ -61,7 +64,7 @@ def redraw_parameters(model):
         for name in keys:
             p = params[name]
             noise = torch.randn(p.shape, dtype=torch.float32)
-            if name.endswith("norm.weight"):
+            if name.endswith(NORM_GAINS):
                 value = 1.0 + 0.1 * noise
             else:
                 scale = 1.0 / math.sqrt(p.shape[-1]) if p.dim() >= 2 else 0.5
@@ -78,9 +81,14 @@ def run(case_path, out_path):
 
     torch.manual_seed(seed)
     keys = redraw_parameters(model)
-    x = torch.randn(model.input_shape(BATCH), dtype=torch.float32)
+    vocab = getattr(model, "input_vocab", None)
+    if vocab is not None:  # language models: integer tokens, uniform in [0, vocab)
+        x = torch.randint(0, vocab, model.input_shape(BATCH), dtype=torch.int64)
+    else:
+        x = torch.randn(model.input_shape(BATCH), dtype=torch.float32)
     g = torch.randn(model.output_shape(BATCH), dtype=torch.float32)
-    x.requires_grad_(True)
+    if x.is_floating_point():
+        x.requires_grad_(True)
 
     out = forward(model, x)
     if tuple(out.shape) != tuple(g.shape):
@@ -102,11 +110,12 @@ def run(case_path, out_path):
         tensors[f"grad.{name}"] = f32(p.grad) if p.grad is not None else torch.zeros(
             p.shape, dtype=torch.float32
         )
-    tensors["input.x"] = f32(x)
+    tensors["input.x"] = f32(x) if x.is_floating_point() else x.contiguous().clone()
     tensors["input.g"] = f32(g)
     tensors["output.y"] = f32(out)
     tensors["output.loss"] = f32(loss).reshape(())
-    tensors["grad.input"] = f32(x.grad)
+    if x.is_floating_point():  # no gradient for integer tokens
+        tensors["grad.input"] = f32(x.grad)
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     save_file(tensors, out_path)
 

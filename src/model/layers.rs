@@ -1,8 +1,9 @@
 //! Layers shared by backbones, with the precision rule of plexus: parameters are fp32 master
 //! weights; a `Linear` computes in `compute` (bf16 under `precision: bf16`) and returns fp32;
-//! norms, activations, softmax and losses stay fp32.
+//! attention runs its SDPA kernel in `compute` on q, k, v cast to it and returns fp32; norms,
+//! activations, softmax outside SDPA and losses stay fp32.
 
-use tch::{nn, nn::Module, Kind, Tensor};
+use tch::{nn, nn::Module, Device, Kind, Tensor};
 
 /// `torch.nn.Linear` (weight `[out, in]`, optional bias) computing in a chosen dtype.
 pub struct Linear {
@@ -18,14 +19,34 @@ impl Linear {
         Self { weight: l.ws, bias: l.bs, compute }
     }
 
+    /// A Linear with explicit inits: `weight` `[out, in]` from `weight_init`, and a bias `[out]`
+    /// from `bias_init` if one is given (none otherwise).
+    pub fn with_init(
+        vs: &nn::Path,
+        in_dim: i64,
+        out_dim: i64,
+        weight_init: nn::Init,
+        bias_init: Option<nn::Init>,
+        compute: Kind,
+    ) -> Self {
+        let weight = vs.var("weight", &[out_dim, in_dim], weight_init);
+        let bias = bias_init.map(|i| vs.var("bias", &[out_dim], i));
+        Self { weight, bias, compute }
+    }
+
     /// `x`: `[.., in]` → `[.., out]` fp32.
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        // aten::linear (one addmm, bias inside the GEMM): the same kernel, and so the same
-        // bf16 rounding, as torch.nn.functional.linear.
-        let c = self.compute;
-        let bias = self.bias.as_ref().map(|b| b.to_kind(c));
-        x.to_kind(c).linear(&self.weight.to_kind(c), bias.as_ref()).to_kind(Kind::Float)
+        linear(x, &self.weight, self.bias.as_ref(), self.compute)
     }
+}
+
+/// `x @ weightᵀ + bias` computed in `compute`: `x` `[.., in]`, `weight` `[out, in]`, `bias`
+/// `[out]` → `[.., out]` fp32. Also the tied LM head (`weight` = the embedding matrix).
+pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, compute: Kind) -> Tensor {
+    // aten::linear (one addmm, bias inside the GEMM): the same kernel, and so the same
+    // bf16 rounding, as torch.nn.functional.linear.
+    let bias = bias.map(|b| b.to_kind(compute));
+    x.to_kind(compute).linear(&weight.to_kind(compute), bias.as_ref()).to_kind(Kind::Float)
 }
 
 /// `torch.nn.LayerNorm(d, eps=1e-5)` in fp32.
@@ -33,8 +54,9 @@ pub fn layer_norm(vs: &nn::Path, d: i64) -> nn::LayerNorm {
     nn::layer_norm(vs, vec![d], Default::default())
 }
 
-/// Applies a pre-norm as a topology asks (default, scaled, or off).
-pub fn pre_norm(norm: &nn::LayerNorm, x: &Tensor, mode: crate::topology::Norm) -> Tensor {
+/// Applies a pre-norm (any fp32 norm module: [`nn::LayerNorm`], [`LayerNorm`], [`RmsNorm`]) as a
+/// topology asks (default, scaled, or off). `x` `[.., D]` → `[.., D]` fp32.
+pub fn pre_norm(norm: &impl Module, x: &Tensor, mode: crate::topology::Norm) -> Tensor {
     use crate::topology::Norm;
     match mode {
         Norm::Default => norm.forward(&x.to_kind(Kind::Float)),
@@ -59,5 +81,148 @@ impl Mlp {
 
     pub fn forward(&self, x: &Tensor) -> Tensor {
         self.fc2.forward(&self.fc1.forward(x).gelu("none"))
+    }
+}
+
+/// `torch.nn.LayerNorm(d, eps=1e-5)` with a weight (init 1) and an optional bias (init 0), in fp32:
+/// nanoGPT's `LayerNorm(ndim, bias)`. Names `<vs>.weight`, `<vs>.bias`.
+#[derive(Debug)]
+pub struct LayerNorm {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+    dim: i64,
+}
+
+impl LayerNorm {
+    pub fn new(vs: &nn::Path, d: i64, bias: bool) -> Self {
+        Self {
+            weight: vs.var("weight", &[d], nn::Init::Const(1.0)),
+            bias: bias.then(|| vs.var("bias", &[d], nn::Init::Const(0.0))),
+            dim: d,
+        }
+    }
+}
+
+impl Module for LayerNorm {
+    /// `[.., D]` → `[.., D]` fp32.
+    fn forward(&self, x: &Tensor) -> Tensor {
+        x.to_kind(Kind::Float).layer_norm([self.dim], Some(&self.weight), self.bias.as_ref(), 1e-5, true)
+    }
+}
+
+/// RMSNorm with a weight (init 1), LLaMA's: `weight · x / sqrt(mean(x², -1) + eps)`, in fp32.
+/// Name `<vs>.weight`.
+#[derive(Debug)]
+pub struct RmsNorm {
+    pub weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    pub fn new(vs: &nn::Path, d: i64, eps: f64) -> Self {
+        Self { weight: vs.var("weight", &[d], nn::Init::Const(1.0)), eps }
+    }
+}
+
+impl Module for RmsNorm {
+    /// `[.., D]` → `[.., D]` fp32.
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let x = x.to_kind(Kind::Float);
+        let inv = (x.square().mean_dim(-1, true, Kind::Float) + self.eps).rsqrt();
+        (x * inv) * &self.weight
+    }
+}
+
+/// `torch.nn.Embedding` lookup: `weight` `[V, D]`, `tokens` int64 `[..]` → `[.., D]` fp32.
+/// Panics with a clear message on non-integer input.
+pub fn embed_tokens(weight: &Tensor, tokens: &Tensor) -> Tensor {
+    assert!(
+        matches!(tokens.kind(), Kind::Int64 | Kind::Int),
+        "a language model takes integer token ids [B, T]; got a {:?} tensor of shape {:?}",
+        tokens.kind(),
+        tokens.size()
+    );
+    Tensor::embedding(weight, tokens, -1, false, false)
+}
+
+/// Rotary position embedding (Su et al.), rotate-half convention (GPT-NeoX / Hugging Face LLaMA):
+/// frequencies `θ_i = base^(−2i/hd)`, `i < hd/2`, angle `t·θ_i` at position `t`, the two halves of
+/// each head's features rotated as pairs `(x_i, x_{i+hd/2})`.
+pub struct Rope {
+    /// `[max_len, hd]` fp32 (computed in fp64), each frequency repeated for both halves.
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rope {
+    /// Tables for positions `0..max_len` and an even head dimension `hd`.
+    pub fn new(max_len: i64, head_dim: i64, base: f64, device: Device) -> Self {
+        assert!(head_dim % 2 == 0, "RoPE needs an even head dimension, got {head_dim}");
+        let opts = (Kind::Double, Device::Cpu);
+        let inv_freq = (Tensor::arange_start_step(0, head_dim, 2, opts) * (-base.ln() / head_dim as f64)).exp();
+        let freqs = Tensor::arange(max_len, opts).outer(&inv_freq); // [max_len, hd/2]
+        let emb = Tensor::cat(&[&freqs, &freqs], -1); // [max_len, hd]
+        Self {
+            cos: emb.cos().to_kind(Kind::Float).to_device(device),
+            sin: emb.sin().to_kind(Kind::Float).to_device(device),
+        }
+    }
+
+    /// `x`: `[B, H, T, hd]` (positions `0..T`, `T ≤ max_len`) → rotated, same shape, fp32.
+    pub fn apply(&self, x: &Tensor) -> Tensor {
+        let (t, hd) = (x.size()[2], x.size()[3]);
+        let max_len = self.cos.size()[0];
+        assert!(t <= max_len, "sequence of {t} tokens is longer than the model's context seq_len = {max_len}");
+        let (cos, sin) = (self.cos.narrow(0, 0, t), self.sin.narrow(0, 0, t));
+        let (x1, x2) = (x.narrow(-1, 0, hd / 2), x.narrow(-1, hd / 2, hd / 2));
+        let rotated = Tensor::cat(&[&x2.neg(), &x1], -1);
+        x * cos + rotated * sin
+    }
+
+    pub fn shallow_clone(&self) -> Self {
+        Self { cos: self.cos.shallow_clone(), sin: self.sin.shallow_clone() }
+    }
+}
+
+/// Multi-head scaled dot-product attention (scale `1/sqrt(hd)`), without projections:
+/// `q`, `k`, `v` `[B, T, D]` fp32 are split into `heads` heads `[B, H, T, hd]` (feature `h·hd + j`
+/// is feature `j` of head `h`), optionally rotated by `rope` (q and k), cast to `compute` for
+/// `aten::scaled_dot_product_attention` (causal mask if `causal`), and merged back: `[B, T, D]` fp32.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    heads: i64,
+    causal: bool,
+    rope: Option<&Rope>,
+    compute: Kind,
+) -> Tensor {
+    let (b, t, d) = q.size3().expect("attention inputs are [B, T, D]");
+    let split = |x: &Tensor| x.reshape([b, t, heads, d / heads]).transpose(1, 2);
+    let (mut q, mut k, v) = (split(q), split(k), split(v));
+    if let Some(r) = rope {
+        q = r.apply(&q);
+        k = r.apply(&k);
+    }
+    let o = Tensor::scaled_dot_product_attention(
+        &q.to_kind(compute),
+        &k.to_kind(compute),
+        &v.to_kind(compute),
+        None::<Tensor>,
+        0.0,
+        causal,
+        None,
+        false,
+    );
+    o.to_kind(Kind::Float).transpose(1, 2).reshape([b, t, d])
+}
+
+/// `torch.nn.functional.dropout(x, p, training=train)`; the identity (no kernel) when `p = 0` or
+/// not training. Any shape.
+pub fn dropout(x: Tensor, p: f64, train: bool) -> Tensor {
+    if train && p > 0.0 {
+        x.dropout(p, true)
+    } else {
+        x
     }
 }

@@ -3,10 +3,13 @@
 //!
 //! Adding a backbone: write `src/model/<name>.rs` with an `ENTRY` and add one line to [`REGISTRY`].
 
+pub mod gpt;
 pub mod layers;
+pub mod llama;
 pub mod lnn;
 pub mod mixer;
 pub mod mlp;
+pub mod vit;
 
 use crate::config::OptionError;
 use crate::data::DataInfo;
@@ -44,7 +47,7 @@ pub struct ModelEntry {
 }
 
 /// Every backbone plexus knows, by `model.kind`.
-pub const REGISTRY: &[ModelEntry] = &[lnn::ENTRY, mlp::ENTRY, mixer::ENTRY];
+pub const REGISTRY: &[ModelEntry] = &[lnn::ENTRY, mlp::ENTRY, mixer::ENTRY, vit::ENTRY, gpt::ENTRY, llama::ENTRY];
 
 pub fn parse(kind: &str, options: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError> {
     match REGISTRY.iter().find(|e| e.name == kind) {
@@ -104,6 +107,21 @@ impl Model {
         self.backbone.readout(&y, train)
     }
 
+    /// Forward pass through the first `keep` units only (an early exit after unit `keep`): the
+    /// readout reads what the topology would hand the readout of a `keep`-unit stack — the stream
+    /// for residual, the running sum for ACN/H-ACN, the mean of the streams for HC/mHC — through
+    /// the same final norm and head (H-ACN §3.1). `keep = 0` reads the embedding alone.
+    pub fn forward_exit(&self, input: &Tensor, keep: usize) -> Tensor {
+        let x0 = self.backbone.embed(input, false);
+        let y = self.with_units(|units| self.topology.forward(&x0, &units[..keep.min(units.len())], false));
+        self.backbone.readout(&y, false)
+    }
+
+    /// Number of units at the topology's granularity.
+    pub fn depth(&self) -> usize {
+        self.with_units(|u| u.len())
+    }
+
     /// Effective connectivity C on this input batch (see [`Topology::connectivity`]).
     pub fn connectivity(&self, input: &Tensor) -> Tensor {
         tch::no_grad(|| {
@@ -118,6 +136,13 @@ impl Model {
             let x0 = self.backbone.embed(input, false);
             self.with_units(|units| self.topology.parameter_view_on(&x0, units))
         })
+    }
+
+    /// The trainable parameters by name.
+    pub fn trainable(&self) -> Vec<(String, Tensor)> {
+        let mut v: Vec<(String, Tensor)> = self.vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
     }
 
     /// Number of scalar parameters (trainable or not).

@@ -16,7 +16,7 @@ pub fn train_config(config: &str, dir: &Path, overrides: &[&str]) -> Summary {
     let ov: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
     let exp = Experiment::from_file(&repo().join(config), &ov).unwrap_or_else(|e| panic!("{e}"));
     let run = RunDir::create(dir).unwrap();
-    train::train(&exp, &run, &TrainOptions { progress: false }).unwrap()
+    train::train(&exp, &run, &TrainOptions::default()).unwrap()
 }
 
 /// Runs the plexus binary.

@@ -1,0 +1,167 @@
+//! `llama`: a LLaMA decoder (Touvron et al. 2023), the ANCRe paper's language model (App. C:
+//! 60M–1B, seq 256). Parameter names follow Hugging Face's `LlamaForCausalLM` without the
+//! `model.` prefix.
+//!
+//! Input: token ids `[B, T]` (int64, `T ≤ seq_len`) → `embed_tokens` → `x0` `[B, T, D]`. Each
+//! layer is two pre-RMSNorm units without biases: attention (`layers.{b}.self_attn`: RMSNorm
+//! `layers.{b}.input_layernorm`, `q_proj`, `k_proj`, `v_proj`, RoPE on q and k, causal multi-head
+//! SDPA, `o_proj`) and SwiGLU MLP (`layers.{b}.mlp`: RMSNorm `layers.{b}.post_attention_layernorm`,
+//! `down_proj(silu(gate_proj(u)) * up_proj(u))`), so `block_size = 2`; readout: final RMSNorm
+//! `norm`, untied `lm_head` → `[B, T, vocab_size]`.
+//!
+//! Init (Hugging Face, `initializer_range = 0.02`): every Linear and the embedding `N(0, 0.02²)`,
+//! RMSNorm weights 1 (eps 1e-6).
+
+use super::gpt::{lm_shapes, ROPE_BASE};
+use super::layers::{attention, embed_tokens, pre_norm, Linear, RmsNorm, Rope};
+use super::{Backbone, ModelEntry, ModelSpec};
+use crate::config::{parse_options, OptionError};
+use crate::data::DataInfo;
+use crate::topology::{Norm, StackInfo, Unit};
+use serde::Deserialize;
+use tch::{nn, nn::Module, Kind, Tensor};
+
+pub const ENTRY: ModelEntry =
+    ModelEntry { name: "llama", about: "LLaMA decoder: RMSNorm, RoPE, SwiGLU (language data)", parse };
+
+/// RMSNorm epsilon.
+pub const RMS_EPS: f64 = 1e-6;
+
+/// Defaults are the 60M model of the ANCRe/GaLore setups (D = 512, 8 heads) except `depth`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Options {
+    /// Defaults to the data's vocabulary; may be larger.
+    vocab_size: Option<usize>,
+    #[serde(default = "d512")]
+    width: usize,
+    /// Number of decoder layers (the stack has 2·depth sublayer units).
+    depth: usize,
+    #[serde(default = "h8")]
+    heads: usize,
+    /// SwiGLU hidden size; default [`default_hidden`].
+    hidden: Option<usize>,
+    /// Maximum context; defaults to the data's sequence length and may not be shorter.
+    seq_len: Option<usize>,
+}
+
+fn d512() -> usize {
+    512
+}
+fn h8() -> usize {
+    8
+}
+
+/// LLaMA's SwiGLU size: `⌊8·D/3⌋` rounded up to a multiple of 64 (LLaMA's `multiple_of`, which
+/// Meta sets to 256; 64 wastes less at small widths). D = 512 → 1408, D = 768 → 2048.
+pub fn default_hidden(width: usize) -> usize {
+    (8 * width / 3).div_ceil(64) * 64
+}
+
+#[derive(Debug)]
+struct Spec {
+    vocab_size: usize,
+    width: usize,
+    depth: usize,
+    heads: usize,
+    hidden: usize,
+    seq_len: usize,
+}
+
+fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError> {
+    let o: Options = parse_options(opts)?;
+    let (vocab_size, seq_len) = lm_shapes(data, "llama", o.vocab_size, o.seq_len, o.width, o.depth, o.heads)?;
+    let hidden = o.hidden.unwrap_or(default_hidden(o.width));
+    if hidden == 0 || hidden > 1 << 18 {
+        return Err(OptionError::new("hidden", hidden, "an integer in 1..=262144"));
+    }
+    Ok(Box::new(Spec { vocab_size, width: o.width, depth: o.depth, heads: o.heads, hidden, seq_len }))
+}
+
+impl ModelSpec for Spec {
+    fn kind(&self) -> &'static str {
+        "llama"
+    }
+    fn stack(&self) -> StackInfo {
+        StackInfo { sublayers: 2 * self.depth, block_size: 2, width: self.width, pre_norm: true }
+    }
+    fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Backbone> {
+        let (d, h) = (self.width as i64, self.hidden as i64);
+        let std = nn::Init::Randn { mean: 0.0, stdev: 0.02 };
+        let rope = Rope::new(self.seq_len as i64, d / self.heads as i64, ROPE_BASE, vs.device());
+        let lin = |p: &nn::Path, name: &str, i: i64, o: i64| Linear::with_init(&(p / name), i, o, std, None, compute);
+        let embed = (vs / "embed_tokens").var("weight", &[self.vocab_size as i64, d], std);
+        let mut units = Vec::new();
+        for b in 0..self.depth {
+            let p = vs / "layers" / b;
+            let ap = &p / "self_attn";
+            units.push(LlamaUnit::Attn {
+                norm: RmsNorm::new(&(&p / "input_layernorm"), d, RMS_EPS),
+                q: lin(&ap, "q_proj", d, d),
+                k: lin(&ap, "k_proj", d, d),
+                v: lin(&ap, "v_proj", d, d),
+                o: lin(&ap, "o_proj", d, d),
+                heads: self.heads as i64,
+                rope: rope.shallow_clone(),
+                compute,
+            });
+            let mp = &p / "mlp";
+            units.push(LlamaUnit::Mlp {
+                norm: RmsNorm::new(&(&p / "post_attention_layernorm"), d, RMS_EPS),
+                gate: lin(&mp, "gate_proj", d, h),
+                up: lin(&mp, "up_proj", d, h),
+                down: lin(&mp, "down_proj", h, d),
+            });
+        }
+        Box::new(Llama {
+            embed,
+            units,
+            norm: RmsNorm::new(&(vs / "norm"), d, RMS_EPS),
+            lm_head: lin(vs, "lm_head", d, self.vocab_size as i64),
+        })
+    }
+}
+
+/// An attention or SwiGLU sublayer, `[B, T, D] → [B, T, D]`.
+enum LlamaUnit {
+    Attn { norm: RmsNorm, q: Linear, k: Linear, v: Linear, o: Linear, heads: i64, rope: Rope, compute: Kind },
+    Mlp { norm: RmsNorm, gate: Linear, up: Linear, down: Linear },
+}
+
+impl Unit for LlamaUnit {
+    fn forward(&self, x: &Tensor, mode: Norm, _train: bool) -> Tensor {
+        match self {
+            LlamaUnit::Attn { norm, q, k, v, o, heads, rope, compute } => {
+                let u = pre_norm(norm, x, mode);
+                let a = attention(&q.forward(&u), &k.forward(&u), &v.forward(&u), *heads, true, Some(rope), *compute);
+                o.forward(&a)
+            }
+            LlamaUnit::Mlp { norm, gate, up, down } => {
+                let u = pre_norm(norm, x, mode);
+                down.forward(&(gate.forward(&u).silu() * up.forward(&u)))
+            }
+        }
+    }
+}
+
+struct Llama {
+    /// `[vocab_size, D]`.
+    embed: Tensor,
+    units: Vec<LlamaUnit>,
+    norm: RmsNorm,
+    lm_head: Linear,
+}
+
+impl Backbone for Llama {
+    /// Tokens `[B, T]` int64 → `[B, T, D]`.
+    fn embed(&self, input: &Tensor, _train: bool) -> Tensor {
+        embed_tokens(&self.embed, input)
+    }
+    fn units(&self) -> Vec<&dyn Unit> {
+        self.units.iter().map(|u| u as &dyn Unit).collect()
+    }
+    /// `[B, T, D]` → logits `[B, T, vocab_size]`.
+    fn readout(&self, y: &Tensor, _train: bool) -> Tensor {
+        self.lm_head.forward(&self.norm.forward(y))
+    }
+}

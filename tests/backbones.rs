@@ -1,0 +1,164 @@
+//! The Transformer backbones (`vit`, `gpt`, `llama`): they build under the paper topologies, train,
+//! respect causality, and have the parameters their definitions say (parity with PyTorch is in
+//! tests/parity.rs).
+
+use plexus::data::Batch;
+use plexus::experiment::Experiment;
+use plexus::model::Model;
+use tch::{nn, nn::OptimizerConfig, Device, Kind, Tensor};
+
+const VIT: &str = "model: {kind: vit, patch: 4, width: 16, depth: 2, heads: 2}\n\
+                   data: {kind: synthetic_images, image_size: 8, channels: 3, classes: 5, samples: 32, batch_size: 16}\n";
+const GPT: &str = "model: {kind: gpt, width: 16, depth: 2, heads: 2}\n\
+                   data: {kind: synthetic_tokens, vocab: 32, seq_len: 8, batch_size: 8}\n";
+const LLAMA: &str = "model: {kind: llama, width: 16, depth: 2, heads: 2}\n\
+                     data: {kind: synthetic_tokens, vocab: 32, seq_len: 8, batch_size: 8}\n";
+const TOPOLOGIES: [&str; 4] = ["{kind: residual}", "{kind: hacn}", "{kind: ancre, tau: 0.5}", "{kind: acn}"];
+
+fn exp(backbone: &str, topology: &str) -> Experiment {
+    let yaml = format!("name: t\nseed: 5\n{backbone}topology: {topology}\n");
+    Experiment::from_str(&yaml, "<test>", &[]).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn build(backbone: &str, topology: &str) -> (Experiment, Model, Batch) {
+    let e = exp(backbone, topology);
+    let batch = e.data.load().unwrap().train_batch(0);
+    let model =
+        plexus::device::with_seed(5, || Model::new(e.model.as_ref(), e.topology.as_ref(), Device::Cpu, Kind::Float));
+    (e, model, batch)
+}
+
+fn max_abs(t: &Tensor) -> f64 {
+    t.abs().max().double_value(&[])
+}
+
+#[test]
+fn every_backbone_builds_under_the_paper_topologies_and_a_few_adamw_steps_reduce_the_loss() {
+    for (bb, name) in [(VIT, "vit"), (GPT, "gpt"), (LLAMA, "llama")] {
+        for topo in TOPOLOGIES {
+            let (e, model, batch) = build(bb, topo);
+            let task = e.data.info().task;
+            let out = model.forward(&batch.input, true);
+            let want: Vec<i64> = match name {
+                "vit" => vec![16, 5],
+                _ => vec![8, 8, 32],
+            };
+            assert_eq!(out.size(), want, "{name} {topo}: output shape");
+            let mut opt = nn::AdamW::default().build(&model.vs, 3e-3).unwrap();
+            let first = task.loss(&out, &batch.target).double_value(&[]);
+            for _ in 0..8 {
+                let loss = task.loss(&model.forward(&batch.input, true), &batch.target);
+                opt.backward_step(&loss);
+            }
+            let last = tch::no_grad(|| task.loss(&model.forward(&batch.input, false), &batch.target)).double_value(&[]);
+            assert!(first.is_finite() && last < first - 0.1, "{name} {topo}: loss {first} -> {last}");
+        }
+    }
+}
+
+#[test]
+fn language_models_are_causal() {
+    for bb in [GPT, LLAMA] {
+        for topo in TOPOLOGIES {
+            let (_, model, batch) = build(bb, topo);
+            let x = batch.input;
+            let t = 4;
+            let y = x.copy();
+            y.narrow(1, t, 1).copy_(&((x.narrow(1, t, 1) + 1).remainder(32)));
+            let (a, b) = tch::no_grad(|| (model.forward(&x, false), model.forward(&y, false)));
+            let before = max_abs(&(a.narrow(1, 0, t) - b.narrow(1, 0, t)));
+            let after = max_abs(&(a.narrow(1, t, 8 - t) - b.narrow(1, t, 8 - t)));
+            assert!(before <= 1e-6, "{topo}: changing token {t} moved earlier logits by {before:e}");
+            assert!(after > 1e-4, "{topo}: changing token {t} did not change logits from {t} on ({after:e})");
+        }
+    }
+}
+
+#[test]
+fn gpt_head_is_tied_to_the_embedding() {
+    let (_, model, batch) = build(GPT, "{kind: residual}");
+    let vars = model.vs.variables();
+    assert!(vars.contains_key("wte.weight"));
+    assert!(!vars.keys().any(|k| k.contains("head")), "a separate head weight: {:?}", vars.keys());
+    let vocab_sized: Vec<&String> = vars.iter().filter(|(_, v)| v.size() == [32, 16]).map(|(k, _)| k).collect();
+    assert_eq!(vocab_sized, [&"wte.weight".to_string()]);
+    // Both uses feed its gradient: on an input made of token 0 only, the embedding gives a
+    // gradient to row 0 alone, so gradients on every row come from the head.
+    let zeros = batch.input.zeros_like();
+    let loss = model.forward(&zeros, true).square().sum(Kind::Float);
+    loss.backward();
+    let g = vars["wte.weight"].grad();
+    let rows_with_grad = g.abs().sum_dim_intlist(1, false, Kind::Float).gt(0.0).sum(Kind::Int64).int64_value(&[]);
+    assert_eq!(rows_with_grad, 32, "the tied head should give every vocabulary row a gradient");
+}
+
+#[test]
+fn vit_head_starts_at_zero() {
+    for topo in TOPOLOGIES {
+        let (_, model, batch) = build(VIT, topo);
+        let vars = model.vs.variables();
+        assert_eq!(max_abs(&vars["head.weight"]), 0.0);
+        assert_eq!(max_abs(&vars["head.bias"]), 0.0);
+        let out = tch::no_grad(|| model.forward(&batch.input, false));
+        assert_eq!(max_abs(&out), 0.0, "{topo}: initial logits are not exactly 0");
+    }
+}
+
+fn params(backbone: &str) -> i64 {
+    build(backbone, "{kind: residual}").1.num_params()
+}
+
+#[test]
+fn parameter_counts_match_the_definitions() {
+    let (v, d, l) = (32i64, 16i64, 2i64);
+    // GPT with biases: wte V·D; per layer LN 2D + qkv 3D²+3D + proj D²+D + LN 2D + fc1 4D²+4D +
+    // fc2 4D²+D = 12D² + 13D; final LN 2D; no head (tied).
+    assert_eq!(params(GPT), v * d + l * (12 * d * d + 13 * d) + 2 * d);
+    assert_eq!(params(GPT), 7104);
+    // Without biases: 12D² and the two LN gains per layer, the final gain.
+    let nb = GPT.replace("heads: 2}", "heads: 2, bias: false}");
+    assert_eq!(params(&nb), v * d + l * (12 * d * d + 2 * d) + d);
+    // LLaMA: embedding and untied head V·D each; per layer 4D² + 3·D·F + two RMSNorm gains; final
+    // gain. F defaults to ⌊8·16/3⌋ = 42 rounded up to 64.
+    let f = 64;
+    assert_eq!(params(LLAMA), 2 * v * d + l * (4 * d * d + 3 * d * f + 2 * d) + d);
+    // ViT: stem (C·p·p)·D + D, per layer 2 LNs 4D + attention 4D² + 4D + MLP (H = 4D) 2DH + H + D,
+    // final LN 2D, head D·classes + classes.
+    let (pd, h, c) = (48i64, 64i64, 5i64);
+    assert_eq!(params(VIT), pd * d + d + l * (4 * d + 4 * d * d + 4 * d + 2 * d * h + h + d) + 2 * d + d * c + c);
+}
+
+#[test]
+fn gpt_dropout_is_active_only_in_training() {
+    let drop = GPT.replace("heads: 2}", "heads: 2, dropout: 0.5}");
+    let (_, model, batch) = build(&drop, "{kind: residual}");
+    let (_, plain, _) = build(GPT, "{kind: residual}");
+    tch::no_grad(|| {
+        let eval = model.forward(&batch.input, false);
+        assert_eq!(max_abs(&(&eval - plain.forward(&batch.input, false))), 0.0, "eval differs from dropout 0");
+        let (a, b) = (model.forward(&batch.input, true), model.forward(&batch.input, true));
+        assert!(max_abs(&(a - b)) > 1e-3, "dropout 0.5 in training should be random");
+    });
+}
+
+#[test]
+fn backbones_reject_the_wrong_kind_of_data() {
+    let err = |yaml: &str| {
+        let yaml = format!("name: t\n{yaml}topology: {{kind: residual}}\n");
+        Experiment::from_str(&yaml, "<test>", &[]).expect_err("should be rejected").to_string()
+    };
+    let images = "data: {kind: synthetic_images, image_size: 8, channels: 3, classes: 5, samples: 16}\n";
+    let tokens = "data: {kind: synthetic_tokens, vocab: 32, seq_len: 8}\n";
+    for kind in ["gpt", "llama"] {
+        let e = err(&format!("model: {{kind: {kind}, width: 16, depth: 2, heads: 2}}\n{images}"));
+        assert!(e.contains("language-model data"), "{e}");
+        let e = err(&format!("model: {{kind: {kind}, width: 16, depth: 2, heads: 2, vocab_size: 16}}\n{tokens}"));
+        assert!(e.contains("vocab_size"), "{e}");
+        let e = err(&format!("model: {{kind: {kind}, width: 16, depth: 2, heads: 16}}\n{tokens}"));
+        assert!(e.contains("even head dimension"), "{e}");
+    }
+    let e = err(&format!("model: {{kind: vit, patch: 4, width: 16, depth: 2, heads: 2}}\n{tokens}"));
+    assert!(e.contains("image data"), "{e}");
+    let e = err(&format!("model: {{kind: vit, patch: 4, width: 16, depth: 2, heads: 2, num_classes: 7}}\n{images}"));
+    assert!(e.contains("num_classes"), "{e}");
+}
