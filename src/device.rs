@@ -52,6 +52,13 @@ pub fn compute_kind(p: crate::config::Precision) -> Kind {
 
 static SEED_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Seeds libtorch's global generator and holds the seed lock until the guard is dropped.
+pub fn seed_guard(seed: u64) -> std::sync::MutexGuard<'static, ()> {
+    let guard = SEED_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    tch::manual_seed(seed as i64);
+    guard
+}
+
 /// Seeds libtorch's global generator and runs `f` while holding a process-wide lock, so that
 /// "seed, then draw" is atomic even when several runs share a process (tests, sweeps): the same
 /// seed always gives the same tensors.

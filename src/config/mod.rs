@@ -68,20 +68,53 @@ pub enum Optimizer {
     Adamw,
 }
 
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    /// The learning rate stays at `lr` (after warm-up).
+    #[default]
+    Constant,
+    /// Linear warm-up, then cosine decay to `min_lr_ratio · lr` at the last step.
+    Cosine,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
     #[serde(default)]
     pub optimizer: Optimizer,
-    /// Learning rate, > 0.
+    /// Peak learning rate, > 0.
     #[serde(default = "default_lr")]
     pub lr: f64,
     /// Number of optimizer steps, ≥ 1.
     #[serde(default = "default_steps")]
     pub steps: u64,
-    /// Decoupled weight decay for AdamW, ≥ 0.
+    /// Decoupled weight decay (AdamW), ≥ 0, applied to the `decay` group only: ≥2-D weights
+    /// except position embeddings; never to norms, biases or topology parameters.
     #[serde(default)]
     pub weight_decay: f64,
+    /// AdamW β₁, β₂.
+    #[serde(default = "default_betas")]
+    pub betas: [f64; 2],
+    #[serde(default = "default_eps")]
+    pub eps: f64,
+    #[serde(default)]
+    pub schedule: Schedule,
+    /// Linear warm-up steps (from lr/warmup to lr).
+    #[serde(default)]
+    pub warmup_steps: u64,
+    /// Final learning rate of the cosine schedule, as a fraction of `lr`.
+    #[serde(default)]
+    pub min_lr_ratio: f64,
+    /// Clip the global gradient norm to this value (none if absent).
+    #[serde(default)]
+    pub clip_grad_norm: Option<f64>,
+    /// Micro-batches accumulated per optimizer step (the loss is averaged over them).
+    #[serde(default = "one")]
+    pub accumulation: u64,
+    /// Learning-rate multiplier of the topology's own parameters (ANCRe logits, H-ACN a, …).
+    #[serde(default = "one_f")]
+    pub topology_lr_mult: f64,
 }
 
 fn default_lr() -> f64 {
@@ -90,10 +123,22 @@ fn default_lr() -> f64 {
 fn default_steps() -> u64 {
     1000
 }
+fn default_betas() -> [f64; 2] {
+    [0.9, 0.999]
+}
+fn default_eps() -> f64 {
+    1e-8
+}
+fn one() -> u64 {
+    1
+}
+fn one_f() -> f64 {
+    1.0
+}
 
 impl Default for TrainConfig {
     fn default() -> Self {
-        Self { optimizer: Optimizer::Gd, lr: default_lr(), steps: default_steps(), weight_decay: 0.0 }
+        serde_yaml::from_str("{}").expect("every TrainConfig field has a default")
     }
 }
 
@@ -106,15 +151,27 @@ pub struct LogConfig {
     /// Save the connectivity matrix C every this many steps (0 = only at the end).
     #[serde(default)]
     pub connectivity_every: u64,
+    /// Evaluate on the held-out set every this many steps (0 = only at the end).
+    #[serde(default)]
+    pub eval_every: u64,
+    /// Write a resumable checkpoint every this many steps (0 = only at the end).
+    #[serde(default)]
+    pub checkpoint_every: u64,
+    /// How many step checkpoints to keep (the newest; ≥ 1).
+    #[serde(default = "two")]
+    pub keep_checkpoints: usize,
 }
 
 fn default_every() -> u64 {
     10
 }
+fn two() -> usize {
+    2
+}
 
 impl Default for LogConfig {
     fn default() -> Self {
-        Self { every: default_every(), connectivity_every: 0 }
+        serde_yaml::from_str("{}").expect("every LogConfig field has a default")
     }
 }
 
@@ -205,6 +262,38 @@ impl Config {
         }
         if !(t.weight_decay.is_finite() && t.weight_decay >= 0.0) {
             return Err(OptionError::new("train.weight_decay", t.weight_decay, "a finite value ≥ 0"));
+        }
+        for (i, b) in t.betas.iter().enumerate() {
+            if !(0.0..1.0).contains(b) {
+                return Err(OptionError::new(format!("train.betas[{i}]"), b, "a value in [0, 1)"));
+            }
+        }
+        if !(t.eps.is_finite() && t.eps > 0.0) {
+            return Err(OptionError::new("train.eps", t.eps, "a finite value > 0"));
+        }
+        if t.warmup_steps > t.steps {
+            return Err(OptionError::new(
+                "train.warmup_steps",
+                t.warmup_steps,
+                format!("at most train.steps = {}", t.steps),
+            ));
+        }
+        if !(0.0..=1.0).contains(&t.min_lr_ratio) {
+            return Err(OptionError::new("train.min_lr_ratio", t.min_lr_ratio, "a fraction in [0, 1]"));
+        }
+        if let Some(c) = t.clip_grad_norm {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(OptionError::new("train.clip_grad_norm", c, "a finite norm > 0"));
+            }
+        }
+        if t.accumulation == 0 {
+            return Err(OptionError::new("train.accumulation", t.accumulation, "an integer ≥ 1"));
+        }
+        if !(t.topology_lr_mult.is_finite() && t.topology_lr_mult >= 0.0) {
+            return Err(OptionError::new("train.topology_lr_mult", t.topology_lr_mult, "a finite multiplier ≥ 0"));
+        }
+        if self.log.keep_checkpoints == 0 {
+            return Err(OptionError::new("log.keep_checkpoints", 0, "an integer ≥ 1"));
         }
         if self.log.every == 0 {
             return Err(OptionError::new("log.every", self.log.every, "an integer ≥ 1"));

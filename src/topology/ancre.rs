@@ -242,20 +242,21 @@ impl Ancre {
 
 impl Topology for Ancre {
     fn forward(&self, x0: &Tensor, units: &[&dyn Unit], train: bool) -> Tensor {
+        // `units` may be a prefix of the stack (early exits): anchors past it are not run.
         let p = self.coefficients();
         let mut x = x0.shallow_clone();
-        let first = self.anchors[0];
+        let first = self.anchors[0].min(units.len());
         for f in &units[..first] {
             x = &x + f.forward(&x, Norm::Default, train);
         }
         let mut states = vec![x];
-        for (j0, &a) in self.anchors.iter().enumerate() {
+        for (j0, &a) in self.anchors.iter().enumerate().take_while(|(_, &a)| a < units.len()) {
             let pj = p[j0 + 1].to_device(x0.device()).to_kind(x0.kind());
             let mut z = units[a].forward(&states[j0], Norm::Default, train);
             for (i, s) in states.iter().enumerate() {
                 z = z + s * pj.get(i as i64);
             }
-            let end = self.anchors.get(j0 + 1).copied().unwrap_or(units.len());
+            let end = self.anchors.get(j0 + 1).copied().unwrap_or(units.len()).min(units.len());
             for f in &units[a + 1..end] {
                 z = &z + f.forward(&z, Norm::Default, train);
             }

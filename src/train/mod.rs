@@ -1,21 +1,39 @@
-//! The training loop: build data and model from an [`Experiment`], optimise, log `metrics.csv`,
-//! save connectivity matrices, a checkpoint and `summary.json` into a run directory.
+//! The training loop: build data and model from an [`Experiment`], optimise with parameter groups,
+//! a schedule, clipping and gradient accumulation; log `metrics.csv` and `eval.csv`; save the
+//! connectivity matrix C, resumable checkpoints and `summary.json` into a run directory.
+//!
+//! Reproducibility: model init is seeded by `seed`; libtorch's generator is reseeded from
+//! `(seed, step)` at every step (dropout), and training batches are addressed by index. So a
+//! CPU run is a pure function of its config, and a run resumed from a checkpoint writes the same
+//! `metrics.csv` as an uninterrupted one.
 
-use crate::config::Optimizer;
+pub mod checkpoint;
+pub mod eval;
+pub mod optim;
+pub mod schedule;
+
+use crate::data::prefetch::Prefetcher;
 use crate::device;
 use crate::experiment::Experiment;
 use crate::model::Model;
 use crate::run_dir::{atomic_write, atomic_write_with, matrix_csv, RunDir};
 use anyhow::{bail, Context, Result};
+use checkpoint::TrainerState;
+use eval::EvalResult;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use serde::Serialize;
+use optim::Optim;
+use serde::{Deserialize, Serialize};
 use std::time::Instant;
-use tch::{nn, nn::OptimizerConfig, Tensor};
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct TrainOptions {
-    /// Show a progress bar (on stderr, only when it is a terminal).
+    /// Show a progress bar (on stderr).
     pub progress: bool,
+    /// Continue from the run directory's latest checkpoint instead of starting afresh.
+    pub resume: bool,
+    /// Abort (with an error, writing nothing more) once this many updates are done: simulates a
+    /// crash, for testing that resumed runs match uninterrupted ones.
+    pub crash_after: Option<u64>,
 }
 
 /// What `summary.json` holds.
@@ -32,105 +50,156 @@ pub struct Summary {
     /// First logged step whose loss is ≤ 1e-3 × the initial loss (a convergence-speed measure
     /// that, unlike the final loss, does not depend on where fp32 round-off stops progress).
     pub steps_to_1e3: Option<u64>,
+    /// The last evaluation on the held-out set, if the dataset has one.
+    pub eval: Option<EvalResult>,
+    /// Γ = ‖a‖₂/√L at the end, for topologies with residual weights.
+    pub gamma: Option<f64>,
     pub num_params: i64,
     pub device: String,
+    pub precision: String,
+    /// Wall time of this process's training (a resumed run counts only its own part).
     pub wall_seconds: f64,
+    /// Training examples per second (sequences for language models).
+    pub samples_per_second: f64,
+    /// Training tokens per second (language models).
+    pub tokens_per_second: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed_from: Option<u64>,
     /// The topology's own parameter view at the end (e.g. ANCRe `p`), rows = sources.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parameter_view: Option<(String, Vec<Vec<f64>>)>,
 }
 
-/// One `metrics.csv` row.
-#[derive(Debug, Clone, Serialize)]
+/// One `metrics.csv` row: the training loss of step `step` (before its update), the learning
+/// rate of that update, the gradient norm before clipping, and Γ if the topology defines it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Row {
     step: u64,
+    epoch: f64,
     loss: f64,
-    grad_norm: f64,
     lr: f64,
+    grad_norm: f64,
+    gamma: Option<f64>,
 }
 
 pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summary> {
     let cfg = exp.config();
+    let tc = &cfg.train;
     let dev = device::resolve(device::parse_device(&cfg.device).map_err(anyhow::Error::msg)?)?;
     let compute = device::compute_kind(cfg.precision);
-    let task = exp.data.info().task;
+    let info = exp.data.info();
     let data = exp.data.load()?;
+    let eval_batches = data.eval_batches();
+    let per_epoch = data.batches_per_epoch().max(1);
+    let probe_input = data.train_batch(0).input.to_device(dev);
 
-    let model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
-    atomic_write(&dir.file("config.yaml"), cfg.to_yaml().as_bytes())?;
-
-    let lr = cfg.train.lr;
-    let mut adamw = match cfg.train.optimizer {
-        Optimizer::Gd => None,
-        Optimizer::Adamw => Some(nn::AdamW { wd: cfg.train.weight_decay, ..Default::default() }.build(&model.vs, lr)?),
+    let mut model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
+    let mut optim = Optim::new(tc, model.trainable());
+    let (mut rows, mut evals, start) = if opts.resume {
+        let state = checkpoint::latest(dir)?.with_context(|| {
+            format!("--resume: no complete checkpoint in {}", dir.path.join("checkpoints").display())
+        })?;
+        let optim_state = checkpoint::load(dir, &state, &mut model.vs)?;
+        optim.load_state(&optim_state, state.step)?;
+        let rows: Vec<Row> =
+            read_csv(&dir.file("metrics.csv"))?.into_iter().filter(|r: &Row| r.step < state.step).collect();
+        let evals: Vec<EvalResult> =
+            read_eval(&dir.file("eval.csv"))?.into_iter().filter(|e| e.step < state.step).collect();
+        (rows, evals, state.step)
+    } else {
+        atomic_write(&dir.file("config.yaml"), cfg.to_yaml().as_bytes())?;
+        (Vec::new(), Vec::new(), 0)
     };
-    let vars: Vec<(String, Tensor)> = {
-        let mut v: Vec<_> = model.vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
-    };
 
-    let steps = cfg.train.steps;
-    let bar = progress_bar(steps, &cfg.name, opts.progress);
-    let start = Instant::now();
-    let mut rows: Vec<Row> = Vec::new();
-    for step in 0..=steps {
-        let batch = data.train_batch(step).to_device(dev);
-        let output = model.forward(&batch.input, true);
-        let loss = match model.topology.regularizer() {
-            Some(r) => task.loss(&output, &batch.target) + r,
-            None => task.loss(&output, &batch.target),
-        };
-        let loss_value = loss.double_value(&[]);
-        if !loss_value.is_finite() {
-            write_metrics(dir, &rows)?;
-            let culprit = if output.isfinite().all().int64_value(&[]) == 0 { "model output" } else { "loss" };
-            bail!(
-                "{}: step {step}: the {culprit} went non-finite (loss = {loss_value}); metrics up to here are in {}",
-                cfg.name,
-                dir.file("metrics.csv").display()
-            );
+    let steps = tc.steps;
+    let accum = tc.accumulation;
+    let mut batches = Prefetcher::new(data, start * accum, 4);
+    let bar = progress_bar(steps, start, &cfg.name, opts.progress);
+    let clock = Instant::now();
+    let (mut samples, mut tokens) = (0u64, 0u64);
+    let every = |n: u64, step: u64| (n > 0 && step.is_multiple_of(n)) || step == steps;
+    for step in start..=steps {
+        if every(cfg.log.eval_every, step) {
+            if let Some(e) = eval::evaluate(&model, info.task, &eval_batches, dev, step) {
+                bar.println(format!("{} step {step}: eval loss {:.4}{}", cfg.name, e.loss, eval_suffix(&e)));
+                evals.push(e);
+            }
         }
-        for (_, t) in &vars {
-            t.shallow_clone().zero_grad();
+        if every(cfg.log.connectivity_every, step) {
+            let c = model.connectivity(&probe_input);
+            atomic_write(&dir.path.join("connectivity").join(format!("step_{step}.csv")), matrix_csv(&c).as_bytes())?;
+            // The topology's own view (H-ACN's a, ANCRe's p, …), for Δ_t and correlations later.
+            if let Some((name, view)) = model.parameter_view(&probe_input) {
+                let file = dir.path.join("params").join(format!("{name}_step_{step}.csv"));
+                atomic_write(&file, matrix_csv(&view).as_bytes())?;
+            }
         }
-        loss.backward();
-        let grad_norm = global_grad_norm(&vars);
+
+        optim.zero_grad();
+        let mut loss_sum = 0.0;
+        // Reseeded from (seed, step), under the process-wide seed lock: dropout masks are a pure
+        // function of the step, so a resumed run redraws exactly the masks it would have drawn.
+        let _rng = device::seed_guard(step_seed(cfg.seed, step));
+        for _ in 0..accum {
+            let batch = batches.next_batch().to_device(dev);
+            samples += batch.input.size()[0] as u64;
+            if info.task == crate::data::Task::LanguageModel {
+                tokens += batch.input.numel() as u64;
+            }
+            let output = model.forward(&batch.input, true);
+            let mut loss = info.task.loss(&output, &batch.target);
+            if let Some(r) = model.topology.regularizer() {
+                loss = loss + r;
+            }
+            let value = loss.double_value(&[]);
+            if !value.is_finite() {
+                write_logs(dir, &rows, &evals)?;
+                let culprit = if output.isfinite().all().int64_value(&[]) == 0 { "model output" } else { "loss" };
+                bail!(
+                    "{}: step {step}: the {culprit} went non-finite (loss = {value}); metrics up to here are in {}",
+                    cfg.name,
+                    dir.file("metrics.csv").display()
+                );
+            }
+            (loss / accum as f64).backward();
+            loss_sum += value;
+        }
+        drop(_rng);
+        let loss_value = loss_sum / accum as f64;
+        let grad_norm = optim.grad_norm();
         if !grad_norm.is_finite() {
-            write_metrics(dir, &rows)?;
-            let name = vars
-                .iter()
-                .find(|(_, t)| t.grad().isfinite().all().int64_value(&[]) == 0)
-                .map(|(n, _)| n.as_str())
-                .unwrap_or("?");
+            write_logs(dir, &rows, &evals)?;
+            let name = optim.first_non_finite_grad().unwrap_or("?");
             bail!("{}: step {step}: the gradient of `{name}` went non-finite (loss = {loss_value})", cfg.name);
         }
-        if step % cfg.log.every == 0 || step == steps {
-            rows.push(Row { step, loss: loss_value, grad_norm, lr });
+        let lr = schedule::lr_at(tc, step.min(steps - 1));
+        if every(cfg.log.every, step) {
+            let epoch = (step * accum) as f64 / per_epoch as f64;
+            rows.push(Row { step, epoch, loss: loss_value, lr, grad_norm, gamma: model.topology.gamma() });
             bar.set_message(format!("{loss_value:.3e}"));
-        }
-        let c_every = cfg.log.connectivity_every;
-        if (c_every > 0 && step % c_every == 0) || step == steps {
-            let c = model.connectivity(&batch.input);
-            atomic_write(&dir.path.join("connectivity").join(format!("step_{step}.csv")), matrix_csv(&c).as_bytes())?;
         }
         if step == steps {
             break;
         }
-        match adamw.as_mut() {
-            Some(opt) => opt.step(),
-            None => tch::no_grad(|| {
-                for (_, t) in vars.iter().filter(|(_, t)| t.grad().defined()) {
-                    let _ = t.shallow_clone().g_sub_(&(t.grad() * lr));
-                }
-            }),
+        if let Some(max) = tc.clip_grad_norm {
+            optim.clip(grad_norm, max);
         }
+        optim.step(lr);
         bar.inc(1);
+        let done = step + 1;
+        if opts.crash_after == Some(done) {
+            bail!("{}: simulated crash after {done} updates", cfg.name);
+        }
+        if cfg.log.checkpoint_every > 0 && done % cfg.log.checkpoint_every == 0 && done < steps {
+            write_logs(dir, &rows, &evals)?;
+            save_checkpoint(dir, &model, &optim, done, done * accum, cfg.log.keep_checkpoints)?;
+        }
     }
     bar.finish_and_clear();
-    let wall = start.elapsed().as_secs_f64();
+    let wall = clock.elapsed().as_secs_f64();
 
-    write_metrics(dir, &rows)?;
+    write_logs(dir, &rows, &evals)?;
+    save_checkpoint(dir, &model, &optim, steps, steps * accum, cfg.log.keep_checkpoints)?;
     atomic_write_with(&dir.path.join("checkpoints").join("final.safetensors"), |p| {
         model.vs.save(p).with_context(|| format!("saving checkpoint {}", p.display()))
     })?;
@@ -145,40 +214,92 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         final_loss: *losses.last().expect("at least one row"),
         min_loss: losses.iter().cloned().fold(f64::INFINITY, f64::min),
         steps_to_1e3: rows.iter().find(|r| r.loss <= 1e-3 * rows[0].loss).map(|r| r.step),
+        eval: evals.last().cloned(),
+        gamma: model.topology.gamma(),
         num_params: model.num_params(),
         device: format!("{dev:?}"),
+        precision: format!("{:?}", cfg.precision).to_lowercase(),
         wall_seconds: wall,
-        parameter_view: model
-            .parameter_view(&data.train_batch(0).input.to_device(dev))
-            .map(|(n, m)| (n, crate::topology::common::to_rows(&m))),
+        samples_per_second: samples as f64 / wall.max(1e-9),
+        tokens_per_second: (tokens > 0).then(|| tokens as f64 / wall.max(1e-9)),
+        resumed_from: opts.resume.then_some(start),
+        parameter_view: model.parameter_view(&probe_input).map(|(n, m)| (n, crate::topology::common::to_rows(&m))),
     };
     atomic_write(&dir.file("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
     Ok(summary)
 }
 
-fn global_grad_norm(vars: &[(String, Tensor)]) -> f64 {
-    tch::no_grad(|| {
-        vars.iter()
-            .map(|(_, t)| t.grad())
-            .filter(|g| g.defined())
-            .map(|g| g.to_kind(tch::Kind::Double).square().sum(tch::Kind::Double).double_value(&[]))
-            .sum::<f64>()
-            .sqrt()
-    })
+/// The libtorch seed of one step: a mix of the run seed and the step (SplitMix64 finaliser).
+fn step_seed(seed: u64, step: u64) -> u64 {
+    let mut z = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) >> 1
 }
 
-fn write_metrics(dir: &RunDir, rows: &[Row]) -> Result<()> {
+fn eval_suffix(e: &EvalResult) -> String {
+    let mut s = String::new();
+    if let Some(a) = e.accuracy {
+        s += &format!(", accuracy {:.2}%", 100.0 * a);
+    }
+    if let Some(p) = e.perplexity {
+        s += &format!(", perplexity {p:.2}");
+    }
+    s
+}
+
+fn save_checkpoint(dir: &RunDir, model: &Model, optim: &Optim, step: u64, data_index: u64, keep: usize) -> Result<()> {
+    let state = TrainerState {
+        step,
+        data_index,
+        model_file: format!("step_{step}.safetensors"),
+        optim_file: format!("step_{step}.optim.safetensors"),
+    };
+    checkpoint::save(dir, &state, &model.vs, &optim.state(), keep)
+}
+
+fn write_logs(dir: &RunDir, rows: &[Row], evals: &[EvalResult]) -> Result<()> {
+    write_csv(dir, "metrics.csv", rows, &["step", "epoch", "loss", "lr", "grad_norm", "gamma"])?;
+    if !evals.is_empty() {
+        write_csv(dir, "eval.csv", evals, &["step", "loss", "accuracy", "perplexity"])?;
+    }
+    Ok(())
+}
+
+fn write_csv<T: Serialize>(dir: &RunDir, name: &str, rows: &[T], header: &[&str]) -> Result<()> {
     let mut w = csv::Writer::from_writer(Vec::new());
+    if rows.is_empty() {
+        w.write_record(header)?;
+    }
     for r in rows {
         w.serialize(r)?;
     }
-    if rows.is_empty() {
-        w.write_record(["step", "loss", "grad_norm", "lr"])?;
-    }
-    atomic_write(&dir.file("metrics.csv"), &w.into_inner()?)
+    atomic_write(&dir.file(name), &w.into_inner()?)
 }
 
-fn progress_bar(steps: u64, name: &str, show: bool) -> ProgressBar {
+fn read_csv<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<Vec<T>> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let mut r = csv::Reader::from_path(path).with_context(|| format!("reading {}", path.display()))?;
+    r.deserialize().map(|row| row.with_context(|| format!("parsing {}", path.display()))).collect()
+}
+
+fn read_eval(path: &std::path::Path) -> Result<Vec<EvalResult>> {
+    #[derive(Deserialize)]
+    struct E {
+        step: u64,
+        loss: f64,
+        accuracy: Option<f64>,
+        perplexity: Option<f64>,
+    }
+    Ok(read_csv::<E>(path)?
+        .into_iter()
+        .map(|e| EvalResult { step: e.step, loss: e.loss, accuracy: e.accuracy, perplexity: e.perplexity })
+        .collect())
+}
+
+fn progress_bar(steps: u64, start: u64, name: &str, show: bool) -> ProgressBar {
     let bar = ProgressBar::new(steps);
     if !show {
         bar.set_draw_target(ProgressDrawTarget::hidden());
@@ -189,5 +310,6 @@ fn progress_bar(steps: u64, name: &str, show: bool) -> ProgressBar {
             .progress_chars("=> "),
     );
     bar.set_prefix(name.to_string());
+    bar.set_position(start);
     bar
 }

@@ -1,0 +1,193 @@
+//! Optimizers with parameter groups and a state that checkpoints can save and restore
+//! (tch's built-in optimizers keep their state inside libtorch where it cannot be saved).
+//!
+//! Groups (REFERENCE.md: "nanoGPT decays every ≥2-D parameter — topology parameters must be
+//! excluded explicitly"): `decay` = ≥2-D weights except position embeddings; `no_decay` = norms,
+//! biases, other 1-D parameters, position embeddings; `topology` = everything under `topology.`
+//! (never decayed, learning rate × `train.topology_lr_mult`).
+
+use crate::config::{Optimizer, TrainConfig};
+use anyhow::{bail, Result};
+use std::collections::HashMap;
+use tch::{Kind, Tensor};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    Decay,
+    NoDecay,
+    Topology,
+}
+
+/// The group a parameter belongs to, from its name and shape.
+pub fn group_of(name: &str, t: &Tensor) -> Group {
+    if name.starts_with("topology.") {
+        Group::Topology
+    } else if t.dim() >= 2 && !name.contains("pos_emb") && !name.contains("wpe") {
+        Group::Decay
+    } else {
+        Group::NoDecay
+    }
+}
+
+struct Param {
+    name: String,
+    value: Tensor,
+    group: Group,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+}
+
+/// Plain gradient descent or AdamW (PyTorch's update rule, decoupled weight decay).
+pub struct Optim {
+    kind: Optimizer,
+    params: Vec<Param>,
+    betas: [f64; 2],
+    eps: f64,
+    weight_decay: f64,
+    topology_lr_mult: f64,
+    /// Updates applied so far (AdamW's bias correction uses it).
+    pub steps_done: u64,
+}
+
+impl Optim {
+    /// `vars`: the trainable parameters by name.
+    pub fn new(cfg: &TrainConfig, mut vars: Vec<(String, Tensor)>) -> Self {
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        let params = vars
+            .into_iter()
+            .map(|(name, value)| {
+                let group = group_of(&name, &value);
+                let (exp_avg, exp_avg_sq) = match cfg.optimizer {
+                    Optimizer::Adamw => (value.zeros_like(), value.zeros_like()),
+                    Optimizer::Gd => (Tensor::new(), Tensor::new()),
+                };
+                Param { name, value, group, exp_avg, exp_avg_sq }
+            })
+            .collect();
+        Self {
+            kind: cfg.optimizer,
+            params,
+            betas: cfg.betas,
+            eps: cfg.eps,
+            weight_decay: cfg.weight_decay,
+            topology_lr_mult: cfg.topology_lr_mult,
+            steps_done: 0,
+        }
+    }
+
+    /// Number of parameters in each group, for logs.
+    pub fn group_sizes(&self) -> [(Group, i64); 3] {
+        let count = |g: Group| self.params.iter().filter(|p| p.group == g).map(|p| p.value.numel() as i64).sum();
+        [Group::Decay, Group::NoDecay, Group::Topology].map(|g| (g, count(g)))
+    }
+
+    pub fn zero_grad(&self) {
+        for p in &self.params {
+            p.value.shallow_clone().zero_grad();
+        }
+    }
+
+    /// Global L2 norm of the gradients (f64 accumulation).
+    pub fn grad_norm(&self) -> f64 {
+        tch::no_grad(|| {
+            self.params
+                .iter()
+                .map(|p| p.value.grad())
+                .filter(|g| g.defined())
+                .map(|g| g.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[]))
+                .sum::<f64>()
+                .sqrt()
+        })
+    }
+
+    /// The first parameter whose gradient is not finite (for the divergence message).
+    pub fn first_non_finite_grad(&self) -> Option<&str> {
+        self.params
+            .iter()
+            .find(|p| {
+                let g = p.value.grad();
+                g.defined() && g.isfinite().all().int64_value(&[]) == 0
+            })
+            .map(|p| p.name.as_str())
+    }
+
+    /// Scales the gradients so their global norm is at most `max` (PyTorch's clip_grad_norm_).
+    pub fn clip(&self, norm: f64, max: f64) {
+        let coef = max / (norm + 1e-6);
+        if coef < 1.0 {
+            tch::no_grad(|| {
+                for p in &self.params {
+                    let g = p.value.grad();
+                    if g.defined() {
+                        let _ = g.shallow_clone().g_mul_scalar_(coef);
+                    }
+                }
+            });
+        }
+    }
+
+    /// One update with learning rate `lr` (before the group multipliers).
+    pub fn step(&mut self, lr: f64) {
+        self.steps_done += 1;
+        let t = self.steps_done as i32;
+        let [b1, b2] = self.betas;
+        tch::no_grad(|| {
+            for p in &mut self.params {
+                let g = p.value.grad();
+                if !g.defined() {
+                    continue;
+                }
+                let lr = if p.group == Group::Topology { lr * self.topology_lr_mult } else { lr };
+                let mut v = p.value.shallow_clone();
+                match self.kind {
+                    Optimizer::Gd => {
+                        let _ = v.g_sub_(&(g * lr));
+                    }
+                    Optimizer::Adamw => {
+                        if p.group == Group::Decay && self.weight_decay > 0.0 {
+                            let _ = v.g_mul_scalar_(1.0 - lr * self.weight_decay);
+                        }
+                        let _ = p.exp_avg.lerp_(&g, 1.0 - b1);
+                        let _ = p.exp_avg_sq.g_mul_scalar_(b2).addcmul_(&g, &g.g_mul_scalar(1.0 - b2));
+                        let c1 = 1.0 - b1.powi(t);
+                        let c2 = 1.0 - b2.powi(t);
+                        let denom = p.exp_avg_sq.sqrt() / c2.sqrt() + self.eps;
+                        let _ = v.g_sub_(&(&p.exp_avg / denom * (lr / c1)));
+                    }
+                }
+            }
+        });
+    }
+
+    /// The optimizer state as named tensors (`exp_avg.<param>`, `exp_avg_sq.<param>`).
+    pub fn state(&self) -> Vec<(String, Tensor)> {
+        if self.kind == Optimizer::Gd {
+            return Vec::new();
+        }
+        self.params
+            .iter()
+            .flat_map(|p| {
+                [
+                    (format!("exp_avg.{}", p.name), p.exp_avg.shallow_clone()),
+                    (format!("exp_avg_sq.{}", p.name), p.exp_avg_sq.shallow_clone()),
+                ]
+            })
+            .collect()
+    }
+
+    /// Restores [`Optim::state`] and the update count.
+    pub fn load_state(&mut self, state: &HashMap<String, Tensor>, steps_done: u64) -> Result<()> {
+        self.steps_done = steps_done;
+        if self.kind == Optimizer::Gd {
+            return Ok(());
+        }
+        for p in &mut self.params {
+            for (key, dst) in [("exp_avg", &mut p.exp_avg), ("exp_avg_sq", &mut p.exp_avg_sq)] {
+                let name = format!("{key}.{}", p.name);
+                let Some(src) = state.get(&name) else { bail!("checkpoint optimizer state lacks `{name}`") };
+                tch::no_grad(|| dst.copy_(src));
+            }
+        }
+        Ok(())
+    }
+}
