@@ -1,8 +1,8 @@
 //! The command line: `plexus train | demo | plot | doctor | list`.
 
+use crate::analysis::{self, AnalyzeOptions};
 use crate::config::ConfigError;
 use crate::experiment::Experiment;
-use crate::plot::{self, LineChart, Series};
 use crate::run_dir::{atomic_write, RunDir};
 use crate::train::{self, Summary, TrainOptions};
 use crate::{data, doctor, model, sets, topology};
@@ -22,8 +22,11 @@ pub struct Cli {
 pub enum Cmd {
     /// Train from YAML configs: files, or directories whose *.yaml files form a set (one figure).
     Train {
-        #[arg(required = true)]
+        #[arg(required_unless_present = "resume")]
         configs: Vec<PathBuf>,
+        /// Continue the run in this directory from its latest checkpoint (its config.yaml is used).
+        #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["configs", "out"])]
+        resume: Option<PathBuf>,
         /// Run directory (one config) or parent directory of the runs (several). Default: runs/<name>.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -34,27 +37,50 @@ pub enum Cmd {
         #[arg(long)]
         quiet: bool,
     },
-    /// The main job on an embedded default: run a figure's set of configs, print the result
-    /// table and write the figure.
+    /// The main job on an embedded default. `showcase` (default): train residual, ACN and H-ACN
+    /// Mixers on Fashion-MNIST, analyse them, draw every figure, then the ANCRe Fig. 2b case study.
+    /// Any other set: train it, print the table, draw its figures.
     Demo {
         /// Which embedded set (see `plexus list`).
-        #[arg(long, default_value = "lnn-fig2b")]
+        #[arg(long, default_value = "showcase")]
         figure: String,
         #[arg(long, default_value = "runs/demo")]
         out: PathBuf,
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
     },
-    /// Draw the training-loss curves of one or more runs on one log axis (PNG and SVG).
+    /// Draw every figure the runs have data for (PNG and SVG): training/eval loss, C heatmaps and
+    /// their evolution grid, ANCRe's log(p/max p), Γ and Δ_t, layer-wise exits, pruning, noise.
     Plot {
         #[arg(required = true)]
         runs: Vec<PathBuf>,
         /// Output directory. Default: <run>/figures for one run, <parent of the runs>/figures for several.
         #[arg(long)]
         out: Option<PathBuf>,
-        /// Figure title.
+        /// Title of the loss figure.
         #[arg(long)]
         title: Option<String>,
+        /// Step of the C heatmap (default: the last saved).
+        #[arg(long)]
+        step: Option<u64>,
+    },
+    /// Analyse trained runs: layer-wise exits, depth pruning, input-noise robustness, Γ and Δ_t
+    /// (CSVs into each run directory); with --correlate, the Pearson correlation of the converged
+    /// residual weights across the runs (e.g. seeds).
+    Analyze {
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// Gaussian input-noise standard deviations (image/vector inputs), comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "0,0.1,0.2,0.3,0.5,1.0")]
+        sigmas: Vec<f64>,
+        /// Character-noise probabilities (text inputs), comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "0,0.02,0.05,0.1,0.2")]
+        probs: Vec<f64>,
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Also write correlation.csv (next to the runs) with the pairwise Pearson correlation of a.
+        #[arg(long)]
+        correlate: bool,
     },
     /// Check every topology and backbone against its PyTorch reference (parity/), forward and
     /// every gradient. Prints one line per case; exits non-zero if any fails.
@@ -98,7 +124,16 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
 
 pub fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Train { configs, out, overrides, quiet } => {
+        Cmd::Train { configs, resume: Some(run), overrides, quiet, .. } => {
+            let dir = RunDir::open(&run)?;
+            let exp = Experiment::from_file(&dir.file("config.yaml"), &overrides)?;
+            let progress = !quiet && std::io::stderr().is_terminal();
+            let _ = configs;
+            let s = train::train(&exp, &dir, &TrainOptions { progress, resume: true, crash_after: None })?;
+            print_table(&[s]);
+            Ok(())
+        }
+        Cmd::Train { configs, resume: None, out, overrides, quiet } => {
             let exps = resolve_paths(&configs, &overrides)?;
             let progress = !quiet && std::io::stderr().is_terminal();
             let dirs = run_dirs(&exps, out.as_deref())?;
@@ -107,10 +142,34 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Demo { figure, out, overrides } => demo(&figure, &out, &overrides),
-        Cmd::Plot { runs, out, title } => {
+        Cmd::Plot { runs, out, title, step } => {
             let out = out.unwrap_or_else(|| default_figure_dir(&runs));
-            for p in plot_losses(&runs, &out, title.as_deref())? {
+            for p in crate::plot::figures::all(&runs, &out, title.as_deref(), step)? {
                 println!("{}", p.display());
+            }
+            Ok(())
+        }
+        Cmd::Analyze { runs, sigmas, probs, repeats, correlate } => {
+            let opts = AnalyzeOptions { sigmas, char_probs: probs, repeats, seed: 0 };
+            let summaries = runs.iter().map(|r| analysis::analyze(r, &opts)).collect::<Result<Vec<_>>>()?;
+            print_analysis(&summaries);
+            if correlate {
+                let m = analysis::correlate(&runs)?;
+                let path = default_figure_dir(&runs).parent().map(|p| p.join("correlation.csv")).unwrap_or_default();
+                let mut s = String::from("run");
+                for r in &runs {
+                    s += &format!(",{}", r.display());
+                }
+                s.push('\n');
+                for (r, row) in runs.iter().zip(&m) {
+                    s += &r.display().to_string();
+                    for v in row {
+                        s += &format!(",{v}");
+                    }
+                    s.push('\n');
+                }
+                atomic_write(&path, s.as_bytes())?;
+                println!("\nPearson correlation of the converged residual weights a:\n{s}→ {}", path.display());
             }
             Ok(())
         }
@@ -200,15 +259,15 @@ fn train_all(exps: &[Experiment], dirs: &[PathBuf], progress: bool) -> Result<Ve
         if !progress {
             eprintln!("training {} → {}", e.config().name, d.display());
         }
-        out.push(train::train(e, &dir, &TrainOptions { progress })?);
+        out.push(train::train(e, &dir, &TrainOptions { progress, resume: false, crash_after: None })?);
     }
     Ok(out)
 }
 
-fn demo(figure: &str, out: &Path, overrides: &[String]) -> Result<()> {
-    let set = sets::find(figure).with_context(|| {
+fn embedded(name: &str, overrides: &[String]) -> Result<(&'static sets::ConfigSet, Vec<Experiment>)> {
+    let set = sets::find(name).with_context(|| {
         format!(
-            "no embedded config set `{figure}`; available: {}",
+            "no embedded config set `{name}`; available: {}",
             sets::SETS.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
         )
     })?;
@@ -217,17 +276,87 @@ fn demo(figure: &str, out: &Path, overrides: &[String]) -> Result<()> {
         .iter()
         .map(|c| Experiment::from_str(c.yaml, &format!("<embedded:configs/{}>", c.path), overrides))
         .collect::<Result<Vec<_>, _>>()?;
-    println!("{} — {}", set.name, set.about);
-    let dirs = run_dirs(&exps, Some(out))?;
-    let summaries = train_all(&exps, &dirs, std::io::stderr().is_terminal())?;
+    Ok((set, exps))
+}
+
+/// Trains an embedded set into `out/<set>/`, prints its table, writes results.csv; returns the
+/// run directories.
+fn run_set(set: &sets::ConfigSet, exps: &[Experiment], out: &Path) -> Result<Vec<PathBuf>> {
+    println!("\n== {} — {}", set.name, set.about);
+    let dirs = run_dirs(exps, Some(out))?;
+    let summaries = train_all(exps, &dirs, std::io::stderr().is_terminal())?;
     print_table(&summaries);
     atomic_write(&out.join("results.csv"), results_csv(&summaries)?.as_bytes())?;
-    let figs = plot_losses(&dirs, &out.join("figures"), Some(set.about))?;
-    println!("\nresults: {}", out.join("results.csv").display());
-    for f in figs {
-        println!("figure:  {}", f.display());
+    Ok(dirs)
+}
+
+fn demo(figure: &str, out: &Path, overrides: &[String]) -> Result<()> {
+    let started = std::time::Instant::now();
+    let mut figures = Vec::new();
+    if figure == "showcase" {
+        let (set, exps) = embedded("showcase", overrides)?;
+        let dir = out.join("showcase");
+        let runs = run_set(set, &exps, &dir)?;
+        eprintln!("analysing {} runs (layer-wise exits, pruning, noise, Γ, Δ_t)…", runs.len());
+        let summaries =
+            runs.iter().map(|r| analysis::analyze(r, &AnalyzeOptions::default())).collect::<Result<Vec<_>>>()?;
+        print_analysis(&summaries);
+        figures.extend(crate::plot::figures::all(&runs, &dir.join("figures"), Some(set.about), None)?);
+        // The ANCRe case study rides along: seconds, and the clearest picture of why topology matters.
+        let (set, exps) = embedded("lnn-fig2b", &[])?;
+        let dir = out.join("lnn-fig2b");
+        let runs = run_set(set, &exps, &dir)?;
+        figures.extend(crate::plot::figures::losses(
+            &crate::plot::figures::open_runs(&runs)?,
+            &dir.join("figures"),
+            Some(set.about),
+        )?);
+    } else {
+        let (set, exps) = embedded(figure, overrides)?;
+        let runs = run_set(set, &exps, out)?;
+        figures.extend(crate::plot::figures::all(&runs, &out.join("figures"), Some(set.about), None)?);
     }
+    println!();
+    for f in figures.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
+        println!("figure: {}", f.display());
+    }
+    println!("(SVG next to each PNG; done in {:.0} s)", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The analysis table: final metric, Γ, the exit at half depth, robustness at the largest noise.
+pub fn print_analysis(rows: &[analysis::AnalysisSummary]) {
+    println!(
+        "\n{:<22} {:<24} {:>6} {:>14} {:>7} {:>20} {:>18}",
+        "run", "topology", "units", "final", "Γ", "exit at L/2", "largest noise"
+    );
+    let metric = |acc: Option<f64>, ppl: Option<f64>, loss: f64| match (ppl, acc) {
+        (Some(p), _) => format!("ppl {p:.2}"),
+        (None, Some(a)) => format!("acc {:.2}%", 100.0 * a),
+        _ => format!("loss {loss:.3e}"),
+    };
+    for r in rows {
+        let fin = r.final_eval.as_ref().map(|e| metric(e.accuracy, e.perplexity, e.loss)).unwrap_or_default();
+        let half = format!(
+            "{} units: {}",
+            r.half_depth.units,
+            metric(r.half_depth.accuracy, r.half_depth.perplexity, r.half_depth.loss)
+        );
+        let noisy = r
+            .noise
+            .last()
+            .map(|n| {
+                format!(
+                    "{}={}: {}",
+                    if n.kind == "char" { "p" } else { "σ" },
+                    n.level,
+                    metric(n.mean_accuracy, n.mean_perplexity, n.mean_loss)
+                )
+            })
+            .unwrap_or_default();
+        let gamma = r.gamma.map(|g| format!("{g:.3}")).unwrap_or_else(|| "-".into());
+        println!("{:<22} {:<24} {:>6} {:>14} {:>7} {:>20} {:>18}", r.run, r.topology, r.depth, fin, gamma, half, noisy);
+    }
 }
 
 fn parity(dir: &Path, only: Option<&str>, keep: Option<&Path>) -> Result<()> {
@@ -341,16 +470,43 @@ fn results_csv(summaries: &[Summary]) -> Result<String> {
 }
 
 pub fn print_table(summaries: &[Summary]) {
-    println!(
-        "\n{:<24} {:<10} {:<16} {:>7} {:>12} {:>12} {:>11} {:>8}",
-        "run", "topology", "layout", "steps", "final loss", "min loss", "to 1e-3·L0", "time"
-    );
-    for s in summaries {
-        let reach = s.steps_to_1e3.map(|v| v.to_string()).unwrap_or_else(|| "never".into());
+    let with_eval = summaries.iter().any(|s| s.eval.is_some());
+    if with_eval {
         println!(
-            "{:<24} {:<10} {:<16} {:>7} {:>12.3e} {:>12.3e} {:>11} {:>7.2}s",
-            s.name, s.topology, s.topology_label, s.steps, s.final_loss, s.min_loss, reach, s.wall_seconds
+            "\n{:<28} {:<10} {:<16} {:>7} {:>11} {:>10} {:>14} {:>6} {:>9}",
+            "run", "topology", "layout", "steps", "train loss", "eval loss", "eval metric", "Γ", "time"
         );
+    } else {
+        println!(
+            "\n{:<28} {:<10} {:<16} {:>7} {:>12} {:>12} {:>11} {:>9}",
+            "run", "topology", "layout", "steps", "final loss", "min loss", "to 1e-3·L0", "time"
+        );
+    }
+    for s in summaries {
+        if with_eval {
+            let (loss, metric) = match &s.eval {
+                Some(e) => (
+                    format!("{:.4}", e.loss),
+                    match (e.perplexity, e.accuracy) {
+                        (Some(p), _) => format!("ppl {p:.2}"),
+                        (None, Some(a)) => format!("acc {:.2}%", 100.0 * a),
+                        _ => "-".into(),
+                    },
+                ),
+                None => ("-".into(), "-".into()),
+            };
+            let gamma = s.gamma.map(|g| format!("{g:.3}")).unwrap_or_else(|| "-".into());
+            println!(
+                "{:<28} {:<10} {:<16} {:>7} {:>11.4} {:>10} {:>14} {:>6} {:>8.1}s",
+                s.name, s.topology, s.topology_label, s.steps, s.final_loss, loss, metric, gamma, s.wall_seconds
+            );
+        } else {
+            let reach = s.steps_to_1e3.map(|v| v.to_string()).unwrap_or_else(|| "never".into());
+            println!(
+                "{:<28} {:<10} {:<16} {:>7} {:>12.3e} {:>12.3e} {:>11} {:>8.2}s",
+                s.name, s.topology, s.topology_label, s.steps, s.final_loss, s.min_loss, reach, s.wall_seconds
+            );
+        }
     }
 }
 
@@ -382,25 +538,4 @@ pub fn read_losses(run: &Path) -> Result<Vec<(f64, f64)>> {
         pts.push((parse(si)?, parse(li)?));
     }
     Ok(pts)
-}
-
-/// Loss curves of several runs on one log axis → `<out>/loss.{png,svg}`.
-pub fn plot_losses(runs: &[PathBuf], out: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
-    let mut series = Vec::new();
-    for run in runs {
-        let dir = RunDir::open(run)?;
-        let exp = Experiment::from_file(&dir.file("config.yaml"), &[])?;
-        series.push(Series {
-            label: format!("{} ({})", exp.topology.label(), exp.topology.kind()),
-            points: read_losses(run)?,
-        });
-    }
-    let chart = LineChart {
-        title: title.unwrap_or("Training loss").to_string(),
-        x_label: "step".into(),
-        y_label: "training loss (log scale)".into(),
-        log_y: true,
-        series,
-    };
-    plot::line_chart(&chart, &out.join("loss"))
 }

@@ -5,6 +5,7 @@
 //! what each unit and the readout read. Configs ([`config`]) are resolved against the registries
 //! into an [`experiment::Experiment`], which [`train`] runs into a run directory ([`run_dir`]).
 
+pub mod analysis;
 pub mod cli;
 pub mod config;
 pub mod data;

@@ -23,6 +23,11 @@ macro_rules! embed {
 
 pub const SETS: &[ConfigSet] = &[
     ConfigSet {
+        name: "showcase",
+        about: "MLP-Mixer on Fashion-MNIST: residual vs ACN vs H-ACN, trained, analysed and plotted",
+        configs: embed!("showcase/res.yaml", "showcase/acn.yaml", "showcase/hacn.yaml"),
+    },
+    ConfigSet {
         name: "lnn-fig2a",
         about: "ANCRe Fig. 2a: deep linear networks of depth 2, 3, 4 without shortcuts",
         configs: embed!("lnn/fig2a/1-k2.yaml", "lnn/fig2a/2-k3.yaml", "lnn/fig2a/3-k4.yaml"),

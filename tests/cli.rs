@@ -114,7 +114,7 @@ fn binary_lists_libtorch_cuda_as_needed() {
 #[test]
 fn demo_prints_the_fig2b_table_and_writes_the_figure() {
     let tmp = tempfile::tempdir().unwrap();
-    let o = plexus(&["demo", "--out", "demo", "--set", "train.steps=400"], tmp.path());
+    let o = plexus(&["demo", "--figure", "lnn-fig2b", "--out", "demo", "--set", "train.steps=400"], tmp.path());
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}{err}");
     for name in ["lnn-fig2b-none", "lnn-fig2b-cascaded", "lnn-fig2b-0to1", "lnn-fig2b-0to2", "lnn-fig2b-ancre"] {
@@ -124,11 +124,70 @@ fn demo_prints_the_fig2b_table_and_writes_the_figure() {
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     assert!(png.len() > 20_000, "suspiciously small figure: {} bytes", png.len());
     let svg = std::fs::read_to_string(tmp.path().join("demo/figures/loss.svg")).unwrap();
-    for label in ["0:2 (shortcuts)", "0:1 (shortcuts)", "cascaded (residual)", "training loss (log scale)"] {
+    for label in ["shortcuts (0:2)", "shortcuts (0:1)", "residual (cascaded)", "ancre (", "training loss (log scale)"] {
         assert!(svg.contains(label), "legend/axis text `{label}` not in the SVG");
     }
     let results = std::fs::read_to_string(tmp.path().join("demo/results.csv")).unwrap();
     assert_eq!(results.lines().count(), 6, "{results}");
+}
+
+/// The showcase (README command 1), cut to 60 steps: three runs, their analysis, every figure, and a
+/// summary table whose numbers are the ones in the CSVs.
+#[test]
+fn showcase_demo_trains_analyses_plots_and_its_table_matches_the_csvs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = plexus(
+        &[
+            "demo",
+            "--out",
+            "demo",
+            "--set",
+            "train.steps=60",
+            "--set",
+            "log.eval_every=30",
+            "--set",
+            "log.connectivity_every=15",
+        ],
+        tmp.path(),
+    );
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}{err}");
+    let dir = tmp.path().join("demo/showcase");
+    for run in ["showcase-res", "showcase-acn", "showcase-hacn"] {
+        let row = out
+            .lines()
+            .find(|l| l.starts_with(run) && l.contains("acc") && l.contains("units:"))
+            .unwrap_or_else(|| panic!("no analysis row for {run}:\n{out}"));
+        // final accuracy: the table and eval.csv / layerwise.csv (the exit after all units) agree.
+        let fields: Vec<&str> = row.split_whitespace().collect();
+        let acc_printed: f64 =
+            fields[fields.iter().position(|f| *f == "acc").unwrap() + 1].trim_end_matches('%').parse().unwrap();
+        let eval = table(&dir.join(run).join("eval.csv"));
+        let eval_acc = 100.0 * eval.last().unwrap()[2];
+        assert!((acc_printed - eval_acc).abs() < 0.006, "{run}: table {acc_printed} vs eval.csv {eval_acc}");
+        let exits = table(&dir.join(run).join("layerwise.csv"));
+        assert_eq!(exits.len(), 9, "8 sublayer units: exits 0..=8");
+        assert!((100.0 * exits[8][2] - eval_acc).abs() < 0.006, "{run}: full exit = final eval");
+        // At half depth: the 4-unit exit.
+        let half = row.split("units:").nth(1).unwrap().split_whitespace().nth(1).unwrap();
+        let half: f64 = half.trim_end_matches('%').parse().unwrap();
+        assert!(
+            (half - 100.0 * exits[4][2]).abs() < 0.006,
+            "{run}: half-depth {half} vs layerwise.csv {}",
+            exits[4][2]
+        );
+        assert!(eval_acc > 30.0, "{run}: 60 steps on Fashion-MNIST beat chance (10%) clearly: {eval_acc}");
+        for f in ["connectivity", "connectivity_grid"] {
+            let png = dir.join(format!("figures/{f}_{run}.png"));
+            assert!(std::fs::metadata(&png).map(|m| m.len() > 10_000).unwrap_or(false), "{} missing", png.display());
+        }
+    }
+    for f in ["loss", "eval_loss", "gamma", "layerwise", "noise", "pruning"] {
+        let png = dir.join(format!("figures/{f}.png"));
+        assert!(std::fs::metadata(&png).map(|m| m.len() > 10_000).unwrap_or(false), "{} missing", png.display());
+        assert!(out.contains(&format!("{f}.png")), "figure path {f}.png not printed");
+    }
+    assert!(tmp.path().join("demo/lnn-fig2b/figures/loss.png").is_file());
 }
 
 #[test]
@@ -143,6 +202,12 @@ fn plot_accepts_several_runs_and_rejects_a_non_run() {
     let o = plexus(&["plot", "fig2a"], tmp.path());
     assert!(!o.status.success());
     assert!(text(&o).1.contains("not a plexus run directory"), "{:?}", text(&o));
+}
+
+/// A numeric CSV with a header row; empty cells read as NaN.
+fn table(path: &Path) -> Vec<Vec<f64>> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines().skip(1).map(|l| l.split(',').map(|c| c.parse().unwrap_or(f64::NAN)).collect()).collect()
 }
 
 fn parse_csv(text: &str) -> Vec<Vec<f64>> {
@@ -208,4 +273,28 @@ fn connectivity_of_an_hacn_config_with_sigma_0_is_the_product_of_its_weights() {
     }
     let o = plexus(&["connectivity", run.to_str().unwrap(), "--step", "99"], tmp.path());
     assert!(!o.status.success() && text(&o).1.contains("no C saved at step 99"));
+}
+
+/// Every shipped config resolves against the registries (catches option drift); the GPU-size ones
+/// are not trained here, but they must at least be valid.
+#[test]
+fn every_shipped_config_is_valid() {
+    fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "yaml") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&repo().join("configs"), &mut files);
+    assert!(files.len() >= 50, "{} configs", files.len());
+    let mut names = std::collections::HashSet::new();
+    for f in files {
+        let e = plexus::experiment::Experiment::from_file(&f, &[]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(names.insert(e.config().name.clone()), "duplicate run name {} in {}", e.config().name, f.display());
+    }
 }

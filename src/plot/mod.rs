@@ -1,6 +1,8 @@
 //! Figures with `plotters`, written as PNG and SVG. Text uses the DejaVu Sans font embedded in the
 //! binary (the `dejavu` crate), so figures render on machines without system fonts.
 
+pub mod figures;
+
 use anyhow::{anyhow, Result};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -38,6 +40,32 @@ pub fn register_fonts() {
 pub struct Series {
     pub label: String,
     pub points: Vec<(f64, f64)>,
+    /// Line colour; `None` takes the palette in order.
+    pub color: Option<RGBColor>,
+}
+
+/// The colour of a topology, the same in every figure: residual blue, ACN orange, H-ACN green,
+/// ANCRe red, … Several runs of one topology (`variant` = 0, 1, 2, …) get lighter shades of it.
+pub fn topology_color(kind: &str, variant: usize) -> RGBColor {
+    let base = match kind {
+        "residual" => PALETTE[0],
+        "acn" => PALETTE[1],
+        "hacn" => PALETTE[2],
+        "ancre" => PALETTE[3],
+        "denseformer" => PALETTE[4],
+        "layercomb" => PALETTE[5],
+        "hyper" => PALETTE[6],
+        "plain" => PALETTE[7],
+        "mhc" => PALETTE[8],
+        "attnres" => PALETTE[9],
+        "shortcuts" => RGBColor(0, 0, 0),
+        "densenet" => RGBColor(128, 0, 128),
+        "laurel" => RGBColor(0, 128, 128),
+        _ => RGBColor(90, 90, 160),
+    };
+    let t = [0.0, 0.35, 0.55, 0.7, 0.8][variant.min(4)];
+    let mix = |c: u8| (c as f64 + (255.0 - c as f64) * t) as u8;
+    RGBColor(mix(base.0), mix(base.1), mix(base.2))
 }
 
 /// A line chart description.
@@ -108,7 +136,7 @@ where
             .draw()
             .map_err(err)?;
         for (i, s) in chart.series.iter().enumerate() {
-            let color = PALETTE[i % PALETTE.len()];
+            let color = s.color.unwrap_or(PALETTE[i % PALETTE.len()]);
             let pts = s.points.iter().map(|&(x, y)| (x, if y > 0.0 { y } else { floor }));
             ctx.draw_series(LineSeries::new(pts, color.stroke_width(3)))
                 .map_err(err)?
@@ -126,10 +154,11 @@ where
             .y_desc(&chart.y_label)
             .label_style(("sans-serif", 22))
             .axis_desc_style(("sans-serif", 26))
+            .x_label_formatter(&|v| tick(*v))
             .draw()
             .map_err(err)?;
         for (i, s) in chart.series.iter().enumerate() {
-            let color = PALETTE[i % PALETTE.len()];
+            let color = s.color.unwrap_or(PALETTE[i % PALETTE.len()]);
             ctx.draw_series(LineSeries::new(s.points.iter().cloned(), color.stroke_width(3)))
                 .map_err(err)?
                 .label(&s.label)
@@ -149,4 +178,154 @@ fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
+}
+
+/// A matrix heatmap description: `values[r][c]`, drawn with row 0 at the top.
+#[derive(Debug, Clone)]
+pub struct Heatmap {
+    pub title: String,
+    pub values: Vec<Vec<f64>>,
+    pub row_labels: Vec<String>,
+    pub col_labels: Vec<String>,
+    pub x_label: String,
+    pub y_label: String,
+    pub colorbar_label: String,
+    /// Colour range; `None` uses the data's min and max.
+    pub range: Option<(f64, f64)>,
+    /// Print the value in each cell (small matrices).
+    pub annotate: bool,
+}
+
+/// Draws one or more heatmaps side by side (a grid of panels sharing one colour scale and one
+/// colorbar) to `<out_base>.png` and `.svg`.
+/// A tick label without trailing zeros: `50`, `0.1`, `2.5` (not `50.0`, `0.10`).
+fn tick(v: f64) -> String {
+    let s = format!("{v:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" {
+        "0".into()
+    } else {
+        s.into()
+    }
+}
+
+pub fn heatmaps(panels: &[Heatmap], title: &str, out_base: &Path) -> Result<Vec<PathBuf>> {
+    register_fonts();
+    anyhow::ensure!(!panels.is_empty(), "no heatmap to draw");
+    if let Some(dir) = out_base.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let n = panels.len() as u32;
+    // Wide enough for the figure title even with a single panel.
+    let size = ((120 + 520 * n).max(820), 600);
+    let png = out_base.with_extension("png");
+    let svg = out_base.with_extension("svg");
+    {
+        let root = BitMapBackend::new(&png, size).into_drawing_area();
+        draw_heatmaps(&root, panels, title)?;
+        root.present().map_err(|e| anyhow!("writing {}: {e}", png.display()))?;
+    }
+    {
+        let root = SVGBackend::new(&svg, size).into_drawing_area();
+        draw_heatmaps(&root, panels, title)?;
+        root.present().map_err(|e| anyhow!("writing {}: {e}", svg.display()))?;
+    }
+    Ok(vec![png, svg])
+}
+
+fn viridis(t: f64) -> RGBColor {
+    use plotters::style::colors::colormaps::{ColorMap, ViridisRGB};
+    ViridisRGB.get_color(t.clamp(0.0, 1.0))
+}
+
+fn draw_heatmaps<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, panels: &[Heatmap], title: &str) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing: {e:?}");
+    root.fill(&WHITE).map_err(err)?;
+    let (lo, hi) = panels.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
+        let (a, b) = p.range.unwrap_or_else(|| {
+            let v = p.values.iter().flatten().filter(|v| v.is_finite());
+            v.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)))
+        });
+        (lo.min(a), hi.max(b))
+    });
+    let (lo, hi) = if hi > lo { (lo, hi) } else { (lo - 0.5, lo + 0.5) };
+    let area = root.titled(title, ("sans-serif", 30)).map_err(err)?;
+    let (main, bar) = area.split_horizontally(area.dim_in_pixel().0 - 120);
+    for (p, panel_area) in panels.iter().zip(main.split_evenly((1, panels.len()))) {
+        let (rows, cols) = (p.values.len(), p.values.first().map_or(0, |r| r.len()));
+        let mut chart = ChartBuilder::on(&panel_area)
+            .caption(&p.title, ("sans-serif", 24))
+            .margin(15)
+            .x_label_area_size(55)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..cols as f64, rows as f64..0.0)
+            .map_err(err)?;
+        let (rl, cl) = (p.row_labels.clone(), p.col_labels.clone());
+        chart
+            .configure_mesh()
+            .disable_mesh()
+            .x_desc(&p.x_label)
+            .y_desc(&p.y_label)
+            .x_labels(cols.min(12))
+            .y_labels(rows.min(12))
+            .x_label_formatter(&|v| cl.get(v.floor() as usize).cloned().unwrap_or_default())
+            .y_label_formatter(&|v| rl.get(v.floor() as usize).cloned().unwrap_or_default())
+            .label_style(("sans-serif", 16))
+            .axis_desc_style(("sans-serif", 20))
+            .draw()
+            .map_err(err)?;
+        for (r, row) in p.values.iter().enumerate() {
+            for (c, v) in row.iter().enumerate() {
+                let color = if v.is_finite() { viridis((v - lo) / (hi - lo)) } else { RGBColor(235, 235, 235) };
+                chart
+                    .draw_series(std::iter::once(Rectangle::new(
+                        [(c as f64, r as f64), (c as f64 + 1.0, r as f64 + 1.0)],
+                        color.filled(),
+                    )))
+                    .map_err(err)?;
+                if p.annotate && v.is_finite() {
+                    let t = (v - lo) / (hi - lo);
+                    let ink = if t > 0.6 { BLACK } else { WHITE };
+                    chart
+                        .draw_series(std::iter::once(Text::new(
+                            format!("{v:.2}"),
+                            (c as f64 + 0.2, r as f64 + 0.4),
+                            ("sans-serif", 13).into_font().color(&ink),
+                        )))
+                        .map_err(err)?;
+                }
+            }
+        }
+    }
+    // Colorbar.
+    let mut cb = ChartBuilder::on(&bar)
+        .margin_top(60)
+        .margin_bottom(70)
+        .margin_right(10)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0.0..1.0, lo..hi)
+        .map_err(err)?;
+    cb.configure_mesh()
+        .disable_mesh()
+        .disable_x_axis()
+        .y_desc(&panels[0].colorbar_label)
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 18))
+        .y_label_formatter(&|v| format!("{v:.2}"))
+        .draw()
+        .map_err(err)?;
+    let steps = 100;
+    for i in 0..steps {
+        let a = lo + (hi - lo) * i as f64 / steps as f64;
+        let b = lo + (hi - lo) * (i + 1) as f64 / steps as f64;
+        cb.draw_series(std::iter::once(Rectangle::new(
+            [(0.0, a), (1.0, b)],
+            viridis(i as f64 / steps as f64).filled(),
+        )))
+        .map_err(err)?;
+    }
+    Ok(())
 }
