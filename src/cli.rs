@@ -1,4 +1,4 @@
-//! The command line: `plexus train | demo | plot | doctor | list`.
+//! The command line: `plexus train | demo | analyze | plot | bench | connectivity | parity | doctor | list`.
 
 use crate::analysis::{self, AnalyzeOptions};
 use crate::config::ConfigError;
@@ -105,6 +105,36 @@ pub enum Cmd {
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
     },
+    /// Time full training steps (forward, backward, optimizer) of a config: ms/step (median, p10,
+    /// p90), samples or tokens/s, memory, parameters, analytic FLOPs and model FLOP utilisation
+    /// against the device's measured matmul peak. With --depths, a cost-versus-depth sweep over
+    /// --topologies with a log-log plot and the fitted growth exponent of time and memory.
+    Bench {
+        config: PathBuf,
+        /// Timed steps.
+        #[arg(long, default_value_t = 20)]
+        steps: usize,
+        /// Untimed warm-up steps.
+        #[arg(long, default_value_t = 5)]
+        warmup: usize,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+        /// Append the row(s) to this CSV (header written when the file is new).
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        /// Name of the case in the CSV (default: the config's name).
+        #[arg(long)]
+        case: Option<String>,
+        /// Depth sweep: values of model.depth, e.g. 8,16,32,64.
+        #[arg(long, value_delimiter = ',')]
+        depths: Vec<usize>,
+        /// Topologies of the sweep, comma-separated; options after `+`, e.g. attnres+blocks=4.
+        #[arg(long, value_delimiter = ',', default_value = "residual")]
+        topologies: Vec<String>,
+        /// Directory of the sweep's CSV and figures.
+        #[arg(long, default_value = "bench/depth")]
+        out: PathBuf,
+    },
     /// Report the torch version, CUDA availability and devices, bf16 support and threads.
     Doctor,
     /// List the registered topologies, backbones, datasets and embedded config sets.
@@ -142,6 +172,20 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Demo { figure, out, overrides } => demo(&figure, &out, &overrides),
+        Cmd::Bench { config, steps, warmup, overrides, csv, case, depths, topologies, out } => {
+            let opts = crate::bench::BenchOptions { steps, warmup, case };
+            if depths.is_empty() {
+                let exp = Experiment::from_file(&config, &overrides)?;
+                let row = crate::bench::bench(&exp, &opts)?;
+                print_bench(std::slice::from_ref(&row));
+                if let Some(path) = csv {
+                    append_csv(&path, &row.csv())?;
+                }
+                Ok(())
+            } else {
+                depth_sweep(&config, &overrides, &opts, &depths, &topologies, &out)
+            }
+        }
         Cmd::Plot { runs, out, title, step } => {
             let out = out.unwrap_or_else(|| default_figure_dir(&runs));
             for p in crate::plot::figures::all(&runs, &out, title.as_deref(), step)? {
@@ -321,6 +365,124 @@ fn demo(figure: &str, out: &Path, overrides: &[String]) -> Result<()> {
         println!("figure: {}", f.display());
     }
     println!("(SVG next to each PNG; done in {:.0} s)", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn print_bench(rows: &[crate::bench::BenchRow]) {
+    println!(
+        "{:<30} {:>5} {:>10} {:>17} {:>12} {:>9} {:>9} {:>10} {:>8} {:>6}",
+        "case", "depth", "ms/step", "(p10–p90)", "samples/s", "rss MB", "act MB", "params", "GFLOP/s", "MFU"
+    );
+    for r in rows {
+        println!(
+            "{:<30} {:>5} {:>10.2} {:>17} {:>12.1} {:>9.0} {:>9.1} {:>10} {:>8.2} {:>5.1}%",
+            r.case,
+            r.depth,
+            r.ms[0],
+            format!("({:.2}–{:.2})", r.ms[1], r.ms[2]),
+            r.samples_per_s,
+            r.peak_rss_mb,
+            r.act_mem_mb,
+            r.params,
+            r.achieved_gflops(),
+            100.0 * r.achieved_gflops() / r.peak_gflops
+        );
+    }
+}
+
+/// Appends `row` to the CSV at `path`, writing the header first when the file is new.
+fn append_csv(path: &Path, row: &str) -> Result<()> {
+    use std::io::Write;
+    if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(d)?;
+    }
+    let new = !path.exists();
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    if new {
+        writeln!(f, "{}", crate::bench::CSV_HEADER)?;
+    }
+    writeln!(f, "{row}").with_context(|| format!("appending to {}", path.display()))
+}
+
+/// Cost versus depth: every topology at every depth, `depth.csv`, log-log figures of step time and
+/// step memory, and the fitted exponent k of `cost ∝ L^k` per topology.
+fn depth_sweep(
+    config: &Path,
+    overrides: &[String],
+    opts: &crate::bench::BenchOptions,
+    depths: &[usize],
+    topologies: &[String],
+    out: &Path,
+) -> Result<()> {
+    use crate::plot::{loglog_chart, topology_color, LineChart, Series};
+    std::fs::create_dir_all(out)?;
+    let mut rows = Vec::new();
+    for t in topologies {
+        let mut parts = t.split('+');
+        let kind = parts.next().unwrap_or_default();
+        for &l in depths {
+            let mut ov = overrides.to_vec();
+            ov.push(format!("topology.kind={kind}"));
+            ov.extend(parts.clone().map(|p| format!("topology.{p}")));
+            ov.push(format!("model.depth={l}"));
+            let exp = Experiment::from_file(config, &ov)?;
+            let o = crate::bench::BenchOptions { case: Some(format!("{t}@L{l}")), ..opts.clone() };
+            eprintln!("bench {t} at depth {l}…");
+            let row = crate::bench::bench(&exp, &o)?;
+            print_bench(std::slice::from_ref(&row));
+            rows.push((t.clone(), kind.to_string(), l, row));
+        }
+    }
+    let mut csv = String::from(crate::bench::CSV_HEADER);
+    csv.push('\n');
+    for (_, _, _, r) in &rows {
+        csv += &r.csv();
+        csv.push('\n');
+    }
+    atomic_write(&out.join("depth.csv"), csv.as_bytes())?;
+    let mut summary = String::from("topology,time_exponent,memory_exponent\n");
+    println!("\n{:<24} {:>16} {:>18}", "topology", "time ∝ L^k, k =", "act. mem ∝ L^k, k =");
+    let mut time_series = Vec::new();
+    let mut mem_series = Vec::new();
+    for (i, t) in topologies.iter().enumerate() {
+        let mine: Vec<&(String, String, usize, crate::bench::BenchRow)> = rows.iter().filter(|r| &r.0 == t).collect();
+        let time: Vec<(f64, f64)> = mine.iter().map(|r| (r.2 as f64, r.3.ms[0])).collect();
+        let mem: Vec<(f64, f64)> = mine.iter().map(|r| (r.2 as f64, r.3.act_mem_mb)).collect();
+        let (kt, km) = (crate::bench::growth_exponent(&time), crate::bench::growth_exponent(&mem));
+        println!("{t:<24} {kt:>16.2} {km:>18.2}");
+        summary += &format!("{t},{kt:.3},{km:.3}\n");
+        let kind = mine.first().map(|r| r.1.clone()).unwrap_or_default();
+        let color =
+            Some(topology_color(&kind, topologies[..i].iter().filter(|o| o.split('+').next() == Some(&kind)).count()));
+        time_series.push(Series { label: format!("{t} (k = {kt:.2})"), points: time, color });
+        mem_series.push(Series { label: format!("{t} (k = {km:.2})"), points: mem, color });
+    }
+    atomic_write(&out.join("growth.csv"), summary.as_bytes())?;
+    let name = config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut files = loglog_chart(
+        &LineChart {
+            title: format!("Step time versus depth — {name}"),
+            x_label: "model.depth L (log scale)".into(),
+            y_label: "ms per training step (log scale)".into(),
+            log_y: true,
+            series: time_series,
+        },
+        &out.join("depth_time"),
+    )?;
+    files.extend(loglog_chart(
+        &LineChart {
+            title: format!("Activation memory versus depth — {name}"),
+            x_label: "model.depth L (log scale)".into(),
+            y_label: "activation memory (held for backward), MiB (log scale)".into(),
+            log_y: true,
+            series: mem_series,
+        },
+        &out.join("depth_memory"),
+    )?);
+    for f in files.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
+        println!("figure: {}", f.display());
+    }
+    println!("csv: {}", out.join("depth.csv").display());
     Ok(())
 }
 

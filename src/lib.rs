@@ -6,6 +6,7 @@
 //! into an [`experiment::Experiment`], which [`train`] runs into a run directory ([`run_dir`]).
 
 pub mod analysis;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod data;

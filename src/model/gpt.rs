@@ -142,6 +142,13 @@ fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpe
 }
 
 impl ModelSpec for Spec {
+    fn forward_flops(&self) -> f64 {
+        let (t, w) = (self.seq_len as f64, self.width as f64);
+        // qkv + output projection, scores + values, MLP w→4w→w; the tied head on every position.
+        let block = 2.0 * t * w * 4.0 * w + 4.0 * t * t * w + 2.0 * 2.0 * t * w * 4.0 * w;
+        self.depth as f64 * block + 2.0 * t * w * self.vocab_size as f64
+    }
+
     fn kind(&self) -> &'static str {
         "gpt"
     }

@@ -79,6 +79,13 @@ fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpe
 }
 
 impl ModelSpec for Spec {
+    fn forward_flops(&self) -> f64 {
+        let (t, w, h) = (self.seq_len as f64, self.width as f64, self.hidden as f64);
+        // q, k, v, o projections, scores + values, SwiGLU (gate, up, down); the untied head.
+        let block = 2.0 * t * w * 4.0 * w + 4.0 * t * t * w + 2.0 * 3.0 * t * w * h;
+        self.depth as f64 * block + 2.0 * t * w * self.vocab_size as f64
+    }
+
     fn kind(&self) -> &'static str {
         "llama"
     }

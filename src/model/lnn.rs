@@ -59,6 +59,11 @@ fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpe
 }
 
 impl ModelSpec for Spec {
+    fn forward_flops(&self) -> f64 {
+        // K square layers applied to one column of X.
+        2.0 * (self.depth * self.width * self.width) as f64
+    }
+
     fn kind(&self) -> &'static str {
         "lnn"
     }

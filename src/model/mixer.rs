@@ -97,6 +97,15 @@ fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpe
 }
 
 impl ModelSpec for Spec {
+    fn forward_flops(&self) -> f64 {
+        let t = ((self.image_size / self.patch) * (self.image_size / self.patch)) as f64;
+        let (w, pd) = (self.width as f64, (self.channels * self.patch * self.patch) as f64);
+        let (ht, hc) = (self.token_hidden as f64, self.channel_hidden as f64);
+        // Token mixing: every channel's T tokens through T→ht→T; channel mixing: every token w→hc→w.
+        let block = 2.0 * 2.0 * w * t * ht + 2.0 * 2.0 * t * w * hc;
+        2.0 * t * pd * w + self.depth as f64 * block + 2.0 * w * self.num_classes as f64
+    }
+
     fn kind(&self) -> &'static str {
         "mixer"
     }

@@ -66,6 +66,11 @@ fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpe
 }
 
 impl ModelSpec for Spec {
+    fn forward_flops(&self) -> f64 {
+        let (i, o, w, h) = (self.input_dim as f64, self.output_dim as f64, self.width as f64, self.hidden as f64);
+        2.0 * (i * w + self.depth as f64 * 2.0 * w * h + w * o)
+    }
+
     fn kind(&self) -> &'static str {
         "mlp"
     }

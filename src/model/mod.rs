@@ -34,6 +34,11 @@ pub trait ModelSpec: Debug {
     fn stack(&self) -> StackInfo;
     /// Builds the backbone under `vs` (the VarStore root); `compute` is the matmul dtype.
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Backbone>;
+    /// Analytic forward FLOPs of one sample: `2·m·n·k` for every matmul of the backbone (stem,
+    /// units, head), attention scores and values counted dense (`4·T²·d` per layer, the PaLM
+    /// convention, also for causal attention); elementwise work and the topology's mixing are not
+    /// counted. A training step costs 3× this per sample (backward = 2× forward).
+    fn forward_flops(&self) -> f64;
 }
 
 /// Parses and validates a section's options (everything but `kind`).

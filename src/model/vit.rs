@@ -112,6 +112,13 @@ fn xavier(in_dim: i64, out_dim: i64) -> nn::Init {
 }
 
 impl ModelSpec for Spec {
+    fn forward_flops(&self) -> f64 {
+        let t = ((self.image_size / self.patch) * (self.image_size / self.patch)) as f64;
+        let (w, pd, h) = (self.width as f64, (self.channels * self.patch * self.patch) as f64, self.mlp_hidden as f64);
+        let block = 2.0 * t * w * 4.0 * w + 4.0 * t * t * w + 2.0 * 2.0 * t * w * h;
+        2.0 * t * pd * w + self.depth as f64 * block + 2.0 * w * self.num_classes as f64
+    }
+
     fn kind(&self) -> &'static str {
         "vit"
     }

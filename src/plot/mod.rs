@@ -198,6 +198,79 @@ pub struct Heatmap {
 
 /// Draws one or more heatmaps side by side (a grid of panels sharing one colour scale and one
 /// colorbar) to `<out_base>.png` and `.svg`.
+/// Draws `chart` with both axes logarithmic (growth laws read as slopes: O(L) is slope 1, O(L²)
+/// slope 2), points marked, to `<out_base>.{png,svg}`. Non-positive values are dropped.
+pub fn loglog_chart(chart: &LineChart, out_base: &Path) -> Result<Vec<PathBuf>> {
+    register_fonts();
+    if let Some(dir) = out_base.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let (png, svg) = (out_base.with_extension("png"), out_base.with_extension("svg"));
+    {
+        let root = BitMapBackend::new(&png, (1200, 800)).into_drawing_area();
+        draw_loglog(&root, chart)?;
+        root.present().map_err(|e| anyhow!("writing {}: {e}", png.display()))?;
+    }
+    {
+        let root = SVGBackend::new(&svg, (1200, 800)).into_drawing_area();
+        draw_loglog(&root, chart)?;
+        root.present().map_err(|e| anyhow!("writing {}: {e}", svg.display()))?;
+    }
+    Ok(vec![png, svg])
+}
+
+fn draw_loglog<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &LineChart) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing: {e:?}");
+    root.fill(&WHITE).map_err(err)?;
+    let all: Vec<(f64, f64)> = chart
+        .series
+        .iter()
+        .flat_map(|s| s.points.iter().cloned())
+        .filter(|(x, y)| *x > 0.0 && *y > 0.0 && y.is_finite())
+        .collect();
+    anyhow::ensure!(!all.is_empty(), "nothing positive to plot on log-log axes");
+    let fold = |f: fn(f64, f64) -> f64, init: f64, sel: fn(&(f64, f64)) -> f64| all.iter().map(sel).fold(init, f);
+    let (x_lo, x_hi) = (fold(f64::min, f64::MAX, |p| p.0), fold(f64::max, f64::MIN, |p| p.0));
+    let (y_lo, y_hi) = (fold(f64::min, f64::MAX, |p| p.1), fold(f64::max, f64::MIN, |p| p.1));
+    let mut ctx = ChartBuilder::on(root)
+        .caption(&chart.title, ("sans-serif", 34))
+        .margin(20)
+        .margin_right(50)
+        .x_label_area_size(70)
+        .y_label_area_size(110)
+        .build_cartesian_2d((x_lo / 1.2..x_hi * 1.2).log_scale(), (y_lo / 1.5..y_hi * 1.5).log_scale())
+        .map_err(err)?;
+    ctx.configure_mesh()
+        .x_desc(&chart.x_label)
+        .y_desc(&chart.y_label)
+        .label_style(("sans-serif", 22))
+        .axis_desc_style(("sans-serif", 26))
+        .x_label_formatter(&|v| tick(*v))
+        .y_label_formatter(&|v| tick(*v))
+        .draw()
+        .map_err(err)?;
+    for (i, s) in chart.series.iter().enumerate() {
+        let color = s.color.unwrap_or(PALETTE[i % PALETTE.len()]);
+        let pts: Vec<(f64, f64)> = s.points.iter().cloned().filter(|(x, y)| *x > 0.0 && *y > 0.0).collect();
+        ctx.draw_series(LineSeries::new(pts.clone(), color.stroke_width(3)))
+            .map_err(err)?
+            .label(&s.label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 30, y)], color.stroke_width(3)));
+        ctx.draw_series(pts.into_iter().map(|p| Circle::new(p, 5, color.filled()))).map_err(err)?;
+    }
+    ctx.configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font(("sans-serif", 22))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    Ok(())
+}
+
 /// A tick label without trailing zeros: `50`, `0.1`, `2.5` (not `50.0`, `0.10`).
 fn tick(v: f64) -> String {
     let s = format!("{v:.3}");

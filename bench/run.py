@@ -1,0 +1,194 @@
+"""The benchmark driver: plexus against PyTorch (eager and torch.compile) on the same models, the
+overhead of each topology over residual, and cost versus depth. Writes bench/results.md.
+
+    python bench/run.py [--steps 10] [--warmup 3] [--rounds 2] [--backbones mlp,mixer,...]
+                        [--topologies residual,acn,...] [--no-compile] [--no-depth]
+
+Use the venv that scripts/setup.sh made (scripts/bench.sh does). Each case (backbone × topology)
+runs plexus, PyTorch eager and PyTorch compile as separate processes, one after another, the
+order reversed on every other round, so that slow drift of the machine (thermal, other load)
+falls on all three alike; the reported time of a case is the median over rounds of each run's
+median ms/step. Raw rows go to bench/raw.csv (the columns of `plexus bench` and
+parity/bench.py).
+"""
+
+import argparse
+import csv
+import datetime
+import os
+import platform
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLEXUS = os.path.join(ROOT, "target", "release", "plexus")
+BACKBONES = ["mlp", "mixer", "vit", "gpt", "llama"]
+TOPOLOGIES = ["residual", "acn", "hacn", "ancre", "denseformer", "hyper", "mhc", "attnres"]
+DEPTH_TOPOLOGIES = "residual,hacn,ancre,denseformer,attnres,attnres+blocks=4,mhc"
+TARGETS = {"hacn": 2.0, "ancre": 5.0, "hyper": 15.0, "mhc": 15.0}
+
+
+def run(cmd):
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stdout}\n{p.stderr}")
+    return p.stdout
+
+
+def one(impl, backbone, topology, args, raw):
+    config = os.path.join("bench", "configs", f"{backbone}.yaml")
+    case = f"{backbone}/{topology}"
+    common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--set", f"topology.kind={topology}",
+              "--case", case, "--csv", raw]
+    if impl == "plexus":
+        cmd = [PLEXUS, "bench", config] + common
+    else:
+        mode = impl.split("-")[1]
+        cmd = [sys.executable, os.path.join("parity", "bench.py"), config, "--mode", mode] + common
+        if mode == "compile":
+            cmd[cmd.index("--warmup") + 1] = str(max(args.warmup, 3))
+    print(f"  {impl:<14} {case}", flush=True)
+    run(cmd)
+
+
+def read_rows(path):
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def machine():
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import torch
+
+    return (f"{model}, {os.cpu_count()} logical cores, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} intra-op threads, Python {platform.python_version()}, "
+            f"{platform.system()} {platform.release()}")
+
+
+def report(raw, depth_dir, args):
+    rows = read_rows(raw)
+    by = {}
+    for r in rows:
+        by.setdefault((r["case"], r["impl"]), []).append(r)
+
+    def stat(case, impl, col):
+        rs = by.get((case, impl))
+        return median([float(r[col]) for r in rs]) if rs else float("nan")
+
+    cases = sorted({r["case"] for r in rows}, key=lambda c: (BACKBONES.index(c.split("/")[0]),
+                                                              TOPOLOGIES.index(c.split("/")[1])))
+    out = []
+    out.append("# Benchmarks: plexus against PyTorch, topology overhead, cost versus depth\n")
+    out.append(f"Date: {datetime.date.today().isoformat()}. Machine: {machine()}.\n")
+    out.append(f"Protocol: `python bench/run.py --steps {args.steps} --warmup {args.warmup} --rounds {args.rounds}`"
+               " (scripts/bench.sh). Each number is the median over rounds of the median ms per full training "
+               "step (forward, backward, AdamW) on one fixed batch, fp32 on CPU; plexus, PyTorch eager and "
+               "PyTorch `torch.compile` (inductor) alternate per case. Models are the configs in "
+               "`bench/configs/` (CPU size) with `topology.kind` set per row; PyTorch builds the identical "
+               "model from the parity references. Activation memory = bytes malloc holds after forward + loss, "
+               "before backward (glibc mallinfo2, the same on both sides).\n")
+    out.append("## plexus versus PyTorch\n")
+    out.append("| case | plexus ms | eager ms | compile ms | plexus/eager | plexus/compile | "
+               "overhead vs residual (plexus) | (eager) | act. MB plexus | act. MB eager | MFU plexus |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    misses = []
+    for c in cases:
+        b, t = c.split("/")
+        p, e, k = (stat(c, i, "ms_median") for i in ("plexus", "torch-eager", "torch-compile"))
+        rp, re_ = stat(f"{b}/residual", "plexus", "ms_median"), stat(f"{b}/residual", "torch-eager", "ms_median")
+        ov, ove = 100.0 * (p / rp - 1.0), 100.0 * (e / re_ - 1.0)
+        mp, me = stat(c, "plexus", "act_mem_mb"), stat(c, "torch-eager", "act_mem_mb")
+        mfu = stat(c, "plexus", "mfu")
+        ratio = p / e
+        flags = []
+        if ratio > 1.0:
+            flags.append("plexus slower than eager")
+        if t in TARGETS and ov > TARGETS[t]:
+            flags.append(f"overhead {ov:.1f}% > {TARGETS[t]:.0f}%")
+        if flags:
+            misses.append((c, flags))
+        fmt = lambda v, f: "–" if v != v else format(v, f)  # noqa: E731
+        out.append(f"| {c} | {fmt(p, '.1f')} | {fmt(e, '.1f')} | {fmt(k, '.1f')} | **{fmt(ratio, '.2f')}** | "
+                   f"{fmt(p / k, '.2f')} | {'–' if t == 'residual' else fmt(ov, '+.1f') + ' %'} | "
+                   f"{'–' if t == 'residual' else fmt(ove, '+.1f') + ' %'} | {fmt(mp, '.1f')} | {fmt(me, '.1f')} | "
+                   f"{fmt(100 * mfu, '.0f')} % |")
+    out.append("")
+    wins = sum(1 for c in cases if stat(c, "plexus", "ms_median") <= stat(c, "torch-eager", "ms_median"))
+    out.append(f"plexus ≤ eager on {wins} of {len(cases)} cases.\n")
+    if misses:
+        out.append("Targets missed in this run:\n")
+        for c, flags in misses:
+            out.append(f"- {c}: {'; '.join(flags)}")
+        out.append("")
+    if depth_dir and os.path.exists(os.path.join(depth_dir, "growth.csv")):
+        out.append("## Cost versus depth\n")
+        out.append("`plexus bench bench/configs/gpt-depth.yaml --depths 8,16,32,64 --topologies "
+                   f"{DEPTH_TOPOLOGIES}`: a fit of `cost ∝ L^k` over model.depth L (k ≈ 1: O(L); k ≈ 2: O(L²)).\n")
+        out.append("| topology | time exponent k | activation-memory exponent k |")
+        out.append("|---|---:|---:|")
+        for r in read_rows(os.path.join(depth_dir, "growth.csv")):
+            out.append(f"| {r['topology']} | {float(r['time_exponent']):.2f} | {float(r['memory_exponent']):.2f} |")
+        out.append("")
+        d = read_rows(os.path.join(depth_dir, "depth.csv"))
+        out.append("| case | ms/step | act. MB |")
+        out.append("|---|---:|---:|")
+        for r in d:
+            out.append(f"| {r['case']} | {float(r['ms_median']):.1f} | {float(r['act_mem_mb']):.1f} |")
+        out.append("")
+        out.append("![step time versus depth](depth/depth_time.png) ![step memory versus depth](depth/depth_memory.png)\n")
+    path = os.path.join(ROOT, "bench", "results.md")
+    with open(path + ".tmp", "w") as fh:
+        fh.write("\n".join(out) + "\n")
+    os.replace(path + ".tmp", path)
+    print(f"wrote {path}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--backbones", default=",".join(BACKBONES))
+    ap.add_argument("--topologies", default=",".join(TOPOLOGIES))
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--no-depth", action="store_true")
+    ap.add_argument("--report-only", action="store_true", help="rewrite results.md from bench/raw.csv")
+    args = ap.parse_args()
+    raw = os.path.join(ROOT, "bench", "raw.csv")
+    depth_dir = os.path.join(ROOT, "bench", "depth")
+    if not args.report_only:
+        if os.path.exists(raw):
+            os.remove(raw)
+        impls = ["plexus", "torch-eager"] + ([] if args.no_compile else ["torch-compile"])
+        for b in args.backbones.split(","):
+            for t in args.topologies.split(","):
+                for r in range(args.rounds):
+                    order = impls if r % 2 == 0 else impls[::-1]
+                    for impl in order:
+                        # torch.compile is expensive to start (a minute per case here): one round.
+                        if impl == "torch-compile" and r > 0:
+                            continue
+                        one(impl, b, t, args, raw)
+        if not args.no_depth:
+            print("cost versus depth…", flush=True)
+            print(run([PLEXUS, "bench", "bench/configs/gpt-depth.yaml", "--depths", "8,16,32,64", "--topologies",
+                       DEPTH_TOPOLOGIES, "--steps", "5", "--warmup", "2", "--out", "bench/depth"]))
+    report(raw, None if args.no_depth else depth_dir, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+//! `plexus bench`: the cost of one full training step (forward, backward, optimizer update) of a
+//! config, measured the way `parity/bench.py` measures the same model in PyTorch, into the same
+//! CSV columns ([`CSV_HEADER`]).
+//!
+//! Protocol (both sides): one fixed batch of the config's data is reused for every step (data
+//! loading is not timed); `warmup` untimed steps, then `steps` timed ones, each timed on its own
+//! (after a device synchronisation on CUDA). Memory, on CPU: `peak_rss_mb` is the peak resident
+//! set size of the process (`VmHWM`, reset after warm-up through `/proc/self/clear_refs`) during
+//! the timed steps (allocator caching makes it history-dependent); `act_mem_mb`, measured after
+//! timing with glibc's exact accounting ([`heap_in_use`]), is what forward + loss leave allocated
+//! for backward: the activation memory of the step. On CUDA the caching allocator's peak is not
+//! reachable through tch, so the CUDA columns say `nan` there. FLOPs are the backbone's analytic
+//! matmul count ([`crate::model::ModelSpec::forward_flops`]) × 3 × batch; the machine's own limit is
+//! the best FLOP/s of a large square matmul in the compute dtype, measured in the same process.
+
+use crate::config::Precision;
+use crate::device;
+use crate::experiment::Experiment;
+use crate::model::Model;
+use crate::train::optim::Optim;
+use anyhow::{Context, Result};
+use std::time::Instant;
+use tch::{Device, Kind, Tensor};
+
+/// Columns of a benchmark CSV row, shared with `parity/bench.py`.
+pub const CSV_HEADER: &str = "impl,case,backbone,topology,depth,device,precision,threads,batch,steps,ms_median,\
+ms_p10,ms_p90,samples_per_s,tokens_per_s,peak_rss_mb,act_mem_mb,params,flops_per_step,achieved_gflops,\
+peak_gflops,mfu";
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub steps: usize,
+    pub warmup: usize,
+    /// Case name written in the `case` column (default: the config's name).
+    pub case: Option<String>,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        Self { steps: 20, warmup: 5, case: None }
+    }
+}
+
+/// One measured configuration (one CSV row).
+#[derive(Debug, Clone)]
+pub struct BenchRow {
+    pub case: String,
+    pub backbone: String,
+    pub topology: String,
+    pub depth: usize,
+    pub device: String,
+    pub precision: String,
+    pub threads: i32,
+    pub batch: i64,
+    pub steps: usize,
+    /// Per-step wall time: median, 10th and 90th percentiles (ms).
+    pub ms: [f64; 3],
+    pub samples_per_s: f64,
+    pub tokens_per_s: Option<f64>,
+    pub peak_rss_mb: f64,
+    /// Bytes held after forward + loss and before backward (activations saved for backward), MiB.
+    pub act_mem_mb: f64,
+    pub params: i64,
+    pub flops_per_step: f64,
+    pub peak_gflops: f64,
+}
+
+impl BenchRow {
+    pub fn achieved_gflops(&self) -> f64 {
+        self.flops_per_step / (self.ms[0] * 1e-3) / 1e9
+    }
+
+    pub fn csv(&self) -> String {
+        let opt = |v: Option<f64>| v.map(|v| format!("{v:.2}")).unwrap_or_default();
+        format!(
+            "plexus,{},{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.2},{},{:.1},{:.1},{},{:.6e},{:.3},{:.3},{:.4}",
+            self.case,
+            self.backbone,
+            self.topology,
+            self.depth,
+            self.device,
+            self.precision,
+            self.threads,
+            self.batch,
+            self.steps,
+            self.ms[0],
+            self.ms[1],
+            self.ms[2],
+            self.samples_per_s,
+            opt(self.tokens_per_s),
+            self.peak_rss_mb,
+            self.act_mem_mb,
+            self.params,
+            self.flops_per_step,
+            self.achieved_gflops(),
+            self.peak_gflops,
+            self.achieved_gflops() / self.peak_gflops
+        )
+    }
+}
+
+/// `q`-quantile (0..=1) of `xs` by linear interpolation (numpy's default).
+pub fn quantile(xs: &[f64], q: f64) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let pos = q * (v.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+}
+
+/// Resident set size and its peak since the last reset (`VmRSS`, `VmHWM`), in MiB (Linux).
+pub fn rss_mb() -> Option<(f64, f64)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .map(|kb| kb / 1024.0)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// Resets the peak resident set size to the current one (Linux ≥ 4.0; ignored elsewhere).
+pub fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// Bytes currently allocated through malloc (heap + mmapped chunks, glibc's `mallinfo2`); `None`
+/// where this is not glibc. libtorch allocates CPU tensors with malloc, so differences of this
+/// around a computation are the bytes it left allocated.
+pub fn heap_in_use() -> Option<usize> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        #[repr(C)]
+        struct Mallinfo2 {
+            arena: usize,
+            ordblks: usize,
+            smblks: usize,
+            hblks: usize,
+            hblkhd: usize,
+            usmblks: usize,
+            fsmblks: usize,
+            uordblks: usize,
+            fordblks: usize,
+            keepcost: usize,
+        }
+        extern "C" {
+            fn mallinfo2() -> Mallinfo2;
+        }
+        // SAFETY: mallinfo2 takes no arguments and returns a plain struct (glibc ≥ 2.33).
+        let m = unsafe { mallinfo2() };
+        Some(m.uordblks + m.hblkhd)
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        None
+    }
+}
+
+fn sync(dev: Device) {
+    if let Device::Cuda(i) = dev {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
+/// Best FLOP/s of an `n×n` matmul in `kind` on `dev` (the device's practical matmul limit).
+pub fn peak_matmul_flops(dev: Device, kind: Kind) -> f64 {
+    let n: i64 = if dev.is_cuda() { 8192 } else { 1024 };
+    let a = Tensor::randn([n, n], (kind, dev));
+    let b = Tensor::randn([n, n], (kind, dev));
+    let mut best = f64::INFINITY;
+    for i in 0..8 {
+        sync(dev);
+        let t = Instant::now();
+        let c = a.matmul(&b);
+        sync(dev);
+        let s = t.elapsed().as_secs_f64();
+        drop(c);
+        if i >= 2 {
+            best = best.min(s);
+        }
+    }
+    2.0 * (n * n * n) as f64 / best
+}
+
+/// Times `opts.steps` training steps of `exp` (after `opts.warmup` untimed ones).
+pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
+    anyhow::ensure!(opts.steps >= 1, "--steps must be at least 1");
+    let cfg = exp.config();
+    let dev = device::resolve(device::parse_device(&cfg.device).map_err(anyhow::Error::msg)?)?;
+    let compute = device::compute_kind(cfg.precision);
+    let info = exp.data.info();
+    let batch = exp.data.load().with_context(|| format!("{}: loading the benchmark batch", cfg.name))?.train_batch(0);
+    let batch = batch.to_device(dev);
+    let model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
+    let mut optim = Optim::new(&cfg.train, model.trainable());
+    let lr = cfg.train.lr;
+    let step = |optim: &mut Optim| {
+        optim.zero_grad();
+        let out = model.forward(&batch.input, true);
+        let mut loss = info.task.loss(&out, &batch.target);
+        if let Some(r) = model.topology.regularizer() {
+            loss = loss + r;
+        }
+        loss.backward();
+        if let Some(max) = cfg.train.clip_grad_norm {
+            optim.clip(optim.grad_norm(), max);
+        }
+        optim.step(lr);
+    };
+    let _seed = device::seed_guard(cfg.seed);
+    for _ in 0..opts.warmup {
+        step(&mut optim);
+    }
+    sync(dev);
+    reset_peak_rss();
+    let mut times = Vec::with_capacity(opts.steps);
+    for _ in 0..opts.steps {
+        let t = Instant::now();
+        step(&mut optim);
+        sync(dev);
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let peak_rss_mb = rss_mb().map_or(f64::NAN, |m| m.1);
+    // Activation memory: bytes allocated and still held after forward + loss, before backward
+    // (what autograd saved for backward, plus the output), from glibc's own accounting.
+    let act_mem_mb = if dev == Device::Cpu {
+        optim.zero_grad();
+        let before = heap_in_use();
+        let out = model.forward(&batch.input, true);
+        let loss = info.task.loss(&out, &batch.target);
+        let after = heap_in_use();
+        loss.backward();
+        match (before, after) {
+            (Some(b), Some(a)) => (a as f64 - b as f64) / (1024.0 * 1024.0),
+            _ => f64::NAN,
+        }
+    } else {
+        f64::NAN
+    };
+    drop(_seed);
+    let b = batch.input.size()[0];
+    let ms = [quantile(&times, 0.5), quantile(&times, 0.1), quantile(&times, 0.9)];
+    let per_s = 1e3 / ms[0];
+    let tokens = (info.task == crate::data::Task::LanguageModel).then(|| batch.input.numel() as f64 * per_s);
+    let samples = b;
+    Ok(BenchRow {
+        case: opts.case.clone().unwrap_or_else(|| cfg.name.clone()),
+        backbone: exp.model.kind().into(),
+        topology: exp.topology.kind().into(),
+        depth: model.depth(),
+        device: format!("{dev:?}").to_lowercase(),
+        precision: match cfg.precision {
+            Precision::Fp32 => "fp32".into(),
+            Precision::Bf16 => "bf16".into(),
+        },
+        threads: tch::get_num_threads(),
+        batch: samples,
+        steps: opts.steps,
+        ms,
+        samples_per_s: samples as f64 * per_s,
+        tokens_per_s: tokens,
+        peak_rss_mb,
+        act_mem_mb,
+        params: model.num_params(),
+        flops_per_step: 3.0 * exp.model.forward_flops() * samples as f64,
+        peak_gflops: peak_matmul_flops(dev, compute) / 1e9,
+    })
+}
+
+/// A least-squares fit of `log y = k·log x + c`: the growth exponent `k` (1: O(L), 2: O(L²)).
+pub fn growth_exponent(points: &[(f64, f64)]) -> f64 {
+    let pts: Vec<(f64, f64)> =
+        points.iter().filter(|(x, y)| *x > 0.0 && *y > 0.0).map(|(x, y)| (x.ln(), y.ln())).collect();
+    let n = pts.len() as f64;
+    let (mx, my) = (pts.iter().map(|p| p.0).sum::<f64>() / n, pts.iter().map(|p| p.1).sum::<f64>() / n);
+    let cov: f64 = pts.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
+    let var: f64 = pts.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
+    cov / var
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_interpolate_like_numpy() {
+        let xs = [4.0, 1.0, 3.0, 2.0, 5.0];
+        assert_eq!(quantile(&xs, 0.5), 3.0);
+        assert!((quantile(&xs, 0.1) - 1.4).abs() < 1e-12);
+        assert!((quantile(&xs, 0.9) - 4.6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn growth_exponent_recovers_linear_and_quadratic_growth() {
+        let lin: Vec<(f64, f64)> = [8.0, 16.0, 32.0, 64.0].iter().map(|&l| (l, 3.0 * l + 0.0)).collect();
+        let quad: Vec<(f64, f64)> = [8.0, 16.0, 32.0, 64.0].iter().map(|&l| (l, 0.5 * l * l)).collect();
+        assert!((growth_exponent(&lin) - 1.0).abs() < 1e-9);
+        assert!((growth_exponent(&quad) - 2.0).abs() < 1e-9);
+    }
+}
