@@ -48,7 +48,14 @@ def one(impl, backbone, topology, args, raw):
         if mode == "compile":
             cmd[cmd.index("--warmup") + 1] = str(max(args.warmup, 3))
     print(f"  {impl:<14} {case}", flush=True)
-    run(cmd)
+    try:
+        run(cmd)
+    except RuntimeError as e:
+        # A crash of one implementation on one case is a result too (reported), not the end.
+        last = [line for line in str(e).splitlines() if line.strip()][-1]
+        print(f"    FAILED: {last}", flush=True)
+        with open(os.path.join(ROOT, "bench", "failures.csv"), "a") as fh:
+            fh.write(f"{impl},{case},{last.replace(',', ';')}\n")
 
 
 def read_rows(path):
@@ -129,6 +136,14 @@ def report(raw, depth_dir, args):
     out.append("")
     wins = sum(1 for c in cases if stat(c, "plexus", "ms_median") <= stat(c, "torch-eager", "ms_median"))
     out.append(f"plexus ≤ eager on {wins} of {len(cases)} cases.\n")
+    fail_path = os.path.join(ROOT, "bench", "failures.csv")
+    if os.path.exists(fail_path):
+        out.append("Runs that failed (the case's cell shows –):\n")
+        with open(fail_path) as fh:
+            for line in fh:
+                impl, case, why = line.rstrip("\n").split(",", 2)
+                out.append(f"- {impl} on {case}: `{why}`")
+        out.append("")
     if misses:
         out.append("Targets missed in this run:\n")
         for c, flags in misses:
@@ -167,12 +182,19 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-depth", action="store_true")
     ap.add_argument("--report-only", action="store_true", help="rewrite results.md from bench/raw.csv")
+    ap.add_argument("--resume", action="store_true", help="keep bench/raw.csv and run only what it lacks")
     args = ap.parse_args()
     raw = os.path.join(ROOT, "bench", "raw.csv")
     depth_dir = os.path.join(ROOT, "bench", "depth")
     if not args.report_only:
-        if os.path.exists(raw):
-            os.remove(raw)
+        done = {}
+        if args.resume and os.path.exists(raw):
+            for r in read_rows(raw):
+                done[(r["impl"], r["case"])] = done.get((r["impl"], r["case"]), 0) + 1
+        else:
+            for f in (raw, os.path.join(ROOT, "bench", "failures.csv")):
+                if os.path.exists(f):
+                    os.remove(f)
         impls = ["plexus", "torch-eager"] + ([] if args.no_compile else ["torch-compile"])
         for b in args.backbones.split(","):
             for t in args.topologies.split(","):
@@ -181,6 +203,9 @@ def main():
                     for impl in order:
                         # torch.compile is expensive to start (a minute per case here): one round.
                         if impl == "torch-compile" and r > 0:
+                            continue
+                        # --resume: runs already in raw.csv count towards this case's rounds.
+                        if done.get((impl, f"{b}/{t}"), 0) > (0 if impl == "torch-compile" else r):
                             continue
                         one(impl, b, t, args, raw)
         if not args.no_depth:

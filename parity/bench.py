@@ -141,7 +141,7 @@ def batch_size(cfg):
     return int(data["batch_size"])
 
 
-def bench(cfg, mode, steps, warmup, case_name):
+def bench(cfg, mode, steps, warmup, case_name, profile=False):
     device = torch.device("cuda" if str(cfg.get("device", "cpu")).startswith("cuda") else "cpu")
     torch.manual_seed(int(cfg.get("seed", 0)))
     model = parity_run.build_model(cfg).to(device)
@@ -194,6 +194,27 @@ def bench(cfg, mode, steps, warmup, case_name):
         sync(device)
         times.append((time.perf_counter() - t) * 1e3)
     _, hwm = rss_mb()
+    if profile:
+        phases = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss = step_loss(x, y)
+            sync(device)
+            t1 = time.perf_counter()
+            loss.backward()
+            sync(device)
+            t2 = time.perf_counter()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), float(clip))
+            opt.step()
+            sync(device)
+            phases.append(((t1 - t0) * 1e3, (t2 - t1) * 1e3, (time.perf_counter() - t2) * 1e3))
+        f, b, o = (statistics.median(p[k] for p in phases) for k in range(3))
+        print(f"profile: forward + loss {f:.2} ms, backward {b:.2} ms, optimizer {o:.2} ms", file=sys.stderr)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            step()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), file=sys.stderr)
     # Activation memory (as src/bench.rs): bytes malloc holds after forward + loss, before backward.
     act_mem = float("nan")
     if device.type == "cpu":
@@ -248,6 +269,8 @@ def main(argv=None):
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--case")
     ap.add_argument("--csv", help="append the row to this CSV (header when new)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print (stderr) the forward/backward/optimizer medians and torch.profiler's top ops")
     args = ap.parse_args(argv)
     try:
         with open(args.config) as fh:
@@ -256,7 +279,7 @@ def main(argv=None):
             apply_override(cfg, item)
         if args.mode == "compile" and args.warmup < 2:
             raise common.OptionError("--mode compile needs --warmup ≥ 2 (compilation happens there)")
-        row = bench(cfg, args.mode, args.steps, args.warmup, args.case)
+        row = bench(cfg, args.mode, args.steps, args.warmup, args.case, args.profile)
     except common.OptionError as e:
         print(f"parity/bench.py: {e}", file=sys.stderr)
         return 2

@@ -33,11 +33,13 @@ pub struct BenchOptions {
     pub warmup: usize,
     /// Case name written in the `case` column (default: the config's name).
     pub case: Option<String>,
+    /// Also measure the median time of forward + loss, backward and the optimizer update.
+    pub profile: bool,
 }
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        Self { steps: 20, warmup: 5, case: None }
+        Self { steps: 20, warmup: 5, case: None, profile: false }
     }
 }
 
@@ -63,6 +65,8 @@ pub struct BenchRow {
     pub params: i64,
     pub flops_per_step: f64,
     pub peak_gflops: f64,
+    /// With `profile`: median ms of forward + loss, backward, optimizer (clip + update).
+    pub phase_ms: Option<[f64; 3]>,
 }
 
 impl BenchRow {
@@ -197,32 +201,62 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
     let model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
     let mut optim = Optim::new(&cfg.train, model.trainable());
     let lr = cfg.train.lr;
-    let step = |optim: &mut Optim| {
+    // One training step; `phases` (if given) receives the time of forward + loss, backward, and
+    // clipping + update, each after a device synchronisation (the `--profile` breakdown).
+    let step = |optim: &mut Optim, phases: Option<&mut [f64; 3]>| {
+        let t0 = Instant::now();
         optim.zero_grad();
         let out = model.forward(&batch.input, true);
         let mut loss = info.task.loss(&out, &batch.target);
         if let Some(r) = model.topology.regularizer() {
             loss = loss + r;
         }
+        let t1 = phases.is_some().then(|| {
+            sync(dev);
+            Instant::now()
+        });
         loss.backward();
+        let t2 = phases.is_some().then(|| {
+            sync(dev);
+            Instant::now()
+        });
         if let Some(max) = cfg.train.clip_grad_norm {
             optim.clip(optim.grad_norm(), max);
         }
         optim.step(lr);
+        if let (Some(p), Some(t1), Some(t2)) = (phases, t1, t2) {
+            sync(dev);
+            let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
+            *p = [ms(t0, t1), ms(t1, t2), ms(t2, Instant::now())];
+        }
     };
     let _seed = device::seed_guard(cfg.seed);
     for _ in 0..opts.warmup {
-        step(&mut optim);
+        step(&mut optim, None);
     }
     sync(dev);
     reset_peak_rss();
     let mut times = Vec::with_capacity(opts.steps);
     for _ in 0..opts.steps {
         let t = Instant::now();
-        step(&mut optim);
+        step(&mut optim, None);
         sync(dev);
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
+    // The breakdown is measured in steps of its own, after the timed ones, so that its
+    // synchronisations do not enter the step times.
+    let mut phases = Vec::new();
+    if opts.profile {
+        for _ in 0..opts.steps {
+            let mut p = [0.0; 3];
+            step(&mut optim, Some(&mut p));
+            phases.push(p);
+        }
+    }
+    let phase_ms = (!phases.is_empty()).then(|| {
+        let col = |k: usize| quantile(&phases.iter().map(|p| p[k]).collect::<Vec<_>>(), 0.5);
+        [col(0), col(1), col(2)]
+    });
     let peak_rss_mb = rss_mb().map_or(f64::NAN, |m| m.1);
     // Activation memory: bytes allocated and still held after forward + loss, before backward
     // (what autograd saved for backward, plus the output), from glibc's own accounting.
@@ -267,6 +301,7 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
         params: model.num_params(),
         flops_per_step: 3.0 * exp.model.forward_flops() * samples as f64,
         peak_gflops: peak_matmul_flops(dev, compute) / 1e9,
+        phase_ms,
     })
 }
 

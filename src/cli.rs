@@ -125,6 +125,9 @@ pub enum Cmd {
         /// Name of the case in the CSV (default: the config's name).
         #[arg(long)]
         case: Option<String>,
+        /// Also print where a step's time goes: forward + loss, backward, optimizer (medians).
+        #[arg(long)]
+        profile: bool,
         /// Depth sweep: values of model.depth, e.g. 8,16,32,64.
         #[arg(long, value_delimiter = ',')]
         depths: Vec<usize>,
@@ -172,8 +175,8 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Demo { figure, out, overrides } => demo(&figure, &out, &overrides),
-        Cmd::Bench { config, steps, warmup, overrides, csv, case, depths, topologies, out } => {
-            let opts = crate::bench::BenchOptions { steps, warmup, case };
+        Cmd::Bench { config, steps, warmup, overrides, csv, case, profile, depths, topologies, out } => {
+            let opts = crate::bench::BenchOptions { steps, warmup, case, profile };
             if depths.is_empty() {
                 let exp = Experiment::from_file(&config, &overrides)?;
                 let row = crate::bench::bench(&exp, &opts)?;
@@ -387,6 +390,9 @@ fn print_bench(rows: &[crate::bench::BenchRow]) {
             r.achieved_gflops(),
             100.0 * r.achieved_gflops() / r.peak_gflops
         );
+        if let Some([f, b, o]) = r.phase_ms {
+            println!("{:<30} profile: forward + loss {f:.2} ms, backward {b:.2} ms, optimizer {o:.2} ms", "");
+        }
     }
 }
 

@@ -178,3 +178,40 @@ fn heatmaps_at_init_show_the_residual_and_acn_patterns_of_hacn_fig8() {
         assert!(figs.contains(&png), "{} not among {figs:?}", png.display());
     }
 }
+
+/// Pearson correlation written out, for the check below.
+fn pearson_by_hand(x: &[f64], y: &[f64]) -> f64 {
+    let n = x.len() as f64;
+    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
+    let sxy: f64 = x.iter().zip(y).map(|(a, b)| (a - mx) * (b - my)).sum();
+    let sxx: f64 = x.iter().map(|a| (a - mx).powi(2)).sum();
+    let syy: f64 = y.iter().map(|b| (b - my).powi(2)).sum();
+    sxy / (sxx * syy).sqrt()
+}
+
+#[test]
+fn seed_correlation_is_the_pearson_correlation_of_the_checkpointed_residual_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tiny("hacn").replace("{kind: hacn}", "{kind: hacn, init: {kind: normal, mu: 0.5, sigma: 0.2}}");
+    let runs: Vec<PathBuf> = (0..3)
+        .map(|s| trained(&base.replace("seed: 3", &format!("seed: {}", 10 + s)), &tmp.path().join(format!("s{s}"))))
+        .collect();
+    let alphas: Vec<Vec<f64>> = runs
+        .iter()
+        .map(|d| {
+            let ck = Tensor::read_safetensors(d.join("checkpoints/final.safetensors")).unwrap();
+            let a = &ck.iter().find(|(n, _)| n == "topology.alpha").unwrap().1;
+            Vec::<f64>::try_from(a.to_kind(Kind::Double).flatten(0, -1)).unwrap()
+        })
+        .collect();
+    assert!(alphas[0] != alphas[1], "different seeds, different weights");
+    let m = analysis::correlate(&runs).unwrap();
+    for i in 0..3 {
+        assert!((m[i][i] - 1.0).abs() < 1e-12);
+        for j in 0..3 {
+            let want = pearson_by_hand(&alphas[i], &alphas[j]);
+            // params/a_step_N.csv holds the weights as printed decimals: agreement to 1e-5.
+            assert!((m[i][j] - want).abs() < 1e-5, "runs {i},{j}: {} vs {want}", m[i][j]);
+        }
+    }
+}

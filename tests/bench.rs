@@ -13,7 +13,7 @@ train: {optimizer: adamw, lr: 0.001, steps: 1}
 
 fn row(topology: &str) -> bench::BenchRow {
     let e = Experiment::from_str(MLP, "<test>", &[format!("topology.kind={topology}")]).unwrap();
-    bench::bench(&e, &BenchOptions { steps: 3, warmup: 1, case: None }).unwrap()
+    bench::bench(&e, &BenchOptions { steps: 3, warmup: 1, case: None, profile: true }).unwrap()
 }
 
 #[test]
@@ -25,6 +25,10 @@ fn bench_counts_flops_by_hand_and_measures_activation_memory() {
     assert_eq!((r.batch, r.depth, r.steps), (32, 4, 3));
     assert!(r.ms[1] <= r.ms[0] && r.ms[0] <= r.ms[2] && r.ms[1] > 0.0, "{:?}", r.ms);
     assert!(r.peak_gflops > 0.1 && r.achieved_gflops() > 0.0);
+    // The profile's phases are positive and add up to about a step (its own, separately timed steps).
+    let [f, b, o] = r.phase_ms.expect("profile asked for");
+    assert!(f > 0.0 && b > 0.0 && o > 0.0, "{:?}", r.phase_ms);
+    assert!(f + b + o < 3.0 * r.ms[2] + 1.0, "phases {:?} vs step {:?}", r.phase_ms, r.ms);
     // Activations saved for backward: at least the four hidden layers' [32, 256] fp32 inputs of fc2.
     let floor = 4.0 * 32.0 * 256.0 * 4.0 / (1024.0 * 1024.0);
     assert!(

@@ -563,3 +563,94 @@ fn text_in_a_temporary_root_and_short_files() {
     let e = load_err(spec.as_ref());
     assert!(e.contains("bad.txt") && e.contains("byte offset 2"), "{e}");
 }
+
+// ---------------------------------------------------------------- image folder (ImageNet layout)
+
+/// `<dir>/{train,val}/<class>/…`: three classes of flat-coloured images of various sizes (class
+/// `k` is the colour `COLOURS[k]`), PNG and JPEG, with ImageNet-style upper-case extensions.
+const COLOURS: [[u8; 3]; 3] = [[250, 10, 10], [10, 250, 10], [10, 10, 250]];
+
+fn image_folder(dir: &Path) {
+    for (split, per_class) in [("train", 6), ("val", 3)] {
+        for (k, class) in ["n001", "n002", "n003"].iter().enumerate() {
+            let d = dir.join(split).join(class);
+            std::fs::create_dir_all(&d).unwrap();
+            for i in 0..per_class {
+                let (w, h) = (40 + 13 * i as u32, 30 + 7 * k as u32);
+                let img = image::RgbImage::from_pixel(w, h, image::Rgb(COLOURS[k]));
+                let name = if i % 2 == 0 { format!("img_{i}.PNG") } else { format!("img_{i}.JPEG") };
+                let fmt = if i % 2 == 0 { image::ImageFormat::Png } else { image::ImageFormat::Jpeg };
+                img.save_with_format(d.join(name), fmt).unwrap();
+            }
+        }
+    }
+    std::fs::create_dir_all(dir.join("train/n004")).unwrap(); // a fourth class, beyond `classes: 3`
+    std::fs::write(dir.join("train/n004/x.jpg"), b"not an image").unwrap();
+}
+
+/// An `imagefolder` spec pinned to `root` (whatever `PLEXUS_DATA` says).
+fn folder_spec(root: &Path, options: &str) -> Box<dyn DataSpec> {
+    data::imagefolder::spec_at(root, &yaml(options)).unwrap_or_else(|e| panic!("{e:?}"))
+}
+
+#[test]
+fn image_folder_decodes_crops_and_labels_by_class_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    image_folder(&tmp.path().join("inet"));
+    let opts = "{dir: inet, classes: 3, image_size: 16, batch_size: 4, normalize: false, workers: 2, seed: 1}";
+    let spec = folder_spec(tmp.path(), opts);
+    assert_eq!(spec.info().input_shape, vec![3, 16, 16]);
+    assert_eq!(spec.info().output_dim, 3);
+    let src = load(spec.as_ref());
+    assert_eq!(src.batches_per_epoch(), 18 / 4);
+    let b = src.train_batch(5);
+    assert_eq!(b.input.size(), vec![4, 3, 16, 16]);
+    assert!(same(&b, &src.train_batch(5)), "a batch is a pure function of its index");
+    // Every image is one flat colour: after crop, resize and flip each pixel is its class colour.
+    for (i, label) in longs(&b.target).into_iter().enumerate() {
+        let px = floats(&b.input.get(i as i64));
+        for c in 0..3 {
+            let want = COLOURS[label as usize][c] as f32 / 255.0;
+            let plane = &px[c * 256..(c + 1) * 256];
+            assert!(plane.iter().all(|v| (v - want).abs() < 0.05), "image {i}, class {label}, channel {c}");
+        }
+    }
+    // An epoch visits every training image once (labels: 6 of each class in 4 batches + 2 left).
+    let mut counts = [0; 3];
+    for i in 0..src.batches_per_epoch() {
+        for l in longs(&src.train_batch(i).target) {
+            counts[l as usize] += 1;
+        }
+    }
+    assert_eq!(counts.iter().sum::<i32>(), 16);
+    assert!(counts.iter().all(|&c| c >= 4), "{counts:?}");
+    // Evaluation: all 9 validation images, centre crops, in class order.
+    let ev = src.eval_batches();
+    let labels: Vec<i64> = ev.iter().flat_map(|e| longs(&e.target)).collect();
+    assert_eq!(labels, vec![0, 0, 0, 1, 1, 1, 2, 2, 2]);
+    // Normalised inputs use the ImageNet mean and std.
+    let norm = folder_spec(tmp.path(), &opts.replace("normalize: false", "normalize: true"));
+    let e = &load(norm.as_ref()).eval_batches()[0];
+    let red = floats(&e.input.get(0).get(0))[0];
+    assert!((red - (250.0 / 255.0 - 0.485) / 0.229).abs() < 0.1, "{red}");
+}
+
+#[test]
+fn image_folder_errors_name_what_is_missing_or_broken() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("inet");
+    image_folder(&dir);
+    let e = load_err(folder_spec(tmp.path(), "{dir: nowhere, classes: 3}").as_ref());
+    assert!(e.contains("nowhere/train") && e.contains("image-net.org"), "{e}");
+    let e = load_err(folder_spec(tmp.path(), "{dir: inet, classes: 5}").as_ref());
+    assert!(e.contains("4 class folders") && e.contains("classes: 5"), "{e}");
+    // Class n004 has no validation folder.
+    let e = load_err(folder_spec(tmp.path(), "{dir: inet, classes: 4, batch_size: 2}").as_ref());
+    assert!(e.contains("val/n004"), "{e}");
+    // A corrupt validation image is an error of the load, naming the file.
+    std::fs::write(dir.join("val/n002/img_1.JPEG"), b"\xff\xd8 truncated").unwrap();
+    let e = load_err(folder_spec(tmp.path(), "{dir: inet, classes: 3, image_size: 16, batch_size: 4}").as_ref());
+    assert!(e.contains("val/n002/img_1.JPEG") && e.contains("cannot decode"), "{e}");
+    let m = yaml("{dir: ../up, classes: 3}");
+    assert_eq!(data::parse("imagefolder", &m).unwrap_err().key, "dir");
+}

@@ -8,6 +8,7 @@
 pub mod cifar;
 pub mod files;
 pub mod idx;
+pub mod imagefolder;
 pub mod prefetch;
 pub mod synthetic;
 pub mod text;
@@ -124,6 +125,7 @@ pub const REGISTRY: &[DataEntry] = &[
     cifar::CIFAR10,
     idx::MNIST,
     text::TEXT,
+    imagefolder::IMAGEFOLDER,
 ];
 
 pub fn parse(kind: &str, options: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {

@@ -78,25 +78,33 @@ pub struct LineChart {
     pub series: Vec<Series>,
 }
 
+/// Renders `$draw(&root, args…)` into `<out_base>.png` and `<out_base>.svg` of `size` pixels (one
+/// drawing function serves both backends) and evaluates to `Ok(vec![png, svg])`.
+macro_rules! render_png_and_svg {
+    ($out_base:expr, $size:expr, $draw:ident($($arg:expr),*)) => {{
+        register_fonts();
+        let out_base: &Path = $out_base;
+        if let Some(dir) = out_base.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let (png, svg) = (out_base.with_extension("png"), out_base.with_extension("svg"));
+        {
+            let root = BitMapBackend::new(&png, $size).into_drawing_area();
+            $draw(&root, $($arg),*)?;
+            root.present().map_err(|e| anyhow!("writing {}: {e}", png.display()))?;
+        }
+        {
+            let root = SVGBackend::new(&svg, $size).into_drawing_area();
+            $draw(&root, $($arg),*)?;
+            root.present().map_err(|e| anyhow!("writing {}: {e}", svg.display()))?;
+        }
+        Ok(vec![png, svg])
+    }};
+}
+
 /// Draws `chart` to `<out_base>.png` (1200×800) and `<out_base>.svg`; returns both paths.
 pub fn line_chart(chart: &LineChart, out_base: &Path) -> Result<Vec<PathBuf>> {
-    register_fonts();
-    if let Some(dir) = out_base.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let png = out_base.with_extension("png");
-    let svg = out_base.with_extension("svg");
-    {
-        let root = BitMapBackend::new(&png, (1200, 800)).into_drawing_area();
-        draw_lines(&root, chart)?;
-        root.present().map_err(|e| anyhow!("writing {}: {e}", png.display()))?;
-    }
-    {
-        let root = SVGBackend::new(&svg, (1200, 800)).into_drawing_area();
-        draw_lines(&root, chart)?;
-        root.present().map_err(|e| anyhow!("writing {}: {e}", svg.display()))?;
-    }
-    Ok(vec![png, svg])
+    render_png_and_svg!(out_base, (1200, 800), draw_lines(chart))
 }
 
 fn draw_lines<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &LineChart) -> Result<()>
@@ -196,27 +204,10 @@ pub struct Heatmap {
     pub annotate: bool,
 }
 
-/// Draws one or more heatmaps side by side (a grid of panels sharing one colour scale and one
-/// colorbar) to `<out_base>.png` and `.svg`.
 /// Draws `chart` with both axes logarithmic (growth laws read as slopes: O(L) is slope 1, O(L²)
 /// slope 2), points marked, to `<out_base>.{png,svg}`. Non-positive values are dropped.
 pub fn loglog_chart(chart: &LineChart, out_base: &Path) -> Result<Vec<PathBuf>> {
-    register_fonts();
-    if let Some(dir) = out_base.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let (png, svg) = (out_base.with_extension("png"), out_base.with_extension("svg"));
-    {
-        let root = BitMapBackend::new(&png, (1200, 800)).into_drawing_area();
-        draw_loglog(&root, chart)?;
-        root.present().map_err(|e| anyhow!("writing {}: {e}", png.display()))?;
-    }
-    {
-        let root = SVGBackend::new(&svg, (1200, 800)).into_drawing_area();
-        draw_loglog(&root, chart)?;
-        root.present().map_err(|e| anyhow!("writing {}: {e}", svg.display()))?;
-    }
-    Ok(vec![png, svg])
+    render_png_and_svg!(out_base, (1200, 800), draw_loglog(chart))
 }
 
 fn draw_loglog<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &LineChart) -> Result<()>
@@ -282,28 +273,13 @@ fn tick(v: f64) -> String {
     }
 }
 
+/// Draws one or more heatmaps side by side (a grid of panels sharing one colour scale and one
+/// colorbar) to `<out_base>.png` and `.svg`.
 pub fn heatmaps(panels: &[Heatmap], title: &str, out_base: &Path) -> Result<Vec<PathBuf>> {
-    register_fonts();
     anyhow::ensure!(!panels.is_empty(), "no heatmap to draw");
-    if let Some(dir) = out_base.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let n = panels.len() as u32;
     // Wide enough for the figure title even with a single panel.
-    let size = ((120 + 520 * n).max(820), 600);
-    let png = out_base.with_extension("png");
-    let svg = out_base.with_extension("svg");
-    {
-        let root = BitMapBackend::new(&png, size).into_drawing_area();
-        draw_heatmaps(&root, panels, title)?;
-        root.present().map_err(|e| anyhow!("writing {}: {e}", png.display()))?;
-    }
-    {
-        let root = SVGBackend::new(&svg, size).into_drawing_area();
-        draw_heatmaps(&root, panels, title)?;
-        root.present().map_err(|e| anyhow!("writing {}: {e}", svg.display()))?;
-    }
-    Ok(vec![png, svg])
+    let size = ((120 + 520 * panels.len() as u32).max(820), 600);
+    render_png_and_svg!(out_base, size, draw_heatmaps(panels, title))
 }
 
 fn viridis(t: f64) -> RGBColor {

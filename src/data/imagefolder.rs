@@ -1,0 +1,371 @@
+//! `imagefolder`: image classification in the ImageNet layout, decoded on the fly.
+//!
+//! Layout: `<root>/<dir>/<split>/<class>/*.{jpg,jpeg,png}` (file extensions in any case, so
+//! ImageNet's `.JPEG` too), e.g. `imagenet/train/n01440764/n01440764_10026.JPEG` and
+//! `imagenet/val/n01440764/ILSVRC2012_val_00000293.JPEG` (the validation images sorted into
+//! class folders, as torchvision's `ImageFolder` expects). The classes are the first `classes`
+//! class folders of the training split in sorted order (all 1000 for ImageNet-1k; fewer for the
+//! usual subsets); each must also exist in the evaluation split.
+//!
+//! Unlike CIFAR-10 the images are not held in memory: training batch `index` is a pure function of
+//! `(seed, index)` — an epoch is a seeded permutation of the training files — and its images are
+//! read, decoded, cropped and resized when it is asked for, on `workers` threads (in plexus's data
+//! thread, off the training thread). Training augmentation `random_resized_crop` (the Inception
+//! crop of simple ViT: area 5–100 % of the image, aspect ratio 3/4–4/3, then a horizontal flip with
+//! probability ½); evaluation and `augment: none` resize the shorter side to `image_size · 256/224`
+//! and take the centre `image_size` crop. Inputs are `[B, 3, S, S]` float, normalised with the
+//! ImageNet channel mean and standard deviation (`normalize: true`, default), labels `[B]` int64.
+//!
+//! Evaluation holds its images in memory as float tensors, so it is capped (`eval_samples`,
+//! default 1000: 0.6 GB at 224²): a seeded sample of the evaluation split, decoded at load. A file
+//! that cannot be decoded is an error naming it (at load for evaluation images; for training
+//! images when their batch is prepared, which stops the run); the listing is checked at load (a
+//! class with no image, a class missing from the evaluation split).
+//!
+//! Options: `root`, `dir` (required: the dataset's folder under the root), `train_split` (default
+//! `train`), `eval_split` (default `val`), `classes` (required), `image_size` (default 224),
+//! `normalize`, `augment` (`random_resized_crop` | `none`, default `random_resized_crop`),
+//! `batch_size` (default 64), `train_samples` (optional cap), `eval_samples`, `workers` (default:
+//! the machine's cores), `seed`.
+
+use super::files::{capped_indices, rng_for, Root};
+use super::{Batch, DataEntry, DataInfo, DataSource, DataSpec, Task};
+use crate::config::{parse_options, OptionError};
+use anyhow::{anyhow, bail, Context};
+use image::imageops::FilterType;
+use rand::Rng;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use tch::{Kind, Tensor};
+
+pub const IMAGEFOLDER: DataEntry = DataEntry {
+    name: "imagefolder",
+    about: "image classification in the ImageNet folder layout, decoded on the fly (random-resized-crop, flip)",
+    parse,
+};
+
+/// ImageNet channel statistics on `[0, 1]` pixels.
+const MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+const STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum Augment {
+    #[default]
+    RandomResizedCrop,
+    None,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Options {
+    root: Option<PathBuf>,
+    dir: String,
+    #[serde(default = "train")]
+    train_split: String,
+    #[serde(default = "val")]
+    eval_split: String,
+    classes: usize,
+    #[serde(default = "s224")]
+    image_size: usize,
+    #[serde(default = "yes")]
+    normalize: bool,
+    #[serde(default)]
+    augment: Augment,
+    #[serde(default = "b64")]
+    batch_size: usize,
+    train_samples: Option<usize>,
+    #[serde(default = "e1000")]
+    eval_samples: usize,
+    workers: Option<usize>,
+    #[serde(default)]
+    seed: u64,
+}
+
+fn train() -> String {
+    "train".into()
+}
+fn val() -> String {
+    "val".into()
+}
+fn s224() -> usize {
+    224
+}
+fn yes() -> bool {
+    true
+}
+fn b64() -> usize {
+    64
+}
+fn e1000() -> usize {
+    1000
+}
+
+#[derive(Debug, Clone)]
+struct Spec {
+    root: Root,
+    o: Options,
+}
+
+fn parse(opts: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
+    parse_spec(opts, None)
+}
+
+/// Parses `options` like the registry entry does, but reads the data from `root` whatever
+/// `PLEXUS_DATA` and the `root` option say (for programs and tests that manage their own files).
+pub fn spec_at(root: &Path, options: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
+    parse_spec(options, Some(root))
+}
+
+fn relative_folder(key: &str, v: &str) -> Result<(), OptionError> {
+    let p = Path::new(v);
+    if v.is_empty() || p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+        return Err(OptionError::new(key, v, "a folder name relative to the data root (no `..`), e.g. `imagenet`"));
+    }
+    Ok(())
+}
+
+fn parse_spec(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
+    let o: Options = parse_options(opts)?;
+    relative_folder("dir", &o.dir)?;
+    relative_folder("train_split", &o.train_split)?;
+    relative_folder("eval_split", &o.eval_split)?;
+    for (key, v, lo, hi) in [
+        ("classes", o.classes, 2, 100_000),
+        ("image_size", o.image_size, 8, 4096),
+        ("batch_size", o.batch_size, 1, 1 << 16),
+        ("eval_samples", o.eval_samples, 1, 10_000_000),
+    ] {
+        if !(lo..=hi).contains(&v) {
+            return Err(OptionError::new(key, v, format!("an integer in {lo}..={hi}")));
+        }
+    }
+    if o.train_samples == Some(0) {
+        return Err(OptionError::new("train_samples", 0, "a positive number of samples (leave it out to use all)"));
+    }
+    if o.workers == Some(0) {
+        return Err(OptionError::new(
+            "workers",
+            0,
+            "a positive number of decoding threads (leave it out for all cores)",
+        ));
+    }
+    let root = match pinned {
+        Some(p) => Root::Pinned(p.to_path_buf()),
+        None => Root::Configured(o.root.clone()),
+    };
+    Ok(Box::new(Spec { root, o }))
+}
+
+impl DataSpec for Spec {
+    fn kind(&self) -> &'static str {
+        "imagefolder"
+    }
+    fn info(&self) -> DataInfo {
+        let s = self.o.image_size;
+        DataInfo { input_shape: vec![3, s, s], output_dim: self.o.classes, task: Task::Classification }
+    }
+    fn load(&self) -> anyhow::Result<Box<dyn DataSource>> {
+        let base = self.root.resolve().join(&self.o.dir);
+        let train_dir = base.join(&self.o.train_split);
+        let classes = class_names(&train_dir, self.o.classes)?;
+        let (mut train, mut eval) =
+            (list_split(&train_dir, &classes)?, list_split(&base.join(&self.o.eval_split), &classes)?);
+        let keep = capped_indices(train.len(), self.o.train_samples, self.o.seed, 1);
+        train = keep.into_iter().map(|i| train[i].clone()).collect();
+        let keep = capped_indices(eval.len(), Some(self.o.eval_samples), self.o.seed, 2);
+        eval = keep.into_iter().map(|i| eval[i].clone()).collect();
+        if train.len() < self.o.batch_size {
+            bail!(
+                "{}: {} training images, fewer than one batch of {}",
+                train_dir.display(),
+                train.len(),
+                self.o.batch_size
+            );
+        }
+        let workers = self.o.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        let mut source = FolderSource { train, eval: Vec::new(), o: self.o.clone(), workers };
+        // Decoded once, here, so that an unreadable evaluation image is an error of the load.
+        source.eval = eval
+            .chunks(self.o.batch_size)
+            .map(|c| source.decode(&c.iter().collect::<Vec<_>>(), None))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Box::new(source))
+    }
+}
+
+/// The first `n` class folders of `dir`, sorted by name.
+fn class_names(dir: &Path, n: usize) -> anyhow::Result<Vec<String>> {
+    let entries = std::fs::read_dir(dir).map_err(|e| {
+        anyhow!(
+            "image folder not found: cannot read {}: {e}; expected <root>/<dir>/<split>/<class>/*.jpg (ImageNet: \
+             https://image-net.org/download, with the validation images sorted into class folders; or set \
+             PLEXUS_DATA to the folder holding <dir>/)",
+            dir.display()
+        )
+    })?;
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    names.sort();
+    if names.len() < n {
+        bail!("{}: {} class folders, but `classes: {n}` asks for {n}", dir.display(), names.len());
+    }
+    names.truncate(n);
+    Ok(names)
+}
+
+/// `(file, label)` for every image of the `classes` under `split`, sorted by class then name.
+fn list_split(split: &Path, classes: &[String]) -> anyhow::Result<Vec<(PathBuf, i64)>> {
+    let mut out = Vec::new();
+    for (label, class) in classes.iter().enumerate() {
+        let dir = split.join(class);
+        let entries = std::fs::read_dir(&dir)
+            .map_err(|e| anyhow!("{}: cannot read the class folder of `{class}`: {e}", dir.display()))?;
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                let ext = p.extension().and_then(|x| x.to_str()).map(str::to_ascii_lowercase);
+                matches!(ext.as_deref(), Some("jpg" | "jpeg" | "png"))
+            })
+            .collect();
+        if files.is_empty() {
+            bail!("{}: no .jpg/.jpeg/.png image in the class folder of `{class}`", dir.display());
+        }
+        files.sort();
+        out.extend(files.into_iter().map(|f| (f, label as i64)));
+    }
+    Ok(out)
+}
+
+/// A crop box `(x, y, w, h)` in an image of `width × height`: Inception-style random-resized crop
+/// (area 5–100 %, aspect 3/4–4/3, ten tries) or, failing that and for evaluation, the centre crop
+/// of the square that a shorter-side resize to `S·256/224` followed by a centre `S` crop keeps.
+pub fn crop_box(width: u32, height: u32, random: Option<&mut impl Rng>) -> (u32, u32, u32, u32) {
+    let (w, h) = (width as f64, height as f64);
+    if let Some(rng) = random {
+        for _ in 0..10 {
+            let area = w * h * rng.gen_range(0.05..=1.0);
+            let ratio = (rng.gen_range((0.75f64).ln()..=(4.0f64 / 3.0).ln())).exp();
+            let (cw, ch) = ((area * ratio).sqrt().round(), (area / ratio).sqrt().round());
+            if cw >= 1.0 && ch >= 1.0 && cw <= w && ch <= h {
+                let x = rng.gen_range(0..=(width - cw as u32));
+                let y = rng.gen_range(0..=(height - ch as u32));
+                return (x, y, cw as u32, ch as u32);
+            }
+        }
+    }
+    let side = (w.min(h) * 224.0 / 256.0).round().max(1.0) as u32;
+    ((width - side) / 2, (height - side) / 2, side, side)
+}
+
+/// Reads `path`, crops `crop_box`, resizes to `size × size` and writes channel-major bytes.
+fn load_image(path: &Path, size: u32, rng: Option<&mut rand::rngs::StdRng>, out: &mut [u8]) -> anyhow::Result<()> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let img =
+        image::load_from_memory(&bytes).map_err(|e| anyhow!("{}: cannot decode the image: {e}", path.display()))?;
+    let rgb = img.into_rgb8();
+    let (flip, bx) = match rng {
+        Some(r) => {
+            let b = crop_box(rgb.width(), rgb.height(), Some(&mut *r));
+            (r.gen_bool(0.5), b)
+        }
+        None => (false, crop_box(rgb.width(), rgb.height(), None::<&mut rand::rngs::StdRng>)),
+    };
+    let cropped = image::imageops::crop_imm(&rgb, bx.0, bx.1, bx.2, bx.3).to_image();
+    let mut resized = image::imageops::resize(&cropped, size, size, FilterType::Triangle);
+    if flip {
+        image::imageops::flip_horizontal_in_place(&mut resized);
+    }
+    let plane = (size * size) as usize;
+    for (p, px) in resized.pixels().enumerate() {
+        out[p] = px[0];
+        out[plane + p] = px[1];
+        out[2 * plane + p] = px[2];
+    }
+    Ok(())
+}
+
+struct FolderSource {
+    train: Vec<(PathBuf, i64)>,
+    /// The decoded evaluation batches.
+    eval: Vec<Batch>,
+    o: Options,
+    workers: usize,
+}
+
+impl FolderSource {
+    /// Decodes `files` on `self.workers` threads into `[n, 3, S, S]` floats and `[n]` labels.
+    /// `augment_tag`: `Some(batch index)` draws the random crops and flips from `(seed, index, i)`.
+    fn decode(&self, files: &[&(PathBuf, i64)], augment_tag: Option<u64>) -> anyhow::Result<Batch> {
+        let s = self.o.image_size as u32;
+        let per_image = 3 * (s * s) as usize;
+        let mut pixels = vec![0u8; files.len() * per_image];
+        let chunk = files.len().div_ceil(self.workers).max(1);
+        let seed = self.o.seed;
+        std::thread::scope(|scope| {
+            let jobs: Vec<_> = files
+                .chunks(chunk)
+                .zip(pixels.chunks_mut(chunk * per_image))
+                .enumerate()
+                .map(|(c, (fs, out))| {
+                    scope.spawn(move || -> anyhow::Result<()> {
+                        for (k, (f, o)) in fs.iter().zip(out.chunks_exact_mut(per_image)).enumerate() {
+                            let mut rng = augment_tag.map(|t| rng_for(seed, &[0x1F0, t, (c * chunk + k) as u64]));
+                            load_image(&f.0, s, rng.as_mut(), o)?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            jobs.into_iter().try_for_each(|j| j.join().expect("an image decoding thread panicked"))
+        })?;
+        let n = files.len() as i64;
+        let mut x = Tensor::from_slice(&pixels).reshape([n, 3, s as i64, s as i64]).to_kind(Kind::Float) / 255.0;
+        if self.o.normalize {
+            x = (x - Tensor::from_slice(&MEAN).reshape([1, 3, 1, 1])) / Tensor::from_slice(&STD).reshape([1, 3, 1, 1]);
+        }
+        let y = Tensor::from_slice(&files.iter().map(|f| f.1).collect::<Vec<i64>>());
+        Ok(Batch { input: x, target: y })
+    }
+}
+
+impl DataSource for FolderSource {
+    fn train_batch(&self, index: u64) -> Batch {
+        let per_epoch = self.batches_per_epoch();
+        let (epoch, b) = (index / per_epoch, (index % per_epoch) as usize);
+        let perm = super::synthetic::epoch_permutation(self.train.len(), self.o.seed, epoch);
+        let bs = self.o.batch_size;
+        let files: Vec<&(PathBuf, i64)> = perm[b * bs..(b + 1) * bs].iter().map(|&i| &self.train[i as usize]).collect();
+        let tag = (self.o.augment == Augment::RandomResizedCrop).then_some(index);
+        // The trainer has no way to recover from an unreadable image mid-run: stop, naming it.
+        self.decode(&files, tag).unwrap_or_else(|e| panic!("imagefolder training batch {index}: {e:#}"))
+    }
+    fn batches_per_epoch(&self) -> u64 {
+        (self.train.len() / self.o.batch_size).max(1) as u64
+    }
+    fn eval_batches(&self) -> Vec<Batch> {
+        self.eval.iter().map(|b| Batch { input: b.input.shallow_clone(), target: b.target.shallow_clone() }).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn crops_fit_in_the_image_and_the_centre_crop_is_224_of_256() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+        for _ in 0..200 {
+            let (x, y, w, h) = crop_box(500, 375, Some(&mut rng));
+            assert!(x + w <= 500 && y + h <= 375 && w > 0 && h > 0);
+            let r = w as f64 / h as f64;
+            assert!((0.74..=1.35).contains(&r), "aspect {r}");
+        }
+        assert_eq!(crop_box(500, 256, None::<&mut rand::rngs::StdRng>), (138, 16, 224, 224));
+    }
+}
