@@ -96,6 +96,11 @@ def report(raw, depth_dir, args):
         rs = by.get((case, impl))
         return median([float(r[col]) for r in rs]) if rs else float("nan")
 
+    ov_path = os.path.join(ROOT, "bench", "overhead.csv")
+    paired = {}
+    if os.path.exists(ov_path):
+        for r in read_rows(ov_path):
+            paired[f"{r['case']}/{r['topology']}"] = r
     cases = sorted({r["case"] for r in rows}, key=lambda c: (BACKBONES.index(c.split("/")[0]),
                                                               TOPOLOGIES.index(c.split("/")[1])))
     out = []
@@ -106,18 +111,29 @@ def report(raw, depth_dir, args):
                "step (forward, backward, AdamW) on one fixed batch, fp32 on CPU; plexus, PyTorch eager and "
                "PyTorch `torch.compile` (inductor) alternate per case. Models are the configs in "
                "`bench/configs/` (CPU size) with `topology.kind` set per row; PyTorch builds the identical "
-               "model from the parity references. Activation memory = bytes malloc holds after forward + loss, "
+               "model from the parity references. The plexus overhead of a topology over residual comes from "
+               "`plexus bench --compare` (all topologies of a backbone in one process, stepped round-robin for "
+               f"{args.overhead_rounds} rounds; the median of the per-round ratios, with its 10th–90th "
+               "percentiles): separate processes on this shared 2-core machine drift by ±15 %, too much for "
+               "percent-level overheads. Activation memory = bytes malloc holds after forward + loss, "
                "before backward (glibc mallinfo2, the same on both sides).\n")
     out.append("## plexus versus PyTorch\n")
     out.append("| case | plexus ms | eager ms | compile ms | plexus/eager | plexus/compile | "
-               "overhead vs residual (plexus) | (eager) | act. MB plexus | act. MB eager | MFU plexus |")
+               "overhead vs residual, plexus, paired (p10…p90) | eager, separate runs | act. MB plexus | act. MB eager | MFU plexus |")
     out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     misses = []
     for c in cases:
         b, t = c.split("/")
         p, e, k = (stat(c, i, "ms_median") for i in ("plexus", "torch-eager", "torch-compile"))
         rp, re_ = stat(f"{b}/residual", "plexus", "ms_median"), stat(f"{b}/residual", "torch-eager", "ms_median")
-        ov, ove = 100.0 * (p / rp - 1.0), 100.0 * (e / re_ - 1.0)
+        ove = 100.0 * (e / re_ - 1.0)
+        pr = paired.get(c)
+        if pr is not None:
+            ov = float(pr["overhead_pct"])
+            ov_txt = f"{ov:+.1f} % ({float(pr['overhead_p10']):+.0f}…{float(pr['overhead_p90']):+.0f})"
+        else:
+            ov = 100.0 * (p / rp - 1.0)
+            ov_txt = f"{ov:+.1f} % (separate runs)"
         mp, me = stat(c, "plexus", "act_mem_mb"), stat(c, "torch-eager", "act_mem_mb")
         mfu = stat(c, "plexus", "mfu")
         ratio = p / e
@@ -130,7 +146,7 @@ def report(raw, depth_dir, args):
             misses.append((c, flags))
         fmt = lambda v, f: "–" if v != v else format(v, f)  # noqa: E731
         out.append(f"| {c} | {fmt(p, '.1f')} | {fmt(e, '.1f')} | {fmt(k, '.1f')} | **{fmt(ratio, '.2f')}** | "
-                   f"{fmt(p / k, '.2f')} | {'–' if t == 'residual' else fmt(ov, '+.1f') + ' %'} | "
+                   f"{fmt(p / k, '.2f')} | {'–' if t == 'residual' else ov_txt} | "
                    f"{'–' if t == 'residual' else fmt(ove, '+.1f') + ' %'} | {fmt(mp, '.1f')} | {fmt(me, '.1f')} | "
                    f"{fmt(100 * mfu, '.0f')} % |")
     out.append("")
@@ -139,10 +155,14 @@ def report(raw, depth_dir, args):
     fail_path = os.path.join(ROOT, "bench", "failures.csv")
     if os.path.exists(fail_path):
         out.append("Runs that failed (the case's cell shows –):\n")
+        seen = {}
         with open(fail_path) as fh:
             for line in fh:
                 impl, case, why = line.rstrip("\n").split(",", 2)
-                out.append(f"- {impl} on {case}: `{why}`")
+                seen.setdefault((impl, case), []).append(why)
+        for (impl, case), whys in seen.items():
+            tries = f" ({len(whys)} tries)" if len(whys) > 1 else ""
+            out.append(f"- {impl} on {case}{tries}: `{'`; `'.join(dict.fromkeys(whys))}`")
         out.append("")
     if misses:
         out.append("Targets missed in this run:\n")
@@ -181,6 +201,8 @@ def main():
     ap.add_argument("--topologies", default=",".join(TOPOLOGIES))
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-depth", action="store_true")
+    ap.add_argument("--no-overhead", action="store_true")
+    ap.add_argument("--overhead-rounds", type=int, default=30)
     ap.add_argument("--report-only", action="store_true", help="rewrite results.md from bench/raw.csv")
     ap.add_argument("--resume", action="store_true", help="keep bench/raw.csv and run only what it lacks")
     args = ap.parse_args()
@@ -208,7 +230,18 @@ def main():
                         if done.get((impl, f"{b}/{t}"), 0) > (0 if impl == "torch-compile" else r):
                             continue
                         one(impl, b, t, args, raw)
-        if not args.no_depth:
+        if not args.no_overhead:
+            path = os.path.join(ROOT, "bench", "overhead.csv")
+            if os.path.exists(path) and not args.resume:
+                os.remove(path)
+            have = {r["case"] for r in read_rows(path)} if os.path.exists(path) else set()
+            for b in args.backbones.split(","):
+                if b in have:
+                    continue
+                print(f"  overhead       {b} (one process, paired rounds)", flush=True)
+                run([PLEXUS, "bench", os.path.join("bench", "configs", f"{b}.yaml"), "--compare", ",".join(TOPOLOGIES),
+                     "--steps", str(args.overhead_rounds), "--warmup", "3", "--case", b, "--csv", path])
+        if not args.no_depth and not (args.resume and os.path.exists(os.path.join(depth_dir, "growth.csv"))):
             print("cost versus depth…", flush=True)
             print(run([PLEXUS, "bench", "bench/configs/gpt-depth.yaml", "--depths", "8,16,32,64", "--topologies",
                        DEPTH_TOPOLOGIES, "--steps", "5", "--warmup", "2", "--out", "bench/depth"]))

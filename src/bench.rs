@@ -189,92 +189,119 @@ pub fn peak_matmul_flops(dev: Device, kind: Kind) -> f64 {
     2.0 * (n * n * n) as f64 / best
 }
 
-/// Times `opts.steps` training steps of `exp` (after `opts.warmup` untimed ones).
-pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
-    anyhow::ensure!(opts.steps >= 1, "--steps must be at least 1");
-    let cfg = exp.config();
-    let dev = device::resolve(device::parse_device(&cfg.device).map_err(anyhow::Error::msg)?)?;
-    let compute = device::compute_kind(cfg.precision);
-    let info = exp.data.info();
-    let batch = exp.data.load().with_context(|| format!("{}: loading the benchmark batch", cfg.name))?.train_batch(0);
-    let batch = batch.to_device(dev);
-    let model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
-    let mut optim = Optim::new(&cfg.train, model.trainable());
-    let lr = cfg.train.lr;
-    // One training step; `phases` (if given) receives the time of forward + loss, backward, and
-    // clipping + update, each after a device synchronisation (the `--profile` breakdown).
-    let step = |optim: &mut Optim, phases: Option<&mut [f64; 3]>| {
+/// A model, its optimizer and one fixed batch on the device: what a benchmark steps.
+struct Trainee {
+    model: Model,
+    optim: Optim,
+    batch: crate::data::Batch,
+    task: crate::data::Task,
+    lr: f64,
+    clip: Option<f64>,
+    dev: Device,
+}
+
+impl Trainee {
+    fn new(exp: &Experiment) -> Result<Self> {
+        let cfg = exp.config();
+        let dev = device::resolve(device::parse_device(&cfg.device).map_err(anyhow::Error::msg)?)?;
+        let compute = device::compute_kind(cfg.precision);
+        let data = exp.data.load().with_context(|| format!("{}: loading the benchmark batch", cfg.name))?;
+        let batch = data.train_batch(0).to_device(dev);
+        let model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
+        let optim = Optim::new(&cfg.train, model.trainable());
+        let (task, lr, clip) = (exp.data.info().task, cfg.train.lr, cfg.train.clip_grad_norm);
+        Ok(Self { model, optim, batch, task, lr, clip, dev })
+    }
+
+    /// One training step; `phases` (if given) receives the time of forward + loss, backward, and
+    /// clipping + update, each after a device synchronisation (the `--profile` breakdown).
+    fn step(&mut self, phases: Option<&mut [f64; 3]>) {
         let t0 = Instant::now();
-        optim.zero_grad();
-        let out = model.forward(&batch.input, true);
-        let mut loss = info.task.loss(&out, &batch.target);
-        if let Some(r) = model.topology.regularizer() {
+        self.optim.zero_grad();
+        let out = self.model.forward(&self.batch.input, true);
+        let mut loss = self.task.loss(&out, &self.batch.target);
+        if let Some(r) = self.model.topology.regularizer() {
             loss = loss + r;
         }
-        let t1 = phases.is_some().then(|| {
-            sync(dev);
-            Instant::now()
-        });
+        let mark = |on: bool| {
+            on.then(|| {
+                sync(self.dev);
+                Instant::now()
+            })
+        };
+        let t1 = mark(phases.is_some());
         loss.backward();
-        let t2 = phases.is_some().then(|| {
-            sync(dev);
-            Instant::now()
-        });
-        if let Some(max) = cfg.train.clip_grad_norm {
-            optim.clip(optim.grad_norm(), max);
+        let t2 = mark(phases.is_some());
+        if let Some(max) = self.clip {
+            self.optim.clip(self.optim.grad_norm(), max);
         }
-        optim.step(lr);
+        self.optim.step(self.lr);
         if let (Some(p), Some(t1), Some(t2)) = (phases, t1, t2) {
-            sync(dev);
+            sync(self.dev);
             let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
             *p = [ms(t0, t1), ms(t1, t2), ms(t2, Instant::now())];
         }
-    };
-    let _seed = device::seed_guard(cfg.seed);
-    for _ in 0..opts.warmup {
-        step(&mut optim, None);
     }
-    sync(dev);
-    reset_peak_rss();
-    let mut times = Vec::with_capacity(opts.steps);
-    for _ in 0..opts.steps {
+
+    /// One step's wall time in ms, synchronised.
+    fn timed_step(&mut self) -> f64 {
         let t = Instant::now();
-        step(&mut optim, None);
-        sync(dev);
-        times.push(t.elapsed().as_secs_f64() * 1e3);
+        self.step(None);
+        sync(self.dev);
+        t.elapsed().as_secs_f64() * 1e3
     }
-    // The breakdown is measured in steps of its own, after the timed ones, so that its
-    // synchronisations do not enter the step times.
-    let mut phases = Vec::new();
-    if opts.profile {
-        for _ in 0..opts.steps {
-            let mut p = [0.0; 3];
-            step(&mut optim, Some(&mut p));
-            phases.push(p);
+
+    /// Activation memory (MiB): bytes allocated and still held after forward + loss, before
+    /// backward (what autograd saved for backward, plus the output), from glibc's accounting.
+    fn activation_mb(&mut self) -> f64 {
+        if self.dev != Device::Cpu {
+            return f64::NAN;
         }
-    }
-    let phase_ms = (!phases.is_empty()).then(|| {
-        let col = |k: usize| quantile(&phases.iter().map(|p| p[k]).collect::<Vec<_>>(), 0.5);
-        [col(0), col(1), col(2)]
-    });
-    let peak_rss_mb = rss_mb().map_or(f64::NAN, |m| m.1);
-    // Activation memory: bytes allocated and still held after forward + loss, before backward
-    // (what autograd saved for backward, plus the output), from glibc's own accounting.
-    let act_mem_mb = if dev == Device::Cpu {
-        optim.zero_grad();
+        self.optim.zero_grad();
         let before = heap_in_use();
-        let out = model.forward(&batch.input, true);
-        let loss = info.task.loss(&out, &batch.target);
+        let out = self.model.forward(&self.batch.input, true);
+        let loss = self.task.loss(&out, &self.batch.target);
         let after = heap_in_use();
         loss.backward();
         match (before, after) {
             (Some(b), Some(a)) => (a as f64 - b as f64) / (1024.0 * 1024.0),
             _ => f64::NAN,
         }
-    } else {
-        f64::NAN
-    };
+    }
+}
+
+/// Times `opts.steps` training steps of `exp` (after `opts.warmup` untimed ones).
+pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
+    anyhow::ensure!(opts.steps >= 1, "--steps must be at least 1");
+    let cfg = exp.config();
+    let info = exp.data.info();
+    let mut t = Trainee::new(exp)?;
+    let dev = t.dev;
+    let compute = device::compute_kind(cfg.precision);
+    let _seed = device::seed_guard(cfg.seed);
+    for _ in 0..opts.warmup {
+        t.step(None);
+    }
+    sync(dev);
+    reset_peak_rss();
+    let times: Vec<f64> = (0..opts.steps).map(|_| t.timed_step()).collect();
+    // The breakdown is measured in steps of its own, after the timed ones, so that its
+    // synchronisations do not enter the step times.
+    let phase_ms = opts.profile.then(|| {
+        let phases: Vec<[f64; 3]> = (0..opts.steps)
+            .map(|_| {
+                let mut p = [0.0; 3];
+                t.step(Some(&mut p));
+                p
+            })
+            .collect();
+        let col = |k: usize| quantile(&phases.iter().map(|p| p[k]).collect::<Vec<_>>(), 0.5);
+        [col(0), col(1), col(2)]
+    });
+    let peak_rss_mb = rss_mb().map_or(f64::NAN, |m| m.1);
+    let act_mem_mb = t.activation_mb();
     drop(_seed);
+    let (model, batch) = (&t.model, &t.batch);
     let b = batch.input.size()[0];
     let ms = [quantile(&times, 0.5), quantile(&times, 0.1), quantile(&times, 0.9)];
     let per_s = 1e3 / ms[0];
@@ -303,6 +330,53 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
         peak_gflops: peak_matmul_flops(dev, compute) / 1e9,
         phase_ms,
     })
+}
+
+/// One topology of a [`compare`] run.
+#[derive(Debug, Clone)]
+pub struct CompareRow {
+    pub label: String,
+    /// Median ms per step.
+    pub ms: f64,
+    /// Overhead over the first entry, from paired steps: the median, 10th and 90th percentile of
+    /// `t_i / t_first − 1` over rounds (%), each ratio taken between steps adjacent in time.
+    pub overhead_pct: [f64; 3],
+    pub act_mem_mb: f64,
+}
+
+/// Topology overhead measured in one process: every experiment is built, warmed up, then stepped
+/// round-robin (`opts.steps` rounds, the starting entry rotating each round), so that machine
+/// drift falls on all of them alike and the overhead is a ratio of neighbouring steps.
+pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec<CompareRow>> {
+    anyhow::ensure!(!exps.is_empty() && opts.steps >= 1, "compare needs experiments and at least one step");
+    let mut ts = exps.iter().map(|(_, e)| Trainee::new(e)).collect::<Result<Vec<_>>>()?;
+    let _seed = device::seed_guard(exps[0].1.config().seed);
+    for t in ts.iter_mut() {
+        for _ in 0..opts.warmup {
+            t.step(None);
+        }
+    }
+    let n = ts.len();
+    let mut times = vec![Vec::with_capacity(opts.steps); n];
+    for round in 0..opts.steps {
+        for k in 0..n {
+            let i = (round + k) % n;
+            times[i].push(ts[i].timed_step());
+        }
+    }
+    Ok(exps
+        .iter()
+        .enumerate()
+        .map(|(i, (label, _))| {
+            let ratios: Vec<f64> = times[i].iter().zip(&times[0]).map(|(a, b)| 100.0 * (a / b - 1.0)).collect();
+            CompareRow {
+                label: label.clone(),
+                ms: quantile(&times[i], 0.5),
+                overhead_pct: [quantile(&ratios, 0.5), quantile(&ratios, 0.1), quantile(&ratios, 0.9)],
+                act_mem_mb: ts[i].activation_mb(),
+            }
+        })
+        .collect())
 }
 
 /// A least-squares fit of `log y = k·log x + c`: the growth exponent `k` (1: O(L), 2: O(L²)).

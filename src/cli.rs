@@ -128,6 +128,10 @@ pub enum Cmd {
         /// Also print where a step's time goes: forward + loss, backward, optimizer (medians).
         #[arg(long)]
         profile: bool,
+        /// Topology overhead in one process: these topologies (the first is the baseline) stepped
+        /// round-robin; prints the paired overhead and appends rows to --csv.
+        #[arg(long, value_delimiter = ',')]
+        compare: Vec<String>,
         /// Depth sweep: values of model.depth, e.g. 8,16,32,64.
         #[arg(long, value_delimiter = ',')]
         depths: Vec<usize>,
@@ -175,14 +179,16 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Demo { figure, out, overrides } => demo(&figure, &out, &overrides),
-        Cmd::Bench { config, steps, warmup, overrides, csv, case, profile, depths, topologies, out } => {
+        Cmd::Bench { config, steps, warmup, overrides, csv, case, profile, compare, depths, topologies, out } => {
             let opts = crate::bench::BenchOptions { steps, warmup, case, profile };
-            if depths.is_empty() {
+            if !compare.is_empty() {
+                compare_topologies(&config, &overrides, &opts, &compare, csv.as_deref())
+            } else if depths.is_empty() {
                 let exp = Experiment::from_file(&config, &overrides)?;
                 let row = crate::bench::bench(&exp, &opts)?;
                 print_bench(std::slice::from_ref(&row));
                 if let Some(path) = csv {
-                    append_csv(&path, &row.csv())?;
+                    append_csv(&path, crate::bench::CSV_HEADER, &format!("{}\n", row.csv()))?;
                 }
                 Ok(())
             } else {
@@ -396,8 +402,9 @@ fn print_bench(rows: &[crate::bench::BenchRow]) {
     }
 }
 
-/// Appends `row` to the CSV at `path`, writing the header first when the file is new.
-fn append_csv(path: &Path, row: &str) -> Result<()> {
+/// Appends `rows` (CSV lines, each ending in a newline) to the CSV at `path`, writing `header`
+/// first when the file is new.
+fn append_csv(path: &Path, header: &str, rows: &str) -> Result<()> {
     use std::io::Write;
     if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(d)?;
@@ -405,9 +412,53 @@ fn append_csv(path: &Path, row: &str) -> Result<()> {
     let new = !path.exists();
     let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
     if new {
-        writeln!(f, "{}", crate::bench::CSV_HEADER)?;
+        writeln!(f, "{header}")?;
     }
-    writeln!(f, "{row}").with_context(|| format!("appending to {}", path.display()))
+    f.write_all(rows.as_bytes()).with_context(|| format!("appending to {}", path.display()))
+}
+
+/// `--set` overrides selecting a topology written `kind` or `kind+key=value+…`.
+fn topology_overrides(entry: &str) -> Vec<String> {
+    let mut parts = entry.split('+');
+    let kind = parts.next().unwrap_or_default();
+    std::iter::once(format!("topology.kind={kind}")).chain(parts.map(|p| format!("topology.{p}"))).collect()
+}
+
+fn compare_topologies(
+    config: &Path,
+    overrides: &[String],
+    opts: &crate::bench::BenchOptions,
+    entries: &[String],
+    csv: Option<&Path>,
+) -> Result<()> {
+    let exps = entries
+        .iter()
+        .map(|t| {
+            let ov: Vec<String> = overrides.iter().cloned().chain(topology_overrides(t)).collect();
+            Ok((t.clone(), Experiment::from_file(config, &ov)?))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let case = opts.case.clone().unwrap_or_else(|| exps[0].1.config().name.clone());
+    eprintln!("{case}: {} topologies, {} paired rounds…", exps.len(), opts.steps);
+    let rows = crate::bench::compare(&exps, opts)?;
+    println!("{:<24} {:>10} {:>14} {:>20} {:>9}", "topology", "ms/step", "overhead", "(p10 … p90)", "act MB");
+    let mut text = String::new();
+    for r in &rows {
+        let [m, lo, hi] = r.overhead_pct;
+        println!(
+            "{:<24} {:>10.2} {:>13.1}% {:>20} {:>9.1}",
+            r.label,
+            r.ms,
+            m,
+            format!("({lo:+.1}% … {hi:+.1}%)"),
+            r.act_mem_mb
+        );
+        text += &format!("{case},{},{:.4},{m:.3},{lo:.3},{hi:.3},{:.2}\n", r.label, r.ms, r.act_mem_mb);
+    }
+    if let Some(path) = csv {
+        append_csv(path, "case,topology,ms_median,overhead_pct,overhead_p10,overhead_p90,act_mem_mb", &text)?;
+    }
+    Ok(())
 }
 
 /// Cost versus depth: every topology at every depth, `depth.csv`, log-log figures of step time and
@@ -424,12 +475,10 @@ fn depth_sweep(
     std::fs::create_dir_all(out)?;
     let mut rows = Vec::new();
     for t in topologies {
-        let mut parts = t.split('+');
-        let kind = parts.next().unwrap_or_default();
+        let kind = t.split('+').next().unwrap_or_default();
         for &l in depths {
             let mut ov = overrides.to_vec();
-            ov.push(format!("topology.kind={kind}"));
-            ov.extend(parts.clone().map(|p| format!("topology.{p}")));
+            ov.extend(topology_overrides(t));
             ov.push(format!("model.depth={l}"));
             let exp = Experiment::from_file(config, &ov)?;
             let o = crate::bench::BenchOptions { case: Some(format!("{t}@L{l}")), ..opts.clone() };

@@ -144,15 +144,20 @@ impl Optim {
                         let _ = v.g_sub_(&(g * lr));
                     }
                     Optimizer::Adamw => {
+                        // PyTorch's single-tensor AdamW, in place wherever tch allows: two
+                        // temporaries per parameter (g², the denominator), as torch.optim has.
                         if p.group == Group::Decay && self.weight_decay > 0.0 {
                             let _ = v.g_mul_scalar_(1.0 - lr * self.weight_decay);
                         }
                         let _ = p.exp_avg.lerp_(&g, 1.0 - b1);
-                        let _ = p.exp_avg_sq.g_mul_scalar_(b2).addcmul_(&g, &g.g_mul_scalar(1.0 - b2));
+                        let _ = p.exp_avg_sq.lerp_(&g.square(), 1.0 - b2);
                         let c1 = 1.0 - b1.powi(t);
                         let c2 = 1.0 - b2.powi(t);
-                        let denom = p.exp_avg_sq.sqrt() / c2.sqrt() + self.eps;
-                        let _ = v.g_sub_(&(&p.exp_avg / denom * (lr / c1)));
+                        // v += exp_avg / denom with denom = −(√v̂ + eps)/step: tch's addcdiv_ has
+                        // no `value`, so the step size is folded into the denominator.
+                        let mut denom = p.exp_avg_sq.sqrt();
+                        let _ = denom.g_div_scalar_(c2.sqrt()).g_add_scalar_(self.eps).g_mul_scalar_(-c1 / lr);
+                        let _ = v.addcdiv_(&p.exp_avg, &denom);
                     }
                 }
             }
@@ -189,5 +194,53 @@ impl Optim {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two AdamW steps on a decayed weight and a topology parameter, against the update rule of
+    /// torch.optim.AdamW written out in f64.
+    #[test]
+    fn adamw_matches_the_pytorch_update_rule() {
+        let cfg: TrainConfig = serde_yaml::from_str(
+            "{optimizer: adamw, lr: 0.1, weight_decay: 0.5, betas: [0.8, 0.9], eps: 0.01, topology_lr_mult: 3.0}",
+        )
+        .unwrap();
+        let w0 = [0.5f64, -1.0, 2.0, 0.25];
+        let w = Tensor::from_slice(&w0).to_kind(Kind::Float).reshape([2, 2]).set_requires_grad(true);
+        let a = Tensor::from_slice(&[0.3f32]).set_requires_grad(true);
+        let mut opt =
+            Optim::new(&cfg, vec![("units.0.w".into(), w.shallow_clone()), ("topology.a".into(), a.shallow_clone())]);
+        let grads = [[0.2f64, -0.4, 1.0, 0.0], [-0.1, 0.3, 0.5, 2.0]];
+        let (mut m, mut s, mut want) = ([0.0f64; 4], [0.0f64; 4], w0);
+        let (mut ma, mut sa, mut want_a) = (0.0f64, 0.0f64, 0.3f64);
+        for (t, g) in grads.iter().enumerate() {
+            opt.zero_grad();
+            let gw = Tensor::from_slice(g).to_kind(Kind::Float).reshape([2, 2]);
+            let loss = (&w * &gw).sum(Kind::Float) + &a * (g[0] * 10.0);
+            loss.backward();
+            opt.step(0.1);
+            let t = t as i32 + 1;
+            let (c1, c2) = (1.0 - 0.8f64.powi(t), 1.0 - 0.9f64.powi(t));
+            for i in 0..4 {
+                want[i] *= 1.0 - 0.1 * 0.5;
+                m[i] = 0.8 * m[i] + 0.2 * g[i];
+                s[i] = 0.9 * s[i] + 0.1 * g[i] * g[i];
+                want[i] -= 0.1 / c1 * m[i] / (s[i].sqrt() / c2.sqrt() + 0.01);
+            }
+            // Topology group: no decay, lr × 3.
+            let ga = g[0] * 10.0;
+            ma = 0.8 * ma + 0.2 * ga;
+            sa = 0.9 * sa + 0.1 * ga * ga;
+            want_a -= 0.3 / c1 * ma / (sa.sqrt() / c2.sqrt() + 0.01);
+        }
+        let got = Vec::<f64>::try_from(w.to_kind(Kind::Double).reshape([-1])).unwrap();
+        for i in 0..4 {
+            assert!((got[i] - want[i]).abs() < 1e-6, "w[{i}]: {} vs {}", got[i], want[i]);
+        }
+        assert!((a.double_value(&[0]) - want_a).abs() < 1e-6, "a: {} vs {want_a}", a.double_value(&[0]));
     }
 }
