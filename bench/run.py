@@ -15,6 +15,7 @@ parity/bench.py).
 import argparse
 import csv
 import datetime
+import math
 import os
 import platform
 import subprocess
@@ -106,6 +107,8 @@ def report(raw, depth_dir, args):
     out = []
     out.append("# Benchmarks: plexus against PyTorch, topology overhead, cost versus depth\n")
     out.append(f"Date: {datetime.date.today().isoformat()}. Machine: {machine()}.\n")
+    out.append("What the numbers mean, the profiles behind them and what would close the gaps: "
+               "[bench/README.md](README.md).\n")
     out.append(f"Protocol: `python bench/run.py --steps {args.steps} --warmup {args.warmup} --rounds {args.rounds}`"
                " (scripts/bench.sh). Each number is the median over rounds of the median ms per full training "
                "step (forward, backward, AdamW) on one fixed batch, fp32 on CPU; plexus, PyTorch eager and "
@@ -151,7 +154,15 @@ def report(raw, depth_dir, args):
                    f"{fmt(100 * mfu, '.0f')} % |")
     out.append("")
     wins = sum(1 for c in cases if stat(c, "plexus", "ms_median") <= stat(c, "torch-eager", "ms_median"))
-    out.append(f"plexus ≤ eager on {wins} of {len(cases)} cases.\n")
+
+    def geomean(impl):
+        rs = [stat(c, "plexus", "ms_median") / stat(c, impl, "ms_median") for c in cases]
+        rs = [r for r in rs if r == r]
+        return math.exp(sum(math.log(r) for r in rs) / len(rs)) if rs else float("nan"), len(rs)
+
+    (ge, ne), (gc, nc) = geomean("torch-eager"), geomean("torch-compile")
+    out.append(f"plexus ≤ eager on {wins} of {len(cases)} cases; geometric mean of plexus/eager {ge:.3f} "
+               f"({ne} cases), of plexus/compile {gc:.3f} ({nc} cases).\n")
     fail_path = os.path.join(ROOT, "bench", "failures.csv")
     if os.path.exists(fail_path):
         out.append("Runs that failed (the case's cell shows –):\n")

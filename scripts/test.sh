@@ -2,7 +2,7 @@
 # README command 2: set up whatever is missing, then run the whole test suite (unit, integration,
 # CLI, PyTorch parity). `.ci/run` calls exactly this. Extra arguments go to `cargo test`.
 # Real-data tests read $PLEXUS_DATA (scripts/fetch-data.sh: Fashion-MNIST always; CIFAR-10 and the
-# text corpora where a data folder provides them, required under CI=true).
+# text corpora where ../shared/data provides them; see tests/data.rs).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/scripts/setup.sh"

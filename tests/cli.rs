@@ -291,6 +291,7 @@ fn every_shipped_config_is_valid() {
     }
     let mut files = Vec::new();
     walk(&repo().join("configs"), &mut files);
+    walk(&repo().join("bench/configs"), &mut files);
     assert!(files.len() >= 50, "{} configs", files.len());
     let mut names = std::collections::HashSet::new();
     for f in files {
