@@ -64,26 +64,17 @@ struct Spec {
 
 fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
-    let (c, s) = match data.input_shape.as_slice() {
-        [c, h, w] if h == w => (*c, *h),
-        other => {
-            return Err(OptionError::new(
-                "kind",
-                "mixer",
-                format!("image data of shape [C, S, S]; this dataset gives samples of shape {other:?}"),
-            ))
-        }
-    };
-    for (key, v) in
-        [("width", o.width), ("depth", o.depth), ("token_hidden", o.token_hidden), ("channel_hidden", o.channel_hidden)]
-    {
-        if v == 0 || v > 1 << 16 {
-            return Err(OptionError::new(key, v, "an integer in 1..=65536"));
-        }
-    }
-    if o.patch == 0 || s % o.patch != 0 {
-        return Err(OptionError::new("patch", o.patch, format!("a divisor of the image size {s}")));
-    }
+    let (c, s) = super::square_images("mixer", data)?;
+    super::check_sizes(
+        &[
+            ("width", o.width),
+            ("depth", o.depth),
+            ("token_hidden", o.token_hidden),
+            ("channel_hidden", o.channel_hidden),
+        ],
+        o.patch,
+        s,
+    )?;
     Ok(Box::new(Spec {
         image_size: matching("image_size", o.image_size, s)?,
         channels: matching("channels", o.channels, c)?,

@@ -155,3 +155,29 @@ impl Model {
         self.vs.variables().values().map(|t| t.numel() as i64).sum()
     }
 }
+
+/// `(channels, side)` of square image data `[C, S, S]`, or an error on `kind` that names the shape
+/// the dataset gives (for the image backbones).
+pub(crate) fn square_images(kind: &'static str, data: &DataInfo) -> Result<(usize, usize), OptionError> {
+    match data.input_shape.as_slice() {
+        [c, h, w] if h == w => Ok((*c, *h)),
+        other => Err(OptionError::new(
+            "kind",
+            kind,
+            format!("image data of shape [C, S, S]; this dataset gives samples of shape {other:?}"),
+        )),
+    }
+}
+
+/// Checks that every `(key, value)` is a size in 1..=65536 and that `patch` divides the image side.
+pub(crate) fn check_sizes(sizes: &[(&str, usize)], patch: usize, side: usize) -> Result<(), OptionError> {
+    for &(key, v) in sizes {
+        if v == 0 || v > 1 << 16 {
+            return Err(OptionError::new(key, v, "an integer in 1..=65536"));
+        }
+    }
+    if patch == 0 || !side.is_multiple_of(patch) {
+        return Err(OptionError::new("patch", patch, format!("a divisor of the image size {side}")));
+    }
+    Ok(())
+}

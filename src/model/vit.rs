@@ -68,30 +68,18 @@ struct Spec {
 
 fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
-    let (c, s) = match data.input_shape.as_slice() {
-        [c, h, w] if h == w => (*c, *h),
-        other => {
-            return Err(OptionError::new(
-                "kind",
-                "vit",
-                format!("image data of shape [C, S, S]; this dataset gives samples of shape {other:?}"),
-            ))
-        }
-    };
+    let (c, s) = super::square_images("vit", data)?;
     let mlp_hidden = o.mlp_hidden.unwrap_or(4 * o.width);
-    for (key, v) in [("width", o.width), ("depth", o.depth), ("heads", o.heads), ("mlp_hidden", mlp_hidden)] {
-        if v == 0 || v > 1 << 16 {
-            return Err(OptionError::new(key, v, "an integer in 1..=65536"));
-        }
-    }
+    super::check_sizes(
+        &[("width", o.width), ("depth", o.depth), ("heads", o.heads), ("mlp_hidden", mlp_hidden)],
+        o.patch,
+        s,
+    )?;
     if !o.width.is_multiple_of(4) || o.width < 8 {
         return Err(OptionError::new("width", o.width, "a multiple of 4, at least 8 (the 2-D sin-cos embedding)"));
     }
     if !o.width.is_multiple_of(o.heads) {
         return Err(OptionError::new("heads", o.heads, format!("a divisor of width = {}", o.width)));
-    }
-    if o.patch == 0 || s % o.patch != 0 {
-        return Err(OptionError::new("patch", o.patch, format!("a divisor of the image size {s}")));
     }
     Ok(Box::new(Spec {
         image_size: matching("image_size", o.image_size, s)?,
