@@ -130,7 +130,22 @@ class MixerLayer(nn.Module):
         self.channel_mix = ChannelMix(D, channel_hidden, bf16)
 
 
-class MixerBackbone(nn.Module):
+class ImageBackbone(nn.Module):
+    """What the image backbones share: inputs [B, C, S, S], outputs [B, num_classes], and the
+    patchify of the stem ([B, C, S, S] -> [B, (S/p)^2, C*p*p], patches in row-major order)."""
+
+    def input_shape(self, batch):
+        return (batch, self.channels, self.image_size, self.image_size)
+
+    def output_shape(self, batch):
+        return (batch, self.num_classes)
+
+    def patches(self, x):
+        B, C, p, g = x.shape[0], self.channels, self.patch, self.image_size // self.patch
+        return x.reshape(B, C, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(B, g * g, C * p * p)
+
+
+class MixerBackbone(ImageBackbone):
     """MLP-Mixer: x [B, C, S, S] -> out [B, num_classes]; 2*depth sublayer units."""
 
     block_size = 2
@@ -163,17 +178,8 @@ class MixerBackbone(nn.Module):
             out.append(blk.channel_mix)
         return out
 
-    def input_shape(self, batch):
-        return (batch, self.channels, self.image_size, self.image_size)
-
-    def output_shape(self, batch):
-        return (batch, self.num_classes)
-
     def embed(self, x):
-        B, C, S, p = x.shape[0], self.channels, self.image_size, self.patch
-        x = x.reshape(B, C, S // p, p, S // p, p).permute(0, 2, 4, 1, 3, 5)
-        x = x.reshape(B, self.tokens, C * p * p)
-        return self.stem(x)
+        return self.stem(self.patches(x))
 
     def readout(self, y):
         return self.head(self.norm(y).mean(dim=1))
@@ -277,7 +283,7 @@ class ViTLayer(nn.Module):
         self.mlp = ViTMlp(D, hidden, bf16)
 
 
-class ViTBackbone(nn.Module):
+class ViTBackbone(ImageBackbone):
     """Simple ViT (Beyer et al. 2022): x [B, C, S, S] -> out [B, num_classes]; 2*depth units."""
 
     block_size = 2
@@ -314,16 +320,8 @@ class ViTBackbone(nn.Module):
             out.append(blk.mlp)
         return out
 
-    def input_shape(self, batch):
-        return (batch, self.channels, self.image_size, self.image_size)
-
-    def output_shape(self, batch):
-        return (batch, self.num_classes)
-
     def embed(self, x):
-        B, C, S, p, g = x.shape[0], self.channels, self.image_size, self.patch, self.grid
-        x = x.reshape(B, C, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(B, g * g, C * p * p)
-        return self.stem(x) + posemb_sincos_2d(g, g, self.width)
+        return self.stem(self.patches(x)) + posemb_sincos_2d(self.grid, self.grid, self.width)
 
     def readout(self, y):
         return self.head(self.norm(y).mean(dim=1))
