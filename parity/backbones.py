@@ -589,4 +589,6 @@ def build_backbone(cfg, precision="fp32"):
             if p >= 1.0:
                 raise common.OptionError(f"{where}: option '{k}' must be < 1, got {p}")
             args[k] = p
-    return BUILDERS[kind](bf16=bf16, **args)
+    model = BUILDERS[kind](bf16=bf16, **args)
+    model.bf16 = bf16
+    return model

@@ -38,6 +38,19 @@ DEFAULT_GRANULARITY = {"denseformer": "block"}
 GRANULARITIES = ("sublayer", "block")
 
 
+# The compute dtype of the topology being built: its own matmuls (projections, low-rank maps,
+# dynamic mixing weights) run in bf16 under `precision: bf16`, like every Linear; set by
+# build_topology from the backbone.
+COMPUTE = {"bf16": False}
+
+
+def mm(a, b):
+    """a @ b in the compute dtype, returned in float32 (a [..., m, k], b [k, n])."""
+    if COMPUTE["bf16"]:
+        return (a.bfloat16() @ b.bfloat16()).float()
+    return a @ b
+
+
 class OptionError(ValueError):
     """A case/config option is missing, unknown or has a wrong value."""
 
@@ -184,6 +197,7 @@ def build_topology(cfg, backbone):
     if kind is None:
         raise OptionError("topology: missing 'kind'")
     module = topology_module(kind)
+    COMPUTE["bf16"] = bool(getattr(backbone, "bf16", False))
     granularity = cfg.pop("granularity", DEFAULT_GRANULARITY.get(kind, "sublayer"))
     as_choice(f"topology '{kind}'", "granularity", granularity, GRANULARITIES)
     units, block_size = make_units(backbone, granularity)

@@ -24,5 +24,5 @@ class Topology(nn.Module):
         common.check_units("densenet", units, self.L)
         h = [x0]
         for k, f in enumerate(units, start=1):
-            h.append(f(self.proj[k - 1](torch.cat(h, dim=-1))))
-        return self.proj[self.L](torch.cat(h, dim=-1))
+            h.append(f(common.mm(torch.cat(h, dim=-1), self.proj[k - 1].weight.t())))
+        return common.mm(torch.cat(h, dim=-1), self.proj[self.L].weight.t())

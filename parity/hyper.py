@@ -34,8 +34,8 @@ class HyperLayer(nn.Module):
     def forward(self, H, f):
         if self.dynamic:
             N = self.norm(H)
-            A = self.static_alpha + torch.tanh(N @ self.dynamic_alpha) * self.alpha_scale
-            Bv = self.static_beta + torch.tanh(N @ self.dynamic_beta) * self.beta_scale
+            A = self.static_alpha + torch.tanh(common.mm(N, self.dynamic_alpha)) * self.alpha_scale
+            Bv = self.static_beta + torch.tanh(common.mm(N, self.dynamic_beta)) * self.beta_scale
         else:
             A = self.static_alpha
             Bv = self.static_beta

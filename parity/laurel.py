@@ -29,7 +29,7 @@ class LaurelLayer(nn.Module):
             self.gamma = nn.Parameter(torch.ones(history))
 
     def low_rank(self, x):
-        return (x @ self.down.t()) @ self.up.t()
+        return common.mm(common.mm(x, self.down.t()), self.up.t())
 
 
 class Topology(nn.Module):

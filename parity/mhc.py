@@ -38,7 +38,7 @@ class MHCLayer(nn.Module):
         n = self.n
         v = H.flatten(-2)
         r = torch.sqrt((v * v).mean(dim=-1, keepdim=True))
-        q = v @ self.phi
+        q = common.mm(v, self.phi)
         pre = q[..., :n]
         post = q[..., n : 2 * n]
         res = q[..., 2 * n :].reshape(*q.shape[:-1], n, n)

@@ -80,13 +80,17 @@ def run(case_path, out_path):
     model = build_model(case)
 
     torch.manual_seed(seed)
-    keys = redraw_parameters(model)
+    keys = redraw_parameters(model)  # drawn on the CPU: the same numbers whatever the device
     vocab = getattr(model, "input_vocab", None)
     if vocab is not None:  # language models: integer tokens, uniform in [0, vocab)
         x = torch.randint(0, vocab, model.input_shape(BATCH), dtype=torch.int64)
     else:
         x = torch.randn(model.input_shape(BATCH), dtype=torch.float32)
     g = torch.randn(model.output_shape(BATCH), dtype=torch.float32)
+    # `--device cuda` (plexus parity --device cuda): run the reference there, from the same draws.
+    device = torch.device(os.environ.get("PLEXUS_PARITY_DEVICE", "cpu"))
+    model.to(device)
+    x, g = x.to(device), g.to(device)
     if x.is_floating_point():
         x.requires_grad_(True)
 
@@ -100,7 +104,7 @@ def run(case_path, out_path):
     loss.backward()
 
     def f32(t):
-        return t.detach().to(torch.float32).contiguous().clone()
+        return t.detach().to(torch.float32).cpu().contiguous().clone()
 
     params = dict(model.named_parameters(remove_duplicate=False))
     tensors = {}
@@ -110,7 +114,7 @@ def run(case_path, out_path):
         tensors[f"grad.{name}"] = f32(p.grad) if p.grad is not None else torch.zeros(
             p.shape, dtype=torch.float32
         )
-    tensors["input.x"] = f32(x) if x.is_floating_point() else x.contiguous().clone()
+    tensors["input.x"] = f32(x) if x.is_floating_point() else x.cpu().contiguous().clone()
     tensors["input.g"] = f32(g)
     tensors["output.y"] = f32(out)
     tensors["output.loss"] = f32(loss).reshape(())

@@ -18,6 +18,7 @@ use crate::device;
 use crate::experiment::Experiment;
 use crate::model::Model;
 use crate::train::optim::Optim;
+use crate::train::step::Stepper;
 use anyhow::{Context, Result};
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
@@ -189,64 +190,86 @@ pub fn peak_matmul_flops(dev: Device, kind: Kind) -> f64 {
     2.0 * (n * n * n) as f64 / best
 }
 
-/// A model, its optimizer and one fixed batch on the device: what a benchmark steps.
+/// A [`Stepper`] (model, optimizer: the training step of `plexus train`) and one fixed raw batch,
+/// resident on the device like an in-memory dataset's: what a benchmark steps.
 struct Trainee {
-    model: Model,
-    optim: Optim,
+    stepper: Stepper,
     batch: crate::data::Batch,
-    task: crate::data::Task,
     lr: f64,
-    clip: Option<f64>,
     dev: Device,
+    steps_done: u64,
 }
 
 impl Trainee {
     fn new(exp: &Experiment) -> Result<Self> {
         let cfg = exp.config();
         let dev = device::resolve(device::parse_device(&cfg.device).map_err(anyhow::Error::msg)?)?;
+        device::apply_matmul_precision(cfg, dev)?;
         let compute = device::compute_kind(cfg.precision);
         let data = exp.data.load().with_context(|| format!("{}: loading the benchmark batch", cfg.name))?;
         let batch = data.train_batch(0).to_device(dev);
         let model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
         let optim = Optim::new(&cfg.train, model.trainable());
-        let (task, lr, clip) = (exp.data.info().task, cfg.train.lr, cfg.train.clip_grad_norm);
-        Ok(Self { model, optim, batch, task, lr, clip, dev })
+        let tc = &cfg.train;
+        let stepper = Stepper::new(
+            model,
+            optim,
+            exp.data.info().task,
+            tc.accumulation,
+            tc.clip_grad_norm,
+            &data.input_transform(),
+        );
+        Ok(Self { stepper, batch, lr: cfg.train.lr, dev, steps_done: 0 })
     }
 
-    /// One training step; `phases` (if given) receives the time of forward + loss, backward, and
-    /// clipping + update, each after a device synchronisation (the `--profile` breakdown).
-    fn step(&mut self, phases: Option<&mut [f64; 3]>) {
+    fn model(&self) -> &Model {
+        &self.stepper.model
+    }
+
+    /// The model input of the benchmark batch (transformed as the step does it).
+    fn input(&self) -> Tensor {
+        self.stepper.model_input(&self.batch.input)
+    }
+
+    /// One training step, exactly `plexus train`'s (all micro-batches are the fixed batch).
+    fn step(&mut self) {
+        let b = &self.batch;
+        let next = || crate::data::Batch { input: b.input.shallow_clone(), target: b.target.shallow_clone() };
+        self.stepper.step(self.steps_done, next, Some(self.lr));
+        self.steps_done += 1;
+    }
+
+    /// The `--profile` breakdown of one step: forward + loss, backward, and clipping + update, each
+    /// after a device synchronisation (so these steps are not the timed ones).
+    fn profiled_step(&mut self) -> [f64; 3] {
         let t0 = Instant::now();
-        self.optim.zero_grad();
-        let out = self.model.forward(&self.batch.input, true);
-        let mut loss = self.task.loss(&out, &self.batch.target);
-        if let Some(r) = self.model.topology.regularizer() {
+        let input = self.input();
+        let s = &mut self.stepper;
+        s.optim.zero_grad();
+        let out = s.model.forward(&input, true);
+        let mut loss = s.task.loss(&out, &self.batch.target);
+        if let Some(r) = s.model.topology.regularizer() {
             loss = loss + r;
         }
-        let mark = |on: bool| {
-            on.then(|| {
-                sync(self.dev);
-                Instant::now()
-            })
-        };
-        let t1 = mark(phases.is_some());
+        sync(self.dev);
+        let t1 = Instant::now();
         loss.backward();
-        let t2 = mark(phases.is_some());
-        if let Some(max) = self.clip {
-            self.optim.clip(self.optim.grad_norm(), max);
+        sync(self.dev);
+        let t2 = Instant::now();
+        let norm = s.optim.grad_norm();
+        if let Some(max) = s.clip {
+            s.optim.clip(&norm, max);
         }
-        self.optim.step(self.lr);
-        if let (Some(p), Some(t1), Some(t2)) = (phases, t1, t2) {
-            sync(self.dev);
-            let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
-            *p = [ms(t0, t1), ms(t1, t2), ms(t2, Instant::now())];
-        }
+        s.optim.step(self.lr);
+        sync(self.dev);
+        let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
+        [ms(t0, t1), ms(t1, t2), ms(t2, Instant::now())]
     }
 
     /// One step's wall time in ms, synchronised.
     fn timed_step(&mut self) -> f64 {
         let t = Instant::now();
-        self.step(None);
+        self.step();
         sync(self.dev);
         t.elapsed().as_secs_f64() * 1e3
     }
@@ -257,10 +280,12 @@ impl Trainee {
         if self.dev != Device::Cpu {
             return f64::NAN;
         }
-        self.optim.zero_grad();
+        let input = self.input();
+        let s = &self.stepper;
+        s.optim.zero_grad();
         let before = heap_in_use();
-        let out = self.model.forward(&self.batch.input, true);
-        let loss = self.task.loss(&out, &self.batch.target);
+        let out = s.model.forward(&input, true);
+        let loss = s.task.loss(&out, &self.batch.target);
         let after = heap_in_use();
         loss.backward();
         match (before, after) {
@@ -280,7 +305,7 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
     let compute = device::compute_kind(cfg.precision);
     let _seed = device::seed_guard(cfg.seed);
     for _ in 0..opts.warmup {
-        t.step(None);
+        t.step();
     }
     sync(dev);
     reset_peak_rss();
@@ -288,20 +313,14 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
     // The breakdown is measured in steps of its own, after the timed ones, so that its
     // synchronisations do not enter the step times.
     let phase_ms = opts.profile.then(|| {
-        let phases: Vec<[f64; 3]> = (0..opts.steps)
-            .map(|_| {
-                let mut p = [0.0; 3];
-                t.step(Some(&mut p));
-                p
-            })
-            .collect();
+        let phases: Vec<[f64; 3]> = (0..opts.steps).map(|_| t.profiled_step()).collect();
         let col = |k: usize| quantile(&phases.iter().map(|p| p[k]).collect::<Vec<_>>(), 0.5);
         [col(0), col(1), col(2)]
     });
     let peak_rss_mb = rss_mb().map_or(f64::NAN, |m| m.1);
     let act_mem_mb = t.activation_mb();
     drop(_seed);
-    let (model, batch) = (&t.model, &t.batch);
+    let (model, batch) = (t.model(), &t.batch);
     let b = batch.input.size()[0];
     let ms = [quantile(&times, 0.5), quantile(&times, 0.1), quantile(&times, 0.9)];
     let per_s = 1e3 / ms[0];
@@ -353,7 +372,7 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
     let _seed = device::seed_guard(exps[0].1.config().seed);
     for t in ts.iter_mut() {
         for _ in 0..opts.warmup {
-            t.step(None);
+            t.step();
         }
     }
     let n = ts.len();

@@ -81,6 +81,9 @@ pub enum Cmd {
         /// Also write correlation.csv (next to the runs) with the pairwise Pearson correlation of a.
         #[arg(long)]
         correlate: bool,
+        /// Device to analyse on (`cpu`, `cuda`, `cuda:N`, `auto`); default: each run's own.
+        #[arg(long)]
+        device: Option<String>,
     },
     /// Check every topology and backbone against its PyTorch reference (parity/), forward and
     /// every gradient. Prints one line per case; exits non-zero if any fails.
@@ -94,6 +97,9 @@ pub enum Cmd {
         /// Keep the reference files here (default: a temporary directory).
         #[arg(long)]
         keep: Option<PathBuf>,
+        /// Device of both sides, the Rust model and the PyTorch reference (`cpu`, `cuda`, `cuda:N`).
+        #[arg(long, default_value = "cpu")]
+        device: String,
     },
     /// Print the direct layer connectivity matrix C as CSV (row = source node, column = target):
     /// of the initialised model for a config, of the final checkpoint (or a saved step) for a run.
@@ -142,8 +148,18 @@ pub enum Cmd {
         #[arg(long, default_value = "bench/depth")]
         out: PathBuf,
     },
-    /// Report the torch version, CUDA availability and devices, bf16 support and threads.
-    Doctor,
+    /// Report the torch version, the CUDA driver and runtime, each GPU (name, compute capability,
+    /// memory), bf16 support and threads; exit non-zero on a broken CUDA set-up. With
+    /// --selftest, also train every topology on every backbone at tiny size on the device
+    /// (connectivity, checkpoints, --resume, analyze, bf16 against fp32): the first command to
+    /// run on a new GPU machine.
+    Doctor {
+        #[arg(long)]
+        selftest: bool,
+        /// Device of the self-test (`auto`: the GPU when there is one).
+        #[arg(long, default_value = "auto")]
+        device: String,
+    },
     /// List the registered topologies, backbones, datasets and embedded config sets.
     List,
 }
@@ -202,8 +218,15 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Analyze { runs, sigmas, probs, repeats, correlate } => {
-            let opts = AnalyzeOptions { sigmas, char_probs: probs, repeats, seed: 0 };
+        Cmd::Analyze { runs, sigmas, probs, repeats, correlate, device } => {
+            let device = match device {
+                Some(d) => Some(crate::device::resolve(
+                    crate::device::parse_device(&d)
+                        .map_err(|allowed| anyhow::anyhow!("--device {d}: expected {allowed}"))?,
+                )?),
+                None => None,
+            };
+            let opts = AnalyzeOptions { sigmas, char_probs: probs, repeats, seed: 0, device };
             let summaries = runs.iter().map(|r| analysis::analyze(r, &opts)).collect::<Result<Vec<_>>>()?;
             print_analysis(&summaries);
             if correlate {
@@ -226,17 +249,22 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Parity { only, dir, keep } => parity(&dir, only.as_deref(), keep.as_deref()),
+        Cmd::Parity { only, dir, keep, device } => parity(&dir, only.as_deref(), keep.as_deref(), &device),
         Cmd::Connectivity { config_or_run, step, overrides } => {
             print!("{}", connectivity_csv(&config_or_run, step, &overrides)?);
             Ok(())
         }
-        Cmd::Doctor => {
-            if doctor::run() {
-                Ok(())
-            } else {
+        Cmd::Doctor { selftest, device } => {
+            if !doctor::run() {
                 bail!("libtorch is not fully usable (see above)")
             }
+            if selftest {
+                println!();
+                if !doctor::selftest(&device)? {
+                    bail!("the self-test failed (see the table above)")
+                }
+            }
+            Ok(())
         }
         Cmd::List => {
             println!("topologies (topology.kind):");
@@ -576,15 +604,19 @@ pub fn print_analysis(rows: &[analysis::AnalysisSummary]) {
     }
 }
 
-fn parity(dir: &Path, only: Option<&str>, keep: Option<&Path>) -> Result<()> {
+fn parity(dir: &Path, only: Option<&str>, keep: Option<&Path>, device: &str) -> Result<()> {
+    let device = crate::device::resolve(
+        crate::device::parse_device(device)
+            .map_err(|allowed| anyhow::anyhow!("--device {device}: expected {allowed}"))?,
+    )?;
     let cases = crate::parity::cases(&dir.join("cases"), only)?;
     if cases.is_empty() {
         bail!("no parity case in {} matches {:?}", dir.join("cases").display(), only.unwrap_or(""));
     }
     let tmp = tempfile::tempdir()?;
     let work = keep.unwrap_or(tmp.path());
-    eprintln!("running {} PyTorch references…", cases.len());
-    let results = crate::parity::run_all(dir, &cases, work)?;
+    eprintln!("running {} PyTorch references on {}…", cases.len(), crate::device::describe(device));
+    let results = crate::parity::run_all(dir, &cases, work, device)?;
     println!(
         "{:<28} {:>5} {:>11} {:>11} {:<34} {:>8} {:>7}  result",
         "case", "prec", "output err", "grad err", "(worst gradient)", "tol", "params"

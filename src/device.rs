@@ -23,14 +23,54 @@ pub enum DeviceRequest {
     Cuda(usize),
 }
 
+/// What the machine offers, as far as device resolution cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Machine {
+    /// CUDA devices libtorch can use.
+    pub cuda_devices: usize,
+    /// Whether `libtorch_cuda.so` is mapped into the process (a CUDA build of libtorch).
+    pub cuda_linked: bool,
+    /// Whether the kernel exposes an NVIDIA GPU (`/dev/nvidia0`).
+    pub nvidia_node: bool,
+}
+
+impl Machine {
+    /// This process on this machine.
+    pub fn current() -> Self {
+        Self {
+            cuda_devices: tch::Cuda::device_count().max(0) as usize,
+            cuda_linked: cuda_linked(),
+            nvidia_node: std::path::Path::new("/dev/nvidia0").exists(),
+        }
+    }
+}
+
+/// Whether `libtorch_cuda.so` is loaded into this process.
+pub fn cuda_linked() -> bool {
+    std::fs::read_to_string("/proc/self/maps").map(|m| m.contains("libtorch_cuda.so")).unwrap_or(false)
+}
+
 /// Resolves a request against what libtorch sees; asking for a GPU that is not there is an error,
 /// not a silent fall-back to the CPU.
 pub fn resolve(req: DeviceRequest) -> anyhow::Result<Device> {
+    resolve_on(req, Machine::current())
+}
+
+/// [`resolve`] against a given machine. `auto` is the CPU only where there is no GPU to use: on a
+/// machine with an NVIDIA GPU and a CUDA build of libtorch that still sees no device, the CUDA
+/// set-up is broken, and training for days on the CPU instead would be the worst outcome.
+pub fn resolve_on(req: DeviceRequest, m: Machine) -> anyhow::Result<Device> {
     match req {
         DeviceRequest::Cpu => Ok(Device::Cpu),
-        DeviceRequest::Auto => Ok(Device::cuda_if_available()),
+        DeviceRequest::Auto if m.cuda_devices > 0 => Ok(Device::Cuda(0)),
+        DeviceRequest::Auto if m.cuda_linked && m.nvidia_node => anyhow::bail!(
+            "`device: auto` found no usable CUDA device, although this machine has an NVIDIA GPU (/dev/nvidia0) and \
+             plexus runs on a CUDA build of libtorch: the driver or the CUDA runtime is broken (`plexus doctor` \
+             says which). Set `device: cpu` (or `--set device=cpu`) to train on the CPU anyway."
+        ),
+        DeviceRequest::Auto => Ok(Device::Cpu),
         DeviceRequest::Cuda(i) => {
-            let n = tch::Cuda::device_count() as usize;
+            let n = m.cuda_devices;
             if i < n {
                 Ok(Device::Cuda(i))
             } else {
@@ -40,6 +80,32 @@ pub fn resolve(req: DeviceRequest) -> anyhow::Result<Device> {
             }
         }
     }
+}
+
+/// One line on a resolved device, printed when a run starts: the GPU's name, compute capability
+/// and memory, or the CPU's thread count.
+pub fn describe(dev: Device) -> String {
+    match dev {
+        Device::Cuda(i) => match crate::native::cuda_device_info(i) {
+            Ok(d) => format!(
+                "cuda:{i} ({}, compute capability {}.{}, {:.1} GiB)",
+                d.name,
+                d.major,
+                d.minor,
+                d.total_memory as f64 / (1u64 << 30) as f64
+            ),
+            Err(e) => format!("cuda:{i} (properties unavailable: {e:#})"),
+        },
+        _ => format!("cpu ({} threads)", tch::get_num_threads()),
+    }
+}
+
+/// Applies the config's `tf32` switch to fp32 matmuls (cuBLAS and cuDNN on Ampere and later):
+/// `tf32: true` trades fp32's 23-bit mantissa for TF32's 10 bits in matmul inputs, several times
+/// faster on tensor cores. Off by default, so that fp32 runs match their PyTorch references.
+pub fn apply_matmul_precision(cfg: &crate::config::Config, dev: Device) -> anyhow::Result<()> {
+    let _ = dev;
+    crate::native::set_float32_matmul_precision(if cfg.tf32 { "high" } else { "highest" })
 }
 
 /// The dtype that matmuls run in for a precision setting.
@@ -66,4 +132,26 @@ pub fn with_seed<R>(seed: u64, f: impl FnOnce() -> R) -> R {
     let _guard = SEED_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     tch::manual_seed(seed as i64);
     f()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GPU_BOX: Machine = Machine { cuda_devices: 1, cuda_linked: true, nvidia_node: true };
+    const BROKEN_GPU_BOX: Machine = Machine { cuda_devices: 0, cuda_linked: true, nvidia_node: true };
+    const CPU_BOX: Machine = Machine { cuda_devices: 0, cuda_linked: true, nvidia_node: false };
+
+    #[test]
+    fn auto_is_the_cpu_only_where_there_is_no_gpu() {
+        assert_eq!(resolve_on(DeviceRequest::Auto, GPU_BOX).unwrap(), Device::Cuda(0));
+        assert_eq!(resolve_on(DeviceRequest::Auto, CPU_BOX).unwrap(), Device::Cpu);
+        // An NVIDIA GPU that libtorch cannot use is a broken set-up, not a reason to train on the CPU.
+        let e = resolve_on(DeviceRequest::Auto, BROKEN_GPU_BOX).unwrap_err().to_string();
+        assert!(e.contains("/dev/nvidia0") && e.contains("device: cpu") && e.contains("plexus doctor"), "{e}");
+        // Asking for the CPU explicitly always works.
+        assert_eq!(resolve_on(DeviceRequest::Cpu, BROKEN_GPU_BOX).unwrap(), Device::Cpu);
+        let e = resolve_on(DeviceRequest::Cuda(1), GPU_BOX).unwrap_err().to_string();
+        assert!(e.contains("cuda:1") && e.contains("1 CUDA device"), "{e}");
+    }
 }

@@ -35,31 +35,160 @@ fn bf16_works(dev: Device) -> Result<(), String> {
     }
 }
 
-/// Prints the report; returns false if something required is missing.
+/// Prints the report; returns false if something required is missing or the CUDA set-up is
+/// broken (an NVIDIA GPU on the machine that libtorch cannot use, or a GPU failing bf16 matmuls).
 pub fn run() -> bool {
     let version = torch_version();
     let lib = loaded_torch_lib_dir().map(|p| p.display().to_string()).unwrap_or_else(|| "?".into());
-    let cuda = tch::Cuda::is_available();
-    let n = tch::Cuda::device_count();
-    let cuda_linked =
-        std::fs::read_to_string("/proc/self/maps").map(|m| m.contains("libtorch_cuda.so")).unwrap_or(false);
+    let machine = crate::device::Machine::current();
+    let n = machine.cuda_devices;
+    let mut ok = machine.cuda_linked && version != "unknown";
     println!("plexus {}", env!("CARGO_PKG_VERSION"));
     println!("torch             {version} (built against {})", env!("PLEXUS_TORCH_BUILD_VERSION"));
     println!("libtorch          {lib}");
     println!(
         "libtorch_cuda.so  {}",
-        if cuda_linked { "loaded" } else { "NOT loaded (CUDA unavailable even on a GPU machine)" }
+        if machine.cuda_linked { "loaded" } else { "NOT loaded (CUDA unavailable even on a GPU machine)" }
     );
-    println!("CUDA available    {cuda}");
+    let version_text = |v: anyhow::Result<i32>| match v {
+        Ok(v) => format!("{}.{}", v / 1000, (v % 1000) / 10),
+        Err(e) => format!("none ({e:#})"),
+    };
+    println!("NVIDIA GPU node   {}", if machine.nvidia_node { "/dev/nvidia0 present" } else { "none" });
+    println!("CUDA driver       {}", version_text(crate::native::cuda_driver_version()));
+    println!("CUDA runtime      {}", version_text(crate::native::cuda_runtime_version()));
     println!("CUDA devices      {n}");
     println!("cuDNN available   {}", tch::Cuda::cudnn_is_available());
     println!("CPU threads       {}", tch::get_num_threads());
     println!("MKL / OpenMP      {} / {}", tch::utils::has_mkl(), tch::utils::has_openmp());
     let cpu_bf16 = bf16_works(Device::Cpu);
     println!("bf16 on CPU       {}", cpu_bf16.as_ref().map(|_| "ok".to_string()).unwrap_or_else(|e| e.clone()));
-    for i in 0..n.max(0) as usize {
+    for i in 0..n {
+        println!("cuda:{i}            {}", crate::device::describe(Device::Cuda(i)));
         let r = bf16_works(Device::Cuda(i));
+        ok &= r.is_ok();
         println!("bf16 on cuda:{i}     {}", r.map(|_| "ok".to_string()).unwrap_or_else(|e| e));
     }
-    cuda_linked && version != "unknown"
+    if let Err(e) = crate::device::resolve_on(crate::device::DeviceRequest::Auto, machine) {
+        println!("BROKEN            {e:#}");
+        ok = false;
+    } else if n == 0 {
+        println!("device: auto      cpu (no NVIDIA GPU on this machine)");
+    }
+    ok
+}
+
+/// A tiny config (model and data sections) per backbone, for the self-test and the tests that
+/// run every topology on every backbone; a new backbone must add one here.
+pub fn tiny_backbone(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "lnn" => "model: {kind: lnn, depth: 3}\ndata: {kind: whitened_regression, dim: 6, samples: 8}\n",
+        "mlp" => "model: {kind: mlp, width: 8, depth: 3}\ndata: {kind: whitened_regression, dim: 6, samples: 8}\n",
+        "mixer" => "model: {kind: mixer, patch: 4, width: 8, token_hidden: 4, channel_hidden: 8, depth: 2}\ndata: {kind: synthetic_images, image_size: 8, channels: 3, classes: 3, samples: 16, batch_size: 4}\n",
+        "vit" => "model: {kind: vit, patch: 4, width: 8, depth: 2, heads: 2}\ndata: {kind: synthetic_images, image_size: 8, channels: 3, classes: 3, samples: 16, batch_size: 4}\n",
+        "gpt" => "model: {kind: gpt, width: 8, depth: 2, heads: 2}\ndata: {kind: synthetic_tokens, vocab: 16, seq_len: 6, batch_size: 2}\n",
+        "llama" => "model: {kind: llama, width: 8, depth: 2, heads: 2}\ndata: {kind: synthetic_tokens, vocab: 16, seq_len: 6, batch_size: 2}\n",
+        _ => return None,
+    })
+}
+
+/// bf16 against fp32: the initial losses (same weights, same batch) may differ by this fraction.
+pub const BF16_TOLERANCE: f64 = 0.02;
+
+/// `plexus doctor --selftest`: on `device`, every topology on every backbone at tiny size, for 6
+/// steps with connectivity, parameter views, evaluation and checkpoints; then a crash after 3
+/// updates and `--resume` (must match the uninterrupted run: exactly on the CPU, to 1e-4 relative
+/// on a GPU, whose kernels need not be deterministic), `analyze`, and bf16 against fp32. Prints a
+/// table; returns whether every case passed.
+pub fn selftest(device: &str) -> anyhow::Result<bool> {
+    let tmp = tempfile::tempdir()?;
+    let dev = crate::device::resolve(crate::device::parse_device(device).map_err(anyhow::Error::msg)?)?;
+    println!("self-test on {}", crate::device::describe(dev));
+    println!(
+        "{:<8} {:<12} {:>11} {:>11} {:>11} {:>8}  result",
+        "backbone", "topology", "fp32 loss", "bf16 loss", "eval", "time"
+    );
+    let clock = std::time::Instant::now();
+    let (mut passed, mut failed) = (0, 0);
+    for m in crate::model::REGISTRY {
+        for t in crate::topology::REGISTRY {
+            let start = std::time::Instant::now();
+            let r = selftest_case(m.name, t.name, device, tmp.path());
+            let secs = start.elapsed().as_secs_f64();
+            match r {
+                Ok((l32, l16, eval)) => {
+                    passed += 1;
+                    println!("{:<8} {:<12} {l32:>11.4} {l16:>11.4} {eval:>11.4} {secs:>7.2}s  ok", m.name, t.name);
+                }
+                Err(e) => {
+                    failed += 1;
+                    println!(
+                        "{:<8} {:<12} {:>11} {:>11} {:>11} {secs:>7.2}s  FAILED: {e:#}",
+                        m.name, t.name, "", "", ""
+                    );
+                }
+            }
+        }
+    }
+    println!("{passed} passed, {failed} failed ({:.0} s)", clock.elapsed().as_secs_f64());
+    Ok(failed == 0)
+}
+
+/// One self-test case: `(fp32 final loss, bf16 final loss, eval loss)`.
+fn selftest_case(
+    backbone: &str,
+    topology: &str,
+    device: &str,
+    root: &std::path::Path,
+) -> anyhow::Result<(f64, f64, f64)> {
+    use crate::train::{train, TrainOptions};
+    use anyhow::{ensure, Context};
+    let tiny = tiny_backbone(backbone).with_context(|| format!("no tiny config for backbone `{backbone}`"))?;
+    let yaml = |precision: &str| {
+        format!(
+            "name: selftest-{backbone}-{topology}\ndevice: {device}\nprecision: {precision}\n{tiny}topology: {{kind: {topology}}}\n\
+             train: {{optimizer: adamw, lr: 0.01, steps: 6, clip_grad_norm: 1.0}}\n\
+             log: {{every: 1, eval_every: 3, connectivity_every: 3, checkpoint_every: 3}}\n"
+        )
+    };
+    let exp32 = crate::experiment::Experiment::from_str(&yaml("fp32"), "selftest.yaml", &[])?;
+    let dir = |name: &str| crate::run_dir::RunDir::create(&root.join(format!("{backbone}-{topology}-{name}")));
+    let full_dir = dir("full")?;
+    let full = train(&exp32, &full_dir, &TrainOptions::default())?;
+    ensure!(full.final_loss.is_finite(), "fp32 final loss {}", full.final_loss);
+    for sub in ["connectivity/step_0.csv", "connectivity/step_6.csv", "checkpoints/final.safetensors"] {
+        ensure!(full_dir.path.join(sub).exists(), "{sub} missing");
+    }
+    let crashed = dir("resumed")?;
+    let crash = TrainOptions { crash_after: Some(4), ..Default::default() };
+    ensure!(train(&exp32, &crashed, &crash).is_err(), "the simulated crash did not happen");
+    let resumed = train(&exp32, &crashed, &TrainOptions { resume: true, ..Default::default() })?;
+    let tol = if full.device == "Cpu" { 0.0 } else { 1e-4 };
+    ensure!(
+        (resumed.final_loss - full.final_loss).abs() <= tol * full.final_loss.abs(),
+        "resumed final loss {} vs uninterrupted {}",
+        resumed.final_loss,
+        full.final_loss
+    );
+    let analysis = crate::analysis::analyze(
+        &full_dir.path,
+        &crate::analysis::AnalyzeOptions {
+            repeats: 1,
+            sigmas: vec![0.0, 0.5],
+            char_probs: vec![0.0, 0.1],
+            ..Default::default()
+        },
+    )?;
+    let eval = analysis.final_eval.map_or(f64::NAN, |e| e.loss);
+    let exp16 = crate::experiment::Experiment::from_str(&yaml("bf16"), "selftest.yaml", &[])?;
+    let b16 = train(&exp16, &dir("bf16")?, &TrainOptions::default())?;
+    ensure!(
+        (b16.initial_loss - full.initial_loss).abs() <= BF16_TOLERANCE * full.initial_loss.abs(),
+        "bf16 initial loss {} vs fp32 {} (tolerance {}%)",
+        b16.initial_loss,
+        full.initial_loss,
+        100.0 * BF16_TOLERANCE
+    );
+    ensure!(b16.final_loss.is_finite(), "bf16 final loss {}", b16.final_loss);
+    Ok((full.final_loss, b16.final_loss, eval))
 }

@@ -63,10 +63,11 @@ pub fn case_name(p: &Path) -> String {
 }
 
 /// Runs the PyTorch references for `cases` (one Python process), writing `<out>/<case>.safetensors`.
-pub fn run_references(parity_dir: &Path, cases: &[PathBuf], out: &Path) -> Result<()> {
+pub fn run_references(parity_dir: &Path, cases: &[PathBuf], out: &Path, device: Device) -> Result<()> {
     std::fs::create_dir_all(out)?;
     let py = python();
     let status = std::process::Command::new(&py)
+        .env("PLEXUS_PARITY_DEVICE", device_name(device))
         .arg(parity_dir.join("run.py"))
         .arg("--out-dir")
         .arg(out)
@@ -84,14 +85,23 @@ pub fn run_references(parity_dir: &Path, cases: &[PathBuf], out: &Path) -> Resul
     Ok(())
 }
 
+/// PyTorch's name of a device (`cpu`, `cuda:0`).
+fn device_name(device: Device) -> String {
+    match device {
+        Device::Cuda(i) => format!("cuda:{i}"),
+        _ => "cpu".into(),
+    }
+}
+
 fn rel_err(a: &Tensor, reference: &Tensor) -> f64 {
     let r = reference.to_kind(Kind::Double);
+    let a = a.to_kind(Kind::Double).to_device(Device::Cpu);
     let scale = r.abs().max().double_value(&[]).max(1.0);
-    (a.to_kind(Kind::Double) - r).abs().max().double_value(&[]) / scale
+    (a - r).abs().max().double_value(&[]) / scale
 }
 
 /// Compares one case against its reference file.
-pub fn check_case(case: &Path, reference: &Path) -> Result<CaseResult> {
+pub fn check_case(case: &Path, reference: &Path, device: Device) -> Result<CaseResult> {
     let exp = Experiment::from_file(case, &[])?;
     let cfg = exp.config();
     let file: HashMap<String, Tensor> = Tensor::read_safetensors(reference)
@@ -101,7 +111,7 @@ pub fn check_case(case: &Path, reference: &Path) -> Result<CaseResult> {
     let get = |k: &str| file.get(k).with_context(|| format!("{}: no `{k}` in the reference file", reference.display()));
 
     let model = crate::device::with_seed(0, || {
-        Model::new(exp.model.as_ref(), exp.topology.as_ref(), Device::Cpu, compute_kind(cfg.precision))
+        Model::new(exp.model.as_ref(), exp.topology.as_ref(), device, compute_kind(cfg.precision))
     });
     let vars = model.vs.variables();
     let mut names: Vec<&String> = vars.keys().collect();
@@ -113,7 +123,7 @@ pub fn check_case(case: &Path, reference: &Path) -> Result<CaseResult> {
         if r.size() != v.size() {
             bail!("parameter `{name}`: Rust shape {:?}, PyTorch shape {:?}", v.size(), r.size());
         }
-        tch::no_grad(|| v.shallow_clone().copy_(r));
+        tch::no_grad(|| v.shallow_clone().copy_(&r.to_device(device)));
     }
     let extra: Vec<&str> =
         file.keys().filter_map(|k| k.strip_prefix("param.")).filter(|k| !vars.contains_key(*k)).collect();
@@ -122,10 +132,10 @@ pub fn check_case(case: &Path, reference: &Path) -> Result<CaseResult> {
     }
 
     // Language models take integer tokens: no requires_grad, and no `grad.input` to compare.
-    let x = get("input.x")?.copy();
+    let x = get("input.x")?.to_device(device).copy();
     let x = if x.is_floating_point() { x.set_requires_grad(true) } else { x };
     let out = model.forward(&x, true);
-    let loss = (&out * get("input.g")?).sum(Kind::Float);
+    let loss = (&out * get("input.g")?.to_device(device)).sum(Kind::Float);
     let loss = match model.topology.regularizer() {
         Some(r) => loss + r,
         None => loss,
@@ -165,7 +175,8 @@ pub fn check_case(case: &Path, reference: &Path) -> Result<CaseResult> {
 }
 
 /// Runs the references and checks every case; one result per case, in order.
-pub fn run_all(parity_dir: &Path, cases: &[PathBuf], work: &Path) -> Result<Vec<Result<CaseResult>>> {
-    run_references(parity_dir, cases, work)?;
-    Ok(cases.iter().map(|c| check_case(c, &work.join(format!("{}.safetensors", case_name(c))))).collect())
+/// On `device` (both sides: the Rust model and the PyTorch reference).
+pub fn run_all(parity_dir: &Path, cases: &[PathBuf], work: &Path, device: Device) -> Result<Vec<Result<CaseResult>>> {
+    run_references(parity_dir, cases, work, device)?;
+    Ok(cases.iter().map(|c| check_case(c, &work.join(format!("{}.safetensors", case_name(c))), device)).collect())
 }

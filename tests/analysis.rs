@@ -43,7 +43,8 @@ fn metrics(logits: &Tensor, target: &Tensor) -> (f64, f64) {
 /// Exits of every depth `k = 0..=L` composed by hand: `stream(x0, outputs, k)` gives what the
 /// readout reads after `k` units, from the embedding and the outputs of the units that ran.
 fn hand_exits(run: &Run, rule: impl Fn(&Tensor, &[&dyn plexus::topology::Unit], usize) -> Tensor) -> Vec<(f64, f64)> {
-    let (input, target) = (&run.eval[0].input, &run.eval[0].target);
+    let first = run.eval.batch(0);
+    let (input, target) = (&first.input, &first.target);
     assert_eq!(run.eval.len(), 1, "one evaluation batch keeps the by-hand means exact");
     tch::no_grad(|| {
         let x0 = run.model.backbone.embed(input, false);

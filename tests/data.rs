@@ -50,8 +50,29 @@ fn registry(kind: &str, root: &Path, options: &str) -> Box<dyn DataSpec> {
     data::parse(kind, &m).unwrap_or_else(|e| panic!("{e:?}"))
 }
 
-fn load(spec: &dyn DataSpec) -> Box<dyn DataSource> {
-    spec.load().unwrap_or_else(|e| panic!("{e:#}"))
+/// A loaded dataset whose batches come out as the model sees them: raw batches (uint8 pixels for
+/// images) with the dataset's input transform applied, as the trainer does on its device.
+struct Ready(Box<dyn DataSource>, plexus::data::DeviceTransform);
+
+impl Ready {
+    fn ready(&self, b: Batch) -> Batch {
+        Batch { input: self.1.apply(&b.input), target: b.target }
+    }
+    fn train_batch(&self, i: u64) -> Batch {
+        self.ready(self.0.train_batch(i))
+    }
+    fn eval_batches(&self) -> Vec<Batch> {
+        self.0.eval_batches().into_iter().map(|b| self.ready(b)).collect()
+    }
+    fn batches_per_epoch(&self) -> u64 {
+        self.0.batches_per_epoch()
+    }
+}
+
+fn load(spec: &dyn DataSpec) -> Ready {
+    let src = spec.load().unwrap_or_else(|e| panic!("{e:#}"));
+    let t = src.input_transform().on(tch::Device::Cpu);
+    Ready(src, t)
 }
 
 fn load_err(spec: &dyn DataSpec) -> String {

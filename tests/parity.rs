@@ -39,7 +39,7 @@ fn every_registered_topology_has_a_parity_case() {
 fn all_parity_cases_pass_and_parameter_counts_match_the_references() {
     let cases = parity::cases(&parity_dir().join("cases"), None).unwrap();
     let work = tempfile::tempdir().unwrap();
-    let results = parity::run_all(&parity_dir(), &cases, work.path()).unwrap();
+    let results = parity::run_all(&parity_dir(), &cases, work.path(), tch::Device::Cpu).unwrap();
     let counts = std::process::Command::new(parity::python())
         .arg(parity_dir().join("run.py"))
         .arg("--count")

@@ -143,7 +143,7 @@ fn connectivity_matches_the_reference_formulas() {
     for i in 0..=l {
         assert!((c[i][l + 1] - 1.0).abs() < 1e-12);
     }
-    let gamma = m.topology.gamma().unwrap();
+    let gamma = plexus::host::scalar(&m.topology.gamma().unwrap());
     let expected = (a.iter().map(|v| v * v).sum::<f64>() / l as f64).sqrt();
     assert!((gamma - expected).abs() < 1e-9);
 }

@@ -1,6 +1,8 @@
 //! The trainer: resumed runs match uninterrupted ones, checkpoints survive a crash mid-write,
 //! bf16 tracks fp32, gradient accumulation and schedules behave, every topology trains.
 
+mod common;
+
 use plexus::experiment::Experiment;
 use plexus::run_dir::RunDir;
 use plexus::train::{self, checkpoint, TrainOptions};
@@ -107,19 +109,6 @@ fn a_diverging_run_stops_naming_the_step_and_the_tensor() {
     assert!(err.contains("loss") || err.contains("output") || err.contains("gradient"), "{err}");
 }
 
-/// A tiny config per backbone; a new backbone must add one here (the test says so).
-fn tiny_backbone(name: &str) -> &'static str {
-    match name {
-        "lnn" => "model: {kind: lnn, depth: 3}\ndata: {kind: whitened_regression, dim: 6, samples: 8}\n",
-        "mlp" => "model: {kind: mlp, width: 8, depth: 3}\ndata: {kind: whitened_regression, dim: 6, samples: 8}\n",
-        "mixer" => "model: {kind: mixer, patch: 4, width: 8, token_hidden: 4, channel_hidden: 8, depth: 2}\ndata: {kind: synthetic_images, image_size: 8, channels: 3, classes: 3, samples: 16, batch_size: 4}\n",
-        "vit" => "model: {kind: vit, patch: 4, width: 8, depth: 2, heads: 2}\ndata: {kind: synthetic_images, image_size: 8, channels: 3, classes: 3, samples: 16, batch_size: 4}\n",
-        "gpt" => "model: {kind: gpt, width: 8, depth: 2, heads: 2}\ndata: {kind: synthetic_tokens, vocab: 16, seq_len: 6, batch_size: 2}\n",
-        "llama" => "model: {kind: llama, width: 8, depth: 2, heads: 2}\ndata: {kind: synthetic_tokens, vocab: 16, seq_len: 6, batch_size: 2}\n",
-        other => panic!("backbone `{other}` has no tiny config in tests/train.rs::tiny_backbone: add one"),
-    }
-}
-
 #[test]
 fn every_topology_trains_a_few_steps_on_every_backbone() {
     let tmp = tempfile::tempdir().unwrap();
@@ -128,7 +117,7 @@ fn every_topology_trains_a_few_steps_on_every_backbone() {
         for t in plexus::topology::REGISTRY {
             let yaml = format!(
                 "name: x\n{}topology: {{kind: {}}}\ntrain: {{optimizer: adamw, lr: 0.01, steps: 3}}\nlog: {{every: 1}}\n",
-                tiny_backbone(m.name),
+                common::tiny_backbone(m.name),
                 t.name
             );
             let e = exp(&yaml, &[]);

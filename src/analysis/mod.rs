@@ -4,31 +4,44 @@
 
 pub mod noise;
 
-use crate::data::{Batch, Task};
+use crate::data::Task;
 use crate::experiment::Experiment;
 use crate::model::Model;
 use crate::run_dir::{atomic_write, RunDir};
-use crate::train::eval::{evaluate_with, EvalResult};
+use crate::train::eval::{evaluate_with, EvalResult, EvalSet};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use tch::Device;
 
-/// A trained run, loaded on the CPU from its final checkpoint, with its evaluation batches.
+/// A trained run, loaded from its final checkpoint onto the device it is analysed on, with its
+/// evaluation batches there.
 pub struct Run {
     pub dir: RunDir,
     pub exp: Experiment,
     pub model: Model,
     pub task: Task,
-    pub eval: Vec<Batch>,
+    pub eval: EvalSet,
 }
 
 impl Run {
+    /// Loads the run onto the device its config names (`device: auto` resolves as in training).
     pub fn load(path: &Path) -> Result<Run> {
+        Self::load_on(path, None)
+    }
+
+    /// Loads the run onto `device`, or the config's device if `None`.
+    pub fn load_on(path: &Path, device: Option<Device>) -> Result<Run> {
         let dir = RunDir::open(path)?;
         let exp = Experiment::from_file(&dir.file("config.yaml"), &[])?;
-        let compute = crate::device::compute_kind(exp.config().precision);
-        let mut model = Model::new(exp.model.as_ref(), exp.topology.as_ref(), Device::Cpu, compute);
+        let cfg = exp.config();
+        let dev = match device {
+            Some(d) => d,
+            None => crate::device::resolve(crate::device::parse_device(&cfg.device).map_err(anyhow::Error::msg)?)?,
+        };
+        crate::device::apply_matmul_precision(cfg, dev)?;
+        let compute = crate::device::compute_kind(cfg.precision);
+        let mut model = Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute);
         let ck = dir.path.join("checkpoints/final.safetensors");
         model.vs.load(&ck).with_context(|| format!("loading {} (has the run finished?)", ck.display()))?;
         let data = exp.data.load()?;
@@ -36,6 +49,7 @@ impl Run {
         if eval.is_empty() {
             eval = vec![data.train_batch(0)];
         }
+        let eval = EvalSet::new(eval, &data.input_transform(), dev);
         let task = exp.data.info().task;
         Ok(Run { dir, exp, model, task, eval })
     }
@@ -59,8 +73,8 @@ pub fn layerwise(run: &Run) -> Vec<ExitRow> {
     let l = run.model.depth();
     (0..=l)
         .map(|k| {
-            let r = evaluate_with(run.task, &run.eval, Device::Cpu, 0, |x| run.model.forward_exit(x, k))
-                .expect("at least one batch");
+            let r =
+                evaluate_with(run.task, &run.eval, 0, |x| run.model.forward_exit(x, k)).expect("at least one batch");
             ExitRow { units: k, loss: r.loss, accuracy: r.accuracy, perplexity: r.perplexity }
         })
         .collect()
@@ -198,6 +212,8 @@ pub struct AnalyzeOptions {
     pub char_probs: Vec<f64>,
     pub repeats: usize,
     pub seed: u64,
+    /// The device to analyse on; `None`: the run's own (its config's `device`).
+    pub device: Option<Device>,
 }
 
 impl Default for AnalyzeOptions {
@@ -207,6 +223,7 @@ impl Default for AnalyzeOptions {
             char_probs: vec![0.0, 0.02, 0.05, 0.1, 0.2],
             repeats: 3,
             seed: 0,
+            device: None,
         }
     }
 }
@@ -214,7 +231,7 @@ impl Default for AnalyzeOptions {
 /// Runs every analysis on one run and writes `layerwise.csv`, `pruning.csv`, `noise.csv`,
 /// `gamma.csv`, `delta.csv` (when the topology has residual weights) and `analysis.json`.
 pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<AnalysisSummary> {
-    let run = Run::load(path)?;
+    let run = Run::load_on(path, opts.device)?;
     let d = &run.dir;
     let exits = layerwise(&run);
     write_rows(&d.file("layerwise.csv"), &exits)?;
@@ -235,8 +252,8 @@ pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<AnalysisSummary> {
         run: run.exp.config().name.clone(),
         topology: run.label(),
         depth: l,
-        final_eval: evaluate_with(run.task, &run.eval, Device::Cpu, 0, |x| run.model.forward(x, false)),
-        gamma: run.model.topology.gamma(),
+        final_eval: evaluate_with(run.task, &run.eval, 0, |x| run.model.forward(x, false)),
+        gamma: run.model.topology.gamma().map(|g| crate::host::scalar(&g)),
         half_depth: exits[l / 2].clone(),
         noise: noise_summary,
     };

@@ -2,12 +2,12 @@
 //! character-level insert/delete/swap noise on token inputs (H-ACN Table 1).
 
 use super::Run;
-use crate::data::{Batch, Task};
+use crate::data::Task;
 use crate::train::eval::evaluate_with;
 use anyhow::Result;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct NoiseRow {
@@ -35,7 +35,8 @@ pub struct NoiseSummary {
 /// or padded (random tokens) back to T. Only the inputs are corrupted; targets stay clean.
 pub fn char_noise(tokens: &Tensor, p: f64, vocab: i64, rng: &mut impl Rng) -> Tensor {
     let (b, t) = (tokens.size()[0], tokens.size()[1]);
-    let flat = Vec::<i64>::try_from(tokens.to_kind(Kind::Int64).contiguous().view([-1])).expect("int64 tokens");
+    // Token ids are integers far below 2^53: exact through f64.
+    let flat: Vec<i64> = crate::host::values(tokens).into_iter().map(|v| v as i64).collect();
     let mut out = Vec::with_capacity((b * t) as usize);
     for row in flat.chunks(t as usize) {
         let mut s: Vec<i64> = Vec::with_capacity(row.len() + 8);
@@ -63,7 +64,7 @@ pub fn char_noise(tokens: &Tensor, p: f64, vocab: i64, rng: &mut impl Rng) -> Te
         s.resize_with(row.len(), || rng.gen_range(0..vocab));
         out.extend(s);
     }
-    Tensor::from_slice(&out).view([b, t])
+    Tensor::from_slice(&out).view([b, t]).to_device(tokens.device())
 }
 
 /// Every noise level × repeat on the run's evaluation batches.
@@ -75,21 +76,18 @@ pub fn robustness(run: &Run, opts: &super::AnalyzeOptions) -> Result<Vec<NoiseRo
     for &level in levels {
         for repeat in 0..opts.repeats {
             let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ (repeat as u64) << 32 ^ level.to_bits());
-            let noisy: Vec<Batch> = run
-                .eval
-                .iter()
-                .map(|b| {
-                    let input = if tokens {
-                        char_noise(&b.input, level, vocab, &mut rng)
-                    } else {
-                        let seed = rng.gen::<u64>();
-                        let noise = crate::device::with_seed(seed, || b.input.randn_like());
-                        b.input.to_kind(Kind::Float) + noise * level
-                    };
-                    Batch { input, target: b.target.shallow_clone() }
-                })
-                .collect();
-            let r = evaluate_with(run.task, &noisy, Device::Cpu, 0, |x| run.model.forward(x, false)).expect("batches");
+            // The noise goes on the model input (after normalisation), batch by batch, in order.
+            let noisy = |x: &Tensor| {
+                if tokens {
+                    char_noise(x, level, vocab, &mut rng)
+                } else {
+                    let seed = rng.gen::<u64>();
+                    let noise = crate::device::with_seed(seed, || x.randn_like());
+                    x.to_kind(Kind::Float) + noise * level
+                }
+            };
+            let mut noisy = noisy;
+            let r = evaluate_with(run.task, &run.eval, 0, |x| run.model.forward(&noisy(x), false)).expect("batches");
             rows.push(NoiseRow {
                 kind: kind.into(),
                 level,
@@ -138,7 +136,7 @@ mod tests {
 
     #[test]
     fn char_noise_keeps_shape_and_p_zero_is_identity() {
-        let t = Tensor::arange(40, (Kind::Int64, Device::Cpu)).view([2, 20]);
+        let t = Tensor::arange(40, (Kind::Int64, tch::Device::Cpu)).view([2, 20]);
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         assert_eq!(
             Vec::<i64>::try_from(char_noise(&t, 0.0, 50, &mut rng).view([-1])).unwrap(),

@@ -27,6 +27,10 @@ pub struct Config {
     pub device: String,
     #[serde(default)]
     pub precision: Precision,
+    /// Let fp32 matmuls use TF32 tensor cores (Ampere and later GPUs): faster, 10-bit mantissa
+    /// inputs. Off by default, so that fp32 runs match their PyTorch references.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tf32: bool,
     pub model: KindSection,
     pub topology: KindSection,
     pub data: KindSection,

@@ -25,13 +25,13 @@
 
 use super::files::{cache_path, canonical, capped_indices, read_cache, rng_for, write_cache, Root};
 use super::synthetic::InMemory;
-use super::{Batch, DataEntry, DataInfo, DataSource, DataSpec, Task};
+use super::{Batch, DataEntry, DataInfo, DataSource, DataSpec, InputTransform, Task};
 use crate::config::{parse_options, OptionError};
 use anyhow::{anyhow, bail, Context};
 use rand::Rng;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
-use tch::{Kind, Tensor};
+use tch::{Device, Tensor};
 
 pub const CIFAR10: DataEntry = DataEntry {
     name: "cifar10",
@@ -196,7 +196,8 @@ impl DataSpec for Spec {
         if n == 0 {
             bail!("CIFAR-10 under {}: no training images of the classes asked for", root.display());
         }
-        let inner = InMemory { x, y, eval: (ex, ey), batch: self.batch_size.min(n), seed: self.seed };
+        let transform = InputTransform::Identity; // applied by CifarSource::input_transform
+        let inner = InMemory { x, y, eval: (ex, ey), batch: self.batch_size.min(n), seed: self.seed, transform };
         Ok(Box::new(CifarSource { inner, normalize: self.normalize, augment: self.augment, seed: self.seed }))
     }
 }
@@ -466,16 +467,6 @@ struct CifarSource {
 }
 
 impl CifarSource {
-    fn to_float(&self, x: &Tensor) -> Tensor {
-        let x = x.to_kind(Kind::Float) / 255.0;
-        if !self.normalize {
-            return x;
-        }
-        let mean = Tensor::from_slice(&MEAN).reshape([1, 3, 1, 1]);
-        let std = Tensor::from_slice(&STD).reshape([1, 3, 1, 1]);
-        (x - mean) / std
-    }
-
     fn augmented(&self, x: &Tensor, index: u64) -> Tensor {
         let n = x.size()[0] as usize;
         let raw = Vec::<u8>::try_from(x.reshape([-1])).expect("uint8 images");
@@ -497,17 +488,25 @@ impl DataSource for CifarSource {
             Augment::None => b.input,
             Augment::FlipCrop => self.augmented(&b.input, index),
         };
-        Batch { input: self.to_float(&x), target: b.target }
+        Batch { input: x, target: b.target }
+    }
+    /// uint8 → `x/255`, then the per-channel CIFAR-10 statistics if `normalize`.
+    fn input_transform(&self) -> InputTransform {
+        if self.normalize {
+            InputTransform::Pixels { mean: MEAN.map(f64::from).to_vec(), std: STD.map(f64::from).to_vec() }
+        } else {
+            InputTransform::Pixels { mean: vec![0.0], std: vec![1.0] }
+        }
+    }
+    /// Host-side augmentation needs the pixels on the host; without it the set moves.
+    fn make_resident(&mut self, device: Device) -> bool {
+        self.augment == Augment::None && self.inner.make_resident(device)
     }
     fn batches_per_epoch(&self) -> u64 {
         self.inner.batches_per_epoch()
     }
     fn eval_batches(&self) -> Vec<Batch> {
-        self.inner
-            .eval_batches()
-            .into_iter()
-            .map(|b| Batch { input: self.to_float(&b.input), target: b.target })
-            .collect()
+        self.inner.eval_batches()
     }
 }
 

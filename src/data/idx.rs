@@ -17,7 +17,7 @@
 
 use super::files::{capped_indices, Root};
 use super::synthetic::InMemory;
-use super::{DataEntry, DataInfo, DataSource, DataSpec, Task};
+use super::{DataEntry, DataInfo, DataSource, DataSpec, InputTransform, Task};
 use crate::config::{parse_options, OptionError};
 use anyhow::{anyhow, bail};
 use serde::Deserialize;
@@ -138,12 +138,14 @@ impl DataSpec for Spec {
                 let sel = Tensor::from_slice(&chosen);
                 (x.index_select(0, &sel), y.index_select(0, &sel))
             };
-            ((x.to_kind(Kind::Float) / 255.0 - mean) / std, y)
+            (x, y)
         };
         let (x, y) = tensors(train, self.train_samples, 1);
         let eval = tensors(test, self.eval_samples, 2);
         let n = y.size()[0] as usize;
-        Ok(Box::new(InMemory { x, y, eval, batch: self.batch_size.min(n), seed: self.seed }))
+        // Pixels stay uint8 until they are on the device (see `InputTransform`).
+        let transform = InputTransform::Pixels { mean: vec![mean], std: vec![std] };
+        Ok(Box::new(InMemory { x, y, eval, batch: self.batch_size.min(n), seed: self.seed, transform }))
     }
 }
 

@@ -29,14 +29,14 @@
 //! the machine's cores), `seed`.
 
 use super::files::{capped_indices, rng_for, Root};
-use super::{Batch, DataEntry, DataInfo, DataSource, DataSpec, Task};
+use super::{Batch, DataEntry, DataInfo, DataSource, DataSpec, InputTransform, Task};
 use crate::config::{parse_options, OptionError};
 use anyhow::{anyhow, bail, Context};
 use image::imageops::FilterType;
 use rand::Rng;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 pub const IMAGEFOLDER: DataEntry = DataEntry {
     name: "imagefolder",
@@ -298,7 +298,7 @@ struct FolderSource {
 }
 
 impl FolderSource {
-    /// Decodes `files` on `self.workers` threads into `[n, 3, S, S]` floats and `[n]` labels.
+    /// Decodes `files` on `self.workers` threads into `[n, 3, S, S]` uint8 pixels and `[n]` labels.
     /// `augment_tag`: `Some(batch index)` draws the random crops and flips from `(seed, index, i)`.
     fn decode(&self, files: &[&(PathBuf, i64)], augment_tag: Option<u64>) -> anyhow::Result<Batch> {
         let s = self.o.image_size as u32;
@@ -324,10 +324,8 @@ impl FolderSource {
             jobs.into_iter().try_for_each(|j| j.join().expect("an image decoding thread panicked"))
         })?;
         let n = files.len() as i64;
-        let mut x = Tensor::from_slice(&pixels).reshape([n, 3, s as i64, s as i64]).to_kind(Kind::Float) / 255.0;
-        if self.o.normalize {
-            x = (x - Tensor::from_slice(&MEAN).reshape([1, 3, 1, 1])) / Tensor::from_slice(&STD).reshape([1, 3, 1, 1]);
-        }
+        // uint8 until it is on the device (see `input_transform`).
+        let x = Tensor::from_slice(&pixels).reshape([n, 3, s as i64, s as i64]);
         let y = Tensor::from_slice(&files.iter().map(|f| f.1).collect::<Vec<i64>>());
         Ok(Batch { input: x, target: y })
     }
@@ -346,6 +344,13 @@ impl DataSource for FolderSource {
     }
     fn batches_per_epoch(&self) -> u64 {
         (self.train.len() / self.o.batch_size).max(1) as u64
+    }
+    fn input_transform(&self) -> InputTransform {
+        if self.o.normalize {
+            InputTransform::Pixels { mean: MEAN.map(f64::from).to_vec(), std: STD.map(f64::from).to_vec() }
+        } else {
+            InputTransform::Pixels { mean: vec![0.0], std: vec![1.0] }
+        }
     }
     fn eval_batches(&self) -> Vec<Batch> {
         self.eval.iter().map(|b| Batch { input: b.input.shallow_clone(), target: b.target.shallow_clone() }).collect()

@@ -15,8 +15,10 @@ pub struct Prefetcher {
 }
 
 impl Prefetcher {
-    /// Starts preparing batches `start, start+1, …`, keeping at most `depth` ready.
-    pub fn new(source: Box<dyn DataSource>, start: u64, depth: usize) -> Self {
+    /// Starts preparing batches `start, start+1, …`, keeping at most `depth` ready. Host batches
+    /// bound for a CUDA `device` are pinned here, on the data thread, so that the trainer's copy
+    /// is asynchronous.
+    pub fn new(source: Box<dyn DataSource>, start: u64, depth: usize, device: tch::Device) -> Self {
         let (tx, rx) = sync_channel(depth.max(1));
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
@@ -25,7 +27,7 @@ impl Prefetcher {
             .spawn(move || {
                 let mut i = start;
                 while !flag.load(Ordering::Relaxed) {
-                    if tx.send(source.train_batch(i)).is_err() {
+                    if tx.send(source.train_batch(i).pinned_for(device)).is_err() {
                         break;
                     }
                     i += 1;

@@ -8,7 +8,7 @@
 //!
 //! The data has its own `seed`, so every topology in a comparison sees the same problem.
 
-use super::{Batch, DataEntry, DataInfo, DataSource, DataSpec, Task};
+use super::{Batch, DataEntry, DataInfo, DataSource, DataSpec, InputTransform, Task};
 use crate::config::{parse_options, OptionError};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -145,6 +145,10 @@ impl DataSource for FullBatch {
     fn eval_batches(&self) -> Vec<Batch> {
         Vec::new()
     }
+    fn make_resident(&mut self, device: Device) -> bool {
+        (self.x, self.y) = (self.x.to_device(device), self.y.to_device(device));
+        true
+    }
 }
 
 #[cfg(test)]
@@ -258,19 +262,29 @@ impl DataSpec for ImageSpec {
             let (ex, ey) = draw(eval_n);
             (x, y, ex, ey)
         });
-        Ok(Box::new(InMemory { x, y, eval: (ex, ey), batch: o.batch_size.min(o.samples), seed: o.seed }))
+        Ok(Box::new(InMemory {
+            x,
+            y,
+            eval: (ex, ey),
+            batch: o.batch_size.min(o.samples),
+            seed: o.seed,
+            transform: InputTransform::Identity,
+        }))
     }
 }
 
 /// A labelled set held in memory: every epoch is a fresh permutation drawn from `(seed, epoch)`,
 /// cut into `batch`-sized batches (the incomplete tail is dropped).
 pub struct InMemory {
+    /// Raw inputs `[n, ..]` (uint8 pixels for image datasets) and labels `[n]`.
     pub x: Tensor,
     pub y: Tensor,
     /// Held-out `(inputs, labels)`.
     pub eval: (Tensor, Tensor),
     pub batch: usize,
     pub seed: u64,
+    /// Raw input → model input, on the device.
+    pub transform: InputTransform,
 }
 
 /// The permutation of `n` samples for `epoch`, a pure function of `(seed, epoch)`.
@@ -288,7 +302,21 @@ impl DataSource for InMemory {
         let (epoch, b) = (index / per_epoch, (index % per_epoch) as usize);
         let perm = epoch_permutation(n, self.seed, epoch);
         let sel = Tensor::from_slice(&perm[b * self.batch..(b + 1) * self.batch]);
+        // Resident on a GPU: the indices go over asynchronously from pinned memory and the
+        // gather runs there.
+        let dev = self.x.device();
+        let sel = if dev.is_cuda() { sel.pin_memory(dev) } else { sel };
+        let sel = sel.to_device_(self.x.device(), Kind::Int64, true, false);
         Batch { input: self.x.index_select(0, &sel), target: self.y.index_select(0, &sel) }
+    }
+    fn input_transform(&self) -> InputTransform {
+        self.transform.clone()
+    }
+    fn make_resident(&mut self, device: Device) -> bool {
+        let to = |t: &Tensor| t.to_device(device);
+        (self.x, self.y) = (to(&self.x), to(&self.y));
+        self.eval = (to(&self.eval.0), to(&self.eval.1));
+        true
     }
     fn batches_per_epoch(&self) -> u64 {
         (self.x.size()[0] as usize / self.batch).max(1) as u64

@@ -80,7 +80,7 @@ impl Model {
     pub fn new(model: &dyn ModelSpec, topology: &dyn TopologySpec, device: tch::Device, compute: Kind) -> Self {
         let vs = nn::VarStore::new(device);
         let backbone = model.build(&vs.root(), compute);
-        let built = topology.build(&(vs.root() / "topology"));
+        let built = topology.build(&(vs.root() / "topology"), compute);
         Self {
             vs,
             backbone,
@@ -120,6 +120,47 @@ impl Model {
         let x0 = self.backbone.embed(input, false);
         let y = self.with_units(|units| self.topology.forward(&x0, &units[..keep.min(units.len())], false));
         self.backbone.readout(&y, false)
+    }
+
+    /// The first non-finite activation of a forward pass (training mode) on `input`, named for
+    /// the divergence message: the embedding, a unit's output (1-based index), the readout
+    /// input or the model output. Reads once per activation: for diagnosis only.
+    pub fn first_non_finite_activation(&self, input: &Tensor) -> Option<String> {
+        use std::cell::Cell;
+        struct Checked<'a> {
+            unit: &'a dyn Unit,
+            index: usize,
+            first: &'a Cell<Option<usize>>,
+        }
+        impl Unit for Checked<'_> {
+            fn forward(&self, x: &Tensor, norm: crate::topology::Norm, train: bool) -> Tensor {
+                let h = self.unit.forward(x, norm, train);
+                if self.first.get().is_none() && !crate::host::all_finite(&h) {
+                    self.first.set(Some(self.index));
+                }
+                h
+            }
+        }
+        tch::no_grad(|| {
+            let x0 = self.backbone.embed(input, true);
+            if !crate::host::all_finite(&x0) {
+                return Some("the embedding (stem output)".to_string());
+            }
+            let first = Cell::new(None);
+            let y = self.with_units(|units| {
+                let checked: Vec<Checked> =
+                    units.iter().enumerate().map(|(i, &unit)| Checked { unit, index: i + 1, first: &first }).collect();
+                let refs: Vec<&dyn Unit> = checked.iter().map(|c| c as &dyn Unit).collect();
+                self.topology.forward(&x0, &refs, true)
+            });
+            if let Some(k) = first.get() {
+                return Some(format!("the output of unit {k} of {}", self.depth()));
+            }
+            if !crate::host::all_finite(&y) {
+                return Some("the readout input (the topology's mixing)".to_string());
+            }
+            (!crate::host::all_finite(&self.backbone.readout(&y, true))).then(|| "the model output".to_string())
+        })
     }
 
     /// Number of units at the topology's granularity.

@@ -6,7 +6,7 @@
 use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
 use crate::config::{parse_options, OptionError};
 use serde::Deserialize;
-use tch::{nn, Tensor};
+use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry =
     TopologyEntry { name: "acn", about: "chained units, readout = x0 + sum of all unit outputs (H-ACN's ACN)", parse };
@@ -38,7 +38,7 @@ impl TopologySpec for Spec {
     fn granularity(&self) -> Granularity {
         self.granularity
     }
-    fn build(&self, _vs: &nn::Path) -> Box<dyn Topology> {
+    fn build(&self, _vs: &nn::Path, _compute: Kind) -> Box<dyn Topology> {
         Box::new(Acn)
     }
 }
@@ -56,7 +56,7 @@ impl Topology for Acn {
         acc
     }
 
-    fn gamma(&self) -> Option<f64> {
-        Some(0.0)
+    fn gamma(&self) -> Option<Tensor> {
+        Some(Tensor::from(0.0f64))
     }
 }

@@ -162,7 +162,7 @@ impl TopologySpec for Spec {
     fn granularity(&self) -> Granularity {
         self.granularity
     }
-    fn build(&self, vs: &nn::Path) -> Box<dyn Topology> {
+    fn build(&self, vs: &nn::Path, _compute: Kind) -> Box<dyn Topology> {
         let a = self.anchors.len() as i64;
         let params = match self.weights {
             Weights::Softmax => {
@@ -209,9 +209,9 @@ impl Ancre {
 
     /// `p[j]` (j = 1..=A) = coefficients `[j]` of the states `s_0 … s_{j-1}` into state `j`;
     /// `p[0]` is unused.
-    fn coefficients(&self) -> Vec<Tensor> {
+    /// Built on `dev` (the stream's device): the constant weights have no parameter to take it from.
+    fn coefficients(&self, dev: tch::Device) -> Vec<Tensor> {
         let a = self.anchors.len();
-        let dev = self.params.first().map_or(tch::Device::Cpu, |p| p.device());
         let mut p = vec![Tensor::zeros([0], (Kind::Float, dev))];
         match (self.weights, self.normalization) {
             (Weights::Softmax, Normalization::Ingoing) => p.extend(self.distributions()),
@@ -243,7 +243,7 @@ impl Ancre {
 impl Topology for Ancre {
     fn forward(&self, x0: &Tensor, units: &[&dyn Unit], train: bool) -> Tensor {
         // `units` may be a prefix of the stack (early exits): anchors past it are not run.
-        let p = self.coefficients();
+        let p = self.coefficients(x0.device());
         let mut x = x0.shallow_clone();
         let first = self.anchors[0].min(units.len());
         for f in &units[..first] {
@@ -251,7 +251,7 @@ impl Topology for Ancre {
         }
         let mut states = vec![x];
         for (j0, &a) in self.anchors.iter().enumerate().take_while(|(_, &a)| a < units.len()) {
-            let pj = p[j0 + 1].to_device(x0.device()).to_kind(x0.kind());
+            let pj = p[j0 + 1].to_kind(x0.kind());
             let mut z = units[a].forward(&states[j0], Norm::Default, train);
             for (i, s) in states.iter().enumerate() {
                 z = z + s * pj.get(i as i64);
@@ -267,7 +267,8 @@ impl Topology for Ancre {
 
     fn parameter_view(&self) -> Option<(String, Tensor)> {
         let n = self.anchors.len() + 1;
-        let p = tch::no_grad(|| self.coefficients());
+        let dev = self.params.first().map_or(tch::Device::Cpu, |p| p.device());
+        let p = tch::no_grad(|| self.coefficients(dev));
         let mut m = vec![0.0f64; n * n];
         for (j, pj) in p.iter().enumerate().skip(1) {
             for (i, x) in common::to_vec(pj).iter().enumerate() {

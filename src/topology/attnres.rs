@@ -58,7 +58,7 @@ impl TopologySpec for Spec {
     fn granularity(&self) -> Granularity {
         self.granularity
     }
-    fn build(&self, vs: &nn::Path) -> Box<dyn Topology> {
+    fn build(&self, vs: &nn::Path, _compute: Kind) -> Box<dyn Topology> {
         let queries = vs.zeros("queries", &[self.depth as i64 + 1, self.width as i64]);
         let group = if self.blocks == 0 { 1 } else { self.depth.div_ceil(self.blocks) };
         Box::new(AttnRes { queries, group, full: self.blocks == 0 })

@@ -28,21 +28,24 @@ impl Unit for Probe {
 /// column k of C; the readout representation is column L+1. Exact, and shares the topology's own
 /// forward code, so C cannot drift from what the model computes.
 ///
+/// The probe runs on `device`, the device of the topology's parameters (they multiply the probe's
+/// coefficients), and C is assembled there; only the finished matrix is copied to the CPU.
+///
 /// `run(x0, units) -> y`. Returns `[(L+2), (L+2)]` f64 on the CPU.
-pub fn probe_connectivity(run: impl Fn(&Tensor, &[&dyn Unit]) -> Tensor, depth: usize) -> Tensor {
+pub fn probe_connectivity(run: impl Fn(&Tensor, &[&dyn Unit]) -> Tensor, depth: usize, device: Device) -> Tensor {
     let n = depth as i64 + 1;
     let probes: Vec<Probe> = (1..=depth as i64).map(|k| Probe { k, seen: RefCell::new(None) }).collect();
     let units: Vec<&dyn Unit> = probes.iter().map(|p| p as &dyn Unit).collect();
-    let x0 = Tensor::zeros([1, n], (Kind::Double, Device::Cpu));
+    let x0 = Tensor::zeros([1, n], (Kind::Double, device));
     let _ = x0.narrow(-1, 0, 1).fill_(1.0);
     let y = tch::no_grad(|| run(&x0, &units));
-    let c = Tensor::zeros([n + 1, n + 1], (Kind::Double, Device::Cpu));
+    let c = Tensor::zeros([n + 1, n + 1], (Kind::Double, device));
     for (k, p) in probes.iter().enumerate() {
         let col = p.seen.borrow().as_ref().expect("every unit is called once").to_kind(Kind::Double).view([n]);
         c.narrow(1, k as i64 + 1, 1).narrow(0, 0, n).copy_(&col.view([n, 1]));
     }
     c.narrow(1, n, 1).narrow(0, 0, n).copy_(&y.to_kind(Kind::Double).view([n, 1]));
-    c
+    crate::host::to_cpu(&c)
 }
 
 /// Builds C from per-target coefficient columns: `cols[k-1]` = coefficients over `h_0…h_{k-1}`
@@ -58,17 +61,14 @@ pub fn connectivity_from_columns(cols: &[Vec<f64>]) -> Tensor {
     Tensor::from_slice(&c).view([size as i64, size as i64])
 }
 
-/// A 2-D tensor as nested f64 vectors.
+/// A 2-D tensor as nested f64 vectors (one counted read, see [`crate::host`]).
 pub fn to_rows(t: &Tensor) -> Vec<Vec<f64>> {
-    let t = t.to_kind(Kind::Double).to_device(Device::Cpu).contiguous();
-    let (r, c) = (t.size()[0] as usize, t.size()[1] as usize);
-    let flat = Vec::<f64>::try_from(t.view([-1])).expect("f64 tensor");
-    (0..r).map(|i| flat[i * c..(i + 1) * c].to_vec()).collect()
+    crate::host::rows(t)
 }
 
-/// A 1-D tensor as f64 values.
+/// A tensor's values as f64 (one counted read, see [`crate::host`]).
 pub fn to_vec(t: &Tensor) -> Vec<f64> {
-    Vec::<f64>::try_from(t.to_kind(Kind::Double).to_device(Device::Cpu).contiguous().view([-1])).expect("f64 tensor")
+    crate::host::values(t)
 }
 
 /// A parameter of `shape` filled with `init`; frozen (registered, no gradient) if not learnable.
@@ -124,6 +124,12 @@ pub fn parse_edge(s: &str, depth: usize) -> Result<(usize, usize), String> {
     }
 }
 
+/// `a @ b` computed in `compute` (bf16 under `precision: bf16`, as every `Linear` of the backbones),
+/// returned in fp32: `a` `[.., m, k]`, `b` `[k, n]` → `[.., m, n]`.
+pub fn matmul(a: &Tensor, b: &Tensor, compute: Kind) -> Tensor {
+    a.to_kind(compute).matmul(&b.to_kind(compute)).to_kind(Kind::Float)
+}
+
 /// Sum of a list of same-shape tensors.
 pub fn sum(ts: &[Tensor]) -> Tensor {
     ts.iter().skip(1).fold(ts[0].shallow_clone(), |a, b| a + b)
@@ -173,7 +179,7 @@ pub fn multi_stream(
         h = res.transpose(-1, -2).matmul(&h) + post.unsqueeze(-1) * o.unsqueeze(-2);
         if let Some(c) = coef.as_mut() {
             let (pre, res, post) = (pre.to_kind(Kind::Double), res.to_kind(Kind::Double), post.to_kind(Kind::Double));
-            res_means.push(res.reshape([-1, n, n]).mean_dim(0, false, Kind::Double).to_device(Device::Cpu));
+            res_means.push(crate::host::to_cpu(&res.reshape([-1, n, n]).mean_dim(0, false, Kind::Double)));
             cols.push(mean_over_lead(&(pre.unsqueeze(-1) * &*c).sum_dim_intlist(-2, false, Kind::Double)));
             let e = Tensor::zeros([l + 1], (Kind::Double, x0.device()));
             let _ = e.get(k as i64 + 1).fill_(1.0);
@@ -207,6 +213,7 @@ mod tests {
         let c = to_rows(&probe_connectivity(
             |x0, units| units.iter().fold(x0.shallow_clone(), |x, f| f.forward(&x, Norm::Default, false) + x),
             l,
+            Device::Cpu,
         ));
         for (i, row) in c.iter().enumerate() {
             for (k, v) in row.iter().enumerate() {

@@ -69,7 +69,7 @@ impl TopologySpec for Spec {
     fn granularity(&self) -> Granularity {
         self.granularity
     }
-    fn build(&self, vs: &nn::Path) -> Box<dyn Topology> {
+    fn build(&self, vs: &nn::Path, _compute: Kind) -> Box<dyn Topology> {
         let wp = vs / "weights";
         let mut dwa = Vec::new();
         for i in (1..=self.depth).filter(|i| i % self.period == 0) {

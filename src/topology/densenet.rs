@@ -44,7 +44,7 @@ impl TopologySpec for Spec {
     fn granularity(&self) -> Granularity {
         self.granularity
     }
-    fn build(&self, vs: &nn::Path) -> Box<dyn Topology> {
+    fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Topology> {
         let d = self.width as i64;
         let eye = Tensor::eye(d, (Kind::Float, vs.device()));
         let proj = (1..=self.depth as i64 + 1)
@@ -53,7 +53,7 @@ impl TopologySpec for Spec {
                 common::param_from(&(vs / "proj" / (k - 1)), "weight", &init, true)
             })
             .collect();
-        Box::new(DenseNet { proj, width: d })
+        Box::new(DenseNet { proj, width: d, compute })
     }
 }
 
@@ -61,16 +61,17 @@ struct DenseNet {
     /// `proj[k-1]`: `[D, k·D]`.
     proj: Vec<Tensor>,
     width: i64,
+    compute: Kind,
 }
 
 impl Topology for DenseNet {
     fn forward(&self, x0: &Tensor, units: &[&dyn Unit], train: bool) -> Tensor {
         let mut outputs = vec![x0.shallow_clone()];
         for (k, f) in units.iter().enumerate() {
-            let input = Tensor::cat(&outputs, -1).matmul(&self.proj[k].tr());
+            let input = common::matmul(&Tensor::cat(&outputs, -1), &self.proj[k].tr(), self.compute);
             outputs.push(f.forward(&input, Norm::Default, train));
         }
-        Tensor::cat(&outputs, -1).matmul(&self.proj[units.len()].tr())
+        common::matmul(&Tensor::cat(&outputs, -1), &self.proj[units.len()].tr(), self.compute)
     }
 
     fn connectivity(&self, _x0: &Tensor, _units: &[&dyn Unit]) -> Tensor {
@@ -80,7 +81,8 @@ impl Topology for DenseNet {
             .iter()
             .map(|p| {
                 let k = p.size()[1] / d;
-                (0..k).map(|i| p.narrow(1, i * d, d).detach().trace().double_value(&[]) / d as f64).collect()
+                let traces: Vec<Tensor> = (0..k).map(|i| p.narrow(1, i * d, d).detach().trace()).collect();
+                crate::host::values(&Tensor::stack(&traces, 0)).into_iter().map(|t| t / d as f64).collect()
             })
             .collect();
         common::connectivity_from_columns(&cols)

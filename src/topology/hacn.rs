@@ -198,7 +198,7 @@ impl TopologySpec for Spec {
     fn granularity(&self) -> Granularity {
         self.granularity
     }
-    fn build(&self, vs: &nn::Path) -> Box<dyn Topology> {
+    fn build(&self, vs: &nn::Path, _compute: Kind) -> Box<dyn Topology> {
         let (means, sigma) = self.init_means();
         let dev = vs.device();
         let init = Tensor::from_slice(&means).to_kind(Kind::Float).to_device(dev)
@@ -251,11 +251,11 @@ impl Topology for Hacn {
     }
 
     fn parameter_view(&self) -> Option<(String, Tensor)> {
-        Some(("a".into(), self.a().detach().to_kind(Kind::Double).to_device(tch::Device::Cpu).unsqueeze(0)))
+        Some(("a".into(), crate::host::to_cpu(&self.a().to_kind(Kind::Double)).unsqueeze(0)))
     }
 
-    fn gamma(&self) -> Option<f64> {
-        let a = common::to_vec(&self.a().detach());
-        Some((a.iter().map(|v| v * v).sum::<f64>() / a.len() as f64).sqrt())
+    fn gamma(&self) -> Option<Tensor> {
+        // ‖a‖₂/√L = sqrt(mean(a²)), on the device: no read here.
+        Some(self.a().detach().to_kind(Kind::Double).square().mean(Kind::Double).sqrt())
     }
 }

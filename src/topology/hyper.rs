@@ -66,7 +66,7 @@ impl TopologySpec for Spec {
     fn granularity(&self) -> Granularity {
         self.granularity
     }
-    fn build(&self, vs: &nn::Path) -> Box<dyn Topology> {
+    fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Topology> {
         let (n, d) = (self.n as i64, self.width as i64);
         let dev = vs.device();
         let layers = (0..self.depth)
@@ -89,7 +89,7 @@ impl TopologySpec for Spec {
                 }
             })
             .collect();
-        Box::new(Hyper { layers, n: self.n })
+        Box::new(Hyper { layers, n: self.n, compute })
     }
 }
 
@@ -110,6 +110,7 @@ struct Layer {
 struct Hyper {
     layers: Vec<Layer>,
     n: usize,
+    compute: Kind,
 }
 
 impl StreamMixing for Hyper {
@@ -122,8 +123,8 @@ impl StreamMixing for Hyper {
             None => (l.static_alpha.shallow_clone(), l.static_beta.shallow_clone()),
             Some(d) => {
                 let normed = d.norm.forward(&h.to_kind(Kind::Float));
-                let a = &l.static_alpha + normed.matmul(&d.alpha).tanh() * &d.alpha_scale;
-                let b = &l.static_beta + normed.matmul(&d.beta).tanh() * &d.beta_scale;
+                let a = &l.static_alpha + common::matmul(&normed, &d.alpha, self.compute).tanh() * &d.alpha_scale;
+                let b = &l.static_beta + common::matmul(&normed, &d.beta, self.compute).tanh() * &d.beta_scale;
                 (a, b)
             }
         };

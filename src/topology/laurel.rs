@@ -85,7 +85,7 @@ impl TopologySpec for Spec {
     fn granularity(&self) -> Granularity {
         self.granularity
     }
-    fn build(&self, vs: &nn::Path) -> Box<dyn Topology> {
+    fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Topology> {
         let (d, r) = (self.width as i64, self.rank as i64);
         let layers = (0..self.depth)
             .map(|k| {
@@ -106,7 +106,7 @@ impl TopologySpec for Spec {
                 }
             })
             .collect();
-        Box::new(Laurel { layers, width: d })
+        Box::new(Laurel { layers, width: d, compute })
     }
 }
 
@@ -118,15 +118,17 @@ struct Layer {
 }
 
 impl Layer {
-    fn low_rank(&self, x: &Tensor) -> Tensor {
+    /// `x @ downᵀ @ upᵀ` in `compute`: `x` `[.., D]` → `[.., D]` fp32.
+    fn low_rank(&self, x: &Tensor, compute: Kind) -> Tensor {
         let (down, up) = (self.down.as_ref().expect("lr/pa"), self.up.as_ref().expect("lr/pa"));
-        x.matmul(&down.tr()).matmul(&up.tr())
+        common::matmul(&common::matmul(x, &down.tr(), compute), &up.tr(), compute)
     }
 }
 
 struct Laurel {
     layers: Vec<Layer>,
     width: i64,
+    compute: Kind,
 }
 
 impl Topology for Laurel {
@@ -141,10 +143,10 @@ impl Topology for Laurel {
             } else {
                 let mut z = h + x;
                 match &layer.gamma {
-                    None => z = z + layer.low_rank(x),
+                    None => z = z + layer.low_rank(x, self.compute),
                     Some(g) => {
                         for j in 1..=(g.size()[0] as usize).min(k + 1) {
-                            z = z + layer.low_rank(&streams[k + 1 - j]) * g.get(j as i64 - 1);
+                            z = z + layer.low_rank(&streams[k + 1 - j], self.compute) * g.get(j as i64 - 1);
                         }
                     }
                 }
@@ -157,18 +159,16 @@ impl Topology for Laurel {
 
     fn connectivity(&self, x0: &Tensor, units: &[&dyn Unit]) -> Tensor {
         if self.layers.first().is_some_and(|l| l.weights.is_some()) {
-            return common::probe_connectivity(|x, u| self.forward(x, u, false), units.len());
+            return common::probe_connectivity(|x, u| self.forward(x, u, false), units.len(), x0.device());
         }
-        let _ = x0;
         // A low-rank map acts on the stream as a matrix; its scalar stand-in is tr(B A)/D.
-        let traces: Vec<f64> = self
+        let traces: Vec<Tensor> = self
             .layers
             .iter()
-            .map(|l| {
-                l.up.as_ref().unwrap().matmul(l.down.as_ref().unwrap()).detach().trace().double_value(&[])
-                    / self.width as f64
-            })
+            .map(|l| l.up.as_ref().unwrap().matmul(l.down.as_ref().unwrap()).detach().trace())
             .collect();
+        let traces: Vec<f64> =
+            crate::host::values(&Tensor::stack(&traces, 0)).into_iter().map(|t| t / self.width as f64).collect();
         let gammas: Vec<Vec<f64>> =
             self.layers.iter().map(|l| l.gamma.as_ref().map(common::to_vec).unwrap_or_else(|| vec![1.0])).collect();
         common::probe_connectivity(
@@ -184,6 +184,7 @@ impl Topology for Laurel {
                 streams.pop().expect("x_L")
             },
             units.len(),
+            x0.device(),
         )
     }
 }

@@ -8,7 +8,7 @@
 use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
 use crate::config::{parse_options, OptionError};
 use serde::Deserialize;
-use tch::{nn, Tensor};
+use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "layercomb",
@@ -58,7 +58,7 @@ impl TopologySpec for Spec {
     fn granularity(&self) -> Granularity {
         self.granularity
     }
-    fn build(&self, vs: &nn::Path) -> Box<dyn Topology> {
+    fn build(&self, vs: &nn::Path, _compute: Kind) -> Box<dyn Topology> {
         let wp = vs / "weights";
         let l = self.depth;
         let weights = (1..=l + 1)

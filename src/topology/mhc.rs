@@ -80,7 +80,7 @@ impl TopologySpec for Spec {
     fn granularity(&self) -> Granularity {
         self.granularity
     }
-    fn build(&self, vs: &nn::Path) -> Box<dyn Topology> {
+    fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Topology> {
         let (n, d) = (self.n as i64, self.width as i64);
         let layers = (0..self.depth)
             .map(|k| {
@@ -102,7 +102,7 @@ impl TopologySpec for Spec {
                 }
             })
             .collect();
-        Box::new(Mhc { layers, n: self.n, iters: self.iters })
+        Box::new(Mhc { layers, n: self.n, iters: self.iters, compute })
     }
 }
 
@@ -120,6 +120,7 @@ struct Mhc {
     layers: Vec<Layer>,
     n: usize,
     iters: usize,
+    compute: Kind,
 }
 
 /// Sinkhorn–Knopp on `exp(logits)` `[.., n, n]`: alternate row and column normalisation; the
@@ -142,7 +143,7 @@ impl StreamMixing for Mhc {
         let n = self.n as i64;
         let v = h.to_kind(Kind::Float).flatten(-2, -1);
         let r = v.square().mean_dim(-1, true, Kind::Float).sqrt();
-        let q = v.matmul(&l.phi) / &r;
+        let q = common::matmul(&v, &l.phi, self.compute) / &r;
         let pre = (q.narrow(-1, 0, n) * &l.alpha_pre + &l.bias_pre).sigmoid();
         let post = (q.narrow(-1, n, n) * &l.alpha_post + &l.bias_post).sigmoid() * 2.0;
         let mut shape = q.size();

@@ -33,7 +33,7 @@ pub mod shortcuts;
 use crate::config::OptionError;
 use serde::Deserialize;
 use std::fmt::Debug;
-use tch::{nn, Tensor};
+use tch::{nn, Kind, Tensor};
 
 /// How a topology asks a unit to treat its pre-norm.
 #[derive(Clone, Copy)]
@@ -108,12 +108,12 @@ pub trait Topology {
     fn forward(&self, x0: &Tensor, units: &[&dyn Unit], train: bool) -> Tensor;
 
     /// Effective direct layer connectivity `C`, `[(L+2), (L+2)]` f64 on the CPU, strictly upper
-    /// triangular. The default traces the topology with probe units (exact for every topology that
-    /// mixes streams with scalar weights); input-dependent ones override it and average over `x0`'s
-    /// batch and tokens.
+    /// triangular. Computed on `x0`'s device (the parameters' device) and copied to the CPU at the
+    /// end; it runs only on connectivity-logging steps, so it may read values. The default traces
+    /// the topology with probe units (exact for every topology that mixes streams with scalar
+    /// weights); input-dependent ones override it and average over `x0`'s batch and tokens.
     fn connectivity(&self, x0: &Tensor, units: &[&dyn Unit]) -> Tensor {
-        let _ = x0;
-        common::probe_connectivity(|x, u| self.forward(x, u, false), units.len())
+        common::probe_connectivity(|x, u| self.forward(x, u, false), units.len(), x0.device())
     }
 
     /// The topology's own parameter view (ANCRe's `p`, DWA weights, …) as `(name, matrix)`.
@@ -133,8 +133,10 @@ pub trait Topology {
         None
     }
 
-    /// Total connectivity strength `Γ = ‖a‖₂/√L` where the topology has residual weights `a`.
-    fn gamma(&self) -> Option<f64> {
+    /// Total connectivity strength `Γ = ‖a‖₂/√L` where the topology has residual weights `a`, as
+    /// a 0-dim f64 tensor (on the parameters' device, or the CPU for a constant): the trainer
+    /// reads it together with the loss, in the one read of a logging step.
+    fn gamma(&self) -> Option<Tensor> {
         None
     }
 }
@@ -148,8 +150,10 @@ pub trait TopologySpec: Debug {
     /// Which units the topology wires.
     fn granularity(&self) -> Granularity;
     /// Builds the topology; `vs` is the `topology` sub-path, so parameters are named
-    /// `topology.<name>` like PyTorch `state_dict` keys.
-    fn build(&self, vs: &nn::Path) -> Box<dyn Topology>;
+    /// `topology.<name>` like PyTorch `state_dict` keys. `compute` is the dtype the topology's own
+    /// matmuls (projections, low-rank maps, dynamic mixing weights) run in, like every `Linear` of
+    /// the backbone; its stream arithmetic stays fp32.
+    fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Topology>;
 }
 
 /// Parses and validates `topology.*` options (everything but `kind`) for a stack.

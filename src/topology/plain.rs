@@ -4,7 +4,7 @@
 use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
 use crate::config::{parse_options, OptionError};
 use serde::Deserialize;
-use tch::{nn, Tensor};
+use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry = TopologyEntry { name: "plain", about: "no shortcut: x_k = f_k(x_{k-1})", parse };
 
@@ -35,7 +35,7 @@ impl TopologySpec for Spec {
     fn granularity(&self) -> Granularity {
         self.granularity
     }
-    fn build(&self, _vs: &nn::Path) -> Box<dyn Topology> {
+    fn build(&self, _vs: &nn::Path, _compute: Kind) -> Box<dyn Topology> {
         Box::new(Plain)
     }
 }

@@ -4,7 +4,7 @@
 use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
 use crate::config::{parse_options, OptionError};
 use serde::Deserialize;
-use tch::{nn, Tensor};
+use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry =
     TopologyEntry { name: "residual", about: "cascaded identity shortcuts: x_k = x_{k-1} + f_k(x_{k-1})", parse };
@@ -36,7 +36,7 @@ impl TopologySpec for Spec {
     fn granularity(&self) -> Granularity {
         self.granularity
     }
-    fn build(&self, _vs: &nn::Path) -> Box<dyn Topology> {
+    fn build(&self, _vs: &nn::Path, _compute: Kind) -> Box<dyn Topology> {
         Box::new(Residual)
     }
 }
@@ -48,7 +48,7 @@ impl Topology for Residual {
         units.iter().fold(x0.shallow_clone(), |x, f| f.forward(&x, Norm::Default, train) + x)
     }
 
-    fn gamma(&self) -> Option<f64> {
-        Some(1.0)
+    fn gamma(&self) -> Option<Tensor> {
+        Some(Tensor::from(1.0f64))
     }
 }

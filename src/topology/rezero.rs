@@ -5,7 +5,7 @@
 use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
 use crate::config::{parse_options, OptionError};
 use serde::Deserialize;
-use tch::{nn, Tensor};
+use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "rezero",
@@ -59,7 +59,7 @@ impl TopologySpec for Spec {
     fn granularity(&self) -> Granularity {
         self.granularity
     }
-    fn build(&self, vs: &nn::Path) -> Box<dyn Topology> {
+    fn build(&self, vs: &nn::Path, _compute: Kind) -> Box<dyn Topology> {
         Box::new(ReZero { alpha: vs.zeros("alpha", &[self.depth as i64]), norm_off: self.norm == NormOption::Off })
     }
 }

@@ -10,7 +10,7 @@
 use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
 use crate::config::{parse_options, OptionError};
 use serde::Deserialize;
-use tch::{nn, Tensor};
+use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry =
     TopologyEntry { name: "shortcuts", about: "explicit identity shortcuts i:j added to the output of unit j", parse };
@@ -58,7 +58,7 @@ impl TopologySpec for Spec {
     fn granularity(&self) -> Granularity {
         self.granularity
     }
-    fn build(&self, _vs: &nn::Path) -> Box<dyn Topology> {
+    fn build(&self, _vs: &nn::Path, _compute: Kind) -> Box<dyn Topology> {
         Box::new(Shortcuts { edges: self.edges.clone() })
     }
 }

@@ -11,19 +11,22 @@ pub mod checkpoint;
 pub mod eval;
 pub mod optim;
 pub mod schedule;
+pub mod step;
 
 use crate::data::prefetch::Prefetcher;
 use crate::device;
 use crate::experiment::Experiment;
+use crate::host;
 use crate::model::Model;
 use crate::run_dir::{atomic_write, atomic_write_with, matrix_csv, RunDir};
 use anyhow::{bail, Context, Result};
 use checkpoint::TrainerState;
-use eval::EvalResult;
+use eval::{EvalResult, EvalSet};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use optim::Optim;
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
+use step::Stepper;
 
 #[derive(Debug, Clone, Default)]
 pub struct TrainOptions {
@@ -68,6 +71,10 @@ pub struct Summary {
     /// The topology's own parameter view at the end (e.g. ANCRe `p`), rows = sources.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parameter_view: Option<(String, Vec<Vec<f64>>)>,
+    /// Device → host reads of each step this process ran (evaluation, connectivity and the
+    /// step's own numbers included), in order: what `tests/device_discipline.rs` checks.
+    #[serde(skip)]
+    pub host_reads: Vec<u64>,
 }
 
 /// One `metrics.csv` row: the training loss of step `step` (before its update), the learning
@@ -86,21 +93,29 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     let cfg = exp.config();
     let tc = &cfg.train;
     let dev = device::resolve(device::parse_device(&cfg.device).map_err(anyhow::Error::msg)?)?;
+    device::apply_matmul_precision(cfg, dev)?;
+    if opts.progress {
+        eprintln!("{}: training on {}", cfg.name, device::describe(dev));
+    }
     let compute = device::compute_kind(cfg.precision);
     let info = exp.data.info();
-    let data = exp.data.load()?;
-    let eval_batches = data.eval_batches();
+    let mut data = exp.data.load()?;
+    let transform = data.input_transform();
+    let eval_set = EvalSet::new(data.eval_batches(), &transform, dev);
+    data.make_resident(dev);
     let per_epoch = data.batches_per_epoch().max(1);
-    let probe_input = data.train_batch(0).input.to_device(dev);
+    // The batch the connectivity of input-dependent topologies is averaged over.
+    let probe_input = transform.on(dev).apply(&data.train_batch(0).input.to_device(dev));
 
-    let mut model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
-    let mut optim = Optim::new(tc, model.trainable());
+    let model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
+    let optim = Optim::new(tc, model.trainable());
+    let mut t = Stepper::new(model, optim, info.task, tc.accumulation, tc.clip_grad_norm, &transform);
     let (mut rows, mut evals, start) = if opts.resume {
         let state = checkpoint::latest(dir)?.with_context(|| {
             format!("--resume: no complete checkpoint in {}", dir.path.join("checkpoints").display())
         })?;
-        let optim_state = checkpoint::load(dir, &state, &mut model.vs)?;
-        optim.load_state(&optim_state, state.step)?;
+        let optim_state = checkpoint::load(dir, &state, &mut t.model.vs)?;
+        t.optim.load_state(&optim_state, state.step)?;
         let rows: Vec<Row> =
             read_csv(&dir.file("metrics.csv"))?.into_iter().filter(|r: &Row| r.step < state.step).collect();
         let evals: Vec<EvalResult> =
@@ -113,96 +128,88 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
 
     let steps = tc.steps;
     let accum = tc.accumulation;
-    let mut batches = Prefetcher::new(data, start * accum, 4);
+    let mut batches = Prefetcher::new(data, start * accum, 4, dev);
     let bar = progress_bar(steps, start, &cfg.name, opts.progress);
     let clock = Instant::now();
     let (mut samples, mut tokens) = (0u64, 0u64);
+    let mut host_reads = Vec::new();
     let every = |n: u64, step: u64| (n > 0 && step.is_multiple_of(n)) || step == steps;
     for step in start..=steps {
+        let reads_before = host::reads();
         if every(cfg.log.eval_every, step) {
-            if let Some(e) = eval::evaluate(&model, info.task, &eval_batches, dev, step) {
-                bar.println(format!("{} step {step}: eval loss {:.4}{}", cfg.name, e.loss, eval_suffix(&e)));
+            if let Some(e) = eval::evaluate(&t.model, info.task, &eval_set, step) {
+                bar.println(format!("{} step {step}: eval {e}", cfg.name));
                 evals.push(e);
             }
         }
         if every(cfg.log.connectivity_every, step) {
-            let c = model.connectivity(&probe_input);
+            let c = t.model.connectivity(&probe_input);
             atomic_write(&dir.path.join("connectivity").join(format!("step_{step}.csv")), matrix_csv(&c).as_bytes())?;
             // The topology's own view (H-ACN's a, ANCRe's p, …), for Δ_t and correlations later.
-            if let Some((name, view)) = model.parameter_view(&probe_input) {
+            if let Some((name, view)) = t.model.parameter_view(&probe_input) {
                 let file = dir.path.join("params").join(format!("{name}_step_{step}.csv"));
                 atomic_write(&file, matrix_csv(&view).as_bytes())?;
             }
         }
 
-        optim.zero_grad();
-        let mut loss_sum = 0.0;
+        let lr = schedule::lr_at(tc, step.min(steps - 1));
         // Reseeded from (seed, step), under the process-wide seed lock: dropout masks are a pure
         // function of the step, so a resumed run redraws exactly the masks it would have drawn.
-        let _rng = device::seed_guard(step_seed(cfg.seed, step));
-        for _ in 0..accum {
-            let batch = batches.next_batch().to_device(dev);
-            samples += batch.input.size()[0] as u64;
-            if info.task == crate::data::Task::LanguageModel {
-                tokens += batch.input.numel() as u64;
-            }
-            let output = model.forward(&batch.input, true);
-            let mut loss = info.task.loss(&output, &batch.target);
-            if let Some(r) = model.topology.regularizer() {
-                loss = loss + r;
-            }
-            let value = loss.double_value(&[]);
-            if !value.is_finite() {
+        let rng = device::seed_guard(step_seed(cfg.seed, step));
+        // The last step only measures the final loss: no update after it.
+        let stats = t.step(step, || batches.next_batch(), (step < steps).then_some(lr));
+        drop(rng);
+        samples += stats.samples;
+        tokens += stats.tokens;
+
+        let done = step + 1;
+        let checkpoint_due = cfg.log.checkpoint_every > 0 && done % cfg.log.checkpoint_every == 0 && done < steps;
+        // Logging and checkpoint steps read the step's numbers (one read); other steps read nothing.
+        if every(cfg.log.every, step) || checkpoint_due {
+            let logged = t.read(&stats);
+            if let Some((first, what)) = logged.diverged {
                 write_logs(dir, &rows, &evals)?;
-                let culprit = if output.isfinite().all().int64_value(&[]) == 0 { "model output" } else { "loss" };
+                let what = match what {
+                    step::NonFinite::Loss => "the loss",
+                    step::NonFinite::Gradient => "the gradient",
+                };
                 bail!(
-                    "{}: step {step}: the {culprit} went non-finite (loss = {value}); metrics up to here are in {}",
+                    "{}: step {first}: {what} went non-finite: {}; metrics up to here are in {}, and no checkpoint \
+                     after the divergence was kept",
                     cfg.name,
+                    t.diagnose(first, step),
                     dir.file("metrics.csv").display()
                 );
             }
-            (loss / accum as f64).backward();
-            loss_sum += value;
+            if every(cfg.log.every, step) {
+                let epoch = (step * accum) as f64 / per_epoch as f64;
+                let (loss, grad_norm, gamma) = (logged.loss, logged.grad_norm, logged.gamma);
+                rows.push(Row { step, epoch, loss, lr, grad_norm, gamma });
+                bar.set_message(format!("{loss:.3e}"));
+            }
         }
-        drop(_rng);
-        let loss_value = loss_sum / accum as f64;
-        let grad_norm = optim.grad_norm();
-        if !grad_norm.is_finite() {
-            write_logs(dir, &rows, &evals)?;
-            let name = optim.first_non_finite_grad().unwrap_or("?");
-            bail!("{}: step {step}: the gradient of `{name}` went non-finite (loss = {loss_value})", cfg.name);
-        }
-        let lr = schedule::lr_at(tc, step.min(steps - 1));
-        if every(cfg.log.every, step) {
-            let epoch = (step * accum) as f64 / per_epoch as f64;
-            rows.push(Row { step, epoch, loss: loss_value, lr, grad_norm, gamma: model.topology.gamma() });
-            bar.set_message(format!("{loss_value:.3e}"));
-        }
+        host_reads.push(host::reads() - reads_before);
         if step == steps {
             break;
         }
-        if let Some(max) = tc.clip_grad_norm {
-            optim.clip(grad_norm, max);
-        }
-        optim.step(lr);
         bar.inc(1);
-        let done = step + 1;
         if opts.crash_after == Some(done) {
             bail!("{}: simulated crash after {done} updates", cfg.name);
         }
-        if cfg.log.checkpoint_every > 0 && done % cfg.log.checkpoint_every == 0 && done < steps {
+        if checkpoint_due {
             write_logs(dir, &rows, &evals)?;
-            save_checkpoint(dir, &model, &optim, done, done * accum, cfg.log.keep_checkpoints)?;
+            save_checkpoint(dir, &t.model, &t.optim, done, done * accum, cfg.log.keep_checkpoints)?;
         }
     }
     bar.finish_and_clear();
     let wall = clock.elapsed().as_secs_f64();
 
     write_logs(dir, &rows, &evals)?;
-    save_checkpoint(dir, &model, &optim, steps, steps * accum, cfg.log.keep_checkpoints)?;
+    save_checkpoint(dir, &t.model, &t.optim, steps, steps * accum, cfg.log.keep_checkpoints)?;
     atomic_write_with(&dir.path.join("checkpoints").join("final.safetensors"), |p| {
-        model.vs.save(p).with_context(|| format!("saving checkpoint {}", p.display()))
+        t.model.vs.save(p).with_context(|| format!("saving checkpoint {}", p.display()))
     })?;
+    let model = &t.model;
     let losses: Vec<f64> = rows.iter().map(|r| r.loss).collect();
     let summary = Summary {
         name: cfg.name.clone(),
@@ -215,7 +222,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         min_loss: losses.iter().cloned().fold(f64::INFINITY, f64::min),
         steps_to_1e3: rows.iter().find(|r| r.loss <= 1e-3 * rows[0].loss).map(|r| r.step),
         eval: evals.last().cloned(),
-        gamma: model.topology.gamma(),
+        gamma: rows.last().and_then(|r| r.gamma),
         num_params: model.num_params(),
         device: format!("{dev:?}"),
         precision: format!("{:?}", cfg.precision).to_lowercase(),
@@ -223,7 +230,8 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         samples_per_second: samples as f64 / wall.max(1e-9),
         tokens_per_second: (tokens > 0).then(|| tokens as f64 / wall.max(1e-9)),
         resumed_from: opts.resume.then_some(start),
-        parameter_view: model.parameter_view(&probe_input).map(|(n, m)| (n, crate::topology::common::to_rows(&m))),
+        parameter_view: model.parameter_view(&probe_input).map(|(n, m)| (n, host::rows(&m))),
+        host_reads,
     };
     atomic_write(&dir.file("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
     Ok(summary)
@@ -235,17 +243,6 @@ fn step_seed(seed: u64, step: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     (z ^ (z >> 31)) >> 1
-}
-
-fn eval_suffix(e: &EvalResult) -> String {
-    let mut s = String::new();
-    if let Some(a) = e.accuracy {
-        s += &format!(", accuracy {:.2}%", 100.0 * a);
-    }
-    if let Some(p) = e.perplexity {
-        s += &format!(", perplexity {p:.2}");
-    }
-    s
 }
 
 fn save_checkpoint(dir: &RunDir, model: &Model, optim: &Optim, step: u64, data_index: u64, keep: usize) -> Result<()> {

@@ -75,55 +75,67 @@ impl Optim {
         }
     }
 
-    /// Number of parameters in each group, for logs.
-    pub fn group_sizes(&self) -> [(Group, i64); 3] {
-        let count = |g: Group| self.params.iter().filter(|p| p.group == g).map(|p| p.value.numel() as i64).sum();
-        [Group::Decay, Group::NoDecay, Group::Topology].map(|g| (g, count(g)))
-    }
-
     pub fn zero_grad(&self) {
         for p in &self.params {
             p.value.shallow_clone().zero_grad();
         }
     }
 
-    /// Global L2 norm of the gradients (f64 accumulation).
-    pub fn grad_norm(&self) -> f64 {
+    /// Global L2 norm of the gradients as a 0-dim fp32 tensor on the parameters' device, computed
+    /// as `torch.nn.utils.clip_grad_norm_` does (the norm of the per-tensor norms), with no read:
+    /// the trainer reads it on logging steps only.
+    pub fn grad_norm(&self) -> Tensor {
         tch::no_grad(|| {
-            self.params
+            let norms: Vec<Tensor> = self
+                .params
                 .iter()
                 .map(|p| p.value.grad())
                 .filter(|g| g.defined())
-                .map(|g| g.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[]))
-                .sum::<f64>()
-                .sqrt()
+                .map(|g| g.to_kind(Kind::Float).norm())
+                .collect();
+            match norms.first() {
+                Some(first) if norms.len() == 1 => first.shallow_clone(),
+                Some(_) => Tensor::stack(&norms, 0).norm(),
+                None => Tensor::zeros([], (Kind::Float, self.device())),
+            }
         })
     }
 
-    /// The first parameter whose gradient is not finite (for the divergence message).
+    /// The device the parameters live on.
+    pub fn device(&self) -> tch::Device {
+        self.params.first().map_or(tch::Device::Cpu, |p| p.value.device())
+    }
+
+    /// The first parameter (in name order) whose gradient is not finite, for the divergence
+    /// message: reads once per parameter, so only after a divergence was detected.
     pub fn first_non_finite_grad(&self) -> Option<&str> {
         self.params
             .iter()
             .find(|p| {
                 let g = p.value.grad();
-                g.defined() && g.isfinite().all().int64_value(&[]) == 0
+                g.defined() && !crate::host::all_finite(&g)
             })
             .map(|p| p.name.as_str())
     }
 
-    /// Scales the gradients so their global norm is at most `max` (PyTorch's clip_grad_norm_).
-    pub fn clip(&self, norm: f64, max: f64) {
-        let coef = max / (norm + 1e-6);
-        if coef < 1.0 {
-            tch::no_grad(|| {
-                for p in &self.params {
-                    let g = p.value.grad();
-                    if g.defined() {
-                        let _ = g.shallow_clone().g_mul_scalar_(coef);
-                    }
+    /// The first parameter (in name order) whose value is not finite (see above).
+    pub fn first_non_finite_param(&self) -> Option<&str> {
+        self.params.iter().find(|p| !crate::host::all_finite(&p.value)).map(|p| p.name.as_str())
+    }
+
+    /// Scales the gradients so their global norm is at most `max`, as PyTorch's clip_grad_norm_:
+    /// `g ← g · min(1, max / (norm + 1e-6))` with the coefficient kept on the device (`norm` is
+    /// [`Optim::grad_norm`]), so clipping costs no read.
+    pub fn clip(&self, norm: &Tensor, max: f64) {
+        tch::no_grad(|| {
+            let coef = (norm + 1e-6).reciprocal().g_mul_scalar(max).clamp_max(1.0);
+            for p in &self.params {
+                let g = p.value.grad();
+                if g.defined() {
+                    let _ = g.shallow_clone().g_mul_(&coef);
                 }
-            });
-        }
+            }
+        });
     }
 
     /// One update with learning rate `lr` (before the group multipliers).

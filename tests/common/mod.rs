@@ -31,3 +31,9 @@ pub fn text(o: &Output) -> (String, String) {
 pub fn read_losses(run: &Path) -> Vec<(f64, f64)> {
     plexus::cli::read_losses(run).unwrap()
 }
+
+/// A tiny config (model and data sections) per backbone (`plexus::doctor::tiny_backbone`).
+pub fn tiny_backbone(name: &str) -> &'static str {
+    plexus::doctor::tiny_backbone(name)
+        .unwrap_or_else(|| panic!("backbone `{name}` has no tiny config in src/doctor.rs::tiny_backbone: add one"))
+}

@@ -1,0 +1,148 @@
+//! Device bugs made visible on a CPU.
+//!
+//! * Host reads: a training step that reads a tensor's value waits for the GPU to drain its queue;
+//!   the step must read nothing except on logging steps (one read). Every read goes through
+//!   `plexus::host`, which counts them, and the trainer records the count of each step.
+//! * Device discipline: code that builds tensors on a hard-coded device (`Device::Cpu`) or reads
+//!   values behind `plexus::host`'s back works on a CPU and breaks or stalls on a GPU (the
+//!   connectivity probe once crashed every H-ACN run at step 0 that way). The source of
+//!   `src/topology`, `src/model` and `src/train` is scanned for both.
+
+mod common;
+
+use plexus::experiment::Experiment;
+use plexus::run_dir::RunDir;
+use plexus::train::{self, TrainOptions};
+use std::path::{Path, PathBuf};
+
+#[test]
+fn only_logging_steps_read_from_the_device_for_every_topology_on_every_backbone() {
+    let tmp = tempfile::tempdir().unwrap();
+    for m in plexus::model::REGISTRY {
+        for t in plexus::topology::REGISTRY {
+            // 7 updates; metrics logged at steps 0 and 5 and at the end (step 7, which also
+            // evaluates and saves C); accumulation and clipping on, as in the paper configs.
+            let yaml = format!(
+                "name: x\n{}topology: {{kind: {}}}\ntrain: {{optimizer: adamw, lr: 0.01, steps: 7, accumulation: 2, \
+                 clip_grad_norm: 1.0}}\nlog: {{every: 5, eval_every: 0, connectivity_every: 0, checkpoint_every: 0}}\n",
+                common::tiny_backbone(m.name),
+                t.name
+            );
+            let e = Experiment::from_str(&yaml, "discipline.yaml", &[]).unwrap();
+            let dir = RunDir::create(&tmp.path().join(format!("{}-{}", m.name, t.name))).unwrap();
+            let s = train::train(&e, &dir, &TrainOptions::default())
+                .unwrap_or_else(|err| panic!("{} on {}: {err:#}", t.name, m.name));
+            let reads = &s.host_reads;
+            assert_eq!(reads.len(), 8, "{} on {}: {reads:?}", t.name, m.name);
+            assert_eq!(&reads[..7], &[1, 0, 0, 0, 0, 1, 0], "{} on {}: reads per step", t.name, m.name);
+            assert!(reads[7] >= 1, "{} on {}: the last step logs", t.name, m.name);
+        }
+    }
+}
+
+/// Lines allowed to name a device or read a value in the scanned directories, each with why.
+/// Keep it short: every entry is a place where a GPU run copies to the host.
+const ALLOWED: &[(&str, &str, &str)] = &[
+    ("src/train/optim.rs", "Device::Cpu", "the device of an optimizer with no parameters at all"),
+    (
+        "src/topology/ancre.rs",
+        "tch::Device::Cpu",
+        "the constant-weight variant has no parameter to take a device from; a log view",
+    ),
+    ("src/topology/denseformer.rs", "tch::Device::Cpu", "the DWA weight view is assembled on the CPU for logs"),
+    (
+        "src/model/layers.rs",
+        "Device::Cpu",
+        "RoPE tables are computed in f64 on the CPU once, at build time, then moved",
+    ),
+    (
+        "src/model/vit.rs",
+        "Device::Cpu",
+        "sin-cos position table computed in f64 on the CPU once, at build time, then moved",
+    ),
+];
+
+/// Reading methods of tch that must go through `plexus::host` in these directories.
+const READS: &[&str] =
+    &["double_value(", "int64_value(", "f64_value(", "try_from(", ".to_device(Device::Cpu)", "Device::Cpu"];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// `(file, line number, line)` of every forbidden use outside `#[cfg(test)]` modules and the
+/// allowlist.
+fn violations(root: &Path) -> Vec<(String, usize, String)> {
+    let mut found = Vec::new();
+    for sub in ["src/topology", "src/model", "src/train"] {
+        let mut files = Vec::new();
+        rust_files(&root.join(sub), &mut files);
+        files.sort();
+        for f in files {
+            let rel = f.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+            let text = std::fs::read_to_string(&f).unwrap();
+            for (i, line) in text.lines().enumerate() {
+                if line.trim_start().starts_with("#[cfg(test)]") {
+                    break; // unit tests run on the CPU on purpose
+                }
+                if line.trim_start().starts_with("//") {
+                    continue;
+                }
+                let hit = READS.iter().any(|r| line.contains(r));
+                let allowed = ALLOWED.iter().any(|(file, what, _)| rel == *file && line.contains(what));
+                if hit && !allowed {
+                    found.push((rel.clone(), i + 1, line.trim().to_string()));
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn no_hard_coded_device_and_no_unaccounted_read_in_topology_model_or_train() {
+    let v = violations(&common::repo());
+    assert!(
+        v.is_empty(),
+        "tensors on a hard-coded device or reads behind plexus::host's back (derive the device from an input \
+         or the VarStore; read through plexus::host; or add a commented entry to ALLOWED):\n{}",
+        v.iter().map(|(f, n, l)| format!("  {f}:{n}: {l}")).collect::<Vec<_>>().join("\n")
+    );
+    // Every allowlist entry still matches something (a stale entry would hide a new violation).
+    for (file, what, why) in ALLOWED {
+        let text = std::fs::read_to_string(common::repo().join(file)).unwrap();
+        assert!(text.contains(what), "stale ALLOWED entry {file} / {what} ({why})");
+    }
+}
+
+/// The scan finds the defect it exists for: the connectivity probe built on `Device::Cpu`, and a
+/// per-parameter `double_value` in the gradient norm.
+#[test]
+fn the_scan_catches_the_defects_it_guards_against() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    for sub in ["src/topology", "src/model", "src/train"] {
+        std::fs::create_dir_all(root.join(sub)).unwrap();
+    }
+    std::fs::write(
+        root.join("src/topology/common.rs"),
+        "pub fn probe() {\n    let x0 = Tensor::zeros([1, n], (Kind::Double, Device::Cpu));\n}\n#[cfg(test)]\nmod tests { fn t() { Device::Cpu; } }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("src/train/optim.rs"),
+        "fn grad_norm() { g.square().sum(Kind::Double).double_value(&[]) }\n",
+    )
+    .unwrap();
+    std::fs::write(root.join("src/model/ok.rs"), "fn f(x: &Tensor) -> Tensor { x.zeros_like() }\n").unwrap();
+    let v = violations(root);
+    let lines: Vec<(String, usize)> = v.iter().map(|(f, n, _)| (f.clone(), *n)).collect();
+    assert_eq!(lines, vec![("src/topology/common.rs".to_string(), 2), ("src/train/optim.rs".to_string(), 1)]);
+}
