@@ -5,12 +5,17 @@
 //!   `libtorch_cuda.so` directly (CUDA kernels register themselves at load time), so with the default
 //!   `--as-needed` the linker would drop it and CUDA would be silently unavailable;
 //! * the torch version we compile against, for `plexus doctor` (PyTorch wheels ship `version.py`
-//!   next to `lib/`).
-use std::path::PathBuf;
+//!   next to `lib/`);
+//! * the small native layer `src/native/plexus_native.cpp` (see `src/native.rs`), compiled with the
+//!   `cc` crate against the headers of the same libtorch and with the same flags torch-sys uses for
+//!   its own C++ (C++17, the libtorch C++11 ABI), so that `torch::Tensor*` means the same thing on
+//!   both sides of tch's FFI.
+use std::path::{Path, PathBuf};
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     let lib_dir = std::env::var_os("DEP_TCH_LIBTORCH_LIB").map(PathBuf::from);
+    build_native(lib_dir.as_deref());
     let version = lib_dir
         .as_ref()
         .and_then(|d| std::fs::read_to_string(d.join("..").join("version.py")).ok())
@@ -34,4 +39,117 @@ fn main() {
         }
     }
     println!("cargo:rustc-link-arg=-ltorch");
+}
+
+/// The first directory among `candidates` that holds `file`.
+fn find_include(candidates: &[PathBuf], file: &str) -> Option<PathBuf> {
+    candidates.iter().find(|d| d.join(file).is_file()).cloned()
+}
+
+/// Compiles `src/native/plexus_native.cpp` into a static library linked into the crate.
+///
+/// * `PLEXUS_WITH_CUDA` when libtorch is a CUDA build (`libtorch_cuda.so`). The CUDA queries need no
+///   CUDA header (see the top of the C++ file): PyTorch's CUDA 13 wheels ship
+///   `nvidia/cu13/include/cuda_runtime_api.h` without the `crt/` headers it includes.
+/// * `PLEXUS_WITH_NCCL` when, in addition, CUDA runtime headers that compile (`cuda_runtime_api.h`
+///   and `crt/host_defines.h`) and `nccl.h` are found: the wheel's `nvidia/*/include` next to
+///   `torch/` (e.g. after `pip install nvidia-cuda-crt` in the venv), `$CUDA_HOME/include`, or
+///   `/usr/local/cuda/include`. ProcessGroupNCCL's header pulls in c10/cuda, which needs them.
+/// * `PLEXUS_WITH_GLOO` when libtorch ships `ProcessGroupGloo.hpp`.
+///
+/// A CPU-only libtorch builds with none of them; the functions then return "not built with …".
+fn build_native(lib_dir: Option<&Path>) {
+    let src = "src/native/plexus_native.cpp";
+    let shim = "src/native/gloo_decl";
+    println!("cargo:rerun-if-changed={src}");
+    println!("cargo:rerun-if-changed={shim}");
+    println!("cargo:rerun-if-env-changed=CUDA_HOME");
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+    let Some(lib_dir) = lib_dir else {
+        panic!("DEP_TCH_LIBTORCH_LIB is not set: torch-sys did not report its libtorch directory");
+    };
+    let torch_root = lib_dir.join("..");
+    let include = torch_root.join("include");
+    let cxx11_abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
+
+    // Candidate CUDA include directories: the wheel's nvidia/* packages (CUDA 13 wheels bundle the
+    // toolkit headers in nvidia/cu13, CUDA 12 wheels split them per library), then $CUDA_HOME.
+    let mut cuda_dirs: Vec<PathBuf> = Vec::new();
+    let nvidia = torch_root.join("..").join("nvidia");
+    if let Ok(entries) = std::fs::read_dir(&nvidia) {
+        let mut dirs: Vec<PathBuf> = entries.flatten().map(|e| e.path().join("include")).collect();
+        dirs.sort();
+        cuda_dirs.extend(dirs);
+    }
+    let wheel_dirs = cuda_dirs.clone();
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(home) = std::env::var_os(var) {
+            cuda_dirs.push(PathBuf::from(home).join("include"));
+        }
+    }
+    cuda_dirs.push(PathBuf::from("/usr/local/cuda/include"));
+
+    let has_torch_cuda = lib_dir.join("libtorch_cuda.so").exists();
+    let cuda_inc = find_include(&cuda_dirs, "cuda_runtime_api.h");
+    let nccl_inc = find_include(&cuda_dirs, "nccl.h");
+    let c10d = include.join("torch/csrc/distributed/c10d");
+    let crt_inc = find_include(&cuda_dirs, "crt/host_defines.h");
+    let with_cuda = has_torch_cuda;
+    let with_nccl = with_cuda
+        && cuda_inc.is_some()
+        && crt_inc.is_some()
+        && nccl_inc.is_some()
+        && c10d.join("ProcessGroupNCCL.hpp").is_file();
+    let with_gloo = c10d.join("ProcessGroupGloo.hpp").is_file();
+    // Why NCCL is left out, for the error ProcessGroup::new(Backend::Nccl, ..) returns.
+    let nccl_missing = if !has_torch_cuda {
+        "libtorch is not a CUDA build".to_string()
+    } else if cuda_inc.is_none() {
+        "no cuda_runtime_api.h was found".to_string()
+    } else if crt_inc.is_none() {
+        "cuda_runtime_api.h was found but not the crt/host_defines.h it includes \
+         (pip install nvidia-cuda-crt matching the wheel's CUDA, or set CUDA_HOME)"
+            .to_string()
+    } else if nccl_inc.is_none() {
+        "no nccl.h was found".to_string()
+    } else {
+        String::new()
+    };
+    let searched = cuda_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ");
+
+    let mut build = cc::Build::new();
+    build
+        .cpp(true)
+        .pic(true)
+        .warnings(false)
+        .file(src)
+        .include(&include)
+        .include(include.join("torch/csrc/api/include"))
+        .flag("-std=c++17")
+        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi}"))
+        .flag("-DGLOG_USE_GLOG_EXPORT");
+    if with_gloo {
+        // The wheel ships ProcessGroupGloo.hpp but not the gloo headers it includes; gloo_decl
+        // declares the four gloo types that header names (see gloo_decl/gloo/plexus_gloo_decl.h).
+        build.include(shim).define("USE_C10D_GLOO", None).define("PLEXUS_WITH_GLOO", None);
+    }
+    if with_cuda {
+        build.define("PLEXUS_WITH_CUDA", None);
+    }
+    if with_nccl {
+        // c10/cuda and cuBLAS/cuSPARSE headers come along with ProcessGroupNCCL.hpp; CUDA 12 wheels
+        // keep them in separate nvidia/<lib>/include directories, so add every wheel directory.
+        for dir in [&cuda_inc, &crt_inc, &nccl_inc].into_iter().flatten().chain(&wheel_dirs) {
+            if dir.is_dir() {
+                build.include(dir);
+            }
+        }
+        build.define("USE_C10D_NCCL", None).define("PLEXUS_WITH_NCCL", None);
+    }
+    println!("cargo:rustc-link-search=native={}", lib_dir.display());
+    println!("cargo:rustc-env=PLEXUS_NATIVE_WITH_CUDA={}", u8::from(with_cuda));
+    println!("cargo:rustc-env=PLEXUS_NATIVE_WITH_NCCL={}", u8::from(with_nccl));
+    let why = if with_nccl { String::new() } else { format!("{nccl_missing} (searched {searched})") };
+    println!("cargo:rustc-env=PLEXUS_NATIVE_NCCL_MISSING={why}");
+    build.compile("plexus_native");
 }

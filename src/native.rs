@@ -1,36 +1,163 @@
-//! libtorch APIs that tch does not bind (CUDA device properties, the float32 matmul precision).
+//! plexus' small native layer: the libtorch calls tch does not expose, in C++
+//! (`src/native/plexus_native.cpp`, compiled by `build.rs` against the same libtorch headers and
+//! with the same flags as torch-sys's own C++), behind this safe module. Nothing else in the crate
+//! touches FFI.
 //!
-//! Interim version: the C++ layer that reaches these APIs is not in this commit yet, so every
-//! query reports that it is unavailable and `tf32: true` is refused rather than silently ignored.
-use anyhow::{bail, Result};
+//! Every C++ entry point catches all exceptions and returns them as an error string, so a libtorch
+//! error becomes an [`anyhow::Error`] here and never unwinds or aborts across the boundary.
+//!
+//! What is here:
+//! * CUDA facts and memory statistics ([`cuda_device_info`], [`cuda_memory_stats`], …) that
+//!   `tch::Cuda` lacks, and the float32 matmul precision (TF32) switch.
+//!
+//! A CPU-only libtorch builds this module too; the CUDA functions then return an error saying so.
+use anyhow::{anyhow, bail, Result};
+use std::ffi::{c_char, c_int, CStr, CString};
 
+mod ffi {
+    use std::ffi::{c_char, c_int};
+
+    extern "C" {
+        pub fn plexus_free_string(s: *mut c_char);
+        pub fn plexus_cuda_built() -> c_int;
+        pub fn plexus_cuda_driver_version(out: *mut c_int) -> *mut c_char;
+        pub fn plexus_cuda_runtime_version(out: *mut c_int) -> *mut c_char;
+        pub fn plexus_cuda_device_info(
+            index: i64,
+            name: *mut *mut c_char,
+            major: *mut c_int,
+            minor: *mut c_int,
+            total_memory: *mut u64,
+            multiprocessors: *mut c_int,
+        ) -> *mut c_char;
+        pub fn plexus_cuda_memory_stats(index: i64, out: *mut u64) -> *mut c_char;
+        pub fn plexus_cuda_reset_peak_memory(index: i64) -> *mut c_char;
+        pub fn plexus_set_float32_matmul_precision(p: *const c_char) -> *mut c_char;
+        pub fn plexus_float32_matmul_precision(out: *mut *mut c_char) -> *mut c_char;
+    }
+}
+
+/// Takes ownership of a string malloc'd by the C++ side (NULL gives an empty string).
+fn take_string(s: *mut c_char) -> String {
+    if s.is_null() {
+        return String::new();
+    }
+    // SAFETY: the C++ side returns NUL-terminated strings allocated with malloc, freed only here.
+    let out = unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned();
+    unsafe { ffi::plexus_free_string(s) };
+    out
+}
+
+/// Turns the error-string convention of every entry point into a `Result`.
+fn check(err: *mut c_char) -> Result<()> {
+    if err.is_null() {
+        Ok(())
+    } else {
+        Err(anyhow!(take_string(err)))
+    }
+}
+
+fn device_index(index: usize) -> Result<i64> {
+    i64::try_from(index).map_err(|_| anyhow!("CUDA device index {index} is out of range"))
+}
+
+/// Whether this build of plexus has its CUDA parts (libtorch is a CUDA build). Says nothing about
+/// whether a driver or a GPU is present: see [`cuda_driver_version`] and `tch::Cuda`.
+pub fn cuda_built() -> bool {
+    // SAFETY: no arguments, no side effects.
+    unsafe { ffi::plexus_cuda_built() != 0 }
+}
+
+/// The CUDA driver's version as `cudaDriverGetVersion` reports it (1000·major + 10·minor, e.g.
+/// 13000); an error where no driver is installed or plexus was built without CUDA.
+pub fn cuda_driver_version() -> Result<i32> {
+    let mut v: c_int = 0;
+    // SAFETY: `v` outlives the call.
+    check(unsafe { ffi::plexus_cuda_driver_version(&mut v) })?;
+    Ok(v)
+}
+
+/// The version of the CUDA runtime libtorch loaded (`cudaRuntimeGetVersion`, same encoding).
+pub fn cuda_runtime_version() -> Result<i32> {
+    let mut v: c_int = 0;
+    // SAFETY: `v` outlives the call.
+    check(unsafe { ffi::plexus_cuda_runtime_version(&mut v) })?;
+    Ok(v)
+}
+
+/// Static properties of one CUDA device (what `torch.cuda.get_device_properties` shows).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CudaDeviceInfo {
     pub index: usize,
     pub name: String,
+    /// Compute capability, e.g. 9.0 for an H100.
     pub major: i32,
     pub minor: i32,
+    /// Bytes of device memory.
     pub total_memory: u64,
     pub multiprocessors: i32,
 }
 
-const MISSING: &str = "plexus was built without its native layer";
-
-pub fn cuda_built() -> bool {
-    false
-}
-pub fn cuda_driver_version() -> Result<i32> {
-    bail!("{MISSING}")
-}
-pub fn cuda_runtime_version() -> Result<i32> {
-    bail!("{MISSING}")
-}
+/// Properties of CUDA device `index` (as numbered under `CUDA_VISIBLE_DEVICES`); an error when
+/// there is no such device, no driver, or no CUDA in this build.
 pub fn cuda_device_info(index: usize) -> Result<CudaDeviceInfo> {
-    bail!("cuda:{index}: {MISSING}")
+    let mut name: *mut c_char = std::ptr::null_mut();
+    let (mut major, mut minor, mut mps): (c_int, c_int, c_int) = (0, 0, 0);
+    let mut total: u64 = 0;
+    // SAFETY: every out-pointer outlives the call; `name` is set only on success.
+    let err = unsafe {
+        ffi::plexus_cuda_device_info(device_index(index)?, &mut name, &mut major, &mut minor, &mut total, &mut mps)
+    };
+    check(err)?;
+    Ok(CudaDeviceInfo { index, name: take_string(name), major, minor, total_memory: total, multiprocessors: mps })
 }
-/// `highest` is libtorch's default and needs no call; anything else needs the native layer.
+
+/// The CUDA caching allocator's byte counts for one device (aggregate over its pools), as
+/// `torch.cuda.memory_stats` reports `allocated_bytes.all.*` and `reserved_bytes.all.*`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CudaMemoryStats {
+    /// Bytes in live tensors now.
+    pub allocated: u64,
+    /// Bytes the allocator holds from the driver now (allocated + cached).
+    pub reserved: u64,
+    /// Highest `allocated` since start or the last [`cuda_reset_peak_memory`].
+    pub peak_allocated: u64,
+    pub peak_reserved: u64,
+}
+
+/// Memory statistics of CUDA device `index`; an error without such a device.
+pub fn cuda_memory_stats(index: usize) -> Result<CudaMemoryStats> {
+    let mut out = [0u64; 4];
+    // SAFETY: `out` has the 4 slots the C++ side writes.
+    check(unsafe { ffi::plexus_cuda_memory_stats(device_index(index)?, out.as_mut_ptr()) })?;
+    Ok(CudaMemoryStats { allocated: out[0], reserved: out[1], peak_allocated: out[2], peak_reserved: out[3] })
+}
+
+/// Resets the peaks of [`cuda_memory_stats`] to the current values (per-phase measurements).
+pub fn cuda_reset_peak_memory(index: usize) -> Result<()> {
+    // SAFETY: plain value argument.
+    check(unsafe { ffi::plexus_cuda_reset_peak_memory(device_index(index)?) })
+}
+
+/// Sets libtorch's float32 matmul precision, process-wide, as `torch.set_float32_matmul_precision`:
+/// `"highest"` (full fp32), `"high"` (TF32 tensor cores allowed on Ampere and later), `"medium"`
+/// (bf16-based). Anything else is an error.
 pub fn set_float32_matmul_precision(p: &str) -> Result<()> {
-    if p != "highest" {
-        bail!("float32 matmul precision `{p}` (`tf32: true`): {MISSING}");
+    if !matches!(p, "highest" | "high" | "medium") {
+        bail!("float32 matmul precision must be \"highest\", \"high\" or \"medium\", got {p:?}");
     }
-    Ok(())
+    let c = CString::new(p)?;
+    // SAFETY: `c` is a NUL-terminated string that outlives the call.
+    check(unsafe { ffi::plexus_set_float32_matmul_precision(c.as_ptr()) })
+}
+
+/// The current float32 matmul precision: `"highest"`, `"high"` or `"medium"`.
+pub fn float32_matmul_precision() -> String {
+    let mut out: *mut c_char = std::ptr::null_mut();
+    // SAFETY: `out` outlives the call and receives a malloc'd string on success.
+    match check(unsafe { ffi::plexus_float32_matmul_precision(&mut out) }) {
+        Ok(()) => take_string(out),
+        // Reading an enum from the global context cannot fail; keep the signature infallible.
+        Err(e) => format!("unknown ({e})"),
+    }
 }
