@@ -24,9 +24,15 @@ pub enum Cmd {
     Train {
         #[arg(required_unless_present = "resume")]
         configs: Vec<PathBuf>,
-        /// Continue the run in this directory from its latest checkpoint (its config.yaml is used).
-        #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["configs", "out"])]
+        /// Continue the run in this directory from its latest checkpoint. The config is the run's
+        /// config.yaml, or the one CONFIG given; either way only train.steps (to extend the run)
+        /// and log.* may differ from what the run was trained with.
+        #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["out", "overwrite"])]
         resume: Option<PathBuf>,
+        /// Clear a run directory that already holds files before training into it (a new run
+        /// into a non-empty directory is refused otherwise).
+        #[arg(long)]
+        overwrite: bool,
         /// Run directory (one config) or parent directory of the runs (several). Default: runs/<name>.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -179,18 +185,28 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Train { configs, resume: Some(run), overrides, quiet, .. } => {
             let dir = RunDir::open(&run)?;
-            let exp = Experiment::from_file(&dir.file("config.yaml"), &overrides)?;
+            let config = match configs.as_slice() {
+                [] => dir.file("config.yaml"),
+                [one] if !one.is_dir() => one.clone(),
+                _ => bail!(
+                    "--resume {} continues one run: give at most one config file (its config.yaml is used when none \
+                     is given), not {}",
+                    run.display(),
+                    configs.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
+                ),
+            };
+            let exp = Experiment::from_file(&config, &overrides)?;
             let progress = !quiet && std::io::stderr().is_terminal();
-            let _ = configs;
-            let s = train::train(&exp, &dir, &TrainOptions { progress, resume: true, crash_after: None })?;
+            let opts = TrainOptions { progress, resume: true, ..Default::default() };
+            let s = train::train(&exp, &dir, &opts)?;
             print_table(&[s]);
             Ok(())
         }
-        Cmd::Train { configs, resume: None, out, overrides, quiet } => {
+        Cmd::Train { configs, resume: None, out, overrides, quiet, overwrite } => {
             let exps = resolve_paths(&configs, &overrides)?;
             let progress = !quiet && std::io::stderr().is_terminal();
             let dirs = run_dirs(&exps, out.as_deref())?;
-            let summaries = train_all(&exps, &dirs, progress)?;
+            let summaries = train_all(&exps, &dirs, progress, &vec![overwrite; dirs.len()])?;
             print_table(&summaries);
             Ok(())
         }
@@ -333,14 +349,19 @@ fn run_dirs(exps: &[Experiment], out: Option<&Path>) -> Result<Vec<PathBuf>> {
         .collect())
 }
 
-fn train_all(exps: &[Experiment], dirs: &[PathBuf], progress: bool) -> Result<Vec<Summary>> {
+/// Trains every experiment into its directory (`overwrite[i]`: clear a non-empty one). Every
+/// directory is checked before the first run starts, so a set fails before any work.
+fn train_all(exps: &[Experiment], dirs: &[PathBuf], progress: bool, overwrite: &[bool]) -> Result<Vec<Summary>> {
+    for (d, &o) in dirs.iter().zip(overwrite) {
+        crate::run_dir::check_new(d, o)?;
+    }
     let mut out = Vec::new();
-    for (e, d) in exps.iter().zip(dirs) {
-        let dir = RunDir::create(d)?;
+    for ((e, d), &overwrite) in exps.iter().zip(dirs).zip(overwrite) {
+        let dir = RunDir::new(d);
         if !progress {
             eprintln!("training {} → {}", e.config().name, d.display());
         }
-        out.push(train::train(e, &dir, &TrainOptions { progress, resume: false, crash_after: None })?);
+        out.push(train::train(e, &dir, &TrainOptions { progress, overwrite, ..Default::default() })?);
     }
     Ok(out)
 }
@@ -365,7 +386,10 @@ fn embedded(name: &str, overrides: &[String]) -> Result<(&'static sets::ConfigSe
 fn run_set(set: &sets::ConfigSet, exps: &[Experiment], out: &Path) -> Result<Vec<PathBuf>> {
     println!("\n== {} — {}", set.name, set.about);
     let dirs = run_dirs(exps, Some(out))?;
-    let summaries = train_all(exps, &dirs, std::io::stderr().is_terminal())?;
+    // The demo regenerates its runs: a previous demo's run directories are replaced, anything
+    // else in the way is refused like for `plexus train`.
+    let replace: Vec<bool> = dirs.iter().map(|d| d.join("config.yaml").is_file()).collect();
+    let summaries = train_all(exps, &dirs, std::io::stderr().is_terminal(), &replace)?;
     print_table(&summaries);
     atomic_write(&out.join("results.csv"), results_csv(&summaries)?.as_bytes())?;
     Ok(dirs)
@@ -680,7 +704,7 @@ pub fn connectivity_csv(path: &Path, step: Option<u64>, overrides: &[String]) ->
         crate::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, tch::Kind::Float)
     });
     if let Some(ck) = checkpoint {
-        model.vs.load(&ck).with_context(|| format!("loading {}", ck.display()))?;
+        crate::train::checkpoint::load_weights(&mut model.vs, &ck)?;
     }
     let data = exp.data.load()?;
     let c = model.connectivity(&data.train_batch(0).input);

@@ -3,47 +3,95 @@
 //! Layout: `config.yaml` (resolved), `metrics.csv`, `summary.json`, `connectivity/`,
 //! `checkpoints/`, `figures/`. Every file is written to a temporary file in the same directory and
 //! renamed into place, so a crash leaves either the old file or the new one, never half of one.
+//! Temporary files left by a crash (`.tmp-*`) are removed when a run starts or resumes
+//! ([`RunDir::clean_leftovers`]).
+//!
+//! A process that trains into a run directory holds an exclusive lock on its `.lock` file
+//! ([`RunDir::lock`]): an advisory `flock`, which the kernel releases when the process exits,
+//! however it exits, so a lock is never stale.
 
-use anyhow::{Context, Result};
-use std::io::Write;
+use anyhow::{bail, Context, Result};
+use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
-/// Writes `bytes` to `path` atomically (temp file in the same directory, fsync, rename).
+/// The lock file of a run directory.
+pub const LOCK_FILE: &str = ".lock";
+
+/// A temporary-file builder for outputs: mode `0666`, which the kernel masks with the umask when
+/// it creates the file, as for any file a program creates (tempfile's default is `0600`, which
+/// would make every output private whatever the umask says).
+fn output_tempfile() -> tempfile::Builder<'static, 'static> {
+    let mut b = tempfile::Builder::new();
+    b.prefix(".tmp-");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        b.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    b
+}
+
+fn parent_dir(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
+/// Writes `bytes` to `path` atomically (temp file in the same directory, fsync, rename). Errors
+/// name `path`, never the temporary file.
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .tempfile_in(dir)
-        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-    tmp.write_all(bytes).with_context(|| format!("writing {}", path.display()))?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).with_context(|| format!("renaming into {}", path.display()))?;
-    Ok(())
+    atomic_write_with(path, |tmp| {
+        let mut f = std::fs::OpenOptions::new().write(true).truncate(true).open(tmp)?;
+        f.write_all(bytes)?;
+        Ok(())
+    })
 }
 
 /// Runs `write` on a temporary path in `path`'s directory, then renames it to `path`. For writers
-/// that want a path (libtorch's safetensors saver).
+/// that want a path (libtorch's safetensors saver). Errors name `path` (the temporary file, which
+/// is removed on failure, is an implementation detail).
 pub fn atomic_write_with(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    // Keep the extension: some writers pick the format from it (tch: `.safetensors`).
-    let suffix = path.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
-    let tmp = tempfile::Builder::new().prefix(".tmp-").suffix(&suffix).tempfile_in(dir)?.into_temp_path();
-    write(&tmp)?;
-    std::fs::File::open(&tmp)?.sync_all()?;
-    tmp.persist(path).with_context(|| format!("renaming into {}", path.display()))?;
-    Ok(())
+    let result = (|| -> Result<()> {
+        let dir = parent_dir(path);
+        std::fs::create_dir_all(dir).with_context(|| format!("creating the directory {}", dir.display()))?;
+        // Keep the extension: some writers pick the format from it (tch: `.safetensors`).
+        let suffix = path.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
+        let tmp = output_tempfile()
+            .suffix(&suffix)
+            .tempfile_in(dir)
+            .with_context(|| format!("creating a temporary file in {}", dir.display()))?
+            .into_temp_path();
+        write(&tmp).map_err(|e| anyhow::anyhow!(strip_path(&format!("{e:#}"), &tmp)))?;
+        std::fs::File::open(&tmp).and_then(|f| f.sync_all()).context("syncing to disk")?;
+        tmp.persist(path).map_err(|e| e.error).context("renaming the temporary file into place")?;
+        Ok(())
+    })();
+    result.with_context(|| format!("writing {}", path.display()))
 }
 
-/// A run directory that exists on disk.
+/// A writer's message with the temporary path it was given replaced by `<temporary file>`.
+fn strip_path(msg: &str, tmp: &Path) -> String {
+    msg.replace(&tmp.display().to_string(), "<temporary file>")
+}
+
+/// A run directory: where a run writes. [`RunDir::new`] names one without touching the disk (the
+/// trainer creates it once data and model are built); [`RunDir::open`] requires an existing run.
 #[derive(Debug, Clone)]
 pub struct RunDir {
     pub path: PathBuf,
 }
 
+/// The exclusive lock of a run directory, held until dropped (or the process exits).
+#[derive(Debug)]
+pub struct RunLock {
+    _file: std::fs::File,
+}
+
 impl RunDir {
-    /// Creates the directory (and `figures/`); an existing run there is overwritten file by file.
+    /// A run directory at `path`, not yet created (nothing is written until training starts).
+    pub fn new(path: &Path) -> Self {
+        Self { path: path.to_path_buf() }
+    }
+
+    /// Creates the directory (and `figures/`).
     pub fn create(path: &Path) -> Result<Self> {
         std::fs::create_dir_all(path.join("figures"))
             .with_context(|| format!("creating run directory {}", path.display()))?;
@@ -62,6 +110,173 @@ impl RunDir {
     pub fn file(&self, name: &str) -> PathBuf {
         self.path.join(name)
     }
+
+    /// Takes the exclusive lock of this run directory (creating the directory if needed), or fails
+    /// naming the process that holds it. The lock file records the holder's pid.
+    pub fn lock(&self) -> Result<RunLock> {
+        std::fs::create_dir_all(&self.path)
+            .with_context(|| format!("creating run directory {}", self.path.display()))?;
+        let path = self.path.join(LOCK_FILE);
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("opening the lock file {}", path.display()))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                let holder = match holder.trim().parse::<u32>() {
+                    Ok(pid) => format!("pid {pid}"),
+                    Err(_) => "a process that has not written its pid yet".to_string(),
+                };
+                bail!(
+                    "run directory {} is in use by another plexus process ({holder}, which holds {}); wait \
+                     for it to finish or stop it, or train into another directory",
+                    self.path.display(),
+                    path.display()
+                );
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("locking {}", path.display()));
+            }
+        }
+        (|| -> std::io::Result<()> {
+            file.set_len(0)?;
+            file.rewind()?;
+            writeln!(file, "{}", std::process::id())?;
+            file.sync_all()
+        })()
+        .with_context(|| format!("writing the lock file {}", path.display()))?;
+        Ok(RunLock { _file: file })
+    }
+
+    /// Removes what a killed or failed run leaves behind: temporary files (`.tmp-*`) anywhere in
+    /// the run directory, and checkpoint files of a step whose marker (`step_N.json`) was never
+    /// written. Returns the removed paths. Call it holding the lock.
+    pub fn clean_leftovers(&self) -> Result<Vec<PathBuf>> {
+        let mut removed = Vec::new();
+        let mut dirs = vec![self.path.clone()];
+        while let Some(d) = dirs.pop() {
+            let Ok(entries) = std::fs::read_dir(&d) else { continue };
+            for e in entries {
+                let e = e.with_context(|| format!("listing {}", d.display()))?;
+                let p = e.path();
+                let name = e.file_name().to_string_lossy().into_owned();
+                let kind = e.file_type().with_context(|| format!("reading {}", p.display()))?;
+                if kind.is_dir() {
+                    dirs.push(p);
+                } else if name.starts_with(".tmp-") {
+                    std::fs::remove_file(&p).with_context(|| format!("removing the leftover {}", p.display()))?;
+                    removed.push(p);
+                }
+            }
+        }
+        let ck = self.path.join("checkpoints");
+        if let Ok(entries) = std::fs::read_dir(&ck) {
+            for e in entries {
+                let p = e.with_context(|| format!("listing {}", ck.display()))?.path();
+                let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let step = name
+                    .strip_prefix("step_")
+                    .and_then(|r| r.strip_suffix(".optim.safetensors").or_else(|| r.strip_suffix(".safetensors")));
+                if let Some(step) = step.filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())) {
+                    if !ck.join(format!("step_{step}.json")).exists() {
+                        std::fs::remove_file(&p)
+                            .with_context(|| format!("removing the incomplete checkpoint file {}", p.display()))?;
+                        removed.push(p);
+                    }
+                }
+            }
+        }
+        removed.sort();
+        Ok(removed)
+    }
+}
+
+/// The files of `dir` that make it "not empty" for a new run: anything but the lock file and
+/// empty directories. `None` when `dir` does not exist.
+pub fn contents(dir: &Path) -> Result<Option<Vec<PathBuf>>> {
+    if !dir.exists() {
+        return Ok(None);
+    }
+    anyhow::ensure!(dir.is_dir(), "{} exists and is not a directory", dir.display());
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).with_context(|| format!("listing {}", d.display()))? {
+            let e = e.with_context(|| format!("listing {}", d.display()))?;
+            let p = e.path();
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                dirs.push(p);
+            } else if !(d == dir && e.file_name() == LOCK_FILE) {
+                found.push(p);
+            }
+        }
+    }
+    found.sort();
+    Ok(Some(found))
+}
+
+/// Checks that a new run may be written into `dir`: it does not exist, or holds nothing (see
+/// [`contents`]), or `overwrite` was asked for.
+pub fn check_new(dir: &Path, overwrite: bool) -> Result<()> {
+    if overwrite {
+        return check_overwritable(dir);
+    }
+    if let Some(files) = contents(dir)? {
+        if let Some(first) = files.first() {
+            let what = if dir.join("config.yaml").is_file() { "a plexus run" } else { "files" };
+            bail!(
+                "{} already holds {what} ({} file(s), e.g. {}); a new run is not written over it: pass --overwrite \
+                 to clear it first, or --resume {} to continue that run (or choose another --out)",
+                dir.display(),
+                files.len(),
+                first.display(),
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `--overwrite` clears the directory: refuse the current directory, its ancestors and the root.
+fn check_overwritable(dir: &Path) -> Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    let canon = std::fs::canonicalize(dir).with_context(|| format!("resolving {}", dir.display()))?;
+    let cwd = std::env::current_dir().ok().and_then(|c| std::fs::canonicalize(c).ok());
+    if canon.parent().is_none() || cwd.is_some_and(|c| c.starts_with(&canon)) {
+        bail!(
+            "--overwrite would delete everything in {} (the current directory or one of its parents); \
+             choose a run directory with --out",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Removes everything in `dir` except its lock file (for `--overwrite`; call it holding the lock).
+pub fn clear(dir: &Path) -> Result<()> {
+    check_overwritable(dir)?;
+    for e in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let e = e.with_context(|| format!("listing {}", dir.display()))?;
+        if e.file_name() == LOCK_FILE {
+            continue;
+        }
+        let p = e.path();
+        let r = if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_file(&p)
+        };
+        r.with_context(|| format!("--overwrite: removing {}", p.display()))?;
+    }
+    Ok(())
 }
 
 /// A square matrix as CSV: a header row `node,0,1,…` and the node index as first column

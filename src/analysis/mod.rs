@@ -43,7 +43,8 @@ impl Run {
         let compute = crate::device::compute_kind(cfg.precision);
         let mut model = Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute);
         let ck = dir.path.join("checkpoints/final.safetensors");
-        model.vs.load(&ck).with_context(|| format!("loading {} (has the run finished?)", ck.display()))?;
+        anyhow::ensure!(ck.is_file(), "{} is missing (has the run finished?)", ck.display());
+        crate::train::checkpoint::load_weights(&mut model.vs, &ck)?;
         let data = exp.data.load()?;
         let mut eval = data.eval_batches();
         if eval.is_empty() {

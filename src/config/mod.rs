@@ -310,6 +310,70 @@ impl Config {
     }
 }
 
+/// How a resumed run's config differs from the one it was trained with.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ResumeDiff {
+    /// Keys that may change on resume and did (`train.steps` grown, `log.*`).
+    pub allowed: Vec<String>,
+    /// Keys whose change would make the resumed run train something else, with the old and new
+    /// values as YAML text.
+    pub refused: Vec<(String, String, String)>,
+}
+
+impl ResumeDiff {
+    /// Compares the config a run was trained with (`old`) with the one it is resumed with. Only
+    /// `train.steps` (growing: the run is extended) and the logging intervals (`log.*`) may change.
+    pub fn between(old: &Config, new: &Config) -> Self {
+        let to_value = |c: &Config| serde_yaml::to_value(c).expect("a Config always serialises");
+        let mut changed = Vec::new();
+        diff_values("", &to_value(old), &to_value(new), &mut changed);
+        let mut d = ResumeDiff::default();
+        for (key, a, b) in changed {
+            let ok = key.starts_with("log.") || (key == "train.steps" && new.train.steps >= old.train.steps);
+            if ok {
+                d.allowed.push(key);
+            } else {
+                d.refused.push((key, a, b));
+            }
+        }
+        d
+    }
+}
+
+fn yaml_text(v: Option<&serde_yaml::Value>) -> String {
+    match v {
+        None => "(absent)".into(),
+        Some(v) => serde_yaml::to_string(v).map(|s| s.trim().replace('\n', " ")).unwrap_or_default(),
+    }
+}
+
+/// The leaf keys where `a` and `b` differ (numbers compare by value: `1e-3` = `0.001`).
+fn diff_values(prefix: &str, a: &serde_yaml::Value, b: &serde_yaml::Value, out: &mut Vec<(String, String, String)>) {
+    use serde_yaml::Value as V;
+    let join = |k: &str| if prefix.is_empty() { k.to_string() } else { format!("{prefix}.{k}") };
+    match (a, b) {
+        (V::Mapping(x), V::Mapping(y)) => {
+            let mut keys: Vec<&V> = x.keys().chain(y.keys().filter(|k| !x.contains_key(*k))).collect();
+            keys.dedup();
+            for k in keys {
+                let name = k.as_str().map(str::to_string).unwrap_or_else(|| yaml_text(Some(k)));
+                match (x.get(k), y.get(k)) {
+                    (Some(va), Some(vb)) => diff_values(&join(&name), va, vb, out),
+                    (va, vb) => out.push((join(&name), yaml_text(va), yaml_text(vb))),
+                }
+            }
+        }
+        (V::Sequence(x), V::Sequence(y)) if x.len() == y.len() => {
+            for (i, (va, vb)) in x.iter().zip(y).enumerate() {
+                diff_values(&format!("{prefix}[{i}]"), va, vb, out);
+            }
+        }
+        (V::Number(x), V::Number(y)) if x.as_f64() == y.as_f64() => {}
+        _ if a == b => {}
+        _ => out.push((prefix.to_string(), yaml_text(Some(a)), yaml_text(Some(b)))),
+    }
+}
+
 /// Applies one `key.path=value` override to a YAML document. The value is parsed as YAML
 /// (`4` is an integer, `[0:2]` … use quotes for strings that look like other types).
 fn apply_override(doc: &mut serde_yaml::Value, ov: &str) -> Result<(), (String, String)> {

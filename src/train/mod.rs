@@ -18,7 +18,7 @@ use crate::device;
 use crate::experiment::Experiment;
 use crate::host;
 use crate::model::Model;
-use crate::run_dir::{atomic_write, atomic_write_with, matrix_csv, RunDir};
+use crate::run_dir::{self, atomic_write, atomic_write_with, matrix_csv, RunDir};
 use anyhow::{bail, Context, Result};
 use checkpoint::TrainerState;
 use eval::{EvalResult, EvalSet};
@@ -32,8 +32,12 @@ use step::Stepper;
 pub struct TrainOptions {
     /// Show a progress bar (on stderr).
     pub progress: bool,
-    /// Continue from the run directory's latest checkpoint instead of starting afresh.
+    /// Continue from the run directory's latest checkpoint instead of starting afresh. The config
+    /// may differ from the run's `config.yaml` only in a larger `train.steps` and in `log.*`
+    /// (which `config.yaml` then records).
     pub resume: bool,
+    /// A new run into a directory that holds files clears it first (without this, it is refused).
+    pub overwrite: bool,
     /// Abort (with an error, writing nothing more) once this many updates are done: simulates a
     /// crash, for testing that resumed runs match uninterrupted ones.
     pub crash_after: Option<u64>,
@@ -92,6 +96,13 @@ struct Row {
 pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summary> {
     let cfg = exp.config();
     let tc = &cfg.train;
+    // The run directory is checked first (cheap, and the most likely mistake), but nothing is
+    // created until data and model are built: a data or device error leaves no directory behind.
+    if opts.resume {
+        resume_config_changes(dir, cfg)?;
+    } else {
+        run_dir::check_new(&dir.path, opts.overwrite)?;
+    }
     let dev = device::resolve(device::parse_device(&cfg.device).map_err(anyhow::Error::msg)?)?;
     device::apply_matmul_precision(cfg, dev)?;
     if opts.progress {
@@ -110,18 +121,33 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     let model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
     let optim = Optim::new(tc, model.trainable());
     let mut t = Stepper::new(model, optim, info.task, tc.accumulation, tc.clip_grad_norm, &transform);
+    // One writer per run directory, until this function returns (or the process dies).
+    let _lock = dir.lock()?;
     let (mut rows, mut evals, start) = if opts.resume {
+        let changed = resume_config_changes(dir, cfg)?;
+        dir.clean_leftovers()?;
         let state = checkpoint::latest(dir)?.with_context(|| {
             format!("--resume: no complete checkpoint in {}", dir.path.join("checkpoints").display())
         })?;
         let optim_state = checkpoint::load(dir, &state, &mut t.model.vs)?;
         t.optim.load_state(&optim_state, state.step)?;
+        if !changed.is_empty() {
+            atomic_write(&dir.file("config.yaml"), cfg.to_yaml().as_bytes())?;
+        }
         let rows: Vec<Row> =
             read_csv(&dir.file("metrics.csv"))?.into_iter().filter(|r: &Row| r.step < state.step).collect();
         let evals: Vec<EvalResult> =
             read_eval(&dir.file("eval.csv"))?.into_iter().filter(|e| e.step < state.step).collect();
         (rows, evals, state.step)
     } else {
+        // Checked again under the lock: another process may have written there meanwhile.
+        run_dir::check_new(&dir.path, opts.overwrite)?;
+        if opts.overwrite {
+            run_dir::clear(&dir.path)?;
+        }
+        dir.clean_leftovers()?;
+        let figures = dir.path.join("figures");
+        std::fs::create_dir_all(&figures).with_context(|| format!("creating {}", figures.display()))?;
         atomic_write(&dir.file("config.yaml"), cfg.to_yaml().as_bytes())?;
         (Vec::new(), Vec::new(), 0)
     };
@@ -237,6 +263,33 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     Ok(summary)
 }
 
+/// Checks that `cfg` may resume the run in `dir` (see [`crate::config::ResumeDiff`]) and returns
+/// the keys that change (extending `train.steps`, `log.*`).
+fn resume_config_changes(dir: &RunDir, cfg: &crate::config::Config) -> Result<Vec<String>> {
+    let path = dir.file("config.yaml");
+    let old = crate::config::load_file(&path, &[])
+        .with_context(|| format!("--resume: reading the config the run was trained with, {}", path.display()))?;
+    let diff = crate::config::ResumeDiff::between(&old.config, cfg);
+    if !diff.refused.is_empty() {
+        let list: Vec<String> =
+            diff.refused.iter().map(|(k, a, b)| format!("`{k}` is `{a}` in the run but `{b}` here")).collect();
+        let steps_note = if diff.refused.iter().any(|(k, ..)| k == "train.steps") {
+            " (train.steps may grow, to extend the run, but not shrink)"
+        } else {
+            ""
+        };
+        bail!(
+            "--resume {}: the config differs from the one the run was trained with ({}): {}; resuming would train \
+             something else. Only train.steps (to extend the run){steps_note} and log.* may change on resume; start \
+             a new run (another --out, or --overwrite) for anything else",
+            dir.path.display(),
+            path.display(),
+            list.join("; ")
+        );
+    }
+    Ok(diff.allowed)
+}
+
 /// The libtorch seed of one step: a mix of the run seed and the step (SplitMix64 finaliser).
 fn step_seed(seed: u64, step: u64) -> u64 {
     let mut z = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -251,6 +304,8 @@ fn save_checkpoint(dir: &RunDir, model: &Model, optim: &Optim, step: u64, data_i
         data_index,
         model_file: format!("step_{step}.safetensors"),
         optim_file: format!("step_{step}.optim.safetensors"),
+        model_crc32: None,
+        optim_crc32: None,
     };
     checkpoint::save(dir, &state, &model.vs, &optim.state(), keep)
 }
