@@ -93,9 +93,10 @@ pub(crate) fn clean_serde_message(msg: &str) -> String {
     }
 }
 
-/// Finds the 1-based line of a dotted key path (`a.b[2].c`) in block-style YAML by following
-/// indentation. Good enough for the configs we write and for error messages; returns `None` when
-/// unsure rather than guessing.
+/// Finds the 1-based line of a dotted key path (`a.b[2].c`) by following indentation in block
+/// style and brackets in flow style (`model: {kind: mlp, depth: 3}`, lists `[a, b]`). Good
+/// enough for the configs we write and for error messages; returns `None` when unsure rather
+/// than guessing.
 pub fn locate_key(source: &str, key: &str) -> Option<usize> {
     let mut parts: Vec<(String, Option<usize>)> = Vec::new();
     for seg in key.split('.') {
@@ -111,7 +112,23 @@ pub fn locate_key(source: &str, key: &str) -> Option<usize> {
     let lines: Vec<&str> = source.lines().collect();
     let (mut lo, mut hi, mut min_indent) = (0usize, lines.len(), 0usize);
     let mut found = None;
-    for (name, idx) in parts {
+    if source.trim_start().starts_with('{') {
+        let start = source.len() - source.trim_start().len();
+        return flow_locate(source, start, &parts).map(|pos| line_of(source, pos));
+    }
+    for (j, (name, idx)) in parts.iter().cloned().enumerate() {
+        // `key: {…}` or `key: […]`: the rest of the path is inside a flow collection.
+        if let Some(line) = found.filter(|_| j > 0).map(|l: usize| l - 1) {
+            let text = lines[line];
+            let (prev, _) = &parts[j - 1];
+            if let Some(colon) = text.find(&format!("{prev}:")).map(|c| c + prev.len() + 1) {
+                if text[colon..].trim_start().starts_with(['{', '[']) {
+                    let start = line_start(source, line) + colon;
+                    let start = start + (source[start..].len() - source[start..].trim_start().len());
+                    return flow_locate(source, start, &parts[j..]).map(|pos| line_of(source, pos));
+                }
+            }
+        }
         let mut hit = None;
         for (i, line) in lines.iter().enumerate().take(hi).skip(lo) {
             let indent = line.len() - line.trim_start().len();
@@ -125,6 +142,17 @@ pub fn locate_key(source: &str, key: &str) -> Option<usize> {
             }
         }
         let (i, indent) = hit?;
+        if let Some(k) = idx {
+            // An inline list on the key's line: `key: [a, b]`.
+            let text = lines[i].trim_start();
+            let after = text[name.len() + 1..].trim_start();
+            if after.starts_with('[') {
+                let start = line_start(source, i) + (lines[i].len() - after.len());
+                if j + 1 == parts.len() {
+                    return flow_index(source, start, k).map(|pos| line_of(source, pos)).or(Some(i + 1));
+                }
+            }
+        }
         found = Some(i + 1);
         // The block of this key ends at the next line with indentation <= its own.
         let end = lines
@@ -152,9 +180,113 @@ pub fn locate_key(source: &str, key: &str) -> Option<usize> {
     found
 }
 
+/// Byte offset of the start of line `line` (0-based).
+fn line_start(source: &str, line: usize) -> usize {
+    source.split_inclusive('\n').take(line).map(str::len).sum()
+}
+
+/// 1-based line of byte offset `pos`.
+fn line_of(source: &str, pos: usize) -> usize {
+    source[..pos.min(source.len())].matches('\n').count() + 1
+}
+
+/// The start offsets of the entries of the flow collection opening at `open` (`{` or `[`).
+fn flow_entries(source: &str, open: usize) -> Option<Vec<usize>> {
+    let bytes = source.as_bytes();
+    if !matches!(bytes.get(open), Some(b'{' | b'[')) {
+        return None;
+    }
+    let (mut depth, mut quote, mut entries) = (0usize, None::<u8>, Vec::new());
+    let mut expect_entry = true;
+    for (i, &c) in bytes.iter().enumerate().skip(open) {
+        if let Some(q) = quote {
+            if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        match c {
+            b'{' | b'[' => {
+                depth += 1;
+                if depth == 1 {
+                    expect_entry = true;
+                    continue;
+                }
+            }
+            b'}' | b']' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(entries);
+                }
+            }
+            b',' if depth == 1 => {
+                expect_entry = true;
+                continue;
+            }
+            b'"' | b'\'' => quote = Some(c),
+            _ => {}
+        }
+        if depth == 1 && expect_entry && !c.is_ascii_whitespace() {
+            entries.push(i);
+            expect_entry = false;
+        } else if depth > 1 && expect_entry {
+            // An entry that starts with a nested collection.
+            entries.push(i);
+            expect_entry = false;
+        }
+    }
+    None
+}
+
+/// The offset of entry `k` of the flow sequence opening at `open`.
+fn flow_index(source: &str, open: usize, k: usize) -> Option<usize> {
+    flow_entries(source, open)?.get(k).copied()
+}
+
+/// Follows `parts` into the flow collection opening at `open`; the offset of the last key found.
+fn flow_locate(source: &str, open: usize, parts: &[(String, Option<usize>)]) -> Option<usize> {
+    let mut at = open;
+    let mut best = None;
+    for (name, idx) in parts {
+        let entry = flow_entries(source, at)?.into_iter().find(|&e| {
+            let rest = &source[e..];
+            rest.strip_prefix(name.as_str())
+                .or_else(|| rest.strip_prefix(&format!("\"{name}\"")))
+                .is_some_and(|r| r.trim_start().starts_with(':'))
+        });
+        let Some(entry) = entry else { return best };
+        best = Some(entry);
+        let colon = entry + source[entry..].find(':')? + 1;
+        let value = colon + (source[colon..].len() - source[colon..].trim_start().len());
+        at = value;
+        if let Some(k) = idx {
+            match flow_index(source, value, *k) {
+                Some(item) => {
+                    best = Some(item);
+                    at = item;
+                }
+                None => return best,
+            }
+        }
+    }
+    best
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn locates_keys_in_flow_mappings_and_lists() {
+        let src = "name: x\nmodel: {kind: mlp, width: 8,\n  depth: 3}\ntopology: {kind: shortcuts, edges: [\"0:1\", \"0:5\"]}\ntrain:\n  betas: [0.9, 2]\n";
+        assert_eq!(locate_key(src, "model.kind"), Some(2));
+        assert_eq!(locate_key(src, "model.depth"), Some(3));
+        assert_eq!(locate_key(src, "topology.edges[1]"), Some(4));
+        assert_eq!(locate_key(src, "train.betas[1]"), Some(6));
+        assert_eq!(locate_key("{name: x, model: {kind: lnn}}", "model.kind"), Some(1));
+        // A key that is not there is not guessed.
+        assert_eq!(locate_key(src, "model.nope"), None);
+    }
 
     #[test]
     fn locates_nested_keys_and_list_items() {

@@ -187,25 +187,117 @@ pub struct LoadedConfig {
     pub file: PathBuf,
     /// The YAML text as read (before overrides), used to find line numbers.
     pub source: String,
+    /// The `--set key=value` overrides applied on top of the file: an error under one of their
+    /// keys is reported as coming from the override, not from a line of the file.
+    pub overrides: Vec<String>,
 }
 
 impl LoadedConfig {
     /// Turns an option error found under `prefix` into a config error for this file.
     pub fn error(&self, prefix: &str, e: OptionError) -> ConfigError {
-        e.in_file(&self.file, Some(&self.source), prefix)
+        let mut err = e.in_file(&self.file, Some(&self.source), prefix);
+        if let Some(ov) = override_of(&self.overrides, &err.key) {
+            err.file = PathBuf::from(format!("{} (--set {ov})", self.file.display()));
+            err.line = None;
+        }
+        err
     }
 }
 
+/// The last override that set `key`, a key above it or a key below it.
+fn override_of<'a>(overrides: &'a [String], key: &str) -> Option<&'a str> {
+    overrides.iter().rev().map(String::as_str).find(|ov| {
+        let k = ov.split_once('=').map_or(*ov, |(k, _)| k).trim();
+        let under = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}.")) || a.starts_with(&format!("{b}["));
+        !k.is_empty() && !key.is_empty() && (under(key, k) || under(k, key))
+    })
+}
+
+/// The largest config file accepted (configs are a few hundred bytes; this bounds the parse).
+pub const MAX_CONFIG_BYTES: usize = 1 << 20;
+/// The deepest nesting of mappings and sequences accepted (configs use about 4).
+pub const MAX_CONFIG_DEPTH: usize = 64;
+
 /// Reads, overrides and validates a config file.
 pub fn load_file(path: &Path, overrides: &[String]) -> Result<LoadedConfig, ConfigError> {
-    let source = std::fs::read_to_string(path).map_err(|e| ConfigError {
+    let fail = |allowed: String| ConfigError {
         file: path.to_path_buf(),
         key: String::new(),
         value: None,
-        allowed: format!("cannot read the file: {e}"),
+        allowed,
         line: None,
-    })?;
+    };
+    let file = std::fs::File::open(path).map_err(|e| fail(format!("cannot read the file: {e}")))?;
+    // Read at most one byte more than the limit: a huge file (or /dev/zero) is refused, not read.
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_CONFIG_BYTES as u64 + 1), &mut bytes)
+        .map_err(|e| fail(format!("cannot read the file: {e}")))?;
+    if bytes.len() > MAX_CONFIG_BYTES {
+        return Err(fail(format!("a config file of at most {MAX_CONFIG_BYTES} bytes (this one is larger)")));
+    }
+    let source = String::from_utf8(bytes)
+        .map_err(|e| fail(format!("UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to())))?;
     load_str(&source, path, overrides)
+}
+
+/// The nesting depth of YAML text, estimated without parsing: flow brackets (`[`, `{`) outside
+/// quotes and comments, plus block indentation levels and `- ` sequence entries. Returns the
+/// 1-based line where `limit` is first exceeded.
+fn too_deep(text: &str, limit: usize) -> Option<usize> {
+    let mut indents: Vec<usize> = Vec::new();
+    let mut flow = 0usize;
+    for (n, line) in text.lines().enumerate() {
+        let t = line.trim_start();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        let indent = line.len() - t.len();
+        if flow == 0 {
+            while indents.last().is_some_and(|&i| i >= indent) {
+                indents.pop();
+            }
+            indents.push(indent);
+        }
+        // `- - - x`: each dash opens a sequence inside the previous one.
+        let dashes = t.split_inclusive(' ').take_while(|w| *w == "- " || *w == "-").count();
+        let (mut quote, mut prev) = (None::<char>, ' ');
+        let mut deepest = flow;
+        for c in t.chars() {
+            match (quote, c) {
+                (Some(q), _) if c == q => quote = None,
+                (Some(_), _) => {}
+                (None, '"' | '\'') => quote = Some(c),
+                (None, '#') if prev == ' ' => break,
+                (None, '[' | '{') => {
+                    flow += 1;
+                    deepest = deepest.max(flow);
+                }
+                (None, ']' | '}') => flow = flow.saturating_sub(1),
+                _ => {}
+            }
+            prev = c;
+        }
+        if indents.len() + dashes + deepest > limit {
+            return Some(n + 1);
+        }
+    }
+    None
+}
+
+/// Rejects YAML tags (`!foo value`): the schema has no use for them, and ignoring one would
+/// silently drop what its author meant. Returns the key path of the first tagged value.
+fn find_tag(v: &serde_yaml::Value, path: &str) -> Option<(String, String)> {
+    use serde_yaml::Value as V;
+    match v {
+        V::Tagged(t) => Some((path.to_string(), t.tag.to_string())),
+        V::Mapping(m) => m.iter().find_map(|(k, v)| {
+            let name = k.as_str().map(str::to_string).unwrap_or_else(|| scalar_text(k).unwrap_or_default());
+            find_tag(k, path)
+                .or_else(|| find_tag(v, &if path.is_empty() { name.clone() } else { format!("{path}.{name}") }))
+        }),
+        V::Sequence(s) => s.iter().enumerate().find_map(|(i, v)| find_tag(v, &format!("{path}[{i}]"))),
+        _ => None,
+    }
 }
 
 /// Parses YAML text as a config (`file` is only used in messages).
@@ -217,10 +309,28 @@ pub fn load_str(source: &str, file: &Path, overrides: &[String]) -> Result<Loade
         allowed,
         line,
     };
+    // A UTF-8 byte-order mark (some editors write one) is not content.
+    let source = source.strip_prefix('\u{feff}').unwrap_or(source);
+    if source.len() > MAX_CONFIG_BYTES {
+        return Err(err(String::new(), None, format!("a config of at most {MAX_CONFIG_BYTES} bytes"), None));
+    }
+    if let Some(line) = too_deep(source, MAX_CONFIG_DEPTH) {
+        let allowed = format!("mappings and lists nested at most {MAX_CONFIG_DEPTH} deep");
+        return Err(err(String::new(), None, allowed, Some(line)));
+    }
     let mut doc: serde_yaml::Value = serde_yaml::from_str(source).map_err(|e| {
         let line = e.location().map(|l| l.line());
         err(String::new(), None, format!("not valid YAML: {}", clean_serde_message(&e.to_string())), line)
     })?;
+    if let Some((key, tag)) = find_tag(&doc, "") {
+        let line = locate_key(source, &key);
+        return Err(err(
+            key,
+            Some(tag),
+            "a plain value: YAML tags (`!name`) are not part of the config schema".into(),
+            line,
+        ));
+    }
     for ov in overrides {
         apply_override(&mut doc, ov).map_err(|(key, allowed)| ConfigError {
             file: PathBuf::from(format!("{} (--set {ov})", file.display())),
@@ -232,11 +342,23 @@ pub fn load_str(source: &str, file: &Path, overrides: &[String]) -> Result<Loade
     }
     let config: Config = serde_path_to_error::deserialize(doc.clone()).map_err(|e| {
         let key = serde_key(&e.path().to_string(), &e.inner().to_string());
-        let line = locate_key(source, &key).or_else(|| e.inner().location().map(|l| l.line()));
         let value = lookup(&doc, &key).and_then(scalar_text);
-        err(key, value, clean_serde_message(&e.inner().to_string()), line)
+        match override_of(overrides, &key) {
+            Some(ov) => ConfigError {
+                file: PathBuf::from(format!("{} (--set {ov})", file.display())),
+                key,
+                value,
+                allowed: clean_serde_message(&e.inner().to_string()),
+                line: None,
+            },
+            None => {
+                let line = locate_key(source, &key).or_else(|| e.inner().location().map(|l| l.line()));
+                err(key, value, clean_serde_message(&e.inner().to_string()), line)
+            }
+        }
     })?;
-    let loaded = LoadedConfig { config, file: file.to_path_buf(), source: source.to_string() };
+    let loaded =
+        LoadedConfig { config, file: file.to_path_buf(), source: source.to_string(), overrides: overrides.to_vec() };
     loaded.config.validate().map_err(|e| loaded.error("", e))?;
     Ok(loaded)
 }
@@ -383,8 +505,17 @@ fn apply_override(doc: &mut serde_yaml::Value, ov: &str) -> Result<(), (String, 
     if key.is_empty() || key.split('.').any(|s| s.is_empty()) {
         return Err((key.to_string(), "a dotted key path such as model.depth".into()));
     }
+    if value.len() > MAX_CONFIG_BYTES || too_deep(value, MAX_CONFIG_DEPTH).is_some() {
+        return Err((
+            key.to_string(),
+            format!("a value of at most {MAX_CONFIG_BYTES} bytes nested at most {MAX_CONFIG_DEPTH} deep"),
+        ));
+    }
     let value: serde_yaml::Value = serde_yaml::from_str(value)
         .map_err(|e| (key.to_string(), format!("a YAML value: {}", clean_serde_message(&e.to_string()))))?;
+    if let Some((_, tag)) = find_tag(&value, key) {
+        return Err((key.to_string(), format!("a plain value: YAML tags (`{tag}`) are not part of the config schema")));
+    }
     let mut node = doc;
     let segs: Vec<&str> = key.split('.').collect();
     for (i, seg) in segs.iter().enumerate() {
@@ -472,5 +603,74 @@ mod tests {
         assert_eq!((e.key.as_str(), e.value.as_deref(), e.line), ("train.steps", Some("many"), Some(11)));
         let e = load(GOOD, &["precision=fp16"]).unwrap_err();
         assert!(e.allowed.contains("fp32") && e.allowed.contains("bf16"), "{e}");
+    }
+
+    #[test]
+    fn flow_style_errors_have_a_line_and_set_errors_name_the_override() {
+        let flow = "name: t\nmodel: {kind: lnn, depth: 0}\ntopology: {kind: plain}\ndata: {kind: whitened_regression}\ntrain: {lr: 0.1, steps: 5, lrr: 3}\n";
+        let e = load(flow, &[]).unwrap_err();
+        assert_eq!((e.key.as_str(), e.line), ("train.lrr", Some(5)), "{e}");
+        let e = load(&flow.replace(", lrr: 3", "").replace("lr: 0.1", "lr: -0.1"), &[]).unwrap_err();
+        assert_eq!((e.key.as_str(), e.line), ("train.lr", Some(5)), "{e}");
+        // A value given by --set is reported as such, not at the file's line of that key.
+        let e = load(GOOD, &["train.lr=-1"]).unwrap_err();
+        assert_eq!(e.line, None, "{e}");
+        assert!(e.to_string().contains("(--set train.lr=-1)"), "{e}");
+        let e = load(GOOD, &["train.steps=lots"]).unwrap_err();
+        assert_eq!((e.key.as_str(), e.line), ("train.steps", None), "{e}");
+        assert!(e.to_string().contains("--set train.steps=lots"), "{e}");
+        // The file's own bad value still gets its line.
+        let e = load(&GOOD.replace("lr: 0.1", "lr: -0.1"), &["train.steps=7"]).unwrap_err();
+        assert_eq!((e.key.as_str(), e.line), ("train.lr", Some(10)), "{e}");
+        assert!(!e.to_string().contains("--set"), "{e}");
+    }
+
+    #[test]
+    fn deep_or_huge_yaml_is_refused_before_parsing() {
+        let t = std::time::Instant::now();
+        let deep = format!("name: {}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let e = load(&deep, &[]).unwrap_err();
+        assert!(e.allowed.contains("nested at most 64"), "{e}");
+        assert_eq!(e.line, Some(1));
+        let mut block = String::from("name: t\n");
+        for d in 0..200 {
+            block += &format!("{}k{d}:\n", " ".repeat(d));
+        }
+        let e = load(&block, &[]).unwrap_err();
+        assert!(e.allowed.contains("nested at most"), "{e}");
+        let big = format!("name: t\n#{}\n", "x".repeat(MAX_CONFIG_BYTES));
+        assert!(load(&big, &[]).unwrap_err().allowed.contains("at most 1048576 bytes"));
+        let e = load(GOOD, &[&format!("model.depth={}", "[".repeat(100_000))]).unwrap_err();
+        assert!(e.allowed.contains("nested at most"), "{e}");
+        assert!(t.elapsed().as_secs_f64() < 1.0, "took {:?}", t.elapsed());
+        // Shipped-config depth is far below the bound.
+        assert!(load(GOOD, &[]).is_ok());
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_ignored_and_tags_are_rejected() {
+        let c = load(&format!("\u{feff}{GOOD}"), &[]).unwrap().config;
+        assert_eq!(c.name, "t");
+        let e = load(&GOOD.replace("lr: 0.1", "lr: !custom 0.1"), &[]).unwrap_err();
+        assert_eq!((e.key.as_str(), e.value.as_deref(), e.line), ("train.lr", Some("!custom"), Some(10)), "{e}");
+        let e = load(GOOD, &["model.depth=!weird 3"]).unwrap_err();
+        assert!(e.allowed.contains("tags"), "{e}");
+    }
+
+    #[test]
+    fn resume_allows_longer_training_and_log_changes_only() {
+        let old = load(GOOD, &[]).unwrap().config;
+        let cfg = |ov: &[&str]| load(GOOD, ov).unwrap().config;
+        let d = ResumeDiff::between(&old, &cfg(&["train.steps=9", "log.every=2", "log.eval_every=3"]));
+        assert_eq!(d.allowed, vec!["train.steps", "log.every", "log.eval_every"]);
+        assert!(d.refused.is_empty());
+        assert_eq!(ResumeDiff::between(&old, &cfg(&["train.lr=1e-1"])), ResumeDiff::default(), "0.1 = 1e-1");
+        let d = ResumeDiff::between(&old, &cfg(&["topology.kind=residual", "seed=3", "train.optimizer=adamw"]));
+        let keys: Vec<&str> = d.refused.iter().map(|r| r.0.as_str()).collect();
+        assert_eq!(keys, vec!["seed", "topology.kind", "train.optimizer"]);
+        assert_eq!(d.refused[1], ("topology.kind".into(), "plain".into(), "residual".into()));
+        let d = ResumeDiff::between(&old, &cfg(&["train.steps=3", "model.width=7"]));
+        let keys: Vec<&str> = d.refused.iter().map(|r| r.0.as_str()).collect();
+        assert_eq!(keys, vec!["model.width", "train.steps"], "shrinking steps and a new model option are refused");
     }
 }
