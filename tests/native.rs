@@ -1,7 +1,21 @@
-//! Tests of `plexus::native`, the C++ layer (CUDA facts, matmul precision).
+//! Tests of `plexus::native`, the C++ layer: CUDA facts, matmul precision, c10d process groups.
 //!
 //! On a machine without a GPU the CUDA queries must fail cleanly (an `Err`, no crash).
-use plexus::native;
+//!
+//! Process-group tests run rank 0 in the test process and the other rank in a child: this same test
+//! binary re-executed with only [`child_rank`] selected and `PLEXUS_NATIVE_CHILD` naming its role.
+//! Everything is on 127.0.0.1 with a port the OS just handed out, and timeouts of a few seconds.
+use plexus::native::{self, Backend, ProcessGroup};
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tch::{Kind, Tensor};
+
+const CHILD_ENV: &str = "PLEXUS_NATIVE_CHILD";
+const PORT_ENV: &str = "PLEXUS_NATIVE_PORT";
+const TIMEOUT: Duration = Duration::from_secs(5);
+/// How much later than the timeout a failure may surface (process start, a loaded 2-core machine).
+const SLACK: Duration = Duration::from_secs(15);
 
 #[test]
 fn cuda_built_matches_the_libtorch_build() {
@@ -50,4 +64,172 @@ fn float32_matmul_precision_round_trips() {
     assert_eq!(native::float32_matmul_precision(), "medium");
     native::set_float32_matmul_precision("highest").unwrap();
     assert_eq!(native::float32_matmul_precision(), "highest");
+}
+
+/// A port nobody listens on right now (the OS picks it; it is released before use).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn spawn_child(role: &str, port: u16) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_rank", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, role)
+        .env(PORT_ENV, port.to_string())
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn join(rank: usize, port: u16) -> anyhow::Result<ProcessGroup> {
+    ProcessGroup::new(Backend::Gloo, "127.0.0.1", port, rank, 2, TIMEOUT)
+}
+
+fn assert_close(a: &Tensor, b: &Tensor) {
+    assert!(a.allclose(b, 1e-6, 1e-6, false), "{a} != {b}");
+}
+
+/// What both ranks of a 2-process group run; panics on a wrong result.
+fn collectives(pg: &ProcessGroup) {
+    let r = pg.rank() as f64;
+    // all_reduce: rank k contributes k+1, the sum over two ranks is 3.
+    let mut t = Tensor::full([2, 3], r + 1.0, (Kind::Float, tch::Device::Cpu));
+    pg.all_reduce_sum(&mut t).unwrap();
+    assert_close(&t, &Tensor::full([2, 3], 3.0, (Kind::Float, tch::Device::Cpu)));
+
+    // A bucket of shapes, one of them a strided (non-contiguous) view: each is (r+1)·base.
+    let bases = [
+        Tensor::arange(4, (Kind::Double, tch::Device::Cpu)),
+        Tensor::arange(6, (Kind::Double, tch::Device::Cpu)).view([2, 3]),
+        Tensor::arange(6, (Kind::Double, tch::Device::Cpu)).view([3, 2]).tr(),
+    ];
+    let mut bucket: Vec<Tensor> = bases.iter().map(|b| b * (r + 1.0)).collect();
+    assert!(!bucket[2].is_contiguous());
+    pg.all_reduce_sum_many(&mut bucket).unwrap();
+    for (got, base) in bucket.iter().zip(&bases) {
+        assert_close(got, &(base * 3.0));
+    }
+
+    // Integers too, and a tensor that requires grad (a parameter) is updated in place.
+    let mut i = Tensor::from_slice(&[1i64, 2, 3]) * (pg.rank() as i64 + 1);
+    pg.all_reduce_sum(&mut i).unwrap();
+    assert_eq!(Vec::<i64>::try_from(&i).unwrap(), vec![3, 6, 9]);
+    let mut p = Tensor::ones([3], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    pg.all_reduce_sum(&mut p).unwrap();
+    assert_close(&p.detach(), &Tensor::full([3], 2.0, (Kind::Float, tch::Device::Cpu)));
+
+    // broadcast from each root.
+    for root in 0..2 {
+        let mut b = if pg.rank() == root {
+            Tensor::arange(5, (Kind::Float, tch::Device::Cpu)) + root as f64
+        } else {
+            Tensor::zeros([5], (Kind::Float, tch::Device::Cpu))
+        };
+        pg.broadcast(&mut b, root).unwrap();
+        assert_close(&b, &(Tensor::arange(5, (Kind::Float, tch::Device::Cpu)) + root as f64));
+    }
+    assert!(pg.broadcast(&mut t, 2).is_err());
+    pg.barrier().unwrap();
+}
+
+/// The child side of the process-group tests; does nothing in a normal test run.
+#[test]
+fn child_rank() {
+    let Ok(role) = std::env::var(CHILD_ENV) else { return };
+    let port: u16 = std::env::var(PORT_ENV).unwrap().parse().unwrap();
+    match role.as_str() {
+        "collectives" => collectives(&join(1, port).unwrap()),
+        "exit_midway" => {
+            // One collective, then wait for rank 0's go and exit without leaving the group.
+            let pg = join(1, port).unwrap();
+            let mut t = Tensor::ones([4], (Kind::Float, tch::Device::Cpu));
+            pg.all_reduce_sum(&mut t).unwrap();
+            std::io::stdin().read_line(&mut String::new()).unwrap();
+            std::process::exit(0);
+        }
+        other => panic!("unknown child role {other}"),
+    }
+}
+
+#[test]
+fn gloo_all_reduce_broadcast_barrier_across_two_processes() {
+    assert!(native::gloo_built());
+    let port = free_port();
+    let mut child = spawn_child("collectives", port);
+    let pg = join(0, port).unwrap();
+    assert_eq!((pg.rank(), pg.world_size(), pg.backend()), (0, 2, Backend::Gloo));
+    collectives(&pg);
+    assert!(child.wait().unwrap().success(), "rank 1 failed");
+}
+
+#[test]
+fn gloo_group_of_one_and_bad_arguments() {
+    let port = free_port();
+    let pg = ProcessGroup::new(Backend::Gloo, "127.0.0.1", port, 0, 1, TIMEOUT).unwrap();
+    let mut t = Tensor::from_slice(&[1.5f32, -2.0]);
+    pg.all_reduce_sum(&mut t).unwrap();
+    assert_close(&t, &Tensor::from_slice(&[1.5f32, -2.0]));
+    pg.all_reduce_sum_many(&mut []).unwrap();
+    let mut mixed =
+        [Tensor::ones([2], (Kind::Float, tch::Device::Cpu)), Tensor::ones([2], (Kind::Double, tch::Device::Cpu))];
+    let e = pg.all_reduce_sum_many(&mut mixed).unwrap_err().to_string();
+    assert!(e.contains("dtype"), "{e}");
+    pg.barrier().unwrap();
+    drop(pg);
+
+    for (rank, world) in [(0, 0), (2, 2), (5, 1)] {
+        let e = ProcessGroup::new(Backend::Gloo, "127.0.0.1", port, rank, world, TIMEOUT).unwrap_err();
+        eprintln!("rank {rank} of {world}: {e}");
+    }
+    assert!(ProcessGroup::new(Backend::Gloo, "127.0.0.1", 0, 0, 1, TIMEOUT).is_err());
+    if !native::nccl_built() {
+        let e = ProcessGroup::new(Backend::Nccl, "127.0.0.1", port, 0, 1, TIMEOUT).unwrap_err().to_string();
+        assert!(e.contains("without NCCL"), "{e}");
+    }
+}
+
+#[test]
+fn gloo_port_in_use_is_an_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let e = ProcessGroup::new(Backend::Gloo, "127.0.0.1", port, 0, 1, TIMEOUT).unwrap_err().to_string();
+    eprintln!("port in use: {e}");
+    assert!(e.contains("rendezvous"), "{e}");
+}
+
+#[test]
+fn gloo_peer_that_never_joins_times_out() {
+    let timeout = Duration::from_secs(2);
+    // Rank 0 waits for rank 1 at its store.
+    let start = Instant::now();
+    let e = ProcessGroup::new(Backend::Gloo, "127.0.0.1", free_port(), 0, 2, timeout).unwrap_err().to_string();
+    eprintln!("rank 0 alone after {:?}: {e}", start.elapsed());
+    assert!(start.elapsed() >= timeout && start.elapsed() < timeout + SLACK, "{:?}", start.elapsed());
+    // Rank 1 finds no store to connect to.
+    let start = Instant::now();
+    let e = ProcessGroup::new(Backend::Gloo, "127.0.0.1", free_port(), 1, 2, timeout).unwrap_err().to_string();
+    eprintln!("rank 1 alone after {:?}: {e}", start.elapsed());
+    assert!(start.elapsed() < timeout + SLACK, "{:?}", start.elapsed());
+}
+
+#[test]
+fn gloo_peer_exiting_midway_is_an_error_not_a_hang() {
+    let port = free_port();
+    let mut child = spawn_child("exit_midway", port);
+    let pg = join(0, port).unwrap();
+    let mut t = Tensor::ones([4], (Kind::Float, tch::Device::Cpu));
+    pg.all_reduce_sum(&mut t).unwrap();
+    assert_close(&t, &Tensor::full([4], 2.0, (Kind::Float, tch::Device::Cpu)));
+    // Let rank 1 exit, and start the next collective right away: it must fail, not wait forever.
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let start = Instant::now();
+    let e = pg.all_reduce_sum(&mut t).unwrap_err().to_string();
+    eprintln!("after the peer exited, {:?}: {e}", start.elapsed());
+    assert!(start.elapsed() < TIMEOUT + SLACK, "{:?}", start.elapsed());
+    assert!(e.contains("all_reduce on rank 0 of 2"), "{e}");
+    assert!(pg.barrier().is_err());
+    assert!(child.wait().unwrap().success());
+    let start = Instant::now();
+    drop(pg);
+    assert!(start.elapsed() < SLACK, "dropping a broken group took {:?}", start.elapsed());
 }

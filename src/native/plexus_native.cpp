@@ -25,6 +25,7 @@
 #include <c10/util/Exception.h>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -42,6 +43,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -288,6 +290,248 @@ char* plexus_float32_matmul_precision(char** out) {
         *out = dup_string("medium");
         break;
     }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Part 2: c10d process groups (TCPStore rendezvous + ProcessGroupGloo / ProcessGroupNCCL).
+
+}  // extern "C"
+
+namespace {
+
+enum BackendKind : int { kGloo = 0, kNccl = 1 };
+
+// What a plexus ProcessGroup owns: the store (kept alive for the backend's lifetime, as
+// torch.distributed does) and the backend, used only through the c10d::Backend virtual interface.
+struct PlexusProcessGroup {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> backend;
+  std::chrono::milliseconds timeout;
+};
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
+}
+
+[[noreturn]] void rethrow_with(const std::string& context) {
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(context + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw std::runtime_error(context + ": " + e.what());
+  }
+}
+
+c10::intrusive_ptr<c10d::Backend> make_backend(int kind, const c10::intrusive_ptr<c10d::Store>& store,
+                                               const std::string& addr, int rank, int world,
+                                               std::chrono::milliseconds timeout) {
+  if (kind == kGloo) {
+#ifdef PLEXUS_WITH_GLOO
+    // Gloo needs a local network device to bind. Within one machine (a loopback rendezvous
+    // address) bind that address; otherwise use torch's default: GLOO_SOCKET_IFNAME if set, else
+    // this host's name, else loopback (what torch.distributed does).
+    c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> opts;
+    if (is_loopback(addr)) {
+      opts = c10d::ProcessGroupGloo::Options::create(timeout);
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(addr));
+    } else {
+      opts = c10d::ProcessGroupGloo::Options::create_default(timeout);
+    }
+    opts->timeout = timeout;
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, opts);
+#else
+    throw std::runtime_error("this libtorch has no ProcessGroupGloo (torch/csrc/distributed/c10d/ProcessGroupGloo.hpp)");
+#endif
+  }
+  if (kind == kNccl) {
+#ifdef PLEXUS_WITH_NCCL
+    if (at::detail::getCUDAHooks().getNumGPUs() == 0) {
+      throw std::runtime_error("NCCL needs a CUDA device and none is available");
+    }
+    // Blocking wait makes Work::wait block the host and throw on timeout or a communicator error,
+    // instead of NCCL's default of tearing the whole process down from its watchdog thread. It is
+    // read when the process group is constructed; a value set by the user is kept.
+    setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world, opts);
+#else
+    throw std::runtime_error("plexus was built without NCCL");
+#endif
+  }
+  throw std::invalid_argument("unknown backend " + std::to_string(kind));
+}
+
+// Waits for `work`. The backend enforces the process group's timeout itself (Gloo through its
+// context timeout, NCCL through blocking wait); the host-side bound here is a backstop against a
+// backend that never completes the work: it is larger so that the backend's own, more precise
+// error wins.
+void wait_for(PlexusProcessGroup* pg, const c10::intrusive_ptr<c10d::Work>& work) {
+  work->wait(pg->timeout * 2 + std::chrono::milliseconds(5000));
+}
+
+void check_tensors(const std::vector<at::Tensor*>& ts) {
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (ts[i] == nullptr || !ts[i]->defined()) {
+      throw std::invalid_argument("tensor " + std::to_string(i) + " is undefined");
+    }
+    if (ts[i]->is_sparse()) {
+      throw std::invalid_argument("tensor " + std::to_string(i) + " is sparse; only dense tensors are supported");
+    }
+  }
+}
+
+// In-place sum over the group of one tensor. c10d needs contiguous (dense, non-overlapping)
+// tensors, so a strided view is reduced through a contiguous copy and written back.
+void all_reduce_one(PlexusProcessGroup* pg, at::Tensor& t) {
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  std::vector<at::Tensor> v{buf};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  opts.timeout = pg->timeout;
+  wait_for(pg, pg->backend->allreduce(v, opts));
+  if (!buf.is_same(t)) {
+    t.copy_(buf);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// backend: 0 = Gloo, 1 = NCCL. On success *out receives a handle for the other plexus_pg_*.
+char* plexus_pg_new(int backend, const char* addr, uint16_t port, int64_t rank, int64_t world,
+                    int64_t timeout_ms, void** out) {
+  return guarded([&] {
+    std::string host(addr);
+    if (world < 1) {
+      throw std::invalid_argument("world size must be at least 1, got " + std::to_string(world));
+    }
+    if (rank < 0 || rank >= world) {
+      throw std::invalid_argument("rank " + std::to_string(rank) + " is out of range for world size " +
+                                  std::to_string(world));
+    }
+    if (port == 0) {
+      throw std::invalid_argument("port 0 cannot be used: every rank must know rank 0's store port");
+    }
+    if (timeout_ms <= 0) {
+      throw std::invalid_argument("timeout must be positive");
+    }
+    auto timeout = std::chrono::milliseconds(timeout_ms);
+    std::string where = host + ":" + std::to_string(port) + " as rank " + std::to_string(rank) + " of " +
+                        std::to_string(world);
+
+    // Rendezvous: rank 0 hosts the store; with waitWorkers every rank's store constructor returns
+    // only once all world-size ranks have connected, or throws after `timeout`.
+    c10::intrusive_ptr<c10d::Store> store;
+    try {
+      c10d::TCPStoreOptions o;
+      o.port = port;
+      o.isServer = rank == 0;
+      o.numWorkers = static_cast<size_t>(world);
+      o.waitWorkers = true;
+      o.timeout = timeout;
+      store = c10::make_intrusive<c10d::TCPStore>(host, o);
+    } catch (...) {
+      rethrow_with("rendezvous (TCPStore) at " + where + " failed");
+    }
+    // Keys of this process group live under their own prefix, as torch.distributed does, so the
+    // store can later serve other groups.
+    store = c10::make_intrusive<c10d::PrefixStore>("plexus_pg/", store);
+
+    auto pg = std::make_unique<PlexusProcessGroup>();
+    pg->store = store;
+    pg->timeout = timeout;
+    try {
+      pg->backend = make_backend(backend, store, host, static_cast<int>(rank), static_cast<int>(world), timeout);
+    } catch (...) {
+      rethrow_with(std::string(backend == kNccl ? "ProcessGroupNCCL" : "ProcessGroupGloo") + " set-up at " + where +
+                   " failed");
+    }
+    *out = pg.release();
+  });
+}
+
+void plexus_pg_free(void* pg) {
+  // Destroying a backend joins its worker threads; nothing here is expected to throw, but no
+  // exception may cross into Rust's Drop.
+  try {
+    delete static_cast<PlexusProcessGroup*>(pg);
+  } catch (...) {
+  }
+}
+
+// Sums `n` tensors over the group, in place. Several tensors (a gradient bucket) go through one
+// collective on a flat buffer: one round of latency instead of n.
+char* plexus_pg_all_reduce_sum(void* handle, at::Tensor** tensors, size_t n) {
+  return guarded([&] {
+    auto* pg = static_cast<PlexusProcessGroup*>(handle);
+    std::vector<at::Tensor*> ts(tensors, tensors + n);
+    check_tensors(ts);
+    c10::AutoGradMode no_grad(false);
+    if (n == 0) {
+      return;
+    }
+    if (n == 1) {
+      all_reduce_one(pg, *ts[0]);
+      return;
+    }
+    for (size_t i = 1; i < n; ++i) {
+      if (ts[i]->scalar_type() != ts[0]->scalar_type() || ts[i]->device() != ts[0]->device()) {
+        throw std::invalid_argument("all tensors of a bucket must share dtype and device: tensor 0 is " +
+                                    std::string(c10::toString(ts[0]->scalar_type())) + " on " +
+                                    ts[0]->device().str() + ", tensor " + std::to_string(i) + " is " +
+                                    std::string(c10::toString(ts[i]->scalar_type())) + " on " +
+                                    ts[i]->device().str());
+      }
+    }
+    std::vector<at::Tensor> flat;
+    flat.reserve(n);
+    for (auto* t : ts) {
+      flat.push_back(t->reshape({-1}));
+    }
+    at::Tensor buf = at::cat(flat);
+    all_reduce_one(pg, buf);
+    int64_t offset = 0;
+    for (auto* t : ts) {
+      int64_t k = t->numel();
+      t->copy_(buf.narrow(0, offset, k).view(t->sizes()));
+      offset += k;
+    }
+  });
+}
+
+char* plexus_pg_broadcast(void* handle, at::Tensor* t, int64_t root) {
+  return guarded([&] {
+    auto* pg = static_cast<PlexusProcessGroup*>(handle);
+    check_tensors({t});
+    int64_t world = pg->backend->getSize();
+    if (root < 0 || root >= world) {
+      throw std::invalid_argument("broadcast root " + std::to_string(root) + " is out of range for world size " +
+                                  std::to_string(world));
+    }
+    c10::AutoGradMode no_grad(false);
+    at::Tensor buf = t->is_contiguous() ? *t : t->contiguous();
+    std::vector<at::Tensor> v{buf};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    opts.rootTensor = 0;
+    opts.timeout = pg->timeout;
+    wait_for(pg, pg->backend->broadcast(v, opts));
+    if (!buf.is_same(*t)) {
+      t->copy_(buf);
+    }
+  });
+}
+
+char* plexus_pg_barrier(void* handle) {
+  return guarded([&] {
+    auto* pg = static_cast<PlexusProcessGroup*>(handle);
+    c10d::BarrierOptions opts;
+    opts.timeout = pg->timeout;
+    wait_for(pg, pg->backend->barrier(opts));
   });
 }
 
