@@ -51,10 +51,12 @@ fn find_include(candidates: &[PathBuf], file: &str) -> Option<PathBuf> {
 /// * `PLEXUS_WITH_CUDA` when libtorch is a CUDA build (`libtorch_cuda.so`). The CUDA queries need no
 ///   CUDA header (see the top of the C++ file): PyTorch's CUDA 13 wheels ship
 ///   `nvidia/cu13/include/cuda_runtime_api.h` without the `crt/` headers it includes.
-/// * `PLEXUS_WITH_NCCL` when, in addition, CUDA runtime headers that compile (`cuda_runtime_api.h`
-///   and `crt/host_defines.h`) and `nccl.h` are found: the wheel's `nvidia/*/include` next to
-///   `torch/` (e.g. after `pip install nvidia-cuda-crt` in the venv), `$CUDA_HOME/include`, or
-///   `/usr/local/cuda/include`. ProcessGroupNCCL's header pulls in c10/cuda, which needs them.
+/// * `PLEXUS_WITH_NCCL` when, in addition, CUDA headers that compile and `nccl.h` are found:
+///   `cuda_runtime_api.h`, the `crt/host_defines.h` it includes and CCCL's `nv/target` (which
+///   `cuda_fp16.h` includes), in the wheel's `nvidia/*/include` next to `torch/` (the torch wheel
+///   lacks the last two: `pip install nvidia-cuda-crt nvidia-cuda-cccl` of the wheel's CUDA version
+///   adds them to `nvidia/cu13/include`), `$CUDA_HOME/include`, or `/usr/local/cuda/include`.
+///   ProcessGroupNCCL's header pulls in c10/cuda and the CUDA math headers, which need them.
 /// * `PLEXUS_WITH_GLOO` when libtorch ships `ProcessGroupGloo.hpp`.
 ///
 /// A CPU-only libtorch builds with none of them; the functions then return "not built with …".
@@ -94,10 +96,12 @@ fn build_native(lib_dir: Option<&Path>) {
     let nccl_inc = find_include(&cuda_dirs, "nccl.h");
     let c10d = include.join("torch/csrc/distributed/c10d");
     let crt_inc = find_include(&cuda_dirs, "crt/host_defines.h");
+    let cccl_inc = find_include(&cuda_dirs, "nv/target");
     let with_cuda = has_torch_cuda;
     let with_nccl = with_cuda
         && cuda_inc.is_some()
         && crt_inc.is_some()
+        && cccl_inc.is_some()
         && nccl_inc.is_some()
         && c10d.join("ProcessGroupNCCL.hpp").is_file();
     let with_gloo = c10d.join("ProcessGroupGloo.hpp").is_file();
@@ -109,6 +113,10 @@ fn build_native(lib_dir: Option<&Path>) {
     } else if crt_inc.is_none() {
         "cuda_runtime_api.h was found but not the crt/host_defines.h it includes \
          (pip install nvidia-cuda-crt matching the wheel's CUDA, or set CUDA_HOME)"
+            .to_string()
+    } else if cccl_inc.is_none() {
+        "no nv/target (CUDA's CCCL headers, which cuda_fp16.h includes; pip install nvidia-cuda-cccl \
+         matching the wheel's CUDA, or set CUDA_HOME)"
             .to_string()
     } else if nccl_inc.is_none() {
         "no nccl.h was found".to_string()
@@ -139,7 +147,7 @@ fn build_native(lib_dir: Option<&Path>) {
     if with_nccl {
         // c10/cuda and cuBLAS/cuSPARSE headers come along with ProcessGroupNCCL.hpp; CUDA 12 wheels
         // keep them in separate nvidia/<lib>/include directories, so add every wheel directory.
-        for dir in [&cuda_inc, &crt_inc, &nccl_inc].into_iter().flatten().chain(&wheel_dirs) {
+        for dir in [&cuda_inc, &crt_inc, &cccl_inc, &nccl_inc].into_iter().flatten().chain(&wheel_dirs) {
             if dir.is_dir() {
                 build.include(dir);
             }

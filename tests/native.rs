@@ -182,9 +182,15 @@ fn gloo_group_of_one_and_bad_arguments() {
         eprintln!("rank {rank} of {world}: {e}");
     }
     assert!(ProcessGroup::new(Backend::Gloo, "127.0.0.1", 0, 0, 1, TIMEOUT).is_err());
+    // NCCL: not compiled in (this machine's wheel lacks CUDA headers), or compiled but no GPU.
     if !native::nccl_built() {
         let e = ProcessGroup::new(Backend::Nccl, "127.0.0.1", port, 0, 1, TIMEOUT).unwrap_err().to_string();
+        eprintln!("NCCL: {e}");
         assert!(e.contains("without NCCL"), "{e}");
+    } else if tch::Cuda::device_count() == 0 {
+        let e = ProcessGroup::new(Backend::Nccl, "127.0.0.1", port, 0, 1, TIMEOUT).unwrap_err().to_string();
+        eprintln!("NCCL: {e}");
+        assert!(e.contains("CUDA device"), "{e}");
     }
 }
 

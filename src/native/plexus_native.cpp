@@ -324,6 +324,25 @@ bool is_loopback(const std::string& addr) {
   }
 }
 
+// What can be known to fail before the rendezvous, so that a rank does not make its peers wait.
+void precheck_backend(int kind) {
+  if (kind == kGloo) {
+#ifndef PLEXUS_WITH_GLOO
+    throw std::runtime_error("this libtorch has no ProcessGroupGloo (torch/csrc/distributed/c10d/ProcessGroupGloo.hpp)");
+#endif
+  } else if (kind == kNccl) {
+#ifdef PLEXUS_WITH_NCCL
+    if (at::detail::getCUDAHooks().getNumGPUs() == 0) {
+      throw std::runtime_error("NCCL needs a CUDA device and none is available");
+    }
+#else
+    throw std::runtime_error("plexus was built without NCCL");
+#endif
+  } else {
+    throw std::invalid_argument("unknown backend " + std::to_string(kind));
+  }
+}
+
 c10::intrusive_ptr<c10d::Backend> make_backend(int kind, const c10::intrusive_ptr<c10d::Store>& store,
                                                const std::string& addr, int rank, int world,
                                                std::chrono::milliseconds timeout) {
@@ -347,9 +366,6 @@ c10::intrusive_ptr<c10d::Backend> make_backend(int kind, const c10::intrusive_pt
   }
   if (kind == kNccl) {
 #ifdef PLEXUS_WITH_NCCL
-    if (at::detail::getCUDAHooks().getNumGPUs() == 0) {
-      throw std::runtime_error("NCCL needs a CUDA device and none is available");
-    }
     // Blocking wait makes Work::wait block the host and throw on timeout or a communicator error,
     // instead of NCCL's default of tearing the whole process down from its watchdog thread. It is
     // read when the process group is constructed; a value set by the user is kept.
@@ -422,6 +438,8 @@ char* plexus_pg_new(int backend, const char* addr, uint16_t port, int64_t rank, 
     auto timeout = std::chrono::milliseconds(timeout_ms);
     std::string where = host + ":" + std::to_string(port) + " as rank " + std::to_string(rank) + " of " +
                         std::to_string(world);
+
+    precheck_backend(backend);
 
     // Rendezvous: rank 0 hosts the store; with waitWorkers every rank's store constructor returns
     // only once all world-size ranks have connected, or throws after `timeout`.
