@@ -235,7 +235,7 @@ impl Trainee {
     fn step(&mut self) {
         let b = &self.batch;
         let next = || crate::data::Batch { input: b.input.shallow_clone(), target: b.target.shallow_clone() };
-        self.stepper.step(self.steps_done, next, Some(self.lr));
+        self.stepper.step(self.steps_done, next, Some(self.lr)).expect("a single-process step cannot fail");
         self.steps_done += 1;
     }
 

@@ -2,6 +2,7 @@
 
 use crate::analysis::{self, AnalyzeOptions};
 use crate::config::ConfigError;
+use crate::dist::DistInfo;
 use crate::experiment::Experiment;
 use crate::run_dir::{atomic_write, RunDir};
 use crate::train::{self, Summary, TrainOptions};
@@ -10,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 #[derive(Debug, Parser)]
 #[command(name = "plexus", version, about = "Study how the layers of deep networks connect across depth")]
@@ -42,6 +44,14 @@ pub enum Cmd {
         /// Hide the progress bar.
         #[arg(long)]
         quiet: bool,
+        /// Data-parallel training in N processes on this machine (Gloo on CPUs, NCCL on GPUs,
+        /// rank r on cuda:r). The config's batch is the global batch. Under torchrun or srun
+        /// (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set) leave this at 1.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        nproc: u16,
+        /// Seconds a rank waits for the others (rendezvous, each all-reduce) before failing.
+        #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+        dist_timeout: u64,
     },
     /// The main job on an embedded default. `showcase` (default): train residual, ACN and H-ACN
     /// Mixers on Fashion-MNIST, analyse them, draw every figure, then the ANCRe Fig. 2b case study.
@@ -183,7 +193,10 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
 
 pub fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Train { configs, resume: Some(run), overrides, quiet, .. } => {
+        Cmd::Train { nproc, .. } if nproc > 1 && std::env::var_os("WORLD_SIZE").is_none() => launch(nproc as usize),
+        Cmd::Train { configs, resume: Some(run), overrides, quiet, dist_timeout, .. } => {
+            let dist = DistInfo::from_env(Duration::from_secs(dist_timeout))?;
+            let main = dist.as_ref().is_none_or(|d| d.rank == 0);
             let dir = RunDir::open(&run)?;
             let config = match configs.as_slice() {
                 [] => dir.file("config.yaml"),
@@ -196,18 +209,28 @@ pub fn run(cli: Cli) -> Result<()> {
                 ),
             };
             let exp = Experiment::from_file(&config, &overrides)?;
-            let progress = !quiet && std::io::stderr().is_terminal();
-            let opts = TrainOptions { progress, resume: true, ..Default::default() };
+            let progress = main && !quiet && std::io::stderr().is_terminal();
+            let opts = TrainOptions { progress, resume: true, crash_after: crash_after()?, dist, ..Default::default() };
             let s = train::train(&exp, &dir, &opts)?;
-            print_table(&[s]);
+            if main {
+                print_table(&[s]);
+            }
             Ok(())
         }
-        Cmd::Train { configs, resume: None, out, overrides, quiet, overwrite } => {
+        Cmd::Train { configs, resume: None, out, overrides, quiet, overwrite, dist_timeout, .. } => {
+            let dist = DistInfo::from_env(Duration::from_secs(dist_timeout))?;
+            let main = dist.as_ref().is_none_or(|d| d.rank == 0);
             let exps = resolve_paths(&configs, &overrides)?;
-            let progress = !quiet && std::io::stderr().is_terminal();
+            if dist.is_some() && exps.len() != 1 {
+                bail!("a data-parallel run trains one config; {} were given", exps.len());
+            }
+            let progress = main && !quiet && std::io::stderr().is_terminal();
             let dirs = run_dirs(&exps, out.as_deref())?;
-            let summaries = train_all(&exps, &dirs, progress, &vec![overwrite; dirs.len()])?;
-            print_table(&summaries);
+            let opts = TrainOptions { progress, crash_after: crash_after()?, dist, ..Default::default() };
+            let summaries = train_all(&exps, &dirs, &opts, &vec![overwrite; dirs.len()])?;
+            if main {
+                print_table(&summaries);
+            }
             Ok(())
         }
         Cmd::Demo { figure, out, overrides } => demo(&figure, &out, &overrides),
@@ -349,21 +372,93 @@ fn run_dirs(exps: &[Experiment], out: Option<&Path>) -> Result<Vec<PathBuf>> {
         .collect())
 }
 
-/// Trains every experiment into its directory (`overwrite[i]`: clear a non-empty one). Every
-/// directory is checked before the first run starts, so a set fails before any work.
-fn train_all(exps: &[Experiment], dirs: &[PathBuf], progress: bool, overwrite: &[bool]) -> Result<Vec<Summary>> {
-    for (d, &o) in dirs.iter().zip(overwrite) {
-        crate::run_dir::check_new(d, o)?;
+/// Trains every experiment into its directory with `opts` (`overwrite[i]`: clear a non-empty
+/// one). Every directory is checked before the first run starts, so a set fails before any work.
+fn train_all(exps: &[Experiment], dirs: &[PathBuf], opts: &TrainOptions, overwrite: &[bool]) -> Result<Vec<Summary>> {
+    let main = opts.dist.as_ref().is_none_or(|d| d.rank == 0);
+    if main {
+        for (d, &o) in dirs.iter().zip(overwrite) {
+            crate::run_dir::check_new(d, o)?;
+        }
     }
     let mut out = Vec::new();
     for ((e, d), &overwrite) in exps.iter().zip(dirs).zip(overwrite) {
         let dir = RunDir::new(d);
-        if !progress {
+        if !opts.progress && main {
             eprintln!("training {} → {}", e.config().name, d.display());
         }
-        out.push(train::train(e, &dir, &TrainOptions { progress, overwrite, ..Default::default() })?);
+        out.push(train::train(e, &dir, &TrainOptions { overwrite, ..opts.clone() })?);
     }
     Ok(out)
+}
+
+/// `PLEXUS_CRASH_AFTER=N`: stop with an error after N updates, as a crash would (for testing that
+/// resumed runs, distributed ones included, match uninterrupted ones).
+fn crash_after() -> Result<Option<u64>> {
+    match std::env::var("PLEXUS_CRASH_AFTER") {
+        Ok(v) => Ok(Some(v.trim().parse().map_err(|_| {
+            anyhow::anyhow!("environment variable PLEXUS_CRASH_AFTER={v:?}: expected a number of updates")
+        })?)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// `plexus train … --nproc N`: runs this same command in N processes on this machine, as torchrun
+/// would (RANK = LOCAL_RANK = r, WORLD_SIZE = N, rendezvous on a free loopback port, each with
+/// 1/N of the CPU threads unless OMP_NUM_THREADS is set). If one rank fails the others are
+/// stopped, and the error names it.
+fn launch(nproc: usize) -> Result<()> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .context("finding a free port for the rendezvous")?
+        .port();
+    let exe = std::env::current_exe().context("locating the plexus binary")?;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let threads = (std::thread::available_parallelism().map_or(1, |n| n.get()) / nproc).max(1);
+    let mut children = Vec::new();
+    for rank in 0..nproc {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args(&args)
+            .env("WORLD_SIZE", nproc.to_string())
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string());
+        if std::env::var_os("OMP_NUM_THREADS").is_none() {
+            cmd.env("OMP_NUM_THREADS", threads.to_string());
+        }
+        match cmd.spawn() {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                for c in &mut children {
+                    let _ = c.kill();
+                }
+                return Err(e).with_context(|| format!("starting rank {rank} ({})", exe.display()));
+            }
+        }
+    }
+    let mut done = vec![false; nproc];
+    while done.iter().any(|d| !d) {
+        for (rank, child) in children.iter_mut().enumerate() {
+            if done[rank] {
+                continue;
+            }
+            if let Some(status) = child.try_wait()? {
+                done[rank] = true;
+                if !status.success() {
+                    for c in &mut children {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                    }
+                    bail!(
+                        "rank {rank} of {nproc} failed ({status}); the other ranks were stopped (see its error above)"
+                    );
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
 }
 
 fn embedded(name: &str, overrides: &[String]) -> Result<(&'static sets::ConfigSet, Vec<Experiment>)> {
@@ -389,7 +484,8 @@ fn run_set(set: &sets::ConfigSet, exps: &[Experiment], out: &Path) -> Result<Vec
     // The demo regenerates its runs: a previous demo's run directories are replaced, anything
     // else in the way is refused like for `plexus train`.
     let replace: Vec<bool> = dirs.iter().map(|d| d.join("config.yaml").is_file()).collect();
-    let summaries = train_all(exps, &dirs, std::io::stderr().is_terminal(), &replace)?;
+    let opts = TrainOptions { progress: std::io::stderr().is_terminal(), ..Default::default() };
+    let summaries = train_all(exps, &dirs, &opts, &replace)?;
     print_table(&summaries);
     atomic_write(&out.join("results.csv"), results_csv(&summaries)?.as_bytes())?;
     Ok(dirs)

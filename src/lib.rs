@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod data;
 pub mod device;
+pub mod dist;
 pub mod doctor;
 pub mod experiment;
 pub mod host;

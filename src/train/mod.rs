@@ -15,6 +15,7 @@ pub mod step;
 
 use crate::data::prefetch::Prefetcher;
 use crate::device;
+use crate::dist;
 use crate::experiment::Experiment;
 use crate::host;
 use crate::model::Model;
@@ -41,6 +42,8 @@ pub struct TrainOptions {
     /// Abort (with an error, writing nothing more) once this many updates are done: simulates a
     /// crash, for testing that resumed runs match uninterrupted ones.
     pub crash_after: Option<u64>,
+    /// This process's place in a data-parallel run (see [`crate::dist`]); `None`: one process.
+    pub dist: Option<crate::dist::DistInfo>,
 }
 
 /// What `summary.json` holds.
@@ -96,14 +99,17 @@ struct Row {
 pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summary> {
     let cfg = exp.config();
     let tc = &cfg.train;
+    // Rank 0 alone writes the run directory (every rank reads its checkpoints on resume).
+    let main = opts.dist.as_ref().is_none_or(|d| d.rank == 0);
     // The run directory is checked first (cheap, and the most likely mistake), but nothing is
     // created until data and model are built: a data or device error leaves no directory behind.
     if opts.resume {
         resume_config_changes(dir, cfg)?;
-    } else {
+    } else if main {
         run_dir::check_new(&dir.path, opts.overwrite)?;
     }
     let dev = device::resolve(device::parse_device(&cfg.device).map_err(anyhow::Error::msg)?)?;
+    let dev = opts.dist.as_ref().map_or(dev, |d| d.device(dev));
     device::apply_matmul_precision(cfg, dev)?;
     if opts.progress {
         eprintln!("{}: training on {}", cfg.name, device::describe(dev));
@@ -116,13 +122,24 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     data.make_resident(dev);
     let per_epoch = data.batches_per_epoch().max(1);
     // The batch the connectivity of input-dependent topologies is averaged over.
-    let probe_input = transform.on(dev).apply(&data.train_batch(0).input.to_device(dev));
+    let first_batch = data.train_batch(0);
+    let probe_input = transform.on(dev).apply(&first_batch.input.to_device(dev));
+    let world = opts.dist.as_ref().map_or(1, |d| d.world_size);
+    let rank = opts.dist.as_ref().map_or(0, |d| d.rank);
+    let global_batch = first_batch.input.size()[0] as usize;
+    if !global_batch.is_multiple_of(world) {
+        bail!(
+            "{}: the global batch of {global_batch} examples (data.batch_size) does not split evenly over {world} \
+             processes: use a batch size that is a multiple of {world}",
+            cfg.name
+        );
+    }
 
     let model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
     let optim = Optim::new(tc, model.trainable());
     let mut t = Stepper::new(model, optim, info.task, tc.accumulation, tc.clip_grad_norm, &transform);
     // One writer per run directory, until this function returns (or the process dies).
-    let _lock = dir.lock()?;
+    let _lock = if main { Some(dir.lock()?) } else { None };
     let (mut rows, mut evals, start) = if opts.resume {
         let changed = resume_config_changes(dir, cfg)?;
         dir.clean_leftovers()?;
@@ -131,7 +148,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         })?;
         let optim_state = checkpoint::load(dir, &state, &mut t.model.vs)?;
         t.optim.load_state(&optim_state, state.step)?;
-        if !changed.is_empty() {
+        if !changed.is_empty() && main {
             atomic_write(&dir.file("config.yaml"), cfg.to_yaml().as_bytes())?;
         }
         let rows: Vec<Row> =
@@ -139,6 +156,8 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         let evals: Vec<EvalResult> =
             read_eval(&dir.file("eval.csv"))?.into_iter().filter(|e| e.step < state.step).collect();
         (rows, evals, state.step)
+    } else if !main {
+        (Vec::new(), Vec::new(), 0)
     } else {
         // Checked again under the lock: another process may have written there meanwhile.
         run_dir::check_new(&dir.path, opts.overwrite)?;
@@ -152,6 +171,10 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         (Vec::new(), Vec::new(), 0)
     };
 
+    if let Some(info) = &opts.dist {
+        // After any resume: every rank loaded the same checkpoint, and rank 0's values win anyway.
+        t.distribute(crate::dist::Dist::join(info.clone(), dev)?)?;
+    }
     let steps = tc.steps;
     let accum = tc.accumulation;
     let mut batches = Prefetcher::new(data, start * accum, 4, dev);
@@ -162,13 +185,14 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     let every = |n: u64, step: u64| (n > 0 && step.is_multiple_of(n)) || step == steps;
     for step in start..=steps {
         let reads_before = host::reads();
-        if every(cfg.log.eval_every, step) {
+        // Rank 0 alone evaluates and saves C (the others wait at the next all-reduce).
+        if main && every(cfg.log.eval_every, step) {
             if let Some(e) = eval::evaluate(&t.model, info.task, &eval_set, step) {
                 bar.println(format!("{} step {step}: eval {e}", cfg.name));
                 evals.push(e);
             }
         }
-        if every(cfg.log.connectivity_every, step) {
+        if main && every(cfg.log.connectivity_every, step) {
             let c = t.model.connectivity(&probe_input);
             atomic_write(&dir.path.join("connectivity").join(format!("step_{step}.csv")), matrix_csv(&c).as_bytes())?;
             // The topology's own view (H-ACN's a, ANCRe's p, …), for Δ_t and correlations later.
@@ -181,9 +205,22 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         let lr = schedule::lr_at(tc, step.min(steps - 1));
         // Reseeded from (seed, step), under the process-wide seed lock: dropout masks are a pure
         // function of the step, so a resumed run redraws exactly the masks it would have drawn.
-        let rng = device::seed_guard(step_seed(cfg.seed, step));
-        // The last step only measures the final loss: no update after it.
-        let stats = t.step(step, || batches.next_batch(), (step < steps).then_some(lr));
+        // (Each rank draws its own dropout masks; rank 0 draws those of a single-process run.)
+        let rng = device::seed_guard(step_seed(cfg.seed ^ (rank as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93), step));
+        // The last step only measures the final loss: no update after it. Each rank trains on its
+        // slice of the global batch.
+        let next = || {
+            let b = batches.next_batch();
+            if world > 1 {
+                crate::data::Batch {
+                    input: dist::shard(&b.input, rank, world),
+                    target: dist::shard(&b.target, rank, world),
+                }
+            } else {
+                b
+            }
+        };
+        let stats = t.step(step, next, (step < steps).then_some(lr))?;
         drop(rng);
         samples += stats.samples;
         tokens += stats.tokens;
@@ -194,7 +231,9 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         if every(cfg.log.every, step) || checkpoint_due {
             let logged = t.read(&stats);
             if let Some((first, what)) = logged.diverged {
-                write_logs(dir, &rows, &evals)?;
+                if main {
+                    write_logs(dir, &rows, &evals)?;
+                }
                 let what = match what {
                     step::NonFinite::Loss => "the loss",
                     step::NonFinite::Gradient => "the gradient",
@@ -222,7 +261,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         if opts.crash_after == Some(done) {
             bail!("{}: simulated crash after {done} updates", cfg.name);
         }
-        if checkpoint_due {
+        if checkpoint_due && main {
             write_logs(dir, &rows, &evals)?;
             save_checkpoint(dir, &t.model, &t.optim, done, done * accum, cfg.log.keep_checkpoints)?;
         }
@@ -230,11 +269,15 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     bar.finish_and_clear();
     let wall = clock.elapsed().as_secs_f64();
 
-    write_logs(dir, &rows, &evals)?;
-    save_checkpoint(dir, &t.model, &t.optim, steps, steps * accum, cfg.log.keep_checkpoints)?;
-    atomic_write_with(&dir.path.join("checkpoints").join("final.safetensors"), |p| {
-        t.model.vs.save(p).with_context(|| format!("saving checkpoint {}", p.display()))
-    })?;
+    if main {
+        write_logs(dir, &rows, &evals)?;
+        save_checkpoint(dir, &t.model, &t.optim, steps, steps * accum, cfg.log.keep_checkpoints)?;
+        atomic_write_with(&dir.path.join("checkpoints").join("final.safetensors"), |p| {
+            t.model.vs.save(p).with_context(|| format!("saving checkpoint {}", p.display()))
+        })?;
+    }
+    // Throughput of the whole group: every rank trains on as many examples as this one.
+    let (samples, tokens) = (samples * world as u64, tokens * world as u64);
     let model = &t.model;
     let losses: Vec<f64> = rows.iter().map(|r| r.loss).collect();
     let summary = Summary {
@@ -259,7 +302,9 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         parameter_view: model.parameter_view(&probe_input).map(|(n, m)| (n, host::rows(&m))),
         host_reads,
     };
-    atomic_write(&dir.file("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
+    if main {
+        atomic_write(&dir.file("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
+    }
     Ok(summary)
 }
 

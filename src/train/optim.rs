@@ -101,6 +101,11 @@ impl Optim {
         })
     }
 
+    /// The trainable parameters, in name order (shallow handles).
+    pub fn parameters(&self) -> Vec<Tensor> {
+        self.params.iter().map(|p| p.value.shallow_clone()).collect()
+    }
+
     /// The device the parameters live on.
     pub fn device(&self) -> tch::Device {
         self.params.first().map_or(tch::Device::Cpu, |p| p.value.device())

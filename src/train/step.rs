@@ -7,6 +7,7 @@
 
 use super::optim::Optim;
 use crate::data::{Batch, DeviceTransform, InputTransform, Task};
+use crate::dist::Dist;
 use crate::model::Model;
 use tch::{Device, Kind, Tensor};
 
@@ -50,6 +51,9 @@ pub struct Stepper {
     divergence: Tensor,
     /// The last micro-batch (model input, on the device), kept to diagnose a divergence.
     last: Option<Batch>,
+    /// Data-parallel group and the factor applied to the summed gradients and losses (`1/world`
+    /// for mean losses, 1 for losses that sum over the batch).
+    dist: Option<(Dist, f64)>,
 }
 
 impl Stepper {
@@ -73,7 +77,27 @@ impl Stepper {
             transform: transform.on(device),
             divergence,
             last: None,
+            dist: None,
         }
+    }
+
+    /// Makes the step data-parallel: gradients and the logged loss are reduced over `dist`'s
+    /// ranks (see [`crate::dist`]); the parameters are broadcast from rank 0 now.
+    pub fn distribute(&mut self, dist: Dist) -> anyhow::Result<()> {
+        let world = dist.info.world_size as f64;
+        let scale = if self.task == Task::HalfSumSquares { 1.0 } else { 1.0 / world };
+        // Every rank must broadcast in the same order: by name.
+        let mut named: Vec<(String, Tensor)> = self.model.vs.variables().into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut params: Vec<Tensor> = named.into_iter().map(|(_, t)| t).collect();
+        dist.broadcast_parameters(&mut params)?;
+        self.dist = Some((dist, scale));
+        Ok(())
+    }
+
+    /// The data-parallel group, if any.
+    pub fn dist(&self) -> Option<&Dist> {
+        self.dist.as_ref().map(|(d, _)| d)
     }
 
     /// A raw batch input (on the device) as the model sees it.
@@ -85,7 +109,7 @@ impl Stepper {
     /// batches, on the CPU — pinned for a GPU — or resident on the device), the gradient norm,
     /// and, if `lr` is given, clipping and the update. `step` is recorded if the loss or the
     /// gradient is non-finite. No read.
-    pub fn step(&mut self, step: u64, mut next: impl FnMut() -> Batch, lr: Option<f64>) -> StepStats {
+    pub fn step(&mut self, step: u64, mut next: impl FnMut() -> Batch, lr: Option<f64>) -> anyhow::Result<StepStats> {
         self.optim.zero_grad();
         let (mut samples, mut tokens) = (0u64, 0u64);
         let mut loss_sum: Option<Tensor> = None;
@@ -110,7 +134,12 @@ impl Stepper {
             });
             self.last = Some(batch);
         }
-        let loss = loss_sum.expect("at least one micro-batch") / self.accumulation as f64;
+        let mut loss = loss_sum.expect("at least one micro-batch") / self.accumulation as f64;
+        if let Some((dist, scale)) = &self.dist {
+            dist.reduce_gradients(&self.optim.parameters(), *scale)?;
+            dist.all_reduce_sum(&mut loss)?;
+            loss = loss * *scale;
+        }
         let grad_norm = self.optim.grad_norm();
         self.record_divergence(step, &loss, &grad_norm);
         if let Some(lr) = lr {
@@ -119,7 +148,7 @@ impl Stepper {
             }
             self.optim.step(lr);
         }
-        StepStats { loss, grad_norm, samples, tokens }
+        Ok(StepStats { loss, grad_norm, samples, tokens })
     }
 
     /// Keeps the first step whose loss (1) or gradient norm (2) is non-finite, on the device.

@@ -1,0 +1,221 @@
+//! Data-parallel training on PyTorch's own distributed engine (c10d: Gloo on CPUs, NCCL on GPUs,
+//! through [`crate::native::ProcessGroup`]).
+//!
+//! Semantics (what makes a config give the same run whatever the number of processes):
+//! * the config's batch is the **global** batch: every rank draws the same global batch `i` (a pure
+//!   function of `(seed, i)`) and keeps its contiguous slice `r` of `B / world` examples;
+//! * parameters are broadcast from rank 0 at start; after backward the gradients are summed over
+//!   the ranks in flat buckets and divided by the world size (the mean of the slices' mean losses
+//!   is the global mean loss, so this is the global gradient); losses that sum over the batch
+//!   (the LNN case study) are summed, not averaged;
+//! * clipping then sees identical, global gradients on every rank; so does AdamW;
+//! * rank 0 alone evaluates, saves C, writes logs and checkpoints (atomically, as always); every
+//!   rank resumes from the same checkpoint.
+//!
+//! Launching: `plexus train CONFIG --nproc N` starts N processes on this machine; or set the
+//! variables `torchrun` and `srun` set (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
+//! `MASTER_PORT`), e.g. `torchrun --no-python --nproc_per_node 8 plexus train CONFIG`. Each rank
+//! trains on `cuda:LOCAL_RANK` when the config asks for a GPU.
+//!
+//! Gradients are reduced after backward, not overlapped with it: tch exposes no per-parameter
+//! gradient hooks, which DDP's overlap relies on.
+
+use crate::native::{Backend, ProcessGroup};
+use anyhow::{bail, Context, Result};
+use std::time::Duration;
+use tch::{Device, Tensor};
+
+/// Default time a rank waits for the others (rendezvous and every collective) before failing.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Gradient buckets: about this many bytes per all-reduce (DDP's default is 25 MiB).
+pub const BUCKET_BYTES: i64 = 25 << 20;
+
+/// Where this process sits in a data-parallel run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DistInfo {
+    pub rank: usize,
+    pub world_size: usize,
+    /// The GPU index on this machine (`LOCAL_RANK`).
+    pub local_rank: usize,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub timeout: Duration,
+}
+
+impl DistInfo {
+    /// From `torchrun`'s variables; `None` when `WORLD_SIZE` is unset (a single-process run).
+    /// A set but malformed variable is an error naming it.
+    pub fn from_env(timeout: Duration) -> Result<Option<DistInfo>> {
+        Self::from_vars(|k| std::env::var(k).ok(), timeout)
+    }
+
+    /// [`DistInfo::from_env`] over any variable lookup (for tests).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>, timeout: Duration) -> Result<Option<DistInfo>> {
+        let Some(world) = var("WORLD_SIZE") else { return Ok(None) };
+        let num = |key: &str, default: Option<usize>| -> Result<usize> {
+            match var(key) {
+                Some(v) => v
+                    .trim()
+                    .parse::<usize>()
+                    .map_err(|_| anyhow::anyhow!("environment variable {key}={v:?}: expected a non-negative integer")),
+                None => default.with_context(|| {
+                    format!("WORLD_SIZE={world} is set but {key} is not (set both, as torchrun does)")
+                }),
+            }
+        };
+        let world_size = num("WORLD_SIZE", None)?;
+        if world_size == 0 {
+            bail!("environment variable WORLD_SIZE=0: expected at least 1 process");
+        }
+        let rank = num("RANK", None)?;
+        if rank >= world_size {
+            bail!("environment variable RANK={rank}: expected 0..{world_size} (WORLD_SIZE={world_size})");
+        }
+        let local_rank = num("LOCAL_RANK", Some(rank))?;
+        let master_addr = var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
+        let port = num("MASTER_PORT", Some(29500))?;
+        let master_port = u16::try_from(port)
+            .ok()
+            .filter(|p| *p > 0)
+            .with_context(|| format!("environment variable MASTER_PORT={port}: expected a port in 1..=65535"))?;
+        Ok(Some(DistInfo { rank, world_size, local_rank, master_addr, master_port, timeout }))
+    }
+
+    /// The device of this rank for a resolved config device: `cuda:LOCAL_RANK` for a GPU run.
+    pub fn device(&self, configured: Device) -> Device {
+        match configured {
+            Device::Cuda(_) => Device::Cuda(self.local_rank),
+            d => d,
+        }
+    }
+}
+
+/// A joined data-parallel group.
+pub struct Dist {
+    pub info: DistInfo,
+    group: ProcessGroup,
+}
+
+impl Dist {
+    /// Joins the group: Gloo for CPU training, NCCL for CUDA.
+    pub fn join(info: DistInfo, device: Device) -> Result<Dist> {
+        let backend = if device.is_cuda() { Backend::Nccl } else { Backend::Gloo };
+        let group =
+            ProcessGroup::new(backend, &info.master_addr, info.master_port, info.rank, info.world_size, info.timeout)
+                .with_context(|| {
+                format!(
+                    "rank {} of {}: joining the process group at {}:{} ({backend:?})",
+                    info.rank, info.world_size, info.master_addr, info.master_port
+                )
+            })?;
+        Ok(Dist { info, group })
+    }
+
+    pub fn is_main(&self) -> bool {
+        self.info.rank == 0
+    }
+
+    /// Rank 0's values of `params` on every rank.
+    pub fn broadcast_parameters(&self, params: &mut [Tensor]) -> Result<()> {
+        tch::no_grad(|| params.iter_mut().try_for_each(|p| self.group.broadcast(p, 0)))
+            .with_context(|| format!("rank {}: broadcasting the parameters from rank 0", self.info.rank))
+    }
+
+    /// Sums the gradients of `params` over the ranks in buckets of about [`BUCKET_BYTES`] (one
+    /// collective each), then multiplies them by `scale` (`1/world` for mean losses).
+    pub fn reduce_gradients(&self, params: &[Tensor], scale: f64) -> Result<()> {
+        let mut grads: Vec<Tensor> = params.iter().map(|p| p.grad()).filter(|g| g.defined()).collect();
+        let mut start = 0;
+        while start < grads.len() {
+            let (mut end, mut bytes) = (start, 0i64);
+            let kind = grads[start].kind();
+            while end < grads.len() && grads[end].kind() == kind && (end == start || bytes < BUCKET_BYTES) {
+                bytes += grads[end].numel() as i64 * grads[end].kind().elt_size_in_bytes() as i64;
+                end += 1;
+            }
+            self.group
+                .all_reduce_sum_many(&mut grads[start..end])
+                .with_context(|| format!("rank {}: all-reducing the gradients", self.info.rank))?;
+            start = end;
+        }
+        if scale != 1.0 {
+            tch::no_grad(|| {
+                for g in &grads {
+                    let _ = g.shallow_clone().g_mul_scalar_(scale);
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Sums `t` over the ranks, in place.
+    pub fn all_reduce_sum(&self, t: &mut Tensor) -> Result<()> {
+        self.group.all_reduce_sum(t).with_context(|| format!("rank {}: all-reduce", self.info.rank))
+    }
+
+    /// Waits for every rank.
+    pub fn barrier(&self) -> Result<()> {
+        self.group.barrier().with_context(|| format!("rank {}: barrier", self.info.rank))
+    }
+}
+
+/// The slice of a global batch `[B, ..]` that `rank` of `world` trains on: rows
+/// `rank·B/world .. (rank+1)·B/world`. `B` must be a multiple of `world`.
+pub fn shard(t: &Tensor, rank: usize, world: usize) -> Tensor {
+    let per = t.size()[0] / world as i64;
+    t.narrow(0, rank as i64 * per, per)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn torchrun_variables_are_read_and_checked() {
+        let t = DEFAULT_TIMEOUT;
+        assert_eq!(DistInfo::from_vars(vars(&[]), t).unwrap(), None);
+        let d = DistInfo::from_vars(
+            vars(&[
+                ("WORLD_SIZE", "8"),
+                ("RANK", "5"),
+                ("LOCAL_RANK", "1"),
+                ("MASTER_ADDR", "node0"),
+                ("MASTER_PORT", "1234"),
+            ]),
+            t,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (d.rank, d.world_size, d.local_rank, d.master_addr.as_str(), d.master_port),
+            (5, 8, 1, "node0", 1234)
+        );
+        assert_eq!(d.device(Device::Cuda(0)), Device::Cuda(1));
+        assert_eq!(d.device(Device::Cpu), Device::Cpu);
+        for (bad, key) in [
+            (vec![("WORLD_SIZE", "two"), ("RANK", "0")], "WORLD_SIZE"),
+            (vec![("WORLD_SIZE", "0"), ("RANK", "0")], "WORLD_SIZE=0"),
+            (vec![("WORLD_SIZE", "2"), ("RANK", "2")], "RANK=2"),
+            (vec![("WORLD_SIZE", "2")], "RANK"),
+            (vec![("WORLD_SIZE", "2"), ("RANK", "0"), ("MASTER_PORT", "70000")], "MASTER_PORT=70000"),
+        ] {
+            let e = DistInfo::from_vars(vars(&bad), t).unwrap_err().to_string();
+            assert!(e.contains(key), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn shards_tile_the_global_batch() {
+        let t = Tensor::arange(12, (tch::Kind::Int64, Device::Cpu)).view([6, 2]);
+        let parts: Vec<Tensor> = (0..3).map(|r| shard(&t, r, 3)).collect();
+        assert!(Tensor::cat(&parts, 0).equal(&t));
+        assert_eq!(parts[1].size(), vec![2, 2]);
+    }
+}

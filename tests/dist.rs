@@ -1,0 +1,197 @@
+//! Data-parallel training (Gloo on this CPU, loopback only): a 2-process run is the 1-process run
+//! of the same config (the config's batch is the global batch), a killed 2-process run resumes to
+//! the uninterrupted one, and a rank that dies or never arrives ends the others with an error
+//! within the timeout instead of a hang.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use tch::Tensor;
+
+fn config(dir: &Path, backbone: &str, topology: &str, steps: u64) -> std::path::PathBuf {
+    let data = match backbone {
+        "mixer" => {
+            "data: {kind: synthetic_images, image_size: 8, channels: 3, classes: 3, samples: 64, batch_size: 8}\n"
+        }
+        "gpt" => "data: {kind: synthetic_tokens, vocab: 16, seq_len: 6, batch_size: 4}\n",
+        other => panic!("no config for {other}"),
+    };
+    let model = match backbone {
+        "mixer" => "model: {kind: mixer, patch: 4, width: 16, token_hidden: 8, channel_hidden: 16, depth: 2}\n",
+        _ => "model: {kind: gpt, width: 16, depth: 2, heads: 2}\n",
+    };
+    let yaml = format!(
+        "name: dist-{backbone}-{topology}\ndevice: cpu\n{model}{data}topology: {{kind: {topology}}}\n\
+         train: {{optimizer: adamw, lr: 0.01, steps: {steps}, clip_grad_norm: 1.0, topology_lr_mult: 3.0}}\n\
+         log: {{every: 1, eval_every: 10, connectivity_every: 10, checkpoint_every: 10}}\n"
+    );
+    let path = dir.join(format!("{backbone}-{topology}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+fn train(args: &[&str], env: &[(&str, &str)], cwd: &Path) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_plexus"));
+    cmd.arg("train").args(args).arg("--quiet").current_dir(cwd).env("OMP_NUM_THREADS", "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run plexus")
+}
+
+fn ok(o: &std::process::Output) {
+    assert!(o.status.success(), "plexus failed:\n{}", String::from_utf8_lossy(&o.stderr));
+}
+
+fn losses(run: &Path) -> Vec<f64> {
+    common::read_losses(run).into_iter().map(|(_, l)| l).collect()
+}
+
+fn params(run: &Path) -> HashMap<String, Tensor> {
+    Tensor::read_safetensors(run.join("checkpoints/final.safetensors")).unwrap().into_iter().collect()
+}
+
+#[test]
+fn two_processes_train_what_one_process_trains() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    for (backbone, topology) in [("mixer", "hacn"), ("mixer", "ancre"), ("gpt", "hacn"), ("gpt", "ancre")] {
+        let cfg = config(t, backbone, topology, 30);
+        let cfg = cfg.to_str().unwrap();
+        let (one, two) = (t.join(format!("{backbone}-{topology}-1")), t.join(format!("{backbone}-{topology}-2")));
+        ok(&train(&[cfg, "--out", one.to_str().unwrap()], &[], t));
+        ok(&train(&[cfg, "--out", two.to_str().unwrap(), "--nproc", "2"], &[], t));
+        let (a, b) = (losses(&one), losses(&two));
+        assert_eq!(a.len(), 31, "{backbone}/{topology}");
+        assert_eq!(a.len(), b.len(), "{backbone}/{topology}");
+        for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-5 * x.abs(),
+                "{backbone}/{topology} step {step}: 1 process {x}, 2 processes {y}"
+            );
+        }
+        let (pa, pb) = (params(&one), params(&two));
+        assert_eq!(pa.len(), pb.len());
+        let mut bad = Vec::new();
+        for (name, p) in &pa {
+            // Two parameters have an exactly zero true gradient, and AdamW turns the rounding
+            // noise of that zero into ±lr steps that differ with any change of summation order:
+            // Mixer's token-mixing output bias (a per-token constant added to every channel, which
+            // every LayerNorm downstream removes) and the key third of the attention's qkv bias
+            // (it adds q·b to every score of a query, which the softmax removes).
+            if name.ends_with("token_mix.fc2.bias") {
+                continue;
+            }
+            let (p, q) = if name.ends_with("attn.qkv.bias") {
+                let d = p.size()[0] / 3;
+                let qv = |t: &Tensor| Tensor::cat(&[t.narrow(0, 0, d), t.narrow(0, 2 * d, d)], 0);
+                (qv(p), qv(&pb[name]))
+            } else {
+                (p.shallow_clone(), pb[name].shallow_clone())
+            };
+            let scale = f64::try_from(p.abs().max()).unwrap().max(1e-3);
+            let diff = f64::try_from((&p - &q).abs().max()).unwrap();
+            // Losses agree to 1e-5 at every step; after 30 AdamW updates, coordinates with small
+            // gradients have amplified the summation-order rounding to a few 1e-5 of their scale.
+            if diff > 1e-4 * scale {
+                bad.push(format!("{name}: max |Δ| {diff:e} (scale {scale:e})"));
+            }
+        }
+        assert!(bad.is_empty(), "{backbone}/{topology}: {bad:#?}");
+        // Only rank 0 wrote the run directory, and it wrote everything.
+        assert!(two.join("connectivity/step_30.csv").is_file() && two.join("summary.json").is_file());
+    }
+}
+
+#[test]
+fn a_killed_two_process_run_resumes_to_the_uninterrupted_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let cfg = config(t, "mixer", "hacn", 30);
+    let cfg = cfg.to_str().unwrap();
+    let (full, crashed) = (t.join("full"), t.join("crashed"));
+    ok(&train(&[cfg, "--out", full.to_str().unwrap(), "--nproc", "2"], &[], t));
+    let o = train(&[cfg, "--out", crashed.to_str().unwrap(), "--nproc", "2"], &[("PLEXUS_CRASH_AFTER", "17")], t);
+    assert!(!o.status.success(), "the simulated crash did not happen");
+    ok(&train(&["--resume", crashed.to_str().unwrap(), "--nproc", "2"], &[], t));
+    let read = |p: &Path| std::fs::read_to_string(p.join("metrics.csv")).unwrap();
+    assert_eq!(read(&full), read(&crashed), "resumed 2-process metrics differ from the uninterrupted run");
+}
+
+/// Starts one rank by hand, as torchrun would.
+fn rank(cfg: &str, out: &Path, rank: usize, port: u16, extra: &[(&str, &str)]) -> std::process::Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_plexus"));
+    cmd.args(["train", cfg, "--out", out.to_str().unwrap(), "--quiet", "--dist-timeout", "5"])
+        .env("WORLD_SIZE", "2")
+        .env("RANK", rank.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env("OMP_NUM_THREADS", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn a_rank_that_dies_or_never_comes_ends_the_other_with_an_error_not_a_hang() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let cfg = config(t, "mixer", "hacn", 400);
+    let cfg = cfg.to_str().unwrap();
+
+    // Rank 1 dies after 5 updates; rank 0 must fail soon after (its next all-reduce).
+    let port = free_port();
+    let mut r0 = rank(cfg, &t.join("died"), 0, port, &[]);
+    let mut r1 = rank(cfg, &t.join("died"), 1, port, &[("PLEXUS_CRASH_AFTER", "5")]);
+    let start = Instant::now();
+    let s1 = r1.wait().unwrap();
+    assert!(!s1.success());
+    let s0 = r0.wait().unwrap();
+    assert!(!s0.success(), "rank 0 finished although rank 1 died");
+    assert!(start.elapsed() < Duration::from_secs(30), "rank 0 took {:?} to notice", start.elapsed());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut r0.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("rank 0"), "{err}");
+
+    // Rank 1 never starts: rank 0 gives up after the 5 s timeout, naming the rendezvous.
+    let start = Instant::now();
+    let mut lone = rank(cfg, &t.join("lone"), 0, free_port(), &[]);
+    let s = lone.wait().unwrap();
+    let waited = start.elapsed();
+    assert!(!s.success());
+    assert!(waited >= Duration::from_secs(4) && waited < Duration::from_secs(30), "gave up after {waited:?}");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut lone.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("joining the process group"), "{err}");
+}
+
+#[test]
+fn bad_distributed_settings_are_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let cfg = config(t, "mixer", "hacn", 4);
+    let cfg = cfg.to_str().unwrap();
+    let err = |o: std::process::Output| {
+        assert!(!o.status.success());
+        assert_ne!(o.status.code(), Some(101), "panicked");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let e = err(train(&[cfg, "--out", "x"], &[("WORLD_SIZE", "2"), ("RANK", "2")], t));
+    assert!(e.contains("RANK=2"), "{e}");
+    let e = err(train(&[cfg, "--out", "x"], &[("WORLD_SIZE", "two"), ("RANK", "0")], t));
+    assert!(e.contains("WORLD_SIZE"), "{e}");
+    // A global batch of 8 does not split over 3 processes.
+    let e = err(train(&[cfg, "--out", "y", "--nproc", "3", "--dist-timeout", "10"], &[], t));
+    assert!(e.contains("multiple of 3"), "{e}");
+    assert!(!t.join("x").exists() && !t.join("y").exists(), "a failed start left a run directory");
+}
