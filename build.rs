@@ -81,6 +81,10 @@ fn build_native(lib_dir: Option<&Path>) {
     if let Ok(entries) = std::fs::read_dir(&nvidia) {
         let mut dirs: Vec<PathBuf> = entries.flatten().map(|e| e.path().join("include")).collect();
         dirs.sort();
+        // Headers installed later (scripts/setup.sh adds crt/ and nv/target for NCCL) rebuild this.
+        for d in dirs.iter().filter(|d| d.is_dir()) {
+            println!("cargo:rerun-if-changed={}", d.display());
+        }
         cuda_dirs.extend(dirs);
     }
     let wheel_dirs = cuda_dirs.clone();

@@ -35,6 +35,22 @@ else
   log "reusing Python environment $VENV"
 fi
 
+# NCCL for data-parallel GPU training: the native layer (src/native/) compiles ProcessGroupNCCL
+# against the wheel's CUDA headers, two of which the torch wheel does not pull in (crt/, nv/target):
+# a few MB of headers, matching the wheel's CUDA version. Without them plexus still builds, with
+# Gloo only (`plexus train --nproc` then works on CPUs, not GPUs).
+CUDA_VER="$("$PY" -c 'import torch; print(torch.version.cuda or "")')"
+SITE="$("$PY" -c 'import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))')"
+case "$CUDA_VER" in
+  13.*)
+    if ! ls "$SITE"/nvidia/*/include/crt/host_defines.h >/dev/null 2>&1 || ! ls -d "$SITE"/nvidia/*/include/nv/target >/dev/null 2>&1; then
+      log "installing the CUDA $CUDA_VER crt and cccl headers NCCL needs (~3 MB)"
+      "$PY" -m pip install --quiet "nvidia-cuda-crt==$CUDA_VER.*" "nvidia-cuda-cccl==$CUDA_VER.*" \
+        || log "could not install them: plexus builds without NCCL (Gloo only)"
+    fi
+    ;;
+esac
+
 # .cargo/config.toml is generated (ignored by git) so that a plain `cargo build` / `cargo test` works
 # from any shell afterwards. It is the LIBTORCH_USE_PYTORCH=1 resolution done once, here: torch-sys
 # would otherwise ask whichever `python3` is first on PATH, which is not necessarily this venv's.

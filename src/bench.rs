@@ -398,6 +398,95 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
         .collect())
 }
 
+/// What a data-parallel benchmark measures (rank 0's view).
+#[derive(Debug, Clone)]
+pub struct DistBenchRow {
+    pub case: String,
+    pub world_size: usize,
+    pub backend: String,
+    /// Global batch (examples per step over all ranks).
+    pub batch: i64,
+    /// Per-step wall time of the data-parallel step (median, p10, p90), ms.
+    pub ms: [f64; 3],
+    pub samples_per_s: f64,
+    /// Median time of the gradient all-reduce alone (every bucket, then the 1/world scaling), ms.
+    pub allreduce_ms: f64,
+    /// Bytes of gradient each rank sends into the all-reduce per step.
+    pub gradient_bytes: i64,
+}
+
+impl DistBenchRow {
+    /// The all-reduce's share of the step.
+    pub fn allreduce_share(&self) -> f64 {
+        self.allreduce_ms / self.ms[0]
+    }
+}
+
+/// Times the data-parallel training step of `exp` as rank `info.rank` (every rank runs this; the
+/// ranks step in lock-step), then the gradient all-reduce alone over the same gradients. Returns
+/// the row on rank 0, `None` elsewhere.
+pub fn bench_distributed(
+    exp: &Experiment,
+    opts: &BenchOptions,
+    info: crate::dist::DistInfo,
+) -> Result<Option<DistBenchRow>> {
+    anyhow::ensure!(opts.steps >= 1, "--steps must be at least 1");
+    let cfg = exp.config();
+    let mut t = Trainee::new(exp)?;
+    let (rank, world) = (info.rank, info.world_size);
+    let global = t.batch.input.size()[0];
+    anyhow::ensure!(
+        global % world as i64 == 0,
+        "{}: the global batch of {global} does not split evenly over {world} processes",
+        cfg.name
+    );
+    let b = &t.batch;
+    t.batch = crate::data::Batch {
+        input: crate::dist::shard(&b.input, rank, world),
+        target: crate::dist::shard(&b.target, rank, world),
+    };
+    let dev = info.device(t.dev);
+    anyhow::ensure!(dev == t.dev, "data-parallel benchmarks on GPUs need `device: cuda` in the config");
+    t.stepper.distribute(crate::dist::Dist::join(info, dev)?)?;
+    let _seed = device::seed_guard(cfg.seed);
+    for _ in 0..opts.warmup {
+        t.step();
+    }
+    sync(dev);
+    let times: Vec<f64> = (0..opts.steps).map(|_| t.timed_step()).collect();
+    let params = t.stepper.optim.parameters();
+    let gradient_bytes: i64 = params
+        .iter()
+        .map(|p| p.grad())
+        .filter(|g| g.defined())
+        .map(|g| g.numel() as i64 * g.kind().elt_size_in_bytes() as i64)
+        .sum();
+    let world_f = world as f64;
+    let dist = t.stepper.dist().expect("distributed above");
+    let mut reduce = Vec::with_capacity(opts.steps);
+    for _ in 0..opts.steps {
+        sync(dev);
+        let s = Instant::now();
+        dist.reduce_gradients(&params, 1.0 / world_f)?;
+        sync(dev);
+        reduce.push(s.elapsed().as_secs_f64() * 1e3);
+    }
+    if rank != 0 {
+        return Ok(None);
+    }
+    let ms = [quantile(&times, 0.5), quantile(&times, 0.1), quantile(&times, 0.9)];
+    Ok(Some(DistBenchRow {
+        case: opts.case.clone().unwrap_or_else(|| cfg.name.clone()),
+        world_size: world,
+        backend: if dev.is_cuda() { "nccl".into() } else { "gloo".into() },
+        batch: global,
+        ms,
+        samples_per_s: global as f64 * 1e3 / ms[0],
+        allreduce_ms: quantile(&reduce, 0.5),
+        gradient_bytes,
+    }))
+}
+
 /// A least-squares fit of `log y = k·log x + c`: the growth exponent `k` (1: O(L), 2: O(L²)).
 pub fn growth_exponent(points: &[(f64, f64)]) -> f64 {
     let pts: Vec<(f64, f64)> =

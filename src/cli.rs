@@ -136,6 +136,13 @@ pub enum Cmd {
         /// Timed steps.
         #[arg(long, default_value_t = 20)]
         steps: usize,
+        /// Time the data-parallel step in N processes (as `train --nproc N`) and the share of
+        /// the gradient all-reduce in it.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        nproc: u16,
+        /// Seconds a rank waits for the others before failing (data-parallel benchmark).
+        #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+        dist_timeout: u64,
         /// Untimed warm-up steps.
         #[arg(long, default_value_t = 5)]
         warmup: usize,
@@ -234,8 +241,40 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Demo { figure, out, overrides } => demo(&figure, &out, &overrides),
-        Cmd::Bench { config, steps, warmup, overrides, csv, case, profile, compare, depths, topologies, out } => {
+        Cmd::Bench { nproc, .. } if nproc > 1 && std::env::var_os("WORLD_SIZE").is_none() => launch(nproc as usize),
+        Cmd::Bench {
+            config, steps, warmup, overrides, csv, case, profile, compare, depths, topologies, out, dist_timeout, ..
+        } => {
             let opts = crate::bench::BenchOptions { steps, warmup, case, profile };
+            if let Some(info) = DistInfo::from_env(Duration::from_secs(dist_timeout))? {
+                anyhow::ensure!(
+                    compare.is_empty() && depths.is_empty() && !profile && csv.is_none(),
+                    "a data-parallel benchmark (--nproc) times one config: --compare, --depths, --profile and \
+                     --csv are for single-process benchmarks"
+                );
+                let exp = Experiment::from_file(&config, &overrides)?;
+                if let Some(r) = crate::bench::bench_distributed(&exp, &opts, info)? {
+                    println!(
+                        "{:<24} {:>5} {:>7} {:>6} {:>10} {:>10} {:>10} {:>12} {:>12} {:>9}",
+                        "case", "procs", "backend", "batch", "ms/step", "p10", "p90", "samples/s", "all-reduce", "share"
+                    );
+                    println!(
+                        "{:<24} {:>5} {:>7} {:>6} {:>10.2} {:>10.2} {:>10.2} {:>12.1} {:>9.2} ms {:>8.1}%",
+                        r.case,
+                        r.world_size,
+                        r.backend,
+                        r.batch,
+                        r.ms[0],
+                        r.ms[1],
+                        r.ms[2],
+                        r.samples_per_s,
+                        r.allreduce_ms,
+                        100.0 * r.allreduce_share()
+                    );
+                    println!("gradient all-reduced per step and rank: {:.2} MiB", r.gradient_bytes as f64 / (1u64 << 20) as f64);
+                }
+                return Ok(());
+            }
             if !compare.is_empty() {
                 compare_topologies(&config, &overrides, &opts, &compare, csv.as_deref())
             } else if depths.is_empty() {

@@ -58,6 +58,11 @@ pub fn run() -> bool {
     println!("CUDA driver       {}", version_text(crate::native::cuda_driver_version()));
     println!("CUDA runtime      {}", version_text(crate::native::cuda_runtime_version()));
     println!("CUDA devices      {n}");
+    println!(
+        "data parallel     Gloo {}, NCCL {}",
+        if crate::native::gloo_built() { "built" } else { "NOT built" },
+        if crate::native::nccl_built() { "built" } else { "NOT built (re-run scripts/setup.sh; GPU runs need it)" }
+    );
     println!("cuDNN available   {}", tch::Cuda::cudnn_is_available());
     println!("CPU threads       {}", tch::get_num_threads());
     println!("MKL / OpenMP      {} / {}", tch::utils::has_mkl(), tch::utils::has_openmp());
