@@ -593,15 +593,18 @@ fn print_bench(rows: &[crate::bench::BenchRow]) {
 /// first when the file is new.
 fn append_csv(path: &Path, header: &str, rows: &str) -> Result<()> {
     use std::io::Write;
-    if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(d)?;
-    }
-    let new = !path.exists();
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
-    if new {
-        writeln!(f, "{header}")?;
-    }
-    f.write_all(rows.as_bytes()).with_context(|| format!("appending to {}", path.display()))
+    let result = (|| -> std::io::Result<()> {
+        if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(d)?;
+        }
+        let new = !path.exists();
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+        if new {
+            writeln!(f, "{header}")?;
+        }
+        f.write_all(rows.as_bytes())
+    })();
+    result.with_context(|| format!("appending to the CSV {}", path.display()))
 }
 
 /// `--set` overrides selecting a topology written `kind` or `kind+key=value+…`.
@@ -659,7 +662,7 @@ fn depth_sweep(
     out: &Path,
 ) -> Result<()> {
     use crate::plot::{loglog_chart, topology_color, LineChart, Series};
-    std::fs::create_dir_all(out)?;
+    std::fs::create_dir_all(out).with_context(|| format!("creating the output directory {}", out.display()))?;
     let mut rows = Vec::new();
     for t in topologies {
         let kind = t.split('+').next().unwrap_or_default();

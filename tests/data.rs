@@ -116,18 +116,20 @@ fn record(label: u8, r: u8, g: u8, b: u8) -> Vec<u8> {
 
 const TRAIN_LABELS: [u8; 5] = [3, 1, 4, 1, 5];
 
-/// A `cifar-10-batches-bin/` with one record per training file (labels [`TRAIN_LABELS`], red
-/// value `10 + file`) and two test records.
+/// A complete `cifar-10-batches-bin/` (10,000 records per file, as the official one): every
+/// record of training file `f` has label `TRAIN_LABELS[f]` and red value `10 + f`; the test
+/// records alternate two distinct records.
 fn write_binary(root: &Path) -> PathBuf {
     let dir = root.join("cifar10").join("cifar-10-batches-bin");
     std::fs::create_dir_all(&dir).unwrap();
     for (i, &label) in TRAIN_LABELS.iter().enumerate() {
         let r = 10 + i as u8;
-        std::fs::write(dir.join(format!("data_batch_{}.bin", i + 1)), record(label, r, 100 + r, 200 + r)).unwrap();
+        let file = record(label, r, 100 + r, 200 + r).repeat(cifar::RECORDS_PER_FILE);
+        std::fs::write(dir.join(format!("data_batch_{}.bin", i + 1)), file).unwrap();
     }
-    let mut test = record(9, 50, 60, 70);
-    test.extend(record(0, 80, 90, 250));
-    std::fs::write(dir.join("test_batch.bin"), test).unwrap();
+    let mut pair = record(9, 50, 60, 70);
+    pair.extend(record(0, 80, 90, 250));
+    std::fs::write(dir.join("test_batch.bin"), pair.repeat(cifar::RECORDS_PER_FILE / 2)).unwrap();
     dir
 }
 
@@ -140,7 +142,7 @@ fn cifar_binary_records_give_labels_pixels_and_channel_order() {
     assert_eq!(spec.info().output_dim, 10);
     assert_eq!(spec.info().task, Task::Classification);
     let src = load(spec.as_ref());
-    assert_eq!(src.batches_per_epoch(), 1);
+    assert_eq!(src.batches_per_epoch(), 10_000, "50,000 records in batches of 5");
     let b = src.train_batch(0);
     assert_eq!(b.input.size(), vec![5, 3, 32, 32]);
     assert_eq!(b.input.kind(), Kind::Float);
@@ -158,12 +160,20 @@ fn cifar_binary_records_give_labels_pixels_and_channel_order() {
         assert_eq!((px[3071] * 255.0).round() as u8, 200 + r);
         seen.push((label, r));
     }
+    // Every file contributes (the epoch is a permutation of all five).
+    for i in 1..200 {
+        let b = src.train_batch(i);
+        for (label, px) in longs(&b.target).into_iter().zip(floats(&b.input).chunks(3072)) {
+            seen.push((label, (px[0] * 255.0).round() as u8));
+        }
+    }
     seen.sort();
+    seen.dedup();
     assert_eq!(seen, vec![(1, 11), (1, 13), (3, 10), (4, 12), (5, 14)]);
     // The test split is evaluated in file order.
     let ev = src.eval_batches();
-    assert_eq!(ev.len(), 1);
-    assert_eq!(longs(&ev[0].target), vec![9, 0]);
+    assert_eq!(ev.len(), 2_000);
+    assert_eq!(longs(&ev[0].target), vec![9, 0, 9, 0, 9]);
     let px = floats(&ev[0].input);
     assert_eq!([px[0], px[1024], px[2048]].map(|v| (v * 255.0).round() as u8), [50, 60, 70]);
     assert_eq!([px[3072], px[3072 + 1024], px[3072 + 2048]].map(|v| (v * 255.0).round() as u8), [80, 90, 250]);
@@ -176,13 +186,15 @@ fn cifar_binary_records_give_labels_pixels_and_channel_order() {
         assert!((px[c * 1024] - want).abs() < 1e-5, "channel {c}: {} vs {want}", px[c * 1024]);
     }
 
-    // A class subset remaps labels in the order given: [cat, automobile] keeps 3 of 5 records.
+    // A class subset remaps labels in the order given: [cat, automobile] keeps 3 of 5 files.
     let spec = cifar::spec_at(tmp.path(), &yaml("{classes: [cat, 1], batch_size: 64}")).unwrap();
     assert_eq!(spec.info().output_dim, 2);
-    let b = load(spec.as_ref()).train_batch(0);
-    let mut labels = longs(&b.target);
+    let src = load(spec.as_ref());
+    assert_eq!(src.batches_per_epoch(), 30_000 / 64);
+    let mut labels = longs(&src.train_batch(0).target);
     labels.sort();
-    assert_eq!(labels, vec![0, 1, 1]);
+    labels.dedup();
+    assert_eq!(labels, vec![0, 1]);
 }
 
 #[test]
@@ -198,7 +210,7 @@ fn cifar_binary_truncated_file_and_bad_label_name_file_and_offset() {
     let e = load_err(spec.as_ref());
     assert!(e.contains("data_batch_3.bin") && e.contains("offset 6146") && e.contains("truncated"), "{e}");
 
-    bytes.truncate(2 * 3073);
+    let mut bytes = record(2, 1, 2, 3).repeat(cifar::RECORDS_PER_FILE);
     bytes[3073] = 10;
     std::fs::write(dir.join("data_batch_3.bin"), &bytes).unwrap();
     let e = load_err(spec.as_ref());
@@ -207,6 +219,27 @@ fn cifar_binary_truncated_file_and_bad_label_name_file_and_offset() {
     std::fs::remove_file(dir.join("data_batch_3.bin")).unwrap();
     let e = load_err(spec.as_ref());
     assert!(e.contains("data_batch_3.bin"), "{e}");
+}
+
+/// Every expected file must be present and complete: an empty training batch would silently
+/// train on 4/5 of the data, an empty test batch would silently skip evaluation.
+#[test]
+fn cifar_binary_empty_or_short_files_are_errors_not_smaller_splits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = write_binary(tmp.path());
+    let spec = cifar::spec_at(tmp.path(), &yaml("{}")).unwrap();
+    let full = std::fs::read(dir.join("data_batch_3.bin")).unwrap();
+    std::fs::write(dir.join("data_batch_3.bin"), b"").unwrap();
+    let e = load_err(spec.as_ref());
+    assert!(e.contains("data_batch_3.bin") && e.contains("0 bytes") && e.contains("10000 records"), "{e}");
+    // A whole number of records but fewer than the official 10,000.
+    std::fs::write(dir.join("data_batch_3.bin"), &full[..9_999 * 3073]).unwrap();
+    let e = load_err(spec.as_ref());
+    assert!(e.contains("data_batch_3.bin") && e.contains("9999 records") && e.contains("offset 30726927"), "{e}");
+    std::fs::write(dir.join("data_batch_3.bin"), &full).unwrap();
+    std::fs::write(dir.join("test_batch.bin"), b"").unwrap();
+    let e = load_err(spec.as_ref());
+    assert!(e.contains("test_batch.bin") && e.contains("incomplete"), "{e}");
 }
 
 #[test]
@@ -276,7 +309,7 @@ fn cifar_folder_layout_decodes_in_class_order_and_caches() {
     std::fs::write(dir.join("train/cat/notes.txt"), "not an image").unwrap();
     let spec = cifar::spec_at(tmp.path(), &yaml("{normalize: false, batch_size: 20}")).unwrap();
     let src = load(spec.as_ref());
-    assert_eq!(src.batches_per_epoch(), 1);
+    assert_eq!(src.batches_per_epoch(), 10_000, "50,000 records in batches of 5");
     let b = src.train_batch(0);
     assert_eq!(b.input.size(), vec![20, 3, 32, 32]);
     for (i, label) in longs(&b.target).into_iter().enumerate() {
@@ -678,4 +711,40 @@ fn image_folder_errors_name_what_is_missing_or_broken() {
     assert!(e.contains("val/n002/img_1.JPEG") && e.contains("cannot decode"), "{e}");
     let m = yaml("{dir: ../up, classes: 3}");
     assert_eq!(data::parse("imagefolder", &m).unwrap_err().key, "dir");
+}
+
+/// A gzip file of several members (`cat a.gz b.gz`, pigz, bgzip) is valid (`gzip -t` passes) and
+/// decompresses to the concatenation; a header that says 0 images is an error naming the file,
+/// not a panic when batches are drawn.
+#[test]
+fn idx_multi_member_gzip_loads_and_an_empty_split_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("fashion-mnist");
+    std::fs::create_dir_all(&dir).unwrap();
+    let n = 12u32;
+    let mut images = idx_header(2051, &[n, 28, 28]);
+    images.extend((0..n as usize * 784).map(|i| (i % 251) as u8));
+    let mut labels = idx_header(2049, &[n]);
+    labels.extend((0..n as u8).map(|i| i % 10));
+    for prefix in ["train", "t10k"] {
+        // Two members: the header and the first half, then the rest.
+        let mut two = gzip(&images[..16 + 6 * 784]);
+        two.extend(gzip(&images[16 + 6 * 784..]));
+        std::fs::write(dir.join(format!("{prefix}-images-idx3-ubyte.gz")), &two).unwrap();
+        let mut two = gzip(&labels[..8]);
+        two.extend(gzip(&labels[8..]));
+        std::fs::write(dir.join(format!("{prefix}-labels-idx1-ubyte.gz")), &two).unwrap();
+    }
+    let read = idx::read_idx_file(&dir.join("train-images-idx3-ubyte.gz")).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(read, images);
+    let spec = idx::spec_at(tmp.path(), &yaml("{batch_size: 4, normalize: false}")).unwrap();
+    let src = load(spec.as_ref());
+    assert_eq!(src.batches_per_epoch(), 3);
+    assert_eq!(longs(&src.eval_batches()[2].target), vec![8, 9, 0, 1]);
+
+    // count 0 in both files of the test split: consistent, but nothing to evaluate on.
+    std::fs::write(dir.join("t10k-images-idx3-ubyte.gz"), gzip(&idx_header(2051, &[0, 28, 28]))).unwrap();
+    std::fs::write(dir.join("t10k-labels-idx1-ubyte.gz"), gzip(&idx_header(2049, &[0]))).unwrap();
+    let e = load_err(spec.as_ref());
+    assert!(e.contains("t10k-images-idx3-ubyte.gz") && e.contains("0 images"), "{e}");
 }

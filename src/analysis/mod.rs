@@ -155,10 +155,31 @@ pub fn pearson(x: &[f64], y: &[f64]) -> f64 {
     cov / (vx * vy).sqrt()
 }
 
-/// Reads a matrix CSV written by `run_dir::matrix_csv` (header row and index column dropped).
+impl AnalyzeOptions {
+    /// Noise levels are finite, σ ≥ 0, probabilities in [0, 1], at least one of each and one repeat.
+    pub fn validate(&self) -> Result<()> {
+        anyhow::ensure!(self.repeats >= 1, "--repeats {}: at least 1 repeat per noise level", self.repeats);
+        anyhow::ensure!(
+            !self.sigmas.is_empty() && !self.char_probs.is_empty(),
+            "--sigmas and --probs need at least one level"
+        );
+        if let Some(s) = self.sigmas.iter().find(|s| !(s.is_finite() && **s >= 0.0)) {
+            anyhow::bail!("--sigmas: `{s}` is not a noise standard deviation: each must be a finite number ≥ 0");
+        }
+        if let Some(p) = self.char_probs.iter().find(|p| !(0.0..=1.0).contains(*p)) {
+            anyhow::bail!("--probs: `{p}` is not a probability: each must be in [0, 1]");
+        }
+        Ok(())
+    }
+}
+
+/// Reads a matrix CSV written by `run_dir::matrix_csv` (header row and index column dropped):
+/// at least one row, every row as long as the header says.
 pub fn read_matrix(path: &Path) -> Result<Vec<Vec<f64>>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    text.lines()
+    let cols = text.lines().next().map_or(0, |h| h.split(',').count().saturating_sub(1));
+    let rows: Vec<Vec<f64>> = text
+        .lines()
         .skip(1)
         .map(|l| {
             l.split(',')
@@ -166,7 +187,33 @@ pub fn read_matrix(path: &Path) -> Result<Vec<Vec<f64>>> {
                 .map(|c| c.parse::<f64>().with_context(|| format!("{}: bad number `{c}`", path.display())))
                 .collect()
         })
-        .collect()
+        .collect::<Result<_>>()?;
+    if rows.is_empty() || cols == 0 {
+        anyhow::bail!("{}: no matrix (a header row `node,0,1,…` and at least one row are expected)", path.display());
+    }
+    if let Some(i) = rows.iter().position(|r| r.len() != cols) {
+        anyhow::bail!(
+            "{}: row {} has {} values but the header names {cols} columns (a truncated file?)",
+            path.display(),
+            i + 2,
+            rows[i].len()
+        );
+    }
+    Ok(rows)
+}
+
+/// A square matrix of at least 2×2 (C, or ANCRe's p), as [`read_matrix`].
+pub fn read_square_matrix(path: &Path) -> Result<Vec<Vec<f64>>> {
+    let m = read_matrix(path)?;
+    if m.len() < 2 || m.len() != m[0].len() {
+        anyhow::bail!(
+            "{}: a connectivity matrix is square with at least 2 nodes, this one is {}×{} (a truncated file?)",
+            path.display(),
+            m.len(),
+            m[0].len()
+        );
+    }
+    Ok(m)
 }
 
 /// The saved connectivity matrices of a run, by step.
@@ -232,6 +279,7 @@ impl Default for AnalyzeOptions {
 /// Runs every analysis on one run and writes `layerwise.csv`, `pruning.csv`, `noise.csv`,
 /// `gamma.csv`, `delta.csv` (when the topology has residual weights) and `analysis.json`.
 pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<AnalysisSummary> {
+    opts.validate()?;
     let run = Run::load_on(path, opts.device)?;
     let d = &run.dir;
     let exits = layerwise(&run);

@@ -290,7 +290,11 @@ pub fn load_binary_dir(dir: &Path) -> anyhow::Result<(RawSplit, RawSplit)> {
     Ok((train, read_binary_file(&dir.join(TEST_FILE))?))
 }
 
-/// Reads one file of the official binary format (see the module docs).
+/// Records in each file of the official binary format (5 training batches and the test batch).
+pub const RECORDS_PER_FILE: usize = 10_000;
+
+/// Reads one file of the official binary format (see the module docs): exactly
+/// [`RECORDS_PER_FILE`] records, so that an empty or cut file is an error, not a short epoch.
 pub fn read_binary_file(path: &Path) -> anyhow::Result<RawSplit> {
     let bytes = std::fs::read(path).map_err(|e| {
         anyhow!(
@@ -298,7 +302,19 @@ pub fn read_binary_file(path: &Path) -> anyhow::Result<RawSplit> {
             path.display()
         )
     })?;
-    parse_binary(&bytes, path)
+    let split = parse_binary(&bytes, path)?;
+    let expected = RECORDS_PER_FILE * RECORD_BYTES;
+    if bytes.len() != expected {
+        bail!(
+            "{}: incomplete CIFAR-10 batch: {} bytes ({} records), but every official batch file holds \
+             {RECORDS_PER_FILE} records of {RECORD_BYTES} bytes ({expected} bytes){}; re-extract {DOWNLOAD_URL}",
+            path.display(),
+            bytes.len(),
+            split.len(),
+            if bytes.len() < expected { format!(", truncated at byte offset {}", bytes.len()) } else { String::new() }
+        );
+    }
+    Ok(split)
 }
 
 /// Parses the bytes of one binary batch; `path` names it in errors.

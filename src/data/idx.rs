@@ -198,6 +198,12 @@ pub fn load_split(dir: &Path, prefix: &str, dataset: &str) -> anyhow::Result<Idx
     let pixels = parse_images(&read_idx_file(&images)?, &images)?;
     let labels_v = parse_labels(&read_idx_file(&labels)?, &labels)?;
     let n = pixels.len() / (SIDE * SIDE);
+    if n == 0 {
+        bail!(
+            "{}: the header says 0 images (count at byte offset 4); the {prefix} split of {dataset} needs at least one",
+            where_(&images)
+        );
+    }
     if n != labels_v.len() {
         bail!(
             "{} has {n} images but {} has {} labels: the two files of a split must agree",
@@ -231,7 +237,8 @@ pub fn read_idx_file(path: &Path) -> anyhow::Result<Vec<u8>> {
     let raw = std::fs::read(path).map_err(|e| anyhow!("cannot read {}: {e}", path.display()))?;
     if path.extension().is_some_and(|e| e == "gz") {
         let mut out = Vec::with_capacity(raw.len() * 4);
-        if let Err(e) = flate2::read::GzDecoder::new(raw.as_slice()).read_to_end(&mut out) {
+        // Multi-member: `cat a.gz b.gz` (or pigz/bgzip output) is a valid gzip file of several members.
+        if let Err(e) = flate2::read::MultiGzDecoder::new(raw.as_slice()).read_to_end(&mut out) {
             bail!("{}: corrupt or truncated gzip data at decompressed byte offset {}: {e}", path.display(), out.len());
         }
         Ok(out)

@@ -18,15 +18,19 @@
 //!
 //! Evaluation holds its images in memory as float tensors, so it is capped (`eval_samples`,
 //! default 1000: 0.6 GB at 224²): a seeded sample of the evaluation split, decoded at load. A file
-//! that cannot be decoded is an error naming it (at load for evaluation images; for training
-//! images when their batch is prepared, which stops the run); the listing is checked at load (a
-//! class with no image, a class missing from the evaluation split).
+//! that cannot be read or decoded is an error naming it (at load for evaluation images; for
+//! training images when their batch is prepared, which stops the process with exit code 1 — the
+//! batch is prepared ahead, on the data thread); with `skip_bad: true` an undecodable training
+//! image is skipped instead (replaced by the next image of the epoch's permutation that decodes,
+//! so batches stay a pure function of `(seed, index)`), and each one skipped is reported once with
+//! the running count. The listing is checked at load (a class with no image, a class missing from
+//! the evaluation split).
 //!
 //! Options: `root`, `dir` (required: the dataset's folder under the root), `train_split` (default
 //! `train`), `eval_split` (default `val`), `classes` (required), `image_size` (default 224),
 //! `normalize`, `augment` (`random_resized_crop` | `none`, default `random_resized_crop`),
 //! `batch_size` (default 64), `train_samples` (optional cap), `eval_samples`, `workers` (default:
-//! the machine's cores), `seed`.
+//! the machine's cores), `skip_bad` (default false), `seed`.
 
 use super::files::{capped_indices, rng_for, Root};
 use super::{Batch, DataEntry, DataInfo, DataSource, DataSpec, InputTransform, Task};
@@ -78,6 +82,10 @@ struct Options {
     #[serde(default = "e1000")]
     eval_samples: usize,
     workers: Option<usize>,
+    /// Skip training images that cannot be read or decoded (reported with a count) instead of
+    /// stopping the run.
+    #[serde(default)]
+    skip_bad: bool,
     #[serde(default)]
     seed: u64,
 }
@@ -184,7 +192,8 @@ impl DataSpec for Spec {
             );
         }
         let workers = self.o.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-        let mut source = FolderSource { train, eval: Vec::new(), o: self.o.clone(), workers };
+        let mut source =
+            FolderSource { train, eval: Vec::new(), o: self.o.clone(), workers, skipped: Default::default() };
         // Decoded once, here, so that an unreadable evaluation image is an error of the load.
         source.eval = eval
             .chunks(self.o.batch_size)
@@ -295,6 +304,18 @@ struct FolderSource {
     eval: Vec<Batch>,
     o: Options,
     workers: usize,
+    /// Training images found undecodable so far (`skip_bad`).
+    skipped: std::sync::Mutex<std::collections::HashSet<PathBuf>>,
+}
+
+/// The image a decoding error is about (attached as context, for `skip_bad`).
+#[derive(Debug)]
+struct BadImage(PathBuf);
+
+impl std::fmt::Display for BadImage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "training image {}", self.0.display())
+    }
 }
 
 impl FolderSource {
@@ -315,7 +336,7 @@ impl FolderSource {
                     scope.spawn(move || -> anyhow::Result<()> {
                         for (k, (f, o)) in fs.iter().zip(out.chunks_exact_mut(per_image)).enumerate() {
                             let mut rng = augment_tag.map(|t| rng_for(seed, &[0x1F0, t, (c * chunk + k) as u64]));
-                            load_image(&f.0, s, rng.as_mut(), o)?;
+                            load_image(&f.0, s, rng.as_mut(), o).map_err(|e| e.context(BadImage(f.0.clone())))?;
                         }
                         Ok(())
                     })
@@ -337,10 +358,54 @@ impl DataSource for FolderSource {
         let (epoch, b) = (index / per_epoch, (index % per_epoch) as usize);
         let perm = super::synthetic::epoch_permutation(self.train.len(), self.o.seed, epoch);
         let bs = self.o.batch_size;
-        let files: Vec<&(PathBuf, i64)> = perm[b * bs..(b + 1) * bs].iter().map(|&i| &self.train[i as usize]).collect();
+        let mut files: Vec<&(PathBuf, i64)> =
+            perm[b * bs..(b + 1) * bs].iter().map(|&i| &self.train[i as usize]).collect();
         let tag = (self.o.augment == Augment::RandomResizedCrop).then_some(index);
-        // The trainer has no way to recover from an unreadable image mid-run: stop, naming it.
-        self.decode(&files, tag).unwrap_or_else(|e| panic!("imagefolder training batch {index}: {e:#}"))
+        // Replacements for skipped images: the images after this batch in the epoch's order.
+        let mut next = (b + 1) * bs;
+        loop {
+            let e = match self.decode(&files, tag) {
+                Ok(batch) => return batch,
+                Err(e) => e,
+            };
+            let bad = e.downcast_ref::<BadImage>().map(|b| b.0.clone());
+            let Some(bad) = bad.filter(|_| self.o.skip_bad) else {
+                // The trainer cannot recover from an unreadable image mid-run (batches come from
+                // this data thread, which has no error channel): stop, naming the file.
+                eprintln!(
+                    "error: imagefolder training batch {index}: {e:#}\n(set `data.skip_bad: true` to skip \
+                     training images that cannot be decoded)"
+                );
+                std::process::exit(1);
+            };
+            let count = {
+                let mut skipped = self.skipped.lock().unwrap_or_else(|p| p.into_inner());
+                if skipped.insert(bad.clone()) {
+                    eprintln!("imagefolder: skipping an undecodable training image ({} so far): {e:#}", skipped.len());
+                }
+                skipped.len()
+            };
+            if count >= self.train.len() {
+                eprintln!("error: imagefolder: none of the {} training images can be decoded", self.train.len());
+                std::process::exit(1);
+            }
+            let slot = files.iter().position(|f| f.0 == bad).expect("the bad image is in the batch");
+            for tried in 0.. {
+                if tried > perm.len() {
+                    eprintln!(
+                        "error: imagefolder: fewer decodable training images than one batch of {bs} ({count} skipped)"
+                    );
+                    std::process::exit(1);
+                }
+                let candidate = &self.train[perm[next % perm.len()] as usize];
+                next += 1;
+                let known_bad = self.skipped.lock().unwrap_or_else(|p| p.into_inner()).contains(&candidate.0);
+                if !known_bad && !files.iter().any(|f| f.0 == candidate.0) {
+                    files[slot] = candidate;
+                    break;
+                }
+            }
+        }
     }
     fn batches_per_epoch(&self) -> u64 {
         (self.train.len() / self.o.batch_size).max(1) as u64

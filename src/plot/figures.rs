@@ -4,7 +4,7 @@
 //! Colours are fixed per topology ([`super::topology_color`]) so figures can be compared.
 
 use super::{heatmaps, line_chart, topology_color, Heatmap, LineChart, Series};
-use crate::analysis::{self, read_matrix};
+use crate::analysis;
 use crate::experiment::Experiment;
 use crate::run_dir::RunDir;
 use anyhow::{bail, Context, Result};
@@ -233,7 +233,7 @@ pub fn connectivity(runs: &[PlotRun], step: Option<u64>, out: &Path) -> Result<V
         }) else {
             continue;
         };
-        let c = read_matrix(&path)?;
+        let c = analysis::read_square_matrix(&path)?;
         files.extend(heatmaps(
             &[c_panel(&c, format!("step {s}"))],
             &format!("Direct layer connectivity C — {}", r.label),
@@ -241,7 +241,7 @@ pub fn connectivity(runs: &[PlotRun], step: Option<u64>, out: &Path) -> Result<V
         )?);
         let p_file = r.dir.join("params").join(format!("p_step_{s}.csv"));
         if p_file.exists() {
-            let p = read_matrix(&p_file)?;
+            let p = analysis::read_square_matrix(&p_file)?;
             let n = p.len();
             let labels = node_labels(n + 1);
             let mut values = vec![vec![f64::NAN; n - 1]; n - 1];
@@ -295,7 +295,9 @@ pub fn connectivity_grid(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
         }
         let panels: Vec<Heatmap> = picked
             .iter()
-            .map(|(s, p)| Ok(c_panel(&read_matrix(p)?, format!("step {s} ({:.0}%)", 100.0 * *s as f64 / last))))
+            .map(|(s, p)| {
+                Ok(c_panel(&analysis::read_square_matrix(p)?, format!("step {s} ({:.0}%)", 100.0 * *s as f64 / last)))
+            })
             .collect::<Result<_>>()?;
         files.extend(heatmaps(
             &panels,

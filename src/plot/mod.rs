@@ -85,7 +85,7 @@ macro_rules! render_png_and_svg {
         register_fonts();
         let out_base: &Path = $out_base;
         if let Some(dir) = out_base.parent() {
-            std::fs::create_dir_all(dir)?;
+            std::fs::create_dir_all(dir).map_err(|e| anyhow!("creating the figure directory {}: {e}", dir.display()))?;
         }
         let (png, svg) = (out_base.with_extension("png"), out_base.with_extension("svg"));
         {

@@ -1,0 +1,298 @@
+//! Every CLI verb on a corpus of broken inputs (generated here, in a temporary directory): each
+//! must end in a clear error or success, never a panic (exit code 101, "panicked" on stderr) or a
+//! crash by signal.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A tiny valid config (LNN, a few steps).
+const TINY: &str = "name: tiny\ndevice: cpu\nmodel: {kind: lnn, depth: 3}\ntopology: {kind: hacn}\n\
+data: {kind: whitened_regression, dim: 8, samples: 16, rank: 4}\ntrain: {lr: 0.05, steps: 4}\n\
+log: {every: 1, connectivity_every: 2, checkpoint_every: 2}\n";
+
+/// A tiny image config on the data root (set with PLEXUS_DATA).
+fn data_config(data: &str) -> String {
+    format!(
+        "name: d\ndevice: cpu\nmodel: {{kind: mlp, width: 8, depth: 2}}\ntopology: {{kind: residual}}\n\
+         data: {data}\ntrain: {{lr: 0.01, steps: 2}}\nlog: {{every: 1}}\n"
+    )
+}
+
+struct Case {
+    args: Vec<String>,
+    data_root: Option<PathBuf>,
+}
+
+fn case(args: &[&str]) -> Case {
+    Case { args: args.iter().map(|s| s.to_string()).collect(), data_root: None }
+}
+
+fn write(p: &Path, bytes: impl AsRef<[u8]>) -> PathBuf {
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, bytes).unwrap();
+    p.to_path_buf()
+}
+
+fn s(p: &Path) -> String {
+    p.to_str().unwrap().to_string()
+}
+
+/// Broken configs: syntax, structure, types, values, encodings, sizes.
+fn broken_configs(dir: &Path) -> Vec<PathBuf> {
+    let mut v = vec![
+        write(&dir.join("empty.yaml"), ""),
+        write(&dir.join("binary.yaml"), [0xff, 0xfe, 0x00, 0x01, 0x80, 0x90]),
+        write(&dir.join("list.yaml"), "- 1\n- 2\n"),
+        write(&dir.join("scalar.yaml"), "42\n"),
+        write(&dir.join("two-docs.yaml"), format!("{TINY}---\n{TINY}")),
+        write(&dir.join("deep.yaml"), format!("name: {}{}", "[".repeat(50_000), "]".repeat(50_000))),
+        write(&dir.join("tag.yaml"), TINY.replace("lr: 0.05", "lr: !big 0.05")),
+        write(&dir.join("unclosed.yaml"), TINY.replace("depth: 3}", "depth: 3")),
+        write(&dir.join("tabs.yaml"), TINY.replace("name: tiny", "name:\ttiny\n\tseed: 1")),
+    ];
+    for (from, to) in [
+        ("steps: 4", "steps: 18446744073709551616"),
+        ("steps: 4", "steps: -1"),
+        ("steps: 4", "steps: 1e400"),
+        ("lr: 0.05", "lr: .nan"),
+        ("lr: 0.05", "lr: .inf"),
+        ("depth: 3", "depth: 0"),
+        ("depth: 3", "depth: 99999999999"),
+        ("dim: 8", "dim: 0"),
+        ("samples: 16", "samples: 0"),
+        ("rank: 4", "rank: 100"),
+        ("every: 1", "every: 0"),
+        ("kind: hacn", "kind: [hacn]"),
+        ("kind: hacn", "kind: hacn, init: {kind: normal, mu: .nan}"),
+        ("kind: hacn", "kind: hyper, n: 0"),
+        ("kind: hacn", "kind: attnres, blocks: 99"),
+        ("kind: hacn", "kind: ancre, tau: 0"),
+        ("kind: lnn, depth: 3", "kind: mixer, depth: 2"),
+        ("kind: lnn, depth: 3", "kind: gpt, depth: 2, width: 3"),
+        ("device: cpu", "device: cuda:99"),
+        ("device: cpu", "device: tpu"),
+        ("name: tiny", "name: ../../etc"),
+        ("name: tiny", "name: ''"),
+    ] {
+        let name = format!("value-{}.yaml", v.len());
+        v.push(write(&dir.join(name), TINY.replace(from, to)));
+    }
+    v
+}
+
+/// A data root with broken files for every file-backed dataset, and configs that read them.
+fn broken_data(root: &Path, cfgs: &Path) -> Vec<PathBuf> {
+    // Fashion-MNIST: header count 0, and a truncated gzip.
+    let fm = root.join("fashion-mnist");
+    for p in ["train", "t10k"] {
+        let mut img = 2051u32.to_be_bytes().to_vec();
+        img.extend([0u32, 28, 28].iter().flat_map(|d| d.to_be_bytes()));
+        write(&fm.join(format!("{p}-images-idx3-ubyte")), &img);
+        let mut lab = 2049u32.to_be_bytes().to_vec();
+        lab.extend(0u32.to_be_bytes());
+        write(&fm.join(format!("{p}-labels-idx1-ubyte")), &lab);
+    }
+    write(&root.join("gz/train-images-idx3-ubyte.gz"), [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3, 1, 2]);
+    // CIFAR-10 binary: zero-byte batches.
+    let cb = root.join("cifar10/cifar-10-batches-bin");
+    for f in ["data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin", "data_batch_4.bin", "data_batch_5.bin"] {
+        write(&cb.join(f), b"");
+    }
+    write(&cb.join("test_batch.bin"), vec![0u8; 3073]);
+    // An image folder whose images are not images.
+    for split in ["train", "val"] {
+        for class in ["a", "b"] {
+            for k in 0..3 {
+                write(&root.join(format!("folder/{split}/{class}/{k}.png")), b"not a png");
+            }
+        }
+    }
+    // Text: empty, and invalid UTF-8.
+    write(&root.join("text/empty.txt"), b"");
+    write(&root.join("text/latin1.txt"), [0xe9u8, 0xe8, 0x20, 0xff].repeat(100));
+    [
+        ("mnist-zero", "{kind: mnist}"),
+        ("mnist-gz", "{kind: mnist, dataset: gz}"),
+        ("mnist-missing", "{kind: mnist, dataset: nothing-here}"),
+        ("cifar-empty", "{kind: cifar10}"),
+        ("folder-bad", "{kind: imagefolder, dir: folder, classes: 2, image_size: 8, batch_size: 2, eval_samples: 2}"),
+        ("folder-missing", "{kind: imagefolder, dir: nope, classes: 2}"),
+        ("text-empty", "{kind: text, file: text/empty.txt}"),
+        ("text-latin1", "{kind: text, file: text/latin1.txt}"),
+    ]
+    .into_iter()
+    .map(|(name, data)| {
+        let c = data_config(data);
+        let c = if data.contains("text") {
+            c.replace("{kind: mlp, width: 8, depth: 2}", "{kind: gpt, width: 8, depth: 1, heads: 2}")
+        } else {
+            c
+        };
+        write(&cfgs.join(format!("{name}.yaml")), c)
+    })
+    .collect()
+}
+
+/// Damaged copies of a trained run: each file of a run directory truncated, emptied or garbled.
+fn broken_runs(good: &Path, dir: &Path) -> Vec<PathBuf> {
+    let copy = |name: &str| {
+        let to = dir.join(name);
+        std::fs::create_dir_all(dir).unwrap();
+        let o = Command::new("cp").args(["-r", &s(good), &s(&to)]).output().unwrap();
+        assert!(o.status.success());
+        to
+    };
+    let mut runs = Vec::new();
+    let damage: Vec<(&str, &str, &[u8])> = vec![
+        ("c-empty", "connectivity/step_4.csv", b""),
+        ("c-header", "connectivity/step_4.csv", b"node,0,1,2\n"),
+        ("c-ragged", "connectivity/step_4.csv", b"node,0,1,2,3,4\n0,0,1\n1,0\n"),
+        ("c-nan", "connectivity/step_4.csv", b"node,0,1\n0,x,1\n1,0,0\n"),
+        ("c-one", "connectivity/step_4.csv", b"node,0\n0,1\n"),
+        ("metrics-empty", "metrics.csv", b""),
+        ("metrics-garbage", "metrics.csv", b"step,loss\n1,abc\n,\n"),
+        ("metrics-header", "metrics.csv", b"step,epoch,loss,lr,grad_norm,gamma\n"),
+        ("eval-garbage", "eval.csv", b"step,loss\nx,y\n"),
+        ("config-garbage", "config.yaml", b"\x00\x01\x02"),
+        ("config-other-width", "config.yaml", b"name: tiny\ndevice: cpu\nmodel: {kind: lnn, depth: 3}\ntopology: {kind: hacn}\ndata: {kind: whitened_regression, dim: 12, samples: 16, rank: 4}\n"),
+        ("final-empty", "checkpoints/final.safetensors", b""),
+        ("final-garbage", "checkpoints/final.safetensors", b"\xff\xff\xff\xff\xff\xff\xff\x7f{}"),
+        ("marker-garbage", "checkpoints/step_4.json", b"{not json"),
+        ("ckpt-truncated", "checkpoints/step_4.safetensors", b"\x08\x00\x00\x00\x00\x00\x00\x00{}"),
+        ("params-garbage", "params/a_step_4.csv", b"node,0\n0,zz\n"),
+        ("summary-garbage", "summary.json", b"[1,2"),
+    ];
+    for (name, file, bytes) in damage {
+        let r = copy(name);
+        write(&r.join(file), bytes);
+        runs.push(r);
+    }
+    let r = copy("no-connectivity");
+    std::fs::remove_dir_all(r.join("connectivity")).unwrap();
+    runs.push(r);
+    let r = copy("no-checkpoints");
+    std::fs::remove_dir_all(r.join("checkpoints")).unwrap();
+    runs.push(r);
+    runs
+}
+
+fn run_case(c: &Case, cwd: &Path) -> Option<String> {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_plexus"));
+    cmd.args(&c.args).current_dir(cwd);
+    if let Some(root) = &c.data_root {
+        cmd.env("PLEXUS_DATA", root);
+    }
+    let o = cmd.output().expect("run plexus");
+    let err = String::from_utf8_lossy(&o.stderr);
+    let bad = o.status.code() == Some(101) || o.status.code().is_none() || err.contains("panicked");
+    bad.then(|| {
+        format!(
+            "plexus {}\n  → {:?}\n{}",
+            c.args.join(" "),
+            o.status,
+            err.lines().take(6).collect::<Vec<_>>().join("\n")
+        )
+    })
+}
+
+#[test]
+fn no_verb_panics_on_broken_inputs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let tiny = write(&t.join("tiny.yaml"), TINY);
+    let good = t.join("good");
+    let o = plexus(&["train", &s(&tiny), "--out", &s(&good)], t);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let o = plexus(&["analyze", &s(&good), "--repeats", "1"], t);
+    assert!(o.status.success(), "{:?}", text(&o));
+
+    let mut cases = vec![case(&["doctor"]), case(&["list"])];
+    // Every broken config through `train`; through `bench` and `connectivity` (which load
+    // configs the same way) every third one.
+    for (i, cfg) in broken_configs(&t.join("configs")).into_iter().enumerate() {
+        let c = s(&cfg);
+        let out = s(&t.join("out").join(cfg.file_stem().unwrap()));
+        cases.push(case(&["train", &c, "--out", &out]));
+        if i % 3 == 0 {
+            cases.push(case(&["bench", &c, "--steps", "1", "--warmup", "0"]));
+            cases.push(case(&["connectivity", &c]));
+        }
+    }
+    let data_root = t.join("data");
+    for cfg in broken_data(&data_root, &t.join("data-configs")) {
+        let c = s(&cfg);
+        let out = s(&t.join("out").join(cfg.file_stem().unwrap()));
+        for args in [
+            vec!["train", &c, "--out", &out],
+            vec!["bench", &c, "--steps", "1", "--warmup", "0"],
+            vec!["connectivity", &c],
+        ] {
+            let mut k = case(&args);
+            k.data_root = Some(data_root.clone());
+            cases.push(k);
+        }
+    }
+    for run in broken_runs(&good, &t.join("runs")) {
+        let r = s(&run);
+        cases.push(case(&["plot", &r]));
+        cases.push(case(&["plot", &r, "--step", "2"]));
+        cases.push(case(&["analyze", &r, "--repeats", "1", "--sigmas", "0,1", "--probs", "0"]));
+        cases.push(case(&["connectivity", &r]));
+        cases.push(case(&["train", "--resume", &r, "--set", "train.steps=6"]));
+    }
+    let g = s(&good);
+    let tiny_s = s(&tiny);
+    for args in [
+        vec!["analyze", &g, "--sigmas", "nan"],
+        vec!["analyze", &g, "--sigmas", "inf"],
+        vec!["analyze", &g, "--sigmas", "-1"],
+        vec!["analyze", &g, "--probs", "2"],
+        vec!["analyze", &g, "--repeats", "0"],
+        vec!["analyze", &g, "--correlate"],
+        vec!["analyze", "nonexistent"],
+        vec!["plot", &g, "--step", "999"],
+        vec!["plot", "nonexistent"],
+        vec!["plot", &g, "--out", "/dev/null/x"],
+        vec!["bench", &tiny_s, "--steps", "0"],
+        vec!["bench", &tiny_s, "--steps", "1", "--warmup", "0", "--csv", "/dev/null/x"],
+        vec!["bench", &tiny_s, "--steps", "1", "--warmup", "0", "--compare", "nope,residual"],
+        vec!["bench", &tiny_s, "--steps", "1", "--warmup", "0", "--compare", "residual"],
+        vec!["bench", &tiny_s, "--steps", "1", "--warmup", "0", "--depths", "0"],
+        vec!["bench", &tiny_s, "--steps", "1", "--warmup", "0", "--depths", "2", "--topologies", "x+y"],
+        vec!["bench", &tiny_s, "--steps", "1", "--warmup", "0", "--depths", "2", "--out", "/dev/null/x"],
+        vec!["bench", "nonexistent.yaml"],
+        vec!["connectivity", &tiny_s, "--step", "1"],
+        vec!["connectivity", &g, "--step", "999"],
+        vec!["connectivity", "nonexistent"],
+        vec!["train", &tiny_s, "--out", "/dev/null/x"],
+        vec!["train", &tiny_s, "--out", &g],
+        vec!["train", "--resume", "nonexistent"],
+        vec!["train", "--resume", &g, "--set", "topology.kind=plain"],
+        vec!["train", "--resume", &g, "--set", "garbage"],
+        vec!["train", &tiny_s, "--set", "=", "--out", "x"],
+        vec!["train", &tiny_s, "--set", "a..b=1", "--out", "x"],
+        vec!["train", &tiny_s, "--set", "name.x=1", "--out", "x"],
+        vec!["demo", "--figure", "nope"],
+        vec!["parity", "--dir", "nonexistent"],
+        vec!["parity", "--only", "no-such-case"],
+    ] {
+        cases.push(case(&args));
+    }
+    // Two at a time: each invocation is mostly libtorch's start-up.
+    let (a, b) = cases.split_at(cases.len() / 2);
+    let failures: Vec<String> = std::thread::scope(|sc| {
+        let h = sc.spawn(|| a.iter().filter_map(|c| run_case(c, t)).collect::<Vec<_>>());
+        let mut f: Vec<String> = b.iter().filter_map(|c| run_case(c, t)).collect();
+        f.extend(h.join().unwrap());
+        f
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} invocations panicked or crashed:\n\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n\n")
+    );
+}
