@@ -297,3 +297,38 @@ pub fn matrix_csv(m: &tch::Tensor) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_errors_name_the_final_path_and_leave_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("sub/model.safetensors");
+        let e =
+            atomic_write_with(&target, |tmp| anyhow::bail!("disk full while writing {}", tmp.display())).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(msg.contains(&target.display().to_string()) && msg.contains("disk full"), "{msg}");
+        assert!(!msg.contains(".tmp-"), "the temporary name leaked: {msg}");
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("sub")).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+        let e = atomic_write(Path::new("/dev/null/x/y.csv"), b"1").unwrap_err();
+        assert!(format!("{e:#}").contains("/dev/null/x/y.csv"), "{e:#}");
+    }
+
+    #[test]
+    fn leftovers_are_temporary_files_and_unmarked_checkpoints_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::new(dir.path());
+        let ck = dir.path().join("checkpoints");
+        std::fs::create_dir_all(&ck).unwrap();
+        for f in ["step_2.json", "step_2.safetensors", "step_2.optim.safetensors", "step_3.safetensors", ".tmp-1"] {
+            std::fs::write(ck.join(f), b"x").unwrap();
+        }
+        std::fs::write(dir.path().join("metrics.csv"), b"x").unwrap();
+        let removed = run.clean_leftovers().unwrap();
+        assert_eq!(removed, vec![ck.join(".tmp-1"), ck.join("step_3.safetensors")]);
+        assert!(ck.join("step_2.safetensors").is_file() && dir.path().join("metrics.csv").is_file());
+    }
+}

@@ -296,3 +296,50 @@ fn no_verb_panics_on_broken_inputs() {
         failures.join("\n\n")
     );
 }
+
+/// An undecodable training image in an image folder: without `skip_bad` the run stops with a
+/// clear error naming the file (exit 1, not a panic); with `skip_bad: true` it is skipped, with a
+/// count, and training completes.
+#[test]
+fn an_undecodable_training_image_is_an_error_or_skipped_with_a_count() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("data");
+    for split in ["train", "val"] {
+        for (c, class) in ["a", "b"].iter().enumerate() {
+            for k in 0..4u8 {
+                let p = root.join(format!("folder/{split}/{class}/{k}.png"));
+                std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+                image::RgbImage::from_pixel(10, 10, image::Rgb([40 * c as u8, 10 * k, 99])).save(&p).unwrap();
+            }
+        }
+    }
+    let bad = root.join("folder/train/b/2.png");
+    std::fs::write(&bad, b"\x89PNG\r\n\x1a\n truncated").unwrap();
+    let cfg = write(
+        &tmp.path().join("f.yaml"),
+        "name: f\ndevice: cpu\nmodel: {kind: mlp, width: 8, depth: 2}\ntopology: {kind: residual}\n\
+         data: {kind: imagefolder, dir: folder, classes: 2, image_size: 8, batch_size: 4, eval_samples: 4, workers: 1}\n\
+         train: {lr: 0.01, steps: 6}\nlog: {every: 1}\n",
+    );
+    let train = |extra: &[&str]| {
+        let mut args = vec!["train".to_string(), s(&cfg), "--out".into(), s(&tmp.path().join("run"))];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        Command::new(env!("CARGO_BIN_EXE_plexus"))
+            .args(&args)
+            .env("PLEXUS_DATA", &root)
+            .current_dir(tmp.path())
+            .output()
+            .unwrap()
+    };
+    let o = train(&[]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains(&s(&bad)) && err.contains("skip_bad"), "{err}");
+    let o = train(&["--overwrite", "--set", "data.skip_bad=true"]);
+    let (_, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("skipping an undecodable training image (1 so far)") && err.contains(&s(&bad)), "{err}");
+    assert_eq!(err.matches("skipping an undecodable").count(), 1, "reported once: {err}");
+    assert_eq!(read_losses(&tmp.path().join("run")).last().unwrap().0, 6.0);
+}

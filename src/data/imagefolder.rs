@@ -308,13 +308,25 @@ struct FolderSource {
     skipped: std::sync::Mutex<std::collections::HashSet<PathBuf>>,
 }
 
+/// Ends the process at once from the data thread: `_exit`, not `std::process::exit`, whose exit
+/// handlers would tear libtorch down under the training thread (which then fails inside torch).
+/// Run-directory files are written atomically and the lock goes with the process, so nothing is
+/// left half-written.
+fn exit_now(code: i32) -> ! {
+    extern "C" {
+        fn _exit(status: i32) -> !;
+    }
+    // SAFETY: _exit takes a status and does not return; it runs no handlers (stderr is unbuffered).
+    unsafe { _exit(code) }
+}
+
 /// The image a decoding error is about (attached as context, for `skip_bad`).
 #[derive(Debug)]
 struct BadImage(PathBuf);
 
 impl std::fmt::Display for BadImage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "training image {}", self.0.display())
+        write!(f, "bad training image")
     }
 }
 
@@ -376,7 +388,7 @@ impl DataSource for FolderSource {
                     "error: imagefolder training batch {index}: {e:#}\n(set `data.skip_bad: true` to skip \
                      training images that cannot be decoded)"
                 );
-                std::process::exit(1);
+                exit_now(1);
             };
             let count = {
                 let mut skipped = self.skipped.lock().unwrap_or_else(|p| p.into_inner());
@@ -387,7 +399,7 @@ impl DataSource for FolderSource {
             };
             if count >= self.train.len() {
                 eprintln!("error: imagefolder: none of the {} training images can be decoded", self.train.len());
-                std::process::exit(1);
+                exit_now(1);
             }
             let slot = files.iter().position(|f| f.0 == bad).expect("the bad image is in the batch");
             for tried in 0.. {
@@ -395,7 +407,7 @@ impl DataSource for FolderSource {
                     eprintln!(
                         "error: imagefolder: fewer decodable training images than one batch of {bs} ({count} skipped)"
                     );
-                    std::process::exit(1);
+                    exit_now(1);
                 }
                 let candidate = &self.train[perm[next % perm.len()] as usize];
                 next += 1;

@@ -1,0 +1,261 @@
+//! Run directories that cannot be corrupted: resume checks the config, new runs do not write
+//! over existing files, one writer at a time, leftovers of a killed run are cleaned, checkpoints
+//! are checksummed, and failures before training leave no directory behind.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+
+/// A tiny run (seconds) that checkpoints every 2 steps.
+const TINY: &str = "name: tiny\nseed: 1\ndevice: cpu\nmodel: {kind: mlp, width: 8, depth: 2}\ntopology: {kind: hacn}\n\
+data: {kind: synthetic_images, image_size: 4, channels: 1, classes: 3, samples: 32, batch_size: 8}\n\
+train: {optimizer: adamw, lr: 0.01, steps: 4}\nlog: {every: 1, checkpoint_every: 2, keep_checkpoints: 5}\n";
+
+fn setup() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("tiny.yaml");
+    std::fs::write(&cfg, TINY).unwrap();
+    (tmp, cfg)
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn ok(o: &std::process::Output) {
+    assert!(o.status.success(), "{:?}", text(o));
+}
+
+fn fails(o: &std::process::Output) -> String {
+    let (out, err) = text(o);
+    assert!(!o.status.success(), "expected a failure:\n{out}{err}");
+    assert_ne!(o.status.code(), Some(101), "a panic:\n{err}");
+    assert!(!err.contains("panicked") && !err.contains("frame #"), "{err}");
+    err
+}
+
+/// The README's commands: `plexus train CONFIG --out R`, then `plexus train CONFIG --resume R`
+/// (with a longer `train.steps`), and `plexus train --resume R` alone.
+#[test]
+fn the_readme_resume_command_works_and_extends_the_run() {
+    let (tmp, cfg) = setup();
+    let run = tmp.path().join("r");
+    ok(&plexus(&["train", s(&cfg), "--out", s(&run)], tmp.path()));
+    let o = plexus(&["train", s(&cfg), "--resume", s(&run), "--set", "train.steps=6"], tmp.path());
+    ok(&o);
+    assert_eq!(read_losses(&run).last().unwrap().0, 6.0);
+    let resolved = std::fs::read_to_string(run.join("config.yaml")).unwrap();
+    assert!(resolved.contains("steps: 6"), "config.yaml records the extension:\n{resolved}");
+    // The run's own config (now steps: 6) and a logging change are accepted without CONFIG.
+    ok(&plexus(&["train", "--resume", s(&run), "--set", "train.steps=8", "--set", "log.every=2"], tmp.path()));
+    let resolved = std::fs::read_to_string(run.join("config.yaml")).unwrap();
+    assert!(resolved.contains("steps: 8") && resolved.contains("every: 2"), "{resolved}");
+    let summary = std::fs::read_to_string(run.join("summary.json")).unwrap();
+    assert!(summary.contains("\"resumed_from\": 6"), "{summary}");
+}
+
+/// Resuming with anything that changes what is trained is refused, naming the keys; config.yaml
+/// and the checkpoints are left as they were.
+#[test]
+fn resume_refuses_a_changed_config_naming_the_keys() {
+    let (tmp, cfg) = setup();
+    let run = tmp.path().join("r");
+    ok(&plexus(&["train", s(&cfg), "--out", s(&run)], tmp.path()));
+    let before = std::fs::read_to_string(run.join("config.yaml")).unwrap();
+    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    for (set, key) in [
+        ("topology.kind=plain", "topology.kind"),
+        ("seed=2", "seed"),
+        ("data.seed=3", "data.seed"),
+        ("train.optimizer=gd", "train.optimizer"),
+        ("model.width=16", "model.width"),
+    ] {
+        // Even together with an allowed change (a longer run).
+        let err = fails(&plexus(&["train", "--resume", s(&run), "--set", set, "--set", "train.steps=9"], tmp.path()));
+        assert!(err.contains(&format!("`{key}`")) && err.contains("Only train.steps"), "{set}: {err}");
+    }
+    let err = fails(&plexus(&["train", s(&cfg), "--resume", s(&run), "--set", "train.steps=2"], tmp.path()));
+    assert!(err.contains("`train.steps`") && err.contains("not shrink"), "{err}");
+    // CONFIG given with --resume: a different file is compared the same way.
+    let other = tmp.path().join("other.yaml");
+    std::fs::write(&other, TINY.replace("kind: hacn", "kind: residual")).unwrap();
+    let err = fails(&plexus(&["train", s(&other), "--resume", s(&run)], tmp.path()));
+    assert!(err.contains("`topology.kind` is `hacn` in the run but `residual` here"), "{err}");
+    assert_eq!(std::fs::read_to_string(run.join("config.yaml")).unwrap(), before);
+    assert_eq!(std::fs::read_to_string(run.join("metrics.csv")).unwrap(), metrics);
+}
+
+/// A new run into a directory that holds files is refused (naming the directory and both ways
+/// out); --overwrite clears it; an existing run's checkpoints do not leak into a new run.
+#[test]
+fn a_new_run_into_a_non_empty_directory_is_refused_unless_overwrite() {
+    let (tmp, cfg) = setup();
+    let dir = tmp.path().join("mine");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("notes.txt"), "precious").unwrap();
+    let err = fails(&plexus(&["train", s(&cfg), "--out", s(&dir)], tmp.path()));
+    assert!(err.contains(s(&dir)) && err.contains("--overwrite") && err.contains("--resume"), "{err}");
+    assert_eq!(std::fs::read_to_string(dir.join("notes.txt")).unwrap(), "precious");
+    assert!(!dir.join("config.yaml").exists());
+
+    // An existing run: refused, its checkpoints intact.
+    let run = tmp.path().join("r");
+    ok(&plexus(&["train", s(&cfg), "--out", s(&run), "--set", "train.steps=6"], tmp.path()));
+    let err = fails(&plexus(&["train", s(&cfg), "--out", s(&run)], tmp.path()));
+    assert!(err.contains("already holds a plexus run"), "{err}");
+    assert!(run.join("checkpoints/step_6.json").is_file());
+    // --overwrite: a fresh run, no checkpoint of the old one left to win a later --resume.
+    ok(&plexus(&["train", s(&cfg), "--out", s(&run), "--overwrite"], tmp.path()));
+    assert!(!run.join("checkpoints/step_6.json").exists());
+    assert_eq!(read_losses(&run).last().unwrap().0, 4.0);
+    ok(&plexus(&["train", s(&dir.parent().unwrap().join("tiny.yaml")), "--out", s(&dir), "--overwrite"], tmp.path()));
+    assert!(!dir.join("notes.txt").exists() && dir.join("config.yaml").is_file());
+    // A directory that exists but is empty is fine.
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir_all(empty.join("figures")).unwrap();
+    ok(&plexus(&["train", s(&cfg), "--out", s(&empty)], tmp.path()));
+}
+
+/// A second writer is refused while the first holds the lock, naming the holder's pid; the lock
+/// goes with its holder.
+#[test]
+fn a_second_writer_is_refused_naming_the_pid() {
+    let (tmp, cfg) = setup();
+    let run = tmp.path().join("r");
+    ok(&plexus(&["train", s(&cfg), "--out", s(&run)], tmp.path()));
+    let rd = plexus::run_dir::RunDir::open(&run).unwrap();
+    let lock = rd.lock().unwrap();
+    let err = fails(&plexus(&["train", "--resume", s(&run), "--set", "train.steps=6"], tmp.path()));
+    assert!(
+        err.contains("in use by another plexus process") && err.contains(&format!("pid {}", std::process::id())),
+        "{err}"
+    );
+    let err = fails(&plexus(&["train", s(&cfg), "--out", s(&run), "--overwrite"], tmp.path()));
+    assert!(err.contains("in use"), "{err}");
+    assert!(run.join("checkpoints/step_4.json").is_file(), "the refused --overwrite deleted nothing");
+    drop(lock);
+    ok(&plexus(&["train", "--resume", s(&run), "--set", "train.steps=6"], tmp.path()));
+}
+
+/// Temporary files and marker-less checkpoint files left by a kill are removed on resume (and the
+/// run resumes from the last complete checkpoint).
+#[test]
+fn leftovers_of_a_killed_run_are_cleaned_on_resume() {
+    let (tmp, cfg) = setup();
+    let run = tmp.path().join("r");
+    ok(&plexus(&["train", s(&cfg), "--out", s(&run)], tmp.path()));
+    let ck = run.join("checkpoints");
+    let planted = [
+        run.join(".tmp-abc123"),
+        ck.join(".tmp-x.safetensors"),
+        run.join("connectivity/.tmp-y"),
+        ck.join("step_5.safetensors"),
+        ck.join("step_5.optim.safetensors"),
+    ];
+    for p in &planted {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b"half").unwrap();
+    }
+    ok(&plexus(&["train", "--resume", s(&run), "--set", "train.steps=6"], tmp.path()));
+    for p in &planted {
+        assert!(!p.exists(), "{} survived", p.display());
+    }
+    assert!(ck.join("step_6.safetensors").is_file() && ck.join("step_4.json").is_file());
+}
+
+/// A flipped bit in a checkpoint is an error naming the file, not a different model.
+#[test]
+fn a_corrupted_checkpoint_is_detected_by_its_checksum() {
+    let (tmp, cfg) = setup();
+    let run = tmp.path().join("r");
+    ok(&plexus(&["train", s(&cfg), "--out", s(&run)], tmp.path()));
+    let marker = std::fs::read_to_string(run.join("checkpoints/step_4.json")).unwrap();
+    assert!(marker.contains("model_crc32") && marker.contains("optim_crc32"), "{marker}");
+    for file in ["step_4.safetensors", "step_4.optim.safetensors"] {
+        let f = run.join("checkpoints").join(file);
+        let good = std::fs::read(&f).unwrap();
+        let mut bad = good.clone();
+        let i = bad.len() - 3; // in the tensor data, past the header: still parses
+        bad[i] ^= 0x10;
+        std::fs::write(&f, &bad).unwrap();
+        let err = fails(&plexus(&["train", "--resume", s(&run), "--set", "train.steps=6"], tmp.path()));
+        assert!(err.contains(s(&f)) && err.contains("corrupt") && err.contains("CRC-32"), "{err}");
+        std::fs::write(&f, &good).unwrap();
+    }
+    ok(&plexus(&["train", "--resume", s(&run), "--set", "train.steps=6"], tmp.path()));
+}
+
+/// Weights of another shape (a hand-edited config.yaml) are reported by parameter and shapes,
+/// without libtorch's C++ frames.
+#[test]
+fn a_width_mismatch_on_resume_names_the_parameter_and_both_shapes() {
+    let (tmp, cfg) = setup();
+    let run = tmp.path().join("r");
+    ok(&plexus(&["train", s(&cfg), "--out", s(&run)], tmp.path()));
+    let c = std::fs::read_to_string(run.join("config.yaml")).unwrap();
+    std::fs::write(run.join("config.yaml"), c.replace("width: 8", "width: 12")).unwrap();
+    let err = fails(&plexus(&["train", "--resume", s(&run)], tmp.path()));
+    assert!(err.contains("step_4.safetensors") && err.contains("[3, 8]") && err.contains("[3, 12]"), "{err}");
+    assert!(err.contains("parameter `"), "{err}");
+    let err = fails(&plexus(&["connectivity", s(&run)], tmp.path()));
+    assert!(err.contains("final.safetensors") && err.contains("parameter `"), "{err}");
+}
+
+/// A data or device error leaves no run directory behind.
+#[test]
+fn failures_before_training_leave_no_run_directory() {
+    let (tmp, _) = setup();
+    let cfg = tmp.path().join("mnist.yaml");
+    std::fs::write(
+        &cfg,
+        TINY.replace(
+            "{kind: synthetic_images, image_size: 4, channels: 1, classes: 3, samples: 32, batch_size: 8}",
+            "{kind: mnist, dataset: nowhere}",
+        ),
+    )
+    .unwrap();
+    let run = tmp.path().join("r");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_plexus"))
+        .args(["train", s(&cfg), "--out", s(&run)])
+        .env("PLEXUS_DATA", tmp.path())
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    let err = fails(&o);
+    assert!(err.contains("nowhere"), "{err}");
+    assert!(!run.exists(), "a data error left {}", run.display());
+    let gpu = tmp.path().join("gpu.yaml");
+    std::fs::write(&gpu, TINY.replace("device: cpu", "device: cuda:63")).unwrap();
+    let err = fails(&plexus(&["train", s(&gpu), "--out", s(&run)], tmp.path()));
+    assert!(err.contains("cuda"), "{err}");
+    assert!(!run.exists(), "a device error left {}", run.display());
+    assert!(!tmp.path().join("runs").exists());
+}
+
+/// Outputs honour the umask like any other file (not tempfile's private 0600); write errors name
+/// the path asked for.
+#[cfg(unix)]
+#[test]
+fn outputs_follow_the_umask_and_errors_name_the_path() {
+    use std::os::unix::fs::PermissionsExt;
+    let (tmp, cfg) = setup();
+    let run = tmp.path().join("r");
+    ok(&plexus(&["train", s(&cfg), "--out", s(&run)], tmp.path()));
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let umask =
+        status.lines().find_map(|l| l.strip_prefix("Umask:")).map(|u| u32::from_str_radix(u.trim(), 8).unwrap());
+    let want = 0o666 & !umask.unwrap_or(0o022);
+    for f in [
+        "config.yaml",
+        "metrics.csv",
+        "summary.json",
+        "checkpoints/step_4.safetensors",
+        "checkpoints/final.safetensors",
+    ] {
+        let mode = std::fs::metadata(run.join(f)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, want, "{f}: {mode:o}");
+    }
+    let err =
+        fails(&plexus(&["bench", s(&cfg), "--steps", "1", "--warmup", "0", "--csv", "/dev/null/x.csv"], tmp.path()));
+    assert!(err.contains("/dev/null/x.csv"), "{err}");
+}
