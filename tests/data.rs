@@ -309,7 +309,7 @@ fn cifar_folder_layout_decodes_in_class_order_and_caches() {
     std::fs::write(dir.join("train/cat/notes.txt"), "not an image").unwrap();
     let spec = cifar::spec_at(tmp.path(), &yaml("{normalize: false, batch_size: 20}")).unwrap();
     let src = load(spec.as_ref());
-    assert_eq!(src.batches_per_epoch(), 10_000, "50,000 records in batches of 5");
+    assert_eq!(src.batches_per_epoch(), 1);
     let b = src.train_batch(0);
     assert_eq!(b.input.size(), vec![20, 3, 32, 32]);
     for (i, label) in longs(&b.target).into_iter().enumerate() {
