@@ -207,7 +207,7 @@ impl Trainee {
         device::apply_matmul_precision(cfg, dev)?;
         let compute = device::compute_kind(cfg.precision);
         let data = exp.data.load().with_context(|| format!("{}: loading the benchmark batch", cfg.name))?;
-        let batch = data.train_batch(0).to_device(dev);
+        let batch = data.train_batch(0)?.to_device(dev);
         let model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
         let optim = Optim::new(&cfg.train, model.trainable());
         let tc = &cfg.train;
@@ -234,7 +234,7 @@ impl Trainee {
     /// One training step, exactly `plexus train`'s (all micro-batches are the fixed batch).
     fn step(&mut self) {
         let b = &self.batch;
-        let next = || crate::data::Batch { input: b.input.shallow_clone(), target: b.target.shallow_clone() };
+        let next = || Ok(crate::data::Batch { input: b.input.shallow_clone(), target: b.target.shallow_clone() });
         self.stepper.step(self.steps_done, next, Some(self.lr)).expect("a single-process step cannot fail");
         self.steps_done += 1;
     }

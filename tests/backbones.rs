@@ -22,7 +22,7 @@ fn exp(backbone: &str, topology: &str) -> Experiment {
 
 fn build(backbone: &str, topology: &str) -> (Experiment, Model, Batch) {
     let e = exp(backbone, topology);
-    let batch = e.data.load().unwrap().train_batch(0);
+    let batch = e.data.load().unwrap().train_batch(0).unwrap();
     let model =
         plexus::device::with_seed(5, || Model::new(e.model.as_ref(), e.topology.as_ref(), Device::Cpu, Kind::Float));
     (e, model, batch)

@@ -59,7 +59,7 @@ impl Ready {
         Batch { input: self.1.apply(&b.input), target: b.target }
     }
     fn train_batch(&self, i: u64) -> Batch {
-        self.ready(self.0.train_batch(i))
+        self.ready(self.0.train_batch(i).unwrap_or_else(|e| panic!("{e:#}")))
     }
     fn eval_batches(&self) -> Vec<Batch> {
         self.0.eval_batches().into_iter().map(|b| self.ready(b)).collect()

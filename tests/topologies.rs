@@ -18,7 +18,7 @@ fn exp(backbone: &str, topology: &str) -> Experiment {
 /// and returns it with one input batch.
 fn build(backbone: &str, topology: &str) -> (Model, Tensor) {
     let e = exp(backbone, topology);
-    let input = e.data.load().unwrap().train_batch(0).input;
+    let input = e.data.load().unwrap().train_batch(0).unwrap().input;
     let model =
         plexus::device::with_seed(3, || Model::new(e.model.as_ref(), e.topology.as_ref(), Device::Cpu, Kind::Float));
     (model, input)

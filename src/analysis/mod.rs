@@ -48,7 +48,7 @@ impl Run {
         let data = exp.data.load()?;
         let mut eval = data.eval_batches();
         if eval.is_empty() {
-            eval = vec![data.train_batch(0)];
+            eval = vec![data.train_batch(0)?];
         }
         let eval = EvalSet::new(eval, &data.input_transform(), dev);
         let task = exp.data.info().task;

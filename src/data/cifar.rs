@@ -498,13 +498,13 @@ impl CifarSource {
 }
 
 impl DataSource for CifarSource {
-    fn train_batch(&self, index: u64) -> Batch {
-        let b = self.inner.train_batch(index);
+    fn train_batch(&self, index: u64) -> anyhow::Result<Batch> {
+        let b = self.inner.train_batch(index)?;
         let x = match self.augment {
             Augment::None => b.input,
             Augment::FlipCrop => self.augmented(&b.input, index),
         };
-        Batch { input: x, target: b.target }
+        Ok(Batch { input: x, target: b.target })
     }
     /// uint8 → `x/255`, then the per-channel CIFAR-10 statistics if `normalize`.
     fn input_transform(&self) -> InputTransform {

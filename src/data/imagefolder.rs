@@ -16,11 +16,11 @@
 //! and take the centre `image_size` crop. Inputs are `[B, 3, S, S]` float, normalised with the
 //! ImageNet channel mean and standard deviation (`normalize: true`, default), labels `[B]` int64.
 //!
-//! Evaluation holds its images in memory as float tensors, so it is capped (`eval_samples`,
-//! default 1000: 0.6 GB at 224²): a seeded sample of the evaluation split, decoded at load. A file
+//! Evaluation holds its images in memory as uint8 tensors, so it is capped (`eval_samples`,
+//! default 1000: 0.15 GB at 224²): a seeded sample of the evaluation split, decoded at load. A file
 //! that cannot be read or decoded is an error naming it (at load for evaluation images; for
-//! training images when their batch is prepared, which stops the process with exit code 1 — the
-//! batch is prepared ahead, on the data thread); with `skip_bad: true` an undecodable training
+//! training images when the trainer takes their batch — prepared ahead on the data thread, the
+//! error waits for it — which stops the run); with `skip_bad: true` an undecodable training
 //! image is skipped instead (replaced by the next image of the epoch's permutation that decodes,
 //! so batches stay a pure function of `(seed, index)`), and each one skipped is reported once with
 //! the running count. The listing is checked at load (a class with no image, a class missing from
@@ -308,18 +308,6 @@ struct FolderSource {
     skipped: std::sync::Mutex<std::collections::HashSet<PathBuf>>,
 }
 
-/// Ends the process at once from the data thread: `_exit`, not `std::process::exit`, whose exit
-/// handlers would tear libtorch down under the training thread (which then fails inside torch).
-/// Run-directory files are written atomically and the lock goes with the process, so nothing is
-/// left half-written.
-fn exit_now(code: i32) -> ! {
-    extern "C" {
-        fn _exit(status: i32) -> !;
-    }
-    // SAFETY: _exit takes a status and does not return; it runs no handlers (stderr is unbuffered).
-    unsafe { _exit(code) }
-}
-
 /// The image a decoding error is about (attached as context, for `skip_bad`).
 #[derive(Debug)]
 struct BadImage(PathBuf);
@@ -365,7 +353,7 @@ impl FolderSource {
 }
 
 impl DataSource for FolderSource {
-    fn train_batch(&self, index: u64) -> Batch {
+    fn train_batch(&self, index: u64) -> anyhow::Result<Batch> {
         let per_epoch = self.batches_per_epoch();
         let (epoch, b) = (index / per_epoch, (index % per_epoch) as usize);
         let perm = super::synthetic::epoch_permutation(self.train.len(), self.o.seed, epoch);
@@ -377,18 +365,16 @@ impl DataSource for FolderSource {
         let mut next = (b + 1) * bs;
         loop {
             let e = match self.decode(&files, tag) {
-                Ok(batch) => return batch,
+                Ok(batch) => return Ok(batch),
                 Err(e) => e,
             };
             let bad = e.downcast_ref::<BadImage>().map(|b| b.0.clone());
             let Some(bad) = bad.filter(|_| self.o.skip_bad) else {
-                // The trainer cannot recover from an unreadable image mid-run (batches come from
-                // this data thread, which has no error channel): stop, naming the file.
-                eprintln!(
-                    "error: imagefolder training batch {index}: {e:#}\n(set `data.skip_bad: true` to skip \
-                     training images that cannot be decoded)"
-                );
-                exit_now(1);
+                // The error reaches the trainer when it takes this batch, which stops the run.
+                return Err(e.context(format!(
+                    "imagefolder training batch {index} (set `data.skip_bad: true` to skip training images that \
+                     cannot be decoded)"
+                )));
             };
             let count = {
                 let mut skipped = self.skipped.lock().unwrap_or_else(|p| p.into_inner());
@@ -398,16 +384,14 @@ impl DataSource for FolderSource {
                 skipped.len()
             };
             if count >= self.train.len() {
-                eprintln!("error: imagefolder: none of the {} training images can be decoded", self.train.len());
-                exit_now(1);
+                anyhow::bail!("imagefolder: none of the {} training images can be decoded", self.train.len());
             }
             let slot = files.iter().position(|f| f.0 == bad).expect("the bad image is in the batch");
             for tried in 0.. {
                 if tried > perm.len() {
-                    eprintln!(
-                        "error: imagefolder: fewer decodable training images than one batch of {bs} ({count} skipped)"
+                    anyhow::bail!(
+                        "imagefolder: fewer decodable training images than one batch of {bs} ({count} skipped)"
                     );
-                    exit_now(1);
                 }
                 let candidate = &self.train[perm[next % perm.len()] as usize];
                 next += 1;

@@ -163,8 +163,9 @@ impl DeviceTransform {
 /// and lets [`prefetch::Prefetcher`] prepare them on another thread.
 pub trait DataSource: Send {
     /// Training batch number `index` (raw inputs: see [`DataSource::input_transform`]), on the
-    /// CPU, or on the training device once [`DataSource::make_resident`] said yes.
-    fn train_batch(&self, index: u64) -> Batch;
+    /// CPU, or on the training device once [`DataSource::make_resident`] said yes. An error (an
+    /// unreadable file, named) reaches the trainer when it takes the batch, and stops the run.
+    fn train_batch(&self, index: u64) -> anyhow::Result<Batch>;
     /// Batches in one epoch (1 for full-batch data).
     fn batches_per_epoch(&self) -> u64;
     /// The held-out evaluation set as fixed raw batches (empty if the dataset has none).

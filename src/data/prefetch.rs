@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 pub struct Prefetcher {
-    rx: Option<Receiver<Batch>>,
+    rx: Option<Receiver<anyhow::Result<Batch>>>,
     stop: Arc<AtomicBool>,
     worker: Option<JoinHandle<()>>,
     next: u64,
@@ -27,7 +27,10 @@ impl Prefetcher {
             .spawn(move || {
                 let mut i = start;
                 while !flag.load(Ordering::Relaxed) {
-                    if tx.send(source.train_batch(i).pinned_for(device)).is_err() {
+                    let batch = source.train_batch(i).map(|b| b.pinned_for(device));
+                    let failed = batch.is_err();
+                    // After an error the thread stops: the trainer stops at that batch.
+                    if tx.send(batch).is_err() || failed {
                         break;
                     }
                     i += 1;
@@ -37,10 +40,14 @@ impl Prefetcher {
         Self { rx: Some(rx), stop, worker: Some(worker), next: start }
     }
 
-    /// The next batch, in index order.
-    pub fn next_batch(&mut self) -> Batch {
+    /// The next batch, in index order, or the error that preparing it met.
+    pub fn next_batch(&mut self) -> anyhow::Result<Batch> {
+        let index = self.next;
         self.next += 1;
-        self.rx.as_ref().expect("open").recv().expect("the data thread stopped (it panicked; see above)")
+        match self.rx.as_ref().expect("open").recv() {
+            Ok(batch) => batch.map_err(|e| e.context(format!("preparing training batch {index}"))),
+            Err(_) => anyhow::bail!("the data thread stopped before training batch {index} (it panicked; see above)"),
+        }
     }
 
     /// Index of the batch `next_batch` will return.

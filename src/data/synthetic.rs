@@ -135,8 +135,8 @@ struct FullBatch {
 }
 
 impl DataSource for FullBatch {
-    fn train_batch(&self, _index: u64) -> Batch {
-        Batch { input: self.x.shallow_clone(), target: self.y.shallow_clone() }
+    fn train_batch(&self, _index: u64) -> anyhow::Result<Batch> {
+        Ok(Batch { input: self.x.shallow_clone(), target: self.y.shallow_clone() })
     }
     fn batches_per_epoch(&self) -> u64 {
         1
@@ -296,7 +296,7 @@ pub fn epoch_permutation(n: usize, seed: u64, epoch: u64) -> Vec<i64> {
 }
 
 impl DataSource for InMemory {
-    fn train_batch(&self, index: u64) -> Batch {
+    fn train_batch(&self, index: u64) -> anyhow::Result<Batch> {
         let n = self.x.size()[0] as usize;
         let per_epoch = self.batches_per_epoch();
         let (epoch, b) = (index / per_epoch, (index % per_epoch) as usize);
@@ -307,7 +307,7 @@ impl DataSource for InMemory {
         let dev = self.x.device();
         let sel = if dev.is_cuda() { sel.pin_memory(dev) } else { sel };
         let sel = sel.to_device_(self.x.device(), Kind::Int64, true, false);
-        Batch { input: self.x.index_select(0, &sel), target: self.y.index_select(0, &sel) }
+        Ok(Batch { input: self.x.index_select(0, &sel), target: self.y.index_select(0, &sel) })
     }
     fn input_transform(&self) -> InputTransform {
         self.transform.clone()
@@ -442,8 +442,8 @@ impl MarkovTokens {
 }
 
 impl DataSource for MarkovTokens {
-    fn train_batch(&self, index: u64) -> Batch {
-        self.sample(self.o.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (2 * index + 1))
+    fn train_batch(&self, index: u64) -> anyhow::Result<Batch> {
+        Ok(self.sample(self.o.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (2 * index + 1)))
     }
     fn batches_per_epoch(&self) -> u64 {
         u64::MAX

@@ -278,11 +278,11 @@ impl TextSource {
 }
 
 impl DataSource for TextSource {
-    fn train_batch(&self, index: u64) -> Batch {
+    fn train_batch(&self, index: u64) -> anyhow::Result<Batch> {
         let mut rng = rng_for(self.seed, &[0x7E47, index]);
         let last = self.n_train - self.seq_len - 1;
         let starts: Vec<usize> = (0..self.batch).map(|_| rng.gen_range(0..=last)).collect();
-        self.windows(starts.into_iter())
+        Ok(self.windows(starts.into_iter()))
     }
     fn batches_per_epoch(&self) -> u64 {
         ((self.n_train - 1) / (self.batch * self.seq_len)).max(1) as u64
@@ -310,7 +310,7 @@ mod tests {
     fn windows_shift_by_one_and_eval_spans_the_validation_split() {
         let src =
             TextSource { tokens: (0..100u16).collect(), n_train: 80, seq_len: 4, batch: 3, eval_batches: 2, seed: 1 };
-        let b = src.train_batch(5);
+        let b = src.train_batch(5).unwrap();
         assert_eq!(b.input.size(), vec![3, 4]);
         assert!(b.target.equal(&(&b.input + 1)));
         assert!(Vec::<i64>::try_from(b.target.reshape([-1])).unwrap().iter().all(|&t| t < 80));

@@ -122,7 +122,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     data.make_resident(dev);
     let per_epoch = data.batches_per_epoch().max(1);
     // The batch the connectivity of input-dependent topologies is averaged over.
-    let first_batch = data.train_batch(0);
+    let first_batch = data.train_batch(0)?;
     let probe_input = transform.on(dev).apply(&first_batch.input.to_device(dev));
     let world = opts.dist.as_ref().map_or(1, |d| d.world_size);
     let rank = opts.dist.as_ref().map_or(0, |d| d.rank);
@@ -210,15 +210,15 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         // The last step only measures the final loss: no update after it. Each rank trains on its
         // slice of the global batch.
         let next = || {
-            let b = batches.next_batch();
-            if world > 1 {
+            let b = batches.next_batch()?;
+            Ok(if world > 1 {
                 crate::data::Batch {
                     input: dist::shard(&b.input, rank, world),
                     target: dist::shard(&b.target, rank, world),
                 }
             } else {
                 b
-            }
+            })
         };
         let stats = t.step(step, next, (step < steps).then_some(lr))?;
         drop(rng);

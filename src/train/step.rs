@@ -109,12 +109,17 @@ impl Stepper {
     /// batches, on the CPU — pinned for a GPU — or resident on the device), the gradient norm,
     /// and, if `lr` is given, clipping and the update. `step` is recorded if the loss or the
     /// gradient is non-finite. No read.
-    pub fn step(&mut self, step: u64, mut next: impl FnMut() -> Batch, lr: Option<f64>) -> anyhow::Result<StepStats> {
+    pub fn step(
+        &mut self,
+        step: u64,
+        mut next: impl FnMut() -> anyhow::Result<Batch>,
+        lr: Option<f64>,
+    ) -> anyhow::Result<StepStats> {
         self.optim.zero_grad();
         let (mut samples, mut tokens) = (0u64, 0u64);
         let mut loss_sum: Option<Tensor> = None;
         for _ in 0..self.accumulation {
-            let raw = next().to_device_async(self.device);
+            let raw = next()?.to_device_async(self.device);
             let batch = Batch { input: self.transform.apply(&raw.input), target: raw.target };
             samples += batch.input.size()[0] as u64;
             if self.task == Task::LanguageModel {
