@@ -1,4 +1,4 @@
-//! The command line: `plexus train | demo | analyze | plot | bench | connectivity | parity | doctor | list`.
+//! The command line: `plexus train | demo | analyze | plot | bench | connectivity | parity | doctor | tokenize | list`.
 
 use crate::analysis::{self, AnalyzeOptions};
 use crate::config::ConfigError;
@@ -183,6 +183,28 @@ pub enum Cmd {
         #[arg(long, default_value = "auto")]
         device: String,
     },
+    /// Tokenise text files into nanoGPT's format for `data.kind: tokens`: DIR/train.bin and
+    /// DIR/val.bin (uint16 little-endian token ids) and DIR/meta.json. Streams and encodes on
+    /// several threads; the output does not depend on the thread count.
+    Tokenize {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Output directory (created if missing; existing files are replaced atomically).
+        #[arg(long)]
+        out: PathBuf,
+        /// gpt2 (GPT-2 BPE, r50k_base; <|endoftext|> after each file) or char (one token per byte).
+        #[arg(long, default_value = "gpt2", value_parser = ["gpt2", "char"])]
+        encoding: String,
+        /// The tail of the tokens written to val.bin.
+        #[arg(long, default_value_t = 0.0005)]
+        val_fraction: f64,
+        /// Encoding threads (default: the machine's cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Hide the progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
     /// List the registered topologies, backbones, datasets and embedded config sets.
     List,
 }
@@ -366,6 +388,30 @@ pub fn run(cli: Cli) -> Result<()> {
                     bail!("the self-test failed (see the table above)")
                 }
             }
+            Ok(())
+        }
+        Cmd::Tokenize { files, out, encoding, val_fraction, threads, quiet } => {
+            use crate::data::{text::Tokenizer, tokenize};
+            let encoding = if encoding == "char" { Tokenizer::Char } else { Tokenizer::Gpt2 };
+            let defaults = tokenize::TokenizeOptions::default();
+            let opts = tokenize::TokenizeOptions {
+                encoding,
+                val_fraction,
+                threads: threads.unwrap_or(defaults.threads),
+                progress: !quiet && std::io::stderr().is_terminal(),
+                ..defaults
+            };
+            let r = tokenize::tokenize(&files, &out, &opts)?;
+            println!(
+                "{}: train.bin {} tokens, val.bin {} tokens ({} MB of text in {:.1}s, {:.1} MB/s, {} threads)",
+                out.display(),
+                r.train_tokens,
+                r.val_tokens,
+                r.bytes / 1_000_000,
+                r.seconds,
+                r.bytes as f64 / 1e6 / r.seconds.max(1e-9),
+                opts.threads
+            );
             Ok(())
         }
         Cmd::List => {

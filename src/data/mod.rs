@@ -12,6 +12,8 @@ pub mod imagefolder;
 pub mod prefetch;
 pub mod synthetic;
 pub mod text;
+pub mod tokenize;
+pub mod tokens;
 
 use crate::config::OptionError;
 use std::fmt::Debug;
@@ -209,6 +211,7 @@ pub const REGISTRY: &[DataEntry] = &[
     idx::MNIST,
     text::TEXT,
     imagefolder::IMAGEFOLDER,
+    tokens::TOKENS,
 ];
 
 pub fn parse(kind: &str, options: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {

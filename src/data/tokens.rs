@@ -1,0 +1,322 @@
+//! `tokens`: pre-tokenised corpora in nanoGPT's format, memory-mapped, for corpora that do not fit
+//! in memory (OpenWebText: ~9 B GPT-2 tokens, 18 GB).
+//!
+//! Layout: `<root>/<dir>/train.bin` and `<root>/<dir>/val.bin`, each a flat array of token ids as
+//! **uint16 little-endian** (what nanoGPT's `prepare.py` scripts write with `np.memmap(...,
+//! dtype=np.uint16)`), so existing nanoGPT data works as is; `plexus tokenize` writes the same
+//! (see [`super::tokenize`]). The files are mapped, not read: a training batch touches only the
+//! pages of its windows, and the page cache is shared between processes (every rank of a
+//! multi-GPU run maps the same file). An optional `meta.json` next to them (written by `plexus
+//! tokenize`) is checked against `vocab` when present.
+//!
+//! Batches (as nanoGPT's `get_batch`): training batch `index` is `batch_size` windows of
+//! `seq_len + 1` tokens of `train.bin` whose starts are drawn uniformly by an RNG seeded with
+//! `(seed, index)`, so it is a pure function of the two; evaluation is `eval_batches` fixed
+//! batches of windows evenly spaced over `val.bin`. Inputs are `[B, T]` int64 tokens (T =
+//! `seq_len`), the target is the same window shifted by one token, `[B, T]` int64.
+//!
+//! Token ids must be `< vocab` (the model's output dimension). A full scan of 18 GB at every load
+//! would cost minutes, so the load checks a spread sample of each file (the first and last
+//! blocks and blocks evenly spaced between them), and every batch checks the windows it copies:
+//! no out-of-range id ever reaches the embedding (where it would be an opaque index error, or on
+//! the GPU an asynchronous device assert). A bad id is an error naming the file, the token offset
+//! and the value.
+//!
+//! Options: `root`, `dir` (required; relative to the data root, e.g. `owt`), `seq_len` (default
+//! 1024), `batch_size` (default 12), `vocab` (default 50304: GPT-2's 50,257 padded to a multiple
+//! of 64, as nanoGPT does; 256 for `plexus tokenize --encoding char`), `eval_batches` (default
+//! 20), `seed`.
+
+use super::files::{rng_for, Root};
+use super::{Batch, DataEntry, DataInfo, DataSource, DataSpec, Task};
+use crate::config::{parse_options, OptionError};
+use anyhow::{anyhow, bail, Context};
+use rand::Rng;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use tch::Tensor;
+
+pub const TOKENS: DataEntry = DataEntry {
+    name: "tokens",
+    about: "pre-tokenised uint16 train.bin/val.bin (nanoGPT's format, `plexus tokenize`), memory-mapped",
+    parse,
+};
+
+/// Bytes per token id in the files.
+pub const TOKEN_BYTES: usize = 2;
+/// Tokens per block of the load-time spot check, and the number of blocks.
+const CHECK_BLOCK: usize = 1 << 16;
+const CHECK_BLOCKS: usize = 256;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Options {
+    root: Option<PathBuf>,
+    dir: PathBuf,
+    #[serde(default = "t1024")]
+    seq_len: usize,
+    #[serde(default = "b12")]
+    batch_size: usize,
+    #[serde(default = "v50304")]
+    vocab: usize,
+    #[serde(default = "e20")]
+    eval_batches: usize,
+    #[serde(default)]
+    seed: u64,
+}
+
+fn t1024() -> usize {
+    1024
+}
+fn b12() -> usize {
+    12
+}
+fn v50304() -> usize {
+    super::text::GPT2_PADDED_VOCAB
+}
+fn e20() -> usize {
+    20
+}
+
+#[derive(Debug)]
+struct Spec {
+    root: Root,
+    o: Options,
+}
+
+fn parse(opts: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
+    parse_spec(opts, None)
+}
+
+/// Parses `options` like the registry entry does, but reads the data from `root` whatever
+/// `PLEXUS_DATA` and the `root` option say (for programs and tests that manage their own files).
+pub fn spec_at(root: &Path, options: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
+    parse_spec(options, Some(root))
+}
+
+fn parse_spec(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
+    let o: Options = parse_options(opts)?;
+    if o.dir.as_os_str().is_empty() || o.dir.is_absolute() {
+        return Err(OptionError::new(
+            "dir",
+            o.dir.display(),
+            "a folder relative to the data root holding train.bin and val.bin (e.g. owt)",
+        ));
+    }
+    for (key, v, max) in [("seq_len", o.seq_len, 1 << 20), ("batch_size", o.batch_size, 1 << 20)] {
+        if v == 0 || v > max {
+            return Err(OptionError::new(key, v, format!("an integer in 1..={max}")));
+        }
+    }
+    if !(2..=1 << 16).contains(&o.vocab) {
+        return Err(OptionError::new(
+            "vocab",
+            o.vocab,
+            "an integer in 2..=65536 (uint16 token ids; 50304 for GPT-2, 256 for the char encoding)",
+        ));
+    }
+    if o.eval_batches > 1 << 20 {
+        return Err(OptionError::new("eval_batches", o.eval_batches, "an integer in 0..=1048576"));
+    }
+    let root = match pinned {
+        Some(p) => Root::Pinned(p.to_path_buf()),
+        None => Root::Configured(o.root.clone()),
+    };
+    Ok(Box::new(Spec { root, o }))
+}
+
+impl DataSpec for Spec {
+    fn kind(&self) -> &'static str {
+        "tokens"
+    }
+    fn info(&self) -> DataInfo {
+        DataInfo { input_shape: vec![self.o.seq_len], output_dim: self.o.vocab, task: Task::LanguageModel }
+    }
+    fn load(&self) -> anyhow::Result<Box<dyn DataSource>> {
+        let dir = self.root.resolve().join(&self.o.dir);
+        check_meta(&dir, self.o.vocab)?;
+        let need = self.o.seq_len + 1;
+        let train = TokenFile::open(&dir.join("train.bin"), need, self.o.vocab, false)?;
+        // The validation split is small (nanoGPT's: 0.05 %): checked whole, so evaluation never fails.
+        let val = match self.o.eval_batches {
+            0 => None,
+            _ => Some(TokenFile::open(&dir.join("val.bin"), need, self.o.vocab, true)?),
+        };
+        Ok(Box::new(TokenSource {
+            train,
+            val,
+            seq_len: self.o.seq_len,
+            batch: self.o.batch_size,
+            eval_batches: self.o.eval_batches,
+            seed: self.o.seed,
+        }))
+    }
+}
+
+/// `meta.json` (from `plexus tokenize`), when present: its vocabulary must fit `vocab`.
+fn check_meta(dir: &Path, vocab: usize) -> anyhow::Result<()> {
+    let path = dir.join("meta.json");
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(()) };
+    let meta: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))?;
+    if let Some(v) = meta.get("vocab").and_then(|v| v.as_u64()) {
+        if v as usize > vocab {
+            bail!(
+                "{}: the tokens were written with vocabulary {v} ({}), but data.vocab is {vocab}: set data.vocab to at \
+                 least {v}",
+                path.display(),
+                meta.get("encoding").and_then(|e| e.as_str()).unwrap_or("unknown encoding")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One memory-mapped file of uint16 little-endian token ids.
+struct TokenFile {
+    path: PathBuf,
+    map: memmap2::Mmap,
+    vocab: usize,
+}
+
+impl TokenFile {
+    /// Maps `path`, checks its length (even, at least `need` tokens) and its ids: all of them when
+    /// `full`, else a spread sample.
+    fn open(path: &Path, need: usize, vocab: usize, full: bool) -> anyhow::Result<TokenFile> {
+        let file = std::fs::File::open(path).map_err(|e| {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            anyhow!(
+                "token file not found: cannot open {} ({e}). A `tokens` dataset is a folder with train.bin and \
+                 val.bin (uint16 little-endian token ids, nanoGPT's format): write one from text files with \
+                 `plexus tokenize FILE... --out {}`, or copy nanoGPT's data/<name>/ (e.g. openwebtext's prepare.py \
+                 output) there; `dir` is relative to the data root (PLEXUS_DATA or data.root)",
+                path.display(),
+                dir.display()
+            )
+        })?;
+        // SAFETY: the map is read-only and private to this process; the one hazard is another
+        // process truncating or rewriting the file while it is mapped (plexus tokenize replaces
+        // files by renaming a new one into place, which leaves an existing map intact).
+        let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("cannot map {}", path.display()))?;
+        #[cfg(unix)]
+        let _ = map.advise(memmap2::Advice::Random);
+        let bytes = map.len();
+        if bytes % TOKEN_BYTES != 0 {
+            bail!(
+                "{}: {bytes} bytes, an odd length: a token file holds 2-byte (uint16 little-endian) token ids, so its \
+                 length is even; the file is truncated or not a token file",
+                path.display()
+            );
+        }
+        let tokens = bytes / TOKEN_BYTES;
+        if tokens < need {
+            bail!(
+                "{}: {tokens} tokens, fewer than seq_len + 1 = {need} (one window); use more text or a shorter seq_len",
+                path.display()
+            );
+        }
+        let f = TokenFile { path: path.to_path_buf(), map, vocab };
+        if full {
+            f.check_range(0, tokens)?;
+        } else {
+            f.spot_check()?;
+        }
+        Ok(f)
+    }
+
+    fn len(&self) -> usize {
+        self.map.len() / TOKEN_BYTES
+    }
+
+    fn token(&self, i: usize) -> u16 {
+        u16::from_le_bytes([self.map[2 * i], self.map[2 * i + 1]])
+    }
+
+    /// Checks the ids in `[start, end)`, naming the first one `≥ vocab`.
+    fn check_range(&self, start: usize, end: usize) -> anyhow::Result<()> {
+        match (start..end).find(|&i| self.token(i) as usize >= self.vocab) {
+            None => Ok(()),
+            Some(i) => Err(anyhow!(
+                "{}: token {} at token offset {i} (byte offset {}) is not below the vocabulary size {} (data.vocab); \
+                 the file was written with a larger vocabulary, or is not a uint16 token file",
+                self.path.display(),
+                self.token(i),
+                TOKEN_BYTES * i,
+                self.vocab
+            )),
+        }
+    }
+
+    /// The whole file when small, else `CHECK_BLOCKS` blocks spread evenly from start to end.
+    fn spot_check(&self) -> anyhow::Result<()> {
+        let n = self.len();
+        if n <= CHECK_BLOCK * CHECK_BLOCKS {
+            return self.check_range(0, n);
+        }
+        let last = (n - CHECK_BLOCK) as u128;
+        for b in 0..CHECK_BLOCKS {
+            let start = (b as u128 * last / (CHECK_BLOCKS as u128 - 1)) as usize;
+            self.check_range(start, start + CHECK_BLOCK)?;
+        }
+        Ok(())
+    }
+
+    /// Input `[B, T]` and target (shifted by one) from windows of `T + 1` tokens at `starts`.
+    fn windows(&self, starts: &[usize], t: usize) -> anyhow::Result<Batch> {
+        let mut data: Vec<i64> = Vec::with_capacity(starts.len() * (t + 1));
+        for &s in starts {
+            self.check_range(s, s + t + 1)?;
+            data.extend(
+                self.map[TOKEN_BYTES * s..TOKEN_BYTES * (s + t + 1)]
+                    .chunks_exact(2)
+                    .map(|c| u16::from_le_bytes([c[0], c[1]]) as i64),
+            );
+        }
+        let all = Tensor::from_slice(&data).reshape([starts.len() as i64, t as i64 + 1]);
+        Ok(Batch { input: all.narrow(1, 0, t as i64).contiguous(), target: all.narrow(1, 1, t as i64).contiguous() })
+    }
+}
+
+struct TokenSource {
+    train: TokenFile,
+    /// `None` when `eval_batches` is 0 (val.bin is then not needed).
+    val: Option<TokenFile>,
+    seq_len: usize,
+    batch: usize,
+    eval_batches: usize,
+    seed: u64,
+}
+
+impl TokenSource {
+    /// Window starts of training batch `index`: uniform over `0..=len − T − 1`, from `(seed, index)`.
+    fn train_starts(&self, index: u64) -> Vec<usize> {
+        let mut rng = rng_for(self.seed, &[0x70C5, index]);
+        let last = self.train.len() - self.seq_len - 1;
+        (0..self.batch).map(|_| rng.gen_range(0..=last)).collect()
+    }
+}
+
+impl DataSource for TokenSource {
+    fn train_batch(&self, index: u64) -> Batch {
+        // The trainer cannot recover from a corrupt token mid-run: stop, naming file and offset.
+        self.train
+            .windows(&self.train_starts(index), self.seq_len)
+            .unwrap_or_else(|e| panic!("tokens training batch {index}: {e:#}"))
+    }
+    /// Non-overlapping windows of `seq_len` (+1 target) tokens in train.bin, per batch.
+    fn batches_per_epoch(&self) -> u64 {
+        ((self.train.len() - 1) / (self.batch * self.seq_len)).max(1) as u64
+    }
+    fn eval_batches(&self) -> Vec<Batch> {
+        let Some(val) = &self.val else { return Vec::new() };
+        let windows = self.eval_batches * self.batch;
+        let last = (val.len() - self.seq_len - 1) as u128;
+        let start = |i: usize| if windows == 1 { 0 } else { (i as u128 * last / (windows as u128 - 1)) as usize };
+        (0..self.eval_batches)
+            .map(|b| {
+                let starts: Vec<usize> = (b * self.batch..(b + 1) * self.batch).map(start).collect();
+                val.windows(&starts, self.seq_len).unwrap_or_else(|e| panic!("tokens evaluation batch {b}: {e:#}"))
+            })
+            .collect()
+    }
+}
