@@ -320,3 +320,47 @@ impl DataSource for TokenSource {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A mapped file of `tokens`, unchecked (as a large file's unsampled regions are).
+    fn unchecked(dir: &Path, tokens: &[u16], vocab: usize) -> TokenFile {
+        let path = dir.join("train.bin");
+        std::fs::write(&path, tokens.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+        let map = unsafe { memmap2::Mmap::map(&std::fs::File::open(&path).unwrap()) }.unwrap();
+        TokenFile { path, map, vocab }
+    }
+
+    #[test]
+    fn windows_check_every_id_they_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut tokens: Vec<u16> = (0..64).collect();
+        tokens[40] = 1000;
+        let f = unchecked(dir.path(), &tokens, 100);
+        let b = f.windows(&[0, 10], 8).unwrap();
+        assert_eq!(b.input.size(), vec![2, 8]);
+        assert!(b.target.equal(&(&b.input + 1)));
+        let Err(e) = f.windows(&[35], 8) else { panic!("token 1000 was not caught") };
+        let e = format!("{e:#}");
+        assert!(e.contains("train.bin") && e.contains("token 1000") && e.contains("token offset 40"), "{e}");
+    }
+
+    #[test]
+    #[should_panic(expected = "token offset 40")]
+    fn a_bad_id_in_a_training_batch_stops_the_run_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut tokens = vec![1u16; 48];
+        tokens[40] = 1000;
+        let src = TokenSource {
+            train: unchecked(dir.path(), &tokens, 100),
+            val: None,
+            seq_len: 47,
+            batch: 1,
+            eval_batches: 0,
+            seed: 0,
+        };
+        src.train_batch(0);
+    }
+}
