@@ -29,13 +29,13 @@ fn main() -> anyhow::Result<()> {
     ))?;
     let src = plexus::data::imagefolder::spec_at(&root, &options).map_err(|e| anyhow::anyhow!("{e:?}"))?.load()?;
     for i in 0..4 {
-        src.train_batch(1000 + i);
+        src.train_batch(1000 + i)?;
     }
     let mut rates = Vec::new();
     for rep in 0..3u64 {
         let t = Instant::now();
         for i in 0..batches {
-            src.train_batch(rep * batches + i);
+            src.train_batch(rep * batches + i)?;
         }
         rates.push((batches * 64) as f64 / t.elapsed().as_secs_f64());
     }

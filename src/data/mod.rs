@@ -79,6 +79,7 @@ impl Task {
 
 /// One batch: `input` for the model (raw: see [`InputTransform`]), `target` for the loss. On the
 /// CPU unless the source is resident on the training device ([`DataSource::make_resident`]).
+#[derive(Debug)]
 pub struct Batch {
     pub input: Tensor,
     pub target: Tensor,
