@@ -228,7 +228,7 @@ pub fn run(cli: Cli) -> Result<()> {
             let main = dist.as_ref().is_none_or(|d| d.rank == 0);
             let dir = RunDir::open(&run)?;
             let config = match configs.as_slice() {
-                [] => dir.file("config.yaml"),
+                [] => dir.config_file(),
                 [one] if !one.is_dir() => one.clone(),
                 _ => bail!(
                     "--resume {} continues one run: give at most one config file (its config.yaml is used when none \
@@ -890,18 +890,11 @@ pub fn connectivity_csv(path: &Path, step: Option<u64>, overrides: &[String]) ->
     let (exp, checkpoint) = if path.is_dir() {
         let run = RunDir::open(path)?;
         if let Some(step) = step {
-            let f = run.path.join("connectivity").join(format!("step_{step}.csv"));
-            return std::fs::read_to_string(&f).with_context(|| {
-                format!(
-                    "no C saved at step {step} in {} (see log.connectivity_every)",
-                    run.path.join("connectivity").display()
-                )
-            });
+            let f = run.connectivity_file(step);
+            return std::fs::read_to_string(&f)
+                .with_context(|| format!("no C saved at step {step}: {} (see log.connectivity_every)", f.display()));
         }
-        (
-            Experiment::from_file(&run.file("config.yaml"), overrides)?,
-            Some(run.path.join("checkpoints/final.safetensors")),
-        )
+        (Experiment::from_file(&run.config_file(), overrides)?, Some(run.final_checkpoint()))
     } else {
         anyhow::ensure!(step.is_none(), "--step needs a run directory, not a config");
         (Experiment::from_file(path, overrides)?, None)
@@ -998,25 +991,9 @@ fn default_figure_dir(runs: &[PathBuf]) -> PathBuf {
     }
 }
 
-/// Reads `metrics.csv` (step, loss) of a run.
+/// `(step, loss)` of every `metrics.csv` row of a run.
 pub fn read_losses(run: &Path) -> Result<Vec<(f64, f64)>> {
-    let path = run.join("metrics.csv");
-    let mut r = csv::Reader::from_path(&path).with_context(|| format!("reading {}", path.display()))?;
-    let headers = r.headers()?.clone();
-    let col = |name: &str| {
-        headers.iter().position(|h| h == name).with_context(|| format!("{}: no `{name}` column", path.display()))
-    };
-    let (si, li) = (col("step")?, col("loss")?);
-    let mut pts = Vec::new();
-    for (n, rec) in r.records().enumerate() {
-        let rec = rec?;
-        let parse = |i: usize| -> Result<f64> {
-            rec.get(i)
-                .unwrap_or("")
-                .parse::<f64>()
-                .with_context(|| format!("{}: row {}: not a number", path.display(), n + 2))
-        };
-        pts.push((parse(si)?, parse(li)?));
-    }
-    Ok(pts)
+    let dir = RunDir::new(run);
+    anyhow::ensure!(dir.metrics_file().is_file(), "{}: no metrics.csv", run.display());
+    Ok(dir.metrics()?.iter().map(|m| (m.step as f64, m.loss)).collect())
 }

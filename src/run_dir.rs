@@ -279,6 +279,228 @@ pub fn clear(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+// ------------------------------------------------------------------------------------------------
+// The run-directory format. Every file name of a run lives here; trainers, analysis, plots and
+// the command line read and write runs through these methods only.
+
+/// One `metrics.csv` row: the training loss of step `step` (before its update), the learning rate
+/// of that update, the gradient norm before clipping, and Γ if the topology defines it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MetricsRow {
+    pub step: u64,
+    pub epoch: f64,
+    pub loss: f64,
+    pub lr: f64,
+    pub grad_norm: f64,
+    pub gamma: Option<f64>,
+}
+
+const METRICS_COLUMNS: [&str; 6] = ["step", "epoch", "loss", "lr", "grad_norm", "gamma"];
+const EVAL_COLUMNS: [&str; 4] = ["step", "loss", "accuracy", "perplexity"];
+
+/// A matrix as saved in a run (C, a parameter view): rows of f64.
+pub type Matrix = Vec<Vec<f64>>;
+
+impl RunDir {
+    /// The resolved config the run was trained with.
+    pub fn config_file(&self) -> PathBuf {
+        self.path.join("config.yaml")
+    }
+    pub fn metrics_file(&self) -> PathBuf {
+        self.path.join("metrics.csv")
+    }
+    pub fn eval_file(&self) -> PathBuf {
+        self.path.join("eval.csv")
+    }
+    pub fn summary_file(&self) -> PathBuf {
+        self.path.join("summary.json")
+    }
+    pub fn figures_dir(&self) -> PathBuf {
+        self.path.join("figures")
+    }
+    pub fn checkpoints_dir(&self) -> PathBuf {
+        self.path.join("checkpoints")
+    }
+    /// The model at the end of training.
+    pub fn final_checkpoint(&self) -> PathBuf {
+        self.checkpoints_dir().join("final.safetensors")
+    }
+    /// C at `step` (`connectivity/step_N.csv`).
+    pub fn connectivity_file(&self, step: u64) -> PathBuf {
+        self.path.join("connectivity").join(format!("step_{step}.csv"))
+    }
+    /// The topology's parameter view `name` at `step` (`params/<name>_step_N.csv`).
+    pub fn param_view_file(&self, name: &str, step: u64) -> PathBuf {
+        self.path.join("params").join(format!("{name}_step_{step}.csv"))
+    }
+
+    /// Files `plexus analyze` writes.
+    pub fn layerwise_file(&self) -> PathBuf {
+        self.path.join("layerwise.csv")
+    }
+    pub fn pruning_file(&self) -> PathBuf {
+        self.path.join("pruning.csv")
+    }
+    pub fn noise_file(&self) -> PathBuf {
+        self.path.join("noise.csv")
+    }
+    pub fn gamma_file(&self) -> PathBuf {
+        self.path.join("gamma.csv")
+    }
+    pub fn delta_file(&self) -> PathBuf {
+        self.path.join("delta.csv")
+    }
+    pub fn analysis_file(&self) -> PathBuf {
+        self.path.join("analysis.json")
+    }
+
+    /// `layerwise.csv` (none before `plexus analyze`).
+    pub fn layerwise(&self) -> Result<Vec<crate::analysis::ExitRow>> {
+        read_rows(&self.layerwise_file())
+    }
+    pub fn pruning(&self) -> Result<Vec<crate::analysis::PruneRow>> {
+        read_rows(&self.pruning_file())
+    }
+    pub fn noise(&self) -> Result<Vec<crate::analysis::noise::NoiseRow>> {
+        read_rows(&self.noise_file())
+    }
+
+    /// The rows of `metrics.csv` (none if the run has not written it yet).
+    pub fn metrics(&self) -> Result<Vec<MetricsRow>> {
+        read_rows(&self.metrics_file())
+    }
+
+    /// The rows of `eval.csv` (none if the dataset has no held-out set).
+    pub fn evals(&self) -> Result<Vec<crate::train::eval::EvalResult>> {
+        read_rows(&self.eval_file())
+    }
+
+    pub fn write_metrics(&self, rows: &[MetricsRow]) -> Result<()> {
+        write_rows(&self.metrics_file(), rows, &METRICS_COLUMNS)
+    }
+
+    /// Writes `eval.csv` (nothing when there are no evaluations).
+    pub fn write_evals(&self, rows: &[crate::train::eval::EvalResult]) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        write_rows(&self.eval_file(), rows, &EVAL_COLUMNS)
+    }
+
+    /// Saves C at `step`.
+    pub fn write_connectivity(&self, step: u64, c: &tch::Tensor) -> Result<()> {
+        atomic_write(&self.connectivity_file(step), matrix_csv(c).as_bytes())
+    }
+
+    /// Saves the parameter view `name` at `step`.
+    pub fn write_param_view(&self, name: &str, step: u64, view: &tch::Tensor) -> Result<()> {
+        atomic_write(&self.param_view_file(name, step), matrix_csv(view).as_bytes())
+    }
+
+    /// The steps at which C was saved, ascending.
+    pub fn connectivity_steps(&self) -> Result<Vec<u64>> {
+        steps_in(&self.path.join("connectivity"), "step_")
+    }
+
+    /// C at `step`: square, at least 2×2.
+    pub fn connectivity(&self, step: u64) -> Result<Matrix> {
+        read_square_matrix(&self.connectivity_file(step))
+    }
+
+    /// The steps at which the parameter view `name` was saved, ascending.
+    pub fn param_view_steps(&self, name: &str) -> Result<Vec<u64>> {
+        steps_in(&self.path.join("params"), &format!("{name}_step_"))
+    }
+
+    /// The parameter view `name` at `step`.
+    pub fn param_view(&self, name: &str, step: u64) -> Result<Matrix> {
+        read_matrix(&self.param_view_file(name, step))
+    }
+}
+
+/// Steps `N` of the files `<prefix>N.csv` in `dir`, ascending (none if `dir` does not exist).
+fn steps_in(dir: &Path, prefix: &str) -> Result<Vec<u64>> {
+    let mut out = Vec::new();
+    if dir.is_dir() {
+        for e in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+            let name = e?.file_name();
+            let step = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(prefix))
+                .and_then(|n| n.strip_suffix(".csv"))
+                .and_then(|n| n.parse::<u64>().ok());
+            out.extend(step);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+fn read_rows<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let mut r = csv::Reader::from_path(path).with_context(|| format!("reading {}", path.display()))?;
+    r.deserialize()
+        .enumerate()
+        .map(|(i, row)| row.with_context(|| format!("{}: row {}", path.display(), i + 2)))
+        .collect()
+}
+
+fn write_rows<T: serde::Serialize>(path: &Path, rows: &[T], header: &[&str]) -> Result<()> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    if rows.is_empty() {
+        w.write_record(header)?;
+    }
+    for r in rows {
+        w.serialize(r)?;
+    }
+    atomic_write(path, &w.into_inner()?)
+}
+
+/// A matrix saved by [`matrix_csv`]: header `node,0,1,…`, then `i,v,v,…` rows. Errors name the
+/// file and what is wrong (a truncated file, a bad number).
+pub fn read_matrix(path: &Path) -> Result<Matrix> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let cols = text.lines().next().map_or(0, |h| h.split(',').count().saturating_sub(1));
+    let rows: Matrix = text
+        .lines()
+        .skip(1)
+        .map(|l| {
+            l.split(',')
+                .skip(1)
+                .map(|c| c.parse::<f64>().with_context(|| format!("{}: bad number `{c}`", path.display())))
+                .collect()
+        })
+        .collect::<Result<_>>()?;
+    if rows.is_empty() || cols == 0 {
+        bail!("{}: no matrix (a header row `node,0,1,…` and at least one row are expected)", path.display());
+    }
+    if let Some(i) = rows.iter().position(|r| r.len() != cols) {
+        bail!(
+            "{}: row {} has {} values but the header names {cols} columns (a truncated file?)",
+            path.display(),
+            i + 2,
+            rows[i].len()
+        );
+    }
+    Ok(rows)
+}
+
+/// A square matrix of at least 2×2 (C, or ANCRe's p), as [`read_matrix`].
+pub fn read_square_matrix(path: &Path) -> Result<Matrix> {
+    let m = read_matrix(path)?;
+    if m.len() < 2 || m.len() != m[0].len() {
+        bail!(
+            "{}: a connectivity matrix is square with at least 2 nodes, this one is {}×{} (a truncated file?)",
+            path.display(),
+            m.len(),
+            m[0].len()
+        );
+    }
+    Ok(m)
+}
+
 /// A square matrix as CSV: a header row `node,0,1,…` and the node index as first column
 /// (row = source, column = target for connectivity matrices).
 pub fn matrix_csv(m: &tch::Tensor) -> String {

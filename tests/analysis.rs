@@ -150,7 +150,7 @@ fn gamma_of_an_hacn_run_is_the_rms_of_its_checkpointed_residual_weights() {
 
 /// Rows of a connectivity CSV (source node) × columns (target node), header and index dropped.
 fn matrix(p: &Path) -> Vec<Vec<f64>> {
-    analysis::read_matrix(p).unwrap()
+    plexus::run_dir::read_matrix(p).unwrap()
 }
 
 #[test]

@@ -9,7 +9,7 @@ use crate::experiment::Experiment;
 use crate::model::Model;
 use crate::run_dir::{atomic_write, RunDir};
 use crate::train::eval::{evaluate_with, EvalResult, EvalSet};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use tch::Device;
@@ -33,7 +33,7 @@ impl Run {
     /// Loads the run onto `device`, or the config's device if `None`.
     pub fn load_on(path: &Path, device: Option<Device>) -> Result<Run> {
         let dir = RunDir::open(path)?;
-        let exp = Experiment::from_file(&dir.file("config.yaml"), &[])?;
+        let exp = Experiment::from_file(&dir.config_file(), &[])?;
         let cfg = exp.config();
         let dev = match device {
             Some(d) => d,
@@ -42,7 +42,7 @@ impl Run {
         crate::device::apply_matmul_precision(cfg, dev)?;
         let compute = crate::device::compute_kind(cfg.precision);
         let mut model = Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute);
-        let ck = dir.path.join("checkpoints/final.safetensors");
+        let ck = dir.final_checkpoint();
         anyhow::ensure!(ck.is_file(), "{} is missing (has the run finished?)", ck.display());
         crate::train::checkpoint::load_weights(&mut model.vs, &ck)?;
         let data = exp.data.load()?;
@@ -61,7 +61,7 @@ impl Run {
 }
 
 /// One early exit: the readout applied after the first `units` units.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
 pub struct ExitRow {
     pub units: usize,
     pub loss: f64,
@@ -83,7 +83,7 @@ pub fn layerwise(run: &Run) -> Vec<ExitRow> {
 
 /// Depth pruning: the metric when the top `removed` units are dropped (= the exit after
 /// `L − removed` units), one row per `removed = 0..=L`.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
 pub struct PruneRow {
     pub removed: usize,
     pub loss: f64,
@@ -102,41 +102,18 @@ pub fn pruning(exits: &[ExitRow]) -> Vec<PruneRow> {
 
 /// Γ over training, from `metrics.csv`'s `gamma` column: `(step, Γ)`.
 pub fn gamma_series(dir: &Path) -> Result<Vec<(u64, f64)>> {
-    let path = dir.join("metrics.csv");
-    let mut r = csv::Reader::from_path(&path).with_context(|| format!("reading {}", path.display()))?;
-    let h = r.headers()?.clone();
-    let (Some(si), Some(gi)) = (h.iter().position(|c| c == "step"), h.iter().position(|c| c == "gamma")) else {
-        return Ok(Vec::new());
-    };
-    let mut out = Vec::new();
-    for rec in r.records() {
-        let rec = rec?;
-        if let (Ok(s), Ok(g)) = (rec[si].parse::<u64>(), rec[gi].parse::<f64>()) {
-            out.push((s, g));
-        }
-    }
-    Ok(out)
+    Ok(RunDir::new(dir).metrics()?.into_iter().filter_map(|r| r.gamma.map(|g| (r.step, g))).collect())
 }
 
-/// The residual weights `a` saved during training (`params/a_step_N.csv`), by step.
+/// The residual weights `a` saved during training (the topology's
+/// [`RESIDUAL_WEIGHTS`](crate::topology::RESIDUAL_WEIGHTS) view), by step.
 pub fn weight_series(dir: &Path) -> Result<Vec<(u64, Vec<f64>)>> {
-    let pdir = dir.join("params");
-    let mut out = Vec::new();
-    if !pdir.is_dir() {
-        return Ok(out);
-    }
-    for e in std::fs::read_dir(&pdir)? {
-        let p = e?.path();
-        let name = p.file_name().unwrap_or_default().to_string_lossy().into_owned();
-        let Some(step) = name.strip_prefix("a_step_").and_then(|s| s.strip_suffix(".csv")).and_then(|s| s.parse().ok())
-        else {
-            continue;
-        };
-        let m = read_matrix(&p)?;
-        out.push((step, m.into_iter().next().unwrap_or_default()));
-    }
-    out.sort_by_key(|(s, _)| *s);
-    Ok(out)
+    let run = RunDir::new(dir);
+    let name = crate::topology::RESIDUAL_WEIGHTS;
+    run.param_view_steps(name)?
+        .into_iter()
+        .map(|step| Ok((step, run.param_view(name, step)?.into_iter().next().unwrap_or_default())))
+        .collect()
 }
 
 /// `Δ_t = ‖a_T − a_t‖₂` (H-ACN Fig. 6a): distance of the residual weights from their final value.
@@ -171,71 +148,6 @@ impl AnalyzeOptions {
         }
         Ok(())
     }
-}
-
-/// Reads a matrix CSV written by `run_dir::matrix_csv` (header row and index column dropped):
-/// at least one row, every row as long as the header says.
-pub fn read_matrix(path: &Path) -> Result<Vec<Vec<f64>>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let cols = text.lines().next().map_or(0, |h| h.split(',').count().saturating_sub(1));
-    let rows: Vec<Vec<f64>> = text
-        .lines()
-        .skip(1)
-        .map(|l| {
-            l.split(',')
-                .skip(1)
-                .map(|c| c.parse::<f64>().with_context(|| format!("{}: bad number `{c}`", path.display())))
-                .collect()
-        })
-        .collect::<Result<_>>()?;
-    if rows.is_empty() || cols == 0 {
-        anyhow::bail!("{}: no matrix (a header row `node,0,1,…` and at least one row are expected)", path.display());
-    }
-    if let Some(i) = rows.iter().position(|r| r.len() != cols) {
-        anyhow::bail!(
-            "{}: row {} has {} values but the header names {cols} columns (a truncated file?)",
-            path.display(),
-            i + 2,
-            rows[i].len()
-        );
-    }
-    Ok(rows)
-}
-
-/// A square matrix of at least 2×2 (C, or ANCRe's p), as [`read_matrix`].
-pub fn read_square_matrix(path: &Path) -> Result<Vec<Vec<f64>>> {
-    let m = read_matrix(path)?;
-    if m.len() < 2 || m.len() != m[0].len() {
-        anyhow::bail!(
-            "{}: a connectivity matrix is square with at least 2 nodes, this one is {}×{} (a truncated file?)",
-            path.display(),
-            m.len(),
-            m[0].len()
-        );
-    }
-    Ok(m)
-}
-
-/// The saved connectivity matrices of a run, by step.
-pub fn connectivity_series(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
-    let cdir = dir.join("connectivity");
-    let mut out = Vec::new();
-    if cdir.is_dir() {
-        for e in std::fs::read_dir(&cdir)? {
-            let p = e?.path();
-            let step = p
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.strip_prefix("step_"))
-                .and_then(|n| n.strip_suffix(".csv"))
-                .and_then(|n| n.parse::<u64>().ok());
-            if let Some(s) = step {
-                out.push((s, p));
-            }
-        }
-    }
-    out.sort_by_key(|(s, _)| *s);
-    Ok(out)
 }
 
 /// What `plexus analyze` reports per run (also `analysis.json`).
@@ -283,18 +195,18 @@ pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<AnalysisSummary> {
     let run = Run::load_on(path, opts.device)?;
     let d = &run.dir;
     let exits = layerwise(&run);
-    write_rows(&d.file("layerwise.csv"), &exits)?;
-    write_rows(&d.file("pruning.csv"), &pruning(&exits))?;
+    write_rows(&d.layerwise_file(), &exits)?;
+    write_rows(&d.pruning_file(), &pruning(&exits))?;
     let noise_rows = noise::robustness(&run, opts)?;
-    write_rows(&d.file("noise.csv"), &noise_rows)?;
+    write_rows(&d.noise_file(), &noise_rows)?;
     let noise_summary = noise::summarise(&noise_rows);
     let gammas = gamma_series(&d.path)?;
     if !gammas.is_empty() {
-        write_pairs(&d.file("gamma.csv"), "gamma", &gammas)?;
+        write_pairs(&d.gamma_file(), "gamma", &gammas)?;
     }
     let weights = weight_series(&d.path)?;
     if weights.len() > 1 {
-        write_pairs(&d.file("delta.csv"), "delta", &delta_series(&weights))?;
+        write_pairs(&d.delta_file(), "delta", &delta_series(&weights))?;
     }
     let l = run.model.depth();
     let summary = AnalysisSummary {
@@ -306,7 +218,7 @@ pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<AnalysisSummary> {
         half_depth: exits[l / 2].clone(),
         noise: noise_summary,
     };
-    atomic_write(&d.file("analysis.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
+    atomic_write(&d.analysis_file(), serde_json::to_string_pretty(&summary)?.as_bytes())?;
     Ok(summary)
 }
 

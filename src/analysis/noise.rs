@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tch::{Kind, Tensor};
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
 pub struct NoiseRow {
     /// `gaussian` (σ on the model input) or `char` (per-token probability p).
     pub kind: String,

@@ -7,7 +7,7 @@ use super::{heatmaps, line_chart, topology_color, Heatmap, LineChart, Series};
 use crate::analysis;
 use crate::experiment::Experiment;
 use crate::run_dir::RunDir;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -26,7 +26,7 @@ pub fn open_runs(dirs: &[PathBuf]) -> Result<Vec<PlotRun>> {
     dirs.iter()
         .map(|d| {
             let rd = RunDir::open(d)?;
-            let exp = Experiment::from_file(&rd.file("config.yaml"), &[])?;
+            let exp = Experiment::from_file(&rd.config_file(), &[])?;
             let kind = exp.topology.kind().to_string();
             let v = seen.entry(kind.clone()).or_default();
             let color = topology_color(&kind, *v);
@@ -42,27 +42,13 @@ pub fn open_runs(dirs: &[PathBuf]) -> Result<Vec<PlotRun>> {
         .collect()
 }
 
-fn read_xy(path: &Path, x: &str, y: &str) -> Result<Vec<(f64, f64)>> {
-    let mut r = csv::Reader::from_path(path).with_context(|| format!("reading {}", path.display()))?;
-    let h = r.headers()?.clone();
-    let col = |n: &str| h.iter().position(|c| c == n).with_context(|| format!("{}: no `{n}` column", path.display()));
-    let (xi, yi) = (col(x)?, col(y)?);
-    let mut out = Vec::new();
-    for rec in r.records() {
-        let rec = rec?;
-        if let (Ok(a), Ok(b)) = (rec[xi].parse::<f64>(), rec[yi].parse::<f64>()) {
-            out.push((a, b));
-        }
-    }
-    Ok(out)
-}
-
-fn curves(runs: &[PlotRun], file: &str, x: &str, y: &str) -> Result<Vec<Series>> {
+/// One series per run from its `RunDir`'s rows (`points` picks them), for runs that have any.
+fn curves(runs: &[PlotRun], points: impl Fn(&RunDir) -> Result<Vec<(f64, f64)>>) -> Result<Vec<Series>> {
     let mut v = Vec::new();
     for r in runs {
-        let p = r.dir.join(file);
-        if p.exists() {
-            v.push(Series { label: r.label.clone(), points: read_xy(&p, x, y)?, color: Some(r.color) });
+        let pts = points(&RunDir::new(&r.dir))?;
+        if !pts.is_empty() {
+            v.push(Series { label: r.label.clone(), points: pts, color: Some(r.color) });
         }
     }
     Ok(v)
@@ -82,7 +68,7 @@ pub fn losses(runs: &[PlotRun], out: &Path, title: Option<&str>) -> Result<Vec<P
         "step",
         "training loss (log scale)",
         true,
-        curves(runs, "metrics.csv", "step", "loss")?,
+        curves(runs, |d| Ok(d.metrics()?.iter().map(|m| (m.step as f64, m.loss)).collect()))?,
         &out.join("loss"),
     )?;
     files.extend(chart(
@@ -90,7 +76,7 @@ pub fn losses(runs: &[PlotRun], out: &Path, title: Option<&str>) -> Result<Vec<P
         "step",
         "held-out loss (log scale)",
         true,
-        curves(runs, "eval.csv", "step", "loss")?,
+        curves(runs, |d| Ok(d.evals()?.iter().map(|e| (e.step as f64, e.loss)).collect()))?,
         &out.join("eval_loss"),
     )?);
     Ok(files)
@@ -102,14 +88,16 @@ pub fn gamma_delta(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
     let mut delta = Vec::new();
     for r in runs {
         let g = analysis::gamma_series(&r.dir)?;
-        if !g.is_empty() && r.kind == "hacn" {
+        let w = analysis::weight_series(&r.dir)?;
+        // Γ is drawn for runs with trainable residual weights (those that save them), not for the
+        // constant Γ of residual (1) or ACN (0).
+        if !g.is_empty() && !w.is_empty() {
             gamma.push(Series {
                 label: r.label.clone(),
                 points: g.iter().map(|&(s, v)| (s as f64, v)).collect(),
                 color: Some(r.color),
             });
         }
-        let w = analysis::weight_series(&r.dir)?;
         if w.len() > 1 {
             let d = analysis::delta_series(&w);
             let pts = d.iter().filter(|(_, v)| *v > 0.0).map(|&(s, v)| (s as f64, v)).collect();
@@ -131,18 +119,24 @@ pub fn gamma_delta(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
 /// Layer-wise exits (H-ACN Fig. 2a, 4), depth pruning (Fig. 10) and input-noise robustness
 /// (Fig. 3c), from the CSVs `plexus analyze` writes.
 pub fn analysis_curves(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
-    let lm = runs.iter().any(|r| {
-        std::fs::read_to_string(r.dir.join("layerwise.csv"))
-            .is_ok_and(|s| s.lines().nth(1).is_some_and(|l| !l.ends_with(',')))
-    });
-    let (metric, ylab, log_y) =
-        if lm { ("perplexity", "perplexity (log scale)", true) } else { ("accuracy", "accuracy", false) };
+    let mut lm = false;
+    for r in runs {
+        lm |= RunDir::new(&r.dir).layerwise()?.iter().any(|e| e.perplexity.is_some());
+    }
+    let (ylab, log_y) = if lm { ("perplexity (log scale)", true) } else { ("accuracy", false) };
+    // The metric of a row: perplexity for language models, accuracy otherwise.
+    let metric = move |accuracy: Option<f64>, perplexity: Option<f64>| if lm { perplexity } else { accuracy };
     let mut files = chart(
         "Layer-wise exits: final norm + shared head after unit i",
         "units used (i)",
         ylab,
         log_y,
-        curves(runs, "layerwise.csv", "units", metric)?,
+        curves(runs, |d| {
+            Ok(d.layerwise()?
+                .iter()
+                .filter_map(|e| Some((e.units as f64, metric(e.accuracy, e.perplexity)?)))
+                .collect())
+        })?,
         &out.join("layerwise"),
     )?;
     files.extend(chart(
@@ -150,17 +144,25 @@ pub fn analysis_curves(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
         "units removed",
         ylab,
         log_y,
-        curves(runs, "pruning.csv", "removed", metric)?,
+        curves(runs, |d| {
+            Ok(d.pruning()?
+                .iter()
+                .filter_map(|e| Some((e.removed as f64, metric(e.accuracy, e.perplexity)?)))
+                .collect())
+        })?,
         &out.join("pruning"),
     )?);
     // Noise: mean over repeats per level.
     let mut noise = Vec::new();
     for r in runs {
-        let p = r.dir.join("noise.csv");
-        if !p.exists() {
+        let pts: Vec<(f64, f64)> = RunDir::new(&r.dir)
+            .noise()?
+            .iter()
+            .filter_map(|n| Some((n.level, metric(n.accuracy, n.perplexity)?)))
+            .collect();
+        if pts.is_empty() {
             continue;
         }
-        let pts = read_xy(&p, "level", metric)?;
         let mut levels: Vec<f64> = pts.iter().map(|p| p.0).collect();
         levels.dedup();
         let mean = levels
@@ -226,22 +228,23 @@ fn c_panel(c: &[Vec<f64>], title: String) -> Heatmap {
 pub fn connectivity(runs: &[PlotRun], step: Option<u64>, out: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for r in runs {
-        let series = analysis::connectivity_series(&r.dir)?;
-        let Some((s, path)) = (match step {
-            Some(want) => series.iter().find(|(s, _)| *s == want).cloned(),
-            None => series.last().cloned(),
+        let run = RunDir::new(&r.dir);
+        let steps = run.connectivity_steps()?;
+        let Some(s) = (match step {
+            Some(want) => steps.iter().find(|s| **s == want).copied(),
+            None => steps.last().copied(),
         }) else {
             continue;
         };
-        let c = analysis::read_square_matrix(&path)?;
+        let c = run.connectivity(s)?;
         files.extend(heatmaps(
             &[c_panel(&c, format!("step {s}"))],
             &format!("Direct layer connectivity C — {}", r.label),
             &out.join(format!("connectivity_{}", r.name)),
         )?);
-        let p_file = r.dir.join("params").join(format!("p_step_{s}.csv"));
-        if p_file.exists() {
-            let p = analysis::read_square_matrix(&p_file)?;
+        let view = crate::topology::SHORTCUT_WEIGHTS;
+        if run.param_view_file(view, s).exists() {
+            let p = crate::run_dir::read_square_matrix(&run.param_view_file(view, s))?;
             let n = p.len();
             let labels = node_labels(n + 1);
             let mut values = vec![vec![f64::NAN; n - 1]; n - 1];
@@ -279,25 +282,24 @@ pub fn connectivity(runs: &[PlotRun], step: Option<u64>, out: &Path) -> Result<V
 pub fn connectivity_grid(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for r in runs {
-        let series = analysis::connectivity_series(&r.dir)?;
-        if series.len() < 2 {
+        let run = RunDir::new(&r.dir);
+        let steps = run.connectivity_steps()?;
+        if steps.len() < 2 {
             continue;
         }
-        let last = series.last().unwrap().0 as f64;
-        let mut picked: Vec<(u64, PathBuf)> = Vec::new();
+        let last = *steps.last().unwrap() as f64;
+        let mut picked: Vec<u64> = Vec::new();
         for f in [0.0, 0.25, 0.5, 0.75, 1.0] {
             let want = f * last;
             let best =
-                series.iter().min_by(|a, b| (a.0 as f64 - want).abs().total_cmp(&(b.0 as f64 - want).abs())).unwrap();
-            if !picked.iter().any(|p| p.0 == best.0) {
-                picked.push(best.clone());
+                *steps.iter().min_by(|a, b| (**a as f64 - want).abs().total_cmp(&(**b as f64 - want).abs())).unwrap();
+            if !picked.contains(&best) {
+                picked.push(best);
             }
         }
         let panels: Vec<Heatmap> = picked
             .iter()
-            .map(|(s, p)| {
-                Ok(c_panel(&analysis::read_square_matrix(p)?, format!("step {s} ({:.0}%)", 100.0 * *s as f64 / last)))
-            })
+            .map(|s| Ok(c_panel(&run.connectivity(*s)?, format!("step {s} ({:.0}%)", 100.0 * *s as f64 / last))))
             .collect::<Result<_>>()?;
         files.extend(heatmaps(
             &panels,

@@ -275,7 +275,7 @@ impl Topology for Ancre {
                 m[i * n + j] = *x;
             }
         }
-        Some(("p".into(), Tensor::from_slice(&m).view([n as i64, n as i64])))
+        Some((super::SHORTCUT_WEIGHTS.into(), Tensor::from_slice(&m).view([n as i64, n as i64])))
     }
 
     fn regularizer(&self) -> Option<Tensor> {

@@ -251,7 +251,7 @@ impl Topology for Hacn {
     }
 
     fn parameter_view(&self) -> Option<(String, Tensor)> {
-        Some(("a".into(), crate::host::to_cpu(&self.a().to_kind(Kind::Double)).unsqueeze(0)))
+        Some((super::RESIDUAL_WEIGHTS.into(), crate::host::to_cpu(&self.a().to_kind(Kind::Double)).unsqueeze(0)))
     }
 
     fn gamma(&self) -> Option<Tensor> {

@@ -35,6 +35,14 @@ use serde::Deserialize;
 use std::fmt::Debug;
 use tch::{nn, Kind, Tensor};
 
+/// Name of the parameter view of topologies with trainable residual weights `a` (H-ACN): one row
+/// `[1, L]`. Analysis reads it for Δ_t and seed correlations, plots for Γ and Δ_t.
+pub const RESIDUAL_WEIGHTS: &str = "a";
+
+/// Name of the parameter view of ANCRe's shortcut coefficients `p`: `[A+1, A+1]`, `p[i][j]` the
+/// weight of state i in state j. Plots draw `log(p_ij / max_i p_ij)` from it.
+pub const SHORTCUT_WEIGHTS: &str = "p";
+
 /// How a topology asks a unit to treat its pre-norm.
 #[derive(Clone, Copy)]
 pub enum Norm<'a> {

@@ -5,7 +5,7 @@ use crate::model::Model;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
 pub struct EvalResult {
     pub step: u64,
     /// Mean loss per example (classification) or per token (language model).

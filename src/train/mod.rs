@@ -19,13 +19,13 @@ use crate::dist;
 use crate::experiment::Experiment;
 use crate::host;
 use crate::model::Model;
-use crate::run_dir::{self, atomic_write, atomic_write_with, matrix_csv, RunDir};
+use crate::run_dir::{self, atomic_write, atomic_write_with, MetricsRow, RunDir};
 use anyhow::{bail, Context, Result};
 use checkpoint::TrainerState;
 use eval::{EvalResult, EvalSet};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use optim::Optim;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::time::Instant;
 use step::Stepper;
 
@@ -84,18 +84,6 @@ pub struct Summary {
     pub host_reads: Vec<u64>,
 }
 
-/// One `metrics.csv` row: the training loss of step `step` (before its update), the learning
-/// rate of that update, the gradient norm before clipping, and Γ if the topology defines it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Row {
-    step: u64,
-    epoch: f64,
-    loss: f64,
-    lr: f64,
-    grad_norm: f64,
-    gamma: Option<f64>,
-}
-
 pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summary> {
     let cfg = exp.config();
     let tc = &cfg.train;
@@ -143,18 +131,15 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     let (mut rows, mut evals, start) = if opts.resume {
         let changed = resume_config_changes(dir, cfg)?;
         dir.clean_leftovers()?;
-        let state = checkpoint::latest(dir)?.with_context(|| {
-            format!("--resume: no complete checkpoint in {}", dir.path.join("checkpoints").display())
-        })?;
+        let state = checkpoint::latest(dir)?
+            .with_context(|| format!("--resume: no complete checkpoint in {}", dir.checkpoints_dir().display()))?;
         let optim_state = checkpoint::load(dir, &state, &mut t.model.vs)?;
         t.optim.load_state(&optim_state, state.step)?;
         if !changed.is_empty() && main {
-            atomic_write(&dir.file("config.yaml"), cfg.to_yaml().as_bytes())?;
+            atomic_write(&dir.config_file(), cfg.to_yaml().as_bytes())?;
         }
-        let rows: Vec<Row> =
-            read_csv(&dir.file("metrics.csv"))?.into_iter().filter(|r: &Row| r.step < state.step).collect();
-        let evals: Vec<EvalResult> =
-            read_eval(&dir.file("eval.csv"))?.into_iter().filter(|e| e.step < state.step).collect();
+        let rows: Vec<MetricsRow> = dir.metrics()?.into_iter().filter(|r| r.step < state.step).collect();
+        let evals: Vec<EvalResult> = dir.evals()?.into_iter().filter(|e| e.step < state.step).collect();
         (rows, evals, state.step)
     } else if !main {
         (Vec::new(), Vec::new(), 0)
@@ -165,9 +150,9 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
             run_dir::clear(&dir.path)?;
         }
         dir.clean_leftovers()?;
-        let figures = dir.path.join("figures");
+        let figures = dir.figures_dir();
         std::fs::create_dir_all(&figures).with_context(|| format!("creating {}", figures.display()))?;
-        atomic_write(&dir.file("config.yaml"), cfg.to_yaml().as_bytes())?;
+        atomic_write(&dir.config_file(), cfg.to_yaml().as_bytes())?;
         (Vec::new(), Vec::new(), 0)
     };
 
@@ -194,11 +179,10 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         }
         if main && every(cfg.log.connectivity_every, step) {
             let c = t.model.connectivity(&probe_input);
-            atomic_write(&dir.path.join("connectivity").join(format!("step_{step}.csv")), matrix_csv(&c).as_bytes())?;
+            dir.write_connectivity(step, &c)?;
             // The topology's own view (H-ACN's a, ANCRe's p, …), for Δ_t and correlations later.
             if let Some((name, view)) = t.model.parameter_view(&probe_input) {
-                let file = dir.path.join("params").join(format!("{name}_step_{step}.csv"));
-                atomic_write(&file, matrix_csv(&view).as_bytes())?;
+                dir.write_param_view(&name, step, &view)?;
             }
         }
 
@@ -243,13 +227,13 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
                      after the divergence was kept",
                     cfg.name,
                     t.diagnose(first, step),
-                    dir.file("metrics.csv").display()
+                    dir.metrics_file().display()
                 );
             }
             if every(cfg.log.every, step) {
                 let epoch = (step * accum) as f64 / per_epoch as f64;
                 let (loss, grad_norm, gamma) = (logged.loss, logged.grad_norm, logged.gamma);
-                rows.push(Row { step, epoch, loss, lr, grad_norm, gamma });
+                rows.push(MetricsRow { step, epoch, loss, lr, grad_norm, gamma });
                 bar.set_message(format!("{loss:.3e}"));
             }
         }
@@ -272,7 +256,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     if main {
         write_logs(dir, &rows, &evals)?;
         save_checkpoint(dir, &t.model, &t.optim, steps, steps * accum, cfg.log.keep_checkpoints)?;
-        atomic_write_with(&dir.path.join("checkpoints").join("final.safetensors"), |p| {
+        atomic_write_with(&dir.final_checkpoint(), |p| {
             t.model.vs.save(p).with_context(|| format!("saving checkpoint {}", p.display()))
         })?;
     }
@@ -303,7 +287,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         host_reads,
     };
     if main {
-        atomic_write(&dir.file("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
+        atomic_write(&dir.summary_file(), serde_json::to_string_pretty(&summary)?.as_bytes())?;
     }
     Ok(summary)
 }
@@ -311,7 +295,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
 /// Checks that `cfg` may resume the run in `dir` (see [`crate::config::ResumeDiff`]) and returns
 /// the keys that change (extending `train.steps`, `log.*`).
 fn resume_config_changes(dir: &RunDir, cfg: &crate::config::Config) -> Result<Vec<String>> {
-    let path = dir.file("config.yaml");
+    let path = dir.config_file();
     let old = crate::config::load_file(&path, &[])
         .with_context(|| format!("--resume: reading the config the run was trained with, {}", path.display()))?;
     let diff = crate::config::ResumeDiff::between(&old.config, cfg);
@@ -355,45 +339,9 @@ fn save_checkpoint(dir: &RunDir, model: &Model, optim: &Optim, step: u64, data_i
     checkpoint::save(dir, &state, &model.vs, &optim.state(), keep)
 }
 
-fn write_logs(dir: &RunDir, rows: &[Row], evals: &[EvalResult]) -> Result<()> {
-    write_csv(dir, "metrics.csv", rows, &["step", "epoch", "loss", "lr", "grad_norm", "gamma"])?;
-    if !evals.is_empty() {
-        write_csv(dir, "eval.csv", evals, &["step", "loss", "accuracy", "perplexity"])?;
-    }
-    Ok(())
-}
-
-fn write_csv<T: Serialize>(dir: &RunDir, name: &str, rows: &[T], header: &[&str]) -> Result<()> {
-    let mut w = csv::Writer::from_writer(Vec::new());
-    if rows.is_empty() {
-        w.write_record(header)?;
-    }
-    for r in rows {
-        w.serialize(r)?;
-    }
-    atomic_write(&dir.file(name), &w.into_inner()?)
-}
-
-fn read_csv<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<Vec<T>> {
-    if !path.exists() {
-        return Ok(Vec::new());
-    }
-    let mut r = csv::Reader::from_path(path).with_context(|| format!("reading {}", path.display()))?;
-    r.deserialize().map(|row| row.with_context(|| format!("parsing {}", path.display()))).collect()
-}
-
-fn read_eval(path: &std::path::Path) -> Result<Vec<EvalResult>> {
-    #[derive(Deserialize)]
-    struct E {
-        step: u64,
-        loss: f64,
-        accuracy: Option<f64>,
-        perplexity: Option<f64>,
-    }
-    Ok(read_csv::<E>(path)?
-        .into_iter()
-        .map(|e| EvalResult { step: e.step, loss: e.loss, accuracy: e.accuracy, perplexity: e.perplexity })
-        .collect())
+fn write_logs(dir: &RunDir, rows: &[MetricsRow], evals: &[EvalResult]) -> Result<()> {
+    dir.write_metrics(rows)?;
+    dir.write_evals(evals)
 }
 
 fn progress_bar(steps: u64, start: u64, name: &str, show: bool) -> ProgressBar {
