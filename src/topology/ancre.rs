@@ -251,10 +251,11 @@ impl Topology for Ancre {
         }
         let mut states = vec![x];
         for (j0, &a) in self.anchors.iter().enumerate().take_while(|(_, &a)| a < units.len()) {
-            let pj = p[j0 + 1].to_kind(x0.kind());
+            let pj = p[j0 + 1].to_kind(x0.kind()).unbind(0);
             let mut z = units[a].forward(&states[j0], Norm::Default, train);
-            for (i, s) in states.iter().enumerate() {
-                z = z + s * pj.get(i as i64);
+            // `z += Σ_i p_ij s_i`, one addcmul per earlier state (see `common::weighted_sum`).
+            for (s, w) in states.iter().zip(&pj) {
+                z = z.addcmul(s, w);
             }
             let end = self.anchors.get(j0 + 1).copied().unwrap_or(units.len()).min(units.len());
             for f in &units[a + 1..end] {

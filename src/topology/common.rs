@@ -135,6 +135,24 @@ pub fn sum(ts: &[Tensor]) -> Tensor {
     ts.iter().skip(1).fold(ts[0].shallow_clone(), |a, b| a + b)
 }
 
+/// `Σ_i w[i] · xs[i]` for same-shape states `xs` and a weight vector `w` `[k]` (k = xs.len() ≥ 1):
+/// one `mul` then one `addcmul` per further state — k kernels forward, each reading its state once
+/// and writing no temporary, instead of a `mul` (an `[..]`-sized temporary) and an `add` per state;
+/// `w` is split once by `unbind` (one autograd node) rather than k `select`s.
+///
+/// Why not one kernel per unit (a matmul `w @ stack(xs)`): stacking the history per unit copies
+/// O(k) states, O(L²) over the stack; a preallocated `[L+1, ..]` history written slot by slot is an
+/// in-place write into a tensor the earlier matmuls saved for backward, which autograd's version
+/// check rejects; and tch has no custom autograd function to do the backward by hand.
+pub fn weighted_sum(xs: &[&Tensor], w: &Tensor) -> Tensor {
+    let w = w.unbind(0);
+    let mut acc = xs[0] * &w[0];
+    for (x, wi) in xs.iter().zip(&w).skip(1) {
+        acc = acc.addcmul(x, wi);
+    }
+    acc
+}
+
 /// The per-unit mixing of a multi-stream topology (Hyper-Connections, mHC) with `n` streams
 /// `H: [.., n, D]`: unit k reads `u = Σ_s pre[s] H_s`, and the streams become
 /// `H'_t = Σ_s res[s, t] H_s + post[t] · f_k(u)`.
@@ -174,9 +192,15 @@ pub fn multi_stream(
     };
     for (k, f) in units.iter().enumerate() {
         let (pre, res, post) = mix.mixing(k, &h);
-        let u = (pre.unsqueeze(-1) * &h).sum_dim_intlist(-2, false, h.kind());
+        // Read: `pre [.., 1, n] @ H [.., n, D]` → `[.., D]`, one (batched) matmul that reads H once,
+        // instead of `(pre ⊗ 1) * H` (an `[.., n, D]` temporary, forward and backward) and a sum.
+        let u = pre.unsqueeze(-2).matmul(&h).squeeze_dim(-2);
         let o = f.forward(&u, Norm::Default, train);
-        h = res.transpose(-1, -2).matmul(&h) + post.unsqueeze(-1) * o.unsqueeze(-2);
+        // Write: `H' = resᵀ H + post ⊗ o` with the rank-1 term fused into one addcmul (`post [.., n, 1]`
+        // times `o [.., 1, D]` added to the `[.., n, D]` matmul output), not a materialised outer
+        // product and a separate add. (A `baddbmm` with the outer product as a k = 1 bmm measured
+        // slower on CPU: its batch operands are stride-0 expansions for static mixing.)
+        h = res.transpose(-1, -2).matmul(&h).addcmul(&post.unsqueeze(-1), &o.unsqueeze(-2));
         if let Some(c) = coef.as_mut() {
             let (pre, res, post) = (pre.to_kind(Kind::Double), res.to_kind(Kind::Double), post.to_kind(Kind::Double));
             res_means.push(crate::host::to_cpu(&res.reshape([-1, n, n]).mean_dim(0, false, Kind::Double)));

@@ -100,10 +100,8 @@ impl Topology for DenseFormer {
             post.push(xi.shallow_clone());
             z = match next.next_if(|d| d.0 == i) {
                 Some((_, sources, w)) => {
-                    let w = w.to_kind(x0.kind());
-                    let terms: Vec<Tensor> =
-                        sources.iter().enumerate().map(|(n, &s)| &post[s] * w.get(n as i64)).collect();
-                    common::sum(&terms)
+                    let xs: Vec<&Tensor> = sources.iter().map(|&s| &post[s]).collect();
+                    common::weighted_sum(&xs, &w.to_kind(x0.kind()))
                 }
                 None => xi,
             };

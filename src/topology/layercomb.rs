@@ -83,9 +83,8 @@ struct LayerComb {
 
 impl LayerComb {
     fn combine(&self, outputs: &[Tensor], k: usize) -> Tensor {
-        let w = self.weights[k - 1].to_kind(outputs[0].kind());
-        let terms: Vec<Tensor> = outputs.iter().enumerate().map(|(i, h)| h * w.get(i as i64)).collect();
-        common::sum(&terms)
+        let xs: Vec<&Tensor> = outputs.iter().collect();
+        common::weighted_sum(&xs, &self.weights[k - 1].to_kind(outputs[0].kind()))
     }
 }
 

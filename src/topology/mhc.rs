@@ -142,7 +142,10 @@ impl StreamMixing for Mhc {
         let l = &self.layers[k];
         let n = self.n as i64;
         let v = h.to_kind(Kind::Float).flatten(-2, -1);
-        let r = v.square().mean_dim(-1, true, Kind::Float).sqrt();
+        // RMS over the flattened streams `[.., n·D]` as one norm kernel (‖v‖₂ / √(n·D)) instead of
+        // square → mean → sqrt with an `[.., n·D]` temporary saved for backward.
+        let nd = v.size()[v.dim() - 1] as f64;
+        let r = v.norm_scalaropt_dim(2.0, [-1i64], true) / nd.sqrt();
         let q = common::matmul(&v, &l.phi, self.compute) / &r;
         let pre = (q.narrow(-1, 0, n) * &l.alpha_pre + &l.bias_pre).sigmoid();
         let post = (q.narrow(-1, n, n) * &l.alpha_post + &l.bias_post).sigmoid() * 2.0;
