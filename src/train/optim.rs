@@ -33,6 +33,22 @@ struct Param {
     name: String,
     value: Tensor,
     group: Group,
+    /// AdamW moments: views `[shape]` into the parameter's bucket's flat `exp_avg` / `exp_avg_sq`
+    /// (undefined for GD), so that [`Optim::state`] keeps PyTorch's per-parameter names.
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+}
+
+/// AdamW's parameters of one group (and dtype, device) held in flat 1-D buffers: `value` `[P]`
+/// (every parameter's data is a view into it, installed with `set_data`), `exp_avg`, `exp_avg_sq`
+/// `[P]`. The update then runs 9 kernels per bucket on `[P]` instead of 8 per parameter tensor
+/// (tch binds no multi-tensor `_foreach_`/`_fused_adamw_` ops). Gradients stay per parameter
+/// (autograd owns them); they are concatenated once per step into `[P]`.
+struct Bucket {
+    group: Group,
+    /// Indices into `Optim::params`, in name order (the order of the flat layout).
+    members: Vec<usize>,
+    value: Tensor,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
 }
@@ -41,6 +57,12 @@ struct Param {
 pub struct Optim {
     kind: Optimizer,
     params: Vec<Param>,
+    buckets: Vec<Bucket>,
+    /// The flat gradient `[P]` of every bucket, concatenated by [`Optim::grad_norm`], scaled in place
+    /// by [`Optim::clip`] and consumed by [`Optim::step`] (so the trainer's norm → clip → step reads
+    /// and writes each gradient once more, not once per parameter tensor); dropped by `zero_grad`
+    /// and `step`. `None` for a bucket with a parameter that has no gradient.
+    flat_grads: std::cell::RefCell<Option<Vec<Option<Tensor>>>>,
     betas: [f64; 2],
     eps: f64,
     weight_decay: f64,
@@ -50,23 +72,55 @@ pub struct Optim {
 }
 
 impl Optim {
-    /// `vars`: the trainable parameters by name.
+    /// `vars`: the trainable parameters by name. With AdamW, every parameter's data is moved into
+    /// its bucket's flat buffer (values unchanged; the VarStore and the model see the same tensors).
     pub fn new(cfg: &TrainConfig, mut vars: Vec<(String, Tensor)>) -> Self {
         vars.sort_by(|a, b| a.0.cmp(&b.0));
-        let params = vars
+        let mut params: Vec<Param> = vars
             .into_iter()
             .map(|(name, value)| {
                 let group = group_of(&name, &value);
-                let (exp_avg, exp_avg_sq) = match cfg.optimizer {
-                    Optimizer::Adamw => (value.zeros_like(), value.zeros_like()),
-                    Optimizer::Gd => (Tensor::new(), Tensor::new()),
-                };
-                Param { name, value, group, exp_avg, exp_avg_sq }
+                Param { name, value, group, exp_avg: Tensor::new(), exp_avg_sq: Tensor::new() }
             })
             .collect();
+        let mut buckets: Vec<Bucket> = Vec::new();
+        if cfg.optimizer == Optimizer::Adamw {
+            let mut keys: Vec<(Group, Kind, tch::Device)> = Vec::new();
+            for p in &params {
+                let key = (p.group, p.value.kind(), p.value.device());
+                if !keys.contains(&key) {
+                    keys.push(key);
+                }
+            }
+            for (group, kind, dev) in keys {
+                let members: Vec<usize> = (0..params.len())
+                    .filter(|&i| {
+                        let p = &params[i];
+                        (p.group, p.value.kind(), p.value.device()) == (group, kind, dev)
+                    })
+                    .collect();
+                let flat: Vec<Tensor> = members.iter().map(|&i| params[i].value.detach().reshape([-1])).collect();
+                let value = tch::no_grad(|| Tensor::cat(&flat, 0));
+                let exp_avg = value.zeros_like();
+                let exp_avg_sq = value.zeros_like();
+                let mut off = 0i64;
+                for &i in &members {
+                    let p = &mut params[i];
+                    let (numel, shape) = (p.value.numel() as i64, p.value.size());
+                    let view = |t: &Tensor| t.narrow(0, off, numel).view(shape.as_slice());
+                    tch::no_grad(|| p.value.set_data(&view(&value)));
+                    p.exp_avg = view(&exp_avg);
+                    p.exp_avg_sq = view(&exp_avg_sq);
+                    off += numel;
+                }
+                buckets.push(Bucket { group, members, value, exp_avg, exp_avg_sq });
+            }
+        }
         Self {
             kind: cfg.optimizer,
             params,
+            buckets,
+            flat_grads: std::cell::RefCell::new(None),
             betas: cfg.betas,
             eps: cfg.eps,
             weight_decay: cfg.weight_decay,
@@ -76,23 +130,59 @@ impl Optim {
     }
 
     pub fn zero_grad(&self) {
+        self.flat_grads.replace(None);
         for p in &self.params {
             p.value.shallow_clone().zero_grad();
         }
     }
 
+    /// Each bucket's gradient as one flat `[P]` tensor (one `cat`), or `None` where a member has
+    /// no gradient (such a bucket is updated per parameter, skipping those, as torch.optim does).
+    fn concat_grads(&self) -> Vec<Option<Tensor>> {
+        self.buckets
+            .iter()
+            .map(|b| {
+                let grads: Vec<Tensor> = b.members.iter().map(|&i| self.params[i].value.grad()).collect();
+                grads.iter().all(Tensor::defined).then(|| {
+                    let flat: Vec<Tensor> = grads.iter().map(|g| g.reshape([-1])).collect();
+                    Tensor::cat(&flat, 0)
+                })
+            })
+            .collect()
+    }
+
     /// Global L2 norm of the gradients as a 0-dim fp32 tensor on the parameters' device, computed
-    /// as `torch.nn.utils.clip_grad_norm_` does (the norm of the per-tensor norms), with no read:
-    /// the trainer reads it on logging steps only.
+    /// as `torch.nn.utils.clip_grad_norm_` does (the norm of the per-tensor norms — here of the
+    /// per-bucket norms, the same value), with no read: the trainer reads it on logging steps only.
     pub fn grad_norm(&self) -> Tensor {
         tch::no_grad(|| {
-            let norms: Vec<Tensor> = self
-                .params
-                .iter()
-                .map(|p| p.value.grad())
-                .filter(|g| g.defined())
-                .map(|g| g.to_kind(Kind::Float).norm())
-                .collect();
+            let mut norms: Vec<Tensor> = Vec::new();
+            let mut flat_grads = None;
+            if !self.buckets.is_empty() {
+                let flat = self.concat_grads();
+                for (b, g) in self.buckets.iter().zip(&flat) {
+                    match g {
+                        Some(g) => norms.push(g.to_kind(Kind::Float).norm()),
+                        None => norms.extend(
+                            b.members
+                                .iter()
+                                .map(|&i| self.params[i].value.grad())
+                                .filter(Tensor::defined)
+                                .map(|g| g.to_kind(Kind::Float).norm()),
+                        ),
+                    }
+                }
+                flat_grads = Some(flat);
+            } else {
+                norms.extend(
+                    self.params
+                        .iter()
+                        .map(|p| p.value.grad())
+                        .filter(|g| g.defined())
+                        .map(|g| g.to_kind(Kind::Float).norm()),
+                );
+            }
+            self.flat_grads.replace(flat_grads);
             match norms.first() {
                 Some(first) if norms.len() == 1 => first.shallow_clone(),
                 Some(_) => Tensor::stack(&norms, 0).norm(),
@@ -130,13 +220,27 @@ impl Optim {
 
     /// Scales the gradients so their global norm is at most `max`, as PyTorch's clip_grad_norm_:
     /// `g ← g · min(1, max / (norm + 1e-6))` with the coefficient kept on the device (`norm` is
-    /// [`Optim::grad_norm`]), so clipping costs no read.
+    /// [`Optim::grad_norm`]), so clipping costs no read. After `grad_norm` it scales the flat
+    /// gradients that the update will use (one kernel per bucket); the per-parameter gradients
+    /// of flat buckets then keep their unclipped values.
     pub fn clip(&self, norm: &Tensor, max: f64) {
         tch::no_grad(|| {
             let coef = (norm + 1e-6).reciprocal().g_mul_scalar(max).clamp_max(1.0);
-            for p in &self.params {
+            let flat = self.flat_grads.borrow();
+            let mut done = vec![false; self.params.len()];
+            if let Some(flat) = flat.as_ref() {
+                for (b, g) in self.buckets.iter().zip(flat) {
+                    if let Some(g) = g {
+                        let _ = g.shallow_clone().g_mul_(&coef);
+                        for &i in &b.members {
+                            done[i] = true;
+                        }
+                    }
+                }
+            }
+            for (p, done) in self.params.iter().zip(done) {
                 let g = p.value.grad();
-                if g.defined() {
+                if !done && g.defined() {
                     let _ = g.shallow_clone().g_mul_(&coef);
                 }
             }
@@ -148,34 +252,50 @@ impl Optim {
         self.steps_done += 1;
         let t = self.steps_done as i32;
         let [b1, b2] = self.betas;
+        let c1 = 1.0 - b1.powi(t);
+        let c2 = 1.0 - b2.powi(t);
+        let flat = self.flat_grads.replace(None).unwrap_or_else(|| self.concat_grads());
+        let (eps, wd, mult) = (self.eps, self.weight_decay, self.topology_lr_mult);
+        let group_lr = |g: Group| if g == Group::Topology { lr * mult } else { lr };
+        // PyTorch's single-tensor AdamW, in place wherever tch allows: `p ← p(1 − lr·wd)`,
+        // `m ← lerp(m, g, 1−β1)`, `v ← lerp(v, g², 1−β2)`, `p ← p + m / denom` with
+        // `denom = −(√v/√c2 + eps)·c1/lr` (tch's addcdiv_ has no `value`, so the step size is folded
+        // into the denominator).
+        let adamw = |v: &Tensor, m: &Tensor, s: &Tensor, g: Tensor, g_is_temp: bool, group: Group| {
+            let lr = group_lr(group);
+            if group == Group::Decay && wd > 0.0 {
+                let _ = v.shallow_clone().g_mul_scalar_(1.0 - lr * wd);
+            }
+            let _ = m.shallow_clone().lerp_(&g, 1.0 - b1);
+            // The flat gradient is this step's own temporary: square it in place.
+            let g2 = if g_is_temp { g.shallow_clone().square_() } else { g.square() };
+            let _ = s.shallow_clone().lerp_(&g2, 1.0 - b2);
+            let mut denom = s.sqrt();
+            let _ = denom.g_mul_scalar_(-c1 / (lr * c2.sqrt())).g_add_scalar_(-eps * c1 / lr);
+            let _ = v.shallow_clone().addcdiv_(m, &denom);
+        };
         tch::no_grad(|| {
-            for p in &mut self.params {
-                let g = p.value.grad();
-                if !g.defined() {
-                    continue;
-                }
-                let lr = if p.group == Group::Topology { lr * self.topology_lr_mult } else { lr };
-                let mut v = p.value.shallow_clone();
-                match self.kind {
-                    Optimizer::Gd => {
-                        let _ = v.g_sub_(&(g * lr));
-                    }
-                    Optimizer::Adamw => {
-                        // PyTorch's single-tensor AdamW, in place wherever tch allows: two
-                        // temporaries per parameter (g², the denominator), as torch.optim has.
-                        if p.group == Group::Decay && self.weight_decay > 0.0 {
-                            let _ = v.g_mul_scalar_(1.0 - lr * self.weight_decay);
+            if self.kind == Optimizer::Adamw {
+                for (b, g) in self.buckets.iter().zip(flat) {
+                    match g {
+                        Some(g) => adamw(&b.value, &b.exp_avg, &b.exp_avg_sq, g, true, b.group),
+                        None => {
+                            for &i in &b.members {
+                                let p = &self.params[i];
+                                let g = p.value.grad();
+                                if g.defined() {
+                                    adamw(&p.value, &p.exp_avg, &p.exp_avg_sq, g, false, p.group);
+                                }
+                            }
                         }
-                        let _ = p.exp_avg.lerp_(&g, 1.0 - b1);
-                        let _ = p.exp_avg_sq.lerp_(&g.square(), 1.0 - b2);
-                        let c1 = 1.0 - b1.powi(t);
-                        let c2 = 1.0 - b2.powi(t);
-                        // v += exp_avg / denom with denom = −(√v̂ + eps)/step: tch's addcdiv_ has
-                        // no `value`, so the step size is folded into the denominator.
-                        let mut denom = p.exp_avg_sq.sqrt();
-                        let _ = denom.g_div_scalar_(c2.sqrt()).g_add_scalar_(self.eps).g_mul_scalar_(-c1 / lr);
-                        let _ = v.addcdiv_(&p.exp_avg, &denom);
                     }
+                }
+                return;
+            }
+            for p in &self.params {
+                let g = p.value.grad();
+                if g.defined() {
+                    let _ = p.value.shallow_clone().g_sub_(&(g * group_lr(p.group)));
                 }
             }
         });
@@ -259,5 +379,45 @@ mod tests {
             assert!((got[i] - want[i]).abs() < 1e-6, "w[{i}]: {} vs {}", got[i], want[i]);
         }
         assert!((a.double_value(&[0]) - want_a).abs() < 1e-6, "a: {} vs {want_a}", a.double_value(&[0]));
+    }
+
+    /// The flat buckets: parameters become views of one buffer (values kept, shared with the
+    /// caller's handles), the state keeps per-parameter names, a parameter without a gradient is
+    /// left alone (its bucket falls back to the per-parameter update), and norm → clip → step
+    /// clips the gradients the update uses.
+    #[test]
+    fn flat_buckets_keep_names_values_and_skip_missing_gradients() {
+        let cfg: TrainConfig =
+            serde_yaml::from_str("{optimizer: adamw, lr: 0.1, weight_decay: 0.0, betas: [0.9, 0.99], eps: 1.0e-8}")
+                .unwrap();
+        let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).reshape([2, 2]).set_requires_grad(true);
+        let b = Tensor::from_slice(&[5.0f32]).set_requires_grad(true);
+        let unused = Tensor::from_slice(&[7.0f32, 8.0]).set_requires_grad(true);
+        let vars = vec![
+            ("a.w".to_string(), w.shallow_clone()),
+            ("a.b".to_string(), b.shallow_clone()),
+            ("a.unused".to_string(), unused.shallow_clone()),
+        ];
+        let mut opt = Optim::new(&cfg, vars);
+        assert_eq!(Vec::<f32>::try_from(w.reshape([-1])).unwrap(), [1.0, 2.0, 3.0, 4.0]);
+        let names: Vec<String> = opt.state().into_iter().map(|(n, _)| n).collect();
+        assert!(names.contains(&"exp_avg.a.w".to_string()) && names.contains(&"exp_avg_sq.a.unused".to_string()));
+        opt.zero_grad();
+        // Gradient 3 on every element of w and b: norm 3·√5; clipped to norm 1, then Adam's first
+        // step moves every parameter by −lr·sign(g) whatever the scale.
+        ((&w).sum(Kind::Float) * 3.0 + &b * 3.0).sum(Kind::Float).backward();
+        let norm = opt.grad_norm();
+        assert!((norm.double_value(&[]) - 3.0 * 5f64.sqrt()).abs() < 1e-5);
+        opt.clip(&norm, 1.0);
+        opt.step(0.1);
+        let got = Vec::<f32>::try_from(w.reshape([-1])).unwrap();
+        for (g, want) in got.iter().zip([0.9f32, 1.9, 2.9, 3.9]) {
+            assert!((g - want).abs() < 1e-5, "{got:?}");
+        }
+        assert!((b.double_value(&[0]) - 4.9).abs() < 1e-5);
+        assert_eq!(Vec::<f32>::try_from(&unused).unwrap(), [7.0, 8.0]);
+        // exp_avg = (1 − β1)·clipped g = 0.1 · 3/(3√5).
+        let m = opt.state().into_iter().find(|(n, _)| n == "exp_avg.a.b").unwrap().1;
+        assert!((m.double_value(&[0]) - 0.1 / 5f64.sqrt()).abs() < 1e-6);
     }
 }
