@@ -351,6 +351,56 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
     })
 }
 
+/// Bytes the stream update of one unit must move, forward and backward, for `n` streams of
+/// `elems` elements each (`B·T·D`) of `dtype_bytes`: the memory-traffic lower bound of a fully
+/// fused implementation that touches every tensor once per pass.
+///
+/// * `n = 1` (residual, `x' = x + f(x)`): forward reads `x` and `o`, writes `x'`; backward reads
+///   `dx'` and the unit's input gradient, writes `dx` (`do` is `dx'` itself): 6 tensors.
+/// * `n > 1` (HC, mHC, `u = preᵀH`, `H' = resᵀH + post ⊗ o`): forward reads `H` (n), writes `u`,
+///   reads `o`, writes `H'` (n); backward reads `dH'` (n) and `H` (n, for the gradients of the
+///   mixing weights), reads `du`, writes `do` and `dH` (n): `(2n + 2) + (3n + 2) = 5n + 4` tensors.
+pub fn stream_update_bytes(n: usize, elems: u64, dtype_bytes: u64) -> u64 {
+    let tensors = if n <= 1 { 6 } else { 5 * n as u64 + 4 };
+    tensors * elems * dtype_bytes
+}
+
+/// The memory-traffic lower bound of an `n`-stream topology's overhead over residual, in % of the
+/// residual step `residual_ms`: the extra bytes of [`stream_update_bytes`] over `units` units at the
+/// measured copy bandwidth `bytes_per_s`. `None` for one stream.
+pub fn traffic_bound_pct(
+    n: usize,
+    units: usize,
+    elems: u64,
+    dtype_bytes: u64,
+    bytes_per_s: f64,
+    residual_ms: f64,
+) -> Option<f64> {
+    (n > 1).then(|| {
+        let extra =
+            (stream_update_bytes(n, elems, dtype_bytes) - stream_update_bytes(1, elems, dtype_bytes)) * units as u64;
+        100.0 * (extra as f64 / bytes_per_s * 1e3) / residual_ms
+    })
+}
+
+/// Best memory bandwidth of a large tensor copy on `dev` (bytes read + written per second).
+pub fn copy_bandwidth(dev: Device) -> f64 {
+    let n: i64 = 16 << 20; // 16 Mi floats = 64 MiB, beyond any cache
+    let src = Tensor::ones([n], (Kind::Float, dev));
+    let mut dst = Tensor::empty([n], (Kind::Float, dev));
+    let mut best = f64::INFINITY;
+    for i in 0..6 {
+        sync(dev);
+        let t = Instant::now();
+        dst.copy_(&src);
+        sync(dev);
+        if i >= 1 {
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+    }
+    2.0 * 4.0 * n as f64 / best
+}
+
 /// One topology of a [`compare`] run.
 #[derive(Debug, Clone)]
 pub struct CompareRow {
@@ -361,6 +411,11 @@ pub struct CompareRow {
     /// `t_i / t_first − 1` over rounds (%), each ratio taken between steps adjacent in time.
     pub overhead_pct: [f64; 3],
     pub act_mem_mb: f64,
+    /// Streams the topology carries (see [`crate::topology::TopologySpec::streams`]).
+    pub streams: usize,
+    /// For multi-stream topologies: the memory-traffic lower bound of the overhead over the first
+    /// entry, % ([`traffic_bound_pct`] with the stream's `B·T·D` and dtype).
+    pub traffic_bound_pct: Option<f64>,
 }
 
 /// Topology overhead measured in one process: every experiment is built, warmed up, then stepped
@@ -383,16 +438,27 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
             times[i].push(ts[i].timed_step());
         }
     }
+    // The stream update's shape: `x0` `[B, .., D]` of the benchmark batch, in its dtype.
+    let (elems, dtype_bytes) = tch::no_grad(|| {
+        let x0 = ts[0].model().backbone.embed(&ts[0].input(), false);
+        (x0.numel() as u64, x0.kind().elt_size_in_bytes() as u64)
+    });
+    let bandwidth = copy_bandwidth(ts[0].dev);
+    let first_ms = quantile(&times[0], 0.5);
     Ok(exps
         .iter()
         .enumerate()
-        .map(|(i, (label, _))| {
+        .map(|(i, (label, e))| {
+            let streams = e.topology.streams();
+            let units = ts[i].model().depth();
             let ratios: Vec<f64> = times[i].iter().zip(&times[0]).map(|(a, b)| 100.0 * (a / b - 1.0)).collect();
             CompareRow {
                 label: label.clone(),
                 ms: quantile(&times[i], 0.5),
                 overhead_pct: [quantile(&ratios, 0.5), quantile(&ratios, 0.1), quantile(&ratios, 0.9)],
                 act_mem_mb: ts[i].activation_mb(),
+                streams,
+                traffic_bound_pct: traffic_bound_pct(streams, units, elems, dtype_bytes, bandwidth, first_ms),
             }
         })
         .collect())
@@ -508,6 +574,18 @@ mod tests {
         assert_eq!(quantile(&xs, 0.5), 3.0);
         assert!((quantile(&xs, 0.1) - 1.4).abs() < 1e-12);
         assert!((quantile(&xs, 0.9) - 4.6).abs() < 1e-12);
+    }
+
+    /// Mixer bench case: B = 64, T = 64, D = 128 fp32, n = 4, 8 units, 10 GB/s, residual 100 ms:
+    /// per unit (5·4 + 4 − 6) · 524288 · 4 B = 37,748,736 B; × 8 = 301,989,888 B = 30.2 ms = 30.2 %.
+    #[test]
+    fn traffic_bound_of_a_hand_computed_case() {
+        let e = 64 * 64 * 128;
+        assert_eq!(stream_update_bytes(1, e, 4), 6 * 524_288 * 4);
+        assert_eq!(stream_update_bytes(4, e, 4), 24 * 524_288 * 4);
+        let pct = traffic_bound_pct(4, 8, e, 4, 10e9, 100.0).unwrap();
+        assert!((pct - 30.198_988_8).abs() < 1e-6, "{pct}");
+        assert_eq!(traffic_bound_pct(1, 8, e, 4, 10e9, 100.0), None);
     }
 
     #[test]

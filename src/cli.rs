@@ -701,22 +701,33 @@ fn compare_topologies(
     let case = opts.case.clone().unwrap_or_else(|| exps[0].1.config().name.clone());
     eprintln!("{case}: {} topologies, {} paired rounds…", exps.len(), opts.steps);
     let rows = crate::bench::compare(&exps, opts)?;
-    println!("{:<24} {:>10} {:>14} {:>20} {:>9}", "topology", "ms/step", "overhead", "(p10 … p90)", "act MB");
+    println!(
+        "{:<24} {:>10} {:>14} {:>20} {:>9} {:>14}",
+        "topology", "ms/step", "overhead", "(p10 … p90)", "act MB", "traffic bound"
+    );
     let mut text = String::new();
     for r in &rows {
         let [m, lo, hi] = r.overhead_pct;
+        // The bound: the least overhead a fully fused n-stream update could have (bench.rs).
+        let bound = r.traffic_bound_pct.map(|b| format!("≥ {b:+.1}%")).unwrap_or_default();
         println!(
-            "{:<24} {:>10.2} {:>13.1}% {:>20} {:>9.1}",
+            "{:<24} {:>10.2} {:>13.1}% {:>20} {:>9.1} {:>14}",
             r.label,
             r.ms,
             m,
             format!("({lo:+.1}% … {hi:+.1}%)"),
-            r.act_mem_mb
+            r.act_mem_mb,
+            bound
         );
-        text += &format!("{case},{},{:.4},{m:.3},{lo:.3},{hi:.3},{:.2}\n", r.label, r.ms, r.act_mem_mb);
+        let bound_csv = r.traffic_bound_pct.map(|b| format!("{b:.3}")).unwrap_or_default();
+        text += &format!("{case},{},{:.4},{m:.3},{lo:.3},{hi:.3},{:.2},{bound_csv}\n", r.label, r.ms, r.act_mem_mb);
     }
     if let Some(path) = csv {
-        append_csv(path, "case,topology,ms_median,overhead_pct,overhead_p10,overhead_p90,act_mem_mb", &text)?;
+        append_csv(
+            path,
+            "case,topology,ms_median,overhead_pct,overhead_p10,overhead_p90,act_mem_mb,traffic_bound_pct",
+            &text,
+        )?;
     }
     Ok(())
 }

@@ -66,6 +66,9 @@ impl TopologySpec for Spec {
     fn granularity(&self) -> Granularity {
         self.granularity
     }
+    fn streams(&self) -> usize {
+        self.n
+    }
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Topology> {
         let (n, d) = (self.n as i64, self.width as i64);
         let dev = vs.device();

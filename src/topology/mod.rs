@@ -157,6 +157,11 @@ pub trait TopologySpec: Debug {
     fn label(&self) -> String;
     /// Which units the topology wires.
     fn granularity(&self) -> Granularity;
+    /// Number of parallel residual streams the topology carries (n for Hyper-Connections and
+    /// mHC, 1 otherwise): the benchmark's memory-traffic bound of the stream update uses it.
+    fn streams(&self) -> usize {
+        1
+    }
     /// Builds the topology; `vs` is the `topology` sub-path, so parameters are named
     /// `topology.<name>` like PyTorch `state_dict` keys. `compute` is the dtype the topology's own
     /// matmuls (projections, low-rank maps, dynamic mixing weights) run in, like every `Linear` of

@@ -405,7 +405,7 @@ mod tests {
         opt.zero_grad();
         // Gradient 3 on every element of w and b: norm 3·√5; clipped to norm 1, then Adam's first
         // step moves every parameter by −lr·sign(g) whatever the scale.
-        ((&w).sum(Kind::Float) * 3.0 + &b * 3.0).sum(Kind::Float).backward();
+        (w.sum(Kind::Float) * 3.0 + &b * 3.0).sum(Kind::Float).backward();
         let norm = opt.grad_norm();
         assert!((norm.double_value(&[]) - 3.0 * 5f64.sqrt()).abs() < 1e-5);
         opt.clip(&norm, 1.0);
