@@ -24,7 +24,7 @@
 //! [`InMemory`] (an epoch is a seeded permutation), evaluation uses the whole test split in order.
 
 use super::files::{cache_path, canonical, capped_indices, read_cache, rng_for, write_cache, Root};
-use super::synthetic::InMemory;
+use super::in_memory::InMemory;
 use super::{Batch, DataEntry, DataInfo, DataSource, DataSpec, InputTransform, Task};
 use crate::config::{parse_options, OptionError};
 use anyhow::{anyhow, bail, Context};

@@ -16,7 +16,7 @@
 //! Batches: inputs `[B, 1, 28, 28]` float, labels `[B]` int64 ([`InMemory`]).
 
 use super::files::{capped_indices, Root};
-use super::synthetic::InMemory;
+use super::in_memory::InMemory;
 use super::{DataEntry, DataInfo, DataSource, DataSpec, InputTransform, Task};
 use crate::config::{parse_options, OptionError};
 use anyhow::{anyhow, bail};

@@ -356,7 +356,7 @@ impl DataSource for FolderSource {
     fn train_batch(&self, index: u64) -> anyhow::Result<Batch> {
         let per_epoch = self.batches_per_epoch();
         let (epoch, b) = (index / per_epoch, (index % per_epoch) as usize);
-        let perm = super::synthetic::epoch_permutation(self.train.len(), self.o.seed, epoch);
+        let perm = super::in_memory::epoch_permutation(self.train.len(), self.o.seed, epoch);
         let bs = self.o.batch_size;
         let mut files: Vec<&(PathBuf, i64)> =
             perm[b * bs..(b + 1) * bs].iter().map(|&i| &self.train[i as usize]).collect();

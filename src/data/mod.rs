@@ -9,6 +9,7 @@ pub mod cifar;
 pub mod files;
 pub mod idx;
 pub mod imagefolder;
+pub mod in_memory;
 pub mod prefetch;
 pub mod synthetic;
 pub mod text;
