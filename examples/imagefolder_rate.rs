@@ -27,7 +27,7 @@ fn main() -> anyhow::Result<()> {
     let options: serde_yaml::Mapping = serde_yaml::from_str(&format!(
         "{{dir: {dir}, eval_split: test, classes: 10, image_size: {size}, batch_size: 64, eval_samples: 64, workers: {workers}}}"
     ))?;
-    let src = plexus::data::imagefolder::spec_at(&root, &options).map_err(|e| anyhow::anyhow!("{e:?}"))?.load()?;
+    let src = plexus::data::parse_at("imagefolder", &root, &options).map_err(|e| anyhow::anyhow!("{e:?}"))?.load()?;
     for i in 0..4 {
         src.train_batch(1000 + i)?;
     }

@@ -137,7 +137,7 @@ fn write_binary(root: &Path) -> PathBuf {
 fn cifar_binary_records_give_labels_pixels_and_channel_order() {
     let tmp = tempfile::tempdir().unwrap();
     write_binary(tmp.path());
-    let spec = cifar::spec_at(tmp.path(), &yaml("{normalize: false, batch_size: 5}")).unwrap();
+    let spec = data::parse_at("cifar10", tmp.path(), &yaml("{normalize: false, batch_size: 5}")).unwrap();
     assert_eq!(spec.info().input_shape, vec![3, 32, 32]);
     assert_eq!(spec.info().output_dim, 10);
     assert_eq!(spec.info().task, Task::Classification);
@@ -179,7 +179,7 @@ fn cifar_binary_records_give_labels_pixels_and_channel_order() {
     assert_eq!([px[3072], px[3072 + 1024], px[3072 + 2048]].map(|v| (v * 255.0).round() as u8), [80, 90, 250]);
 
     // Normalisation uses the CIFAR-10 channel statistics.
-    let src = load(cifar::spec_at(tmp.path(), &yaml("{}")).unwrap().as_ref());
+    let src = load(data::parse_at("cifar10", tmp.path(), &yaml("{}")).unwrap().as_ref());
     let px = floats(&src.eval_batches()[0].input);
     for (c, v) in [50.0f32, 60.0, 70.0].into_iter().enumerate() {
         let want = (v / 255.0 - cifar::MEAN[c]) / cifar::STD[c];
@@ -187,7 +187,7 @@ fn cifar_binary_records_give_labels_pixels_and_channel_order() {
     }
 
     // A class subset remaps labels in the order given: [cat, automobile] keeps 3 of 5 files.
-    let spec = cifar::spec_at(tmp.path(), &yaml("{classes: [cat, 1], batch_size: 64}")).unwrap();
+    let spec = data::parse_at("cifar10", tmp.path(), &yaml("{classes: [cat, 1], batch_size: 64}")).unwrap();
     assert_eq!(spec.info().output_dim, 2);
     let src = load(spec.as_ref());
     assert_eq!(src.batches_per_epoch(), 30_000 / 64);
@@ -201,7 +201,7 @@ fn cifar_binary_records_give_labels_pixels_and_channel_order() {
 fn cifar_binary_truncated_file_and_bad_label_name_file_and_offset() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = write_binary(tmp.path());
-    let spec = cifar::spec_at(tmp.path(), &yaml("{}")).unwrap();
+    let spec = data::parse_at("cifar10", tmp.path(), &yaml("{}")).unwrap();
 
     let mut bytes = record(2, 1, 2, 3);
     bytes.extend(record(2, 1, 2, 3));
@@ -227,7 +227,7 @@ fn cifar_binary_truncated_file_and_bad_label_name_file_and_offset() {
 fn cifar_binary_empty_or_short_files_are_errors_not_smaller_splits() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = write_binary(tmp.path());
-    let spec = cifar::spec_at(tmp.path(), &yaml("{}")).unwrap();
+    let spec = data::parse_at("cifar10", tmp.path(), &yaml("{}")).unwrap();
     let full = std::fs::read(dir.join("data_batch_3.bin")).unwrap();
     std::fs::write(dir.join("data_batch_3.bin"), b"").unwrap();
     let e = load_err(spec.as_ref());
@@ -246,19 +246,19 @@ fn cifar_binary_empty_or_short_files_are_errors_not_smaller_splits() {
 fn missing_datasets_say_where_plexus_looked() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().display().to_string();
-    let e = load_err(cifar::spec_at(tmp.path(), &yaml("{}")).unwrap().as_ref());
+    let e = load_err(data::parse_at("cifar10", tmp.path(), &yaml("{}")).unwrap().as_ref());
     assert!(e.contains("CIFAR-10 not found") && e.contains(&root), "{e}");
     assert!(
         e.contains("cifar-10-batches-bin") && e.contains("https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz")
     );
-    let e = load_err(cifar::spec_at(tmp.path(), &yaml("{format: folder}")).unwrap().as_ref());
+    let e = load_err(data::parse_at("cifar10", tmp.path(), &yaml("{format: folder}")).unwrap().as_ref());
     assert!(e.contains(&format!("{root}/cifar10/{{train,test}}")), "{e}");
 
-    let e = load_err(idx::spec_at(tmp.path(), &yaml("{}")).unwrap().as_ref());
+    let e = load_err(data::parse_at("mnist", tmp.path(), &yaml("{}")).unwrap().as_ref());
     assert!(e.contains(&format!("{root}/fashion-mnist/train-images-idx3-ubyte")), "{e}");
     assert!(e.contains("https://github.com/zalandoresearch/fashion-mnist") && e.contains("dataset-fashion-mnist"));
 
-    let e = load_err(text::spec_at(tmp.path(), &yaml("{file: text/nope.txt}")).unwrap().as_ref());
+    let e = load_err(data::parse_at("text", tmp.path(), &yaml("{file: text/nope.txt}")).unwrap().as_ref());
     assert!(e.contains(&format!("{root}/text/nope.txt")), "{e}");
 }
 
@@ -307,7 +307,7 @@ fn cifar_folder_layout_decodes_in_class_order_and_caches() {
         }
     }
     std::fs::write(dir.join("train/cat/notes.txt"), "not an image").unwrap();
-    let spec = cifar::spec_at(tmp.path(), &yaml("{normalize: false, batch_size: 20}")).unwrap();
+    let spec = data::parse_at("cifar10", tmp.path(), &yaml("{normalize: false, batch_size: 20}")).unwrap();
     let src = load(spec.as_ref());
     assert_eq!(src.batches_per_epoch(), 1);
     let b = src.train_batch(0);
@@ -327,7 +327,7 @@ fn cifar_folder_layout_decodes_in_class_order_and_caches() {
 
     // A changed folder (a file more) is decoded again, not served from the stale cache.
     image_of(250, 0, 0).save(dir.join("train/truck/0002.png")).unwrap();
-    let spec21 = cifar::spec_at(tmp.path(), &yaml("{normalize: false, batch_size: 21}")).unwrap();
+    let spec21 = data::parse_at("cifar10", tmp.path(), &yaml("{normalize: false, batch_size: 21}")).unwrap();
     let t = longs(&load(spec21.as_ref()).train_batch(0).target);
     assert_eq!(t.iter().filter(|&&l| l == 9).count(), 3);
 
@@ -482,7 +482,7 @@ fn idx_copies_load_and_corruptions_name_file_and_offset() {
     };
     write("train", &train, 30, false);
     write("t10k", &test, 20, true);
-    let spec = idx::spec_at(tmp.path(), &yaml("{batch_size: 10, normalize: false}")).unwrap();
+    let spec = data::parse_at("mnist", tmp.path(), &yaml("{batch_size: 10, normalize: false}")).unwrap();
     let src = load(spec.as_ref());
     assert_eq!(src.batches_per_epoch(), 3);
     let ev = src.eval_batches();
@@ -604,7 +604,8 @@ fn text_gpt2_tokens_on_shared_data_are_cached_and_batched() {
 fn text_in_a_temporary_root_and_short_files() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("t.txt"), "abcdefghij".repeat(10)).unwrap();
-    let spec = text::spec_at(tmp.path(), &yaml("{file: t.txt, seq_len: 8, batch_size: 2, eval_batches: 1}")).unwrap();
+    let spec =
+        data::parse_at("text", tmp.path(), &yaml("{file: t.txt, seq_len: 8, batch_size: 2, eval_batches: 1}")).unwrap();
     let src = load(spec.as_ref());
     let b = src.train_batch(0);
     assert_eq!(b.input.size(), vec![2, 8]);
@@ -612,12 +613,12 @@ fn text_in_a_temporary_root_and_short_files() {
     let ev = src.eval_batches();
     assert_eq!(longs(&ev[0].input.get(0)), b"abcdefgh".iter().map(|&c| c as i64).collect::<Vec<_>>());
 
-    let spec = text::spec_at(tmp.path(), &yaml("{file: t.txt, seq_len: 95}")).unwrap();
+    let spec = data::parse_at("text", tmp.path(), &yaml("{file: t.txt, seq_len: 95}")).unwrap();
     let e = load_err(spec.as_ref());
     assert!(e.contains("t.txt") && e.contains("seq_len"), "{e}");
 
     std::fs::write(tmp.path().join("bad.txt"), [b'a', b'b', 0xff, b'c']).unwrap();
-    let spec = text::spec_at(tmp.path(), &yaml("{file: bad.txt, tokenizer: gpt2, seq_len: 1}")).unwrap();
+    let spec = data::parse_at("text", tmp.path(), &yaml("{file: bad.txt, tokenizer: gpt2, seq_len: 1}")).unwrap();
     let e = load_err(spec.as_ref());
     assert!(e.contains("bad.txt") && e.contains("byte offset 2"), "{e}");
 }
@@ -648,7 +649,7 @@ fn image_folder(dir: &Path) {
 
 /// An `imagefolder` spec pinned to `root` (whatever `PLEXUS_DATA` says).
 fn folder_spec(root: &Path, options: &str) -> Box<dyn DataSpec> {
-    data::imagefolder::spec_at(root, &yaml(options)).unwrap_or_else(|e| panic!("{e:?}"))
+    data::parse_at("imagefolder", root, &yaml(options)).unwrap_or_else(|e| panic!("{e:?}"))
 }
 
 #[test]
@@ -737,7 +738,7 @@ fn idx_multi_member_gzip_loads_and_an_empty_split_is_an_error() {
     }
     let read = idx::read_idx_file(&dir.join("train-images-idx3-ubyte.gz")).unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(read, images);
-    let spec = idx::spec_at(tmp.path(), &yaml("{batch_size: 4, normalize: false}")).unwrap();
+    let spec = data::parse_at("mnist", tmp.path(), &yaml("{batch_size: 4, normalize: false}")).unwrap();
     let src = load(spec.as_ref());
     assert_eq!(src.batches_per_epoch(), 3);
     assert_eq!(longs(&src.eval_batches()[2].target), vec![8, 9, 0, 1]);

@@ -6,7 +6,7 @@ mod common;
 
 use plexus::data::text::{gpt2_encode, Tokenizer};
 use plexus::data::tokenize::{self, TokenizeOptions, GPT2_EOT};
-use plexus::data::{tokens, Batch, DataSource};
+use plexus::data::{self, Batch, DataSource};
 use std::path::{Path, PathBuf};
 use tch::Kind;
 
@@ -60,12 +60,12 @@ fn longs(t: &tch::Tensor) -> Vec<i64> {
 }
 
 fn load(root: &Path, options: &str) -> Box<dyn DataSource> {
-    let spec = tokens::spec_at(root, &yaml(options)).unwrap_or_else(|e| panic!("{e:?}"));
+    let spec = data::parse_at("tokens", root, &yaml(options)).unwrap_or_else(|e| panic!("{e:?}"));
     spec.load().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn load_err(root: &Path, options: &str) -> String {
-    match tokens::spec_at(root, &yaml(options)).unwrap().load() {
+    match data::parse_at("tokens", root, &yaml(options)).unwrap().load() {
         Ok(_) => panic!("expected {options} to fail to load"),
         Err(e) => format!("{e:#}"),
     }
@@ -263,7 +263,7 @@ fn token_file_errors_say_what_is_wrong_and_where() {
         ("{dir: t, seq_len: 0}", "seq_len"),
         ("{dir: t, batch: 3}", "batch"),
     ] {
-        let e = tokens::spec_at(root, &yaml(o)).unwrap_err();
+        let e = data::parse_at("tokens", root, &yaml(o)).unwrap_err();
         assert!(format!("{e:?}").contains(key), "{o}: {e:?}");
     }
 }
@@ -282,7 +282,7 @@ fn a_tiny_gpt_trains_on_tokenized_text() {
     // Read from the temporary root whatever PLEXUS_DATA says.
     let mut options = yaml(data);
     options.remove("kind");
-    exp.data = tokens::spec_at(tmp.path(), &options).unwrap();
+    exp.data = data::parse_at("tokens", tmp.path(), &options).unwrap();
     let run = plexus::run_dir::RunDir::create(&tmp.path().join("run")).unwrap();
     let s = plexus::train::train(&exp, &run, &Default::default()).unwrap();
     assert!(s.initial_loss > 9.0, "starts near ln(50304) ≈ 10.8: {}", s.initial_loss);

@@ -83,99 +83,69 @@ pub enum Schedule {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
-    #[serde(default)]
     pub optimizer: Optimizer,
     /// Peak learning rate, > 0.
-    #[serde(default = "default_lr")]
     pub lr: f64,
     /// Number of optimizer steps, ≥ 1.
-    #[serde(default = "default_steps")]
     pub steps: u64,
     /// Decoupled weight decay (AdamW), ≥ 0, applied to the `decay` group only: ≥2-D weights
     /// except position embeddings; never to norms, biases or topology parameters.
-    #[serde(default)]
     pub weight_decay: f64,
     /// AdamW β₁, β₂.
-    #[serde(default = "default_betas")]
     pub betas: [f64; 2],
-    #[serde(default = "default_eps")]
     pub eps: f64,
-    #[serde(default)]
     pub schedule: Schedule,
     /// Linear warm-up steps (from lr/warmup to lr).
-    #[serde(default)]
     pub warmup_steps: u64,
     /// Final learning rate of the cosine schedule, as a fraction of `lr`.
-    #[serde(default)]
     pub min_lr_ratio: f64,
     /// Clip the global gradient norm to this value (none if absent).
-    #[serde(default)]
     pub clip_grad_norm: Option<f64>,
     /// Micro-batches accumulated per optimizer step (the loss is averaged over them).
-    #[serde(default = "one")]
     pub accumulation: u64,
     /// Learning-rate multiplier of the topology's own parameters (ANCRe logits, H-ACN a, …).
-    #[serde(default = "one_f")]
     pub topology_lr_mult: f64,
-}
-
-fn default_lr() -> f64 {
-    1e-3
-}
-fn default_steps() -> u64 {
-    1000
-}
-fn default_betas() -> [f64; 2] {
-    [0.9, 0.999]
-}
-fn default_eps() -> f64 {
-    1e-8
-}
-fn one() -> u64 {
-    1
-}
-fn one_f() -> f64 {
-    1.0
 }
 
 impl Default for TrainConfig {
     fn default() -> Self {
-        serde_yaml::from_str("{}").expect("every TrainConfig field has a default")
+        TrainConfig {
+            optimizer: Optimizer::Gd,
+            lr: 1e-3,
+            steps: 1000,
+            weight_decay: 0.0,
+            betas: [0.9, 0.999],
+            eps: 1e-8,
+            schedule: Schedule::Constant,
+            warmup_steps: 0,
+            min_lr_ratio: 0.0,
+            clip_grad_norm: None,
+            accumulation: 1,
+            topology_lr_mult: 1.0,
+        }
     }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
     /// Write a `metrics.csv` row every this many steps (and always at step 0 and the last step).
-    #[serde(default = "default_every")]
     pub every: u64,
     /// Save the connectivity matrix C every this many steps (0 = only at the end).
-    #[serde(default)]
     pub connectivity_every: u64,
     /// Evaluate on the held-out set every this many steps (0 = only at the end).
-    #[serde(default)]
     pub eval_every: u64,
     /// Write a resumable checkpoint every this many steps (0 = only at the end).
-    #[serde(default)]
     pub checkpoint_every: u64,
     /// How many step checkpoints to keep (the newest; ≥ 1).
-    #[serde(default = "two")]
     pub keep_checkpoints: usize,
-}
-
-fn default_every() -> u64 {
-    10
-}
-fn two() -> usize {
-    2
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
-        serde_yaml::from_str("{}").expect("every LogConfig field has a default")
+        LogConfig { every: 10, connectivity_every: 0, eval_every: 0, checkpoint_every: 0, keep_checkpoints: 2 }
     }
 }
 
@@ -556,6 +526,11 @@ fn scalar_text(v: &serde_yaml::Value) -> Option<String> {
 
 /// Deserialises a kind section's options into an entry's own `Options` struct (which should be
 /// `#[serde(deny_unknown_fields)]`), reporting the key path on failure.
+///
+/// An `Options` struct whose defaults come from its `impl Default` (`#[serde(default)]` on the
+/// struct) marks a required option `Option<T>` with `#[serde(deserialize_with =
+/// "crate::config::present")]` and takes it with [`required`], which fails as serde does for a
+/// missing field.
 pub fn parse_options<T: serde::de::DeserializeOwned>(options: &serde_yaml::Mapping) -> Result<T, OptionError> {
     let value = serde_yaml::Value::Mapping(options.clone());
     serde_path_to_error::deserialize(value).map_err(|e| {
@@ -565,6 +540,18 @@ pub fn parse_options<T: serde::de::DeserializeOwned>(options: &serde_yaml::Mappi
         }
         oe
     })
+}
+
+/// Deserialises a required option that is present (a `null` is the type error it always was); a
+/// missing one is left `None` by the struct's `Default`, for [`required`].
+pub fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// The value of a required option (see [`present`]); absent, the error serde gives for a missing
+/// field (no key: it belongs to the section).
+pub fn required<T>(value: Option<T>, field: &str) -> Result<T, OptionError> {
+    value.ok_or_else(|| OptionError { key: String::new(), value: None, allowed: format!("missing field `{field}`") })
 }
 
 #[cfg(test)]

@@ -20,8 +20,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Where a dataset's files are: the configured `root` (resolved with [`super::data_root`] at
-/// load time, so `PLEXUS_DATA` wins), or a root pinned by a program (see e.g.
-/// [`super::cifar::spec_at`]) that the environment does not override.
+/// load time, so `PLEXUS_DATA` wins), or a root pinned by a program ([`super::parse_at`]) that
+/// the environment does not override.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Root {
     Configured(Option<PathBuf>),
@@ -29,6 +29,14 @@ pub enum Root {
 }
 
 impl Root {
+    /// `pinned` if a program gave one, else the section's `root` option.
+    pub fn new(pinned: Option<&Path>, configured: Option<PathBuf>) -> Root {
+        match pinned {
+            Some(p) => Root::Pinned(p.to_path_buf()),
+            None => Root::Configured(configured),
+        }
+    }
+
     pub fn resolve(&self) -> PathBuf {
         match self {
             Root::Configured(c) => super::data_root(c.as_deref()),

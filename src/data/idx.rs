@@ -17,7 +17,7 @@
 
 use super::files::{capped_indices, Root};
 use super::in_memory::InMemory;
-use super::{DataEntry, DataInfo, DataSource, DataSpec, InputTransform, Task};
+use super::{check_caps, check_ranges, DataEntry, DataInfo, DataSource, DataSpec, InputTransform, Task, MAX_BATCH};
 use crate::config::{parse_options, OptionError};
 use anyhow::{anyhow, bail};
 use serde::Deserialize;
@@ -37,29 +37,29 @@ pub const SIDE: usize = 28;
 const CLASSES: usize = 10;
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
     root: Option<PathBuf>,
-    #[serde(default = "fashion")]
     dataset: String,
-    #[serde(default = "yes")]
     normalize: bool,
-    #[serde(default = "b64")]
     batch_size: usize,
     train_samples: Option<usize>,
     eval_samples: Option<usize>,
-    #[serde(default)]
     seed: u64,
 }
 
-fn fashion() -> String {
-    "fashion-mnist".into()
-}
-fn yes() -> bool {
-    true
-}
-fn b64() -> usize {
-    64
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            root: None,
+            dataset: "fashion-mnist".into(),
+            normalize: true,
+            batch_size: 64,
+            train_samples: None,
+            eval_samples: None,
+            seed: 0,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -73,17 +73,7 @@ struct Spec {
     seed: u64,
 }
 
-fn parse(opts: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
-    parse_spec(opts, None)
-}
-
-/// Parses `options` like the registry entry does, but reads the data from `root` whatever
-/// `PLEXUS_DATA` and the `root` option say (for programs and tests that manage their own files).
-pub fn spec_at(root: &Path, options: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
-    parse_spec(options, Some(root))
-}
-
-fn parse_spec(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
+fn parse(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
     let d = Path::new(&o.dataset);
     if o.dataset.is_empty() || d.is_absolute() || d.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
@@ -93,19 +83,10 @@ fn parse_spec(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<d
             "a folder name under the data root, e.g. `fashion-mnist` or `mnist`",
         ));
     }
-    if o.batch_size == 0 || o.batch_size > 1 << 20 {
-        return Err(OptionError::new("batch_size", o.batch_size, "an integer in 1..=1048576"));
-    }
-    for (key, cap) in [("train_samples", o.train_samples), ("eval_samples", o.eval_samples)] {
-        if cap == Some(0) {
-            return Err(OptionError::new(key, 0, "a positive number of samples (leave it out to use all)"));
-        }
-    }
+    check_ranges(&[("batch_size", o.batch_size, 1, MAX_BATCH)])?;
+    check_caps(&[("train_samples", o.train_samples), ("eval_samples", o.eval_samples)])?;
     Ok(Box::new(Spec {
-        root: match pinned {
-            Some(p) => Root::Pinned(p.to_path_buf()),
-            None => Root::Configured(o.root),
-        },
+        root: Root::new(pinned, o.root),
         dataset: o.dataset,
         normalize: o.normalize,
         batch_size: o.batch_size,

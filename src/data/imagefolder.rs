@@ -33,8 +33,8 @@
 //! the machine's cores), `skip_bad` (default false), `seed`.
 
 use super::files::{capped_indices, rng_for, Root};
-use super::{Batch, DataEntry, DataInfo, DataSource, DataSpec, InputTransform, Task};
-use crate::config::{parse_options, OptionError};
+use super::{check_caps, check_ranges, Batch, DataEntry, DataInfo, DataSource, DataSpec, InputTransform, Task};
+use crate::config::{parse_options, required, OptionError};
 use anyhow::{anyhow, bail, Context};
 use image::imageops::FilterType;
 use rand::Rng;
@@ -61,68 +61,58 @@ pub enum Augment {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
     root: Option<PathBuf>,
-    dir: String,
-    #[serde(default = "train")]
+    /// Required.
+    #[serde(deserialize_with = "crate::config::present")]
+    dir: Option<String>,
     train_split: String,
-    #[serde(default = "val")]
     eval_split: String,
-    classes: usize,
-    #[serde(default = "s224")]
+    /// Required.
+    #[serde(deserialize_with = "crate::config::present")]
+    classes: Option<usize>,
     image_size: usize,
-    #[serde(default = "yes")]
     normalize: bool,
-    #[serde(default)]
     augment: Augment,
-    #[serde(default = "b64")]
     batch_size: usize,
     train_samples: Option<usize>,
-    #[serde(default = "e1000")]
     eval_samples: usize,
     workers: Option<usize>,
     /// Skip training images that cannot be read or decoded (reported with a count) instead of
     /// stopping the run.
-    #[serde(default)]
     skip_bad: bool,
-    #[serde(default)]
     seed: u64,
 }
 
-fn train() -> String {
-    "train".into()
-}
-fn val() -> String {
-    "val".into()
-}
-fn s224() -> usize {
-    224
-}
-fn yes() -> bool {
-    true
-}
-fn b64() -> usize {
-    64
-}
-fn e1000() -> usize {
-    1000
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            root: None,
+            dir: None,
+            train_split: "train".into(),
+            eval_split: "val".into(),
+            classes: None,
+            image_size: 224,
+            normalize: true,
+            augment: Augment::RandomResizedCrop,
+            batch_size: 64,
+            train_samples: None,
+            eval_samples: 1000,
+            workers: None,
+            skip_bad: false,
+            seed: 0,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
 struct Spec {
     root: Root,
+    /// The dataset's folder under the root, and its number of classes.
+    dir: String,
+    classes: usize,
     o: Options,
-}
-
-fn parse(opts: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
-    parse_spec(opts, None)
-}
-
-/// Parses `options` like the registry entry does, but reads the data from `root` whatever
-/// `PLEXUS_DATA` and the `root` option say (for programs and tests that manage their own files).
-pub fn spec_at(root: &Path, options: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
-    parse_spec(options, Some(root))
 }
 
 fn relative_folder(key: &str, v: &str) -> Result<(), OptionError> {
@@ -133,24 +123,19 @@ fn relative_folder(key: &str, v: &str) -> Result<(), OptionError> {
     Ok(())
 }
 
-fn parse_spec(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
+fn parse(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
-    relative_folder("dir", &o.dir)?;
+    let (dir, classes) = (required(o.dir.clone(), "dir")?, required(o.classes, "classes")?);
+    relative_folder("dir", &dir)?;
     relative_folder("train_split", &o.train_split)?;
     relative_folder("eval_split", &o.eval_split)?;
-    for (key, v, lo, hi) in [
-        ("classes", o.classes, 2, 100_000),
+    check_ranges(&[
+        ("classes", classes, 2, 100_000),
         ("image_size", o.image_size, 8, 4096),
         ("batch_size", o.batch_size, 1, 1 << 16),
         ("eval_samples", o.eval_samples, 1, 10_000_000),
-    ] {
-        if !(lo..=hi).contains(&v) {
-            return Err(OptionError::new(key, v, format!("an integer in {lo}..={hi}")));
-        }
-    }
-    if o.train_samples == Some(0) {
-        return Err(OptionError::new("train_samples", 0, "a positive number of samples (leave it out to use all)"));
-    }
+    ])?;
+    check_caps(&[("train_samples", o.train_samples)])?;
     if o.workers == Some(0) {
         return Err(OptionError::new(
             "workers",
@@ -158,11 +143,7 @@ fn parse_spec(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<d
             "a positive number of decoding threads (leave it out for all cores)",
         ));
     }
-    let root = match pinned {
-        Some(p) => Root::Pinned(p.to_path_buf()),
-        None => Root::Configured(o.root.clone()),
-    };
-    Ok(Box::new(Spec { root, o }))
+    Ok(Box::new(Spec { root: Root::new(pinned, o.root.clone()), dir, classes, o }))
 }
 
 impl DataSpec for Spec {
@@ -171,12 +152,12 @@ impl DataSpec for Spec {
     }
     fn info(&self) -> DataInfo {
         let s = self.o.image_size;
-        DataInfo { input_shape: vec![3, s, s], output_dim: self.o.classes, task: Task::Classification }
+        DataInfo { input_shape: vec![3, s, s], output_dim: self.classes, task: Task::Classification }
     }
     fn load(&self) -> anyhow::Result<Box<dyn DataSource>> {
-        let base = self.root.resolve().join(&self.o.dir);
+        let base = self.root.resolve().join(&self.dir);
         let train_dir = base.join(&self.o.train_split);
-        let classes = class_names(&train_dir, self.o.classes)?;
+        let classes = class_names(&train_dir, self.classes)?;
         let (mut train, mut eval) =
             (list_split(&train_dir, &classes)?, list_split(&base.join(&self.o.eval_split), &classes)?);
         let keep = capped_indices(train.len(), self.o.train_samples, self.o.seed, 1);

@@ -195,8 +195,10 @@ pub trait DataSpec: Debug {
     fn load(&self) -> anyhow::Result<Box<dyn DataSource>>;
 }
 
-/// Parses and validates a section's options (everything but `kind`).
-pub type ParseFn = fn(&serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError>;
+/// Parses and validates a section's options (everything but `kind`). A file-backed dataset reads
+/// from `pinned` when it is given, whatever `PLEXUS_DATA` and the `root` option say (generated
+/// data ignores it); see [`parse_at`].
+pub type ParseFn = fn(&serde_yaml::Mapping, Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError>;
 
 pub struct DataEntry {
     pub name: &'static str,
@@ -216,13 +218,53 @@ pub const REGISTRY: &[DataEntry] = &[
     tokens::TOKENS,
 ];
 
+/// Parses a `data` section's options for `kind`; the data root is resolved at load time
+/// ([`data_root`]).
 pub fn parse(kind: &str, options: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
+    parse_with(kind, options, None)
+}
+
+/// Parses `options` like [`parse`], but the dataset reads its files from `root` whatever
+/// `PLEXUS_DATA` and the `root` option say: for programs and tests that manage their own files.
+pub fn parse_at(kind: &str, root: &Path, options: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
+    parse_with(kind, options, Some(root))
+}
+
+fn parse_with(
+    kind: &str,
+    options: &serde_yaml::Mapping,
+    pinned: Option<&Path>,
+) -> Result<Box<dyn DataSpec>, OptionError> {
     match REGISTRY.iter().find(|e| e.name == kind) {
-        Some(e) => (e.parse)(options),
+        Some(e) => (e.parse)(options, pinned),
         None => Err(OptionError::new(
             "kind",
             kind,
             format!("one of {}", REGISTRY.iter().map(|e| format!("`{}`", e.name)).collect::<Vec<_>>().join(", ")),
         )),
     }
+}
+
+/// The largest `batch_size` a loader accepts unless it says otherwise.
+pub const MAX_BATCH: usize = 1 << 20;
+
+/// The option checks every loader shares: each `(key, value, lo, hi)` must lie in `lo..=hi`; the
+/// first that does not is the error ("an integer in lo..=hi").
+pub(crate) fn check_ranges(checks: &[(&str, usize, usize, usize)]) -> Result<(), OptionError> {
+    for &(key, v, lo, hi) in checks {
+        if !(lo..=hi).contains(&v) {
+            return Err(OptionError::new(key, v, format!("an integer in {lo}..={hi}")));
+        }
+    }
+    Ok(())
+}
+
+/// Sample caps (`train_samples`, `eval_samples`): absent means all of them, 0 is an error.
+pub(crate) fn check_caps(caps: &[(&str, Option<usize>)]) -> Result<(), OptionError> {
+    for &(key, cap) in caps {
+        if cap == Some(0) {
+            return Err(OptionError::new(key, 0, "a positive number of samples (leave it out to use all)"));
+        }
+    }
+    Ok(())
 }

@@ -9,11 +9,11 @@
 //! The data has its own `seed`, so every topology in a comparison sees the same problem.
 
 use super::in_memory::InMemory;
-use super::{Batch, DataEntry, DataInfo, DataSource, DataSpec, InputTransform, Task};
+use super::{check_ranges, Batch, DataEntry, DataInfo, DataSource, DataSpec, InputTransform, Task, MAX_BATCH};
 use crate::config::{parse_options, OptionError};
-use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::Deserialize;
+use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
 pub const WHITENED_REGRESSION: DataEntry = DataEntry {
@@ -23,33 +23,21 @@ pub const WHITENED_REGRESSION: DataEntry = DataEntry {
 };
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
-    #[serde(default = "default_dim")]
     dim: usize,
-    #[serde(default = "default_samples")]
     samples: usize,
     /// Rank of A; default `dim / 2`.
     rank: Option<usize>,
-    #[serde(default = "one")]
     sigma_min: f64,
-    #[serde(default = "two")]
     sigma_max: f64,
-    #[serde(default)]
     seed: u64,
 }
 
-fn default_dim() -> usize {
-    16
-}
-fn default_samples() -> usize {
-    64
-}
-fn one() -> f64 {
-    1.0
-}
-fn two() -> f64 {
-    2.0
+impl Default for Options {
+    fn default() -> Self {
+        Options { dim: 16, samples: 64, rank: None, sigma_min: 1.0, sigma_max: 2.0, seed: 0 }
+    }
 }
 
 #[derive(Debug)]
@@ -62,11 +50,9 @@ struct Spec {
     seed: u64,
 }
 
-fn parse(opts: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
+fn parse(opts: &serde_yaml::Mapping, _pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
-    if o.dim == 0 || o.dim > 4096 {
-        return Err(OptionError::new("dim", o.dim, "an integer in 1..=4096"));
-    }
+    check_ranges(&[("dim", o.dim, 1, 4096)])?;
     if o.samples < o.dim {
         return Err(OptionError::new(
             "samples",
@@ -75,9 +61,7 @@ fn parse(opts: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
         ));
     }
     let rank = o.rank.unwrap_or(o.dim / 2);
-    if rank > o.dim {
-        return Err(OptionError::new("rank", rank, format!("an integer in 0..={}", o.dim)));
-    }
+    check_ranges(&[("rank", rank, 0, o.dim)])?;
     if !(o.sigma_min.is_finite() && o.sigma_max.is_finite() && 0.0 < o.sigma_min && o.sigma_min <= o.sigma_max) {
         return Err(OptionError::new(
             "sigma_min",
@@ -180,56 +164,35 @@ pub const SYNTHETIC_IMAGES: DataEntry = DataEntry {
 };
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct ImageOptions {
-    #[serde(default = "s8")]
     image_size: usize,
-    #[serde(default = "c3")]
     channels: usize,
-    #[serde(default = "c10")]
     classes: usize,
-    #[serde(default = "n256")]
     samples: usize,
-    #[serde(default = "one")]
     noise: f64,
-    #[serde(default = "b32")]
     batch_size: usize,
-    #[serde(default)]
     seed: u64,
 }
 
-fn s8() -> usize {
-    8
-}
-fn c3() -> usize {
-    3
-}
-fn c10() -> usize {
-    10
-}
-fn n256() -> usize {
-    256
-}
-fn b32() -> usize {
-    32
+impl Default for ImageOptions {
+    fn default() -> Self {
+        ImageOptions { image_size: 8, channels: 3, classes: 10, samples: 256, noise: 1.0, batch_size: 32, seed: 0 }
+    }
 }
 
 #[derive(Debug)]
 struct ImageSpec(ImageOptions);
 
-fn parse_images(opts: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
+fn parse_images(opts: &serde_yaml::Mapping, _pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
     let o: ImageOptions = parse_options(opts)?;
-    for (key, v, max) in [
-        ("image_size", o.image_size, 512),
-        ("channels", o.channels, 64),
-        ("classes", o.classes, 100_000),
-        ("samples", o.samples, 10_000_000),
-        ("batch_size", o.batch_size, 1 << 20),
-    ] {
-        if v == 0 || v > max {
-            return Err(OptionError::new(key, v, format!("an integer in 1..={max}")));
-        }
-    }
+    check_ranges(&[
+        ("image_size", o.image_size, 1, 512),
+        ("channels", o.channels, 1, 64),
+        ("classes", o.classes, 1, 100_000),
+        ("samples", o.samples, 1, 10_000_000),
+        ("batch_size", o.batch_size, 1, MAX_BATCH),
+    ])?;
     if !(o.noise.is_finite() && o.noise >= 0.0) {
         return Err(OptionError::new("noise", o.noise, "a finite standard deviation ≥ 0"));
     }
@@ -284,48 +247,32 @@ pub const SYNTHETIC_TOKENS: DataEntry = DataEntry {
 };
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct TokenOptions {
-    #[serde(default = "v64")]
     vocab: usize,
-    #[serde(default = "t32")]
     seq_len: usize,
-    #[serde(default = "b16")]
     batch_size: usize,
-    #[serde(default = "four")]
     eval_batches: usize,
-    #[serde(default)]
     seed: u64,
 }
 
-fn v64() -> usize {
-    64
-}
-fn t32() -> usize {
-    32
-}
-fn b16() -> usize {
-    16
-}
-fn four() -> usize {
-    4
+impl Default for TokenOptions {
+    fn default() -> Self {
+        TokenOptions { vocab: 64, seq_len: 32, batch_size: 16, eval_batches: 4, seed: 0 }
+    }
 }
 
 #[derive(Debug)]
 struct TokenSpec(TokenOptions);
 
-fn parse_tokens(opts: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
+fn parse_tokens(opts: &serde_yaml::Mapping, _pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
     let o: TokenOptions = parse_options(opts)?;
-    for (key, v, lo, hi) in [
+    check_ranges(&[
         ("vocab", o.vocab, 2, 1 << 20),
         ("seq_len", o.seq_len, 1, 1 << 16),
         ("batch_size", o.batch_size, 1, 1 << 16),
         ("eval_batches", o.eval_batches, 0, 1 << 16),
-    ] {
-        if v < lo || v > hi {
-            return Err(OptionError::new(key, v, format!("an integer in {lo}..={hi}")));
-        }
-    }
+    ])?;
     Ok(Box::new(TokenSpec(o)))
 }
 

@@ -26,8 +26,8 @@
 //! 16), `val_fraction` (default 0.1), `eval_batches` (default 8), `seed`.
 
 use super::files::{cache_path, canonical, rng_for, write_cache, Root};
-use super::{Batch, DataEntry, DataInfo, DataSource, DataSpec, Task};
-use crate::config::{parse_options, OptionError};
+use super::{check_ranges, Batch, DataEntry, DataInfo, DataSource, DataSpec, Task, MAX_BATCH};
+use crate::config::{parse_options, required, OptionError};
 use anyhow::{anyhow, bail};
 use rand::Rng;
 use serde::Deserialize;
@@ -66,35 +66,33 @@ impl Tokenizer {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
     root: Option<PathBuf>,
-    file: PathBuf,
-    #[serde(default)]
+    /// Required.
+    #[serde(deserialize_with = "crate::config::present")]
+    file: Option<PathBuf>,
     tokenizer: Tokenizer,
-    #[serde(default = "t128")]
     seq_len: usize,
-    #[serde(default = "b16")]
     batch_size: usize,
-    #[serde(default = "tenth")]
     val_fraction: f64,
-    #[serde(default = "e8")]
     eval_batches: usize,
-    #[serde(default)]
     seed: u64,
 }
 
-fn t128() -> usize {
-    128
-}
-fn b16() -> usize {
-    16
-}
-fn tenth() -> f64 {
-    0.1
-}
-fn e8() -> usize {
-    8
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            root: None,
+            file: None,
+            tokenizer: Tokenizer::Char,
+            seq_len: 128,
+            batch_size: 16,
+            val_fraction: 0.1,
+            eval_batches: 8,
+            seed: 0,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -109,42 +107,24 @@ struct Spec {
     seed: u64,
 }
 
-fn parse(opts: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
-    parse_spec(opts, None)
-}
-
-/// Parses `options` like the registry entry does, but reads the data from `root` whatever
-/// `PLEXUS_DATA` and the `root` option say (for programs and tests that manage their own files).
-pub fn spec_at(root: &Path, options: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
-    parse_spec(options, Some(root))
-}
-
-fn parse_spec(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
+fn parse(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
-    if o.file.as_os_str().is_empty() {
+    let file = required(o.file, "file")?;
+    if file.as_os_str().is_empty() {
         return Err(OptionError::new(
             "file",
             "",
             "a text file, relative to the data root (e.g. text/tinyshakespeare.txt)",
         ));
     }
-    for (key, v, max) in [("seq_len", o.seq_len, 1 << 20), ("batch_size", o.batch_size, 1 << 20)] {
-        if v == 0 || v > max {
-            return Err(OptionError::new(key, v, format!("an integer in 1..={max}")));
-        }
-    }
+    check_ranges(&[("seq_len", o.seq_len, 1, 1 << 20), ("batch_size", o.batch_size, 1, MAX_BATCH)])?;
     if !(o.val_fraction.is_finite() && (0.0..1.0).contains(&o.val_fraction)) {
         return Err(OptionError::new("val_fraction", o.val_fraction, "a fraction in [0, 1) (the tail that validates)"));
     }
-    if o.eval_batches > 1 << 20 {
-        return Err(OptionError::new("eval_batches", o.eval_batches, "an integer in 0..=1048576"));
-    }
+    check_ranges(&[("eval_batches", o.eval_batches, 0, 1 << 20)])?;
     Ok(Box::new(Spec {
-        root: match pinned {
-            Some(p) => Root::Pinned(p.to_path_buf()),
-            None => Root::Configured(o.root),
-        },
-        file: o.file,
+        root: Root::new(pinned, o.root),
+        file,
         tokenizer: o.tokenizer,
         seq_len: o.seq_len,
         batch_size: o.batch_size,

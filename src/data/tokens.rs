@@ -28,8 +28,8 @@
 //! 20), `seed`.
 
 use super::files::{rng_for, Root};
-use super::{Batch, DataEntry, DataInfo, DataSource, DataSpec, Task};
-use crate::config::{parse_options, OptionError};
+use super::{check_ranges, Batch, DataEntry, DataInfo, DataSource, DataSpec, Task, MAX_BATCH};
+use crate::config::{parse_options, required, OptionError};
 use anyhow::{anyhow, bail, Context};
 use rand::Rng;
 use serde::Deserialize;
@@ -49,65 +49,52 @@ const CHECK_BLOCK: usize = 1 << 16;
 const CHECK_BLOCKS: usize = 256;
 
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
     root: Option<PathBuf>,
-    dir: PathBuf,
-    #[serde(default = "t1024")]
+    /// Required.
+    #[serde(deserialize_with = "crate::config::present")]
+    dir: Option<PathBuf>,
     seq_len: usize,
-    #[serde(default = "b12")]
     batch_size: usize,
-    #[serde(default = "v50304")]
     vocab: usize,
-    #[serde(default = "e20")]
     eval_batches: usize,
-    #[serde(default)]
     seed: u64,
 }
 
-fn t1024() -> usize {
-    1024
-}
-fn b12() -> usize {
-    12
-}
-fn v50304() -> usize {
-    super::text::GPT2_PADDED_VOCAB
-}
-fn e20() -> usize {
-    20
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            root: None,
+            dir: None,
+            seq_len: 1024,
+            batch_size: 12,
+            vocab: super::text::GPT2_PADDED_VOCAB,
+            eval_batches: 20,
+            seed: 0,
+        }
+    }
 }
 
 #[derive(Debug)]
 struct Spec {
     root: Root,
+    /// The folder under the root holding `train.bin` and `val.bin`.
+    dir: PathBuf,
     o: Options,
 }
 
-fn parse(opts: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
-    parse_spec(opts, None)
-}
-
-/// Parses `options` like the registry entry does, but reads the data from `root` whatever
-/// `PLEXUS_DATA` and the `root` option say (for programs and tests that manage their own files).
-pub fn spec_at(root: &Path, options: &serde_yaml::Mapping) -> Result<Box<dyn DataSpec>, OptionError> {
-    parse_spec(options, Some(root))
-}
-
-fn parse_spec(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
+fn parse(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
-    if o.dir.as_os_str().is_empty() || o.dir.is_absolute() {
+    let dir = required(o.dir.clone(), "dir")?;
+    if dir.as_os_str().is_empty() || dir.is_absolute() {
         return Err(OptionError::new(
             "dir",
-            o.dir.display(),
+            dir.display(),
             "a folder relative to the data root holding train.bin and val.bin (e.g. owt)",
         ));
     }
-    for (key, v, max) in [("seq_len", o.seq_len, 1 << 20), ("batch_size", o.batch_size, 1 << 20)] {
-        if v == 0 || v > max {
-            return Err(OptionError::new(key, v, format!("an integer in 1..={max}")));
-        }
-    }
+    check_ranges(&[("seq_len", o.seq_len, 1, 1 << 20), ("batch_size", o.batch_size, 1, MAX_BATCH)])?;
     if !(2..=1 << 16).contains(&o.vocab) {
         return Err(OptionError::new(
             "vocab",
@@ -115,14 +102,8 @@ fn parse_spec(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<d
             "an integer in 2..=65536 (uint16 token ids; 50304 for GPT-2, 256 for the char encoding)",
         ));
     }
-    if o.eval_batches > 1 << 20 {
-        return Err(OptionError::new("eval_batches", o.eval_batches, "an integer in 0..=1048576"));
-    }
-    let root = match pinned {
-        Some(p) => Root::Pinned(p.to_path_buf()),
-        None => Root::Configured(o.root.clone()),
-    };
-    Ok(Box::new(Spec { root, o }))
+    check_ranges(&[("eval_batches", o.eval_batches, 0, 1 << 20)])?;
+    Ok(Box::new(Spec { root: Root::new(pinned, o.root.clone()), dir, o }))
 }
 
 impl DataSpec for Spec {
@@ -133,7 +114,7 @@ impl DataSpec for Spec {
         DataInfo { input_shape: vec![self.o.seq_len], output_dim: self.o.vocab, task: Task::LanguageModel }
     }
     fn load(&self) -> anyhow::Result<Box<dyn DataSource>> {
-        let dir = self.root.resolve().join(&self.o.dir);
+        let dir = self.root.resolve().join(&self.dir);
         check_meta(&dir, self.o.vocab)?;
         let need = self.o.seq_len + 1;
         let train = TokenFile::open(&dir.join("train.bin"), need, self.o.vocab, false)?;

@@ -13,7 +13,7 @@
 
 use super::layers::{attention, dropout, embed_tokens, linear, pre_norm, LayerNorm, Linear, Rope};
 use super::{Backbone, ModelEntry, ModelSpec};
-use crate::config::{parse_options, OptionError};
+use crate::config::{parse_options, required, OptionError};
 use crate::data::{DataInfo, Task};
 use crate::topology::{Norm, StackInfo, Unit};
 use serde::Deserialize;
@@ -27,33 +27,26 @@ pub const ROPE_BASE: f64 = 10_000.0;
 
 /// Defaults are the paper's GPT-2 medium-like model except `depth` (required) and `dropout` (0).
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
     /// Defaults to the data's vocabulary; may be larger (e.g. GPT-2's 50257 padded to 50304).
     vocab_size: Option<usize>,
-    #[serde(default = "d768")]
     width: usize,
-    /// Number of Transformer layers (the stack has 2·depth sublayer units).
-    depth: usize,
-    #[serde(default = "h12")]
+    /// Number of Transformer layers (the stack has 2·depth sublayer units) (required).
+    #[serde(deserialize_with = "crate::config::present")]
+    depth: Option<usize>,
     heads: usize,
     /// Maximum context; defaults to the data's sequence length and may not be shorter.
     seq_len: Option<usize>,
-    #[serde(default)]
     dropout: f64,
     /// Biases in the Linears and LayerNorms (nanoGPT's `bias`).
-    #[serde(default = "yes")]
     bias: bool,
 }
 
-fn d768() -> usize {
-    768
-}
-fn h12() -> usize {
-    12
-}
-fn yes() -> bool {
-    true
+impl Default for Options {
+    fn default() -> Self {
+        Options { vocab_size: None, width: 768, depth: None, heads: 12, seq_len: None, dropout: 0.0, bias: true }
+    }
 }
 
 #[derive(Debug)]
@@ -126,19 +119,12 @@ pub(crate) fn lm_shapes(
 
 fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
-    let (vocab_size, seq_len) = lm_shapes(data, "gpt", o.vocab_size, o.seq_len, o.width, o.depth, o.heads)?;
+    let depth = required(o.depth, "depth")?;
+    let (vocab_size, seq_len) = lm_shapes(data, "gpt", o.vocab_size, o.seq_len, o.width, depth, o.heads)?;
     if !(0.0..1.0).contains(&o.dropout) {
         return Err(OptionError::new("dropout", o.dropout, "a probability in [0, 1)"));
     }
-    Ok(Box::new(Spec {
-        vocab_size,
-        width: o.width,
-        depth: o.depth,
-        heads: o.heads,
-        seq_len,
-        dropout: o.dropout,
-        bias: o.bias,
-    }))
+    Ok(Box::new(Spec { vocab_size, width: o.width, depth, heads: o.heads, seq_len, dropout: o.dropout, bias: o.bias }))
 }
 
 impl ModelSpec for Spec {

@@ -15,7 +15,7 @@
 use super::gpt::{lm_shapes, ROPE_BASE};
 use super::layers::{attention, embed_tokens, pre_norm, Linear, RmsNorm, Rope};
 use super::{Backbone, ModelEntry, ModelSpec};
-use crate::config::{parse_options, OptionError};
+use crate::config::{parse_options, required, OptionError};
 use crate::data::DataInfo;
 use crate::topology::{Norm, StackInfo, Unit};
 use serde::Deserialize;
@@ -29,15 +29,14 @@ pub const RMS_EPS: f64 = 1e-6;
 
 /// Defaults are the 60M model of the ANCRe/GaLore setups (D = 512, 8 heads) except `depth`.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
     /// Defaults to the data's vocabulary; may be larger.
     vocab_size: Option<usize>,
-    #[serde(default = "d512")]
     width: usize,
-    /// Number of decoder layers (the stack has 2·depth sublayer units).
-    depth: usize,
-    #[serde(default = "h8")]
+    /// Number of decoder layers (the stack has 2·depth sublayer units) (required).
+    #[serde(deserialize_with = "crate::config::present")]
+    depth: Option<usize>,
     heads: usize,
     /// SwiGLU hidden size; default [`default_hidden`].
     hidden: Option<usize>,
@@ -45,11 +44,10 @@ struct Options {
     seq_len: Option<usize>,
 }
 
-fn d512() -> usize {
-    512
-}
-fn h8() -> usize {
-    8
+impl Default for Options {
+    fn default() -> Self {
+        Options { vocab_size: None, width: 512, depth: None, heads: 8, hidden: None, seq_len: None }
+    }
 }
 
 /// LLaMA's SwiGLU size: `⌊8·D/3⌋` rounded up to a multiple of 64 (LLaMA's `multiple_of`, which
@@ -70,12 +68,13 @@ struct Spec {
 
 fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
-    let (vocab_size, seq_len) = lm_shapes(data, "llama", o.vocab_size, o.seq_len, o.width, o.depth, o.heads)?;
+    let depth = required(o.depth, "depth")?;
+    let (vocab_size, seq_len) = lm_shapes(data, "llama", o.vocab_size, o.seq_len, o.width, depth, o.heads)?;
     let hidden = o.hidden.unwrap_or(default_hidden(o.width));
     if hidden == 0 || hidden > 1 << 18 {
         return Err(OptionError::new("hidden", hidden, "an integer in 1..=262144"));
     }
-    Ok(Box::new(Spec { vocab_size, width: o.width, depth: o.depth, heads: o.heads, hidden, seq_len }))
+    Ok(Box::new(Spec { vocab_size, width: o.width, depth, heads: o.heads, hidden, seq_len }))
 }
 
 impl ModelSpec for Spec {

@@ -6,7 +6,7 @@
 //! `torch.nn.Linear(d, d, bias=False)`.
 
 use super::{Backbone, ModelEntry, ModelSpec};
-use crate::config::{parse_options, OptionError};
+use crate::config::{parse_options, required, OptionError};
 use crate::data::DataInfo;
 use crate::topology::{Norm, StackInfo, Unit};
 use serde::Deserialize;
@@ -16,17 +16,19 @@ pub const ENTRY: ModelEntry =
     ModelEntry { name: "lnn", about: "deep linear network W_K … W_1 x (ANCRe §3 case study)", parse };
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
-    /// Number of layers K, ≥ 1.
-    depth: usize,
+    /// Number of layers K, ≥ 1 (required).
+    #[serde(deserialize_with = "crate::config::present")]
+    depth: Option<usize>,
     /// Standard deviation of the i.i.d. normal initialisation of every weight ("small init").
-    #[serde(default = "default_init_std")]
     init_std: f64,
 }
 
-fn default_init_std() -> f64 {
-    0.05
+impl Default for Options {
+    fn default() -> Self {
+        Options { depth: None, init_std: 0.05 }
+    }
 }
 
 #[derive(Debug)]
@@ -38,8 +40,9 @@ struct Spec {
 
 fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
-    if o.depth == 0 || o.depth > 1024 {
-        return Err(OptionError::new("depth", o.depth, "an integer in 1..=1024"));
+    let depth = required(o.depth, "depth")?;
+    if depth == 0 || depth > 1024 {
+        return Err(OptionError::new("depth", depth, "an integer in 1..=1024"));
     }
     if !(o.init_std.is_finite() && o.init_std >= 0.0) {
         return Err(OptionError::new("init_std", o.init_std, "a finite standard deviation ≥ 0"));
@@ -55,7 +58,7 @@ fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpe
             ),
         ));
     }
-    Ok(Box::new(Spec { depth: o.depth, width: data.input_dim(), init_std: o.init_std }))
+    Ok(Box::new(Spec { depth, width: data.input_dim(), init_std: o.init_std }))
 }
 
 impl ModelSpec for Spec {

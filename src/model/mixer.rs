@@ -10,7 +10,7 @@
 use super::layers::{layer_norm, pre_norm, Linear, Mlp};
 use super::mlp::matching;
 use super::{Backbone, ModelEntry, ModelSpec};
-use crate::config::{parse_options, OptionError};
+use crate::config::{parse_options, required, OptionError};
 use crate::data::DataInfo;
 use crate::topology::{Norm, StackInfo, Unit};
 use serde::Deserialize;
@@ -20,34 +20,33 @@ pub const ENTRY: ModelEntry =
     ModelEntry { name: "mixer", about: "MLP-Mixer on images (token + channel mixing units)", parse };
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
     image_size: Option<usize>,
     channels: Option<usize>,
     num_classes: Option<usize>,
-    #[serde(default = "four")]
     patch: usize,
-    #[serde(default = "d128")]
     width: usize,
-    #[serde(default = "d64")]
     token_hidden: usize,
-    #[serde(default = "d512")]
     channel_hidden: usize,
-    /// Number of Mixer layers (the stack has 2·depth sublayer units).
-    depth: usize,
+    /// Number of Mixer layers (the stack has 2·depth sublayer units) (required).
+    #[serde(deserialize_with = "crate::config::present")]
+    depth: Option<usize>,
 }
 
-fn four() -> usize {
-    4
-}
-fn d64() -> usize {
-    64
-}
-fn d128() -> usize {
-    128
-}
-fn d512() -> usize {
-    512
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            image_size: None,
+            channels: None,
+            num_classes: None,
+            patch: 4,
+            width: 128,
+            token_hidden: 64,
+            channel_hidden: 512,
+            depth: None,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -64,14 +63,10 @@ struct Spec {
 
 fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
+    let depth = required(o.depth, "depth")?;
     let (c, s) = super::square_images("mixer", data)?;
     super::check_sizes(
-        &[
-            ("width", o.width),
-            ("depth", o.depth),
-            ("token_hidden", o.token_hidden),
-            ("channel_hidden", o.channel_hidden),
-        ],
+        &[("width", o.width), ("depth", depth), ("token_hidden", o.token_hidden), ("channel_hidden", o.channel_hidden)],
         o.patch,
         s,
     )?;
@@ -83,7 +78,7 @@ fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpe
         width: o.width,
         token_hidden: o.token_hidden,
         channel_hidden: o.channel_hidden,
-        depth: o.depth,
+        depth,
     }))
 }
 

@@ -5,7 +5,7 @@
 
 use super::layers::{layer_norm, pre_norm, Linear, Mlp as MlpLayer};
 use super::{Backbone, ModelEntry, ModelSpec};
-use crate::config::{parse_options, OptionError};
+use crate::config::{parse_options, required, OptionError};
 use crate::data::DataInfo;
 use crate::topology::{Norm, StackInfo, Unit};
 use serde::Deserialize;
@@ -15,21 +15,24 @@ pub const ENTRY: ModelEntry =
     ModelEntry { name: "mlp", about: "pre-norm MLP stack (test backbone, vector data)", parse };
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
     /// Defaults to the data's (flattened) input size; if given, must match it.
     input_dim: Option<usize>,
     /// Defaults to the data's output size (classes or target dimension).
     output_dim: Option<usize>,
-    #[serde(default = "d64")]
     width: usize,
     /// Hidden size of each unit's MLP; default 4 × width.
     hidden: Option<usize>,
-    depth: usize,
+    /// Required.
+    #[serde(deserialize_with = "crate::config::present")]
+    depth: Option<usize>,
 }
 
-fn d64() -> usize {
-    64
+impl Default for Options {
+    fn default() -> Self {
+        Options { input_dim: None, output_dim: None, width: 64, hidden: None, depth: None }
+    }
 }
 
 #[derive(Debug)]
@@ -51,7 +54,8 @@ pub(crate) fn matching(key: &str, value: Option<usize>, data: usize) -> Result<u
 
 fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
-    for (key, v) in [("width", o.width), ("depth", o.depth), ("hidden", o.hidden.unwrap_or(1))] {
+    let depth = required(o.depth, "depth")?;
+    for (key, v) in [("width", o.width), ("depth", depth), ("hidden", o.hidden.unwrap_or(1))] {
         if v == 0 || v > 1 << 16 {
             return Err(OptionError::new(key, v, "an integer in 1..=65536"));
         }
@@ -61,7 +65,7 @@ fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpe
         output_dim: matching("output_dim", o.output_dim, data.output_dim)?,
         width: o.width,
         hidden: o.hidden.unwrap_or(4 * o.width),
-        depth: o.depth,
+        depth,
     }))
 }
 

@@ -16,7 +16,7 @@ use super::layers::{attention, layer_norm, pre_norm, Linear, Mlp};
 use super::mixer::patchify;
 use super::mlp::matching;
 use super::{Backbone, ModelEntry, ModelSpec};
-use crate::config::{parse_options, OptionError};
+use crate::config::{parse_options, required, OptionError};
 use crate::data::DataInfo;
 use crate::topology::{Norm, StackInfo, Unit};
 use serde::Deserialize;
@@ -27,31 +27,34 @@ pub const ENTRY: ModelEntry =
 
 /// Defaults are ViT-S/16 except `depth`, which is required.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
     image_size: Option<usize>,
     channels: Option<usize>,
     num_classes: Option<usize>,
-    #[serde(default = "p16")]
     patch: usize,
-    #[serde(default = "d384")]
     width: usize,
-    /// Number of Transformer layers (the stack has 2·depth sublayer units).
-    depth: usize,
-    #[serde(default = "h6")]
+    /// Number of Transformer layers (the stack has 2·depth sublayer units) (required).
+    #[serde(deserialize_with = "crate::config::present")]
+    depth: Option<usize>,
     heads: usize,
     /// Hidden size of the MLP units; default 4 × width.
     mlp_hidden: Option<usize>,
 }
 
-fn p16() -> usize {
-    16
-}
-fn d384() -> usize {
-    384
-}
-fn h6() -> usize {
-    6
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            image_size: None,
+            channels: None,
+            num_classes: None,
+            patch: 16,
+            width: 384,
+            depth: None,
+            heads: 6,
+            mlp_hidden: None,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -68,10 +71,11 @@ struct Spec {
 
 fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
+    let depth = required(o.depth, "depth")?;
     let (c, s) = super::square_images("vit", data)?;
     let mlp_hidden = o.mlp_hidden.unwrap_or(4 * o.width);
     super::check_sizes(
-        &[("width", o.width), ("depth", o.depth), ("heads", o.heads), ("mlp_hidden", mlp_hidden)],
+        &[("width", o.width), ("depth", depth), ("heads", o.heads), ("mlp_hidden", mlp_hidden)],
         o.patch,
         s,
     )?;
@@ -87,7 +91,7 @@ fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpe
         num_classes: matching("num_classes", o.num_classes, data.output_dim)?,
         patch: o.patch,
         width: o.width,
-        depth: o.depth,
+        depth,
         heads: o.heads,
         mlp_hidden,
     }))

@@ -54,49 +54,42 @@ enum Placement {
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Tsallis {
-    #[serde(default)]
     weight: f64,
-    #[serde(default = "two")]
     q: f64,
 }
 
-fn two() -> f64 {
-    2.0
+impl Default for Tsallis {
+    fn default() -> Self {
+        Tsallis { weight: 0.0, q: 2.0 }
+    }
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
-    #[serde(default = "default_norm")]
     normalization: Normalization,
-    #[serde(default = "default_tau")]
     tau: f64,
-    #[serde(default = "yes")]
     learnable: bool,
-    #[serde(default = "default_weights")]
     weights: Weights,
-    #[serde(default = "default_placement")]
     placement: Placement,
     tsallis: Option<Tsallis>,
     granularity: Option<Granularity>,
 }
 
-fn default_norm() -> Normalization {
-    Normalization::Ingoing
-}
-fn default_tau() -> f64 {
-    0.01
-}
-fn yes() -> bool {
-    true
-}
-fn default_weights() -> Weights {
-    Weights::Softmax
-}
-fn default_placement() -> Placement {
-    Placement::Block
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            normalization: Normalization::Ingoing,
+            tau: 0.01,
+            learnable: true,
+            weights: Weights::Softmax,
+            placement: Placement::Block,
+            tsallis: None,
+            granularity: None,
+        }
+    }
 }
 
 #[derive(Debug)]

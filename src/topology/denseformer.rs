@@ -19,17 +19,17 @@ pub const ENTRY: TopologyEntry = TopologyEntry {
 };
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
-    #[serde(default = "one")]
     dilation: usize,
-    #[serde(default = "one")]
     period: usize,
     granularity: Option<Granularity>,
 }
 
-fn one() -> usize {
-    1
+impl Default for Options {
+    fn default() -> Self {
+        Options { dilation: 1, period: 1, granularity: None }
+    }
 }
 
 #[derive(Debug)]

@@ -68,9 +68,6 @@ fn mu_second() -> f64 {
 fn mu_end() -> f64 {
     0.1
 }
-fn yes() -> bool {
-    true
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -80,26 +77,27 @@ enum Convention {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
-    #[serde(default = "default_init")]
     init: Init,
-    #[serde(default)]
     depth_ln: bool,
-    #[serde(default = "yes")]
     long: bool,
-    #[serde(default = "default_convention")]
     convention: Convention,
-    #[serde(default = "yes")]
     learnable: bool,
     granularity: Option<Granularity>,
 }
 
-fn default_init() -> Init {
-    Init::Normal { mu: mu(), sigma: sigma() }
-}
-fn default_convention() -> Convention {
-    Convention::Alpha
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            init: Init::Normal { mu: mu(), sigma: sigma() },
+            depth_ln: false,
+            long: true,
+            convention: Convention::Alpha,
+            learnable: true,
+            granularity: None,
+        }
+    }
 }
 
 #[derive(Debug)]

@@ -22,20 +22,17 @@ pub const ENTRY: TopologyEntry = TopologyEntry {
 };
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
-    #[serde(default = "four")]
     n: usize,
-    #[serde(default = "yes")]
     dynamic: bool,
     granularity: Option<Granularity>,
 }
 
-fn four() -> usize {
-    4
-}
-fn yes() -> bool {
-    true
+impl Default for Options {
+    fn default() -> Self {
+        Options { n: 4, dynamic: true, granularity: None }
+    }
 }
 
 #[derive(Debug)]

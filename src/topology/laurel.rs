@@ -28,25 +28,18 @@ enum Variant {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
-    #[serde(default = "rw")]
     variant: Variant,
-    #[serde(default = "four")]
     rank: usize,
-    #[serde(default = "two")]
     history: usize,
     granularity: Option<Granularity>,
 }
 
-fn rw() -> Variant {
-    Variant::Rw
-}
-fn four() -> usize {
-    4
-}
-fn two() -> usize {
-    2
+impl Default for Options {
+    fn default() -> Self {
+        Options { variant: Variant::Rw, rank: 4, history: 2, granularity: None }
+    }
 }
 
 #[derive(Debug)]

@@ -24,15 +24,16 @@ enum Init {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
-    #[serde(default = "default_init")]
     init: Init,
     granularity: Option<Granularity>,
 }
 
-fn default_init() -> Init {
-    Init::Residual
+impl Default for Options {
+    fn default() -> Self {
+        Options { init: Init::Residual, granularity: None }
+    }
 }
 
 #[derive(Debug)]

@@ -27,25 +27,18 @@ enum ResBias {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
-    #[serde(default = "four")]
     n: usize,
-    #[serde(default = "twenty")]
     sinkhorn_iters: usize,
-    #[serde(default = "zeros")]
     res_bias: ResBias,
     granularity: Option<Granularity>,
 }
 
-fn four() -> usize {
-    4
-}
-fn twenty() -> usize {
-    20
-}
-fn zeros() -> ResBias {
-    ResBias::Zeros
+impl Default for Options {
+    fn default() -> Self {
+        Options { n: 4, sinkhorn_iters: 20, res_bias: ResBias::Zeros, granularity: None }
+    }
 }
 
 #[derive(Debug)]

@@ -21,15 +21,16 @@ enum NormOption {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct Options {
-    #[serde(default = "off")]
     norm: NormOption,
     granularity: Option<Granularity>,
 }
 
-fn off() -> NormOption {
-    NormOption::Off
+impl Default for Options {
+    fn default() -> Self {
+        Options { norm: NormOption::Off, granularity: None }
+    }
 }
 
 #[derive(Debug)]
