@@ -39,9 +39,4 @@ impl Experiment {
     pub fn config(&self) -> &config::Config {
         &self.loaded.config
     }
-
-    /// Legend text: `name (topology: label)`.
-    pub fn label(&self) -> String {
-        format!("{} {}", self.topology.kind(), self.topology.label())
-    }
 }

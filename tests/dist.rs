@@ -55,6 +55,7 @@ fn params(run: &Path) -> HashMap<String, Tensor> {
 }
 
 #[test]
+#[ignore = "slow tier: multi-process training"]
 fn two_processes_train_what_one_process_trains() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
@@ -107,6 +108,7 @@ fn two_processes_train_what_one_process_trains() {
 }
 
 #[test]
+#[ignore = "slow tier: multi-process training"]
 fn a_killed_two_process_run_resumes_to_the_uninterrupted_one() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
@@ -143,6 +145,7 @@ fn free_port() -> u16 {
 }
 
 #[test]
+#[ignore = "slow tier: multi-process training, waits out a timeout"]
 fn a_rank_that_dies_or_never_comes_ends_the_other_with_an_error_not_a_hang() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();

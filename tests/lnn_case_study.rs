@@ -4,6 +4,7 @@ mod common;
 use common::*;
 
 #[test]
+#[ignore = "slow tier: ANCRe Fig. 2b case study"]
 fn fig2b_single_shortcut_0to2_beats_0to1_and_cascaded_and_ancre_matches_it() {
     let tmp = tempfile::tempdir().unwrap();
     let run = |f: &str| train_config(&format!("configs/lnn/fig2b/{f}.yaml"), &tmp.path().join(f), &[]);
@@ -34,6 +35,7 @@ fn steps_to(losses: &[(f64, f64)], frac: f64) -> f64 {
 }
 
 #[test]
+#[ignore = "slow tier: ANCRe Fig. 2a case study"]
 fn fig2a_deeper_plain_networks_converge_more_slowly() {
     let tmp = tempfile::tempdir().unwrap();
     let mut times = Vec::new();

@@ -204,6 +204,7 @@ fn gloo_port_in_use_is_an_error() {
 }
 
 #[test]
+#[ignore = "slow tier: waits out a rendezvous timeout"]
 fn gloo_peer_that_never_joins_times_out() {
     let timeout = Duration::from_secs(2);
     // Rank 0 waits for rank 1 at its store.

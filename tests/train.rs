@@ -135,10 +135,8 @@ fn every_topology_trains_a_few_steps_on_every_backbone() {
     }
     // What the runs left on disk, not what the loop counted: one run directory per registry pair,
     // each with a metrics row for steps 0..=3 whose losses are finite, and a final checkpoint.
-    let mut found: Vec<String> = std::fs::read_dir(tmp.path())
-        .unwrap()
-        .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
+    let mut found: Vec<String> =
+        std::fs::read_dir(tmp.path()).unwrap().map(|d| d.unwrap().file_name().to_string_lossy().into_owned()).collect();
     found.sort();
     expected.sort();
     assert_eq!(found, expected, "one run directory per (backbone, topology) pair");

@@ -6,7 +6,7 @@
 //! running sum, a history of streams, n parallel streams, …). Topologies know nothing of attention,
 //! patches or tokens.
 //!
-//! Notation (REFERENCE.md): `h_0 = x0`, `h_k = f_k(input_k)`, nodes `0 = embedding`, `1..=L = units`,
+//! Notation (docs/topologies.md): `h_0 = x0`, `h_k = f_k(input_k)`, nodes `0 = embedding`, `1..=L = units`,
 //! `L+1 = readout`, and the direct layer connectivity matrix `C` with
 //! `input_k = Σ_{i<k} C[i][k] · h_i`. The exact contract of every topology is `parity/SPEC.md`.
 //!
