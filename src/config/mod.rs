@@ -366,6 +366,11 @@ pub fn load_str(source: &str, file: &Path, overrides: &[String]) -> Result<Loade
 impl Config {
     /// Checks values that serde's types cannot express. Sections with a `kind` are checked by
     /// their registry entries (see `crate::experiment`).
+    /// The `device` key as a request (`auto`, `cpu`, `cuda:N`); checked when the config was loaded.
+    pub fn device_request(&self) -> crate::device::DeviceRequest {
+        crate::device::parse_device(&self.device).unwrap_or(crate::device::DeviceRequest::Auto)
+    }
+
     pub fn validate(&self) -> Result<(), OptionError> {
         let name_ok = !self.name.is_empty()
             && self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
