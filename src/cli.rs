@@ -1,4 +1,4 @@
-//! The command line: `plexus train | demo | analyze | plot | bench | connectivity | parity | doctor | tokenize | list`.
+//! The command line: `plexus train | demo | analyze | plot | bench | connectivity | parity | doctor | tokenize | rl | list`.
 
 use crate::analysis::{self, AnalyzeOptions};
 use crate::config::ConfigError;
@@ -207,6 +207,29 @@ pub enum Cmd {
     },
     /// List the registered topologies, backbones, datasets and embedded config sets.
     List,
+    /// Goal-conditioned contrastive RL on the point maze (ANCRe §5.3): train each config (a
+    /// directory stands for its *.yaml files) and draw success rate against environment steps;
+    /// with --plot, only draw the figure for finished run directories.
+    Rl {
+        #[arg(required = true, value_name = "CONFIG_OR_DIR|RUN_DIR")]
+        inputs: Vec<PathBuf>,
+        /// Run directory (one config) or parent of the runs (several); with --plot, the figure
+        /// directory. Default: runs/<name>.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Override a config key, e.g. --set network.depth=16 (repeatable; validated like the file).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+        /// Clear a run directory that already holds files first.
+        #[arg(long)]
+        overwrite: bool,
+        /// Only draw the success figure of existing run directories.
+        #[arg(long, conflicts_with_all = ["overrides", "overwrite"])]
+        plot: bool,
+        /// No per-evaluation lines on stderr.
+        #[arg(long)]
+        quiet: bool,
+    },
 }
 
 /// Exit code for configuration errors (usage errors), as opposed to 1 for failures at run time.
@@ -429,6 +452,9 @@ pub fn run(cli: Cli) -> Result<()> {
                 opts.threads
             );
             Ok(())
+        }
+        Cmd::Rl { inputs, out, overrides, overwrite, plot, quiet } => {
+            crate::rl::cli::run(&inputs, out.as_deref(), &overrides, overwrite, plot, quiet)
         }
         Cmd::List => {
             println!("topologies (topology.kind):");

@@ -21,6 +21,7 @@ pub mod native;
 pub mod parity;
 pub mod plot;
 pub mod report;
+pub mod rl;
 pub mod run_dir;
 pub mod sets;
 pub mod topology;
