@@ -230,10 +230,6 @@ impl VecEnv {
 mod tests {
     use super::*;
 
-    fn spec(layout: Layout) -> EnvSpec {
-        EnvSpec { layout, max_step: 0.1, goal_radius: 0.05, episode_length: 20 }
-    }
-
     #[test]
     fn walls_block_and_the_point_slides_along_them() {
         let walls = Layout::U.walls();
