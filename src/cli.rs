@@ -299,7 +299,19 @@ pub fn run(cli: Cli) -> Result<()> {
             crate::dist::launch(nproc as usize)
         }
         Cmd::Bench {
-            config, steps, warmup, overrides, csv, case, profile, compare, depths, topologies, out, dist_timeout, ..
+            config,
+            steps,
+            warmup,
+            overrides,
+            csv,
+            case,
+            profile,
+            compare,
+            depths,
+            topologies,
+            out,
+            dist_timeout,
+            ..
         } => {
             let opts = crate::bench::BenchOptions { steps, warmup, case, profile };
             if let Some(info) = DistInfo::from_env(Duration::from_secs(dist_timeout))? {
@@ -312,7 +324,16 @@ pub fn run(cli: Cli) -> Result<()> {
                 if let Some(r) = crate::bench::bench_distributed(&exp, &opts, info)? {
                     println!(
                         "{:<24} {:>5} {:>7} {:>6} {:>10} {:>10} {:>10} {:>12} {:>12} {:>9}",
-                        "case", "procs", "backend", "batch", "ms/step", "p10", "p90", "samples/s", "all-reduce", "share"
+                        "case",
+                        "procs",
+                        "backend",
+                        "batch",
+                        "ms/step",
+                        "p10",
+                        "p90",
+                        "samples/s",
+                        "all-reduce",
+                        "share"
                     );
                     println!(
                         "{:<24} {:>5} {:>7} {:>6} {:>10.2} {:>10.2} {:>10.2} {:>12.1} {:>9.2} ms {:>8.1}%",
@@ -327,7 +348,10 @@ pub fn run(cli: Cli) -> Result<()> {
                         r.allreduce_ms,
                         100.0 * r.allreduce_share()
                     );
-                    println!("gradient all-reduced per step and rank: {:.2} MiB", r.gradient_bytes as f64 / (1u64 << 20) as f64);
+                    println!(
+                        "gradient all-reduced per step and rank: {:.2} MiB",
+                        r.gradient_bytes as f64 / (1u64 << 20) as f64
+                    );
                 }
                 return Ok(());
             }
