@@ -22,7 +22,7 @@ done
 python3 - "$OUT" <<'PY'
 import csv, glob, json, os, statistics as st, sys
 rows = {}
-for d in sorted(glob.glob(os.path.join(sys.argv[1], "c*-s*"))):
+for d in sorted(d for d in glob.glob(os.path.join(sys.argv[1], "c*-s*")) if os.path.isdir(d)):
     s = json.load(open(os.path.join(d, "summary.json")))
     first = next(csv.DictReader(open(os.path.join(d, "metrics.csv"))))
     rows.setdefault(os.path.basename(d).rsplit("-s", 1)[0], []).append(
