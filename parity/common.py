@@ -8,29 +8,18 @@
 import importlib
 import math
 import numbers
+import os
 
 import torch
 from torch import nn
 
-# kind -> module name (one file per topology, named after its kind).
+# kind -> module name: every `parity/<kind>.py` that defines the reference `class Topology` (one
+# file per topology, named after its kind), so adding a reference file is all it takes.
+_HERE = os.path.dirname(os.path.abspath(__file__))
 TOPOLOGIES = {
-    kind: kind
-    for kind in (
-        "plain",
-        "residual",
-        "shortcuts",
-        "acn",
-        "hacn",
-        "ancre",
-        "denseformer",
-        "layercomb",
-        "densenet",
-        "hyper",
-        "mhc",
-        "attnres",
-        "laurel",
-        "rezero",
-    )
+    name[:-3]: name[:-3]
+    for name in sorted(os.listdir(_HERE))
+    if name.endswith(".py") and "\nclass Topology(" in open(os.path.join(_HERE, name), encoding="utf-8").read()
 }
 
 # Default granularity: `sublayer` for every topology except these.

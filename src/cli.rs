@@ -1,16 +1,16 @@
-//! The command line: `plexus train | demo | analyze | plot | bench | connectivity | parity | doctor | tokenize | list`.
+//! The command line: `plexus train | demo | analyze | plot | bench | connectivity | parity | doctor | tokenize | rl | list`.
 
 use crate::analysis::{self, AnalyzeOptions};
 use crate::config::ConfigError;
 use crate::dist::DistInfo;
 use crate::experiment::Experiment;
 use crate::run_dir::{atomic_write, RunDir};
-use crate::train::{self, Summary, TrainOptions};
+use crate::train::{self, TrainOptions};
 use crate::{data, doctor, model, sets, topology};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Debug, Parser)]
@@ -207,6 +207,29 @@ pub enum Cmd {
     },
     /// List the registered topologies, backbones, datasets and embedded config sets.
     List,
+    /// Goal-conditioned contrastive RL on the point maze (ANCRe §5.3): train each config (a
+    /// directory stands for its *.yaml files) and draw success rate against environment steps;
+    /// with --plot, only draw the figure for finished run directories.
+    Rl {
+        #[arg(required = true, value_name = "CONFIG_OR_DIR|RUN_DIR")]
+        inputs: Vec<PathBuf>,
+        /// Run directory (one config) or parent of the runs (several); with --plot, the figure
+        /// directory. Default: runs/<name>.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Override a config key, e.g. --set network.depth=16 (repeatable; validated like the file).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+        /// Clear a run directory that already holds files first.
+        #[arg(long)]
+        overwrite: bool,
+        /// Only draw the success figure of existing run directories.
+        #[arg(long, conflicts_with_all = ["overrides", "overwrite"])]
+        plot: bool,
+        /// No per-evaluation lines on stderr.
+        #[arg(long)]
+        quiet: bool,
+    },
 }
 
 /// Exit code for configuration errors (usage errors), as opposed to 1 for failures at run time.
@@ -222,7 +245,9 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
 
 pub fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Train { nproc, .. } if nproc > 1 && std::env::var_os("WORLD_SIZE").is_none() => launch(nproc as usize),
+        Cmd::Train { nproc, .. } if nproc > 1 && std::env::var_os("WORLD_SIZE").is_none() => {
+            crate::dist::launch(nproc as usize)
+        }
         Cmd::Train { configs, resume: Some(run), overrides, quiet, dist_timeout, .. } => {
             let dist = DistInfo::from_env(Duration::from_secs(dist_timeout))?;
             let main = dist.as_ref().is_none_or(|d| d.rank == 0);
@@ -239,31 +264,40 @@ pub fn run(cli: Cli) -> Result<()> {
             };
             let exp = Experiment::from_file(&config, &overrides)?;
             let progress = main && !quiet && std::io::stderr().is_terminal();
-            let opts = TrainOptions { progress, resume: true, crash_after: crash_after()?, dist, ..Default::default() };
+            let opts = TrainOptions {
+                progress,
+                resume: true,
+                crash_after: crate::commands::crash_after()?,
+                dist,
+                ..Default::default()
+            };
             let s = train::train(&exp, &dir, &opts)?;
             if main {
-                print_table(&[s]);
+                crate::report::print_table(&[s]);
             }
             Ok(())
         }
         Cmd::Train { configs, resume: None, out, overrides, quiet, overwrite, dist_timeout, .. } => {
             let dist = DistInfo::from_env(Duration::from_secs(dist_timeout))?;
             let main = dist.as_ref().is_none_or(|d| d.rank == 0);
-            let exps = resolve_paths(&configs, &overrides)?;
+            let exps = crate::commands::resolve_paths(&configs, &overrides)?;
             if dist.is_some() && exps.len() != 1 {
                 bail!("a data-parallel run trains one config; {} were given", exps.len());
             }
             let progress = main && !quiet && std::io::stderr().is_terminal();
-            let dirs = run_dirs(&exps, out.as_deref())?;
-            let opts = TrainOptions { progress, crash_after: crash_after()?, dist, ..Default::default() };
-            let summaries = train_all(&exps, &dirs, &opts, &vec![overwrite; dirs.len()])?;
+            let dirs = crate::commands::run_dirs(&exps, out.as_deref())?;
+            let opts =
+                TrainOptions { progress, crash_after: crate::commands::crash_after()?, dist, ..Default::default() };
+            let summaries = crate::commands::train_all(&exps, &dirs, &opts, &vec![overwrite; dirs.len()])?;
             if main {
-                print_table(&summaries);
+                crate::report::print_table(&summaries);
             }
             Ok(())
         }
-        Cmd::Demo { figure, out, overrides } => demo(&figure, &out, &overrides),
-        Cmd::Bench { nproc, .. } if nproc > 1 && std::env::var_os("WORLD_SIZE").is_none() => launch(nproc as usize),
+        Cmd::Demo { figure, out, overrides } => crate::commands::demo(&figure, &out, &overrides),
+        Cmd::Bench { nproc, .. } if nproc > 1 && std::env::var_os("WORLD_SIZE").is_none() => {
+            crate::dist::launch(nproc as usize)
+        }
         Cmd::Bench {
             config,
             steps,
@@ -322,21 +356,21 @@ pub fn run(cli: Cli) -> Result<()> {
                 return Ok(());
             }
             if !compare.is_empty() {
-                compare_topologies(&config, &overrides, &opts, &compare, csv.as_deref())
+                crate::bench::compare_topologies(&config, &overrides, &opts, &compare, csv.as_deref())
             } else if depths.is_empty() {
                 let exp = Experiment::from_file(&config, &overrides)?;
                 let row = crate::bench::bench(&exp, &opts)?;
-                print_bench(std::slice::from_ref(&row));
+                crate::report::print_bench(std::slice::from_ref(&row));
                 if let Some(path) = csv {
-                    append_csv(&path, crate::bench::CSV_HEADER, &format!("{}\n", row.csv()))?;
+                    crate::report::append_csv(&path, crate::bench::CSV_HEADER, &format!("{}\n", row.csv()))?;
                 }
                 Ok(())
             } else {
-                depth_sweep(&config, &overrides, &opts, &depths, &topologies, &out)
+                crate::bench::depth_sweep(&config, &overrides, &opts, &depths, &topologies, &out)
             }
         }
         Cmd::Plot { runs, out, title, step } => {
-            let out = out.unwrap_or_else(|| default_figure_dir(&runs));
+            let out = out.unwrap_or_else(|| crate::commands::default_figure_dir(&runs));
             for p in crate::plot::figures::all(&runs, &out, title.as_deref(), step)? {
                 println!("{}", p.display());
             }
@@ -352,10 +386,13 @@ pub fn run(cli: Cli) -> Result<()> {
             };
             let opts = AnalyzeOptions { sigmas, char_probs: probs, repeats, seed: 0, device };
             let summaries = runs.iter().map(|r| analysis::analyze(r, &opts)).collect::<Result<Vec<_>>>()?;
-            print_analysis(&summaries);
+            crate::report::print_analysis(&summaries);
             if correlate {
                 let m = analysis::correlate(&runs)?;
-                let path = default_figure_dir(&runs).parent().map(|p| p.join("correlation.csv")).unwrap_or_default();
+                let path = crate::commands::default_figure_dir(&runs)
+                    .parent()
+                    .map(|p| p.join("correlation.csv"))
+                    .unwrap_or_default();
                 let mut s = String::from("run");
                 for r in &runs {
                     s += &format!(",{}", r.display());
@@ -373,9 +410,11 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Parity { only, dir, keep, device } => parity(&dir, only.as_deref(), keep.as_deref(), &device),
+        Cmd::Parity { only, dir, keep, device } => {
+            crate::commands::parity(&dir, only.as_deref(), keep.as_deref(), &device)
+        }
         Cmd::Connectivity { config_or_run, step, overrides } => {
-            print!("{}", connectivity_csv(&config_or_run, step, &overrides)?);
+            print!("{}", crate::commands::connectivity_csv(&config_or_run, step, &overrides)?);
             Ok(())
         }
         Cmd::Doctor { selftest, device } => {
@@ -414,6 +453,9 @@ pub fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
+        Cmd::Rl { inputs, out, overrides, overwrite, plot, quiet } => {
+            crate::rl::cli::run(&inputs, out.as_deref(), &overrides, overwrite, plot, quiet)
+        }
         Cmd::List => {
             println!("topologies (topology.kind):");
             for e in topology::REGISTRY {
@@ -434,577 +476,4 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
-}
-
-/// Expands directories into their `*.yaml` files (sorted) and resolves every config before any
-/// run starts, so one bad file stops the whole set before work.
-pub fn resolve_paths(paths: &[PathBuf], overrides: &[String]) -> Result<Vec<Experiment>> {
-    let mut files = Vec::new();
-    for p in paths {
-        if p.is_dir() {
-            let mut yamls: Vec<PathBuf> = std::fs::read_dir(p)
-                .with_context(|| format!("reading {}", p.display()))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| f.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-                .collect();
-            yamls.sort();
-            if yamls.is_empty() {
-                bail!("{} holds no *.yaml config", p.display());
-            }
-            files.extend(yamls);
-        } else {
-            files.push(p.clone());
-        }
-    }
-    let mut exps = Vec::new();
-    for f in files {
-        exps.push(Experiment::from_file(&f, overrides)?);
-    }
-    Ok(exps)
-}
-
-/// One run directory per experiment; names must be unique within a set.
-fn run_dirs(exps: &[Experiment], out: Option<&Path>) -> Result<Vec<PathBuf>> {
-    let mut seen = std::collections::HashSet::new();
-    for e in exps {
-        if !seen.insert(e.config().name.clone()) {
-            bail!("two configs share the name `{}`; run names must be unique within one command", e.config().name);
-        }
-    }
-    Ok(exps
-        .iter()
-        .map(|e| match (out, exps.len()) {
-            (Some(o), 1) => o.to_path_buf(),
-            (Some(o), _) => o.join(&e.config().name),
-            (None, _) => Path::new("runs").join(&e.config().name),
-        })
-        .collect())
-}
-
-/// Trains every experiment into its directory with `opts` (`overwrite[i]`: clear a non-empty
-/// one). Every directory is checked before the first run starts, so a set fails before any work.
-fn train_all(exps: &[Experiment], dirs: &[PathBuf], opts: &TrainOptions, overwrite: &[bool]) -> Result<Vec<Summary>> {
-    let main = opts.dist.as_ref().is_none_or(|d| d.rank == 0);
-    if main {
-        for (d, &o) in dirs.iter().zip(overwrite) {
-            crate::run_dir::check_new(d, o)?;
-        }
-    }
-    let mut out = Vec::new();
-    for ((e, d), &overwrite) in exps.iter().zip(dirs).zip(overwrite) {
-        let dir = RunDir::new(d);
-        if !opts.progress && main {
-            eprintln!("training {} → {}", e.config().name, d.display());
-        }
-        out.push(train::train(e, &dir, &TrainOptions { overwrite, ..opts.clone() })?);
-    }
-    Ok(out)
-}
-
-/// `PLEXUS_CRASH_AFTER=N`: stop with an error after N updates, as a crash would (for testing that
-/// resumed runs, distributed ones included, match uninterrupted ones).
-fn crash_after() -> Result<Option<u64>> {
-    match std::env::var("PLEXUS_CRASH_AFTER") {
-        Ok(v) => Ok(Some(v.trim().parse().map_err(|_| {
-            anyhow::anyhow!("environment variable PLEXUS_CRASH_AFTER={v:?}: expected a number of updates")
-        })?)),
-        Err(_) => Ok(None),
-    }
-}
-
-/// `plexus train … --nproc N`: runs this same command in N processes on this machine, as torchrun
-/// would (RANK = LOCAL_RANK = r, WORLD_SIZE = N, rendezvous on a free loopback port, each with
-/// 1/N of the CPU threads unless OMP_NUM_THREADS is set). If one rank fails the others are
-/// stopped, and the error names it.
-fn launch(nproc: usize) -> Result<()> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .context("finding a free port for the rendezvous")?
-        .port();
-    let exe = std::env::current_exe().context("locating the plexus binary")?;
-    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    let threads = (std::thread::available_parallelism().map_or(1, |n| n.get()) / nproc).max(1);
-    let mut children = Vec::new();
-    for rank in 0..nproc {
-        let mut cmd = std::process::Command::new(&exe);
-        cmd.args(&args)
-            .env("WORLD_SIZE", nproc.to_string())
-            .env("RANK", rank.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string());
-        if std::env::var_os("OMP_NUM_THREADS").is_none() {
-            cmd.env("OMP_NUM_THREADS", threads.to_string());
-        }
-        match cmd.spawn() {
-            Ok(c) => children.push(c),
-            Err(e) => {
-                for c in &mut children {
-                    let _ = c.kill();
-                }
-                return Err(e).with_context(|| format!("starting rank {rank} ({})", exe.display()));
-            }
-        }
-    }
-    let mut done = vec![false; nproc];
-    while done.iter().any(|d| !d) {
-        for (rank, child) in children.iter_mut().enumerate() {
-            if done[rank] {
-                continue;
-            }
-            if let Some(status) = child.try_wait()? {
-                done[rank] = true;
-                if !status.success() {
-                    for c in &mut children {
-                        let _ = c.kill();
-                        let _ = c.wait();
-                    }
-                    bail!(
-                        "rank {rank} of {nproc} failed ({status}); the other ranks were stopped (see its error above)"
-                    );
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
-}
-
-fn embedded(name: &str, overrides: &[String]) -> Result<(&'static sets::ConfigSet, Vec<Experiment>)> {
-    let set = sets::find(name).with_context(|| {
-        format!(
-            "no embedded config set `{name}`; available: {}",
-            sets::SETS.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
-        )
-    })?;
-    let exps = set
-        .configs
-        .iter()
-        .map(|c| Experiment::from_str(c.yaml, &format!("<embedded:configs/{}>", c.path), overrides))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((set, exps))
-}
-
-/// Trains an embedded set into `out/<set>/`, prints its table, writes results.csv; returns the
-/// run directories.
-fn run_set(set: &sets::ConfigSet, exps: &[Experiment], out: &Path) -> Result<Vec<PathBuf>> {
-    println!("\n== {} — {}", set.name, set.about);
-    let dirs = run_dirs(exps, Some(out))?;
-    // The demo regenerates its runs: a previous demo's run directories are replaced, anything
-    // else in the way is refused like for `plexus train`.
-    let replace: Vec<bool> = dirs.iter().map(|d| d.join("config.yaml").is_file()).collect();
-    let opts = TrainOptions { progress: std::io::stderr().is_terminal(), ..Default::default() };
-    let summaries = train_all(exps, &dirs, &opts, &replace)?;
-    print_table(&summaries);
-    atomic_write(&out.join("results.csv"), results_csv(&summaries)?.as_bytes())?;
-    Ok(dirs)
-}
-
-fn demo(figure: &str, out: &Path, overrides: &[String]) -> Result<()> {
-    let started = std::time::Instant::now();
-    let mut figures = Vec::new();
-    if figure == "showcase" {
-        let (set, exps) = embedded("showcase", overrides)?;
-        let dir = out.join("showcase");
-        let runs = run_set(set, &exps, &dir)?;
-        eprintln!("analysing {} runs (layer-wise exits, pruning, noise, Γ, Δ_t)…", runs.len());
-        let summaries =
-            runs.iter().map(|r| analysis::analyze(r, &AnalyzeOptions::default())).collect::<Result<Vec<_>>>()?;
-        print_analysis(&summaries);
-        figures.extend(crate::plot::figures::all(&runs, &dir.join("figures"), Some(set.about), None)?);
-        // The ANCRe case study rides along: seconds, and the clearest picture of why topology matters.
-        let (set, exps) = embedded("lnn-fig2b", &[])?;
-        let dir = out.join("lnn-fig2b");
-        let runs = run_set(set, &exps, &dir)?;
-        figures.extend(crate::plot::figures::losses(
-            &crate::plot::figures::open_runs(&runs)?,
-            &dir.join("figures"),
-            Some(set.about),
-        )?);
-    } else {
-        let (set, exps) = embedded(figure, overrides)?;
-        let runs = run_set(set, &exps, out)?;
-        figures.extend(crate::plot::figures::all(&runs, &out.join("figures"), Some(set.about), None)?);
-    }
-    println!();
-    for f in figures.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
-        println!("figure: {}", f.display());
-    }
-    println!("(SVG next to each PNG; done in {:.0} s)", started.elapsed().as_secs_f64());
-    Ok(())
-}
-
-fn print_bench(rows: &[crate::bench::BenchRow]) {
-    println!(
-        "{:<30} {:>5} {:>10} {:>17} {:>12} {:>9} {:>9} {:>10} {:>8} {:>6}",
-        "case", "depth", "ms/step", "(p10–p90)", "samples/s", "rss MB", "act MB", "params", "GFLOP/s", "MFU"
-    );
-    for r in rows {
-        println!(
-            "{:<30} {:>5} {:>10.2} {:>17} {:>12.1} {:>9.0} {:>9.1} {:>10} {:>8.2} {:>5.1}%",
-            r.case,
-            r.depth,
-            r.ms[0],
-            format!("({:.2}–{:.2})", r.ms[1], r.ms[2]),
-            r.samples_per_s,
-            r.peak_rss_mb,
-            r.act_mem_mb,
-            r.params,
-            r.achieved_gflops(),
-            100.0 * r.achieved_gflops() / r.peak_gflops
-        );
-        if let Some([f, b, o]) = r.phase_ms {
-            println!("{:<30} profile: forward + loss {f:.2} ms, backward {b:.2} ms, optimizer {o:.2} ms", "");
-        }
-    }
-}
-
-/// Appends `rows` (CSV lines, each ending in a newline) to the CSV at `path`, writing `header`
-/// first when the file is new.
-fn append_csv(path: &Path, header: &str, rows: &str) -> Result<()> {
-    use std::io::Write;
-    let result = (|| -> std::io::Result<()> {
-        if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(d)?;
-        }
-        let new = !path.exists();
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
-        if new {
-            writeln!(f, "{header}")?;
-        }
-        f.write_all(rows.as_bytes())
-    })();
-    result.with_context(|| format!("appending to the CSV {}", path.display()))
-}
-
-/// `--set` overrides selecting a topology written `kind` or `kind+key=value+…`.
-fn topology_overrides(entry: &str) -> Vec<String> {
-    let mut parts = entry.split('+');
-    let kind = parts.next().unwrap_or_default();
-    std::iter::once(format!("topology.kind={kind}")).chain(parts.map(|p| format!("topology.{p}"))).collect()
-}
-
-fn compare_topologies(
-    config: &Path,
-    overrides: &[String],
-    opts: &crate::bench::BenchOptions,
-    entries: &[String],
-    csv: Option<&Path>,
-) -> Result<()> {
-    let exps = entries
-        .iter()
-        .map(|t| {
-            let ov: Vec<String> = overrides.iter().cloned().chain(topology_overrides(t)).collect();
-            Ok((t.clone(), Experiment::from_file(config, &ov)?))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let case = opts.case.clone().unwrap_or_else(|| exps[0].1.config().name.clone());
-    eprintln!("{case}: {} topologies, {} paired rounds…", exps.len(), opts.steps);
-    let rows = crate::bench::compare(&exps, opts)?;
-    println!(
-        "{:<24} {:>10} {:>14} {:>20} {:>9} {:>14}",
-        "topology", "ms/step", "overhead", "(p10 … p90)", "act MB", "traffic bound"
-    );
-    let mut text = String::new();
-    for r in &rows {
-        let [m, lo, hi] = r.overhead_pct;
-        // The bound: the least overhead a fully fused n-stream update could have (bench.rs).
-        let bound = r.traffic_bound_pct.map(|b| format!("≥ {b:+.1}%")).unwrap_or_default();
-        println!(
-            "{:<24} {:>10.2} {:>13.1}% {:>20} {:>9.1} {:>14}",
-            r.label,
-            r.ms,
-            m,
-            format!("({lo:+.1}% … {hi:+.1}%)"),
-            r.act_mem_mb,
-            bound
-        );
-        let bound_csv = r.traffic_bound_pct.map(|b| format!("{b:.3}")).unwrap_or_default();
-        text += &format!("{case},{},{:.4},{m:.3},{lo:.3},{hi:.3},{:.2},{bound_csv}\n", r.label, r.ms, r.act_mem_mb);
-    }
-    if let Some(path) = csv {
-        append_csv(
-            path,
-            "case,topology,ms_median,overhead_pct,overhead_p10,overhead_p90,act_mem_mb,traffic_bound_pct",
-            &text,
-        )?;
-    }
-    Ok(())
-}
-
-/// Cost versus depth: every topology at every depth, `depth.csv`, log-log figures of step time and
-/// step memory, and the fitted exponent k of `cost ∝ L^k` per topology.
-fn depth_sweep(
-    config: &Path,
-    overrides: &[String],
-    opts: &crate::bench::BenchOptions,
-    depths: &[usize],
-    topologies: &[String],
-    out: &Path,
-) -> Result<()> {
-    use crate::plot::{loglog_chart, topology_color, LineChart, Series};
-    std::fs::create_dir_all(out).with_context(|| format!("creating the output directory {}", out.display()))?;
-    let mut rows = Vec::new();
-    for t in topologies {
-        let kind = t.split('+').next().unwrap_or_default();
-        for &l in depths {
-            let mut ov = overrides.to_vec();
-            ov.extend(topology_overrides(t));
-            ov.push(format!("model.depth={l}"));
-            let exp = Experiment::from_file(config, &ov)?;
-            let o = crate::bench::BenchOptions { case: Some(format!("{t}@L{l}")), ..opts.clone() };
-            eprintln!("bench {t} at depth {l}…");
-            let row = crate::bench::bench(&exp, &o)?;
-            print_bench(std::slice::from_ref(&row));
-            rows.push((t.clone(), kind.to_string(), l, row));
-        }
-    }
-    let mut csv = String::from(crate::bench::CSV_HEADER);
-    csv.push('\n');
-    for (_, _, _, r) in &rows {
-        csv += &r.csv();
-        csv.push('\n');
-    }
-    atomic_write(&out.join("depth.csv"), csv.as_bytes())?;
-    let mut summary = String::from("topology,time_exponent,memory_exponent\n");
-    println!("\n{:<24} {:>16} {:>18}", "topology", "time ∝ L^k, k =", "act. mem ∝ L^k, k =");
-    let mut time_series = Vec::new();
-    let mut mem_series = Vec::new();
-    for (i, t) in topologies.iter().enumerate() {
-        let mine: Vec<&(String, String, usize, crate::bench::BenchRow)> = rows.iter().filter(|r| &r.0 == t).collect();
-        let time: Vec<(f64, f64)> = mine.iter().map(|r| (r.2 as f64, r.3.ms[0])).collect();
-        let mem: Vec<(f64, f64)> = mine.iter().map(|r| (r.2 as f64, r.3.act_mem_mb)).collect();
-        let (kt, km) = (crate::bench::growth_exponent(&time), crate::bench::growth_exponent(&mem));
-        println!("{t:<24} {kt:>16.2} {km:>18.2}");
-        summary += &format!("{t},{kt:.3},{km:.3}\n");
-        let kind = mine.first().map(|r| r.1.clone()).unwrap_or_default();
-        let color =
-            Some(topology_color(&kind, topologies[..i].iter().filter(|o| o.split('+').next() == Some(&kind)).count()));
-        time_series.push(Series { label: format!("{t} (k = {kt:.2})"), points: time, color });
-        mem_series.push(Series { label: format!("{t} (k = {km:.2})"), points: mem, color });
-    }
-    atomic_write(&out.join("growth.csv"), summary.as_bytes())?;
-    let name = config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut files = loglog_chart(
-        &LineChart {
-            title: format!("Step time versus depth — {name}"),
-            x_label: "model.depth L (log scale)".into(),
-            y_label: "ms per training step (log scale)".into(),
-            log_y: true,
-            series: time_series,
-        },
-        &out.join("depth_time"),
-    )?;
-    files.extend(loglog_chart(
-        &LineChart {
-            title: format!("Activation memory versus depth — {name}"),
-            x_label: "model.depth L (log scale)".into(),
-            y_label: "activation memory (held for backward), MiB (log scale)".into(),
-            log_y: true,
-            series: mem_series,
-        },
-        &out.join("depth_memory"),
-    )?);
-    for f in files.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
-        println!("figure: {}", f.display());
-    }
-    println!("csv: {}", out.join("depth.csv").display());
-    Ok(())
-}
-
-/// The analysis table: final metric, Γ, the exit at half depth, robustness at the largest noise.
-pub fn print_analysis(rows: &[analysis::AnalysisSummary]) {
-    println!(
-        "\n{:<22} {:<24} {:>6} {:>14} {:>7} {:>20} {:>18}",
-        "run", "topology", "units", "final", "Γ", "exit at L/2", "largest noise"
-    );
-    let metric = |acc: Option<f64>, ppl: Option<f64>, loss: f64| match (ppl, acc) {
-        (Some(p), _) => format!("ppl {p:.2}"),
-        (None, Some(a)) => format!("acc {:.2}%", 100.0 * a),
-        _ => format!("loss {loss:.3e}"),
-    };
-    for r in rows {
-        let fin = r.final_eval.as_ref().map(|e| metric(e.accuracy, e.perplexity, e.loss)).unwrap_or_default();
-        let half = format!(
-            "{} units: {}",
-            r.half_depth.units,
-            metric(r.half_depth.accuracy, r.half_depth.perplexity, r.half_depth.loss)
-        );
-        let noisy = r
-            .noise
-            .last()
-            .map(|n| {
-                format!(
-                    "{}={}: {}",
-                    if n.kind == "char" { "p" } else { "σ" },
-                    n.level,
-                    metric(n.mean_accuracy, n.mean_perplexity, n.mean_loss)
-                )
-            })
-            .unwrap_or_default();
-        let gamma = r.gamma.map(|g| format!("{g:.3}")).unwrap_or_else(|| "-".into());
-        println!("{:<22} {:<24} {:>6} {:>14} {:>7} {:>20} {:>18}", r.run, r.topology, r.depth, fin, gamma, half, noisy);
-    }
-}
-
-fn parity(dir: &Path, only: Option<&str>, keep: Option<&Path>, device: &str) -> Result<()> {
-    let device = crate::device::resolve(
-        crate::device::parse_device(device)
-            .map_err(|allowed| anyhow::anyhow!("--device {device}: expected {allowed}"))?,
-    )?;
-    let cases = crate::parity::cases(&dir.join("cases"), only)?;
-    if cases.is_empty() {
-        bail!("no parity case in {} matches {:?}", dir.join("cases").display(), only.unwrap_or(""));
-    }
-    let tmp = tempfile::tempdir()?;
-    let work = keep.unwrap_or(tmp.path());
-    eprintln!("running {} PyTorch references on {}…", cases.len(), crate::device::describe(device));
-    let results = crate::parity::run_all(dir, &cases, work, device)?;
-    println!(
-        "{:<28} {:>5} {:>11} {:>11} {:<34} {:>8} {:>7}  result",
-        "case", "prec", "output err", "grad err", "(worst gradient)", "tol", "params"
-    );
-    let mut failed = 0;
-    for (case, r) in cases.iter().zip(results) {
-        match r {
-            Ok(r) => {
-                if !r.pass {
-                    failed += 1;
-                }
-                println!(
-                    "{:<28} {:>5} {:>11.3e} {:>11.3e} {:<34} {:>8.0e} {:>7}  {}",
-                    r.name,
-                    format!("{:?}", r.precision).to_lowercase(),
-                    r.output_err,
-                    r.grad_err,
-                    format!("({})", r.worst_grad),
-                    r.tolerance,
-                    r.params,
-                    if r.pass { "pass" } else { "FAIL" }
-                );
-            }
-            Err(e) => {
-                failed += 1;
-                println!("{:<28} ERROR {e:#}", crate::parity::case_name(case));
-            }
-        }
-    }
-    println!("parity: {} passed, {failed} failed", cases.len() - failed);
-    if failed > 0 {
-        bail!("{failed} parity case(s) failed");
-    }
-    Ok(())
-}
-
-/// C as CSV for a config (initialised model) or a run directory (final checkpoint, or a saved step).
-pub fn connectivity_csv(path: &Path, step: Option<u64>, overrides: &[String]) -> Result<String> {
-    let (exp, checkpoint) = if path.is_dir() {
-        let run = RunDir::open(path)?;
-        if let Some(step) = step {
-            let f = run.connectivity_file(step);
-            return std::fs::read_to_string(&f)
-                .with_context(|| format!("no C saved at step {step}: {} (see log.connectivity_every)", f.display()));
-        }
-        (Experiment::from_file(&run.config_file(), overrides)?, Some(run.final_checkpoint()))
-    } else {
-        anyhow::ensure!(step.is_none(), "--step needs a run directory, not a config");
-        (Experiment::from_file(path, overrides)?, None)
-    };
-    let cfg = exp.config();
-    let dev = tch::Device::Cpu;
-    let mut model = crate::device::with_seed(cfg.seed, || {
-        crate::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, tch::Kind::Float)
-    });
-    if let Some(ck) = checkpoint {
-        crate::train::checkpoint::load_weights(&mut model.vs, &ck)?;
-    }
-    let data = exp.data.load()?;
-    let c = model.connectivity(&data.train_batch(0)?.input);
-    Ok(crate::run_dir::matrix_csv(&c))
-}
-
-fn results_csv(summaries: &[Summary]) -> Result<String> {
-    let mut w = csv::Writer::from_writer(Vec::new());
-    w.write_record([
-        "run",
-        "topology",
-        "layout",
-        "steps",
-        "initial_loss",
-        "final_loss",
-        "min_loss",
-        "steps_to_1e-3",
-        "params",
-        "seconds",
-    ])?;
-    for s in summaries {
-        w.write_record([
-            s.name.clone(),
-            s.topology.clone(),
-            s.topology_label.clone(),
-            s.steps.to_string(),
-            s.initial_loss.to_string(),
-            s.final_loss.to_string(),
-            s.min_loss.to_string(),
-            s.steps_to_1e3.map(|v| v.to_string()).unwrap_or_default(),
-            s.num_params.to_string(),
-            format!("{:.3}", s.wall_seconds),
-        ])?;
-    }
-    Ok(String::from_utf8(w.into_inner()?)?)
-}
-
-pub fn print_table(summaries: &[Summary]) {
-    let with_eval = summaries.iter().any(|s| s.eval.is_some());
-    if with_eval {
-        println!(
-            "\n{:<28} {:<10} {:<16} {:>7} {:>11} {:>10} {:>14} {:>6} {:>9}",
-            "run", "topology", "layout", "steps", "train loss", "eval loss", "eval metric", "Γ", "time"
-        );
-    } else {
-        println!(
-            "\n{:<28} {:<10} {:<16} {:>7} {:>12} {:>12} {:>11} {:>9}",
-            "run", "topology", "layout", "steps", "final loss", "min loss", "to 1e-3·L0", "time"
-        );
-    }
-    for s in summaries {
-        if with_eval {
-            let (loss, metric) = match &s.eval {
-                Some(e) => (
-                    format!("{:.4}", e.loss),
-                    match (e.perplexity, e.accuracy) {
-                        (Some(p), _) => format!("ppl {p:.2}"),
-                        (None, Some(a)) => format!("acc {:.2}%", 100.0 * a),
-                        _ => "-".into(),
-                    },
-                ),
-                None => ("-".into(), "-".into()),
-            };
-            let gamma = s.gamma.map(|g| format!("{g:.3}")).unwrap_or_else(|| "-".into());
-            println!(
-                "{:<28} {:<10} {:<16} {:>7} {:>11.4} {:>10} {:>14} {:>6} {:>8.1}s",
-                s.name, s.topology, s.topology_label, s.steps, s.final_loss, loss, metric, gamma, s.wall_seconds
-            );
-        } else {
-            let reach = s.steps_to_1e3.map(|v| v.to_string()).unwrap_or_else(|| "never".into());
-            println!(
-                "{:<28} {:<10} {:<16} {:>7} {:>12.3e} {:>12.3e} {:>11} {:>8.2}s",
-                s.name, s.topology, s.topology_label, s.steps, s.final_loss, s.min_loss, reach, s.wall_seconds
-            );
-        }
-    }
-}
-
-fn default_figure_dir(runs: &[PathBuf]) -> PathBuf {
-    match runs {
-        [one] => one.join("figures"),
-        _ => runs[0].parent().map(|p| p.join("figures")).unwrap_or_else(|| PathBuf::from("figures")),
-    }
-}
-
-/// `(step, loss)` of every `metrics.csv` row of a run.
-pub fn read_losses(run: &Path) -> Result<Vec<(f64, f64)>> {
-    let dir = RunDir::new(run);
-    anyhow::ensure!(dir.metrics_file().is_file(), "{}: no metrics.csv", run.display());
-    Ok(dir.metrics()?.iter().map(|m| (m.step as f64, m.loss)).collect())
 }

@@ -167,6 +167,64 @@ pub fn shard(t: &Tensor, rank: usize, world: usize) -> Tensor {
     t.narrow(0, rank as i64 * per, per)
 }
 
+/// `plexus train … --nproc N`: runs this same command in N processes on this machine, as torchrun
+/// would (RANK = LOCAL_RANK = r, WORLD_SIZE = N, rendezvous on a free loopback port, each with
+/// 1/N of the CPU threads unless OMP_NUM_THREADS is set). If one rank fails the others are
+/// stopped, and the error names it.
+pub fn launch(nproc: usize) -> Result<()> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .context("finding a free port for the rendezvous")?
+        .port();
+    let exe = std::env::current_exe().context("locating the plexus binary")?;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let threads = (std::thread::available_parallelism().map_or(1, |n| n.get()) / nproc).max(1);
+    let mut children = Vec::new();
+    for rank in 0..nproc {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args(&args)
+            .env("WORLD_SIZE", nproc.to_string())
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string());
+        if std::env::var_os("OMP_NUM_THREADS").is_none() {
+            cmd.env("OMP_NUM_THREADS", threads.to_string());
+        }
+        match cmd.spawn() {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                for c in &mut children {
+                    let _ = c.kill();
+                }
+                return Err(e).with_context(|| format!("starting rank {rank} ({})", exe.display()));
+            }
+        }
+    }
+    let mut done = vec![false; nproc];
+    while done.iter().any(|d| !d) {
+        for (rank, child) in children.iter_mut().enumerate() {
+            if done[rank] {
+                continue;
+            }
+            if let Some(status) = child.try_wait()? {
+                done[rank] = true;
+                if !status.success() {
+                    for c in &mut children {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                    }
+                    bail!(
+                        "rank {rank} of {nproc} failed ({status}); the other ranks were stopped (see its error above)"
+                    );
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@
 pub mod analysis;
 pub mod bench;
 pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod data;
 pub mod device;
@@ -19,6 +20,8 @@ pub mod model;
 pub mod native;
 pub mod parity;
 pub mod plot;
+pub mod report;
+pub mod rl;
 pub mod run_dir;
 pub mod sets;
 pub mod topology;

@@ -35,6 +35,38 @@ fn every_registered_topology_has_a_parity_case() {
     assert!(cases.iter().filter(|c| c.2.starts_with("mixer")).count() >= 5, "too few Transformer-like (mixer) cases");
 }
 
+/// Adding a topology is its Rust file, its registry line, its reference and a case: nothing else
+/// names topologies (colours and labels come from the registry entry, the parity harness finds
+/// references by file). This fails when one of those places is missing or orphaned.
+#[test]
+fn every_topology_is_complete_and_nothing_else_lists_them() {
+    let registered: BTreeSet<&str> = plexus::topology::REGISTRY.iter().map(|e| e.name).collect();
+    let references: BTreeSet<String> = std::fs::read_dir(parity_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "py")
+                && std::fs::read_to_string(p).unwrap().contains("\nclass Topology(")
+        })
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let references: BTreeSet<&str> = references.iter().map(String::as_str).collect();
+    assert_eq!(registered, references, "Rust registry vs parity/<kind>.py references");
+    let readme = std::fs::read_to_string(parity_dir().join("../README.md")).unwrap();
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/topology");
+    for name in &registered {
+        assert!(src.join(format!("{name}.rs")).is_file(), "src/topology/{name}.rs missing");
+        assert!(readme.contains(&format!("| `{name}` |")), "README's topology table has no row for `{name}`");
+    }
+    // The places that used to list topologies by name, and must not again.
+    for file in ["src/plot/mod.rs", "src/plot/figures.rs", "parity/common.py"] {
+        let text = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap();
+        for name in ["\"hacn\"", "\"densenet\"", "\"laurel\"", "\"rezero\""] {
+            assert!(!text.contains(name), "{file} names the topology {name}: take it from the registry instead");
+        }
+    }
+}
+
 #[test]
 #[ignore = "slow tier: PyTorch parity, every case"]
 fn all_parity_cases_pass_and_parameter_counts_match_the_references() {

@@ -37,7 +37,7 @@ impl Run {
         let cfg = exp.config();
         let dev = match device {
             Some(d) => d,
-            None => crate::device::resolve(crate::device::parse_device(&cfg.device).map_err(anyhow::Error::msg)?)?,
+            None => crate::device::resolve(cfg.device_request())?,
         };
         crate::device::apply_matmul_precision(cfg, dev)?;
         let compute = crate::device::compute_kind(cfg.precision);

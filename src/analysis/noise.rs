@@ -9,10 +9,29 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tch::{Kind, Tensor};
 
+/// The corruption applied: written `gaussian` / `char` in `noise.csv`.
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum NoiseKind {
+    /// Zero-mean Gaussian noise of standard deviation σ on the model input.
+    Gaussian,
+    /// Character insert/delete/swap with per-token probability p.
+    Char,
+}
+
+impl NoiseKind {
+    /// The symbol of its level in tables: σ or p.
+    pub fn level_symbol(self) -> &'static str {
+        match self {
+            NoiseKind::Gaussian => "σ",
+            NoiseKind::Char => "p",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
 pub struct NoiseRow {
-    /// `gaussian` (σ on the model input) or `char` (per-token probability p).
-    pub kind: String,
+    pub kind: NoiseKind,
     pub level: f64,
     pub repeat: usize,
     pub loss: f64,
@@ -22,7 +41,7 @@ pub struct NoiseRow {
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct NoiseSummary {
-    pub kind: String,
+    pub kind: NoiseKind,
     pub level: f64,
     pub mean_loss: f64,
     pub mean_accuracy: Option<f64>,
@@ -70,7 +89,7 @@ pub fn char_noise(tokens: &Tensor, p: f64, vocab: i64, rng: &mut impl Rng) -> Te
 /// Every noise level × repeat on the run's evaluation batches.
 pub fn robustness(run: &Run, opts: &super::AnalyzeOptions) -> Result<Vec<NoiseRow>> {
     let tokens = run.task == Task::LanguageModel;
-    let (kind, levels) = if tokens { ("char", &opts.char_probs) } else { ("gaussian", &opts.sigmas) };
+    let (kind, levels) = if tokens { (NoiseKind::Char, &opts.char_probs) } else { (NoiseKind::Gaussian, &opts.sigmas) };
     let vocab = run.exp.data.info().output_dim as i64;
     let mut rows = Vec::new();
     for &level in levels {
@@ -88,14 +107,7 @@ pub fn robustness(run: &Run, opts: &super::AnalyzeOptions) -> Result<Vec<NoiseRo
             };
             let mut noisy = noisy;
             let r = evaluate_with(run.task, &run.eval, 0, |x| run.model.forward(&noisy(x), false)).expect("batches");
-            rows.push(NoiseRow {
-                kind: kind.into(),
-                level,
-                repeat,
-                loss: r.loss,
-                accuracy: r.accuracy,
-                perplexity: r.perplexity,
-            });
+            rows.push(NoiseRow { kind, level, repeat, loss: r.loss, accuracy: r.accuracy, perplexity: r.perplexity });
         }
     }
     Ok(rows)
@@ -119,7 +131,7 @@ pub fn summarise(rows: &[NoiseRow]) -> Vec<NoiseSummary> {
                 (rs.iter().filter_map(|r| r.accuracy).map(|a| (a - m) * (a - m)).sum::<f64>() / n.max(1.0)).sqrt()
             });
             NoiseSummary {
-                kind: rs[0].kind.clone(),
+                kind: rs[0].kind,
                 level,
                 mean_loss: rs.iter().map(|r| r.loss).sum::<f64>() / n,
                 mean_accuracy: mean_acc,

@@ -165,13 +165,19 @@ pub struct LoadedConfig {
 impl LoadedConfig {
     /// Turns an option error found under `prefix` into a config error for this file.
     pub fn error(&self, prefix: &str, e: OptionError) -> ConfigError {
-        let mut err = e.in_file(&self.file, Some(&self.source), prefix);
-        if let Some(ov) = override_of(&self.overrides, &err.key) {
-            err.file = PathBuf::from(format!("{} (--set {ov})", self.file.display()));
-            err.line = None;
-        }
-        err
+        locate_error(&self.file, &self.source, &self.overrides, prefix, e)
     }
+}
+
+/// An option error found under `prefix` of a document parsed from `source` (the file's text) with
+/// `overrides`, as a config error: the file and line, or the `--set` that gave the value.
+pub fn locate_error(file: &Path, source: &str, overrides: &[String], prefix: &str, e: OptionError) -> ConfigError {
+    let mut err = e.in_file(file, Some(source), prefix);
+    if let Some(ov) = override_of(overrides, &err.key) {
+        err.file = PathBuf::from(format!("{} (--set {ov})", file.display()));
+        err.line = None;
+    }
+    err
 }
 
 /// The last override that set `key`, a key above it or a key below it.
@@ -272,6 +278,22 @@ fn find_tag(v: &serde_yaml::Value, path: &str) -> Option<(String, String)> {
 
 /// Parses YAML text as a config (`file` is only used in messages).
 pub fn load_str(source: &str, file: &Path, overrides: &[String]) -> Result<LoadedConfig, ConfigError> {
+    let (config, source) = parse_document::<Config>(source, file, overrides)?;
+    let loaded = LoadedConfig { config, file: file.to_path_buf(), source, overrides: overrides.to_vec() };
+    loaded.config.validate().map_err(|e| loaded.error("", e))?;
+    Ok(loaded)
+}
+
+/// Parses YAML text into any strict schema `T` (a `deny_unknown_fields` struct) with the checks
+/// and messages of [`load_str`]: size and nesting bounds, BOM, no tags, `--set` overrides, and
+/// errors naming the file, key, value, line and what is allowed. Returns `T` and the source text
+/// (without BOM) for locating later validation errors ([`locate_error`]). Used by `Config` and by
+/// the `plexus rl` schema (`crate::rl::config`).
+pub fn parse_document<T: serde::de::DeserializeOwned>(
+    source: &str,
+    file: &Path,
+    overrides: &[String],
+) -> Result<(T, String), ConfigError> {
     let err = |key: String, value: Option<String>, allowed: String, line: Option<usize>| ConfigError {
         file: file.to_path_buf(),
         key,
@@ -310,7 +332,7 @@ pub fn load_str(source: &str, file: &Path, overrides: &[String]) -> Result<Loade
             line: None,
         })?;
     }
-    let config: Config = serde_path_to_error::deserialize(doc.clone()).map_err(|e| {
+    let config: T = serde_path_to_error::deserialize(doc.clone()).map_err(|e| {
         let key = serde_key(&e.path().to_string(), &e.inner().to_string());
         let value = lookup(&doc, &key).and_then(scalar_text);
         match override_of(overrides, &key) {
@@ -327,15 +349,17 @@ pub fn load_str(source: &str, file: &Path, overrides: &[String]) -> Result<Loade
             }
         }
     })?;
-    let loaded =
-        LoadedConfig { config, file: file.to_path_buf(), source: source.to_string(), overrides: overrides.to_vec() };
-    loaded.config.validate().map_err(|e| loaded.error("", e))?;
-    Ok(loaded)
+    Ok((config, source.to_string()))
 }
 
 impl Config {
     /// Checks values that serde's types cannot express. Sections with a `kind` are checked by
     /// their registry entries (see `crate::experiment`).
+    /// The `device` key as a request (`auto`, `cpu`, `cuda:N`); checked when the config was loaded.
+    pub fn device_request(&self) -> crate::device::DeviceRequest {
+        crate::device::parse_device(&self.device).unwrap_or(crate::device::DeviceRequest::Auto)
+    }
+
     pub fn validate(&self) -> Result<(), OptionError> {
         let name_ok = !self.name.is_empty()
             && self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))

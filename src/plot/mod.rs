@@ -47,22 +47,9 @@ pub struct Series {
 /// The colour of a topology, the same in every figure: residual blue, ACN orange, H-ACN green,
 /// ANCRe red, … Several runs of one topology (`variant` = 0, 1, 2, …) get lighter shades of it.
 pub fn topology_color(kind: &str, variant: usize) -> RGBColor {
-    let base = match kind {
-        "residual" => PALETTE[0],
-        "acn" => PALETTE[1],
-        "hacn" => PALETTE[2],
-        "ancre" => PALETTE[3],
-        "denseformer" => PALETTE[4],
-        "layercomb" => PALETTE[5],
-        "hyper" => PALETTE[6],
-        "plain" => PALETTE[7],
-        "mhc" => PALETTE[8],
-        "attnres" => PALETTE[9],
-        "shortcuts" => RGBColor(0, 0, 0),
-        "densenet" => RGBColor(128, 0, 128),
-        "laurel" => RGBColor(0, 128, 128),
-        _ => RGBColor(90, 90, 160),
-    };
+    // Each topology declares its colour in its registry entry.
+    let base =
+        crate::topology::entry(kind).map_or(RGBColor(90, 90, 160), |e| RGBColor(e.color.0, e.color.1, e.color.2));
     let t = [0.0, 0.35, 0.55, 0.7, 0.8][variant.min(4)];
     let mix = |c: u8| (c as f64 + (255.0 - c as f64) * t) as u8;
     RGBColor(mix(base.0), mix(base.1), mix(base.2))

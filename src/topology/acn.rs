@@ -3,44 +3,19 @@
 //! `y = x0 + Σ_k h_k` (long connections to the output, fixed at 1).
 //! C: `C[k-1][k] = 1`, readout column all ones.
 
-use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
-use crate::config::{parse_options, OptionError};
-use serde::Deserialize;
-use tch::{nn, Kind, Tensor};
+use super::{common, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
+use crate::config::OptionError;
+use tch::Tensor;
 
-pub const ENTRY: TopologyEntry =
-    TopologyEntry { name: "acn", about: "chained units, readout = x0 + sum of all unit outputs (H-ACN's ACN)", parse };
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Options {
-    granularity: Option<Granularity>,
-}
-
-#[derive(Debug)]
-struct Spec {
-    granularity: Granularity,
-}
+pub const ENTRY: TopologyEntry = TopologyEntry {
+    name: "acn",
+    about: "chained units, readout = x0 + sum of all unit outputs (H-ACN's ACN)",
+    parse,
+    color: (255, 127, 14),
+};
 
 fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn TopologySpec>, OptionError> {
-    let o: Options = parse_options(opts)?;
-    let (granularity, _) = common::granularity(o.granularity, Granularity::Sublayer, stack)?;
-    Ok(Box::new(Spec { granularity }))
-}
-
-impl TopologySpec for Spec {
-    fn kind(&self) -> &'static str {
-        "acn"
-    }
-    fn label(&self) -> String {
-        "a=0".into()
-    }
-    fn granularity(&self) -> Granularity {
-        self.granularity
-    }
-    fn build(&self, _vs: &nn::Path, _compute: Kind) -> Box<dyn Topology> {
-        Box::new(Acn)
-    }
+    common::parse_parameterless(opts, stack, ENTRY.name, "a=0", || Box::new(Acn))
 }
 
 struct Acn;

@@ -28,6 +28,7 @@ pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "ancre",
     about: "learned, softmax-normalised shortcuts between every pair of states (ANCRe)",
     parse,
+    color: (214, 39, 40),
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -140,7 +141,7 @@ fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn Topolog
 
 impl TopologySpec for Spec {
     fn kind(&self) -> &'static str {
-        "ancre"
+        ENTRY.name
     }
     fn label(&self) -> String {
         match self.weights {

@@ -16,6 +16,7 @@ pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "attnres",
     about: "Attention Residuals: softmax attention over earlier outputs per unit (full or block)",
     parse,
+    color: (23, 190, 207),
 };
 
 #[derive(Debug, Deserialize)]
@@ -46,7 +47,7 @@ fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn Topolog
 
 impl TopologySpec for Spec {
     fn kind(&self) -> &'static str {
-        "attnres"
+        ENTRY.name
     }
     fn label(&self) -> String {
         if self.blocks == 0 {

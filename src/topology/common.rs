@@ -130,6 +130,50 @@ pub fn matmul(a: &Tensor, b: &Tensor, compute: Kind) -> Tensor {
     a.to_kind(compute).matmul(&b.to_kind(compute)).to_kind(Kind::Float)
 }
 
+/// The spec of a topology with no options but `granularity` and no parameters (plain, residual,
+/// ACN): one generic spec instead of a copy per topology.
+#[derive(Debug)]
+pub struct ParameterlessSpec {
+    pub kind: &'static str,
+    /// The layout's name in tables and legends.
+    pub label: &'static str,
+    pub granularity: Granularity,
+    pub build: fn() -> Box<dyn super::Topology>,
+}
+
+impl super::TopologySpec for ParameterlessSpec {
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+    fn label(&self) -> String {
+        self.label.into()
+    }
+    fn granularity(&self) -> Granularity {
+        self.granularity
+    }
+    fn build(&self, _vs: &nn::Path, _compute: Kind) -> Box<dyn super::Topology> {
+        (self.build)()
+    }
+}
+
+/// Parses the options of a parameterless topology: `granularity` (default sublayer), nothing else.
+pub fn parse_parameterless(
+    opts: &serde_yaml::Mapping,
+    stack: StackInfo,
+    kind: &'static str,
+    label: &'static str,
+    build: fn() -> Box<dyn super::Topology>,
+) -> Result<Box<dyn super::TopologySpec>, OptionError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Options {
+        granularity: Option<Granularity>,
+    }
+    let o: Options = crate::config::parse_options(opts)?;
+    let (granularity, _) = granularity(o.granularity, Granularity::Sublayer, stack)?;
+    Ok(Box::new(ParameterlessSpec { kind, label, granularity, build }))
+}
+
 /// Sum of a list of same-shape tensors.
 pub fn sum(ts: &[Tensor]) -> Tensor {
     ts.iter().skip(1).fold(ts[0].shallow_clone(), |a, b| a + b)

@@ -16,6 +16,7 @@ pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "denseformer",
     about: "depth-weighted averaging of all earlier block outputs (DenseFormer)",
     parse,
+    color: (148, 103, 189),
 };
 
 #[derive(Debug, Deserialize)]
@@ -61,7 +62,7 @@ impl Spec {
 
 impl TopologySpec for Spec {
     fn kind(&self) -> &'static str {
-        "denseformer"
+        ENTRY.name
     }
     fn label(&self) -> String {
         format!("dil {}, per {}", self.dilation, self.period)

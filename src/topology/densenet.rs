@@ -13,6 +13,7 @@ pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "densenet",
     about: "learned projection of the concatenation of all earlier outputs (DenseNet-style)",
     parse,
+    color: (128, 0, 128),
 };
 
 #[derive(Debug, Deserialize)]
@@ -36,7 +37,7 @@ fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn Topolog
 
 impl TopologySpec for Spec {
     fn kind(&self) -> &'static str {
-        "densenet"
+        ENTRY.name
     }
     fn label(&self) -> String {
         "concat".into()

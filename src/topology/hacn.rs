@@ -21,6 +21,7 @@ pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "hacn",
     about: "Hybrid ACN: trainable residual weights a_k + long connections to the readout",
     parse,
+    color: (44, 160, 44),
 };
 
 #[derive(Debug, Clone, Deserialize)]
@@ -169,7 +170,7 @@ impl Spec {
 
 impl TopologySpec for Spec {
     fn kind(&self) -> &'static str {
-        "hacn"
+        ENTRY.name
     }
     fn label(&self) -> String {
         let init = match &self.init {

@@ -19,6 +19,7 @@ pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "hyper",
     about: "Hyper-Connections: n parallel streams with learned (dynamic) mixing",
     parse,
+    color: (227, 119, 194),
 };
 
 #[derive(Debug, Deserialize)]
@@ -55,7 +56,7 @@ fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn Topolog
 
 impl TopologySpec for Spec {
     fn kind(&self) -> &'static str {
-        "hyper"
+        ENTRY.name
     }
     fn label(&self) -> String {
         format!("n={}, {}", self.n, if self.dynamic { "dynamic" } else { "static" })

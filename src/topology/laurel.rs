@@ -17,6 +17,7 @@ pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "laurel",
     about: "LAuReL: learned residual weights (rw), low-rank (lr) or previous-activation (pa) terms",
     parse,
+    color: (0, 128, 128),
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -66,7 +67,7 @@ fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn Topolog
 
 impl TopologySpec for Spec {
     fn kind(&self) -> &'static str {
-        "laurel"
+        ENTRY.name
     }
     fn label(&self) -> String {
         match self.variant {

@@ -14,6 +14,7 @@ pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "layercomb",
     about: "learned combination of all earlier unit outputs for every unit (H-ACN App. H)",
     parse,
+    color: (140, 86, 75),
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -51,7 +52,7 @@ fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn Topolog
 
 impl TopologySpec for Spec {
     fn kind(&self) -> &'static str {
-        "layercomb"
+        ENTRY.name
     }
     fn label(&self) -> String {
         format!("{:?} init", self.init).to_lowercase()

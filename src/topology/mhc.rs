@@ -17,6 +17,7 @@ pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "mhc",
     about: "manifold-constrained hyper-connections: doubly stochastic stream mixing (Sinkhorn)",
     parse,
+    color: (188, 189, 34),
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -65,7 +66,7 @@ fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn Topolog
 
 impl TopologySpec for Spec {
     fn kind(&self) -> &'static str {
-        "mhc"
+        ENTRY.name
     }
     fn label(&self) -> String {
         format!("n={}", self.n)

@@ -177,6 +177,14 @@ pub struct TopologyEntry {
     pub name: &'static str,
     pub about: &'static str,
     pub parse: ParseFn,
+    /// The topology's colour in every figure (RGB), so that it reads the same across papers'
+    /// figures; runs of one topology with different settings get lighter shades of it.
+    pub color: (u8, u8, u8),
+}
+
+/// The registry line of `kind`, if there is one.
+pub fn entry(kind: &str) -> Option<&'static TopologyEntry> {
+    REGISTRY.iter().find(|e| e.name == kind)
 }
 
 /// Every topology plexus knows, by `topology.kind`.

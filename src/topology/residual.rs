@@ -1,44 +1,19 @@
 //! `residual` (pre-norm ResNet / Transformer): `x_k = x_{k-1} + f_k(x_{k-1})`, `y = x_L`.
 //! C: all ones above the diagonal (every unit and the readout read the sum of all earlier outputs).
 
-use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
-use crate::config::{parse_options, OptionError};
-use serde::Deserialize;
-use tch::{nn, Kind, Tensor};
+use super::{common, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
+use crate::config::OptionError;
+use tch::Tensor;
 
-pub const ENTRY: TopologyEntry =
-    TopologyEntry { name: "residual", about: "cascaded identity shortcuts: x_k = x_{k-1} + f_k(x_{k-1})", parse };
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Options {
-    granularity: Option<Granularity>,
-}
-
-#[derive(Debug)]
-struct Spec {
-    granularity: Granularity,
-}
+pub const ENTRY: TopologyEntry = TopologyEntry {
+    name: "residual",
+    about: "cascaded identity shortcuts: x_k = x_{k-1} + f_k(x_{k-1})",
+    parse,
+    color: (31, 119, 180),
+};
 
 fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn TopologySpec>, OptionError> {
-    let o: Options = parse_options(opts)?;
-    let (granularity, _) = common::granularity(o.granularity, Granularity::Sublayer, stack)?;
-    Ok(Box::new(Spec { granularity }))
-}
-
-impl TopologySpec for Spec {
-    fn kind(&self) -> &'static str {
-        "residual"
-    }
-    fn label(&self) -> String {
-        "cascaded".into()
-    }
-    fn granularity(&self) -> Granularity {
-        self.granularity
-    }
-    fn build(&self, _vs: &nn::Path, _compute: Kind) -> Box<dyn Topology> {
-        Box::new(Residual)
-    }
+    common::parse_parameterless(opts, stack, ENTRY.name, "cascaded", || Box::new(Residual))
 }
 
 struct Residual;

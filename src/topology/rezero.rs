@@ -11,6 +11,7 @@ pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "rezero",
     about: "ReZero: residual branches scaled by a learnable alpha initialised at 0, no pre-norm",
     parse,
+    color: (90, 90, 160),
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -48,7 +49,7 @@ fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn Topolog
 
 impl TopologySpec for Spec {
     fn kind(&self) -> &'static str {
-        "rezero"
+        ENTRY.name
     }
     fn label(&self) -> String {
         if self.norm == NormOption::Off {

@@ -12,8 +12,12 @@ use crate::config::{parse_options, OptionError};
 use serde::Deserialize;
 use tch::{nn, Kind, Tensor};
 
-pub const ENTRY: TopologyEntry =
-    TopologyEntry { name: "shortcuts", about: "explicit identity shortcuts i:j added to the output of unit j", parse };
+pub const ENTRY: TopologyEntry = TopologyEntry {
+    name: "shortcuts",
+    about: "explicit identity shortcuts i:j added to the output of unit j",
+    parse,
+    color: (0, 0, 0),
+};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -47,7 +51,7 @@ fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn Topolog
 
 impl TopologySpec for Spec {
     fn kind(&self) -> &'static str {
-        "shortcuts"
+        ENTRY.name
     }
     fn label(&self) -> String {
         if self.edges.is_empty() {

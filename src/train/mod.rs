@@ -96,7 +96,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     } else if main {
         run_dir::check_new(&dir.path, opts.overwrite)?;
     }
-    let dev = device::resolve(device::parse_device(&cfg.device).map_err(anyhow::Error::msg)?)?;
+    let dev = device::resolve(cfg.device_request())?;
     let dev = opts.dist.as_ref().map_or(dev, |d| d.device(dev));
     device::apply_matmul_precision(cfg, dev)?;
     if opts.progress {

@@ -1,10 +1,12 @@
 //! Optimizers with parameter groups and a state that checkpoints can save and restore
 //! (tch's built-in optimizers keep their state inside libtorch where it cannot be saved).
 //!
-//! Groups (REFERENCE.md: "nanoGPT decays every ≥2-D parameter — topology parameters must be
-//! excluded explicitly"): `decay` = ≥2-D weights except position embeddings; `no_decay` = norms,
-//! biases, other 1-D parameters, position embeddings; `topology` = everything under `topology.`
-//! (never decayed, learning rate × `train.topology_lr_mult`).
+//! Groups: `decay` = the ≥2-D weights of the backbone (matrices and embeddings); `no_decay` =
+//! norms, biases and other 1-D parameters; `topology` = everything the topology owns (built under
+//! `topology.` by `Model::new`): never decayed — nanoGPT's rule "decay every ≥2-D parameter" would
+//! otherwise decay ANCRe's logits or mHC's projections towards zero — with learning rate ×
+//! `train.topology_lr_mult`. No backbone has learned position embeddings (ViT's are fixed sin-cos,
+//! GPT's and LLaMA's rotary), which nanoGPT also exempts.
 
 use crate::config::{Optimizer, TrainConfig};
 use anyhow::{bail, Result};
@@ -18,11 +20,11 @@ pub enum Group {
     Topology,
 }
 
-/// The group a parameter belongs to, from its name and shape.
+/// The group a parameter belongs to, from where it lives and its shape.
 pub fn group_of(name: &str, t: &Tensor) -> Group {
     if name.starts_with("topology.") {
         Group::Topology
-    } else if t.dim() >= 2 && !name.contains("pos_emb") && !name.contains("wpe") {
+    } else if t.dim() >= 2 {
         Group::Decay
     } else {
         Group::NoDecay

@@ -29,7 +29,7 @@ pub fn text(o: &Output) -> (String, String) {
 }
 
 pub fn read_losses(run: &Path) -> Vec<(f64, f64)> {
-    plexus::cli::read_losses(run).unwrap()
+    plexus::report::read_losses(run).unwrap()
 }
 
 /// A tiny config (model and data sections) per backbone (`plexus::doctor::tiny_backbone`).

@@ -1,0 +1,165 @@
+//! What the commands print and write besides run directories: result tables (training,
+//! analysis, benchmarks), `results.csv`, appended benchmark CSVs.
+
+use crate::analysis;
+use crate::run_dir::RunDir;
+use crate::train::Summary;
+use anyhow::{Context, Result};
+use std::path::Path;
+
+pub fn print_bench(rows: &[crate::bench::BenchRow]) {
+    println!(
+        "{:<30} {:>5} {:>10} {:>17} {:>12} {:>9} {:>9} {:>10} {:>8} {:>6}",
+        "case", "depth", "ms/step", "(p10–p90)", "samples/s", "rss MB", "act MB", "params", "GFLOP/s", "MFU"
+    );
+    for r in rows {
+        println!(
+            "{:<30} {:>5} {:>10.2} {:>17} {:>12.1} {:>9.0} {:>9.1} {:>10} {:>8.2} {:>5.1}%",
+            r.case,
+            r.depth,
+            r.ms[0],
+            format!("({:.2}–{:.2})", r.ms[1], r.ms[2]),
+            r.samples_per_s,
+            r.peak_rss_mb,
+            r.act_mem_mb,
+            r.params,
+            r.achieved_gflops(),
+            100.0 * r.achieved_gflops() / r.peak_gflops
+        );
+        if let Some([f, b, o]) = r.phase_ms {
+            println!("{:<30} profile: forward + loss {f:.2} ms, backward {b:.2} ms, optimizer {o:.2} ms", "");
+        }
+    }
+}
+
+/// Appends `rows` (CSV lines, each ending in a newline) to the CSV at `path`, writing `header`
+/// first when the file is new.
+pub fn append_csv(path: &Path, header: &str, rows: &str) -> Result<()> {
+    use std::io::Write;
+    let result = (|| -> std::io::Result<()> {
+        if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(d)?;
+        }
+        let new = !path.exists();
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+        if new {
+            writeln!(f, "{header}")?;
+        }
+        f.write_all(rows.as_bytes())
+    })();
+    result.with_context(|| format!("appending to the CSV {}", path.display()))
+}
+
+/// The analysis table: final metric, Γ, the exit at half depth, robustness at the largest noise.
+pub fn print_analysis(rows: &[analysis::AnalysisSummary]) {
+    println!(
+        "\n{:<22} {:<24} {:>6} {:>14} {:>7} {:>20} {:>18}",
+        "run", "topology", "units", "final", "Γ", "exit at L/2", "largest noise"
+    );
+    let metric = |acc: Option<f64>, ppl: Option<f64>, loss: f64| match (ppl, acc) {
+        (Some(p), _) => format!("ppl {p:.2}"),
+        (None, Some(a)) => format!("acc {:.2}%", 100.0 * a),
+        _ => format!("loss {loss:.3e}"),
+    };
+    for r in rows {
+        let fin = r.final_eval.as_ref().map(|e| metric(e.accuracy, e.perplexity, e.loss)).unwrap_or_default();
+        let half = format!(
+            "{} units: {}",
+            r.half_depth.units,
+            metric(r.half_depth.accuracy, r.half_depth.perplexity, r.half_depth.loss)
+        );
+        let noisy = r
+            .noise
+            .last()
+            .map(|n| {
+                format!(
+                    "{}={}: {}",
+                    n.kind.level_symbol(),
+                    n.level,
+                    metric(n.mean_accuracy, n.mean_perplexity, n.mean_loss)
+                )
+            })
+            .unwrap_or_default();
+        let gamma = r.gamma.map(|g| format!("{g:.3}")).unwrap_or_else(|| "-".into());
+        println!("{:<22} {:<24} {:>6} {:>14} {:>7} {:>20} {:>18}", r.run, r.topology, r.depth, fin, gamma, half, noisy);
+    }
+}
+
+pub fn results_csv(summaries: &[Summary]) -> Result<String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record([
+        "run",
+        "topology",
+        "layout",
+        "steps",
+        "initial_loss",
+        "final_loss",
+        "min_loss",
+        "steps_to_1e-3",
+        "params",
+        "seconds",
+    ])?;
+    for s in summaries {
+        w.write_record([
+            s.name.clone(),
+            s.topology.clone(),
+            s.topology_label.clone(),
+            s.steps.to_string(),
+            s.initial_loss.to_string(),
+            s.final_loss.to_string(),
+            s.min_loss.to_string(),
+            s.steps_to_1e3.map(|v| v.to_string()).unwrap_or_default(),
+            s.num_params.to_string(),
+            format!("{:.3}", s.wall_seconds),
+        ])?;
+    }
+    Ok(String::from_utf8(w.into_inner()?)?)
+}
+
+pub fn print_table(summaries: &[Summary]) {
+    let with_eval = summaries.iter().any(|s| s.eval.is_some());
+    if with_eval {
+        println!(
+            "\n{:<28} {:<10} {:<16} {:>7} {:>11} {:>10} {:>14} {:>6} {:>9}",
+            "run", "topology", "layout", "steps", "train loss", "eval loss", "eval metric", "Γ", "time"
+        );
+    } else {
+        println!(
+            "\n{:<28} {:<10} {:<16} {:>7} {:>12} {:>12} {:>11} {:>9}",
+            "run", "topology", "layout", "steps", "final loss", "min loss", "to 1e-3·L0", "time"
+        );
+    }
+    for s in summaries {
+        if with_eval {
+            let (loss, metric) = match &s.eval {
+                Some(e) => (
+                    format!("{:.4}", e.loss),
+                    match (e.perplexity, e.accuracy) {
+                        (Some(p), _) => format!("ppl {p:.2}"),
+                        (None, Some(a)) => format!("acc {:.2}%", 100.0 * a),
+                        _ => "-".into(),
+                    },
+                ),
+                None => ("-".into(), "-".into()),
+            };
+            let gamma = s.gamma.map(|g| format!("{g:.3}")).unwrap_or_else(|| "-".into());
+            println!(
+                "{:<28} {:<10} {:<16} {:>7} {:>11.4} {:>10} {:>14} {:>6} {:>8.1}s",
+                s.name, s.topology, s.topology_label, s.steps, s.final_loss, loss, metric, gamma, s.wall_seconds
+            );
+        } else {
+            let reach = s.steps_to_1e3.map(|v| v.to_string()).unwrap_or_else(|| "never".into());
+            println!(
+                "{:<28} {:<10} {:<16} {:>7} {:>12.3e} {:>12.3e} {:>11} {:>8.2}s",
+                s.name, s.topology, s.topology_label, s.steps, s.final_loss, s.min_loss, reach, s.wall_seconds
+            );
+        }
+    }
+}
+
+/// `(step, loss)` of every `metrics.csv` row of a run.
+pub fn read_losses(run: &Path) -> Result<Vec<(f64, f64)>> {
+    let dir = RunDir::new(run);
+    anyhow::ensure!(dir.metrics_file().is_file(), "{}: no metrics.csv", run.display());
+    Ok(dir.metrics()?.iter().map(|m| (m.step as f64, m.loss)).collect())
+}

@@ -1,0 +1,103 @@
+//! `plexus rl CONFIG_OR_DIR... [--out DIR] [--set k=v ...] [--overwrite] [--quiet]` trains each
+//! config (a directory stands for its `*.yaml` files) and draws the success figure;
+//! `plexus rl --plot RUN_DIR... [--out DIR]` only draws it for finished runs.
+
+use super::config::RlExperiment;
+use super::trainer::{self, RlOptions, RlSummary};
+use anyhow::{bail, Result};
+use std::path::{Path, PathBuf};
+
+/// The config files named by `inputs` (directories: their `*.yaml`, sorted).
+fn config_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for p in inputs {
+        if p.is_dir() {
+            let mut yamls: Vec<PathBuf> = std::fs::read_dir(p)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.is_file() && f.extension().is_some_and(|x| x == "yaml"))
+                .collect();
+            yamls.sort();
+            if yamls.is_empty() {
+                bail!("{} holds no *.yaml config", p.display());
+            }
+            files.extend(yamls);
+        } else {
+            files.push(p.clone());
+        }
+    }
+    Ok(files)
+}
+
+/// The figure directory: `<run>/figures` for one run, `<parent of the runs>/figures` for several.
+fn figure_dir(runs: &[PathBuf]) -> PathBuf {
+    match runs {
+        [one] => one.join("figures"),
+        _ => runs[0].parent().map(|p| p.join("figures")).unwrap_or_else(|| PathBuf::from("figures")),
+    }
+}
+
+pub fn run(
+    inputs: &[PathBuf],
+    out: Option<&Path>,
+    overrides: &[String],
+    overwrite: bool,
+    plot_only: bool,
+    quiet: bool,
+) -> Result<()> {
+    if plot_only {
+        let dir = out.map(Path::to_path_buf).unwrap_or_else(|| figure_dir(inputs));
+        for p in super::plot::success(inputs, &dir)? {
+            println!("{}", p.display());
+        }
+        return Ok(());
+    }
+    // Every config is checked, and every run directory, before the first run starts.
+    let mut exps = Vec::new();
+    for f in config_files(inputs)? {
+        exps.push(RlExperiment::from_file(&f, overrides)?);
+    }
+    let mut names = std::collections::HashSet::new();
+    for e in &exps {
+        if !names.insert(e.config.name.clone()) {
+            bail!("two configs share the name `{}`; run names must be unique within one command", e.config.name);
+        }
+    }
+    let dirs: Vec<PathBuf> = exps
+        .iter()
+        .map(|e| match (out, exps.len()) {
+            (Some(o), 1) => o.to_path_buf(),
+            (Some(o), _) => o.join(&e.config.name),
+            (None, _) => Path::new("runs").join(&e.config.name),
+        })
+        .collect();
+    for d in &dirs {
+        crate::run_dir::check_new(d, overwrite)?;
+    }
+    let mut summaries = Vec::new();
+    for (e, d) in exps.iter().zip(&dirs) {
+        eprintln!("rl {} → {}", e.config.name, d.display());
+        summaries.push(trainer::train(e, d, &RlOptions { overwrite, verbose: !quiet })?);
+    }
+    print_table(&summaries);
+    if dirs.len() > 1 {
+        for p in super::plot::success(&dirs, &figure_dir(&dirs))? {
+            println!("figure: {}", p.display());
+        }
+    } else {
+        println!("figure: {}", dirs[0].join("figures/success.png").display());
+    }
+    Ok(())
+}
+
+fn print_table(rows: &[RlSummary]) {
+    println!(
+        "{:<24} {:<12} {:>5} {:>6} {:>10} {:>9} {:>9} {:>8} {:>9}",
+        "run", "topology", "depth", "units", "env steps", "success", "at goal", "random", "time"
+    );
+    for s in rows {
+        println!(
+            "{:<24} {:<12} {:>5} {:>6} {:>10} {:>9.3} {:>9.3} {:>8.3} {:>8.1}s",
+            s.name, s.topology, s.depth, s.units, s.env_steps, s.success, s.time_at_goal, s.random_success, s.seconds
+        );
+    }
+}

@@ -1,0 +1,67 @@
+//! The figure of `plexus rl`: evaluation success rate against environment steps, one line per
+//! run (colours by topology, as in every plexus figure), and the random policy's success on the
+//! same tasks as a grey line.
+
+use super::config::RlExperiment;
+use super::trainer::RlSummary;
+use crate::plot::{line_chart, topology_color, LineChart, Series};
+use anyhow::{Context, Result};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// `(env_steps, success)` of a run's `metrics.csv`.
+fn success_curve(dir: &Path) -> Result<Vec<(f64, f64)>> {
+    let path = dir.join("metrics.csv");
+    let mut r = csv::Reader::from_path(&path).with_context(|| format!("reading {}", path.display()))?;
+    let h = r.headers()?.clone();
+    let col = |n: &str| h.iter().position(|c| c == n).with_context(|| format!("{}: no `{n}` column", path.display()));
+    let (x, y) = (col("env_steps")?, col("success")?);
+    let mut out = Vec::new();
+    for rec in r.records() {
+        let rec = rec.with_context(|| format!("reading {}", path.display()))?;
+        if let (Some(Ok(a)), Some(Ok(b))) = (rec.get(x).map(str::parse::<f64>), rec.get(y).map(str::parse::<f64>)) {
+            out.push((a, b));
+        }
+    }
+    Ok(out)
+}
+
+/// Draws `success.{png,svg}` into `out` for the `plexus rl` run directories `runs`.
+pub fn success(runs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut series = Vec::new();
+    let (mut random, mut x_max) = (Vec::new(), 0.0f64);
+    for dir in runs {
+        let exp = RlExperiment::from_file(&dir.join("config.yaml"), &[])
+            .with_context(|| format!("{} is not a `plexus rl` run directory", dir.display()))?;
+        let kind = exp.topology.kind().to_string();
+        let v = seen.entry(kind.clone()).or_default();
+        let color = topology_color(&kind, *v);
+        *v += 1;
+        let points = success_curve(dir)?;
+        x_max = points.iter().map(|p| p.0).fold(x_max, f64::max);
+        let label = format!("{} ({}, depth {})", exp.config.name, kind, exp.config.network.depth);
+        series.push(Series { label, points, color: Some(color) });
+        if let Ok(text) = std::fs::read_to_string(dir.join("summary.json")) {
+            if let Ok(s) = serde_json::from_str::<RlSummary>(&text) {
+                random.push(s.random_success);
+            }
+        }
+    }
+    if !random.is_empty() {
+        let r = random.iter().sum::<f64>() / random.len() as f64;
+        series.push(Series {
+            label: "random policy".into(),
+            points: vec![(0.0, r), (x_max, r)],
+            color: Some(plotters::style::RGBColor(150, 150, 150)),
+        });
+    }
+    let chart = LineChart {
+        title: "Contrastive RL, point maze: evaluation success".into(),
+        x_label: "environment steps".into(),
+        y_label: "success rate".into(),
+        log_y: false,
+        series,
+    };
+    line_chart(&chart, &out.join("success"))
+}

@@ -1,0 +1,245 @@
+//! The contrastive-RL training loop of `plexus rl`, writing a run directory.
+//!
+//! Each iteration collects one rollout (one episode of every environment: `num_envs ×
+//! episode_length` environment steps; uniformly random actions during `prefill_env_steps`, then
+//! the actor with its own noise), stores it in replay, and takes `updates_per_rollout` gradient
+//! steps ([`Agent::update`]). Every `log.eval_every` environment steps (and after the first rollout
+//! and at the end) the deterministic policy `tanh(μ)` runs one episode on each of `log.eval_envs`
+//! evaluation environments with fixed seeds (the same tasks every time) and a `metrics.csv` row is
+//! written. The uniformly random policy is measured once on the same evaluation tasks
+//! (`summary.json`: `random_success`).
+//!
+//! Run directory: `config.yaml` (resolved), `metrics.csv` (`env_steps, updates, success,
+//! time_at_goal, critic_loss, actor_loss, accuracy, alpha, log_prob, train_success, seconds`),
+//! `summary.json`, `checkpoints/step_<env steps>.{safetensors,optim.safetensors,json}` (the
+//! `train` checkpoint format: all networks with PyTorch names, every optimizer's moments),
+//! `final.safetensors`, `figures/success.{png,svg}`. Resuming is not supported (replay is not
+//! saved).
+//!
+//! Determinism: initialisation is seeded; the environments, exploration noise, replay sampling
+//! and the actor's reparameterisation noise come from host generators seeded by `seed`; so the
+//! same config gives the same `metrics.csv` on the CPU (up to the `seconds` column).
+//! Host reads: one per environment step (the actions) and one per logged row (the losses).
+
+use super::config::RlExperiment;
+use super::crl::{normals, Agent, UPDATE_STATS};
+use super::env::{EnvSpec, VecEnv};
+use super::replay::Replay;
+use crate::run_dir::{atomic_write, atomic_write_with, RunDir};
+use crate::train::checkpoint::{self, TrainerState};
+use anyhow::{Context, Result};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::time::Instant;
+
+/// What a run reports (`summary.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RlSummary {
+    pub name: String,
+    pub topology: String,
+    pub topology_label: String,
+    pub depth: usize,
+    pub units: usize,
+    pub params: i64,
+    pub env_steps: u64,
+    pub updates: u64,
+    /// Final evaluation: share of episodes that reach the goal at least once.
+    pub success: f64,
+    /// Final evaluation: mean share of steps spent within the goal radius.
+    pub time_at_goal: f64,
+    /// The uniformly random policy on the same evaluation tasks.
+    pub random_success: f64,
+    pub random_time_at_goal: f64,
+    pub seconds: f64,
+    pub device: String,
+}
+
+/// Options of a run.
+#[derive(Debug, Clone, Default)]
+pub struct RlOptions {
+    /// Clear a non-empty run directory first.
+    pub overwrite: bool,
+    /// Print a line per evaluation to stderr.
+    pub verbose: bool,
+}
+
+/// Seeds of the evaluation environments: the same tasks at every evaluation and for every run
+/// with the same `seed` and `eval_envs`.
+pub fn eval_seeds(seed: u64, n: usize) -> Vec<u64> {
+    VecEnv::seeds(seed.wrapping_add(0x5eed_0000_0000), n)
+}
+
+/// Runs one episode of `policy` on environments seeded by `seeds`. `policy(states, goals)` maps
+/// `[N, 2]` states and goals to `[N, 2]` actions. Returns `(success, time_at_goal)`: the share of
+/// environments within the goal radius at some step, and the mean share of steps they spend there.
+pub fn evaluate(spec: &EnvSpec, seeds: &[u64], mut policy: impl FnMut(&[f32], &[f32]) -> Vec<f32>) -> (f64, f64) {
+    let mut env = VecEnv::new(spec.clone(), seeds);
+    let n = seeds.len();
+    let goals = env.goals().to_vec();
+    let (mut reached, mut at_goal) = (vec![false; n], vec![0usize; n]);
+    for _ in 0..spec.episode_length {
+        let a = policy(env.obs(), &goals);
+        let out = env.step(&a);
+        for i in 0..n {
+            if out.reward[i] > 0.0 {
+                reached[i] = true;
+                at_goal[i] += 1;
+            }
+        }
+    }
+    let success = reached.iter().filter(|&&r| r).count() as f64 / n as f64;
+    let time = at_goal.iter().sum::<usize>() as f64 / (n * spec.episode_length) as f64;
+    (success, time)
+}
+
+/// The uniformly random policy's `(success, time_at_goal)` on the evaluation tasks of `seeds`
+/// (actions drawn from a generator seeded by `seed`).
+pub fn random_policy(spec: &EnvSpec, seeds: &[u64], seed: u64) -> (f64, f64) {
+    let mut rng = StdRng::seed_from_u64(seed.wrapping_add(0xdead_beef));
+    evaluate(spec, seeds, |s, _| (0..s.len()).map(|_| rng.gen_range(-1.0f32..=1.0)).collect())
+}
+
+const HEADER: &str =
+    "env_steps,updates,success,time_at_goal,critic_loss,actor_loss,accuracy,alpha,log_prob,train_success,seconds\n";
+
+/// Trains `exp` into the run directory `dir`.
+pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSummary> {
+    let cfg = &exp.config;
+    let request = crate::device::parse_device(&cfg.device).map_err(anyhow::Error::msg)?;
+    let device = crate::device::resolve(request)?;
+    let mut agent = crate::device::with_seed(cfg.seed, || Agent::new(cfg, exp.topology.as_ref(), device));
+
+    crate::run_dir::check_new(dir, opts.overwrite)?;
+    let run = RunDir::new(dir);
+    let _lock = run.lock()?;
+    if opts.overwrite {
+        crate::run_dir::clear(dir)?;
+    }
+    run.clean_leftovers()?;
+    std::fs::create_dir_all(dir.join("figures")).with_context(|| format!("creating {}", dir.display()))?;
+    atomic_write(&run.file("config.yaml"), cfg.to_yaml().as_bytes())?;
+
+    let spec = cfg.env.spec();
+    let (n, t_len) = (cfg.env.num_envs, cfg.env.episode_length);
+    let seeds = eval_seeds(cfg.seed, cfg.log.eval_envs);
+    let (random_success, random_time) = random_policy(&spec, &seeds, cfg.seed);
+    let mut env = VecEnv::new(spec.clone(), &VecEnv::seeds(cfg.seed, n));
+    let mut rng = StdRng::seed_from_u64(cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1));
+    let mut replay = Replay::new(t_len, cfg.train.replay_episodes);
+    let t = &cfg.train;
+    let start = Instant::now();
+    let (mut env_steps, mut updates) = (0u64, 0u64);
+    let (mut next_eval, mut next_ckpt) = (0u64, cfg.log.checkpoint_every.max(1));
+    let mut stats: Option<tch::Tensor> = None;
+    let mut stat_updates = 0u64;
+    let mut csv = String::from(HEADER);
+    let mut last = (0.0, 0.0);
+    if opts.verbose {
+        eprintln!(
+            "{}: {} on {} ({} parameters); random policy: success {:.3}, time at goal {:.3}",
+            cfg.name,
+            exp.topology.kind(),
+            crate::device::describe(device),
+            agent.num_params(),
+            random_success,
+            random_time
+        );
+    }
+    while env_steps < t.env_steps {
+        // One rollout: an episode of every environment.
+        let random = env_steps < t.prefill_env_steps;
+        let goals = env.goals().to_vec();
+        let mut states = env.obs().to_vec();
+        let mut actions = Vec::with_capacity(2 * n * t_len);
+        let mut reached = vec![false; n];
+        for _ in 0..t_len {
+            let a = if random {
+                (0..2 * n).map(|_| rng.gen_range(-1.0f32..=1.0)).collect()
+            } else {
+                let eps = normals(&mut rng, 2 * n);
+                agent.act(env.obs(), &goals, Some(&eps))
+            };
+            let out = env.step(&a);
+            for (r, &w) in reached.iter_mut().zip(&out.reward) {
+                *r |= w > 0.0;
+            }
+            actions.extend_from_slice(&a);
+            states.extend_from_slice(&out.obs);
+        }
+        replay.add_rollout(&states, &actions, n);
+        env_steps += (n * t_len) as u64;
+        let train_success = reached.iter().filter(|&&r| r).count() as f64 / n as f64;
+
+        if env_steps >= t.prefill_env_steps {
+            for _ in 0..t.updates_per_rollout {
+                let batch = replay.sample(t.batch_size, cfg.crl.discount, &mut rng);
+                let eps = normals(&mut rng, 2 * t.batch_size);
+                let s = agent.update(&batch, &eps, t.lr);
+                stats = Some(match stats.take() {
+                    Some(acc) => acc + s,
+                    None => s,
+                });
+                updates += 1;
+                stat_updates += 1;
+            }
+        }
+
+        let done = env_steps >= t.env_steps;
+        if env_steps >= next_eval || done {
+            next_eval = env_steps + cfg.log.eval_every;
+            let (success, time) = evaluate(&spec, &seeds, |s, g| agent.act(s, g, None));
+            last = (success, time);
+            let means: Vec<f64> = match stats.take() {
+                Some(acc) => crate::host::values(&(acc / stat_updates as f64)),
+                None => vec![f64::NAN; UPDATE_STATS.len()],
+            };
+            let cells: Vec<String> =
+                means.iter().map(|v| if v.is_nan() { String::new() } else { format!("{v}") }).collect();
+            stat_updates = 0;
+            let secs = start.elapsed().as_secs_f64();
+            csv += &format!("{env_steps},{updates},{success},{time},{},{train_success},{secs:.3}\n", cells.join(","));
+            atomic_write(&run.file("metrics.csv"), csv.as_bytes())?;
+            if opts.verbose {
+                eprintln!(
+                    "  env steps {env_steps:>9}  updates {updates:>7}  success {success:.3}  time at goal {time:.3}  \
+                     critic {:.4}  accuracy {:.3}  ({secs:.1}s)",
+                    means[0], means[2]
+                );
+            }
+        }
+        if (cfg.log.checkpoint_every > 0 && env_steps >= next_ckpt) || done {
+            next_ckpt = env_steps + cfg.log.checkpoint_every.max(1);
+            let state = TrainerState {
+                step: env_steps,
+                data_index: updates,
+                model_file: format!("step_{env_steps}.safetensors"),
+                optim_file: format!("step_{env_steps}.optim.safetensors"),
+                model_crc32: None,
+                optim_crc32: None,
+            };
+            checkpoint::save(&run, &state, &agent.vs, &agent.optim_state(), cfg.log.keep_checkpoints)?;
+        }
+    }
+    atomic_write_with(&run.file("final.safetensors"), |p| Ok(agent.vs.save(p)?))?;
+    let summary = RlSummary {
+        name: cfg.name.clone(),
+        topology: exp.topology.kind().to_string(),
+        topology_label: exp.topology.label(),
+        depth: cfg.network.depth,
+        units: agent.actor.units(),
+        params: agent.num_params(),
+        env_steps,
+        updates,
+        success: last.0,
+        time_at_goal: last.1,
+        random_success,
+        random_time_at_goal: random_time,
+        seconds: start.elapsed().as_secs_f64(),
+        device: crate::device::describe(device),
+    };
+    atomic_write(&run.file("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
+    super::plot::success(&[dir.to_path_buf()], &dir.join("figures"))?;
+    Ok(summary)
+}

@@ -1,0 +1,372 @@
+//! Goal-conditioned contrastive RL (`plexus rl`, `src/rl/`): the maze's dynamics, the InfoNCE loss
+//! against its PyTorch reference, the encoders under every topology, the config checks, and a
+//! short training run that must beat the random policy on the same evaluation tasks.
+
+mod common;
+
+use plexus::rl::config::{InfoNce, RlExperiment};
+use plexus::rl::crl::{infonce, normals, Agent};
+use plexus::rl::env::{EnvSpec, Layout, VecEnv};
+use plexus::rl::replay::Replay;
+use plexus::rl::trainer::{self, eval_seeds, random_policy, RlOptions};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::path::Path;
+use tch::{Kind, Tensor};
+
+fn spec(layout: Layout) -> EnvSpec {
+    EnvSpec { layout, max_step: 0.1, goal_radius: 0.05, episode_length: 30 }
+}
+
+fn random_actions(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..2 * n).map(|_| rng.gen_range(-1.5f32..=1.5)).collect()
+}
+
+#[test]
+fn walls_block_every_move_of_random_walks() {
+    let mut env = VecEnv::new(spec(Layout::U), &VecEnv::seeds(3, 64));
+    let walls = Layout::U.walls();
+    let mut rng = StdRng::seed_from_u64(0);
+    for _ in 0..300 {
+        let before = env.obs().to_vec();
+        let out = env.step(&random_actions(&mut rng, 64));
+        for i in 0..64 {
+            let (x, y) = (out.obs[2 * i], out.obs[2 * i + 1]);
+            assert!(env.is_free(x, y), "env {i} entered a wall or left the arena at ({x}, {y})");
+            // A move never crosses the wall: from below it (y ≤ 0.4) inside its x range, the point
+            // cannot end above it (y ≥ 0.6), nor the other way round.
+            let (y0, x1) = (before[2 * i + 1], out.obs[2 * i]);
+            if x1 < walls[0].x1 && !out.done {
+                let crossed = (y0 <= 0.4 && y >= 0.6) || (y0 >= 0.6 && y <= 0.4);
+                assert!(!crossed, "env {i} jumped the wall");
+            }
+        }
+    }
+    // Pushing straight up from under the wall ends on its lower face and stays there.
+    env.set_state(&[0.3, 0.2].repeat(64), &[0.3, 0.8].repeat(64));
+    for _ in 0..10 {
+        env.step(&[0.0, 1.0].repeat(64));
+    }
+    assert_eq!(&env.obs()[..2], &[0.3, 0.4]);
+}
+
+#[test]
+fn reaching_the_goal_gives_reward_and_the_episode_has_a_fixed_length() {
+    let mut env = VecEnv::new(spec(Layout::Open), &[7, 8]);
+    // Env 0 starts 0.24 left of its goal and moves right, env 1 stays put far from its goal.
+    env.set_state(&[0.26, 0.5, 0.1, 0.1], &[0.5, 0.5, 0.9, 0.9]);
+    let mut rewards = Vec::new();
+    for t in 0..30 {
+        let out = env.step(&[if t < 2 { 1.0 } else { 0.25 }, 0.0, 0.0, 0.0]);
+        rewards.push((out.reward[0], out.reward[1]));
+        assert_eq!(out.done, t == 29, "step {t}");
+    }
+    // x = 0.36, then 0.46 (within the 0.05 radius), 0.485, 0.51, 0.535, then 0.56 (out again).
+    let r0: Vec<f32> = rewards.iter().map(|r| r.0).collect();
+    assert_eq!(&r0[..6], &[0.0, 1.0, 1.0, 1.0, 1.0, 0.0], "{r0:?}");
+    assert!(rewards.iter().all(|r| r.1 == 0.0));
+    assert_eq!(env.t(), 0, "reset after the last step");
+}
+
+#[test]
+fn same_seeds_same_trajectories_and_vectorised_equals_sequential() {
+    let seeds = VecEnv::seeds(11, 5);
+    let run = |envs: &mut [VecEnv], steps: usize| -> Vec<Vec<f32>> {
+        let mut rng = StdRng::seed_from_u64(99);
+        let mut traj = Vec::new();
+        for _ in 0..steps {
+            let a = random_actions(&mut rng, 5);
+            let mut obs = Vec::new();
+            let mut k = 0;
+            for e in envs.iter_mut() {
+                let n = e.num_envs();
+                let out = e.step(&a[2 * k..2 * (k + n)]);
+                obs.extend(out.obs);
+                obs.extend(out.reward);
+                obs.extend(e.goals().to_vec());
+                k += n;
+            }
+            traj.push(obs);
+        }
+        traj
+    };
+    // 70 steps: two resets (episode length 30) with new starts and goals from each env's stream.
+    let vectorised = run(&mut [VecEnv::new(spec(Layout::U), &seeds)], 70);
+    let again = run(&mut [VecEnv::new(spec(Layout::U), &seeds)], 70);
+    assert_eq!(vectorised, again, "same seeds, same trajectories");
+    let mut singles: Vec<VecEnv> = seeds.iter().map(|&s| VecEnv::new(spec(Layout::U), &[s])).collect();
+    let sequential = run(&mut singles, 70);
+    // Same numbers, grouped per env instead of per field: regroup the vectorised rows.
+    let regroup = |row: &[f32]| -> Vec<f32> {
+        (0..5)
+            .flat_map(|i| {
+                let mut v = row[2 * i..2 * i + 2].to_vec();
+                v.push(row[10 + i]);
+                v.extend_from_slice(&row[15 + 2 * i..15 + 2 * i + 2]);
+                v
+            })
+            .collect()
+    };
+    for (t, (v, s)) in vectorised.iter().zip(&sequential).enumerate() {
+        assert_eq!(regroup(v), *s, "step {t}");
+    }
+    let other = run(&mut [VecEnv::new(spec(Layout::U), &VecEnv::seeds(12, 5))], 70);
+    assert_ne!(vectorised, other, "another seed, other tasks");
+}
+
+#[test]
+fn hindsight_goals_come_from_the_future_of_the_same_episode() {
+    let (t, n) = (6, 3);
+    let mut replay = Replay::new(t, 10);
+    // State k of episode e is (e, k); action k of episode e is (e, k).
+    let states: Vec<f32> = (0..=t).flat_map(|k| (0..n).flat_map(move |e| [e as f32, k as f32])).collect();
+    let actions: Vec<f32> = (0..t).flat_map(|k| (0..n).flat_map(move |e| [e as f32, k as f32])).collect();
+    replay.add_rollout(&states, &actions, n);
+    let b = replay.sample(2000, 0.7, &mut StdRng::seed_from_u64(1));
+    for i in 0..2000 {
+        let (e, k) = (b.states[2 * i], b.states[2 * i + 1]);
+        assert_eq!((b.actions[2 * i], b.actions[2 * i + 1]), (e, k), "the action taken in that state");
+        assert_eq!(b.goals[2 * i], e, "goal from the same episode");
+        assert!(b.goals[2 * i + 1] > k && b.goals[2 * i + 1] <= t as f32, "goal strictly in the future");
+    }
+}
+
+/// Writes `phi`, `psi` to a safetensors file, runs `parity/crl_infonce.py` on them with the venv's
+/// python, and compares loss, accuracy and both gradients with ours.
+fn check_infonce_against_pytorch(kind: Kind, loss: InfoNce, penalty: f64) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (phi0, psi0) = plexus::device::with_seed(5, || {
+        // K = 8: logits of a few units, so the softmax is neither flat nor one-hot.
+        let phi = Tensor::randn([16, 8], (Kind::Double, tch::Device::Cpu)) * 0.7;
+        let psi = Tensor::randn([16, 8], (Kind::Double, tch::Device::Cpu)) * 0.7;
+        // Make some rows right: the accuracy is then neither 0 nor 1.
+        let psi = &psi + &phi * Tensor::from_slice(&[1.0f64, 0.0]).repeat([8]).reshape([16, 1]);
+        (phi.to_kind(kind), psi.to_kind(kind))
+    });
+    let input = tmp.path().join("in.safetensors");
+    Tensor::write_safetensors(&[("phi", &phi0), ("psi", &psi0)], &input).unwrap();
+    let out = tmp.path().join("out.safetensors");
+    let name = match loss {
+        InfoNce::Forward => "forward",
+        InfoNce::Symmetric => "symmetric",
+    };
+    let status = std::process::Command::new(plexus::parity::python())
+        .arg(common::repo().join("parity/crl_infonce.py"))
+        .arg(&input)
+        .arg(&out)
+        .args(["--loss", name, "--penalty", &penalty.to_string()])
+        .status()
+        .expect("run the venv python (scripts/setup.sh)");
+    assert!(status.success(), "parity/crl_infonce.py failed");
+    let r: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(&out).unwrap().into_iter().collect();
+
+    let phi = phi0.copy().set_requires_grad(true);
+    let psi = psi0.copy().set_requires_grad(true);
+    let (l, acc) = infonce(&phi, &psi, loss, penalty);
+    l.backward();
+    let err = |a: &Tensor, b: &Tensor| {
+        let b = b.to_kind(Kind::Double);
+        let scale = b.abs().max().double_value(&[]).max(1.0);
+        (a.to_kind(Kind::Double) - &b).abs().max().double_value(&[]) / scale
+    };
+    let acc_ref = r["accuracy"].double_value(&[]);
+    assert!(acc_ref > 0.0 && acc_ref < 1.0, "accuracy {acc_ref}: pick inputs where it says something");
+    for (what, e) in [
+        ("loss", err(&l, &r["loss"])),
+        ("accuracy", err(&acc, &r["accuracy"])),
+        ("grad.phi", err(&phi.grad(), &r["grad.phi"])),
+        ("grad.psi", err(&psi.grad(), &r["grad.psi"])),
+    ] {
+        assert!(e <= 1e-6, "{kind:?} {name} penalty {penalty}: {what} differs by {e:e} (relative)");
+    }
+}
+
+#[test]
+fn infonce_matches_its_pytorch_reference_forward_and_symmetric() {
+    for kind in [Kind::Float, Kind::Double] {
+        for loss in [InfoNce::Forward, InfoNce::Symmetric] {
+            for penalty in [0.0, 0.1] {
+                check_infonce_against_pytorch(kind, loss, penalty);
+            }
+        }
+    }
+}
+
+fn tiny(topology: &str, overrides: &[&str]) -> RlExperiment {
+    let yaml = format!(
+        "name: t\nseed: 1\ndevice: cpu\nenv: {{layout: u, num_envs: 8, episode_length: 20, max_step: 0.1, \
+         goal_radius: 0.1}}\nnetwork: {{width: 16, depth: 8, block_size: 4, repr_dim: 8, topology: {topology}}}\n\
+         train: {{env_steps: 320, batch_size: 32, updates_per_rollout: 2, replay_episodes: 64}}\n\
+         log: {{eval_every: 160, eval_envs: 8}}\n"
+    );
+    let ov: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    RlExperiment::from_str(&yaml, Path::new("tiny.yaml"), &ov).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn every_topology_wires_the_encoders_at_both_granularities() {
+    for t in plexus::topology::REGISTRY {
+        for g in ["sublayer", "block"] {
+            let exp = tiny(&format!("{{kind: {}, granularity: {g}}}", t.name), &[]);
+            let agent =
+                plexus::device::with_seed(0, || Agent::new(&exp.config, exp.topology.as_ref(), tch::Device::Cpu));
+            assert_eq!(agent.actor.units(), if g == "block" { 2 } else { 8 }, "{} {g}", t.name);
+            let mut agent = agent;
+            let mut rng = StdRng::seed_from_u64(0);
+            let batch = plexus::rl::replay::Batch {
+                states: (0..64).map(|_| rng.gen()).collect(),
+                actions: (0..64).map(|_| rng.gen_range(-1.0..1.0)).collect(),
+                goals: (0..64).map(|_| rng.gen()).collect(),
+            };
+            let stats = agent.update(&batch, &normals(&mut rng, 64), 1e-3);
+            let v = plexus::host::values(&stats);
+            assert!(v.iter().all(|x| x.is_finite()), "{} {g}: {v:?}", t.name);
+            let a = agent.act(&batch.states[..8], &batch.goals[..8], None);
+            assert!(a.iter().all(|x| x.abs() <= 1.0), "{} {g}", t.name);
+        }
+    }
+}
+
+#[test]
+fn parameters_have_pytorch_state_dict_names() {
+    let exp = tiny("{kind: hacn, granularity: block}", &[]);
+    let agent = plexus::device::with_seed(0, || Agent::new(&exp.config, exp.topology.as_ref(), tch::Device::Cpu));
+    let names: std::collections::BTreeSet<String> = agent.vs.variables().into_keys().collect();
+    for n in [
+        "sa_encoder.stem.linear.weight",
+        "sa_encoder.stem.norm.bias",
+        "sa_encoder.layers.7.linear.bias",
+        "sa_encoder.layers.0.norm.weight",
+        "sa_encoder.norm.weight",
+        "sa_encoder.head.weight",
+        "g_encoder.head.bias",
+        "actor.layers.3.linear.weight",
+        "log_alpha",
+    ] {
+        assert!(names.contains(n), "no `{n}` in {names:?}");
+    }
+    assert!(names.iter().any(|n| n.starts_with("actor.topology.")), "H-ACN's own parameters: {names:?}");
+    assert_eq!(agent.vs.variables()["sa_encoder.stem.linear.weight"].size(), vec![16, 4]);
+    assert_eq!(agent.vs.variables()["g_encoder.stem.linear.weight"].size(), vec![16, 2]);
+    assert_eq!(agent.vs.variables()["actor.head.weight"].size(), vec![4, 16]);
+}
+
+#[test]
+fn config_errors_name_the_file_the_key_the_value_and_what_is_allowed() {
+    let src = std::fs::read_to_string(common::repo().join("configs/crl-maze/cpu/d4.yaml")).unwrap();
+    let file = Path::new("d4.yaml");
+    let load = |s: &str, ov: &[&str]| {
+        let ov: Vec<String> = ov.iter().map(|s| s.to_string()).collect();
+        RlExperiment::from_str(s, file, &ov)
+    };
+    assert!(load(&src, &[]).is_ok());
+    let e = load(&src, &["network.depth=6"]).unwrap_err();
+    assert_eq!((e.key.as_str(), e.value.as_deref()), ("network.depth", Some("6")), "{e}");
+    assert!(e.allowed.contains("multiple of network.block_size = 4"), "{e}");
+    assert!(e.to_string().contains("--set network.depth=6"), "{e}");
+    let e = load(&src, &["network.topology.kind=resnet"]).unwrap_err();
+    assert_eq!(e.key, "network.topology.kind", "{e}");
+    assert!(e.allowed.contains("`ancre`"), "{e}");
+    let e = load(&src.replace("updates_per_rollout: 32", "updates_per_rollout: 32, lrr: 3"), &[]).unwrap_err();
+    assert_eq!(e.key, "train.lrr", "{e}");
+    assert!(e.line.is_some() && e.to_string().contains("d4.yaml"), "{e}");
+    let e = load(&src, &["env.layout=maze"]).unwrap_err();
+    assert!(e.allowed.contains("open") && e.allowed.contains('u'), "{e}");
+    let e = load(&src, &["crl.loss=backward"]).unwrap_err();
+    assert!(e.allowed.contains("forward") && e.allowed.contains("symmetric"), "{e}");
+    let e = load(&src, &["train.env_steps=100"]).unwrap_err();
+    assert_eq!((e.key.as_str(), e.value.as_deref()), ("train.env_steps", Some("100")), "{e}");
+    let e = load(&src, &["network.topology.granularity=layer"]).unwrap_err();
+    assert_eq!(e.key, "network.topology.granularity", "{e}");
+}
+
+#[test]
+fn shipped_configs_load() {
+    for dir in ["configs/crl-maze", "configs/crl-maze/cpu"] {
+        let mut n = 0;
+        for e in std::fs::read_dir(common::repo().join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "yaml") {
+                RlExperiment::from_file(&p, &[]).unwrap_or_else(|e| panic!("{e}"));
+                n += 1;
+            }
+        }
+        assert!(n >= 3, "{dir}: depth 4, 16 and 64");
+    }
+}
+
+/// A short run on the CPU (about 10 k environment steps) reaches the goal more often than the
+/// uniformly random policy on the same evaluation tasks, by a clear margin.
+#[test]
+fn a_short_training_run_beats_the_random_policy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ov: Vec<String> =
+        ["train.env_steps=9600", "log.eval_every=4800", "env.num_envs=16"].iter().map(|s| s.to_string()).collect();
+    let exp = RlExperiment::from_file(&common::repo().join("configs/crl-maze/cpu/d4.yaml"), &ov).unwrap();
+    let dir = tmp.path().join("run");
+    let t = std::time::Instant::now();
+    let s = trainer::train(&exp, &dir, &RlOptions::default()).unwrap();
+    let cfg = &exp.config;
+    let (random, _) = random_policy(&cfg.env.spec(), &eval_seeds(cfg.seed, cfg.log.eval_envs), cfg.seed);
+    assert_eq!(random, s.random_success);
+    eprintln!(
+        "trained: success {:.3} (time at goal {:.3}); random: {random:.3}; {:.1}s",
+        s.success,
+        s.time_at_goal,
+        t.elapsed().as_secs_f64()
+    );
+    assert!(s.success >= random + 0.15 && s.success >= 1.5 * random, "trained {} vs random {random}", s.success);
+    // The run directory.
+    let metrics = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+    let header = metrics.lines().next().unwrap();
+    for col in ["env_steps", "success", "time_at_goal", "critic_loss", "actor_loss", "accuracy"] {
+        assert!(header.split(',').any(|c| c == col), "{header}");
+    }
+    assert_eq!(metrics.lines().count(), 1 + 3, "after the first rollout, at 4800 and at 9600 steps");
+    for f in ["config.yaml", "summary.json", "final.safetensors", "figures/success.png", "figures/success.svg"] {
+        assert!(dir.join(f).is_file(), "{f}");
+    }
+    let ckpt = plexus::train::checkpoint::latest(&plexus::run_dir::RunDir::new(&dir)).unwrap().unwrap();
+    assert_eq!(ckpt.step, 9600);
+}
+
+/// The same config gives the same metrics (but the wall-clock column), through the CLI; `--plot`
+/// draws several runs into one figure.
+#[test]
+fn plexus_rl_is_reproducible_and_plots_several_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = common::repo().join("configs/crl-maze/cpu/d4.yaml");
+    let args = |out: &str| {
+        vec![
+            "rl".to_string(),
+            cfg.display().to_string(),
+            "--quiet".into(),
+            "--out".into(),
+            out.to_string(),
+            "--set".into(),
+            "train.env_steps=1600".into(),
+            "--set".into(),
+            "env.num_envs=16".into(),
+            "--set".into(),
+            "network.width=16".into(),
+        ]
+    };
+    let metrics = |out: &str| -> Vec<String> {
+        let o = common::plexus(&args(out).iter().map(String::as_str).collect::<Vec<_>>(), tmp.path());
+        assert!(o.status.success(), "{:?}", common::text(&o));
+        let text = std::fs::read_to_string(tmp.path().join(out).join("metrics.csv")).unwrap();
+        text.lines().map(|l| l.rsplit_once(',').unwrap().0.to_string()).collect()
+    };
+    let (a, b) = (metrics("a"), metrics("b"));
+    assert_eq!(a, b);
+    assert!(a.len() >= 2);
+    let o = common::plexus(&["rl", "--plot", "a", "b", "--out", "figs"], tmp.path());
+    assert!(o.status.success(), "{:?}", common::text(&o));
+    assert!(tmp.path().join("figs/success.png").is_file());
+    // A second run into a full directory is refused; a bad value is a config error (exit 2).
+    let o = common::plexus(&args("a").iter().map(String::as_str).collect::<Vec<_>>(), tmp.path());
+    assert!(!o.status.success() && common::text(&o).1.contains("--overwrite"), "{:?}", common::text(&o));
+    let o = common::plexus(&["rl", &cfg.display().to_string(), "--set", "crl.discount=2"], tmp.path());
+    assert_eq!(o.status.code(), Some(2), "{:?}", common::text(&o));
+    assert!(common::text(&o).1.contains("crl.discount"), "{:?}", common::text(&o));
+}
