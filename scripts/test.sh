@@ -8,7 +8,8 @@
 #   scripts/test.sh                 the full suite, the one CI runs: the fast tier plus every
 #                                   #[ignore = "slow tier: …"] test (PyTorch parity, the case
 #                                   studies, the showcase demo, the broken-input corpus, all
-#                                   topologies × all backbones, multi-process training) and every
+#                                   topologies × all backbones, multi-process training, the RL
+#                                   training runs) and every
 #                                   #[ignore = "needs real data: DATASET"] test
 #                                   (`cargo test --release -- --include-ignored`).
 #

@@ -35,9 +35,10 @@ fn every_registered_topology_has_a_parity_case() {
     assert!(cases.iter().filter(|c| c.2.starts_with("mixer")).count() >= 5, "too few Transformer-like (mixer) cases");
 }
 
-/// Adding a topology is its Rust file, its registry line, its reference and a case: nothing else
-/// names topologies (colours and labels come from the registry entry, the parity harness finds
-/// references by file). This fails when one of those places is missing or orphaned.
+/// Adding a topology is its Rust file, its registry line, its reference, its section in
+/// `docs/topologies.md` and a case: nothing else names topologies (colours and labels come from
+/// the registry entry, the parity harness finds references by file). This fails when one of those
+/// places is missing or orphaned.
 #[test]
 fn every_topology_is_complete_and_nothing_else_lists_them() {
     let registered: BTreeSet<&str> = plexus::topology::REGISTRY.iter().map(|e| e.name).collect();
@@ -53,10 +54,12 @@ fn every_topology_is_complete_and_nothing_else_lists_them() {
     let references: BTreeSet<&str> = references.iter().map(String::as_str).collect();
     assert_eq!(registered, references, "Rust registry vs parity/<kind>.py references");
     let readme = std::fs::read_to_string(parity_dir().join("../README.md")).unwrap();
+    let docs = std::fs::read_to_string(parity_dir().join("../docs/topologies.md")).unwrap();
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/topology");
     for name in &registered {
         assert!(src.join(format!("{name}.rs")).is_file(), "src/topology/{name}.rs missing");
         assert!(readme.contains(&format!("| `{name}` |")), "README's topology table has no row for `{name}`");
+        assert!(docs.contains(&format!("\n## `{name}`")), "docs/topologies.md has no section for `{name}`");
     }
     // The places that used to list topologies by name, and must not again.
     for file in ["src/plot/mod.rs", "src/plot/figures.rs", "parity/common.py"] {
