@@ -250,7 +250,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Train { configs, resume: Some(run), overrides, quiet, dist_timeout, .. } => {
             let dist = DistInfo::from_env(Duration::from_secs(dist_timeout))?;
-            let main = dist.as_ref().is_none_or(|d| d.rank == 0);
+            let main = DistInfo::is_main(dist.as_ref());
             let dir = RunDir::open(&run)?;
             let config = match configs.as_slice() {
                 [] => dir.config_file(),
@@ -279,7 +279,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Train { configs, resume: None, out, overrides, quiet, overwrite, dist_timeout, .. } => {
             let dist = DistInfo::from_env(Duration::from_secs(dist_timeout))?;
-            let main = dist.as_ref().is_none_or(|d| d.rank == 0);
+            let main = DistInfo::is_main(dist.as_ref());
             let exps = crate::commands::resolve_paths(&configs, &overrides)?;
             if dist.is_some() && exps.len() != 1 {
                 bail!("a data-parallel run trains one config; {} were given", exps.len());

@@ -13,6 +13,12 @@ use std::path::{Path, PathBuf};
 /// Expands directories into their `*.yaml` files (sorted) and resolves every config before any
 /// run starts, so one bad file stops the whole set before work.
 pub fn resolve_paths(paths: &[PathBuf], overrides: &[String]) -> Result<Vec<Experiment>> {
+    config_files(paths)?.iter().map(|f| Ok(Experiment::from_file(f, overrides)?)).collect()
+}
+
+/// The config files named by `paths`: files as given, directories as their `*.yaml` / `*.yml`
+/// files, sorted (a directory holding none is an error). Shared by `train` and `rl`.
+pub fn config_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for p in paths {
         if p.is_dir() {
@@ -30,11 +36,7 @@ pub fn resolve_paths(paths: &[PathBuf], overrides: &[String]) -> Result<Vec<Expe
             files.push(p.clone());
         }
     }
-    let mut exps = Vec::new();
-    for f in files {
-        exps.push(Experiment::from_file(&f, overrides)?);
-    }
-    Ok(exps)
+    Ok(files)
 }
 
 /// One run directory per experiment; names must be unique within a set.
@@ -63,7 +65,7 @@ pub fn train_all(
     opts: &TrainOptions,
     overwrite: &[bool],
 ) -> Result<Vec<Summary>> {
-    let main = opts.dist.as_ref().is_none_or(|d| d.rank == 0);
+    let main = crate::dist::DistInfo::is_main(opts.dist.as_ref());
     if main {
         for (d, &o) in dirs.iter().zip(overwrite) {
             crate::run_dir::check_new(d, o)?;

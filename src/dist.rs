@@ -82,6 +82,12 @@ impl DistInfo {
         Ok(Some(DistInfo { rank, world_size, local_rank, master_addr, master_port, timeout }))
     }
 
+    /// Whether this process writes the run (rank 0), given its place in a run (`None`: the only
+    /// process).
+    pub fn is_main(info: Option<&DistInfo>) -> bool {
+        info.is_none_or(|d| d.rank == 0)
+    }
+
     /// The device of this rank for a resolved config device: `cuda:LOCAL_RANK` for a GPU run.
     pub fn device(&self, configured: Device) -> Device {
         match configured {
@@ -110,10 +116,6 @@ impl Dist {
                 )
             })?;
         Ok(Dist { info, group })
-    }
-
-    pub fn is_main(&self) -> bool {
-        self.info.rank == 0
     }
 
     /// Rank 0's values of `params` on every rank.

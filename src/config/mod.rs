@@ -352,27 +352,33 @@ pub fn parse_document<T: serde::de::DeserializeOwned>(
     Ok((config, source.to_string()))
 }
 
+/// Checks the `name` (it names the run directory) and `device` keys every schema has (training
+/// runs, RL runs).
+pub fn check_name_and_device(name: &str, device: &str) -> Result<(), OptionError> {
+    let name_ok = !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && !name.starts_with('.');
+    if !name_ok {
+        return Err(OptionError::new(
+            "name",
+            name,
+            "a non-empty run name of letters, digits, '-', '_' or '.' (it names the run directory)",
+        ));
+    }
+    crate::device::parse_device(device).map_err(|allowed| OptionError::new("device", device, allowed))?;
+    Ok(())
+}
+
 impl Config {
-    /// Checks values that serde's types cannot express. Sections with a `kind` are checked by
-    /// their registry entries (see `crate::experiment`).
     /// The `device` key as a request (`auto`, `cpu`, `cuda:N`); checked when the config was loaded.
     pub fn device_request(&self) -> crate::device::DeviceRequest {
         crate::device::parse_device(&self.device).unwrap_or(crate::device::DeviceRequest::Auto)
     }
 
+    /// Checks values that serde's types cannot express. Sections with a `kind` are checked by
+    /// their registry entries (see `crate::experiment`).
     pub fn validate(&self) -> Result<(), OptionError> {
-        let name_ok = !self.name.is_empty()
-            && self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            && !self.name.starts_with('.');
-        if !name_ok {
-            return Err(OptionError::new(
-                "name",
-                &self.name,
-                "a non-empty run name of letters, digits, '-', '_' or '.' (it names the run directory)",
-            ));
-        }
-        crate::device::parse_device(&self.device)
-            .map_err(|allowed| OptionError::new("device", &self.device, allowed))?;
+        check_name_and_device(&self.name, &self.device)?;
         let t = &self.train;
         if !(t.lr.is_finite() && t.lr > 0.0) {
             return Err(OptionError::new("train.lr", t.lr, "a finite learning rate > 0"));

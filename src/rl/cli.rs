@@ -7,35 +7,6 @@ use super::trainer::{self, RlOptions, RlSummary};
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
 
-/// The config files named by `inputs` (directories: their `*.yaml`, sorted).
-fn config_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    for p in inputs {
-        if p.is_dir() {
-            let mut yamls: Vec<PathBuf> = std::fs::read_dir(p)?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| f.is_file() && f.extension().is_some_and(|x| x == "yaml"))
-                .collect();
-            yamls.sort();
-            if yamls.is_empty() {
-                bail!("{} holds no *.yaml config", p.display());
-            }
-            files.extend(yamls);
-        } else {
-            files.push(p.clone());
-        }
-    }
-    Ok(files)
-}
-
-/// The figure directory: `<run>/figures` for one run, `<parent of the runs>/figures` for several.
-fn figure_dir(runs: &[PathBuf]) -> PathBuf {
-    match runs {
-        [one] => one.join("figures"),
-        _ => runs[0].parent().map(|p| p.join("figures")).unwrap_or_else(|| PathBuf::from("figures")),
-    }
-}
-
 pub fn run(
     inputs: &[PathBuf],
     out: Option<&Path>,
@@ -45,7 +16,7 @@ pub fn run(
     quiet: bool,
 ) -> Result<()> {
     if plot_only {
-        let dir = out.map(Path::to_path_buf).unwrap_or_else(|| figure_dir(inputs));
+        let dir = out.map(Path::to_path_buf).unwrap_or_else(|| crate::commands::default_figure_dir(inputs));
         for p in super::plot::success(inputs, &dir)? {
             println!("{}", p.display());
         }
@@ -53,7 +24,7 @@ pub fn run(
     }
     // Every config is checked, and every run directory, before the first run starts.
     let mut exps = Vec::new();
-    for f in config_files(inputs)? {
+    for f in crate::commands::config_files(inputs)? {
         exps.push(RlExperiment::from_file(&f, overrides)?);
     }
     let mut names = std::collections::HashSet::new();
@@ -80,7 +51,7 @@ pub fn run(
     }
     print_table(&summaries);
     if dirs.len() > 1 {
-        for p in super::plot::success(&dirs, &figure_dir(&dirs))? {
+        for p in super::plot::success(&dirs, &crate::commands::default_figure_dir(&dirs))? {
             println!("figure: {}", p.display());
         }
     } else {

@@ -308,18 +308,7 @@ impl RlExperiment {
 impl RlConfig {
     /// Checks the values serde's types cannot express.
     pub fn validate(&self) -> Result<(), OptionError> {
-        let name_ok = !self.name.is_empty()
-            && self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            && !self.name.starts_with('.');
-        if !name_ok {
-            return Err(OptionError::new(
-                "name",
-                &self.name,
-                "a non-empty run name of letters, digits, '-', '_' or '.' (it names the run directory)",
-            ));
-        }
-        crate::device::parse_device(&self.device)
-            .map_err(|allowed| OptionError::new("device", &self.device, allowed))?;
+        crate::config::check_name_and_device(&self.name, &self.device)?;
         let size = |key: &str, v: usize, max: usize| {
             if v == 0 || v > max {
                 Err(OptionError::new(key, v, format!("an integer in 1..={max}")))

@@ -88,7 +88,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     let cfg = exp.config();
     let tc = &cfg.train;
     // Rank 0 alone writes the run directory (every rank reads its checkpoints on resume).
-    let main = opts.dist.as_ref().is_none_or(|d| d.rank == 0);
+    let main = crate::dist::DistInfo::is_main(opts.dist.as_ref());
     // The run directory is checked first (cheap, and the most likely mistake), but nothing is
     // created until data and model are built: a data or device error leaves no directory behind.
     if opts.resume {
@@ -213,7 +213,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         let checkpoint_due = cfg.log.checkpoint_every > 0 && done % cfg.log.checkpoint_every == 0 && done < steps;
         // Logging and checkpoint steps read the step's numbers (one read); other steps read nothing.
         if every(cfg.log.every, step) || checkpoint_due {
-            let logged = t.read(&stats);
+            let logged = t.read(&stats)?;
             if let Some((first, what)) = logged.diverged {
                 if main {
                     write_logs(dir, &rows, &evals)?;

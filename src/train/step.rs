@@ -13,7 +13,8 @@ use tch::{Device, Kind, Tensor};
 
 /// What a step leaves on the device.
 pub struct StepStats {
-    /// Mean training loss over the micro-batches, 0-dim f64 (before the update).
+    /// Mean training loss over the micro-batches, 0-dim f64 (before the update); this rank's own
+    /// in a data-parallel run ([`Stepper::read`] gives the global one).
     pub loss: Tensor,
     /// Global gradient norm before clipping, 0-dim fp32.
     pub grad_norm: Tensor,
@@ -139,11 +140,9 @@ impl Stepper {
             });
             self.last = Some(batch);
         }
-        let mut loss = loss_sum.expect("at least one micro-batch") / self.accumulation as f64;
+        let loss = loss_sum.expect("at least one micro-batch") / self.accumulation as f64;
         if let Some((dist, scale)) = &self.dist {
             dist.reduce_gradients(&self.optim.parameters(), *scale)?;
-            dist.all_reduce_sum(&mut loss)?;
-            loss = loss * *scale;
         }
         let grad_norm = self.optim.grad_norm();
         self.record_divergence(step, &loss, &grad_norm);
@@ -170,10 +169,20 @@ impl Stepper {
 
     /// Reads a step's loss and gradient norm, the divergence record and Γ (if the topology has
     /// one) in one read.
-    pub fn read(&self, stats: &StepStats) -> Logged {
+    /// In a data-parallel run every rank calls this on the same steps: the loss is reduced over
+    /// the ranks here, on logging steps only, not in every step.
+    pub fn read(&self, stats: &StepStats) -> anyhow::Result<Logged> {
         let gamma = self.model.topology.gamma();
+        let loss = match &self.dist {
+            Some((dist, scale)) => {
+                let mut global = stats.loss.copy();
+                dist.all_reduce_sum(&mut global)?;
+                global * *scale
+            }
+            None => stats.loss.shallow_clone(),
+        };
         let mut parts = vec![
-            stats.loss.to_kind(Kind::Double),
+            loss.to_kind(Kind::Double),
             stats.grad_norm.to_kind(Kind::Double),
             self.divergence.to_kind(Kind::Double),
         ];
@@ -184,7 +193,7 @@ impl Stepper {
         let v = crate::host::values(&Tensor::cat(&parts, 0));
         let diverged =
             (v[2] >= 0.0).then(|| (v[2] as u64, if v[3] == 1.0 { NonFinite::Loss } else { NonFinite::Gradient }));
-        Logged { loss: v[0], grad_norm: v[1], gamma: gamma.map(|_| v[4]), diverged }
+        Ok(Logged { loss: v[0], grad_norm: v[1], gamma: gamma.map(|_| v[4]), diverged })
     }
 
     /// Names what went non-finite, for the error of a run that diverged at `first` and was found
