@@ -321,7 +321,7 @@ class ViTBackbone(ImageBackbone):
         return out
 
     def embed(self, x):
-        return self.stem(self.patches(x)) + posemb_sincos_2d(self.grid, self.grid, self.width)
+        return self.stem(self.patches(x)) + posemb_sincos_2d(self.grid, self.grid, self.width).to(x.device)
 
     def readout(self, y):
         return self.head(self.norm(y).mean(dim=1))
@@ -357,7 +357,7 @@ class GPTAttention(nn.Module):
         B, T, D = x.shape
         q, k, v = self.qkv(pre_norm(self.norm, x, norm)).split(D, dim=2)
         q, k, v = (split_heads(t, self.heads) for t in (q, k, v))
-        cos, sin = rope_tables(T, D // self.heads)
+        cos, sin = (t.to(q.device) for t in rope_tables(T, D // self.heads))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = merge_heads(sdpa(q, k, v, causal=True, bf16=self.bf16))
         return self.resid_dropout(self.proj(y))
@@ -453,7 +453,7 @@ class LlamaAttention(nn.Module):
         q = split_heads(self.q_proj(u), self.heads)
         k = split_heads(self.k_proj(u), self.heads)
         v = split_heads(self.v_proj(u), self.heads)
-        cos, sin = rope_tables(T, D // self.heads)
+        cos, sin = (t.to(q.device) for t in rope_tables(T, D // self.heads))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return self.o_proj(merge_heads(sdpa(q, k, v, causal=True, bf16=self.bf16)))
 

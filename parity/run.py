@@ -124,6 +124,27 @@ def run(case_path, out_path):
     save_file(tensors, out_path)
 
 
+def device_check(case_path):
+    """Forward and backward of the reference on PyTorch's `meta` device: no numbers, but any tensor
+    a reference makes on the CPU inside forward (a table, a mask) meets the model's meta tensors
+    and raises, as it would on a GPU. Lets `parity --device cuda` bugs be caught on a CPU machine."""
+    case = load_case(case_path)
+    model = build_model(case)
+    vocab = getattr(model, "input_vocab", None)
+    meta = torch.device("meta")
+    model.to(meta)
+    if vocab is not None:
+        x = torch.zeros(model.input_shape(BATCH), dtype=torch.int64, device=meta)
+    else:
+        x = torch.zeros(model.input_shape(BATCH), dtype=torch.float32, device=meta, requires_grad=True)
+    out = forward(model, x)
+    loss = (out * torch.zeros(model.output_shape(BATCH), device=meta)).sum()
+    reg = regularizer(model)
+    if reg is not None:
+        loss = loss + reg
+    loss.backward()
+
+
 def count(case_path):
     model = build_model(load_case(case_path))
     return sum(p.numel() for p in model.parameters())
@@ -132,6 +153,8 @@ def count(case_path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--count", action="store_true", help="print the total number of parameters")
+    ap.add_argument("--device-check", action="store_true",
+                    help="run each case's forward and backward on the meta device (catches CPU-made tensors)")
     ap.add_argument("--out-dir", help="run every CASE.yaml given, writing OUT_DIR/<case>.safetensors")
     ap.add_argument("case", nargs="+", help="CASE.yaml [OUT.safetensors], or several cases with --out-dir")
     args = ap.parse_args(argv)
@@ -140,6 +163,12 @@ def main(argv=None):
         if args.count:
             for c in cases:
                 print(count(c))
+        elif args.device_check:
+            for c in cases:
+                try:
+                    device_check(c)
+                except RuntimeError as e:
+                    raise RuntimeError(f"{c}: {e}") from e
         elif args.out_dir is not None:
             os.makedirs(args.out_dir, exist_ok=True)
             for c in cases:

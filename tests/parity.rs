@@ -108,3 +108,19 @@ fn all_parity_cases_pass_and_parameter_counts_match_the_references() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// `plexus parity --device cuda` runs the references on the GPU; a reference that makes a tensor on
+/// the CPU inside forward (a RoPE table, a position embedding) fails there. PyTorch's `meta` device
+/// fails the same way, so every case's forward and backward on `meta` catches it without a GPU (it
+/// caught the GPT/LLaMA RoPE tables and the ViT position embedding, the first GPU run's failures).
+#[test]
+fn every_reference_runs_off_the_cpu() {
+    let cases = parity::cases(&parity_dir().join("cases"), None).unwrap();
+    let out = std::process::Command::new(parity::python())
+        .arg(parity_dir().join("run.py"))
+        .arg("--device-check")
+        .args(&cases)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
