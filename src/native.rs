@@ -55,6 +55,7 @@ mod ffi {
         pub fn plexus_cuda_reset_peak_memory(index: i64) -> *mut c_char;
         pub fn plexus_set_float32_matmul_precision(p: *const c_char) -> *mut c_char;
         pub fn plexus_float32_matmul_precision(out: *mut *mut c_char) -> *mut c_char;
+        pub fn plexus_pin_memory(t: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
     }
 }
 
@@ -335,4 +336,16 @@ impl std::fmt::Debug for ProcessGroup {
             .field("world_size", &self.world_size)
             .finish()
     }
+}
+
+/// `t` (a CPU tensor) copied into page-locked memory, for an asynchronous copy to a GPU; a tensor
+/// already pinned is returned as it is. tch's `Tensor::pin_memory(device)` passes an argument that
+/// libtorch deprecated and then prints a warning on every call, i.e. on every batch.
+pub fn pin_memory(t: &Tensor) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: `t.as_ptr()` is a live `at::Tensor*` for the call; the C++ side only reads it and
+    // writes a new, caller-owned `at::Tensor*` to `out` when it returns no error.
+    check(unsafe { ffi::plexus_pin_memory(t.as_ptr() as *mut _, &mut out) })?;
+    // SAFETY: on success `out` is a fresh tensor handle that nothing else owns.
+    Ok(unsafe { Tensor::from_ptr(out) })
 }

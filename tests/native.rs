@@ -240,3 +240,23 @@ fn gloo_peer_exiting_midway_is_an_error_not_a_hang() {
     drop(pg);
     assert!(start.elapsed() < SLACK, "dropping a broken group took {:?}", start.elapsed());
 }
+
+/// Pinning without libtorch's deprecated device argument: with a GPU the values survive and the
+/// copy is page-locked; without one it is an error, not a crash (the data thread only pins for CUDA).
+#[test]
+fn pin_memory_keeps_values_or_fails_cleanly() {
+    let t = Tensor::arange(12, (Kind::Float, tch::Device::Cpu)).reshape([3, 4]);
+    match native::pin_memory(&t) {
+        Ok(p) => {
+            assert!(tch::Cuda::is_available(), "pinned without a GPU");
+            assert!(p.is_pinned(tch::Device::Cuda(0)));
+            assert!(p.equal(&t));
+            let again = native::pin_memory(&p).unwrap();
+            assert_eq!(again.data_ptr(), p.data_ptr(), "an already pinned tensor is not copied again");
+        }
+        Err(e) => {
+            assert!(!tch::Cuda::is_available(), "pinning failed with a GPU: {e:#}");
+            assert!(!format!("{e:#}").is_empty());
+        }
+    }
+}

@@ -94,11 +94,14 @@ impl Batch {
 
     /// Pins a CPU batch in page-locked memory for an asynchronous copy to the CUDA `device`
     /// (done on the data thread, off the training thread); anything else is returned as it is.
-    pub fn pinned_for(self, device: Device) -> Batch {
+    pub fn pinned_for(self, device: Device) -> anyhow::Result<Batch> {
         if device.is_cuda() && self.input.device() == Device::Cpu {
-            Batch { input: self.input.pin_memory(device), target: self.target.pin_memory(device) }
+            Ok(Batch {
+                input: crate::native::pin_memory(&self.input)?,
+                target: crate::native::pin_memory(&self.target)?,
+            })
         } else {
-            self
+            Ok(self)
         }
     }
 

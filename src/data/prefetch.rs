@@ -27,7 +27,7 @@ impl Prefetcher {
             .spawn(move || {
                 let mut i = start;
                 while !flag.load(Ordering::Relaxed) {
-                    let batch = source.train_batch(i).map(|b| b.pinned_for(device));
+                    let batch = source.train_batch(i).and_then(|b| b.pinned_for(device));
                     let failed = batch.is_err();
                     // After an error the thread stops: the trainer stops at that batch.
                     if tx.send(batch).is_err() || failed {

@@ -553,4 +553,15 @@ char* plexus_pg_barrier(void* handle) {
   });
 }
 
+// `t` copied into page-locked host memory (`out` receives a new tensor owned by the caller).
+// tch's `Tensor::pin_memory(device)` passes the device argument that libtorch deprecated, and
+// libtorch then warns on every call (every batch); `at::Tensor::pin_memory()` without it does not.
+char* plexus_pin_memory(at::Tensor* t, at::Tensor** out) {
+  return guarded([&] {
+    if (t == nullptr || !t->defined()) throw std::invalid_argument("pin_memory of an undefined tensor");
+    *out = new at::Tensor(t->is_pinned() ? *t : t->pin_memory());
+  });
+}
+
 }  // extern "C"
+
