@@ -2,7 +2,11 @@
 overhead of each topology over residual, and cost versus depth. Writes bench/results.md.
 
     python bench/run.py [--steps 10] [--warmup 3] [--rounds 2] [--backbones mlp,mixer,...]
-                        [--topologies residual,acn,...] [--no-compile] [--no-depth]
+                        [--topologies residual,acn,...] [--no-compile] [--no-depth] [--suite gpu]
+
+`--suite cpu` (default): the CPU-size configs of bench/configs/, results in bench/. `--suite gpu`: the
+GPU-size configs of bench/configs/gpu/ (bf16 on CUDA), results in bench/gpu/ (no depth sweep).
+PLEXUS (environment) names the plexus binary (default target/release/plexus).
 
 Use the venv that scripts/setup.sh made (scripts/bench.sh does). Each case (backbone × topology)
 runs plexus, PyTorch eager and PyTorch compile as separate processes, one after another, the
@@ -22,8 +26,10 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PLEXUS = os.path.join(ROOT, "target", "release", "plexus")
+PLEXUS = os.environ.get("PLEXUS") or os.path.join(ROOT, "target", "release", "plexus")
 BACKBONES = ["mlp", "mixer", "vit", "gpt", "llama"]
+# Where a suite's configs are and where its results go (set in main from --suite).
+SUITE = {"name": "cpu", "configs": os.path.join("bench", "configs"), "out": os.path.join(ROOT, "bench")}
 TOPOLOGIES = ["residual", "acn", "hacn", "ancre", "denseformer", "hyper", "mhc", "attnres"]
 DEPTH_TOPOLOGIES = "residual,hacn,ancre,denseformer,attnres,attnres+blocks=4,mhc"
 TARGETS = {"hacn": 2.0, "ancre": 5.0, "hyper": 15.0, "mhc": 15.0}
@@ -37,7 +43,7 @@ def run(cmd):
 
 
 def one(impl, backbone, topology, args, raw):
-    config = os.path.join("bench", "configs", f"{backbone}.yaml")
+    config = os.path.join(SUITE["configs"], f"{backbone}.yaml")
     case = f"{backbone}/{topology}"
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--set", f"topology.kind={topology}",
               "--case", case, "--csv", raw]
@@ -55,7 +61,7 @@ def one(impl, backbone, topology, args, raw):
         # A crash of one implementation on one case is a result too (reported), not the end.
         last = [line for line in str(e).splitlines() if line.strip()][-1]
         print(f"    FAILED: {last}", flush=True)
-        with open(os.path.join(ROOT, "bench", "failures.csv"), "a") as fh:
+        with open(os.path.join(SUITE["out"], "failures.csv"), "a") as fh:
             fh.write(f"{impl},{case},{last.replace(',', ';')}\n")
 
 
@@ -82,6 +88,9 @@ def machine():
         pass
     import torch
 
+    if SUITE["name"] == "gpu" and torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        model = f"{p.name} ({p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs), host {model}"
     return (f"{model}, {os.cpu_count()} logical cores, torch {torch.__version__}, "
             f"{torch.get_num_threads()} intra-op threads, Python {platform.python_version()}, "
             f"{platform.system()} {platform.release()}")
@@ -97,7 +106,7 @@ def report(raw, depth_dir, args):
         rs = by.get((case, impl))
         return median([float(r[col]) for r in rs]) if rs else float("nan")
 
-    ov_path = os.path.join(ROOT, "bench", "overhead.csv")
+    ov_path = os.path.join(SUITE["out"], "overhead.csv")
     paired = {}
     if os.path.exists(ov_path):
         for r in read_rows(ov_path):
@@ -109,11 +118,15 @@ def report(raw, depth_dir, args):
     out.append(f"Date: {datetime.date.today().isoformat()}. Machine: {machine()}.\n")
     out.append("What the numbers mean, the profiles behind them and what would close the gaps: "
                "[bench/README.md](README.md).\n")
-    out.append(f"Protocol: `python bench/run.py --steps {args.steps} --warmup {args.warmup} --rounds {args.rounds}`"
+    gpu = SUITE["name"] == "gpu"
+    out.append(f"Protocol: `python bench/run.py{' --suite gpu' if gpu else ''} --steps {args.steps} --warmup {args.warmup} "
+               f"--rounds {args.rounds}{' --no-compile' if args.no_compile else ''}`"
                " (scripts/bench.sh). Each number is the median over rounds of the median ms per full training "
-               "step (forward, backward, AdamW) on one fixed batch, fp32 on CPU; plexus, PyTorch eager and "
+               f"step (forward, backward, AdamW) on one fixed batch, {'bf16 on the GPU' if gpu else 'fp32 on CPU'}; "
+               "plexus, PyTorch eager and "
                "PyTorch `torch.compile` (inductor) alternate per case. Models are the configs in "
-               "`bench/configs/` (CPU size) with `topology.kind` set per row; PyTorch builds the identical "
+               f"`{SUITE['configs']}/` ({'GPU' if gpu else 'CPU'} size) with `topology.kind` set per row; "
+               "PyTorch builds the identical "
                "model from the parity references. The plexus overhead of a topology over residual comes from "
                "`plexus bench --compare` (all topologies of a backbone in one process, stepped round-robin for "
                f"{args.overhead_rounds} rounds; the median of the per-round ratios, with its 10th–90th "
@@ -163,7 +176,7 @@ def report(raw, depth_dir, args):
     (ge, ne), (gc, nc) = geomean("torch-eager"), geomean("torch-compile")
     out.append(f"plexus ≤ eager on {wins} of {len(cases)} cases; geometric mean of plexus/eager {ge:.3f} "
                f"({ne} cases), of plexus/compile {gc:.3f} ({nc} cases).\n")
-    fail_path = os.path.join(ROOT, "bench", "failures.csv")
+    fail_path = os.path.join(SUITE["out"], "failures.csv")
     if os.path.exists(fail_path):
         out.append("Runs that failed (the case's cell shows –):\n")
         seen = {}
@@ -196,7 +209,7 @@ def report(raw, depth_dir, args):
             out.append(f"| {r['case']} | {float(r['ms_median']):.1f} | {float(r['act_mem_mb']):.1f} |")
         out.append("")
         out.append("![step time versus depth](depth/depth_time.png) ![step memory versus depth](depth/depth_memory.png)\n")
-    path = os.path.join(ROOT, "bench", "results.md")
+    path = os.path.join(SUITE["out"], "results.md")
     with open(path + ".tmp", "w") as fh:
         fh.write("\n".join(out) + "\n")
     os.replace(path + ".tmp", path)
@@ -208,7 +221,8 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--backbones", default=",".join(BACKBONES))
+    ap.add_argument("--suite", choices=["cpu", "gpu"], default="cpu")
+    ap.add_argument("--backbones", help="default: mlp,mixer,vit,gpt,llama (cpu), gpt,llama,mixer (gpu)")
     ap.add_argument("--topologies", default=",".join(TOPOLOGIES))
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-depth", action="store_true")
@@ -217,7 +231,13 @@ def main():
     ap.add_argument("--report-only", action="store_true", help="rewrite results.md from bench/raw.csv")
     ap.add_argument("--resume", action="store_true", help="keep bench/raw.csv and run only what it lacks")
     args = ap.parse_args()
-    raw = os.path.join(ROOT, "bench", "raw.csv")
+    if args.suite == "gpu":
+        SUITE.update(name="gpu", configs=os.path.join("bench", "configs", "gpu"), out=os.path.join(ROOT, "bench", "gpu"))
+        args.no_depth = True  # the depth sweep's config is CPU-sized
+    os.makedirs(SUITE["out"], exist_ok=True)
+    if args.backbones is None:
+        args.backbones = "gpt,llama,mixer" if args.suite == "gpu" else ",".join(BACKBONES)
+    raw = os.path.join(SUITE["out"], "raw.csv")
     depth_dir = os.path.join(ROOT, "bench", "depth")
     if not args.report_only:
         done = {}
@@ -225,7 +245,7 @@ def main():
             for r in read_rows(raw):
                 done[(r["impl"], r["case"])] = done.get((r["impl"], r["case"]), 0) + 1
         else:
-            for f in (raw, os.path.join(ROOT, "bench", "failures.csv")):
+            for f in (raw, os.path.join(SUITE["out"], "failures.csv")):
                 if os.path.exists(f):
                     os.remove(f)
         impls = ["plexus", "torch-eager"] + ([] if args.no_compile else ["torch-compile"])
@@ -242,7 +262,7 @@ def main():
                             continue
                         one(impl, b, t, args, raw)
         if not args.no_overhead:
-            path = os.path.join(ROOT, "bench", "overhead.csv")
+            path = os.path.join(SUITE["out"], "overhead.csv")
             if os.path.exists(path) and not args.resume:
                 os.remove(path)
             have = {r["case"] for r in read_rows(path)} if os.path.exists(path) else set()
@@ -250,7 +270,7 @@ def main():
                 if b in have:
                     continue
                 print(f"  overhead       {b} (one process, paired rounds)", flush=True)
-                run([PLEXUS, "bench", os.path.join("bench", "configs", f"{b}.yaml"), "--compare", ",".join(TOPOLOGIES),
+                run([PLEXUS, "bench", os.path.join(SUITE["configs"], f"{b}.yaml"), "--compare", args.topologies,
                      "--steps", str(args.overhead_rounds), "--warmup", "3", "--case", b, "--csv", path])
         if not args.no_depth and not (args.resume and os.path.exists(os.path.join(depth_dir, "growth.csv"))):
             print("cost versus depth…", flush=True)
