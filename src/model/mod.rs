@@ -3,6 +3,7 @@
 //!
 //! Adding a backbone: write `src/model/<name>.rs` with an `ENTRY` and add one line to [`REGISTRY`].
 
+pub mod dit;
 pub mod gpt;
 pub mod layers;
 pub mod llama;
@@ -39,6 +40,11 @@ pub trait ModelSpec: Debug {
     /// convention, also for causal attention); elementwise work and the topology's mixing are not
     /// counted. A training step costs 3× this per sample (backward = 2× forward).
     fn forward_flops(&self) -> f64;
+    /// `(channels, num_classes)` of a diffusion backbone, whose task is DDPM training
+    /// ([`crate::diffusion`]) whatever the dataset's; `None` (the default) for the others.
+    fn diffusion(&self) -> Option<(usize, usize)> {
+        None
+    }
 }
 
 /// Parses and validates a section's options (everything but `kind`).
@@ -52,7 +58,8 @@ pub struct ModelEntry {
 }
 
 /// Every backbone plexus knows, by `model.kind`.
-pub const REGISTRY: &[ModelEntry] = &[lnn::ENTRY, mlp::ENTRY, mixer::ENTRY, vit::ENTRY, gpt::ENTRY, llama::ENTRY];
+pub const REGISTRY: &[ModelEntry] =
+    &[lnn::ENTRY, mlp::ENTRY, mixer::ENTRY, vit::ENTRY, gpt::ENTRY, llama::ENTRY, dit::ENTRY];
 
 pub fn parse(kind: &str, options: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError> {
     match REGISTRY.iter().find(|e| e.name == kind) {
