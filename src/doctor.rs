@@ -93,6 +93,7 @@ pub fn tiny_backbone(name: &str) -> Option<&'static str> {
         "vit" => "model: {kind: vit, patch: 4, width: 8, depth: 2, heads: 2}\ndata: {kind: synthetic_images, image_size: 8, channels: 3, classes: 3, samples: 16, batch_size: 4}\n",
         "gpt" => "model: {kind: gpt, width: 8, depth: 2, heads: 2}\ndata: {kind: synthetic_tokens, vocab: 16, seq_len: 6, batch_size: 2}\n",
         "llama" => "model: {kind: llama, width: 8, depth: 2, heads: 2}\ndata: {kind: synthetic_tokens, vocab: 16, seq_len: 6, batch_size: 2}\n",
+        "dit" => "model: {kind: dit, patch: 4, width: 8, depth: 2, heads: 2}\ndata: {kind: synthetic_images, image_size: 8, channels: 3, classes: 3, samples: 16, batch_size: 4}\n",
         _ => return None,
     })
 }

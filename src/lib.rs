@@ -12,6 +12,7 @@ pub mod commands;
 pub mod config;
 pub mod data;
 pub mod device;
+pub mod diffusion;
 pub mod dist;
 pub mod doctor;
 pub mod experiment;
