@@ -101,6 +101,27 @@ pub enum Cmd {
         #[arg(long)]
         device: Option<String>,
     },
+    /// Draw class-conditional samples from a diffusion run (`model.kind: dit`): a PNG grid, one
+    /// row per class, written into the run's figures directory.
+    Sample {
+        run: PathBuf,
+        #[arg(long, value_enum, default_value = "ddim")]
+        sampler: crate::diffusion::Sampler,
+        /// DDIM steps (DDPM always runs all 1000).
+        #[arg(long, default_value_t = 50)]
+        steps: usize,
+        /// Classifier-free guidance scale (1 = off).
+        #[arg(long, default_value_t = 1.0)]
+        cfg: f64,
+        /// Images per class.
+        #[arg(long, default_value_t = 8)]
+        per_class: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// `cpu`, `cuda`, `cuda:N` or `auto`.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
     /// Check every topology and backbone against its PyTorch reference (parity/), forward and
     /// every gradient. Prints one line per case; exits non-zero if any fails.
     Parity {
@@ -408,6 +429,16 @@ pub fn run(cli: Cli) -> Result<()> {
                 atomic_write(&path, s.as_bytes())?;
                 println!("\nPearson correlation of the converged residual weights a:\n{s}→ {}", path.display());
             }
+            Ok(())
+        }
+        Cmd::Sample { run, sampler, steps, cfg, per_class, seed, device } => {
+            let o = crate::diffusion::SampleOptions { sampler, steps, cfg, seed };
+            let out = crate::diffusion::sample_run(&run, per_class, &o, &device)?;
+            println!(
+                "samples ({sampler:?}, {} steps, cfg {cfg}): {}",
+                if sampler == crate::diffusion::Sampler::Ddim { steps } else { 1000 },
+                out.display()
+            );
             Ok(())
         }
         Cmd::Parity { only, dir, keep, device } => {

@@ -124,3 +124,172 @@ pub fn noisy(x0: &Tensor, t: &Tensor, eps: &Tensor) -> Tensor {
     let ab = alpha_bar().to_kind(Kind::Float).to_device(x0.device()).index_select(0, t).view([-1, 1, 1, 1]);
     ab.sqrt() * x0.to_kind(Kind::Float) + (-&ab + 1.0).sqrt() * eps.to_kind(Kind::Float)
 }
+
+/// A reverse-process sampler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Sampler {
+    /// DDPM ancestral sampling over all [`STEPS`] steps, posterior variance `β̃_t`.
+    Ddpm,
+    /// DDIM with η = 0 (deterministic) over `steps` evenly spaced timesteps.
+    Ddim,
+}
+
+/// How to sample: the sampler, its number of steps (DDIM), the guidance scale and the seed.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleOptions {
+    pub sampler: Sampler,
+    pub steps: usize,
+    pub cfg: f64,
+    pub seed: u64,
+}
+
+/// The timesteps a sampler visits, descending: every `t` for DDPM; for DDIM `steps` timesteps
+/// `⌊i·T/steps⌋`, `i = steps−1..0`.
+pub fn timesteps(sampler: Sampler, steps: usize) -> Vec<i64> {
+    match sampler {
+        Sampler::Ddpm => (0..STEPS).rev().collect(),
+        Sampler::Ddim => {
+            let n = (steps as i64).clamp(1, STEPS);
+            let mut v: Vec<i64> = (0..n).map(|i| i * STEPS / n).collect();
+            v.dedup();
+            v.reverse();
+            v
+        }
+    }
+}
+
+/// Draws images from the reverse process. `eps` is the model: a packed input
+/// ([`crate::model::dit::pack`]) `[N, C·S·S + 2]` → `[N, out_C, S, S]` (its first `C` channels are
+/// ε̂). `labels` `[N]` int64 on the model's device; `shape` = `[N, C, S, S]`; options `o`. Classifier-free
+/// guidance with scale `cfg`: `ε̂ = ε̂(∅) + cfg·(ε̂(y) − ε̂(∅))` (the model runs on the labels and the
+/// null class in one batch of `2N`; `cfg = 1` runs it on the labels alone). The start noise and
+/// DDPM's noise are drawn from `seed` (deterministic for a seed on a device). Returns `x_0`
+/// `[N, C, S, S]` fp32, in the model's data space (the training input transform's output).
+pub fn sample(
+    eps: impl Fn(&Tensor) -> Tensor,
+    d: &Diffusion,
+    shape: [i64; 4],
+    labels: &Tensor,
+    o: &SampleOptions,
+) -> Tensor {
+    let SampleOptions { sampler, steps, cfg, seed } = *o;
+    let dev = labels.device();
+    let ab: Vec<f64> = crate::host::values(&alpha_bar());
+    let beta: Vec<f64> = crate::host::values(&betas());
+    let _seed = crate::device::seed_guard(seed);
+    tch::no_grad(|| {
+        let mut x = Tensor::randn(shape, (Kind::Float, dev));
+        let n = shape[0];
+        let guided = |x: &Tensor, t: i64| -> Tensor {
+            let tt = Tensor::full([n], t, (Kind::Int64, dev));
+            if cfg == 1.0 {
+                return eps(&pack(x, &tt, labels)).narrow(1, 0, d.channels);
+            }
+            let null = labels.full_like(d.num_classes);
+            let both = Tensor::cat(&[pack(x, &tt, labels), pack(x, &tt, &null)], 0);
+            let e = eps(&both).narrow(1, 0, d.channels);
+            let (c, u) = (e.narrow(0, 0, n), e.narrow(0, n, n));
+            &u + (c - &u) * cfg
+        };
+        let ts = timesteps(sampler, steps);
+        for (i, &t) in ts.iter().enumerate() {
+            let e = guided(&x, t);
+            let a = ab[t as usize];
+            match sampler {
+                Sampler::Ddim => {
+                    let prev = ts.get(i + 1).map_or(1.0, |&p| ab[p as usize]);
+                    let x0 = (&x - &e * (1.0 - a).sqrt()) / a.sqrt();
+                    x = x0 * prev.sqrt() + e * (1.0 - prev).sqrt();
+                }
+                Sampler::Ddpm => {
+                    let b = beta[t as usize];
+                    let mean = (&x - e * (b / (1.0 - a).sqrt())) / (1.0 - b).sqrt();
+                    x = if t > 0 {
+                        let var = b * (1.0 - ab[t as usize - 1]) / (1.0 - a);
+                        mean + x.randn_like() * var.sqrt()
+                    } else {
+                        mean
+                    };
+                }
+            }
+        }
+        x
+    })
+}
+
+/// `plexus sample`: loads a DiT run's final checkpoint, draws `per_class` images of every class
+/// (classes in rows) and writes them as one PNG grid into the run's figures directory
+/// ([`crate::run_dir::RunDir::samples_file`]). Pixels are mapped back through the data's input
+/// transform (`x·std + mean`, clamped to [0, 1]); images with more than 3 channels (latents) show
+/// their first 3 channels, each min-max scaled. Returns the PNG's path.
+pub fn sample_run(
+    run: &std::path::Path,
+    per_class: usize,
+    o: &SampleOptions,
+    device: &str,
+) -> anyhow::Result<std::path::PathBuf> {
+    use anyhow::Context;
+    let dir = crate::run_dir::RunDir::open(run)?;
+    let exp = crate::experiment::Experiment::from_file(&dir.config_file(), &[])?;
+    let crate::data::Task::Diffusion(d) = exp.task() else {
+        anyhow::bail!("{}: not a diffusion run (model.kind is `{}`, not `dit`)", run.display(), exp.model.kind());
+    };
+    anyhow::ensure!(per_class >= 1, "--per-class must be at least 1");
+    anyhow::ensure!(
+        o.cfg.is_finite() && o.cfg >= 0.0,
+        "--cfg must be a finite scale ≥ 0 (1 = no guidance), got {}",
+        o.cfg
+    );
+    anyhow::ensure!((1..=STEPS as usize).contains(&o.steps), "--steps must be in 1..={STEPS}, got {}", o.steps);
+    let dev = crate::device::resolve(crate::device::parse_device(device).map_err(anyhow::Error::msg)?)?;
+    let mut model = crate::device::with_seed(exp.config().seed, || {
+        crate::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, Kind::Float)
+    });
+    let ck = dir.final_checkpoint();
+    crate::train::checkpoint::load_weights(&mut model.vs, &ck).with_context(|| format!("loading {}", ck.display()))?;
+    let info = exp.data.info();
+    let (c, s) = (info.input_shape[0] as i64, info.input_shape[1] as i64);
+    let k = d.num_classes;
+    let labels = Tensor::arange(k, (Kind::Int64, dev)).repeat_interleave_self_int(per_class as i64, 0, None);
+    let n = labels.size()[0];
+    let x = sample(|x| model.forward(x, false), &d, [n, c, s, s], &labels, o);
+    let transform = exp.data.load()?.input_transform();
+    let x = match transform {
+        crate::data::InputTransform::Pixels { mean, std } => {
+            let col = |v: &[f64]| {
+                let v: Vec<f32> = (0..c as usize).map(|i| v[i.min(v.len() - 1)] as f32).collect();
+                Tensor::from_slice(&v).view([1, c, 1, 1]).to_device(dev)
+            };
+            (x * col(&std) + col(&mean)).clamp(0.0, 1.0)
+        }
+        crate::data::InputTransform::Identity => {
+            let lo = x.amin([0, 2, 3], true);
+            let hi = x.amax([0, 2, 3], true);
+            (x - &lo) / (hi - lo + 1e-8)
+        }
+    };
+    let x = if c > 3 { x.narrow(1, 0, 3) } else { x };
+    let ch = x.size()[1];
+    // Grid [k·(S+2), per·(S+2), ch] with 2-pixel gaps, row = class.
+    let g = (s + 2) as usize;
+    let (h, w) = (k as usize * g, per_class * g);
+    let px: Vec<f32> = crate::host::values(&(x * 255.0).round().to_kind(Kind::Double).to_device(tch::Device::Cpu))
+        .into_iter()
+        .map(|v| v as f32)
+        .collect();
+    let mut img = image::RgbImage::new(w as u32, h as u32);
+    for i in 0..n as usize {
+        let (row, col) = (i / per_class, i % per_class);
+        for yy in 0..s as usize {
+            for xx in 0..s as usize {
+                let at = |cc: usize| px[((i * ch as usize + cc) * s as usize + yy) * s as usize + xx] as u8;
+                let rgb = if ch == 1 { [at(0); 3] } else { [at(0), at(1), at(2)] };
+                img.put_pixel((col * g + 1 + xx) as u32, (row * g + 1 + yy) as u32, image::Rgb(rgb));
+            }
+        }
+    }
+    let out = dir.samples_file(o.sampler, o.steps, o.cfg);
+    std::fs::create_dir_all(out.parent().expect("a figures directory"))?;
+    img.save(&out).with_context(|| format!("writing {}", out.display()))?;
+    Ok(out)
+}

@@ -312,6 +312,14 @@ impl RunDir {
     pub fn eval_file(&self) -> PathBuf {
         self.path.join("eval.csv")
     }
+    /// Diffusion runs: a grid of samples, `figures/samples-{ddim50|ddpm}-cfg{scale}.png`.
+    pub fn samples_file(&self, sampler: crate::diffusion::Sampler, steps: usize, cfg: f64) -> PathBuf {
+        let s = match sampler {
+            crate::diffusion::Sampler::Ddim => format!("ddim{steps}"),
+            crate::diffusion::Sampler::Ddpm => "ddpm".to_string(),
+        };
+        self.figures_dir().join(format!("samples-{s}-cfg{cfg}.png"))
+    }
     /// Diffusion runs: the validation ε-MSE per bucket of timesteps, one row per evaluation.
     pub fn eps_by_t_file(&self) -> PathBuf {
         self.path.join("eps_by_t.csv")
