@@ -122,6 +122,27 @@ pub enum Cmd {
         #[arg(long, default_value = "cpu")]
         device: String,
     },
+    /// Fréchet distance between images sampled from a diffusion run and real held-out images, in
+    /// the features of a classifier run plexus trained (not FID-50K: no Inception network).
+    Fd {
+        run: PathBuf,
+        /// A classifier run (e.g. a Mixer or ViT on the same dataset) whose pooled features are used.
+        #[arg(long)]
+        extractor: PathBuf,
+        /// Generated and real images, each.
+        #[arg(long, default_value_t = 1000)]
+        samples: usize,
+        #[arg(long, value_enum, default_value = "ddim")]
+        sampler: crate::diffusion::Sampler,
+        #[arg(long, default_value_t = 50)]
+        steps: usize,
+        #[arg(long, default_value_t = 1.0)]
+        cfg: f64,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
     /// Check every topology and backbone against its PyTorch reference (parity/), forward and
     /// every gradient. Prints one line per case; exits non-zero if any fails.
     Parity {
@@ -438,6 +459,16 @@ pub fn run(cli: Cli) -> Result<()> {
                 "samples ({sampler:?}, {} steps, cfg {cfg}): {}",
                 if sampler == crate::diffusion::Sampler::Ddim { steps } else { 1000 },
                 out.display()
+            );
+            Ok(())
+        }
+        Cmd::Fd { run, extractor, samples, sampler, steps, cfg, seed, device } => {
+            let o = crate::diffusion::SampleOptions { sampler, steps, cfg, seed };
+            let fd = crate::fd::fd_command(&run, &extractor, samples, &o, &device)?;
+            println!(
+                "Fréchet distance {fd:.4} ({samples} generated vs {samples} real test images, features of the \
+                 plexus-trained classifier {}; NOT FID-50K: no Inception network, not comparable with published FIDs)",
+                extractor.display()
             );
             Ok(())
         }

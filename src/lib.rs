@@ -16,6 +16,7 @@ pub mod diffusion;
 pub mod dist;
 pub mod doctor;
 pub mod experiment;
+pub mod fd;
 pub mod host;
 pub mod model;
 pub mod native;

@@ -291,3 +291,36 @@ fn sampling_is_deterministic_for_a_seed_and_guidance_changes_it() {
     assert_eq!(plexus::diffusion::timesteps(Sampler::Ddim, 4), vec![750, 500, 250, 0]);
     assert_eq!(plexus::diffusion::timesteps(Sampler::Ddpm, 4).len(), 1000);
 }
+
+#[test]
+fn frechet_distance_is_zero_on_itself_grows_with_a_mean_shift_and_matches_the_closed_form() {
+    use plexus::fd::{frechet, frechet_of};
+    let a = plexus::device::with_seed(4, || {
+        let mix = Tensor::randn([6, 6], (Kind::Double, Device::Cpu));
+        Tensor::randn([400, 6], (Kind::Double, Device::Cpu)).matmul(&mix)
+    });
+    let self_fd = frechet_of(&a, &a);
+    println!("FD(a, a) = {self_fd:e}");
+    assert!(self_fd.abs() < 1e-8, "FD(a, a) = {self_fd}");
+    // A shift δ leaves the covariance as it is: FD = ‖δ‖² exactly, growing with the shift.
+    let mut last = self_fd;
+    for k in [0.5, 1.0, 2.0] {
+        let delta = Tensor::from_slice(&[1.0f64, -2.0, 0.0, 0.5, 0.0, 1.0]) * k;
+        let fd = frechet_of(&a, &(&a + delta.unsqueeze(0)));
+        let expect = 6.25 * k * k;
+        assert!((fd - expect).abs() < 1e-6 * expect, "shift ×{k}: FD {fd}, ‖δ‖² {expect}");
+        assert!(fd > last);
+        last = fd;
+    }
+    // Two Gaussians with non-commuting 2×2 covariances: tr √(Σ₁^½ Σ₂ Σ₁^½) = √(tr Σ₁Σ₂ + 2√(det Σ₁ det Σ₂)).
+    let (s1, s2) = ([2.0, 0.5, 0.5, 1.0], [1.0, -0.3, -0.3, 0.5]);
+    let tr12 = s1[0] * s2[0] + s1[1] * s2[2] + s1[2] * s2[1] + s1[3] * s2[3];
+    let det = |s: [f64; 4]| s[0] * s[3] - s[1] * s[2];
+    let expect = (0.3f64.powi(2) + 0.4f64.powi(2)) + (s1[0] + s1[3]) + (s2[0] + s2[3])
+        - 2.0 * (tr12 + 2.0 * (det(s1) * det(s2)).sqrt()).sqrt();
+    let m = |v: [f64; 2]| Tensor::from_slice(&v);
+    let c = |v: [f64; 4]| Tensor::from_slice(&v).view([2, 2]);
+    let fd = frechet(&m([0.3, 0.0]), &c(s1), &m([0.0, -0.4]), &c(s2));
+    println!("FD {fd}, closed form {expect}");
+    assert!((fd - expect).abs() < 1e-12, "FD {fd}, closed form {expect}");
+}

@@ -170,6 +170,16 @@ impl Model {
         })
     }
 
+    /// Features for Fréchet distances ([`crate::fd`]): the readout representation `y` (what the
+    /// topology hands the readout), mean-pooled over every dimension between the batch and the
+    /// feature dimension: `[B, ..., D]` → `[B, D]` fp32. Evaluation mode.
+    pub fn features(&self, input: &Tensor) -> Tensor {
+        let x0 = self.backbone.embed(input, false);
+        let y = self.with_units(|units| self.topology.forward(&x0, units, false)).to_kind(Kind::Float);
+        let (b, d) = (y.size()[0], *y.size().last().expect("a feature dimension"));
+        y.reshape([b, -1, d]).mean_dim(1, false, Kind::Float)
+    }
+
     /// Number of units at the topology's granularity.
     pub fn depth(&self) -> usize {
         self.with_units(|u| u.len())
