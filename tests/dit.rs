@@ -324,3 +324,58 @@ fn frechet_distance_is_zero_on_itself_grows_with_a_mean_shift_and_matches_the_cl
     println!("FD {fd}, closed form {expect}");
     assert!((fd - expect).abs() < 1e-12, "FD {fd}, closed form {expect}");
 }
+
+fn write_latents(dir: &Path, split: &str, n: usize, labels: &[i64]) {
+    let x: Vec<u8> = (0..n * 2 * 4 * 4).flat_map(|i| (i as f32 * 0.01).to_le_bytes()).collect();
+    std::fs::write(dir.join(format!("{split}_latents.f32")), x).unwrap();
+    std::fs::write(
+        dir.join(format!("{split}_labels.i64")),
+        labels.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn the_latents_loader_reads_raw_files_and_names_what_is_wrong() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("lat");
+    std::fs::create_dir(&dir).unwrap();
+    write_latents(&dir, "train", 6, &[0, 1, 2, 0, 1, 2]);
+    write_latents(&dir, "val", 3, &[2, 1, 0]);
+    let data_yaml = "{dataset: lat, channels: 2, size: 4, classes: 3, batch_size: 3}";
+    let spec = |overrides: &str| {
+        let mut m: serde_yaml::Mapping = serde_yaml::from_str(data_yaml).unwrap();
+        for (k, v) in serde_yaml::from_str::<serde_yaml::Mapping>(overrides).unwrap() {
+            m.insert(k, v);
+        }
+        plexus::data::parse_at("latents", tmp.path(), &m).unwrap()
+    };
+    let data = spec("{}").load().unwrap();
+    let b = data.train_batch(0).unwrap();
+    assert_eq!(b.input.size(), vec![3, 2, 4, 4]);
+    assert_eq!(b.input.kind(), Kind::Float);
+    let eval = data.eval_batches();
+    assert_eq!(eval[0].target, Tensor::from_slice(&[2i64, 1, 0]));
+    // Sample 1 of val starts at value 32: 0.32.
+    assert!((eval[0].input.double_value(&[1, 0, 0, 0]) - 0.32).abs() < 1e-6);
+    // It trains a DiT.
+    let yaml = "name: lat\nmodel: {kind: dit, patch: 2, width: 16, depth: 1, heads: 2}\ntopology: {kind: ancre}\n\
+                data: {kind: latents, channels: 2, size: 4, classes: 3}\n\
+                train: {optimizer: adamw, lr: 1.0e-3, steps: 3}\nlog: {every: 1}\n";
+    let mut e = exp(yaml, &[]);
+    e.data = spec("{}");
+    let s = train::train(&e, &RunDir::create(&tmp.path().join("run")).unwrap(), &TrainOptions::default()).unwrap();
+    assert!(s.final_loss.is_finite());
+    // Errors name the file.
+    let load_err = |o: &str| format!("{:#}", spec(o).load().map(|_| ()).unwrap_err());
+    let root = tmp.path().display().to_string();
+    let msg = load_err("{dataset: nowhere}");
+    assert!(msg.contains(&format!("{root}/nowhere")) && msg.contains("train,val}_latents.f32"), "{msg}");
+    let msg = load_err("{size: 5}");
+    assert!(msg.contains("train_latents.f32") && msg.contains("not a positive multiple of 200"), "{msg}");
+    let msg = load_err("{classes: 2}");
+    assert!(msg.contains("train_labels.i64") && msg.contains("label 2 of sample 2"), "{msg}");
+    std::fs::remove_file(dir.join("val_labels.i64")).unwrap();
+    let msg = load_err("{}");
+    assert!(msg.contains("val_labels.i64"), "{msg}");
+}

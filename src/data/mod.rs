@@ -10,6 +10,7 @@ pub mod files;
 pub mod idx;
 pub mod imagefolder;
 pub mod in_memory;
+pub mod latents;
 pub mod prefetch;
 pub mod synthetic;
 pub mod text;
@@ -231,6 +232,7 @@ pub const REGISTRY: &[DataEntry] = &[
     text::TEXT,
     imagefolder::IMAGEFOLDER,
     tokens::TOKENS,
+    latents::LATENTS,
 ];
 
 /// Parses a `data` section's options for `kind`; the data root is resolved at load time
