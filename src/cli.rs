@@ -1,4 +1,4 @@
-//! The command line: `plexus train | demo | analyze | plot | bench | connectivity | parity | doctor | tokenize | rl | list`.
+//! The command line: `plexus train | demo | analyze | plot | bench | connectivity | parity | sample | fd | doctor | tokenize | rl | list`.
 
 use crate::analysis::{self, AnalyzeOptions};
 use crate::config::ConfigError;

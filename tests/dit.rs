@@ -157,6 +157,9 @@ fn a_diffusion_run_trains_evaluates_per_timestep_bucket_and_resumes_exactly() {
     let rows = RunDir::open(&a).unwrap().eps_by_t().unwrap();
     assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), vec![0, 4, 8, 12, 14]);
     assert!(rows.iter().all(|r| r.1.len() == 10));
+    // `plexus plot` draws them.
+    let figs = plexus::plot::figures::all(std::slice::from_ref(&a), &tmp.path().join("fig"), None, None).unwrap();
+    assert!(figs.iter().any(|f| f.ends_with("eps_by_t.png")), "{figs:?}");
     // At init every bucket's ε-MSE is E[ε²] ≈ 1 (the prediction is 0).
     for v in rows[0].1.iter().filter(|v| v.is_finite()) {
         assert!((v - 1.0).abs() < 0.35, "{:?}", rows[0].1);
@@ -267,13 +270,16 @@ fn sampling_is_deterministic_for_a_seed_and_guidance_changes_it() {
     use plexus::diffusion::{sample, Diffusion, SampleOptions, Sampler};
     let e = exp(TINY, &[]);
     let m = build(&e);
-    // Make the model non-trivial (adaLN-Zero would predict ε̂ = 0 for every input).
-    tch::no_grad(|| {
-        for (name, v) in m.vs.variables() {
-            if name.contains("adaLN_modulation") || name.starts_with("final_layer.linear") {
-                v.shallow_clone().copy_(&(v.randn_like() * 0.05));
+    // Make the model non-trivial (adaLN-Zero would predict ε̂ = 0 for every input). Drawn under
+    // the seed lock: an unlocked draw would shift the draws of tests running beside this one.
+    plexus::device::with_seed(8, || {
+        tch::no_grad(|| {
+            for (name, v) in m.vs.variables() {
+                if name.contains("adaLN_modulation") || name.starts_with("final_layer.linear") {
+                    v.shallow_clone().copy_(&(v.randn_like() * 0.05));
+                }
             }
-        }
+        })
     });
     let d = Diffusion { channels: 3, num_classes: 4, label_dropout: 0.1 };
     let labels = Tensor::from_slice(&[0i64, 3]);
