@@ -157,6 +157,9 @@ fn a_diffusion_run_trains_evaluates_per_timestep_bucket_and_resumes_exactly() {
     let rows = RunDir::open(&a).unwrap().eps_by_t().unwrap();
     assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), vec![0, 4, 8, 12, 14]);
     assert!(rows.iter().all(|r| r.1.len() == 10));
+    // `plexus analyze` (exits, pruning, noise: classifier measures) refuses a diffusion run, saying so.
+    let e = plexus::analysis::analyze(&a, &Default::default()).map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("a diffusion run") && e.contains("eps_by_t.csv"), "{e}");
     // `plexus plot` draws them.
     let figs = plexus::plot::figures::all(std::slice::from_ref(&a), &tmp.path().join("fig"), None, None).unwrap();
     assert!(figs.iter().any(|f| f.ends_with("eps_by_t.png")), "{figs:?}");
