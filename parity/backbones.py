@@ -535,6 +535,164 @@ class LlamaBackbone(nn.Module):
         return self.lm_head(self.norm(y))
 
 
+
+# ---------------------------------------------------------------------------------------------
+# dit (Peebles & Xie 2023, written in the style of facebookresearch/DiT models.py)
+
+
+def dit_timestep_embedding(t, dim, max_period=10000):
+    """t [B] float -> [B, dim] float32: [cos(t*f), sin(t*f)], f_i = exp(-ln(max_period) i / (dim/2))."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32) / half).to(t.device)
+    args = t[:, None].float() * freqs[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+def dit_pos_embed(grid, dim):
+    """MAE get_2d_sincos_pos_embed: [grid*grid, dim] float32 (float64 inside)."""
+    def one_d(d, pos):
+        omega = torch.arange(d // 2, dtype=torch.float64) / (d / 2.0)
+        omega = 1.0 / 10000 ** omega
+        out = pos.reshape(-1)[:, None] * omega[None]
+        return torch.cat([torch.sin(out), torch.cos(out)], dim=1)
+    gh = torch.arange(grid, dtype=torch.float64)
+    gw = torch.arange(grid, dtype=torch.float64)
+    g = torch.meshgrid(gw, gh, indexing="xy")  # g[0][i][j] = column j, g[1][i][j] = row i
+    return torch.cat([one_d(dim // 2, g[0]), one_d(dim // 2, g[1])], dim=1).float()
+
+
+def modulate(x, shift, scale):
+    return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+
+
+class DiTAttention(nn.Module):
+    def __init__(self, D, heads, bf16):
+        super().__init__()
+        self.heads = heads
+        self.bf16 = bf16
+        self.qkv = Linear(D, 3 * D, bf16=bf16)
+        self.proj = Linear(D, D, bf16=bf16)
+
+    def forward(self, x):
+        D = x.shape[-1]
+        q, k, v = self.qkv(x).split(D, dim=-1)
+        q, k, v = (split_heads(t, self.heads) for t in (q, k, v))
+        return self.proj(merge_heads(sdpa(q, k, v, causal=False, bf16=self.bf16)))
+
+
+class DiTMlp(nn.Module):
+    def __init__(self, D, hidden, bf16):
+        super().__init__()
+        self.fc1 = Linear(D, hidden, bf16=bf16)
+        self.fc2 = Linear(hidden, D, bf16=bf16)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, D, heads, hidden, bf16):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(D, elementwise_affine=False, eps=1e-6)
+        self.attn = DiTAttention(D, heads, bf16)
+        self.norm2 = nn.LayerNorm(D, elementwise_affine=False, eps=1e-6)
+        self.mlp = DiTMlp(D, hidden, bf16)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), Linear(D, 6 * D, bf16=bf16))
+
+
+class DiTUnit:
+    """One sublayer of a DiT block: gate * f(modulate(norm(x), shift, scale)), the modulation read
+    from the backbone's conditioning of the current forward."""
+
+    def __init__(self, backbone, block, which):
+        self.backbone, self.block, self.which = backbone, block, which
+
+    def __call__(self, x, norm=None):
+        mods = self.block.adaLN_modulation(self.backbone.c).chunk(6, dim=1)
+        shift, scale, gate = mods[0:3] if self.which == 0 else mods[3:6]
+        norm_module = self.block.norm1 if self.which == 0 else self.block.norm2
+        f = self.block.attn if self.which == 0 else self.block.mlp
+        return gate.unsqueeze(1) * f(modulate(pre_norm(norm_module, x, norm), shift, scale))
+
+
+class DiTBackbone(nn.Module):
+    """DiT: x [B, C*S*S + 2] (noisy image, t, y) -> eps [B, out_C, S, S]; 2*depth units."""
+
+    block_size = 2
+
+    def __init__(self, image_size, channels, patch, width, depth, heads, num_classes, mlp_hidden=None,
+                 learn_sigma=False, bf16=False):
+        super().__init__()
+        where = "model 'dit'"
+        if image_size % patch != 0:
+            raise common.OptionError(f"{where}: image_size {image_size} is not a multiple of patch {patch}")
+        if width % 4 != 0 or width % heads != 0:
+            raise common.OptionError(f"{where}: bad width {width} / heads {heads}")
+        mlp_hidden = 4 * width if mlp_hidden is None else mlp_hidden
+        self.image_size, self.channels, self.patch, self.width = image_size, channels, patch, width
+        self.num_classes = num_classes
+        self.out_channels = 2 * channels if learn_sigma else channels
+        self.grid = image_size // patch
+        self.bf16 = bf16
+        self.x_embedder = nn.Module()
+        self.x_embedder.proj = nn.Conv2d(channels, width, kernel_size=patch, stride=patch, bias=True)
+        self.t_embedder = nn.Module()
+        self.t_embedder.mlp = nn.Sequential(Linear(256, width, bf16=bf16), nn.SiLU(), Linear(width, width, bf16=bf16))
+        self.y_embedder = nn.Module()
+        self.y_embedder.embedding_table = nn.Embedding(num_classes + 1, width)
+        self.blocks = nn.ModuleList([DiTBlock(width, heads, mlp_hidden, bf16) for _ in range(depth)])
+        self.final_layer = nn.Module()
+        self.final_layer.norm_final = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
+        self.final_layer.linear = Linear(width, patch * patch * self.out_channels, bf16=bf16)
+        self.final_layer.adaLN_modulation = nn.Sequential(nn.SiLU(), Linear(width, 2 * width, bf16=bf16))
+        self.c = None
+
+    @property
+    def units(self):
+        out = []
+        for blk in self.blocks:
+            out.append(DiTUnit(self, blk, 0))
+            out.append(DiTUnit(self, blk, 1))
+        return out
+
+    def input_shape(self, batch):
+        return (batch, self.channels * self.image_size ** 2 + 2)
+
+    def output_shape(self, batch):
+        return (batch, self.out_channels, self.image_size, self.image_size)
+
+    def make_input(self, batch):
+        """Valid inputs: a N(0,1) image, t uniform in [0, 1000), y uniform in [0, num_classes]."""
+        img = torch.randn(batch, self.channels * self.image_size ** 2)
+        t = torch.randint(0, 1000, (batch, 1)).float()
+        y = torch.randint(0, self.num_classes + 1, (batch, 1)).float()
+        return torch.cat([img, t, y], dim=1)
+
+    def embed(self, inp):
+        B, S, C = inp.shape[0], self.image_size, self.channels
+        n = C * S * S
+        x = inp[:, :n].reshape(B, C, S, S)
+        t = inp[:, n]
+        y = inp[:, n + 1].detach().round().long()
+        if self.bf16:
+            w, b = self.x_embedder.proj.weight.bfloat16(), self.x_embedder.proj.bias.bfloat16()
+            h = F.conv2d(x.bfloat16(), w, b, stride=self.patch).float()
+        else:
+            h = self.x_embedder.proj(x)
+        x0 = h.flatten(2).transpose(1, 2) + dit_pos_embed(self.grid, self.width).to(inp.device)
+        t_emb = self.t_embedder.mlp(dit_timestep_embedding(t, 256))
+        self.c = t_emb + self.y_embedder.embedding_table(y)  # [B, D]
+        return x0
+
+    def readout(self, y):
+        fl = self.final_layer
+        shift, scale = fl.adaLN_modulation(self.c).chunk(2, dim=1)
+        x = fl.linear(modulate(fl.norm_final(y), shift, scale))
+        B, p, c, g = x.shape[0], self.patch, self.out_channels, self.grid
+        x = x.reshape(B, g, g, p, p, c)
+        x = torch.einsum("nhwpqc->nchpwq", x)
+        return x.reshape(B, c, g * p, g * p)
+
 # ---------------------------------------------------------------------------------------------
 
 # kind -> (required integer options, {optional option: (default, parser)})
@@ -547,6 +705,8 @@ MODELS = {
     "gpt": (("vocab_size", "width", "depth", "heads", "seq_len"),
             {"dropout": (0.0, "prob"), "bias": (True, "bool")}),
     "llama": (("vocab_size", "width", "depth", "heads", "seq_len"), {"hidden": (None, "int")}),
+    "dit": (("image_size", "channels", "patch", "width", "depth", "heads", "num_classes"),
+            {"mlp_hidden": (None, "int"), "learn_sigma": (False, "bool")}),
 }
 BUILDERS = {
     "mlp": MLPBackbone,
@@ -554,6 +714,7 @@ BUILDERS = {
     "vit": ViTBackbone,
     "gpt": GPTBackbone,
     "llama": LlamaBackbone,
+    "dit": DiTBackbone,
 }
 
 

@@ -82,7 +82,9 @@ def run(case_path, out_path):
     torch.manual_seed(seed)
     keys = redraw_parameters(model)  # drawn on the CPU: the same numbers whatever the device
     vocab = getattr(model, "input_vocab", None)
-    if vocab is not None:  # language models: integer tokens, uniform in [0, vocab)
+    if hasattr(model, "make_input"):  # structured inputs (dit: image, timestep, label)
+        x = model.make_input(BATCH)
+    elif vocab is not None:  # language models: integer tokens, uniform in [0, vocab)
         x = torch.randint(0, vocab, model.input_shape(BATCH), dtype=torch.int64)
     else:
         x = torch.randn(model.input_shape(BATCH), dtype=torch.float32)

@@ -213,14 +213,8 @@ impl Trainee {
         let model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
         let optim = Optim::new(&cfg.train, model.trainable());
         let tc = &cfg.train;
-        let stepper = Stepper::new(
-            model,
-            optim,
-            exp.data.info().task,
-            tc.accumulation,
-            tc.clip_grad_norm,
-            &data.input_transform(),
-        );
+        let stepper =
+            Stepper::new(model, optim, exp.task(), tc.accumulation, tc.clip_grad_norm, &data.input_transform());
         Ok(Self { stepper, batch, lr: cfg.train.lr, dev, steps_done: 0 })
     }
 
@@ -231,6 +225,13 @@ impl Trainee {
     /// The model input of the benchmark batch (transformed as the step does it).
     fn input(&self) -> Tensor {
         self.stepper.model_input(&self.batch.input)
+    }
+
+    /// The benchmark batch as the step feeds it to the model and the loss (diffusion: noised, drawn
+    /// from the generator the benchmark has seeded and holds the seed lock of).
+    fn prepared(&self) -> crate::data::Batch {
+        let b = crate::data::Batch { input: self.input(), target: self.batch.target.shallow_clone() };
+        self.stepper.task.prepare(b)
     }
 
     /// One training step, exactly `plexus train`'s (all micro-batches are the fixed batch).
@@ -245,11 +246,11 @@ impl Trainee {
     /// after a device synchronisation (so these steps are not the timed ones).
     fn profiled_step(&mut self) -> [f64; 3] {
         let t0 = Instant::now();
-        let input = self.input();
+        let batch = self.prepared();
         let s = &mut self.stepper;
         s.optim.zero_grad();
-        let out = s.model.forward(&input, true);
-        let mut loss = s.task.loss(&out, &self.batch.target);
+        let out = s.model.forward(&batch.input, true);
+        let mut loss = s.task.loss(&out, &batch.target);
         if let Some(r) = s.model.topology.regularizer() {
             loss = loss + r;
         }
@@ -282,12 +283,12 @@ impl Trainee {
         if self.dev != Device::Cpu {
             return f64::NAN;
         }
-        let input = self.input();
+        let batch = self.prepared();
         let s = &self.stepper;
         s.optim.zero_grad();
         let before = heap_in_use();
-        let out = s.model.forward(&input, true);
-        let loss = s.task.loss(&out, &self.batch.target);
+        let out = s.model.forward(&batch.input, true);
+        let loss = s.task.loss(&out, &batch.target);
         let after = heap_in_use();
         loss.backward();
         match (before, after) {

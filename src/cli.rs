@@ -1,4 +1,4 @@
-//! The command line: `plexus train | demo | analyze | plot | bench | connectivity | parity | doctor | tokenize | rl | list`.
+//! The command line: `plexus train | demo | analyze | plot | bench | connectivity | parity | sample | fd | doctor | tokenize | rl | list`.
 
 use crate::analysis::{self, AnalyzeOptions};
 use crate::config::ConfigError;
@@ -100,6 +100,48 @@ pub enum Cmd {
         /// Device to analyse on (`cpu`, `cuda`, `cuda:N`, `auto`); default: each run's own.
         #[arg(long)]
         device: Option<String>,
+    },
+    /// Draw class-conditional samples from a diffusion run (`model.kind: dit`): a PNG grid, one
+    /// row per class, written into the run's figures directory.
+    Sample {
+        run: PathBuf,
+        #[arg(long, value_enum, default_value = "ddim")]
+        sampler: crate::diffusion::Sampler,
+        /// DDIM steps (DDPM always runs all 1000).
+        #[arg(long, default_value_t = 50)]
+        steps: usize,
+        /// Classifier-free guidance scale (1 = off).
+        #[arg(long, default_value_t = 1.0)]
+        cfg: f64,
+        /// Images per class.
+        #[arg(long, default_value_t = 8)]
+        per_class: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// `cpu`, `cuda`, `cuda:N` or `auto`.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
+    /// Fréchet distance between images sampled from a diffusion run and real held-out images, in
+    /// the features of a classifier run plexus trained (not FID-50K: no Inception network).
+    Fd {
+        run: PathBuf,
+        /// A classifier run (e.g. a Mixer or ViT on the same dataset) whose pooled features are used.
+        #[arg(long)]
+        extractor: PathBuf,
+        /// Generated and real images, each.
+        #[arg(long, default_value_t = 1000)]
+        samples: usize,
+        #[arg(long, value_enum, default_value = "ddim")]
+        sampler: crate::diffusion::Sampler,
+        #[arg(long, default_value_t = 50)]
+        steps: usize,
+        #[arg(long, default_value_t = 1.0)]
+        cfg: f64,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, default_value = "cpu")]
+        device: String,
     },
     /// Check every topology and backbone against its PyTorch reference (parity/), forward and
     /// every gradient. Prints one line per case; exits non-zero if any fails.
@@ -408,6 +450,26 @@ pub fn run(cli: Cli) -> Result<()> {
                 atomic_write(&path, s.as_bytes())?;
                 println!("\nPearson correlation of the converged residual weights a:\n{s}→ {}", path.display());
             }
+            Ok(())
+        }
+        Cmd::Sample { run, sampler, steps, cfg, per_class, seed, device } => {
+            let o = crate::diffusion::SampleOptions { sampler, steps, cfg, seed };
+            let out = crate::diffusion::sample_run(&run, per_class, &o, &device)?;
+            println!(
+                "samples ({sampler:?}, {} steps, cfg {cfg}): {}",
+                if sampler == crate::diffusion::Sampler::Ddim { steps } else { 1000 },
+                out.display()
+            );
+            Ok(())
+        }
+        Cmd::Fd { run, extractor, samples, sampler, steps, cfg, seed, device } => {
+            let o = crate::diffusion::SampleOptions { sampler, steps, cfg, seed };
+            let fd = crate::fd::fd_command(&run, &extractor, samples, &o, &device)?;
+            println!(
+                "Fréchet distance {fd:.4} ({samples} generated vs {samples} real test images, features of the \
+                 plexus-trained classifier {}; NOT FID-50K: no Inception network, not comparable with published FIDs)",
+                extractor.display()
+            );
             Ok(())
         }
         Cmd::Parity { only, dir, keep, device } => {

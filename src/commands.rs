@@ -236,6 +236,17 @@ pub fn connectivity_csv(path: &Path, step: Option<u64>, overrides: &[String]) ->
         crate::train::checkpoint::load_weights(&mut model.vs, &ck)?;
     }
     let data = exp.data.load()?;
-    let c = model.connectivity(&data.train_batch(0)?.input);
+    let batch = data.train_batch(0)?;
+    // Diffusion models read noisy packed inputs: the first batch noised as training does.
+    let input = match exp.task() {
+        crate::data::Task::Diffusion(_) => {
+            let input = data.input_transform().on(dev).apply(&batch.input);
+            crate::device::with_seed(cfg.seed, || {
+                exp.task().prepare(crate::data::Batch { input, target: batch.target }).input
+            })
+        }
+        _ => batch.input,
+    };
+    let c = model.connectivity(&input);
     Ok(crate::run_dir::matrix_csv(&c))
 }

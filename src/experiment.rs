@@ -2,7 +2,7 @@
 //! order data → model → topology (each needs what the previous one describes). Nothing is
 //! loaded, built or written here, so a bad config fails before any work.
 
-use crate::config::{self, ConfigError, LoadedConfig};
+use crate::config::{self, ConfigError, LoadedConfig, OptionError};
 use crate::data::{self, DataSpec};
 use crate::model::{self, ModelSpec};
 use crate::topology::{self, TopologySpec};
@@ -24,6 +24,24 @@ impl Experiment {
             model::parse(&c.model.kind, &c.model.options, &data.info()).map_err(|e| loaded.error("model", e))?;
         let topology = topology::parse(&c.topology.kind, &c.topology.options, model.stack())
             .map_err(|e| loaded.error("topology", e))?;
+        if let Some(d) = &c.diffusion {
+            if model.diffusion().is_none() {
+                return Err(loaded.error(
+                    "diffusion",
+                    OptionError::new(
+                        "label_dropout",
+                        d.label_dropout,
+                        "no `diffusion` section: model.kind is not a diffusion backbone (dit)",
+                    ),
+                ));
+            }
+            if !(0.0..1.0).contains(&d.label_dropout) {
+                return Err(loaded.error(
+                    "diffusion",
+                    OptionError::new("label_dropout", d.label_dropout, "a probability in [0, 1)"),
+                ));
+            }
+        }
         Ok(Self { loaded, data, model, topology })
     }
 
@@ -34,6 +52,18 @@ impl Experiment {
     /// From YAML text; `origin` names it in messages (e.g. `<embedded:lnn/fig2b/k3-0to2.yaml>`).
     pub fn from_str(source: &str, origin: &str, overrides: &[String]) -> Result<Self, ConfigError> {
         Self::resolve(config::load_str(source, Path::new(origin), overrides)?)
+    }
+
+    /// The training objective: the dataset's, or DDPM for a diffusion backbone.
+    pub fn task(&self) -> data::Task {
+        match self.model.diffusion() {
+            Some((channels, classes)) => data::Task::Diffusion(crate::diffusion::Diffusion {
+                channels: channels as i64,
+                num_classes: classes as i64,
+                label_dropout: self.config().diffusion.clone().unwrap_or_default().label_dropout,
+            }),
+            None => self.data.info().task,
+        }
     }
 
     pub fn config(&self) -> &config::Config {

@@ -312,6 +312,18 @@ impl RunDir {
     pub fn eval_file(&self) -> PathBuf {
         self.path.join("eval.csv")
     }
+    /// Diffusion runs: a grid of samples, `figures/samples-{ddim50|ddpm}-cfg{scale}.png`.
+    pub fn samples_file(&self, sampler: crate::diffusion::Sampler, steps: usize, cfg: f64) -> PathBuf {
+        let s = match sampler {
+            crate::diffusion::Sampler::Ddim => format!("ddim{steps}"),
+            crate::diffusion::Sampler::Ddpm => "ddpm".to_string(),
+        };
+        self.figures_dir().join(format!("samples-{s}-cfg{cfg}.png"))
+    }
+    /// Diffusion runs: the validation ε-MSE per bucket of timesteps, one row per evaluation.
+    pub fn eps_by_t_file(&self) -> PathBuf {
+        self.path.join("eps_by_t.csv")
+    }
     pub fn summary_file(&self) -> PathBuf {
         self.path.join("summary.json")
     }
@@ -385,6 +397,49 @@ impl RunDir {
             return Ok(());
         }
         write_rows(&self.eval_file(), rows, &EVAL_COLUMNS)
+    }
+
+    /// Writes `eps_by_t.csv`: `step` then one column per bucket of timesteps `t{lo}_{hi}`
+    /// (inclusive), the ε-MSE of the validation set there (see [`crate::diffusion::Diffusion::evaluate`]).
+    pub fn write_eps_by_t(&self, rows: &[(u64, Vec<f64>)]) -> Result<()> {
+        let Some((_, first)) = rows.first() else { return Ok(()) };
+        let width = crate::diffusion::STEPS as usize / first.len();
+        let mut text = String::from("step");
+        for k in 0..first.len() {
+            text += &format!(",t{}_{}", k * width, (k + 1) * width - 1);
+        }
+        text.push('\n');
+        for (step, v) in rows {
+            text += &step.to_string();
+            for x in v {
+                text += &format!(",{x:e}");
+            }
+            text.push('\n');
+        }
+        atomic_write(&self.eps_by_t_file(), text.as_bytes())
+    }
+
+    /// The rows of `eps_by_t.csv` (none if absent).
+    pub fn eps_by_t(&self) -> Result<Vec<(u64, Vec<f64>)>> {
+        let path = self.eps_by_t_file();
+        if !path.exists() {
+            return Ok(Vec::new());
+        }
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        text.lines()
+            .skip(1)
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                let mut it = l.split(',');
+                let step =
+                    it.next().unwrap_or_default().parse().with_context(|| format!("{}: bad step", path.display()))?;
+                let v = it
+                    .map(|x| x.parse::<f64>())
+                    .collect::<Result<Vec<_>, _>>()
+                    .with_context(|| format!("{}: bad value", path.display()))?;
+                Ok((step, v))
+            })
+            .collect()
     }
 
     /// Saves C at `step`.

@@ -60,6 +60,11 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "Device::Cpu",
         "sin-cos position table computed in f64 on the CPU once, at build time, then moved",
     ),
+    (
+        "src/model/dit.rs",
+        "Device::Cpu",
+        "DiT's sin-cos position table computed in f64 on the CPU once, at build time, then moved",
+    ),
 ];
 
 /// Reading methods of tch that must go through `plexus::host` in these directories.

@@ -41,6 +41,13 @@ impl Run {
         };
         crate::device::apply_matmul_precision(cfg, dev)?;
         let compute = crate::device::compute_kind(cfg.precision);
+        anyhow::ensure!(
+            exp.model.diffusion().is_none(),
+            "{}: a diffusion run (model.kind `{}`): plexus analyze measures classifiers and language models \
+             (layer-wise exits, pruning, input noise); for diffusion see eps_by_t.csv, plexus sample and plexus fd",
+            dir.path.display(),
+            exp.model.kind()
+        );
         let mut model = Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute);
         let ck = dir.final_checkpoint();
         anyhow::ensure!(ck.is_file(), "{} is missing (has the run finished?)", ck.display());

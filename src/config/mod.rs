@@ -38,6 +38,9 @@ pub struct Config {
     pub train: TrainConfig,
     #[serde(default)]
     pub log: LogConfig,
+    /// DDPM options of diffusion backbones (`model.kind: dit`); defaults when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diffusion: Option<crate::diffusion::DiffusionConfig>,
 }
 
 fn default_device() -> String {

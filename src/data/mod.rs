@@ -10,6 +10,7 @@ pub mod files;
 pub mod idx;
 pub mod imagefolder;
 pub mod in_memory;
+pub mod latents;
 pub mod prefetch;
 pub mod synthetic;
 pub mod text;
@@ -49,8 +50,8 @@ impl DataInfo {
     }
 }
 
-/// The objective, fixed by the dataset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The objective, fixed by the dataset (or by the backbone: `dit` makes it [`Task::Diffusion`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Task {
     /// Regression with `½‖f(X) − Y‖²_F` summed over the batch (the LNN case study's loss).
     HalfSumSquares,
@@ -59,6 +60,10 @@ pub enum Task {
     /// Next-token prediction: logits `[B, T, vocab]` against tokens `[B, T]`, mean cross-entropy
     /// (perplexity = exp of it).
     LanguageModel,
+    /// DDPM ε-prediction on class-labelled images (see [`crate::diffusion`]): the trainer turns an
+    /// image batch into noisy model inputs and noise targets ([`Task::prepare`]); the loss is
+    /// `MSE(ε̂, ε)` on the ε channels of the output.
+    Diffusion(crate::diffusion::Diffusion),
 }
 
 impl Task {
@@ -74,6 +79,17 @@ impl Task {
                 let v = *output.size().last().expect("logits have a vocabulary dimension");
                 output.to_kind(tch::Kind::Float).reshape([-1, v]).cross_entropy_for_logits(&target.reshape([-1]))
             }
+            Task::Diffusion(d) => d.loss(output, target),
+        }
+    }
+
+    /// The model input and loss target of a batch (`input` already through the input transform):
+    /// the batch itself, except for diffusion, which draws `t`, the noise and the label dropout
+    /// from libtorch's global generator (the trainer reseeds it from `(seed, step)`).
+    pub fn prepare(&self, batch: Batch) -> Batch {
+        match self {
+            Task::Diffusion(d) => d.prepare(&batch.input, &batch.target, true),
+            _ => batch,
         }
     }
 }
@@ -219,6 +235,7 @@ pub const REGISTRY: &[DataEntry] = &[
     text::TEXT,
     imagefolder::IMAGEFOLDER,
     tokens::TOKENS,
+    latents::LATENTS,
 ];
 
 /// Parses a `data` section's options for `kind`; the data root is resolved at load time

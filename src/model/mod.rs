@@ -3,6 +3,7 @@
 //!
 //! Adding a backbone: write `src/model/<name>.rs` with an `ENTRY` and add one line to [`REGISTRY`].
 
+pub mod dit;
 pub mod gpt;
 pub mod layers;
 pub mod llama;
@@ -39,6 +40,11 @@ pub trait ModelSpec: Debug {
     /// convention, also for causal attention); elementwise work and the topology's mixing are not
     /// counted. A training step costs 3× this per sample (backward = 2× forward).
     fn forward_flops(&self) -> f64;
+    /// `(channels, num_classes)` of a diffusion backbone, whose task is DDPM training
+    /// ([`crate::diffusion`]) whatever the dataset's; `None` (the default) for the others.
+    fn diffusion(&self) -> Option<(usize, usize)> {
+        None
+    }
 }
 
 /// Parses and validates a section's options (everything but `kind`).
@@ -52,7 +58,8 @@ pub struct ModelEntry {
 }
 
 /// Every backbone plexus knows, by `model.kind`.
-pub const REGISTRY: &[ModelEntry] = &[lnn::ENTRY, mlp::ENTRY, mixer::ENTRY, vit::ENTRY, gpt::ENTRY, llama::ENTRY];
+pub const REGISTRY: &[ModelEntry] =
+    &[lnn::ENTRY, mlp::ENTRY, mixer::ENTRY, vit::ENTRY, gpt::ENTRY, llama::ENTRY, dit::ENTRY];
 
 pub fn parse(kind: &str, options: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError> {
     match REGISTRY.iter().find(|e| e.name == kind) {
@@ -161,6 +168,16 @@ impl Model {
             }
             (!crate::host::all_finite(&self.backbone.readout(&y, true))).then(|| "the model output".to_string())
         })
+    }
+
+    /// Features for Fréchet distances ([`crate::fd`]): the readout representation `y` (what the
+    /// topology hands the readout), mean-pooled over every dimension between the batch and the
+    /// feature dimension: `[B, ..., D]` → `[B, D]` fp32. Evaluation mode.
+    pub fn features(&self, input: &Tensor) -> Tensor {
+        let x0 = self.backbone.embed(input, false);
+        let y = self.with_units(|units| self.topology.forward(&x0, units, false)).to_kind(Kind::Float);
+        let (b, d) = (y.size()[0], *y.size().last().expect("a feature dimension"));
+        y.reshape([b, -1, d]).mean_dim(1, false, Kind::Float)
     }
 
     /// Number of units at the topology's granularity.

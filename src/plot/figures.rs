@@ -82,6 +82,30 @@ pub fn losses(runs: &[PlotRun], out: &Path, title: Option<&str>) -> Result<Vec<P
     Ok(files)
 }
 
+/// Diffusion runs: the validation ε-MSE per bucket of timesteps at the last evaluation, against
+/// the bucket's mid `t` (log axis) → `eps_by_t.{png,svg}`; nothing for other runs.
+pub fn eps_by_t(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
+    let series = curves(runs, |d| {
+        let rows = d.eps_by_t()?;
+        let Some((_, last)) = rows.last() else { return Ok(Vec::new()) };
+        let width = crate::diffusion::STEPS as f64 / last.len() as f64;
+        Ok(last
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite() && **v > 0.0)
+            .map(|(k, v)| ((k as f64 + 0.5) * width, *v))
+            .collect())
+    })?;
+    chart(
+        "Validation ε-MSE by timestep (last evaluation)",
+        "diffusion timestep t (bucket mid)",
+        "ε-MSE (log scale)",
+        true,
+        series,
+        &out.join("eps_by_t"),
+    )
+}
+
 /// Γ over training (H-ACN Fig. 5) and Δ_t (Fig. 6a) for runs that have residual weights.
 pub fn gamma_delta(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
     let mut gamma = Vec::new();
@@ -318,6 +342,7 @@ pub fn all(dirs: &[PathBuf], out: &Path, title: Option<&str>, step: Option<u64>)
     let runs = open_runs(dirs)?;
     let mut files = losses(&runs, out, title)?;
     files.extend(gamma_delta(&runs, out)?);
+    files.extend(eps_by_t(&runs, out)?);
     files.extend(analysis_curves(&runs, out)?);
     files.extend(connectivity(&runs, step, out)?);
     files.extend(connectivity_grid(&runs, out)?);

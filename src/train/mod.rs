@@ -103,7 +103,6 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         eprintln!("{}: training on {}", cfg.name, device::describe(dev));
     }
     let compute = device::compute_kind(cfg.precision);
-    let info = exp.data.info();
     let mut data = exp.data.load()?;
     let transform = data.input_transform();
     let eval_set = EvalSet::new(data.eval_batches(), &transform, dev);
@@ -111,7 +110,12 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     let per_epoch = data.batches_per_epoch().max(1);
     // The batch the connectivity of input-dependent topologies is averaged over.
     let first_batch = data.train_batch(0)?;
+    let task = exp.task();
     let probe_input = transform.on(dev).apply(&first_batch.input.to_device(dev));
+    // Diffusion models read noisy inputs: the probe is the first batch noised (drawn from the seed).
+    let probe_input = device::with_seed(cfg.seed, || {
+        task.prepare(crate::data::Batch { input: probe_input, target: first_batch.target.to_device(dev) }).input
+    });
     let world = opts.dist.as_ref().map_or(1, |d| d.world_size);
     let rank = opts.dist.as_ref().map_or(0, |d| d.rank);
     let global_batch = first_batch.input.size()[0] as usize;
@@ -125,7 +129,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
 
     let model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
     let optim = Optim::new(tc, model.trainable());
-    let mut t = Stepper::new(model, optim, info.task, tc.accumulation, tc.clip_grad_norm, &transform);
+    let mut t = Stepper::new(model, optim, task, tc.accumulation, tc.clip_grad_norm, &transform);
     // One writer per run directory, until this function returns (or the process dies).
     let _lock = if main { Some(dir.lock()?) } else { None };
     let (mut rows, mut evals, start) = if opts.resume {
@@ -160,6 +164,8 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         // After any resume: every rank loaded the same checkpoint, and rank 0's values win anyway.
         t.distribute(crate::dist::Dist::join(info.clone(), dev)?)?;
     }
+    let mut eps_by_t: Vec<(u64, Vec<f64>)> =
+        if main { dir.eps_by_t()?.into_iter().filter(|r| r.0 < start).collect() } else { Vec::new() };
     let steps = tc.steps;
     let accum = tc.accumulation;
     let mut batches = Prefetcher::new(data, start * accum, 4, dev);
@@ -172,7 +178,14 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         let reads_before = host::reads();
         // Rank 0 alone evaluates and saves C (the others wait at the next all-reduce).
         if main && every(cfg.log.eval_every, step) {
-            if let Some(e) = eval::evaluate(&t.model, info.task, &eval_set, step) {
+            if let crate::data::Task::Diffusion(d) = task {
+                if let Some((e, buckets)) = d.evaluate(&eval_set, step, |x| t.model.forward(x, false)) {
+                    bar.println(format!("{} step {step}: eval ε-MSE {:.4}", cfg.name, e.loss));
+                    evals.push(e);
+                    eps_by_t.push((step, buckets));
+                    dir.write_eps_by_t(&eps_by_t)?;
+                }
+            } else if let Some(e) = eval::evaluate(&t.model, task, &eval_set, step) {
                 bar.println(format!("{} step {step}: eval {e}", cfg.name));
                 evals.push(e);
             }

@@ -121,7 +121,7 @@ impl Stepper {
         let mut loss_sum: Option<Tensor> = None;
         for _ in 0..self.accumulation {
             let raw = next()?.to_device_async(self.device);
-            let batch = Batch { input: self.transform.apply(&raw.input), target: raw.target };
+            let batch = self.task.prepare(Batch { input: self.transform.apply(&raw.input), target: raw.target });
             samples += batch.input.size()[0] as u64;
             if self.task == Task::LanguageModel {
                 tokens += batch.input.numel() as u64;
