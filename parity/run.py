@@ -135,7 +135,9 @@ def device_check(case_path):
     vocab = getattr(model, "input_vocab", None)
     meta = torch.device("meta")
     model.to(meta)
-    if vocab is not None:
+    if hasattr(model, "make_input"):
+        x = model.make_input(BATCH).to(meta).requires_grad_(True)
+    elif vocab is not None:
         x = torch.zeros(model.input_shape(BATCH), dtype=torch.int64, device=meta)
     else:
         x = torch.zeros(model.input_shape(BATCH), dtype=torch.float32, device=meta, requires_grad=True)

@@ -13,7 +13,9 @@
 #   parity            `parity --device cuda`: Rust and the PyTorch references, both on the GPU
 #   train-*           CPU-size configs trained on the GPU in bf16 (Fashion-MNIST Mixers, GPT and LLaMA
 #                     on text), then analyze and plot on one of them
-#   nproc             `train --nproc 2`: NCCL on 2 GPUs; on a 1-GPU machine it must refuse clearly
+#   train-dit-ancre   a pixel-space DiT on Fashion-MNIST in bf16, then `sample` (a PNG grid) and `fd`
+#   nproc             `train --nproc 2`: NCCL on 2 GPUs; on a 1-GPU machine (nproc-refused) it must
+#                     stop with an error that says there are fewer GPUs than processes
 #
 # Environment: PLEXUS (the binary; default target/release/plexus after scripts/setup.sh), PLEXUS_DATA
 # (a data root with fashion-mnist/ and text/; default: scripts/fetch-data.sh), PLEXUS_PYTHON (Python
@@ -68,7 +70,18 @@ step train-gpt-hacn 300 "$PLEXUS" train configs/gpt2/cpu/hacn-bpe.yaml "${GPU[@]
 step train-llama-ancre 300 "$PLEXUS" train configs/llama/cpu/ancre-bpe.yaml "${GPU[@]}" --out "$OUT/runs/llama-ancre" --overwrite
 step analyze 300 "$PLEXUS" analyze "$OUT/runs/mixer-hacn" "$OUT/runs/mixer-res"
 step plot 120 "$PLEXUS" plot "$OUT/runs/mixer-hacn" "$OUT/runs/mixer-res" --out "$OUT/figures"
-step nproc 120 "$PLEXUS" train configs/mixer-fmnist/cpu/hacn.yaml --set device=cuda --set train.steps=50 --quiet --nproc 2 --dist-timeout 60 --out "$OUT/runs/nproc" --overwrite
+step train-dit-ancre 300 "$PLEXUS" train configs/dit-fmnist/cpu/ancre.yaml "${GPU[@]}" --out "$OUT/runs/dit-ancre" --overwrite
+step sample-dit 120 "$PLEXUS" sample "$OUT/runs/dit-ancre" --device cuda --cfg 2
+step fd-dit 300 "$PLEXUS" fd "$OUT/runs/dit-ancre" --extractor "$OUT/runs/mixer-res" --samples 500 --device cuda
+NPROC=(train configs/mixer-fmnist/cpu/hacn.yaml --set device=cuda --set train.steps=50 --quiet --nproc 2 --dist-timeout 60 --out "$OUT/runs/nproc" --overwrite)
+GPUS=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU')
+if ((GPUS >= 2)); then
+    step nproc 120 "$PLEXUS" "${NPROC[@]}"
+else
+    # One GPU: two ranks cannot each have one; the run must stop with a message that says so.
+    export LOG="$OUT/nproc-refused.log"
+    step nproc-refused 120 bash -c '! "$@" && grep -v "^== " "$LOG" | grep -q "CUDA device(s): start at most"' _ "$PLEXUS" "${NPROC[@]}"
+fi
 
 echo
 echo "gpu-check summary ($OUT)"

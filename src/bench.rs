@@ -514,7 +514,7 @@ pub fn bench_distributed(
         input: crate::dist::shard(&b.input, rank, world),
         target: crate::dist::shard(&b.target, rank, world),
     };
-    let dev = info.device(t.dev);
+    let dev = info.device(t.dev, crate::device::Machine::current().cuda_devices)?;
     anyhow::ensure!(dev == t.dev, "data-parallel benchmarks on GPUs need `device: cuda` in the config");
     t.stepper.distribute(crate::dist::Dist::join(info, dev)?)?;
     let _seed = device::seed_guard(cfg.seed);

@@ -88,11 +88,21 @@ impl DistInfo {
         info.is_none_or(|d| d.rank == 0)
     }
 
-    /// The device of this rank for a resolved config device: `cuda:LOCAL_RANK` for a GPU run.
-    pub fn device(&self, configured: Device) -> Device {
+    /// The device of this rank for a resolved config device: `cuda:LOCAL_RANK` for a GPU run, on a
+    /// machine with `cuda_devices` GPUs. More ranks than GPUs (`--nproc 2` on a one-GPU machine)
+    /// is an error that says so, not CUDA's "invalid device ordinal" from deep inside a tensor copy.
+    pub fn device(&self, configured: Device, cuda_devices: usize) -> Result<Device> {
         match configured {
-            Device::Cuda(_) => Device::Cuda(self.local_rank),
-            d => d,
+            Device::Cuda(_) if self.local_rank >= cuda_devices => bail!(
+                "rank {} of {}: LOCAL_RANK {} would train on cuda:{}, but this machine has {cuda_devices} CUDA \
+                 device(s): start at most {cuda_devices} process(es) per machine (--nproc {cuda_devices}), one per GPU",
+                self.rank,
+                self.world_size,
+                self.local_rank,
+                self.local_rank
+            ),
+            Device::Cuda(_) => Ok(Device::Cuda(self.local_rank)),
+            d => Ok(d),
         }
     }
 }
@@ -257,8 +267,14 @@ mod tests {
             (d.rank, d.world_size, d.local_rank, d.master_addr.as_str(), d.master_port),
             (5, 8, 1, "node0", 1234)
         );
-        assert_eq!(d.device(Device::Cuda(0)), Device::Cuda(1));
-        assert_eq!(d.device(Device::Cpu), Device::Cpu);
+        assert_eq!(d.device(Device::Cuda(0), 2).unwrap(), Device::Cuda(1));
+        assert_eq!(d.device(Device::Cpu, 0).unwrap(), Device::Cpu);
+        // LOCAL_RANK 1 on a one-GPU machine (`--nproc 2` there): an error naming the cause and the fix.
+        let e = d.device(Device::Cuda(0), 1).unwrap_err().to_string();
+        assert!(
+            e.contains("rank 5 of 8") && e.contains("cuda:1") && e.contains("1 CUDA device") && e.contains("--nproc 1"),
+            "{e}"
+        );
         for (bad, key) in [
             (vec![("WORLD_SIZE", "two"), ("RANK", "0")], "WORLD_SIZE"),
             (vec![("WORLD_SIZE", "0"), ("RANK", "0")], "WORLD_SIZE=0"),

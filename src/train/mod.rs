@@ -97,7 +97,10 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         run_dir::check_new(&dir.path, opts.overwrite)?;
     }
     let dev = device::resolve(cfg.device_request())?;
-    let dev = opts.dist.as_ref().map_or(dev, |d| d.device(dev));
+    let dev = match opts.dist.as_ref() {
+        Some(d) => d.device(dev, device::Machine::current().cuda_devices)?,
+        None => dev,
+    };
     device::apply_matmul_precision(cfg, dev)?;
     if opts.progress {
         eprintln!("{}: training on {}", cfg.name, device::describe(dev));
