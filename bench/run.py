@@ -115,10 +115,20 @@ def report(raw, depth_dir, args):
                                                               TOPOLOGIES.index(c.split("/")[1])))
     out = []
     out.append("# Benchmarks: plexus against PyTorch, topology overhead, cost versus depth\n")
-    out.append(f"Date: {datetime.date.today().isoformat()}. Machine: {machine()}.\n")
-    out.append("What the numbers mean, the profiles behind them and what would close the gaps: "
-               "[bench/README.md](README.md).\n")
+    # The machine the rows were measured on (written when they were), not the one writing the report.
+    stamp = os.path.join(SUITE["out"], "machine.txt")
+    if os.path.exists(stamp):
+        with open(stamp) as fh:
+            out.append(fh.read().strip() + "\n")
+    else:
+        out.append(f"Date: {datetime.date.today().isoformat()}. Machine: {machine()}.\n")
+    notes = os.path.join(SUITE["out"], "notes.md")
+    if os.path.exists(notes):  # hand-written context for this run (e.g. what it did not reach)
+        with open(notes) as fh:
+            out.append(fh.read().strip() + "\n")
     gpu = SUITE["name"] == "gpu"
+    out.append("What the numbers mean, the profiles behind them and what would close the gaps: "
+               f"[bench/README.md]({'../' if gpu else ''}README.md).\n")
     out.append(f"Protocol: `python bench/run.py{' --suite gpu' if gpu else ''} --steps {args.steps} --warmup {args.warmup} "
                f"--rounds {args.rounds}{' --no-compile' if args.no_compile else ''}`"
                " (scripts/bench.sh). Each number is the median over rounds of the median ms per full training "
@@ -130,9 +140,9 @@ def report(raw, depth_dir, args):
                "model from the parity references. The plexus overhead of a topology over residual comes from "
                "`plexus bench --compare` (all topologies of a backbone in one process, stepped round-robin for "
                f"{args.overhead_rounds} rounds; the median of the per-round ratios, with its 10th–90th "
-               "percentiles): separate processes on this shared 2-core machine drift by ±15 %, too much for "
-               "percent-level overheads. Activation memory = bytes malloc holds after forward + loss, "
-               "before backward (glibc mallinfo2, the same on both sides).\n")
+               "percentiles): separate processes drift by a few percent (±15 % on the shared 2-core CPU "
+               "machine), too much for percent-level overheads. Activation memory = bytes malloc holds after "
+               "forward + loss, before backward (glibc mallinfo2, the same on both sides; CPU only).\n")
     out.append("## plexus versus PyTorch\n")
     out.append("| case | plexus ms | eager ms | compile ms | plexus/eager | plexus/compile | "
                "overhead vs residual, plexus, paired (p10…p90) | eager, separate runs | act. MB plexus | act. MB eager | MFU plexus |")
@@ -240,6 +250,8 @@ def main():
     raw = os.path.join(SUITE["out"], "raw.csv")
     depth_dir = os.path.join(ROOT, "bench", "depth")
     if not args.report_only:
+        with open(os.path.join(SUITE["out"], "machine.txt"), "w") as fh:
+            fh.write(f"Date: {datetime.date.today().isoformat()}. Machine: {machine()}.\n")
         done = {}
         if args.resume and os.path.exists(raw):
             for r in read_rows(raw):

@@ -73,31 +73,41 @@ struct AttnRes {
     full: bool,
 }
 
-/// A source: its value and which unit outputs it sums (0 = x0).
+/// A source: its value `[.., D]`, the reciprocal of its RMS `[..]` (fp32, computed once, however
+/// many later units attend to it), and which unit outputs it sums (0 = x0).
 struct Source {
     value: Tensor,
+    inv_rms: Tensor,
     members: Vec<usize>,
 }
 
+impl Source {
+    fn new(value: Tensor, members: Vec<usize>) -> Source {
+        // 1/√(mean(v²) + ε) from one norm over D (one read of v, forward and backward), not a
+        // squared temporary and a mean.
+        let d = *value.size().last().expect("a source has a feature axis") as f64;
+        let norm = value.norm_scalaropt_dim_dtype(2.0, [-1i64].as_slice(), false, Kind::Float);
+        let inv_rms = (norm.square() / d + 1e-6).rsqrt();
+        Source { value, inv_rms, members }
+    }
+}
+
 impl AttnRes {
-    /// Attention of query `q` over the sources; returns the mixture and the weights `[.., m]`.
+    /// Attention of query `q` over the sources; returns the mixture `[.., D]` and the weights `[.., m]`.
+    ///
+    /// `rms(v_i)·w = (v_i·w)/rms(v_i)`: each logit is one matrix–vector product over the source as
+    /// it is, scaled by its cached `1/rms` — the normalised source is never materialised (the
+    /// first version normalised every earlier source again for every unit: O(L²) full-size
+    /// temporaries). The mixture is an `addcmul` chain: one pass per source, no `α_i v_i` temporaries.
     fn attend(&self, q: usize, sources: &[&Source]) -> (Tensor, Tensor) {
         let query = self.queries.get(q as i64);
-        let logits: Vec<Tensor> = sources
-            .iter()
-            .map(|s| {
-                let v = s.value.to_kind(Kind::Float);
-                let rms = &v / (v.square().mean_dim(-1, true, Kind::Float) + 1e-6).sqrt();
-                (rms * &query).sum_dim_intlist(-1, false, Kind::Float)
-            })
-            .collect();
+        let logits: Vec<Tensor> =
+            sources.iter().map(|s| s.value.to_kind(Kind::Float).matmul(&query) * &s.inv_rms).collect();
         let alpha = Tensor::stack(&logits, -1).softmax(-1, Kind::Float);
-        let terms: Vec<Tensor> = sources
-            .iter()
-            .enumerate()
-            .map(|(i, s)| &s.value * alpha.select(-1, i as i64).unsqueeze(-1).to_kind(s.value.kind()))
-            .collect();
-        (common::sum(&terms), alpha)
+        let weight = |i: usize, s: &Source| alpha.select(-1, i as i64).unsqueeze(-1).to_kind(s.value.kind());
+        let first = &sources[0].value * weight(0, sources[0]);
+        let mixture = sources.iter().enumerate().skip(1).fold(first, |y, (i, s)| y.addcmul(&s.value, &weight(i, s)));
+        (mixture, alpha)
     }
 
     /// Runs the stack; with `trace`, collects the columns of C.
@@ -115,7 +125,7 @@ impl AttnRes {
                 cols.push(col);
             }
         };
-        let mut done: Vec<Source> = vec![Source { value: x0.shallow_clone(), members: vec![0] }];
+        let mut done: Vec<Source> = vec![Source::new(x0.shallow_clone(), vec![0])];
         let mut partial: Option<Source> = None;
         for (k, f) in units.iter().enumerate() {
             let sources: Vec<&Source> = done.iter().chain(partial.as_ref()).collect();
@@ -123,12 +133,12 @@ impl AttnRes {
             column(&alpha, &sources);
             let h = f.forward(&input, Norm::Default, train);
             if self.full {
-                done.push(Source { value: h, members: vec![k + 1] });
+                done.push(Source::new(h, vec![k + 1]));
                 continue;
             }
             let p = match partial.take() {
-                Some(p) => Source { value: p.value + h, members: [p.members, vec![k + 1]].concat() },
-                None => Source { value: h, members: vec![k + 1] },
+                Some(p) => Source::new(p.value + h, [p.members, vec![k + 1]].concat()),
+                None => Source::new(h, vec![k + 1]),
             };
             if (k + 1) % self.group == 0 || k + 1 == l {
                 done.push(p);
