@@ -113,7 +113,7 @@ fn the_diffusion_task_noises_with_the_linear_schedule_and_drops_labels() {
     // ᾱ_T for the linear schedule is about 4.04e-5 (Ho et al.).
     let last = ab.double_value(&[999]);
     assert!((last - 4.036e-5).abs() < 1e-7, "{last}");
-    let d = plexus::diffusion::Diffusion { channels: 3, num_classes: 4, label_dropout: 0.5 };
+    let d = plexus::diffusion::Diffusion { channels: 3, num_classes: 4, label_dropout: 0.5, learn_sigma: false };
     let x0 = Tensor::ones([2000, 3, 2, 2], (Kind::Float, Device::Cpu));
     let y = Tensor::zeros([2000], (Kind::Int64, Device::Cpu));
     let b = plexus::device::with_seed(5, || d.prepare(&x0, &y, true));
@@ -123,12 +123,14 @@ fn the_diffusion_task_noises_with_the_linear_schedule_and_drops_labels() {
     assert!((dropped - 0.5).abs() < 0.05, "dropped fraction {dropped}");
     let t = b.input.select(1, 12);
     assert!(t.min().double_value(&[]) >= 0.0 && t.max().double_value(&[]) <= 999.0);
-    // x_t = √ᾱ x0 + √(1−ᾱ) ε exactly.
+    // x_t = √ᾱ x0 + √(1−ᾱ) ε, to fp32 rounding of the f64 values (the coefficients come from f64
+    // tables: √(1−ᾱ) from an fp32 ᾱ ≈ 1 would lose 3 digits at small t).
     let ti = t.to_kind(Kind::Int64);
-    let a = ab.to_kind(Kind::Float).index_select(0, &ti).view([-1, 1, 1, 1]);
-    let expect = a.sqrt() * &x0 + (-&a + 1.0).sqrt() * &b.target;
-    let got = b.input.narrow(1, 0, 12).view([2000, 3, 2, 2]);
-    assert!((got - expect).abs().max().double_value(&[]) < 1e-6);
+    let a = ab.index_select(0, &ti).view([-1, 1, 1, 1]);
+    let expect = a.sqrt() * x0.to_kind(Kind::Double) + (-&a + 1.0).sqrt() * b.target.to_kind(Kind::Double);
+    let got = b.input.narrow(1, 0, 12).view([2000, 3, 2, 2]).to_kind(Kind::Double);
+    let err = (got - expect).abs().max().double_value(&[]);
+    assert!(err < 1e-6, "{err:e}");
     // Evaluation keeps the labels.
     let b = plexus::device::with_seed(5, || d.prepare(&x0, &y, false));
     assert_eq!(b.input.select(1, 13).abs().sum(Kind::Double).double_value(&[]), 0.0);
@@ -253,7 +255,7 @@ fn oracle(target: &Tensor) -> impl Fn(&Tensor) -> Tensor + '_ {
 fn ddim_and_ddpm_recover_a_delta_distribution_from_its_exact_noise_prediction() {
     use plexus::diffusion::{sample, Diffusion, SampleOptions, Sampler};
     let target = plexus::device::with_seed(2, || Tensor::randn([2, 4, 4], (Kind::Float, Device::Cpu)));
-    let d = Diffusion { channels: 2, num_classes: 3, label_dropout: 0.0 };
+    let d = Diffusion { channels: 2, num_classes: 3, label_dropout: 0.0, learn_sigma: false };
     let labels = Tensor::from_slice(&[0i64, 1, 2]);
     for (sampler, steps, cfg) in [(Sampler::Ddim, 50, 1.0), (Sampler::Ddim, 7, 4.0), (Sampler::Ddpm, 0, 1.0)] {
         let o = SampleOptions { sampler, steps, cfg, seed: 9 };
@@ -284,7 +286,7 @@ fn sampling_is_deterministic_for_a_seed_and_guidance_changes_it() {
             }
         })
     });
-    let d = Diffusion { channels: 3, num_classes: 4, label_dropout: 0.1 };
+    let d = Diffusion { channels: 3, num_classes: 4, label_dropout: 0.1, learn_sigma: false };
     let labels = Tensor::from_slice(&[0i64, 3]);
     let run = |sampler, cfg, seed| {
         let o = SampleOptions { sampler, steps: 10, cfg, seed };
@@ -387,4 +389,122 @@ fn the_latents_loader_reads_raw_files_and_names_what_is_wrong() {
     std::fs::remove_file(dir.join("val_labels.i64")).unwrap();
     let msg = load_err("{}");
     assert!(msg.contains("val_labels.i64"), "{msg}");
+}
+
+/// A learned-σ target by hand, in [`plexus::diffusion::Diffusion::prepare`]'s layout
+/// `ε ⊕ x_t ⊕ x0 ⊕ t` `[B, 3C + 1, S, S]`.
+fn sigma_target(eps: &Tensor, x_t: &Tensor, x0: &Tensor, t: &Tensor) -> Tensor {
+    let plane = t.to_kind(Kind::Float).view([-1, 1, 1, 1]).expand_as(&eps.narrow(1, 0, 1));
+    Tensor::cat(&[eps, x_t, x0, &plane], 1)
+}
+
+#[test]
+fn the_learned_sigma_loss_matches_its_pytorch_reference_and_prepare_packs_what_it_needs() {
+    use plexus::diffusion::{noisy, vb_bits, Diffusion};
+    let d = Diffusion { channels: 2, num_classes: 3, label_dropout: 0.0, learn_sigma: true };
+    // t = 0 (the decoder likelihood) and t > 0 (the KL), x0 in [−1, 1] with values on both edge
+    // bins (x0 < −0.999, x0 > 0.999), v strictly inside (−1, 1).
+    let (x0, eps, out) = plexus::device::with_seed(13, || {
+        let x0 = (Tensor::rand([6, 2, 3, 3], (Kind::Float, Device::Cpu)) * 2.0 - 1.0).clamp(-0.9995, 0.9995);
+        let _ = x0.get(0).get(0).get(0).get(0).fill_(-1.0);
+        let _ = x0.get(0).get(1).get(2).get(2).fill_(1.0);
+        let eps = Tensor::randn([6, 2, 3, 3], (Kind::Float, Device::Cpu));
+        let eps_hat = &eps + Tensor::randn([6, 2, 3, 3], (Kind::Float, Device::Cpu)) * 0.3;
+        let v = Tensor::randn([6, 2, 3, 3], (Kind::Float, Device::Cpu)).tanh();
+        (x0, eps, Tensor::cat(&[eps_hat, v], 1))
+    });
+    let t = Tensor::from_slice(&[0i64, 0, 1, 37, 500, 999]);
+    let x_t = noisy(&x0, &t, &eps);
+    let target = sigma_target(&eps, &x_t, &x0, &t);
+
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (tmp.path().join("in.safetensors"), tmp.path().join("out.safetensors"));
+    Tensor::write_safetensors(&[("output", &out), ("eps", &eps), ("x0", &x0), ("x_t", &x_t), ("t", &t)], &input)
+        .unwrap();
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let status = std::process::Command::new(plexus::parity::python())
+        .arg(dir.join("parity/dit_vb.py"))
+        .args([&input, &output])
+        .status()
+        .expect("run the venv python (scripts/setup.sh)");
+    assert!(status.success(), "parity/dit_vb.py failed");
+    let r: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(&output).unwrap().into_iter().collect();
+
+    let o = out.copy().set_requires_grad(true);
+    let loss = d.loss(&o, &target);
+    loss.backward();
+    let vb = vb_bits(&out.narrow(1, 0, 2), &out.narrow(1, 2, 2), &x0, &x_t, &t);
+    let rel = |a: &Tensor, b: &Tensor| {
+        let scale = b.abs().max().double_value(&[]).max(1.0);
+        (a.to_kind(Kind::Double) - b.to_kind(Kind::Double)).abs().max().double_value(&[]) / scale
+    };
+    println!("vb bits/dim {:?}", Vec::<f64>::try_from(&vb.to_kind(Kind::Double)).unwrap());
+    println!("loss {} reference {}", loss.double_value(&[]), r["loss"].double_value(&[]));
+    for (what, e) in
+        [("loss", rel(&loss, &r["loss"])), ("vb", rel(&vb, &r["vb"])), ("grad", rel(&o.grad(), &r["grad.output"]))]
+    {
+        assert!(e <= 1e-5, "{what} differs from the PyTorch reference by {e:e} (relative)");
+    }
+    // The bound is a KL or a negative log-likelihood: non-negative, and not vacuously zero.
+    assert!(vb.min().double_value(&[]) >= 0.0 && vb.max().double_value(&[]) > 1e-3);
+    // ε̂ is detached in the bound: its gradient is the MSE's alone, 2(ε̂ − ε)/n.
+    let mse_grad = (out.narrow(1, 0, 2) - &eps) * (2.0 / eps.numel() as f64);
+    assert!(rel(&o.grad().narrow(1, 0, 2), &mse_grad) < 1e-6);
+    assert!(o.grad().narrow(1, 2, 2).abs().max().double_value(&[]) > 0.0, "v gets no gradient");
+
+    // prepare's target is exactly that layout (t drawn, then x_t from it).
+    let y = Tensor::from_slice(&[0i64, 1, 2, 0, 1, 2]);
+    let b = plexus::device::with_seed(3, || d.prepare(&x0, &y, true));
+    assert_eq!(b.target.size(), vec![6, 7, 3, 3]);
+    let tt = b.input.select(1, 18).to_kind(Kind::Int64);
+    let e = b.target.narrow(1, 0, 2);
+    assert_eq!(b.target, sigma_target(&e, &noisy(&x0, &tt, &e), &x0, &tt));
+    assert_eq!(b.input.narrow(1, 0, 18).view([6, 2, 3, 3]), noisy(&x0, &tt, &e));
+}
+
+#[test]
+fn ddpm_with_a_learned_variance_uses_it() {
+    use plexus::diffusion::{sample, Diffusion, SampleOptions, Sampler};
+    let target = plexus::device::with_seed(2, || Tensor::randn([2, 4, 4], (Kind::Float, Device::Cpu)));
+    let fixed = Diffusion { channels: 2, num_classes: 3, label_dropout: 0.0, learn_sigma: false };
+    let learned = Diffusion { learn_sigma: true, ..fixed };
+    let labels = Tensor::from_slice(&[0i64, 1, 2]);
+    let o = SampleOptions { sampler: Sampler::Ddpm, steps: 0, cfg: 2.0, seed: 4 };
+    // ε-predictions (exact, or half the exact one) with a constant variance channel v.
+    let with_v = |scale: f64, v: f64| {
+        let exact = oracle(&target);
+        move |p: &Tensor| {
+            let e = exact(p) * scale;
+            Tensor::cat(&[&e, &e.full_like(v)], 1)
+        }
+    };
+    let run = |d: &Diffusion, scale: f64, v: f64| sample(with_v(scale, v), d, [3, 2, 4, 4], &labels, &o);
+    // v = −1 is the posterior variance β̃_t, the fixed sampler's: the same draws, the same images
+    // up to fp32 rounding of σ (exp(½ log β̃_t) against √β̃_t in f64; measured 2.4e-7).
+    let same = (run(&learned, 0.5, -1.0) - run(&fixed, 0.5, -1.0)).abs().max().double_value(&[]);
+    // v = +1 (σ² = β_t) changes them; an exact ε still lands on the data point.
+    let other = (run(&learned, 0.5, 1.0) - run(&learned, 0.5, -1.0)).abs().max().double_value(&[]);
+    println!("learned v=−1 vs fixed: {same:e}; v=+1 vs v=−1: {other:e}");
+    assert!(same < 1e-5 && other > 1e-3, "{same:e} {other:e}");
+    let err = (run(&learned, 1.0, 1.0) - target.unsqueeze(0)).abs().max().double_value(&[]);
+    assert!(err < 1e-3, "max error {err}");
+}
+
+#[test]
+fn a_learned_sigma_run_trains_and_resumes_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let e = exp(TINY, &["model.learn_sigma=true", "train.steps=30"]);
+    assert!(matches!(e.task(), Task::Diffusion(d) if d.learn_sigma));
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let full = train::train(&e, &RunDir::create(&a).unwrap(), &TrainOptions::default()).unwrap();
+    let crash = TrainOptions { crash_after: Some(12), ..Default::default() };
+    assert!(train::train(&e, &RunDir::create(&b).unwrap(), &crash).is_err());
+    let resume = TrainOptions { resume: true, ..Default::default() };
+    let resumed = train::train(&e, &RunDir::open(&b).unwrap(), &resume).unwrap();
+    assert_eq!(read(&a.join("metrics.csv")), read(&b.join("metrics.csv")));
+    println!("mse + vb: {} → {}", full.initial_loss, full.final_loss);
+    // At init ε̂ = 0 and v = 0: the MSE is ≈ 1 and the bound adds a positive term.
+    assert!(full.initial_loss > 1.0 && full.final_loss.is_finite());
+    assert!(full.final_loss < full.initial_loss, "{} → {}", full.initial_loss, full.final_loss);
+    assert_eq!(full.final_loss, resumed.final_loss);
 }

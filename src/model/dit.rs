@@ -71,7 +71,7 @@ struct Options {
     heads: usize,
     /// Hidden size of the MLP units; default 4 × width (DiT's `mlp_ratio = 4`).
     mlp_hidden: Option<usize>,
-    /// Also predict the variance interpolation (output channels 2·C); the loss reads ε only.
+    /// Also predict the variance interpolation (output channels 2·C), trained by the variational bound.
     learn_sigma: bool,
 }
 
@@ -169,8 +169,8 @@ impl ModelSpec for Spec {
     fn kind(&self) -> &'static str {
         "dit"
     }
-    fn diffusion(&self) -> Option<(usize, usize)> {
-        Some((self.channels, self.num_classes))
+    fn diffusion(&self) -> Option<(usize, usize, bool)> {
+        Some((self.channels, self.num_classes, self.learn_sigma))
     }
     fn stack(&self) -> StackInfo {
         StackInfo { sublayers: 2 * self.depth, block_size: 2, width: self.width, pre_norm: true }

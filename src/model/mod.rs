@@ -40,9 +40,9 @@ pub trait ModelSpec: Debug {
     /// convention, also for causal attention); elementwise work and the topology's mixing are not
     /// counted. A training step costs 3× this per sample (backward = 2× forward).
     fn forward_flops(&self) -> f64;
-    /// `(channels, num_classes)` of a diffusion backbone, whose task is DDPM training
+    /// `(channels, num_classes, learn_sigma)` of a diffusion backbone, whose task is DDPM training
     /// ([`crate::diffusion`]) whatever the dataset's; `None` (the default) for the others.
-    fn diffusion(&self) -> Option<(usize, usize)> {
+    fn diffusion(&self) -> Option<(usize, usize, bool)> {
         None
     }
 }
