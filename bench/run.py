@@ -142,11 +142,14 @@ def report(raw, depth_dir, args):
                f"{args.overhead_rounds} rounds; the median of the per-round ratios, with its 10th–90th "
                "percentiles): separate processes drift by a few percent (±15 % on the shared 2-core CPU "
                "machine), too much for percent-level overheads. Activation memory = bytes malloc holds after "
-               "forward + loss, before backward (glibc mallinfo2, the same on both sides; CPU only).\n")
+               "forward + loss, before backward (glibc mallinfo2 on the CPU, the CUDA caching allocator's allocated "
+               "bytes on a GPU, the same on both sides); peak GPU MB = the allocator's peak during the timed steps.\n")
     out.append("## plexus versus PyTorch\n")
+    gpu_cols = " peak GPU MB plexus | peak GPU MB eager |" if gpu else ""
     out.append("| case | plexus ms | eager ms | compile ms | plexus/eager | plexus/compile | "
-               "overhead vs residual, plexus, paired (p10…p90) | eager, separate runs | act. MB plexus | act. MB eager | MFU plexus |")
-    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+               "overhead vs residual, plexus, paired (p10…p90) | eager, separate runs | act. MB plexus | act. MB eager | "
+               f"MFU plexus |{gpu_cols}")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if gpu else ""))
     misses = []
     for c in cases:
         b, t = c.split("/")
@@ -174,7 +177,9 @@ def report(raw, depth_dir, args):
         out.append(f"| {c} | {fmt(p, '.1f')} | {fmt(e, '.1f')} | {fmt(k, '.1f')} | **{fmt(ratio, '.2f')}** | "
                    f"{fmt(p / k, '.2f')} | {'–' if t == 'residual' else ov_txt} | "
                    f"{'–' if t == 'residual' else fmt(ove, '+.1f') + ' %'} | {fmt(mp, '.1f')} | {fmt(me, '.1f')} | "
-                   f"{fmt(100 * mfu, '.0f')} % |")
+                   f"{fmt(100 * mfu, '.0f')} % |"
+                   + (f" {fmt(stat(c, 'plexus', 'peak_gpu_mb'), '.0f')} | {fmt(stat(c, 'torch-eager', 'peak_gpu_mb'), '.0f')} |"
+                      if gpu else ""))
     out.append("")
     wins = sum(1 for c in cases if stat(c, "plexus", "ms_median") <= stat(c, "torch-eager", "ms_median"))
 

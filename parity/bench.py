@@ -35,7 +35,7 @@ import run as parity_run  # noqa: E402
 CSV_HEADER = (
     "impl,case,backbone,topology,depth,device,precision,threads,batch,steps,ms_median,ms_p10,ms_p90,"
     "samples_per_s,tokens_per_s,peak_rss_mb,act_mem_mb,params,flops_per_step,achieved_gflops,"
-    "peak_gflops,mfu"
+    "peak_gflops,mfu,peak_gpu_mb"
 )
 
 
@@ -186,6 +186,8 @@ def bench(cfg, mode, steps, warmup, case_name, profile=False):
         step()
     sync(device)
     reset_peak_rss()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     rss0, _ = rss_mb()
     times = []
     for _ in range(steps):
@@ -194,6 +196,7 @@ def bench(cfg, mode, steps, warmup, case_name, profile=False):
         sync(device)
         times.append((time.perf_counter() - t) * 1e3)
     _, hwm = rss_mb()
+    peak_gpu = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else float("nan")
     if profile:
         phases = []
         for _ in range(steps):
@@ -215,16 +218,22 @@ def bench(cfg, mode, steps, warmup, case_name, profile=False):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             step()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), file=sys.stderr)
-    # Activation memory (as src/bench.rs): bytes malloc holds after forward + loss, before backward.
+    # Activation memory (as src/bench.rs): bytes held after forward + loss, before backward —
+    # malloc's on the CPU, the CUDA caching allocator's on a GPU.
+    def in_use():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            return torch.cuda.memory_allocated(device)
+        return heap_in_use()
+
     act_mem = float("nan")
-    if device.type == "cpu":
-        opt.zero_grad(set_to_none=True)
-        before = heap_in_use()
-        loss = step_loss(x, y)
-        after = heap_in_use()
-        loss.backward()
-        if before is not None and after is not None:
-            act_mem = (after - before) / (1024.0 * 1024.0)
+    opt.zero_grad(set_to_none=True)
+    before = in_use()
+    loss = step_loss(x, y)
+    after = in_use()
+    loss.backward()
+    if before is not None and after is not None:
+        act_mem = (after - before) / (1024.0 * 1024.0)
     ms = [statistics.median(times), quantile(times, 0.1), quantile(times, 0.9)]
     per_s = 1e3 / ms[0]
     tokens = x.numel() * per_s if vocab is not None else None
@@ -250,12 +259,13 @@ def bench(cfg, mode, steps, warmup, case_name, profile=False):
         f"{B * per_s:.2f}",
         f"{tokens:.2f}" if tokens is not None else "",
         f"{hwm:.1f}" if cpu else "nan",
-        f"{act_mem:.1f}" if cpu else "nan",
+        f"{act_mem:.1f}",
         str(sum(p.numel() for p in model.parameters())),
         f"{flops:.6e}",
         f"{achieved:.3f}",
         f"{peak:.3f}",
         f"{achieved / peak:.4f}",
+        f"{peak_gpu:.1f}",
     ]
     return ",".join(row)
 

@@ -8,8 +8,11 @@
 //! set size of the process (`VmHWM`, reset after warm-up through `/proc/self/clear_refs`) during
 //! the timed steps (allocator caching makes it history-dependent); `act_mem_mb`, measured after
 //! timing with glibc's exact accounting ([`heap_in_use`]), is what forward + loss leave allocated
-//! for backward: the activation memory of the step. On CUDA the caching allocator's peak is not
-//! reachable through tch, so the CUDA columns say `nan` there. FLOPs are the backbone's analytic
+//! for backward: the activation memory of the step. On CUDA `act_mem_mb` is the same difference
+//! in the caching allocator's allocated bytes ([`crate::native::cuda_memory_stats`], exact like
+//! glibc's), `peak_gpu_mb` the allocator's peak of allocated bytes during the timed steps (reset
+//! after warm-up: parameters, optimizer state, activations and temporaries), and `peak_rss_mb`
+//! the host process; on CPU `peak_gpu_mb` is `nan`. FLOPs are the backbone's analytic
 //! matmul count ([`crate::model::ModelSpec::forward_flops`]) × 3 × batch; the machine's own limit is
 //! the best FLOP/s of a large square matmul in the compute dtype, measured in the same process.
 
@@ -28,7 +31,7 @@ use tch::{Device, Kind, Tensor};
 /// Columns of a benchmark CSV row, shared with `parity/bench.py`.
 pub const CSV_HEADER: &str = "impl,case,backbone,topology,depth,device,precision,threads,batch,steps,ms_median,\
 ms_p10,ms_p90,samples_per_s,tokens_per_s,peak_rss_mb,act_mem_mb,params,flops_per_step,achieved_gflops,\
-peak_gflops,mfu";
+peak_gflops,mfu,peak_gpu_mb";
 
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -68,6 +71,8 @@ pub struct BenchRow {
     pub params: i64,
     pub flops_per_step: f64,
     pub peak_gflops: f64,
+    /// CUDA: the allocator's peak of allocated bytes during the timed steps, MiB; `nan` on CPU.
+    pub peak_gpu_mb: f64,
     /// With `profile`: median ms of forward + loss, backward, optimizer (clip + update).
     pub phase_ms: Option<[f64; 3]>,
 }
@@ -80,7 +85,7 @@ impl BenchRow {
     pub fn csv(&self) -> String {
         let opt = |v: Option<f64>| v.map(|v| format!("{v:.2}")).unwrap_or_default();
         format!(
-            "plexus,{},{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.2},{},{:.1},{:.1},{},{:.6e},{:.3},{:.3},{:.4}",
+            "plexus,{},{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.2},{},{:.1},{:.1},{},{:.6e},{:.3},{:.3},{:.4},{:.1}",
             self.case,
             self.backbone,
             self.topology,
@@ -101,7 +106,8 @@ impl BenchRow {
             self.flops_per_step,
             self.achieved_gflops(),
             self.peak_gflops,
-            self.achieved_gflops() / self.peak_gflops
+            self.achieved_gflops() / self.peak_gflops,
+            self.peak_gpu_mb
         )
     }
 }
@@ -280,16 +286,23 @@ impl Trainee {
     /// Activation memory (MiB): bytes allocated and still held after forward + loss, before
     /// backward (what autograd saved for backward, plus the output), from glibc's accounting.
     fn activation_mb(&mut self) -> f64 {
-        if self.dev != Device::Cpu {
-            return f64::NAN;
-        }
         let batch = self.prepared();
+        let dev = self.dev;
+        // Bytes in use: glibc's on the CPU, the caching allocator's on CUDA (after a sync, so
+        // that the count is of finished work).
+        let in_use = || match dev {
+            Device::Cuda(i) => {
+                sync(dev);
+                crate::native::cuda_memory_stats(i).ok().map(|m| m.allocated as usize)
+            }
+            _ => heap_in_use(),
+        };
         let s = &self.stepper;
         s.optim.zero_grad();
-        let before = heap_in_use();
+        let before = in_use();
         let out = s.model.forward(&batch.input, true);
         let loss = s.task.loss(&out, &batch.target);
-        let after = heap_in_use();
+        let after = in_use();
         loss.backward();
         match (before, after) {
             (Some(b), Some(a)) => (a as f64 - b as f64) / (1024.0 * 1024.0),
@@ -312,7 +325,14 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
     }
     sync(dev);
     reset_peak_rss();
+    if let Device::Cuda(i) = dev {
+        crate::native::cuda_reset_peak_memory(i)?;
+    }
     let times: Vec<f64> = (0..opts.steps).map(|_| t.timed_step()).collect();
+    let peak_gpu_mb = match dev {
+        Device::Cuda(i) => crate::native::cuda_memory_stats(i)?.peak_allocated as f64 / (1024.0 * 1024.0),
+        _ => f64::NAN,
+    };
     // The breakdown is measured in steps of its own, after the timed ones, so that its
     // synchronisations do not enter the step times.
     let phase_ms = opts.profile.then(|| {
@@ -350,6 +370,7 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
         params: model.num_params(),
         flops_per_step: 3.0 * exp.model.forward_flops() * samples as f64,
         peak_gflops: peak_matmul_flops(dev, compute) / 1e9,
+        peak_gpu_mb,
         phase_ms,
     })
 }

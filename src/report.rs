@@ -26,6 +26,9 @@ pub fn print_bench(rows: &[crate::bench::BenchRow]) {
             r.achieved_gflops(),
             100.0 * r.achieved_gflops() / r.peak_gflops
         );
+        if r.peak_gpu_mb.is_finite() {
+            println!("{:<30} GPU memory: peak {:.0} MiB allocated during the timed steps", "", r.peak_gpu_mb);
+        }
         if let Some([f, b, o]) = r.phase_ms {
             println!("{:<30} profile: forward + loss {f:.2} ms, backward {b:.2} ms, optimizer {o:.2} ms", "");
         }
@@ -41,6 +44,16 @@ pub fn append_csv(path: &Path, header: &str, rows: &str) -> Result<()> {
             std::fs::create_dir_all(d)?;
         }
         let new = !path.exists();
+        if !new {
+            // Rows under another header (a CSV from an older plexus) would be read as wrong columns.
+            let text = std::fs::read_to_string(path)?;
+            let first = text.lines().next().unwrap_or("");
+            if !first.is_empty() && first != header {
+                return Err(std::io::Error::other(format!(
+                    "it has other columns ({first}) than this plexus writes ({header}); move it away or delete it"
+                )));
+            }
+        }
         let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
         if new {
             writeln!(f, "{header}")?;
@@ -162,4 +175,19 @@ pub fn read_losses(run: &Path) -> Result<Vec<(f64, f64)>> {
     let dir = RunDir::new(run);
     anyhow::ensure!(dir.metrics_file().is_file(), "{}: no metrics.csv", run.display());
     Ok(dir.metrics()?.iter().map(|m| (m.step as f64, m.loss)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rows_are_appended_under_their_own_header_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("sub/raw.csv");
+        super::append_csv(&p, "a,b", "1,2\n").unwrap();
+        super::append_csv(&p, "a,b", "3,4\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "a,b\n1,2\n3,4\n");
+        let e = format!("{:#}", super::append_csv(&p, "a,b,c", "5,6,7\n").unwrap_err());
+        assert!(e.contains("raw.csv") && e.contains("other columns (a,b)") && e.contains("(a,b,c)"), "{e}");
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "a,b\n1,2\n3,4\n", "nothing appended");
+    }
 }
