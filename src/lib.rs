@@ -27,4 +27,5 @@ pub mod rl;
 pub mod run_dir;
 pub mod sets;
 pub mod topology;
+pub mod torch_panic;
 pub mod train;

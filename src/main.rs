@@ -2,6 +2,7 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    plexus::torch_panic::install();
     let cli = plexus::cli::Cli::parse();
     match plexus::cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
