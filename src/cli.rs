@@ -118,6 +118,9 @@ pub enum Cmd {
         per_class: usize,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Weights to sample with: the moving average where the run kept one (`auto`), `ema`, or `raw`.
+        #[arg(long, value_enum, default_value = "auto")]
+        weights: crate::diffusion::Weights,
         /// `cpu`, `cuda`, `cuda:N` or `auto`.
         #[arg(long, default_value = "cpu")]
         device: String,
@@ -140,6 +143,9 @@ pub enum Cmd {
         cfg: f64,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Weights to sample with: the moving average where the run kept one (`auto`), `ema`, or `raw`.
+        #[arg(long, value_enum, default_value = "auto")]
+        weights: crate::diffusion::Weights,
         #[arg(long, default_value = "cpu")]
         device: String,
     },
@@ -452,8 +458,8 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Sample { run, sampler, steps, cfg, per_class, seed, device } => {
-            let o = crate::diffusion::SampleOptions { sampler, steps, cfg, seed };
+        Cmd::Sample { run, sampler, steps, cfg, per_class, seed, device, weights } => {
+            let o = crate::diffusion::SampleOptions { sampler, steps, cfg, seed, weights };
             let out = crate::diffusion::sample_run(&run, per_class, &o, &device)?;
             println!(
                 "samples ({sampler:?}, {} steps, cfg {cfg}): {}",
@@ -462,8 +468,8 @@ pub fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Cmd::Fd { run, extractor, samples, sampler, steps, cfg, seed, device } => {
-            let o = crate::diffusion::SampleOptions { sampler, steps, cfg, seed };
+        Cmd::Fd { run, extractor, samples, sampler, steps, cfg, seed, device, weights } => {
+            let o = crate::diffusion::SampleOptions { sampler, steps, cfg, seed, weights };
             let fd = crate::fd::fd_command(&run, &extractor, samples, &o, &device)?;
             println!(
                 "Fréchet distance {fd:.4} ({samples} generated vs {samples} real test images, features of the \

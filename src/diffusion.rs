@@ -282,6 +282,34 @@ pub enum Sampler {
     Ddim,
 }
 
+/// Which weights of a diffusion run draw the samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Weights {
+    /// The moving average (`train.ema`) where the run kept one, else the trained weights.
+    #[default]
+    Auto,
+    /// The moving average; an error if the run kept none.
+    Ema,
+    /// The weights as trained (`final.safetensors`).
+    Raw,
+}
+
+/// The weights file of `run` for `which`: `final_ema.safetensors` or `final.safetensors`.
+pub fn weights_file(run: &crate::run_dir::RunDir, which: Weights) -> anyhow::Result<std::path::PathBuf> {
+    let ema = run.final_ema_checkpoint();
+    match which {
+        Weights::Raw => Ok(run.final_checkpoint()),
+        Weights::Auto if ema.is_file() => Ok(ema),
+        Weights::Auto => Ok(run.final_checkpoint()),
+        Weights::Ema if ema.is_file() => Ok(ema),
+        Weights::Ema => anyhow::bail!(
+            "--weights ema: {} has no {} (the run kept no moving average: set train.ema, e.g. 0.9999, when training)",
+            run.path.display(),
+            ema.display()
+        ),
+    }
+}
+
 /// How to sample: the sampler, its number of steps (DDIM), the guidance scale and the seed.
 #[derive(Debug, Clone, Copy)]
 pub struct SampleOptions {
@@ -289,6 +317,8 @@ pub struct SampleOptions {
     pub steps: usize,
     pub cfg: f64,
     pub seed: u64,
+    /// The weights to sample with ([`sample_run`] and `plexus fd`; [`sample`] takes a model).
+    pub weights: Weights,
 }
 
 /// The timesteps a sampler visits, descending: every `t` for DDPM; for DDIM `steps` timesteps
@@ -320,7 +350,7 @@ pub fn sample(
     labels: &Tensor,
     o: &SampleOptions,
 ) -> Tensor {
-    let SampleOptions { sampler, steps, cfg, seed } = *o;
+    let SampleOptions { sampler, steps, cfg, seed, .. } = *o;
     let dev = labels.device();
     let ab: Vec<f64> = crate::host::values(&alpha_bar());
     let beta: Vec<f64> = crate::host::values(&betas());
@@ -405,7 +435,7 @@ pub fn sample_run(
     let mut model = crate::device::with_seed(exp.config().seed, || {
         crate::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, Kind::Float)
     });
-    let ck = dir.final_checkpoint();
+    let ck = weights_file(&dir, o.weights)?;
     crate::train::checkpoint::load_weights(&mut model.vs, &ck).with_context(|| format!("loading {}", ck.display()))?;
     let info = exp.data.info();
     let (c, s) = (info.input_shape[0] as i64, info.input_shape[1] as i64);

@@ -61,21 +61,24 @@ pub fn fd_command(
     use crate::run_dir::RunDir;
     anyhow::ensure!(samples >= 2, "--samples must be at least 2");
     let dev = crate::device::resolve(crate::device::parse_device(device).map_err(anyhow::Error::msg)?)?;
-    let load = |dir: &std::path::Path| -> Result<(Experiment, crate::model::Model)> {
+    // The diffusion run's weights as `o.weights` says; the extractor's as trained.
+    let load = |dir: &std::path::Path,
+                weights: crate::diffusion::Weights|
+     -> Result<(Experiment, crate::model::Model)> {
         let rd = RunDir::open(dir)?;
         let exp = Experiment::from_file(&rd.config_file(), &[])?;
         let mut m = crate::device::with_seed(exp.config().seed, || {
             crate::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, Kind::Float)
         });
-        let ck = rd.final_checkpoint();
+        let ck = crate::diffusion::weights_file(&rd, weights)?;
         crate::train::checkpoint::load_weights(&mut m.vs, &ck).with_context(|| format!("loading {}", ck.display()))?;
         Ok((exp, m))
     };
-    let (gen_exp, gen) = load(run)?;
+    let (gen_exp, gen) = load(run, o.weights)?;
     let Task::Diffusion(d) = gen_exp.task() else {
         bail!("{}: not a diffusion run (model.kind `{}`)", run.display(), gen_exp.model.kind());
     };
-    let (cls_exp, cls) = load(extractor)?;
+    let (cls_exp, cls) = load(extractor, crate::diffusion::Weights::Raw)?;
     if !matches!(cls_exp.task(), Task::Classification) {
         bail!("--extractor {}: not a classifier run (model.kind `{}`)", extractor.display(), cls_exp.model.kind());
     }

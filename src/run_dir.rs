@@ -337,6 +337,11 @@ impl RunDir {
     pub fn final_checkpoint(&self) -> PathBuf {
         self.checkpoints_dir().join("final.safetensors")
     }
+    /// With `train.ema`: the moving average of the parameters at the end of training (the same
+    /// `state_dict` names as [`RunDir::final_checkpoint`]).
+    pub fn final_ema_checkpoint(&self) -> PathBuf {
+        self.checkpoints_dir().join("final_ema.safetensors")
+    }
     /// C at `step` (`connectivity/step_N.csv`).
     pub fn connectivity_file(&self, step: u64) -> PathBuf {
         self.path.join("connectivity").join(format!("step_{step}.csv"))

@@ -258,14 +258,14 @@ fn ddim_and_ddpm_recover_a_delta_distribution_from_its_exact_noise_prediction() 
     let d = Diffusion { channels: 2, num_classes: 3, label_dropout: 0.0, learn_sigma: false };
     let labels = Tensor::from_slice(&[0i64, 1, 2]);
     for (sampler, steps, cfg) in [(Sampler::Ddim, 50, 1.0), (Sampler::Ddim, 7, 4.0), (Sampler::Ddpm, 0, 1.0)] {
-        let o = SampleOptions { sampler, steps, cfg, seed: 9 };
+        let o = SampleOptions { sampler, steps, cfg, seed: 9, weights: Default::default() };
         let x = sample(oracle(&target), &d, [3, 2, 4, 4], &labels, &o);
         let err = (x - target.unsqueeze(0)).abs().max().double_value(&[]);
         assert!(err < 1e-3, "{sampler:?} {steps} steps cfg {cfg}: max error {err}");
     }
     // A wrong ε (half the exact one) does not land on the data point: the check can fail.
     let off = |p: &Tensor| oracle(&target)(p) * 0.5;
-    let o = SampleOptions { sampler: Sampler::Ddim, steps: 50, cfg: 1.0, seed: 9 };
+    let o = SampleOptions { sampler: Sampler::Ddim, steps: 50, cfg: 1.0, seed: 9, weights: Default::default() };
     let x = sample(off, &d, [3, 2, 4, 4], &labels, &o);
     assert!((x - target.unsqueeze(0)).abs().max().double_value(&[]) > 0.1);
 }
@@ -289,7 +289,7 @@ fn sampling_is_deterministic_for_a_seed_and_guidance_changes_it() {
     let d = Diffusion { channels: 3, num_classes: 4, label_dropout: 0.1, learn_sigma: false };
     let labels = Tensor::from_slice(&[0i64, 3]);
     let run = |sampler, cfg, seed| {
-        let o = SampleOptions { sampler, steps: 10, cfg, seed };
+        let o = SampleOptions { sampler, steps: 10, cfg, seed, weights: Default::default() };
         sample(|x| m.forward(x, false), &d, [2, 3, 8, 8], &labels, &o)
     };
     for sampler in [Sampler::Ddim, Sampler::Ddpm] {
@@ -469,7 +469,7 @@ fn ddpm_with_a_learned_variance_uses_it() {
     let fixed = Diffusion { channels: 2, num_classes: 3, label_dropout: 0.0, learn_sigma: false };
     let learned = Diffusion { learn_sigma: true, ..fixed };
     let labels = Tensor::from_slice(&[0i64, 1, 2]);
-    let o = SampleOptions { sampler: Sampler::Ddpm, steps: 0, cfg: 2.0, seed: 4 };
+    let o = SampleOptions { sampler: Sampler::Ddpm, steps: 0, cfg: 2.0, seed: 4, weights: Default::default() };
     // ε-predictions (exact, or half the exact one) with a constant variance channel v.
     let with_v = |scale: f64, v: f64| {
         let exact = oracle(&target);
@@ -507,4 +507,37 @@ fn a_learned_sigma_run_trains_and_resumes_exactly() {
     assert!(full.initial_loss > 1.0 && full.final_loss.is_finite());
     assert!(full.final_loss < full.initial_loss, "{} → {}", full.initial_loss, full.final_loss);
     assert_eq!(full.final_loss, resumed.final_loss);
+}
+
+#[test]
+fn a_moving_average_is_kept_resumed_exactly_and_sampled_from() {
+    use plexus::diffusion::{sample_run, SampleOptions, Sampler, Weights};
+    let tmp = tempfile::tempdir().unwrap();
+    let e = exp(TINY, &["train.ema=0.9"]);
+    let (a, b, raw) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("raw"));
+    train::train(&e, &RunDir::create(&a).unwrap(), &TrainOptions::default()).unwrap();
+    let crash = TrainOptions { crash_after: Some(8), ..Default::default() };
+    assert!(train::train(&e, &RunDir::create(&b).unwrap(), &crash).is_err());
+    train::train(&e, &RunDir::open(&b).unwrap(), &TrainOptions { resume: true, ..Default::default() }).unwrap();
+    let bytes = |p: PathBuf| std::fs::read(&p).unwrap_or_else(|err| panic!("{}: {err}", p.display()));
+    let (ra, rb) = (RunDir::open(&a).unwrap(), RunDir::open(&b).unwrap());
+    assert_eq!(bytes(ra.final_ema_checkpoint()), bytes(rb.final_ema_checkpoint()), "EMA differs after resuming");
+    assert_ne!(bytes(ra.final_ema_checkpoint()), bytes(ra.final_checkpoint()), "the average is the weights");
+    // The file is a state_dict with the model's names: it loads into the model.
+    let mut m = build(&e);
+    plexus::train::checkpoint::load_weights(&mut m.vs, &ra.final_ema_checkpoint()).unwrap();
+
+    // Sampling: `auto` takes the average, `raw` the trained weights, `ema` without one is refused.
+    let o = |weights| SampleOptions { sampler: Sampler::Ddim, steps: 5, cfg: 1.0, seed: 1, weights };
+    let png = |w| std::fs::read(sample_run(&a, 1, &o(w), "cpu").unwrap()).unwrap();
+    let (auto, ema, raw_png) = (png(Weights::Auto), png(Weights::Ema), png(Weights::Raw));
+    assert_eq!(auto, ema);
+    assert_ne!(ema, raw_png, "the average and the raw weights sample the same images");
+    train::train(&exp(TINY, &[]), &RunDir::create(&raw).unwrap(), &TrainOptions::default()).unwrap();
+    assert!(!RunDir::open(&raw).unwrap().final_ema_checkpoint().exists());
+    let refused = sample_run(&raw, 1, &o(Weights::Ema), "cpu").unwrap_err().to_string();
+    assert!(refused.contains("train.ema") && refused.contains("final_ema.safetensors"), "{refused}");
+    sample_run(&raw, 1, &o(Weights::Auto), "cpu").unwrap();
+    let e = err(TINY, &["train.ema=1.0"]);
+    assert!(e.contains("train.ema") && e.contains("[0, 1)"), "{e}");
 }

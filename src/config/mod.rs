@@ -110,6 +110,10 @@ pub struct TrainConfig {
     pub accumulation: u64,
     /// Learning-rate multiplier of the topology's own parameters (ANCRe logits, H-ACN a, …).
     pub topology_lr_mult: f64,
+    /// Keep an exponential moving average of the parameters with this decay (e.g. 0.9999, as DiT),
+    /// updated after every step, checkpointed, and written as `checkpoints/final_ema.safetensors`;
+    /// `plexus sample` and `plexus fd` use it when present. None: no average.
+    pub ema: Option<f64>,
 }
 
 impl Default for TrainConfig {
@@ -127,6 +131,7 @@ impl Default for TrainConfig {
             clip_grad_norm: None,
             accumulation: 1,
             topology_lr_mult: 1.0,
+            ema: None,
         }
     }
 }
@@ -420,6 +425,11 @@ impl Config {
         }
         if !(t.topology_lr_mult.is_finite() && t.topology_lr_mult >= 0.0) {
             return Err(OptionError::new("train.topology_lr_mult", t.topology_lr_mult, "a finite multiplier ≥ 0"));
+        }
+        if let Some(d) = t.ema {
+            if !(0.0..1.0).contains(&d) {
+                return Err(OptionError::new("train.ema", d, "a decay in [0, 1), e.g. 0.9999"));
+            }
         }
         if self.log.keep_checkpoints == 0 {
             return Err(OptionError::new("log.keep_checkpoints", 0, "an integer ≥ 1"));

@@ -275,6 +275,21 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         atomic_write_with(&dir.final_checkpoint(), |p| {
             t.model.vs.save(p).with_context(|| format!("saving checkpoint {}", p.display()))
         })?;
+        if let Some(ema) = t.optim.ema() {
+            // Every variable of the model, the averaged value where there is one (a PyTorch
+            // `state_dict` like final.safetensors).
+            let mut named: Vec<(String, tch::Tensor)> = t.model.vs.variables().into_iter().collect();
+            for (name, value) in named.iter_mut() {
+                if let Some((_, e)) = ema.iter().find(|(n, _)| n == name) {
+                    *value = e.shallow_clone();
+                }
+            }
+            named.sort_by(|a, b| a.0.cmp(&b.0));
+            atomic_write_with(&dir.final_ema_checkpoint(), |p| {
+                let refs: Vec<(&str, &tch::Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
+                tch::Tensor::write_safetensors(&refs, p).with_context(|| format!("saving {}", p.display()))
+            })?;
+        }
     }
     // Throughput of the whole group: every rank trains on as many examples as this one.
     let (samples, tokens) = (samples * world as u64, tokens * world as u64);

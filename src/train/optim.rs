@@ -39,6 +39,9 @@ struct Param {
     /// (undefined for GD), so that [`Optim::state`] keeps PyTorch's per-parameter names.
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
+    /// With `train.ema`: the exponential moving average of the parameter's values (a view into the
+    /// bucket's flat `ema` with AdamW, a tensor of its own with GD); undefined otherwise.
+    ema: Tensor,
 }
 
 /// AdamW's parameters of one group (and dtype, device) held in flat 1-D buffers: `value` `[P]`
@@ -53,6 +56,8 @@ struct Bucket {
     value: Tensor,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
+    /// `[P]` moving average of `value` (undefined without `train.ema`).
+    ema: Tensor,
 }
 
 /// Plain gradient descent or AdamW (PyTorch's update rule, decoupled weight decay).
@@ -69,6 +74,8 @@ pub struct Optim {
     eps: f64,
     weight_decay: f64,
     topology_lr_mult: f64,
+    /// `train.ema`: the decay of the parameters' moving average, updated after every step.
+    ema_decay: Option<f64>,
     /// Updates applied so far (AdamW's bias correction uses it).
     pub steps_done: u64,
 }
@@ -82,7 +89,7 @@ impl Optim {
             .into_iter()
             .map(|(name, value)| {
                 let group = group_of(&name, &value);
-                Param { name, value, group, exp_avg: Tensor::new(), exp_avg_sq: Tensor::new() }
+                Param { name, value, group, exp_avg: Tensor::new(), exp_avg_sq: Tensor::new(), ema: Tensor::new() }
             })
             .collect();
         let mut buckets: Vec<Bucket> = Vec::new();
@@ -105,6 +112,8 @@ impl Optim {
                 let value = tch::no_grad(|| Tensor::cat(&flat, 0));
                 let exp_avg = value.zeros_like();
                 let exp_avg_sq = value.zeros_like();
+                // The average starts at the initial values (as DiT's `update_ema(…, decay=0)`).
+                let ema = if cfg.ema.is_some() { tch::no_grad(|| value.copy()) } else { Tensor::new() };
                 let mut off = 0i64;
                 for &i in &members {
                     let p = &mut params[i];
@@ -113,9 +122,16 @@ impl Optim {
                     tch::no_grad(|| p.value.set_data(&view(&value)));
                     p.exp_avg = view(&exp_avg);
                     p.exp_avg_sq = view(&exp_avg_sq);
+                    if ema.defined() {
+                        p.ema = view(&ema);
+                    }
                     off += numel;
                 }
-                buckets.push(Bucket { group, members, value, exp_avg, exp_avg_sq });
+                buckets.push(Bucket { group, members, value, exp_avg, exp_avg_sq, ema });
+            }
+        } else if cfg.ema.is_some() {
+            for p in &mut params {
+                p.ema = tch::no_grad(|| p.value.detach().copy());
             }
         }
         Self {
@@ -127,6 +143,7 @@ impl Optim {
             eps: cfg.eps,
             weight_decay: cfg.weight_decay,
             topology_lr_mult: cfg.topology_lr_mult,
+            ema_decay: cfg.ema,
             steps_done: 0,
         }
     }
@@ -301,32 +318,58 @@ impl Optim {
                 }
             }
         });
+        if let Some(decay) = self.ema_decay {
+            // `ema ← ema + (1 − decay)·(p − ema)`: one kernel per bucket (per tensor with GD).
+            tch::no_grad(|| {
+                if self.buckets.is_empty() {
+                    for p in &self.params {
+                        let _ = p.ema.shallow_clone().lerp_(&p.value, 1.0 - decay);
+                    }
+                }
+                for b in &self.buckets {
+                    let _ = b.ema.shallow_clone().lerp_(&b.value, 1.0 - decay);
+                }
+            });
+        }
     }
 
-    /// The optimizer state as named tensors (`exp_avg.<param>`, `exp_avg_sq.<param>`).
+    /// The optimizer state as named tensors (`exp_avg.<param>`, `exp_avg_sq.<param>`, and with
+    /// `train.ema` `ema.<param>`).
     pub fn state(&self) -> Vec<(String, Tensor)> {
-        if self.kind == Optimizer::Gd {
-            return Vec::new();
+        let mut state: Vec<(String, Tensor)> = Vec::new();
+        for p in &self.params {
+            if self.kind == Optimizer::Adamw {
+                state.push((format!("exp_avg.{}", p.name), p.exp_avg.shallow_clone()));
+                state.push((format!("exp_avg_sq.{}", p.name), p.exp_avg_sq.shallow_clone()));
+            }
+            if p.ema.defined() {
+                state.push((format!("ema.{}", p.name), p.ema.shallow_clone()));
+            }
         }
-        self.params
-            .iter()
-            .flat_map(|p| {
-                [
-                    (format!("exp_avg.{}", p.name), p.exp_avg.shallow_clone()),
-                    (format!("exp_avg_sq.{}", p.name), p.exp_avg_sq.shallow_clone()),
-                ]
-            })
-            .collect()
+        state
+    }
+
+    /// With `train.ema`: the moving average of every parameter, by parameter name (views of the
+    /// live buffers; copy before changing anything).
+    pub fn ema(&self) -> Option<Vec<(String, Tensor)>> {
+        self.ema_decay?;
+        Some(self.params.iter().map(|p| (p.name.clone(), p.ema.shallow_clone())).collect())
     }
 
     /// Restores [`Optim::state`] and the update count.
     pub fn load_state(&mut self, state: &HashMap<String, Tensor>, steps_done: u64) -> Result<()> {
         self.steps_done = steps_done;
-        if self.kind == Optimizer::Gd {
-            return Ok(());
-        }
+        let adamw = self.kind == Optimizer::Adamw;
         for p in &mut self.params {
-            for (key, dst) in [("exp_avg", &mut p.exp_avg), ("exp_avg_sq", &mut p.exp_avg_sq)] {
+            let mut slots: Vec<(&str, &mut Tensor)> = Vec::new();
+            if adamw {
+                slots.push(("exp_avg", &mut p.exp_avg));
+                slots.push(("exp_avg_sq", &mut p.exp_avg_sq));
+            }
+            if p.ema.defined() {
+                slots.push(("ema", &mut p.ema));
+            }
+            for (key, dst) in slots {
                 let name = format!("{key}.{}", p.name);
                 let Some(src) = state.get(&name) else { bail!("checkpoint optimizer state lacks `{name}`") };
                 tch::no_grad(|| dst.copy_(src));
@@ -342,6 +385,52 @@ mod tests {
 
     /// Two AdamW steps on a decayed weight and a topology parameter, against the update rule of
     /// torch.optim.AdamW written out in f64.
+    /// `train.ema`: after every update `ema ← d·ema + (1 − d)·p`, from `ema = p₀`, for AdamW's
+    /// flat buckets and GD's tensors alike; saved and restored with the optimizer state.
+    #[test]
+    fn the_moving_average_follows_every_update_and_round_trips_through_the_state() {
+        for optimizer in ["adamw", "gd"] {
+            let cfg: TrainConfig =
+                serde_yaml::from_str(&format!("{{optimizer: {optimizer}, lr: 0.1, ema: 0.75}}")).unwrap();
+            let w = Tensor::from_slice(&[0.5f32, -1.0, 2.0]).set_requires_grad(true);
+            let b = Tensor::from_slice(&[0.3f32]).set_requires_grad(true);
+            let mut opt = Optim::new(&cfg, vec![("w".into(), w.shallow_clone()), ("b".into(), b.shallow_clone())]);
+            let values = |t: &Tensor| Vec::<f64>::try_from(t.to_kind(Kind::Double).reshape([-1])).unwrap();
+            let mut want = [values(&w), values(&b)];
+            for g in [1.0, -2.0, 0.5] {
+                opt.zero_grad();
+                ((&w * g).sum(Kind::Float) + &b * (2.0 * g)).sum(Kind::Float).backward();
+                opt.step(0.1);
+                for (avg, now) in want.iter_mut().zip([values(&w), values(&b)]) {
+                    for (a, p) in avg.iter_mut().zip(now) {
+                        *a = 0.75 * *a + 0.25 * p;
+                    }
+                }
+            }
+            let ema = opt.ema().expect("train.ema is set");
+            for ((name, e), want) in ema.iter().zip([&want[1], &want[0]]) {
+                for (got, want) in values(e).iter().zip(want.iter()) {
+                    assert!((got - want).abs() < 1e-6, "{optimizer} {name}: {got} vs {want}");
+                }
+            }
+            // Not vacuous: the average lags the parameters.
+            assert!((values(&ema[1].1)[0] - values(&w)[0]).abs() > 1e-3);
+            let state: HashMap<String, Tensor> = opt.state().into_iter().map(|(n, t)| (n, t.copy())).collect();
+            assert!(state.contains_key("ema.w") && state.contains_key("ema.b"), "{:?}", state.keys());
+            let mut fresh = Optim::new(&cfg, vec![("w".into(), w.copy()), ("b".into(), b.copy())]);
+            fresh.load_state(&state, 3).unwrap();
+            assert_eq!(values(&fresh.ema().unwrap()[1].1), values(&ema[1].1), "{optimizer}: not restored");
+            let mut lacking: HashMap<String, Tensor> =
+                state.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+            lacking.remove("ema.b");
+            let e = fresh.load_state(&lacking, 3).unwrap_err().to_string();
+            assert!(e.contains("ema.b"), "{e}");
+        }
+        let none: TrainConfig = serde_yaml::from_str("{optimizer: adamw}").unwrap();
+        let opt = Optim::new(&none, vec![("w".into(), Tensor::from_slice(&[1.0f32]).set_requires_grad(true))]);
+        assert!(opt.ema().is_none() && !opt.state().iter().any(|(n, _)| n.starts_with("ema.")));
+    }
+
     #[test]
     fn adamw_matches_the_pytorch_update_rule() {
         let cfg: TrainConfig = serde_yaml::from_str(
