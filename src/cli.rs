@@ -259,8 +259,12 @@ pub enum Cmd {
     /// directory stands for its *.yaml files) and draw success rate against environment steps;
     /// with --plot, only draw the figure for finished run directories.
     Rl {
-        #[arg(required = true, value_name = "CONFIG_OR_DIR|RUN_DIR")]
+        #[arg(required_unless_present = "resume", value_name = "CONFIG_OR_DIR|RUN_DIR")]
         inputs: Vec<PathBuf>,
+        /// Continue the run in this directory from its latest checkpoint, with its own config
+        /// (`--set train.env_steps=N` extends it; other keys may not change).
+        #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["inputs", "out", "overwrite", "plot"])]
+        resume: Option<PathBuf>,
         /// Run directory (one config) or parent of the runs (several); with --plot, the figure
         /// directory. Default: runs/<name>.
         #[arg(long)]
@@ -521,7 +525,8 @@ pub fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Cmd::Rl { inputs, out, overrides, overwrite, plot, quiet } => {
+        Cmd::Rl { resume: Some(run), overrides, quiet, .. } => crate::rl::cli::resume(&run, &overrides, quiet),
+        Cmd::Rl { inputs, out, overrides, overwrite, plot, quiet, resume: None } => {
             crate::rl::cli::run(&inputs, out.as_deref(), &overrides, overwrite, plot, quiet)
         }
         Cmd::List => {

@@ -9,7 +9,7 @@ use plexus::rl::crl::{infonce, normals, Agent};
 use plexus::rl::env::{EnvSpec, Layout, VecEnv};
 use plexus::rl::replay::Replay;
 use plexus::rl::trainer::{self, eval_seeds, random_policy, RlOptions};
-use rand::rngs::StdRng;
+use plexus::rl::RlRng;
 use rand::{Rng, SeedableRng};
 use std::path::Path;
 use tch::{Kind, Tensor};
@@ -18,7 +18,7 @@ fn spec(layout: Layout) -> EnvSpec {
     EnvSpec { layout, max_step: 0.1, goal_radius: 0.05, episode_length: 30 }
 }
 
-fn random_actions(rng: &mut StdRng, n: usize) -> Vec<f32> {
+fn random_actions(rng: &mut RlRng, n: usize) -> Vec<f32> {
     (0..2 * n).map(|_| rng.gen_range(-1.5f32..=1.5)).collect()
 }
 
@@ -26,7 +26,7 @@ fn random_actions(rng: &mut StdRng, n: usize) -> Vec<f32> {
 fn walls_block_every_move_of_random_walks() {
     let mut env = VecEnv::new(spec(Layout::U), &VecEnv::seeds(3, 64));
     let walls = Layout::U.walls();
-    let mut rng = StdRng::seed_from_u64(0);
+    let mut rng = RlRng::seed_from_u64(0);
     for _ in 0..300 {
         let before = env.obs().to_vec();
         let out = env.step(&random_actions(&mut rng, 64));
@@ -72,7 +72,7 @@ fn reaching_the_goal_gives_reward_and_the_episode_has_a_fixed_length() {
 fn same_seeds_same_trajectories_and_vectorised_equals_sequential() {
     let seeds = VecEnv::seeds(11, 5);
     let run = |envs: &mut [VecEnv], steps: usize| -> Vec<Vec<f32>> {
-        let mut rng = StdRng::seed_from_u64(99);
+        let mut rng = RlRng::seed_from_u64(99);
         let mut traj = Vec::new();
         for _ in 0..steps {
             let a = random_actions(&mut rng, 5);
@@ -122,7 +122,7 @@ fn hindsight_goals_come_from_the_future_of_the_same_episode() {
     let states: Vec<f32> = (0..=t).flat_map(|k| (0..n).flat_map(move |e| [e as f32, k as f32])).collect();
     let actions: Vec<f32> = (0..t).flat_map(|k| (0..n).flat_map(move |e| [e as f32, k as f32])).collect();
     replay.add_rollout(&states, &actions, n);
-    let b = replay.sample(2000, 0.7, &mut StdRng::seed_from_u64(1));
+    let b = replay.sample(2000, 0.7, &mut RlRng::seed_from_u64(1));
     for i in 0..2000 {
         let (e, k) = (b.states[2 * i], b.states[2 * i + 1]);
         assert_eq!((b.actions[2 * i], b.actions[2 * i + 1]), (e, k), "the action taken in that state");
@@ -213,7 +213,7 @@ fn every_topology_wires_the_encoders_at_both_granularities() {
                 plexus::device::with_seed(0, || Agent::new(&exp.config, exp.topology.as_ref(), tch::Device::Cpu));
             assert_eq!(agent.actor.units(), if g == "block" { 2 } else { 8 }, "{} {g}", t.name);
             let mut agent = agent;
-            let mut rng = StdRng::seed_from_u64(0);
+            let mut rng = RlRng::seed_from_u64(0);
             let batch = plexus::rl::replay::Batch {
                 states: (0..64).map(|_| rng.gen()).collect(),
                 actions: (0..64).map(|_| rng.gen_range(-1.0..1.0)).collect(),
@@ -372,4 +372,45 @@ fn plexus_rl_is_reproducible_and_plots_several_runs() {
     let o = common::plexus(&["rl", &cfg.display().to_string(), "--set", "crl.discount=2"], tmp.path());
     assert_eq!(o.status.code(), Some(2), "{:?}", common::text(&o));
     assert!(common::text(&o).1.contains("crl.discount"), "{:?}", common::text(&o));
+}
+
+/// A run killed after a checkpoint and resumed writes the `metrics.csv` (but the wall-clock
+/// column) and the final weights of the uninterrupted run: the replay buffer, every environment's
+/// state and random stream, the trainer's stream and the optimizers come back exactly.
+#[test]
+fn a_killed_run_resumes_to_the_uninterrupted_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    // 8 environments × 20 steps = 160 per rollout; updates from the first rollout on, rows at 160,
+    // 480 and 800, checkpoints after every rollout; the crash comes after the checkpoint at 640,
+    // which holds the update statistics summed since the row at 480.
+    let ov = ["train.env_steps=800", "train.prefill_env_steps=160", "log.eval_every=320", "log.checkpoint_every=160"];
+    let exp = tiny("{kind: ancre, granularity: block}", &ov);
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    trainer::train(&exp, &a, &RlOptions::default()).unwrap();
+    let crash = RlOptions { crash_after: Some(640), ..Default::default() };
+    let e = trainer::train(&exp, &b, &crash).unwrap_err().to_string();
+    assert!(e.contains("simulated crash"), "{e}");
+    let ckpt = plexus::train::checkpoint::latest(&plexus::run_dir::RunDir::new(&b)).unwrap().unwrap();
+    assert_eq!(ckpt.step, 640);
+    trainer::train(&exp, &b, &RlOptions { resume: true, ..Default::default() }).unwrap();
+    let rows = |d: &Path| -> Vec<String> {
+        let text = std::fs::read_to_string(d.join("metrics.csv")).unwrap();
+        text.lines().map(|l| l.rsplit_once(',').unwrap().0.to_string()).collect()
+    };
+    let (ra, rb) = (rows(&a), rows(&b));
+    assert_eq!(ra.len(), 4, "{ra:?}");
+    assert!(ra[2].split(',').nth(4).is_some_and(|v| !v.is_empty()), "updates ran: {ra:?}");
+    assert_eq!(ra, rb);
+    let bytes = |d: &Path| std::fs::read(d.join("final.safetensors")).unwrap();
+    assert_eq!(bytes(&a), bytes(&b), "final weights differ after resuming");
+    // Only the kept checkpoints' loop states remain (2 by default).
+    let extras = std::fs::read_dir(b.join("checkpoints"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".rl.json"))
+        .count();
+    assert_eq!(extras, 2);
+    // A config change other than the run's length is refused, naming the key.
+    let changed = tiny("{kind: ancre, granularity: block}", &[&ov[..], &["network.width=32"]].concat());
+    let e = trainer::train(&changed, &b, &RlOptions { resume: true, ..Default::default() }).unwrap_err().to_string();
+    assert!(e.contains("in `network.width`;") && e.contains("train.env_steps"), "{e}");
 }

@@ -1,6 +1,7 @@
 //! `plexus rl CONFIG_OR_DIR... [--out DIR] [--set k=v ...] [--overwrite] [--quiet]` trains each
 //! config (a directory stands for its `*.yaml` files) and draws the success figure;
-//! `plexus rl --plot RUN_DIR... [--out DIR]` only draws it for finished runs.
+//! `plexus rl --plot RUN_DIR... [--out DIR]` only draws it for finished runs;
+//! `plexus rl --resume RUN_DIR [--set train.env_steps=N]` continues a run from its last checkpoint.
 
 use super::config::RlExperiment;
 use super::trainer::{self, RlOptions, RlSummary};
@@ -47,7 +48,7 @@ pub fn run(
     let mut summaries = Vec::new();
     for (e, d) in exps.iter().zip(&dirs) {
         eprintln!("rl {} → {}", e.config.name, d.display());
-        summaries.push(trainer::train(e, d, &RlOptions { overwrite, verbose: !quiet })?);
+        summaries.push(trainer::train(e, d, &RlOptions { overwrite, verbose: !quiet, ..Default::default() })?);
     }
     print_table(&summaries);
     if dirs.len() > 1 {
@@ -57,6 +58,21 @@ pub fn run(
     } else {
         println!("figure: {}", dirs[0].join("figures/success.png").display());
     }
+    Ok(())
+}
+
+/// `plexus rl --resume RUN_DIR [--set train.env_steps=N]`: continues a run from its latest
+/// checkpoint with the config it was trained with (plus the overrides the trainer accepts).
+pub fn resume(run: &Path, overrides: &[String], quiet: bool) -> Result<()> {
+    let file = run.join("config.yaml");
+    if !file.is_file() {
+        bail!("--resume: {} is not a `plexus rl` run directory (no config.yaml)", run.display());
+    }
+    let exp = RlExperiment::from_file(&file, overrides)?;
+    eprintln!("rl {} → {} (resuming)", exp.config.name, run.display());
+    let s = trainer::train(&exp, run, &RlOptions { resume: true, verbose: !quiet, ..Default::default() })?;
+    print_table(std::slice::from_ref(&s));
+    println!("figure: {}", run.join("figures/success.png").display());
     Ok(())
 }
 

@@ -258,6 +258,24 @@ impl Agent {
             .collect()
     }
 
+    /// Restores [`Agent::optim_state`] into every optimizer, after `updates` updates (each update
+    /// steps each optimizer once).
+    pub fn load_optim_state(
+        &mut self,
+        state: &std::collections::HashMap<String, Tensor>,
+        updates: u64,
+    ) -> anyhow::Result<()> {
+        for (net, o) in self.optims.iter_mut() {
+            let prefix = format!("{net}.");
+            let mine: std::collections::HashMap<String, Tensor> = state
+                .iter()
+                .filter_map(|(k, t)| k.strip_prefix(&prefix).map(|rest| (rest.to_string(), t.shallow_clone())))
+                .collect();
+            o.load_state(&mine, updates).map_err(|e| anyhow::anyhow!("{net}: {e}"))?;
+        }
+        Ok(())
+    }
+
     /// Number of scalar parameters.
     pub fn num_params(&self) -> i64 {
         self.vs.variables().values().map(|t| t.numel() as i64).sum()
@@ -265,7 +283,7 @@ impl Agent {
 }
 
 /// `n` standard normals from `rng` (Box–Muller), for exploration and the actor's samples.
-pub fn normals(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<f32> {
+pub fn normals(rng: &mut super::RlRng, n: usize) -> Vec<f32> {
     use rand::Rng;
     let mut v = Vec::with_capacity(n + 1);
     while v.len() < n {

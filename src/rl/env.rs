@@ -14,7 +14,7 @@
 //! Everything here runs on the host on `Vec<f32>`s (`[N, 2]` row-major): one call steps all `N`
 //! environments.
 
-use rand::rngs::StdRng;
+use super::RlRng;
 use rand::{Rng, SeedableRng};
 
 /// An open axis-aligned rectangle `(x0, y0) – (x1, y1)` the point may not enter.
@@ -77,11 +77,20 @@ pub struct StepOut {
     pub done: bool,
 }
 
+/// The evolving part of a [`VecEnv`] (checkpoints).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EnvState {
+    pub pos: Vec<f32>,
+    pub goal: Vec<f32>,
+    pub t: usize,
+    pub rngs: Vec<RlRng>,
+}
+
 /// `N` maze environments stepped together, each with its own random stream.
 pub struct VecEnv {
     pub spec: EnvSpec,
     walls: Vec<Wall>,
-    rngs: Vec<StdRng>,
+    rngs: Vec<RlRng>,
     /// Positions `[N, 2]`.
     pos: Vec<f32>,
     /// Goals `[N, 2]`.
@@ -98,7 +107,7 @@ impl VecEnv {
         let mut env = Self {
             spec,
             walls,
-            rngs: seeds.iter().map(|&s| StdRng::seed_from_u64(s)).collect(),
+            rngs: seeds.iter().map(|&s| RlRng::seed_from_u64(s)).collect(),
             pos: vec![0.0; 2 * n],
             goal: vec![0.0; 2 * n],
             t: 0,
@@ -136,7 +145,7 @@ impl VecEnv {
         (0.0..=1.0).contains(&x) && (0.0..=1.0).contains(&y) && !self.walls.iter().any(|w| w.contains(x, y))
     }
 
-    fn sample_free(walls: &[Wall], rng: &mut StdRng) -> [f32; 2] {
+    fn sample_free(walls: &[Wall], rng: &mut RlRng) -> [f32; 2] {
         loop {
             let (x, y) = (rng.gen::<f32>(), rng.gen::<f32>());
             if !walls.iter().any(|w| w.contains(x, y)) {
@@ -155,6 +164,24 @@ impl VecEnv {
         }
         self.t = 0;
         &self.pos
+    }
+
+    /// Everything that evolves: positions, goals, the episode clock and every environment's random
+    /// stream (for checkpoints).
+    pub fn state(&self) -> EnvState {
+        EnvState { pos: self.pos.clone(), goal: self.goal.clone(), t: self.t, rngs: self.rngs.clone() }
+    }
+
+    /// Restores [`VecEnv::state`]; an error if it is for another number of environments.
+    pub fn restore(&mut self, s: EnvState) -> anyhow::Result<()> {
+        let n = self.num_envs();
+        anyhow::ensure!(
+            s.rngs.len() == n && s.pos.len() == 2 * n && s.goal.len() == 2 * n,
+            "the saved environment state is for {} environments, this run has {n}",
+            s.rngs.len()
+        );
+        (self.pos, self.goal, self.t, self.rngs) = (s.pos, s.goal, s.t, s.rngs);
+        Ok(())
     }
 
     /// Sets the positions and goals (`[N, 2]` each) and restarts the episode clock, for tests and

@@ -13,6 +13,12 @@
 //! Networks are built on the configured device and every tensor is made on the VarStore's device;
 //! device → host reads go through [`crate::host`].
 
+/// The random generator of the environments, exploration, replay sampling and the actor's noise:
+/// ChaCha12, the algorithm behind rand's `Rng` (the same streams from the same seeds), used by
+/// name because it serialises: a checkpoint saves every stream, so a resumed run draws exactly what
+/// an uninterrupted one would.
+pub type RlRng = rand_chacha::ChaCha12Rng;
+
 pub mod cli;
 pub mod config;
 pub mod crl;

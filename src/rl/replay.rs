@@ -2,7 +2,7 @@
 //! 2022): a sample is `(s_t, a_t, g = s_{t+k})` with `P(k) ∝ γ^(k−1)`, `1 ≤ k ≤ T − t` (a
 //! discounted, truncated geometric offset). Host-side `Vec<f32>`s; a ring of whole episodes.
 
-use rand::rngs::StdRng;
+use super::RlRng;
 use rand::Rng;
 
 pub struct Replay {
@@ -62,6 +62,29 @@ impl Replay {
         }
     }
 
+    /// The stored episodes for a checkpoint: states `[capacity·(T+1)·2]`, actions
+    /// `[capacity·T·2]` (f32, whole buffers), and `(stored, next)`.
+    pub fn contents(&self) -> (&[f32], &[f32], usize, usize) {
+        (&self.states, &self.actions, self.stored, self.next)
+    }
+
+    /// Restores [`Replay::contents`]; an error if the buffers are for another size.
+    pub fn restore(&mut self, states: Vec<f32>, actions: Vec<f32>, stored: usize, next: usize) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            states.len() == self.states.len()
+                && actions.len() == self.actions.len()
+                && stored <= self.capacity
+                && next < self.capacity.max(1),
+            "the saved replay buffer ({} state values, {stored} episodes) does not fit this run's ({} values, \
+             capacity {})",
+            states.len(),
+            self.states.len(),
+            self.capacity
+        );
+        (self.states, self.actions, self.stored, self.next) = (states, actions, stored, next);
+        Ok(())
+    }
+
     /// The offset `k ∈ 1..=n` with `P(k) ∝ γ^(k−1)` (inverse CDF of the truncated geometric).
     pub fn future_offset(u: f64, gamma: f64, n: usize) -> usize {
         if n <= 1 || gamma <= 0.0 {
@@ -76,7 +99,7 @@ impl Replay {
     }
 
     /// `b` samples: uniform episode and step, hindsight goal `γ`-discounted from the future.
-    pub fn sample(&self, b: usize, gamma: f64, rng: &mut StdRng) -> Batch {
+    pub fn sample(&self, b: usize, gamma: f64, rng: &mut RlRng) -> Batch {
         assert!(self.stored > 0, "sampling from an empty replay buffer");
         let t_len = self.len;
         let mut out = Batch {

@@ -13,8 +13,12 @@
 //! time_at_goal, critic_loss, actor_loss, accuracy, alpha, log_prob, train_success, seconds`),
 //! `summary.json`, `checkpoints/step_<env steps>.{safetensors,optim.safetensors,json}` (the
 //! `train` checkpoint format: all networks with PyTorch names, every optimizer's moments),
-//! `final.safetensors`, `figures/success.{png,svg}`. Resuming is not supported (replay is not
-//! saved).
+//! `final.safetensors`, `figures/success.{png,svg}`. A checkpoint also holds what the loop needs
+//! to go on exactly: `step_N.replay.safetensors` (the replay buffer, and the update statistics
+//! accumulated since the last row) and `step_N.rl.json` (counters, every environment's state and
+//! random stream, the trainer's stream), both written before the marker `step_N.json`.
+//! `plexus rl --resume RUN_DIR` continues from the latest checkpoint (checkpoints fall on rollout
+//! boundaries) and writes the `metrics.csv` an uninterrupted run would (up to `seconds`).
 //!
 //! Determinism: initialisation is seeded; the environments, exploration noise, replay sampling
 //! and the actor's reparameterisation noise come from host generators seeded by `seed`; so the
@@ -25,10 +29,10 @@ use super::config::RlExperiment;
 use super::crl::{normals, Agent, UPDATE_STATS};
 use super::env::{EnvSpec, VecEnv};
 use super::replay::Replay;
+use super::RlRng;
 use crate::run_dir::{atomic_write, atomic_write_with, RunDir};
 use crate::train::checkpoint::{self, TrainerState};
 use anyhow::{Context, Result};
-use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -63,6 +67,64 @@ pub struct RlOptions {
     pub overwrite: bool,
     /// Print a line per evaluation to stderr.
     pub verbose: bool,
+    /// Continue the run in the directory from its latest checkpoint.
+    pub resume: bool,
+    /// Testing: fail as a crash would once this many environment steps are done (after the
+    /// checkpoint due then, if any).
+    pub crash_after: Option<u64>,
+}
+
+/// The loop's state at a checkpoint (`step_N.rl.json`); the replay buffer is beside it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct LoopState {
+    env_steps: u64,
+    updates: u64,
+    next_eval: u64,
+    next_ckpt: u64,
+    /// Updates whose statistics are summed in the replay file's `stats` since the last row.
+    stat_updates: u64,
+    /// The last evaluation's `(success, time_at_goal)`.
+    last: (f64, f64),
+    rng: RlRng,
+    env: super::env::EnvState,
+    replay_stored: usize,
+    replay_next: usize,
+}
+
+fn loop_state_file(run: &RunDir, step: u64) -> std::path::PathBuf {
+    run.checkpoints_dir().join(format!("step_{step}.rl.json"))
+}
+
+fn replay_file(run: &RunDir, step: u64) -> std::path::PathBuf {
+    run.checkpoints_dir().join(format!("step_{step}.replay.safetensors"))
+}
+
+/// Keys of the run's config that `--resume` may change: the length of the run and checkpointing.
+const RESUMABLE: &[&str] = &["train.env_steps", "log.checkpoint_every", "log.keep_checkpoints"];
+
+/// Dotted keys whose values differ between two configs (as YAML).
+fn changed_keys(a: &serde_yaml::Value, b: &serde_yaml::Value, prefix: &str, out: &mut Vec<String>) {
+    use serde_yaml::Value;
+    match (a, b) {
+        (Value::Mapping(ma), Value::Mapping(mb)) => {
+            let mut keys: Vec<&Value> = Vec::new();
+            for k in ma.keys().chain(mb.keys()) {
+                if !keys.contains(&k) {
+                    keys.push(k);
+                }
+            }
+            for k in keys {
+                let name = k.as_str().map(str::to_string).unwrap_or_else(|| format!("{k:?}"));
+                let key = if prefix.is_empty() { name } else { format!("{prefix}.{name}") };
+                match (ma.get(k), mb.get(k)) {
+                    (Some(x), Some(y)) => changed_keys(x, y, &key, out),
+                    _ => out.push(key),
+                }
+            }
+        }
+        _ if a != b => out.push(prefix.to_string()),
+        _ => {}
+    }
 }
 
 /// Seeds of the evaluation environments: the same tasks at every evaluation and for every run
@@ -97,7 +159,7 @@ pub fn evaluate(spec: &EnvSpec, seeds: &[u64], mut policy: impl FnMut(&[f32], &[
 /// The uniformly random policy's `(success, time_at_goal)` on the evaluation tasks of `seeds`
 /// (actions drawn from a generator seeded by `seed`).
 pub fn random_policy(spec: &EnvSpec, seeds: &[u64], seed: u64) -> (f64, f64) {
-    let mut rng = StdRng::seed_from_u64(seed.wrapping_add(0xdead_beef));
+    let mut rng = RlRng::seed_from_u64(seed.wrapping_add(0xdead_beef));
     evaluate(spec, seeds, |s, _| (0..s.len()).map(|_| rng.gen_range(-1.0f32..=1.0)).collect())
 }
 
@@ -111,22 +173,17 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
     let device = crate::device::resolve(request)?;
     let mut agent = crate::device::with_seed(cfg.seed, || Agent::new(cfg, exp.topology.as_ref(), device));
 
-    crate::run_dir::check_new(dir, opts.overwrite)?;
     let run = RunDir::new(dir);
-    let _lock = run.lock()?;
-    if opts.overwrite {
-        crate::run_dir::clear(dir)?;
+    if !opts.resume {
+        crate::run_dir::check_new(dir, opts.overwrite)?;
     }
-    run.clean_leftovers()?;
-    std::fs::create_dir_all(dir.join("figures")).with_context(|| format!("creating {}", dir.display()))?;
-    atomic_write(&run.file("config.yaml"), cfg.to_yaml().as_bytes())?;
-
+    let _lock = run.lock()?;
     let spec = cfg.env.spec();
     let (n, t_len) = (cfg.env.num_envs, cfg.env.episode_length);
     let seeds = eval_seeds(cfg.seed, cfg.log.eval_envs);
     let (random_success, random_time) = random_policy(&spec, &seeds, cfg.seed);
     let mut env = VecEnv::new(spec.clone(), &VecEnv::seeds(cfg.seed, n));
-    let mut rng = StdRng::seed_from_u64(cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1));
+    let mut rng = RlRng::seed_from_u64(cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1));
     let mut replay = Replay::new(t_len, cfg.train.replay_episodes);
     let t = &cfg.train;
     let start = Instant::now();
@@ -136,15 +193,79 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
     let mut stat_updates = 0u64;
     let mut csv = String::from(HEADER);
     let mut last = (0.0, 0.0);
+    if opts.resume {
+        let saved = std::fs::read_to_string(run.file("config.yaml"))
+            .with_context(|| format!("--resume: {} is not an `plexus rl` run directory", dir.display()))?;
+        let (old, new): (serde_yaml::Value, serde_yaml::Value) =
+            (serde_yaml::from_str(&saved)?, serde_yaml::from_str(&cfg.to_yaml())?);
+        let mut changed = Vec::new();
+        changed_keys(&old, &new, "", &mut changed);
+        let refused: Vec<&String> = changed.iter().filter(|k| !RESUMABLE.contains(&k.as_str())).collect();
+        if !refused.is_empty() {
+            anyhow::bail!(
+                "--resume: the config differs from the run's ({}) in {}; a resumed run may change only {}",
+                run.file("config.yaml").display(),
+                refused.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", "),
+                RESUMABLE.join(", ")
+            );
+        }
+        run.clean_leftovers()?;
+        let state = checkpoint::latest(&run)?
+            .with_context(|| format!("--resume: no complete checkpoint in {}", run.checkpoints_dir().display()))?;
+        let optim = checkpoint::load(&run, &state, &mut agent.vs)?;
+        let loop_file = loop_state_file(&run, state.step);
+        let text = std::fs::read_to_string(&loop_file).with_context(|| {
+            format!(
+                "--resume: reading {} (checkpoints of older plexus versions hold no loop state)",
+                loop_file.display()
+            )
+        })?;
+        let ls: LoopState = serde_json::from_str(&text).with_context(|| format!("reading {}", loop_file.display()))?;
+        agent.load_optim_state(&optim, ls.updates)?;
+        let rf = replay_file(&run, state.step);
+        let saved: std::collections::HashMap<String, tch::Tensor> = tch::Tensor::read_safetensors(&rf)
+            .map_err(|e| anyhow::anyhow!("reading {}: {}", rf.display(), checkpoint::torch_message(&e)))?
+            .into_iter()
+            .collect();
+        let floats = |name: &str| -> Result<Vec<f32>> {
+            let t = saved.get(name).with_context(|| format!("{} lacks `{name}`", rf.display()))?;
+            Ok(Vec::<f32>::try_from(t.reshape([-1]))?)
+        };
+        replay.restore(floats("states")?, floats("actions")?, ls.replay_stored, ls.replay_next)?;
+        stats = saved.get("stats").map(|s| s.to_device(device));
+        env.restore(ls.env)?;
+        (rng, env_steps, updates, next_eval, next_ckpt, stat_updates, last) =
+            (ls.rng, ls.env_steps, ls.updates, ls.next_eval, ls.next_ckpt, ls.stat_updates, ls.last);
+        // metrics.csv as it was at the checkpoint.
+        let metrics = std::fs::read_to_string(run.file("metrics.csv")).unwrap_or_default();
+        for line in metrics.lines().skip(1) {
+            let step: u64 = line.split(',').next().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX);
+            if step <= env_steps {
+                csv += line;
+                csv.push('\n');
+            }
+        }
+        if !changed.is_empty() {
+            atomic_write(&run.file("config.yaml"), cfg.to_yaml().as_bytes())?;
+        }
+    } else {
+        if opts.overwrite {
+            crate::run_dir::clear(dir)?;
+        }
+        run.clean_leftovers()?;
+        std::fs::create_dir_all(dir.join("figures")).with_context(|| format!("creating {}", dir.display()))?;
+        atomic_write(&run.file("config.yaml"), cfg.to_yaml().as_bytes())?;
+    }
     if opts.verbose {
         eprintln!(
-            "{}: {} on {} ({} parameters); random policy: success {:.3}, time at goal {:.3}",
+            "{}: {} on {} ({} parameters); random policy: success {:.3}, time at goal {:.3}{}",
             cfg.name,
             exp.topology.kind(),
             crate::device::describe(device),
             agent.num_params(),
             random_success,
-            random_time
+            random_time,
+            if opts.resume { format!("; resumed at {env_steps} environment steps") } else { String::new() }
         );
     }
     while env_steps < t.env_steps {
@@ -211,6 +332,30 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
         }
         if (cfg.log.checkpoint_every > 0 && env_steps >= next_ckpt) || done {
             next_ckpt = env_steps + cfg.log.checkpoint_every.max(1);
+            // The loop's state first, then the checkpoint, whose marker commits all of it.
+            let (states, actions, stored, next) = replay.contents();
+            let mut tensors =
+                vec![("states", tch::Tensor::from_slice(states)), ("actions", tch::Tensor::from_slice(actions))];
+            if let Some(s) = &stats {
+                tensors.push(("stats", crate::host::to_cpu(s)));
+            }
+            atomic_write_with(&replay_file(&run, env_steps), |p| {
+                let refs: Vec<(&str, &tch::Tensor)> = tensors.iter().map(|(k, t)| (*k, t)).collect();
+                Ok(tch::Tensor::write_safetensors(&refs, p)?)
+            })?;
+            let ls = LoopState {
+                env_steps,
+                updates,
+                next_eval,
+                next_ckpt,
+                stat_updates,
+                last,
+                rng: rng.clone(),
+                env: env.state(),
+                replay_stored: stored,
+                replay_next: next,
+            };
+            atomic_write(&loop_state_file(&run, env_steps), serde_json::to_string(&ls)?.as_bytes())?;
             let state = TrainerState {
                 step: env_steps,
                 data_index: updates,
@@ -220,6 +365,22 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
                 optim_crc32: None,
             };
             checkpoint::save(&run, &state, &agent.vs, &agent.optim_state(), cfg.log.keep_checkpoints)?;
+            // The loop states of checkpoints that were pruned.
+            let kept: Vec<u64> = checkpoint::list(&run)?.iter().map(|(_, s)| s.step).collect();
+            for e in std::fs::read_dir(run.checkpoints_dir())? {
+                let p = e?.path();
+                let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let step = name
+                    .strip_prefix("step_")
+                    .and_then(|r| r.strip_suffix(".rl.json").or_else(|| r.strip_suffix(".replay.safetensors")))
+                    .and_then(|v| v.parse::<u64>().ok());
+                if step.is_some_and(|s| !kept.contains(&s)) {
+                    std::fs::remove_file(&p)?;
+                }
+            }
+        }
+        if opts.crash_after.is_some_and(|c| env_steps >= c) && !done {
+            anyhow::bail!("{}: simulated crash after {env_steps} environment steps", cfg.name);
         }
     }
     atomic_write_with(&run.file("final.safetensors"), |p| Ok(agent.vs.save(p)?))?;

@@ -105,8 +105,11 @@ pub fn list(run: &RunDir) -> Result<Vec<(PathBuf, TrainerState)>> {
     let mut v = Vec::new();
     for e in std::fs::read_dir(&d)? {
         let p = e?.path();
-        let is_marker = p.extension().is_some_and(|x| x == "json")
-            && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("step_"));
+        // `step_<N>.json` exactly (other JSON files may sit beside the markers, e.g. RL loop states).
+        let is_marker = p.file_name().is_some_and(|n| {
+            let n = n.to_string_lossy();
+            n.strip_prefix("step_").and_then(|r| r.strip_suffix(".json")).is_some_and(|v| v.parse::<u64>().is_ok())
+        });
         if is_marker {
             let s: TrainerState = serde_json::from_str(&std::fs::read_to_string(&p)?)
                 .with_context(|| format!("reading checkpoint marker {}", p.display()))?;
