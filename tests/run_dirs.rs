@@ -133,6 +133,10 @@ fn a_second_writer_is_refused_naming_the_pid() {
     let err = fails(&plexus(&["train", s(&cfg), "--out", s(&run), "--overwrite"], tmp.path()));
     assert!(err.contains("in use"), "{err}");
     assert!(run.join("checkpoints/step_4.json").is_file(), "the refused --overwrite deleted nothing");
+    // analyze writes into the run directory too: refused while a training run holds it.
+    let err = fails(&plexus(&["analyze", s(&run)], tmp.path()));
+    assert!(err.contains("in use by another plexus process"), "{err}");
+    assert!(!run.join("analysis.json").exists());
     drop(lock);
     ok(&plexus(&["train", "--resume", s(&run), "--set", "train.steps=6"], tmp.path()));
 }

@@ -201,6 +201,8 @@ pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<AnalysisSummary> {
     opts.validate()?;
     let run = Run::load_on(path, opts.device)?;
     let d = &run.dir;
+    // analyze writes into the run directory: not while a training run holds it (nor a second analyze).
+    let _lock = d.lock()?;
     let exits = layerwise(&run);
     write_rows(&d.layerwise_file(), &exits)?;
     write_rows(&d.pruning_file(), &pruning(&exits))?;
