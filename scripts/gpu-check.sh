@@ -14,6 +14,7 @@
 #   train-*           CPU-size configs trained on the GPU in bf16 (Fashion-MNIST Mixers, GPT and LLaMA
 #                     on text), then analyze and plot on one of them
 #   train-dit-ancre   a pixel-space DiT on Fashion-MNIST in bf16, then `sample` (a PNG grid) and `fd`
+#   bench-*           paired step times: DiT-B/2 residual vs ANCRe; the paper Mixer × 6 topologies
 #   nproc             `train --nproc 2`: NCCL on 2 GPUs; on a 1-GPU machine (nproc-refused) it must
 #                     stop with an error that says there are fewer GPUs than processes
 #
@@ -73,6 +74,11 @@ step plot 120 "$PLEXUS" plot "$OUT/runs/mixer-hacn" "$OUT/runs/mixer-res" --out 
 step train-dit-ancre 300 "$PLEXUS" train configs/dit-fmnist/cpu/ancre.yaml "${GPU[@]}" --out "$OUT/runs/dit-ancre" --overwrite
 step sample-dit 120 "$PLEXUS" sample "$OUT/runs/dit-ancre" --device cuda --cfg 2
 step fd-dit 300 "$PLEXUS" fd "$OUT/runs/dit-ancre" --extractor "$OUT/runs/mixer-res" --samples 500 --device cuda
+# Step times on the GPU (paired, in one process): DiT-B/2 residual against ANCRe, and the paper
+# Mixer with the multi-stream and history topologies. Full matrix against PyTorch:
+# `python3 bench/run.py --suite gpu` (bench/README.md).
+step bench-dit 300 "$PLEXUS" bench bench/configs/gpu/dit.yaml --compare residual,ancre --steps 10 --warmup 3
+step bench-mixer 300 "$PLEXUS" bench bench/configs/gpu/mixer.yaml --compare residual,hacn,ancre,hyper,mhc,attnres --steps 10 --warmup 3
 NPROC=(train configs/mixer-fmnist/cpu/hacn.yaml --set device=cuda --set train.steps=50 --quiet --nproc 2 --dist-timeout 60 --out "$OUT/runs/nproc" --overwrite)
 GPUS=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU')
 if ((GPUS >= 2)); then
