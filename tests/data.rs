@@ -759,3 +759,70 @@ fn idx_multi_member_gzip_loads_and_an_empty_split_is_an_error() {
     let e = load_err(spec.as_ref());
     assert!(e.contains("t10k-images-idx3-ubyte.gz") && e.contains("0 images"), "{e}");
 }
+
+/// A data-parallel rank decodes only its slice of an image-folder batch, with the crops and flips
+/// the whole batch would give those images; an undecodable image in the slice falls back to the
+/// whole batch (`skip_bad` replacements as in one process).
+#[test]
+fn image_folder_ranks_decode_their_slice_with_the_whole_batch_crops() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("grad");
+    // Textured images (a diagonal gradient, one channel per class), so that crops and flips show.
+    for split in ["train", "val"] {
+        for (k, class) in ["a", "b"].iter().enumerate() {
+            let d = dir.join(split).join(class);
+            std::fs::create_dir_all(&d).unwrap();
+            for i in 0..8u32 {
+                let img = image::RgbImage::from_fn(24 + 3 * i, 20 + 2 * i, |x, y| {
+                    let v = ((x * 9 + y * 5 + 17 * i) % 256) as u8;
+                    image::Rgb(if k == 0 { [v, 0, 255 - v] } else { [0, v, v / 2] })
+                });
+                img.save_with_format(d.join(format!("{i}.png")), image::ImageFormat::Png).unwrap();
+            }
+        }
+    }
+    let opts = "{dir: grad, classes: 2, image_size: 12, batch_size: 8, eval_samples: 4, workers: 3, seed: 5, \
+                augment: random_resized_crop, skip_bad: true}";
+    let src = folder_spec(tmp.path(), opts).load().unwrap();
+    let slice = |b: &Batch, r: i64, w: i64| -> Batch {
+        let per = b.input.size()[0] / w;
+        Batch { input: b.input.narrow(0, r * per, per), target: b.target.narrow(0, r * per, per) }
+    };
+    for index in [0u64, 1, 5] {
+        let whole = src.train_batch(index).unwrap();
+        for world in [2usize, 4] {
+            for rank in 0..world {
+                let mine = src.train_shard(index, rank, world).unwrap();
+                assert_eq!(mine.input.size()[0], 8 / world as i64);
+                assert!(same(&mine, &slice(&whole, rank as i64, world as i64)), "batch {index}, rank {rank}/{world}");
+            }
+        }
+        // Not vacuous: the crops differ between positions, so a wrong offset would show.
+        let (a, b) = (slice(&whole, 0, 2), slice(&whole, 1, 2));
+        assert!(!a.input.equal(&b.input));
+    }
+    // An undecodable image: the rank whose slice holds it falls back to the whole batch (with the
+    // replacement a single process makes); the other rank's slice is unchanged.
+    let victim = src.train_batch(2).unwrap();
+    let files: Vec<PathBuf> =
+        ["a", "b"].iter().flat_map(|c| (0..8).map(move |i| PathBuf::from(format!("{c}/{i}.png")))).collect();
+    for f in &files {
+        // Break images one at a time until one of batch 2's is hit.
+        let p = dir.join("train").join(f);
+        let bytes = std::fs::read(&p).unwrap();
+        std::fs::write(&p, b"not a png").unwrap();
+        let fresh = folder_spec(tmp.path(), opts).load().unwrap();
+        let whole = fresh.train_batch(2).unwrap();
+        let changed = !same(&whole, &victim);
+        if changed {
+            for rank in 0..2 {
+                let mine = fresh.train_shard(2, rank, 2).unwrap();
+                assert!(same(&mine, &slice(&whole, rank as i64, 2)), "rank {rank} with {} broken", f.display());
+            }
+            std::fs::write(&p, bytes).unwrap();
+            return;
+        }
+        std::fs::write(&p, bytes).unwrap();
+    }
+    panic!("no image of batch 2 was found to break");
+}

@@ -178,7 +178,7 @@ impl DataSpec for Spec {
         // Decoded once, here, so that an unreadable evaluation image is an error of the load.
         source.eval = eval
             .chunks(self.o.batch_size)
-            .map(|c| source.decode(&c.iter().collect::<Vec<_>>(), None))
+            .map(|c| source.decode(&c.iter().collect::<Vec<_>>(), None, 0))
             .collect::<anyhow::Result<_>>()?;
         Ok(Box::new(source))
     }
@@ -301,8 +301,10 @@ impl std::fmt::Display for BadImage {
 
 impl FolderSource {
     /// Decodes `files` on `self.workers` threads into `[n, 3, S, S]` uint8 pixels and `[n]` labels.
-    /// `augment_tag`: `Some(batch index)` draws the random crops and flips from `(seed, index, i)`.
-    fn decode(&self, files: &[&(PathBuf, i64)], augment_tag: Option<u64>) -> anyhow::Result<Batch> {
+    /// `augment_tag`: `Some(batch index)` draws the random crops and flips from `(seed, index, i)`,
+    /// `i` the image's position in its batch (`first` is that of `files[0]`: a data-parallel rank
+    /// decodes a slice of the batch with the crops of the whole).
+    fn decode(&self, files: &[&(PathBuf, i64)], augment_tag: Option<u64>, first: usize) -> anyhow::Result<Batch> {
         let s = self.o.image_size as u32;
         let per_image = 3 * (s * s) as usize;
         let mut pixels = vec![0u8; files.len() * per_image];
@@ -316,7 +318,8 @@ impl FolderSource {
                 .map(|(c, (fs, out))| {
                     scope.spawn(move || -> anyhow::Result<()> {
                         for (k, (f, o)) in fs.iter().zip(out.chunks_exact_mut(per_image)).enumerate() {
-                            let mut rng = augment_tag.map(|t| rng_for(seed, &[0x1F0, t, (c * chunk + k) as u64]));
+                            let at = (first + c * chunk + k) as u64;
+                            let mut rng = augment_tag.map(|t| rng_for(seed, &[0x1F0, t, at]));
                             load_image(&f.0, s, rng.as_mut(), o).map_err(|e| e.context(BadImage(f.0.clone())))?;
                         }
                         Ok(())
@@ -333,19 +336,44 @@ impl FolderSource {
     }
 }
 
-impl DataSource for FolderSource {
-    fn train_batch(&self, index: u64) -> anyhow::Result<Batch> {
+impl FolderSource {
+    /// The images of training batch `index` (before any `skip_bad` replacement), its
+    /// augmentation tag, its epoch's order of the training images and where the batch ends in it.
+    #[allow(clippy::type_complexity)]
+    fn batch_files(&self, index: u64) -> (Vec<&(PathBuf, i64)>, Option<u64>, Vec<i64>, usize) {
         let per_epoch = self.batches_per_epoch();
         let (epoch, b) = (index / per_epoch, (index % per_epoch) as usize);
         let perm = super::in_memory::epoch_permutation(self.train.len(), self.o.seed, epoch);
         let bs = self.o.batch_size;
-        let mut files: Vec<&(PathBuf, i64)> =
-            perm[b * bs..(b + 1) * bs].iter().map(|&i| &self.train[i as usize]).collect();
-        let tag = (self.o.augment == Augment::RandomResizedCrop).then_some(index);
+        let files = perm[b * bs..(b + 1) * bs].iter().map(|&i| &self.train[i as usize]).collect();
+        (files, (self.o.augment == Augment::RandomResizedCrop).then_some(index), perm, (b + 1) * bs)
+    }
+}
+
+impl DataSource for FolderSource {
+    /// Decodes only this rank's slice of the batch (a `world`-fold saving of decoding on every
+    /// rank). An image in the slice that cannot be decoded falls back to the whole batch, sliced:
+    /// the replacement rules (`skip_bad`) and errors are then exactly the single-process ones.
+    fn train_shard(&self, index: u64, rank: usize, world: usize) -> anyhow::Result<Batch> {
+        if world > 1 {
+            let (files, tag, _, _) = self.batch_files(index);
+            let per = files.len() / world;
+            if let Ok(b) = self.decode(&files[rank * per..(rank + 1) * per], tag, rank * per) {
+                return Ok(b);
+            }
+        }
+        let b = self.train_batch(index)?;
+        Ok(Batch {
+            input: crate::dist::shard(&b.input, rank, world),
+            target: crate::dist::shard(&b.target, rank, world),
+        })
+    }
+    fn train_batch(&self, index: u64) -> anyhow::Result<Batch> {
         // Replacements for skipped images: the images after this batch in the epoch's order.
-        let mut next = (b + 1) * bs;
+        let (mut files, tag, perm, mut next) = self.batch_files(index);
+        let bs = self.o.batch_size;
         loop {
-            let e = match self.decode(&files, tag) {
+            let e = match self.decode(&files, tag, 0) {
                 Ok(batch) => return Ok(batch),
                 Err(e) => e,
             };

@@ -189,6 +189,20 @@ pub trait DataSource: Send {
     /// CPU, or on the training device once [`DataSource::make_resident`] said yes. An error (an
     /// unreadable file, named) reaches the trainer when it takes the batch, and stops the run.
     fn train_batch(&self, index: u64) -> anyhow::Result<Batch>;
+    /// Rows `rank·B/world .. (rank+1)·B/world` of training batch `index`: what rank `rank` of a
+    /// `world`-process data-parallel run trains on (`B` a multiple of `world`). The default makes
+    /// the whole batch and slices it; sources whose batches are expensive to make (decoded images)
+    /// make only the slice, with the same result.
+    fn train_shard(&self, index: u64, rank: usize, world: usize) -> anyhow::Result<Batch> {
+        let b = self.train_batch(index)?;
+        if world == 1 {
+            return Ok(b);
+        }
+        Ok(Batch {
+            input: crate::dist::shard(&b.input, rank, world),
+            target: crate::dist::shard(&b.target, rank, world),
+        })
+    }
     /// Batches in one epoch (1 for full-batch data).
     fn batches_per_epoch(&self) -> u64;
     /// The held-out evaluation set as fixed raw batches (empty if the dataset has none).

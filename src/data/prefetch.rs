@@ -1,5 +1,6 @@
-//! Batches prepared off the training thread: a worker calls `train_batch(i)` for consecutive
-//! indices ahead of the trainer, through a bounded channel.
+//! Batches prepared off the training thread: a worker calls `train_shard(i, rank, world)` (this
+//! process's slice of batch `i`) for consecutive indices ahead of the trainer, through a bounded
+//! channel.
 
 use super::{Batch, DataSource};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,10 +16,16 @@ pub struct Prefetcher {
 }
 
 impl Prefetcher {
-    /// Starts preparing batches `start, start+1, …`, keeping at most `depth` ready. Host batches
-    /// bound for a CUDA `device` are pinned here, on the data thread, so that the trainer's copy
-    /// is asynchronous.
-    pub fn new(source: Box<dyn DataSource>, start: u64, depth: usize, device: tch::Device) -> Self {
+    /// Starts preparing batches `start, start+1, …` — rank `rank` of `world`'s slice of each —
+    /// keeping at most `depth` ready. Host batches bound for a CUDA `device` are pinned here, on
+    /// the data thread, so that the trainer's copy is asynchronous.
+    pub fn new(
+        source: Box<dyn DataSource>,
+        start: u64,
+        depth: usize,
+        device: tch::Device,
+        (rank, world): (usize, usize),
+    ) -> Self {
         let (tx, rx) = sync_channel(depth.max(1));
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
@@ -27,7 +34,7 @@ impl Prefetcher {
             .spawn(move || {
                 let mut i = start;
                 while !flag.load(Ordering::Relaxed) {
-                    let batch = source.train_batch(i).and_then(|b| b.pinned_for(device));
+                    let batch = source.train_shard(i, rank, world).and_then(|b| b.pinned_for(device));
                     let failed = batch.is_err();
                     // After an error the thread stops: the trainer stops at that batch.
                     if tx.send(batch).is_err() || failed {

@@ -15,7 +15,6 @@ pub mod step;
 
 use crate::data::prefetch::Prefetcher;
 use crate::device;
-use crate::dist;
 use crate::experiment::Experiment;
 use crate::host;
 use crate::model::Model;
@@ -171,7 +170,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         if main { dir.eps_by_t()?.into_iter().filter(|r| r.0 < start).collect() } else { Vec::new() };
     let steps = tc.steps;
     let accum = tc.accumulation;
-    let mut batches = Prefetcher::new(data, start * accum, 4, dev);
+    let mut batches = Prefetcher::new(data, start * accum, 4, dev, (rank, world));
     let bar = progress_bar(steps, start, &cfg.name, opts.progress);
     let clock = Instant::now();
     let (mut samples, mut tokens) = (0u64, 0u64);
@@ -208,18 +207,8 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         // (Each rank draws its own dropout masks; rank 0 draws those of a single-process run.)
         let rng = device::seed_guard(step_seed(cfg.seed ^ (rank as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93), step));
         // The last step only measures the final loss: no update after it. Each rank trains on its
-        // slice of the global batch.
-        let next = || {
-            let b = batches.next_batch()?;
-            Ok(if world > 1 {
-                crate::data::Batch {
-                    input: dist::shard(&b.input, rank, world),
-                    target: dist::shard(&b.target, rank, world),
-                }
-            } else {
-                b
-            })
-        };
+        // slice of the global batch (the data thread makes only that slice).
+        let next = || batches.next_batch();
         let stats = t.step(step, next, (step < steps).then_some(lr))?;
         drop(rng);
         samples += stats.samples;
