@@ -75,6 +75,8 @@ pub struct BenchRow {
     pub peak_gpu_mb: f64,
     /// With `profile`: median ms of forward + loss, backward, optimizer (clip + update).
     pub phase_ms: Option<[f64; 3]>,
+    /// With `profile`, on the CPU: the operators of one step ([`crate::native::count_ops`]).
+    pub ops: Option<crate::native::OpCount>,
 }
 
 impl BenchRow {
@@ -340,6 +342,7 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
         let col = |k: usize| quantile(&phases.iter().map(|p| p[k]).collect::<Vec<_>>(), 0.5);
         [col(0), col(1), col(2)]
     });
+    let ops = if opts.profile && dev == Device::Cpu { Some(crate::native::count_ops(|| t.step())?.1) } else { None };
     let peak_rss_mb = rss_mb().map_or(f64::NAN, |m| m.1);
     let act_mem_mb = t.activation_mb();
     drop(_seed);
@@ -372,6 +375,7 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
         peak_gflops: peak_matmul_flops(dev, compute) / 1e9,
         peak_gpu_mb,
         phase_ms,
+        ops,
     })
 }
 
@@ -440,6 +444,10 @@ pub struct CompareRow {
     /// For multi-stream topologies: the memory-traffic lower bound of the overhead over the first
     /// entry, % ([`traffic_bound_pct`] with the stream's `B·T·D` and dtype).
     pub traffic_bound_pct: Option<f64>,
+    /// Operators that do work in one training step ([`crate::native::OpCount::kernels`]): on a
+    /// GPU, about the kernel launches, which bound a step of many small operators. Counted on the
+    /// CPU only (a CUDA backward runs on another thread); `None` on a GPU.
+    pub kernels: Option<u64>,
 }
 
 /// Topology overhead measured in one process: every experiment is built, warmed up, then stepped
@@ -469,6 +477,15 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
     });
     let bandwidth = copy_bandwidth(ts[0].dev);
     let first_ms = quantile(&times[0], 0.5);
+    let kernels = ts
+        .iter_mut()
+        .map(|t| {
+            if t.dev != Device::Cpu {
+                return Ok(None);
+            }
+            Ok(Some(crate::native::count_ops(|| t.step())?.1.kernels))
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok(exps
         .iter()
         .enumerate()
@@ -483,6 +500,7 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
                 act_mem_mb: ts[i].activation_mb(),
                 streams,
                 traffic_bound_pct: traffic_bound_pct(streams, units, elems, dtype_bytes, bandwidth, first_ms),
+                kernels: kernels[i],
             }
         })
         .collect())
@@ -616,30 +634,35 @@ pub fn compare_topologies(
     eprintln!("{case}: {} topologies, {} paired rounds…", exps.len(), opts.steps);
     let rows = crate::bench::compare(&exps, opts)?;
     println!(
-        "{:<24} {:>10} {:>14} {:>20} {:>9} {:>14}",
-        "topology", "ms/step", "overhead", "(p10 … p90)", "act MB", "traffic bound"
+        "{:<24} {:>10} {:>14} {:>20} {:>9} {:>14} {:>14}",
+        "topology", "ms/step", "overhead", "(p10 … p90)", "act MB", "traffic bound", "kernels/step"
     );
     let mut text = String::new();
     for r in &rows {
         let [m, lo, hi] = r.overhead_pct;
         // The bound: the least overhead a fully fused n-stream update could have (bench.rs).
         let bound = r.traffic_bound_pct.map(|b| format!("≥ {b:+.1}%")).unwrap_or_default();
+        let kernels = r.kernels.map(|k| k.to_string()).unwrap_or_default();
         println!(
-            "{:<24} {:>10.2} {:>13.1}% {:>20} {:>9.1} {:>14}",
+            "{:<24} {:>10.2} {:>13.1}% {:>20} {:>9.1} {:>14} {:>14}",
             r.label,
             r.ms,
             m,
             format!("({lo:+.1}% … {hi:+.1}%)"),
             r.act_mem_mb,
-            bound
+            bound,
+            kernels
         );
         let bound_csv = r.traffic_bound_pct.map(|b| format!("{b:.3}")).unwrap_or_default();
-        text += &format!("{case},{},{:.4},{m:.3},{lo:.3},{hi:.3},{:.2},{bound_csv}\n", r.label, r.ms, r.act_mem_mb);
+        text += &format!(
+            "{case},{},{:.4},{m:.3},{lo:.3},{hi:.3},{:.2},{bound_csv},{kernels}\n",
+            r.label, r.ms, r.act_mem_mb
+        );
     }
     if let Some(path) = csv {
         crate::report::append_csv(
             path,
-            "case,topology,ms_median,overhead_pct,overhead_p10,overhead_p90,act_mem_mb,traffic_bound_pct",
+            "case,topology,ms_median,overhead_pct,overhead_p10,overhead_p90,act_mem_mb,traffic_bound_pct,kernels_per_step",
             &text,
         )?;
     }

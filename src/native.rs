@@ -56,6 +56,8 @@ mod ffi {
         pub fn plexus_set_float32_matmul_precision(p: *const c_char) -> *mut c_char;
         pub fn plexus_float32_matmul_precision(out: *mut *mut c_char) -> *mut c_char;
         pub fn plexus_pin_memory(t: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
+        pub fn plexus_op_count_begin() -> *mut c_char;
+        pub fn plexus_op_count_end(out: *mut u64, names: *mut *mut c_char) -> *mut c_char;
     }
 }
 
@@ -348,4 +350,38 @@ pub fn pin_memory(t: &Tensor) -> Result<Tensor> {
     check(unsafe { ffi::plexus_pin_memory(t.as_ptr() as *mut _, &mut out) })?;
     // SAFETY: on success `out` is a fresh tensor handle that nothing else owns.
     Ok(unsafe { Tensor::from_ptr(out) })
+}
+
+/// Operators libtorch ran on this thread during [`count_ops`], from its dispatcher's own records
+/// (on the CPU a backward runs on the thread that calls it, so it is included).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct OpCount {
+    /// Leaf operator calls that do work (a kernel each, mostly): a CPU-measurable proxy of the
+    /// kernel launches the same code makes on a GPU, where a step of many small operators is
+    /// bound by launches, not by arithmetic.
+    pub kernels: u64,
+    /// Leaf calls that only make views or allocate (`view`, `select`, `expand`, `empty`, …).
+    pub metadata: u64,
+    /// Every operator call, composite ones (`linear`, `reshape`, …) included.
+    pub calls: u64,
+    /// The working leaf operators by name, most frequent first.
+    pub by_name: Vec<(String, u64)>,
+}
+
+/// Runs `f` while counting the operators libtorch executes (see [`OpCount`]). Counting slows
+/// every operator call; time nothing inside. One count at a time per process.
+pub fn count_ops<T>(f: impl FnOnce() -> T) -> Result<(T, OpCount)> {
+    // SAFETY: no arguments; the C++ side registers a global callback.
+    check(unsafe { ffi::plexus_op_count_begin() })?;
+    let value = f();
+    let mut out = [0u64; 3];
+    let mut names: *mut c_char = std::ptr::null_mut();
+    // SAFETY: `out` has the 3 slots the C++ side writes; `names` receives a malloc'd string.
+    check(unsafe { ffi::plexus_op_count_end(out.as_mut_ptr(), &mut names) })?;
+    let mut by_name: Vec<(String, u64)> = take_string(names)
+        .lines()
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(n, c)| Some((n.to_string(), c.parse().ok()?))))
+        .collect();
+    by_name.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    Ok((value, OpCount { kernels: out[0], metadata: out[1], calls: out[2], by_name }))
 }

@@ -32,6 +32,16 @@ pub fn print_bench(rows: &[crate::bench::BenchRow]) {
         if let Some([f, b, o]) = r.phase_ms {
             println!("{:<30} profile: forward + loss {f:.2} ms, backward {b:.2} ms, optimizer {o:.2} ms", "");
         }
+        if let Some(ops) = &r.ops {
+            let top: Vec<String> = ops.by_name.iter().take(10).map(|(n, c)| format!("{n} {c}")).collect();
+            println!(
+                "{:<30} operators per step: {} that do work (≈ GPU kernel launches), {} views/allocations; most: {}",
+                "",
+                ops.kernels,
+                ops.metadata,
+                top.join(", ")
+            );
+        }
     }
 }
 

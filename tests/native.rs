@@ -260,3 +260,30 @@ fn pin_memory_keeps_values_or_fails_cleanly() {
         }
     }
 }
+
+/// The operator counter sees what libtorch runs: one kernel for an add, none for views, and the
+/// backward's operators too.
+#[test]
+fn operators_are_counted_as_kernels_views_and_calls() {
+    use plexus::native::count_ops;
+    use tch::{Device, Kind, Tensor};
+    let a = Tensor::ones([4, 3], (Kind::Float, Device::Cpu));
+    let b = Tensor::ones([4, 3], (Kind::Float, Device::Cpu));
+    let (_, add) = count_ops(|| &a + &b).unwrap();
+    assert_eq!((add.kernels, add.metadata), (1, 0), "{add:?}");
+    let (_, views) = count_ops(|| a.view([3, 4]).transpose(0, 1).select(0, 1)).unwrap();
+    assert_eq!(views.kernels, 0, "{views:?}");
+    assert!(views.metadata >= 3, "{views:?}");
+    // mul and sum forward; backward of sum (an expand, no kernel, or a fill) and of mul (a mul).
+    let x = Tensor::ones([5], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let (_, fwd) = count_ops(|| (&x * 2.0).sum(Kind::Float)).unwrap();
+    assert_eq!(fwd.kernels, 2, "{fwd:?}");
+    let loss = (&x * 2.0).sum(Kind::Float);
+    let (_, bwd) = count_ops(|| loss.backward()).unwrap();
+    assert!(bwd.kernels >= 1 && bwd.calls > bwd.kernels, "{bwd:?}");
+    // Not counting outside: a second count starts from zero; nesting is refused.
+    let (_, again) = count_ops(|| &a + &b).unwrap();
+    assert_eq!(again.kernels, 1);
+    let nested = count_ops(|| count_ops(|| ()).map(|_| ()));
+    assert!(nested.unwrap().0.unwrap_err().to_string().contains("already running"));
+}

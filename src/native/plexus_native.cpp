@@ -19,6 +19,7 @@
 //   types come from src/native/gloo_decl (the wheel has no gloo headers).
 
 #include <ATen/Context.h>
+#include <ATen/record_function.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
 #include <c10/core/GradMode.h>
@@ -44,12 +45,16 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -560,6 +565,126 @@ char* plexus_pin_memory(at::Tensor* t, at::Tensor** out) {
   return guarded([&] {
     if (t == nullptr || !t->defined()) throw std::invalid_argument("pin_memory of an undefined tensor");
     *out = new at::Tensor(t->is_pinned() ? *t : t->pin_memory());
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Part 3: counting the operators that do work (a CPU-measurable proxy of GPU kernel launches).
+//
+// A RecordFunction callback sees every operator call through the dispatcher, nested: composite
+// operators (linear, reshape, cross-entropy, autograd nodes) call others. A *leaf* call — one that
+// calls no other operator — is what runs a kernel, unless it only makes a view or allocates
+// (view, select, transpose, expand, empty, …): those are counted apart. Only the thread that
+// began counting is counted (on the CPU, autograd runs a backward on the thread that calls it), so
+// other threads — data loading, tests running beside — do not enter the count.
+
+namespace op_count {
+std::atomic<uint64_t> leaves{0}, metadata{0}, calls{0};
+std::optional<at::CallbackHandle> handle;
+std::thread::id counted_thread;
+// Leaf operators that do work, by name (only the counting thread writes it).
+std::map<std::string, uint64_t> by_name;
+// Per thread: the open calls, innermost last: whether each has called another operator, and
+// whether it is a matrix product (counted as one kernel, whatever it calls: a CPU `bmm` of many
+// small matrices calls `mm` and `copy_` per matrix, where a GPU runs one batched kernel).
+struct OpenCall {
+  bool had_child = false;
+  bool product = false;
+};
+thread_local std::vector<OpenCall> open_calls;
+thread_local int inside_product = 0;
+
+bool is_product(const char* name) {
+  static const char* const kNames[] = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm",
+                                       "aten::mv", "aten::addmv", "aten::dot", "aten::addr"};
+  for (const char* n : kNames) {
+    if (std::strcmp(n, name) == 0) return true;
+  }
+  return false;
+}
+
+bool is_metadata(const char* name) {
+  static const char* const kNames[] = {
+      "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::_reshape_alias", "aten::as_strided",
+      "aten::select", "aten::slice", "aten::narrow", "aten::t", "aten::transpose", "aten::permute",
+      "aten::unsqueeze", "aten::squeeze", "aten::expand", "aten::expand_as", "aten::detach", "aten::alias",
+      "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::resize_", "aten::lift_fresh",
+      "aten::unbind", "aten::split", "aten::chunk", "aten::to", "aten::contiguous", "aten::flatten",
+      "aten::unflatten", "aten::view_as", "aten::result_type", "aten::set_", "aten::numpy_T",
+      "aten::split_with_sizes", "aten::movedim", "aten::swapaxes", "aten::diagonal", "aten::unfold",
+      "aten::type_as", "aten::is_nonzero", "aten::item", "aten::_local_scalar_dense", "aten::size",
+      "aten::stride", "aten::is_same_size", "aten::_has_compatible_shallow_copy_type", "aten::resolve_conj",
+      "aten::resolve_neg", "aten::conj", "aten::_conj", "aten::_neg_view", "detach_", "aten::detach_", "detach"};
+  for (const char* n : kNames) {
+    if (std::strcmp(n, name) == 0) return true;
+  }
+  return false;
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (std::this_thread::get_id() != counted_thread) return nullptr;
+  if (!open_calls.empty()) open_calls.back().had_child = true;
+  OpenCall call;
+  if (inside_product == 0 && fn.scope() == at::RecordScope::FUNCTION && is_product(fn.name())) {
+    call.product = true;
+    inside_product++;
+  }
+  open_calls.push_back(call);
+  return nullptr;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (std::this_thread::get_id() != counted_thread) return;
+  if (open_calls.empty()) return;  // began before counting started
+  OpenCall call = open_calls.back();
+  open_calls.pop_back();
+  if (fn.scope() != at::RecordScope::FUNCTION) return;  // autograd nodes: their operators count
+  calls++;
+  if (call.product) {
+    inside_product--;
+    leaves++;
+    by_name[fn.name()]++;
+    return;
+  }
+  if (inside_product > 0 || call.had_child) return;
+  if (is_metadata(fn.name())) {
+    metadata++;
+  } else {
+    leaves++;
+    by_name[fn.name()]++;
+  }
+}
+}  // namespace op_count
+
+char* plexus_op_count_begin() {
+  return guarded([&] {
+    if (op_count::handle) throw std::runtime_error("operator counting is already running");
+    op_count::leaves = 0;
+    op_count::metadata = 0;
+    op_count::calls = 0;
+    op_count::counted_thread = std::this_thread::get_id();
+    op_count::by_name.clear();
+    op_count::open_calls.clear();
+    op_count::inside_product = 0;
+    op_count::handle = at::addGlobalCallback(
+        at::RecordFunctionCallback(op_count::on_start, op_count::on_end)
+            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  });
+}
+
+// out: [leaf operators that do work, leaf view/allocation operators, all operator calls];
+// names: "name count" lines of the working leaf operators (malloc'd).
+char* plexus_op_count_end(uint64_t* out, char** names) {
+  return guarded([&] {
+    if (!op_count::handle) throw std::runtime_error("operator counting is not running");
+    at::removeCallback(*op_count::handle);
+    op_count::handle.reset();
+    out[0] = op_count::leaves;
+    out[1] = op_count::metadata;
+    out[2] = op_count::calls;
+    std::string text;
+    for (const auto& [name, n] : op_count::by_name) text += name + " " + std::to_string(n) + "\n";
+    *names = dup_string(text);
   });
 }
 

@@ -122,13 +122,18 @@ struct Mhc {
 
 /// Sinkhorn–Knopp on `exp(logits)` `[.., n, n]`: alternate row and column normalisation; the
 /// result is doubly stochastic (columns exactly, rows to the iteration's accuracy).
+///
+/// Run in the log domain: normalising the rows of `exp(L)` is a softmax over each row of `L`, so
+/// each half-iteration is one `log_softmax` — one kernel forward and one backward — where a sum
+/// and a division take two forward and about five backward (the same values to fp32 rounding,
+/// the same unrolled gradient). On a GPU, where these `[.., n, n]` tensors are tiny and every
+/// kernel is a launch, this is most of mHC's cost (`plexus bench --compare` counts kernels).
 pub fn sinkhorn(logits: &Tensor, iters: usize) -> Tensor {
-    let mut m = (logits - logits.amax([-2, -1], true)).exp();
+    let mut l = logits.to_kind(Kind::Float);
     for _ in 0..iters {
-        m = &m / m.sum_dim_intlist(-1, true, Kind::Float);
-        m = &m / m.sum_dim_intlist(-2, true, Kind::Float);
+        l = l.log_softmax(-1, Kind::Float).log_softmax(-2, Kind::Float);
     }
-    m
+    l.exp()
 }
 
 impl StreamMixing for Mhc {
