@@ -57,6 +57,7 @@ mod ffi {
         pub fn plexus_float32_matmul_precision(out: *mut *mut c_char) -> *mut c_char;
         pub fn plexus_pin_memory(t: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn plexus_op_count_begin() -> *mut c_char;
+        pub fn plexus_clear_grads(ts: *mut *mut C_tensor, n: i64) -> *mut c_char;
         pub fn plexus_op_count_end(out: *mut u64, names: *mut *mut c_char) -> *mut c_char;
     }
 }
@@ -384,4 +385,13 @@ pub fn count_ops<T>(f: impl FnOnce() -> T) -> Result<(T, OpCount)> {
         .collect();
     by_name.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     Ok((value, OpCount { kernels: out[0], metadata: out[1], calls: out[2], by_name }))
+}
+
+/// Drops the gradient of every tensor in `ts` (`.grad = None`, PyTorch's
+/// `zero_grad(set_to_none=True)`): the next backward stores its gradient instead of adding it to
+/// a zeroed one — no `zero_` and no `add_` per parameter and step (tch's `zero_grad` zeroes in place).
+pub fn clear_grads(ts: &[Tensor]) -> Result<()> {
+    let mut ptrs: Vec<*mut torch_sys::C_tensor> = ts.iter().map(|t| t.as_ptr() as *mut _).collect();
+    // SAFETY: every pointer is a live `at::Tensor*` for the call; the C++ side resets their grads.
+    check(unsafe { ffi::plexus_clear_grads(ptrs.as_mut_ptr(), ptrs.len() as i64) })
 }

@@ -229,7 +229,8 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
             .collect();
         let floats = |name: &str| -> Result<Vec<f32>> {
             let t = saved.get(name).with_context(|| format!("{} lacks `{name}`", rf.display()))?;
-            Ok(Vec::<f32>::try_from(t.reshape([-1]))?)
+            // f32 → f64 → f32 is exact.
+            Ok(crate::host::values(t).into_iter().map(|v| v as f32).collect())
         };
         replay.restore(floats("states")?, floats("actions")?, ls.replay_stored, ls.replay_next)?;
         stats = saved.get("stats").map(|s| s.to_device(device));

@@ -148,11 +148,14 @@ impl Optim {
         }
     }
 
+    /// Drops every gradient (`None`, as torch.optim's default `set_to_none=True`): the next
+    /// backward stores fresh gradients rather than adding into zeroed ones (a `zero_` and an
+    /// `add_` per parameter saved, which on a GPU are launches); a parameter that then gets none is
+    /// skipped by the update, as in torch.optim.
     pub fn zero_grad(&self) {
         self.flat_grads.replace(None);
-        for p in &self.params {
-            p.value.shallow_clone().zero_grad();
-        }
+        let values: Vec<Tensor> = self.params.iter().map(|p| p.value.shallow_clone()).collect();
+        crate::native::clear_grads(&values).expect("parameters are defined tensors");
     }
 
     /// Each bucket's gradient as one flat `[P]` tensor (one `cat`), or `None` where a member has
@@ -510,5 +513,12 @@ mod tests {
         // exp_avg = (1 − β1)·clipped g = 0.1 · 3/(3√5).
         let m = opt.state().into_iter().find(|(n, _)| n == "exp_avg.a.b").unwrap().1;
         assert!((m.double_value(&[0]) - 0.1 / 5f64.sqrt()).abs() < 1e-6);
+        // zero_grad drops the gradients (`None`), and the next backward stores fresh ones: a
+        // second gradient is not added to the first.
+        opt.zero_grad();
+        assert!(!w.grad().defined() && !b.grad().defined());
+        (&b * 2.0).sum(Kind::Float).backward();
+        assert_eq!(b.grad().double_value(&[0]), 2.0);
+        assert!(!w.grad().defined(), "w was not used");
     }
 }
