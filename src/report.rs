@@ -33,7 +33,8 @@ pub fn print_bench(rows: &[crate::bench::BenchRow]) {
             println!("{:<30} profile: forward + loss {f:.2} ms, backward {b:.2} ms, optimizer {o:.2} ms", "");
         }
         if let Some(ops) = &r.ops {
-            let top: Vec<String> = ops.by_name.iter().take(10).map(|(n, c)| format!("{n} {c}")).collect();
+            let shown = if std::env::var_os("PLEXUS_OPS_ALL").is_some() { usize::MAX } else { 10 };
+            let top: Vec<String> = ops.by_name.iter().take(shown).map(|(n, c)| format!("{n} {c}")).collect();
             println!(
                 "{:<30} operators per step: {} that do work (≈ GPU kernel launches), {} views/allocations; most: {}",
                 "",

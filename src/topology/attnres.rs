@@ -99,10 +99,9 @@ impl AttnRes {
     /// it is, scaled by its cached `1/rms` — the normalised source is never materialised (the
     /// first version normalised every earlier source again for every unit: O(L²) full-size
     /// temporaries). The mixture is an `addcmul` chain: one pass per source, no `α_i v_i` temporaries.
-    fn attend(&self, q: usize, sources: &[&Source]) -> (Tensor, Tensor) {
-        let query = self.queries.get(q as i64);
+    fn attend(&self, query: &Tensor, sources: &[&Source]) -> (Tensor, Tensor) {
         let logits: Vec<Tensor> =
-            sources.iter().map(|s| s.value.to_kind(Kind::Float).matmul(&query) * &s.inv_rms).collect();
+            sources.iter().map(|s| s.value.to_kind(Kind::Float).matmul(query) * &s.inv_rms).collect();
         let alpha = Tensor::stack(&logits, -1).softmax(-1, Kind::Float);
         let weight = |i: usize, s: &Source| alpha.select(-1, i as i64).unsqueeze(-1).to_kind(s.value.kind());
         let first = &sources[0].value * weight(0, sources[0]);
@@ -113,6 +112,9 @@ impl AttnRes {
     /// Runs the stack; with `trace`, collects the columns of C.
     fn run(&self, x0: &Tensor, units: &[&dyn Unit], train: bool, mut trace: Option<&mut Vec<Vec<f64>>>) -> Tensor {
         let l = units.len();
+        // One `unbind` of the queries (backward: one `stack`), not a `get` per unit, whose
+        // backward writes a zero `[L+1, D]` gradient each time.
+        let queries = self.queries.unbind(0);
         let mut column = |alpha: &Tensor, sources: &[&Source]| {
             if let Some(cols) = trace.as_deref_mut() {
                 let mean = common::to_vec(&alpha.reshape([-1, sources.len() as i64]).mean_dim(0, false, Kind::Double));
@@ -129,7 +131,7 @@ impl AttnRes {
         let mut partial: Option<Source> = None;
         for (k, f) in units.iter().enumerate() {
             let sources: Vec<&Source> = done.iter().chain(partial.as_ref()).collect();
-            let (input, alpha) = self.attend(k, &sources);
+            let (input, alpha) = self.attend(&queries[k], &sources);
             column(&alpha, &sources);
             let h = f.forward(&input, Norm::Default, train);
             if self.full {
@@ -147,7 +149,7 @@ impl AttnRes {
             }
         }
         let sources: Vec<&Source> = done.iter().collect();
-        let (y, alpha) = self.attend(l, &sources);
+        let (y, alpha) = self.attend(&queries[l], &sources);
         column(&alpha, &sources);
         y
     }

@@ -230,14 +230,17 @@ impl Hacn {
 
 impl Topology for Hacn {
     fn forward(&self, x0: &Tensor, units: &[&dyn Unit], train: bool) -> Tensor {
-        let a = self.a();
+        // The per-unit scalars as one `unbind` each: its backward is one `stack`, where a `get(k)`
+        // per unit costs a zero-filled `[L]` gradient, a copy and an accumulation per unit.
+        let a = self.a().unbind(0);
+        let scales = self.norm_scale.as_ref().map(|s| s.unbind(0));
         let mut x = x0.shallow_clone();
         let mut acc = x0.shallow_clone();
         for (k, f) in units.iter().enumerate() {
-            let scale = self.norm_scale.as_ref().map(|s| s.get(k as i64));
-            let norm = scale.as_ref().map_or(Norm::Default, Norm::Scaled);
+            let norm = scales.as_ref().map_or(Norm::Default, |s| Norm::Scaled(&s[k]));
             let h = f.forward(&x, norm, train);
-            x = &h + a.get(k as i64) * &x;
+            // `h + a_k·x` as one kernel.
+            x = h.addcmul(&x, &a[k]);
             if self.long {
                 acc = acc + h;
             }

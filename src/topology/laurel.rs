@@ -132,15 +132,16 @@ impl Topology for Laurel {
             let x = &streams[k];
             let h = f.forward(x, Norm::Default, train);
             let next = if let Some(w) = &layer.weights {
-                let ab = w.softmax(0, Kind::Float);
-                h * ab.get(0) + x * ab.get(1)
+                let ab = w.softmax(0, Kind::Float).unbind(0);
+                (h * &ab[0]).addcmul(x, &ab[1])
             } else {
                 let mut z = h + x;
                 match &layer.gamma {
                     None => z = z + layer.low_rank(x, self.compute),
                     Some(g) => {
-                        for j in 1..=(g.size()[0] as usize).min(k + 1) {
-                            z = z + layer.low_rank(&streams[k + 1 - j], self.compute) * g.get(j as i64 - 1);
+                        let g = g.unbind(0);
+                        for j in 1..=g.len().min(k + 1) {
+                            z = z.addcmul(&layer.low_rank(&streams[k + 1 - j], self.compute), &g[j - 1]);
                         }
                     }
                 }

@@ -74,9 +74,9 @@ struct ReZero {
 impl Topology for ReZero {
     fn forward(&self, x0: &Tensor, units: &[&dyn Unit], train: bool) -> Tensor {
         let norm = if self.norm_off { Norm::Off } else { Norm::Default };
-        units
-            .iter()
-            .enumerate()
-            .fold(x0.shallow_clone(), |x, (k, f)| f.forward(&x, norm, train) * self.alpha.get(k as i64) + x)
+        // One `unbind` (backward: one `stack`) rather than a `get(k)` per unit, and `x + α_k·f(x)`
+        // as one `addcmul`.
+        let alpha = self.alpha.unbind(0);
+        units.iter().zip(&alpha).fold(x0.shallow_clone(), |x, (f, a)| x.addcmul(&f.forward(&x, norm, train), a))
     }
 }
