@@ -130,7 +130,10 @@ impl StreamMixing for Hyper {
             }
         };
         let n = self.n as i64;
-        (a.select(-1, 0), a.narrow(-1, 1, n), b)
+        // One split (backward: one `cat`), not a select and a narrow, whose backwards each
+        // zero-fill an `[.., n, n+1]` gradient and copy into it.
+        let parts = a.split_with_sizes([1, n], -1);
+        (parts[0].squeeze_dim(-1), parts[1].shallow_clone(), b)
     }
 }
 

@@ -149,12 +149,15 @@ impl StreamMixing for Mhc {
         let nd = v.size()[v.dim() - 1] as f64;
         let r = v.norm_scalaropt_dim(2.0, [-1i64], true) / nd.sqrt();
         let q = common::matmul(&v, &l.phi, self.compute) / &r;
-        let pre = (q.narrow(-1, 0, n) * &l.alpha_pre + &l.bias_pre).sigmoid();
-        let post = (q.narrow(-1, n, n) * &l.alpha_post + &l.bias_post).sigmoid() * 2.0;
+        // One split (backward: one `cat`), not three narrows, whose backwards each zero-fill a
+        // gradient of q's size and copy into it.
+        let parts = q.split_with_sizes([n, n, n * n], -1);
+        let pre = (&parts[0] * &l.alpha_pre + &l.bias_pre).sigmoid();
+        let post = (&parts[1] * &l.alpha_post + &l.bias_post).sigmoid() * 2.0;
         let mut shape = q.size();
         shape.pop();
         shape.extend([n, n]);
-        let res = q.narrow(-1, 2 * n, n * n).reshape(shape.as_slice()) * &l.alpha_res + &l.bias_res;
+        let res = parts[2].reshape(shape.as_slice()) * &l.alpha_res + &l.bias_res;
         (pre, sinkhorn(&res, self.iters), post)
     }
 }
