@@ -82,3 +82,32 @@ fn the_parity_bench_writes_the_same_columns() {
     let stem_input_grad = 2.0 * 32.0 * 64.0 * 32.0;
     assert!((counted - (analytic - stem_input_grad)).abs() < 1e-6 * analytic, "counted {counted}, analytic {analytic}");
 }
+
+/// Kernels per step (operators that do work, counted exactly on the CPU): what each topology adds
+/// per unit over residual stays within what its update rule needs. Counts, not timings: they do
+/// not depend on the machine's load. The bounds guard the changes that cut them — mHC's Sinkhorn
+/// was ~450 kernels per unit before it ran in the log domain (~150 now), and every per-unit
+/// `get(k)` of a topology parameter costs ~3 more in backward.
+#[test]
+fn topologies_add_a_bounded_number_of_kernels_per_unit() {
+    let exps: Vec<(String, Experiment)> = ["residual", "hacn", "rezero", "ancre", "hyper", "mhc"]
+        .iter()
+        .map(|t| (t.to_string(), Experiment::from_str(MLP, "<test>", &[format!("topology.kind={t}")]).unwrap()))
+        .collect();
+    let rows = bench::compare(&exps, &BenchOptions { steps: 1, warmup: 1, case: None, profile: false }).unwrap();
+    let kernels = |t: &str| rows.iter().find(|r| r.label == t).unwrap().kernels.expect("counted on the CPU");
+    let e = &exps[0].1;
+    let model = plexus::model::Model::new(e.model.as_ref(), e.topology.as_ref(), tch::Device::Cpu, tch::Kind::Float);
+    let units = model.depth() as f64;
+    for (t, most) in [("hacn", 12.0), ("rezero", 30.0), ("hyper", 60.0), ("mhc", 250.0)] {
+        let per_unit = (kernels(t) as f64 - kernels("residual") as f64) / units;
+        println!(
+            "{t}: {} kernels per step, {per_unit:.1} per unit over residual ({})",
+            kernels(t),
+            kernels("residual")
+        );
+        assert!(per_unit > 0.0 && per_unit <= most, "{t}: {per_unit} kernels per unit over residual (at most {most})");
+    }
+    // ANCRe reads every earlier state: its count grows with depth, beyond residual's.
+    assert!(kernels("ancre") > kernels("hacn"));
+}
