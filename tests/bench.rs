@@ -99,7 +99,7 @@ fn topologies_add_a_bounded_number_of_kernels_per_unit() {
     let e = &exps[0].1;
     let model = plexus::model::Model::new(e.model.as_ref(), e.topology.as_ref(), tch::Device::Cpu, tch::Kind::Float);
     let units = model.depth() as f64;
-    for (t, most) in [("hacn", 12.0), ("rezero", 30.0), ("hyper", 60.0), ("mhc", 250.0)] {
+    for (t, most) in [("hacn", 12.0), ("rezero", 35.0), ("hyper", 60.0), ("mhc", 250.0)] {
         let per_unit = (kernels(t) as f64 - kernels("residual") as f64) / units;
         println!(
             "{t}: {} kernels per step, {per_unit:.1} per unit over residual ({})",

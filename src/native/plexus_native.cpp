@@ -584,9 +584,10 @@ char* plexus_clear_grads(at::Tensor** ts, int64_t n) {
 // Part 3: counting the operators that do work (a CPU-measurable proxy of GPU kernel launches).
 //
 // A RecordFunction callback sees every operator call through the dispatcher, nested: composite
-// operators (linear, reshape, cross-entropy, autograd nodes) call others. A *leaf* call — one that
-// calls no other operator — is what runs a kernel, unless it only makes a view or allocates
-// (view, select, transpose, expand, empty, …): those are counted apart. Only the thread that
+// operators (linear, reshape, cross-entropy, autograd nodes) call others. A call that calls no
+// working operator — none, or only views and allocations (a kernel allocating its output through
+// `empty` is still one kernel) — is what runs a kernel, unless it only makes a view or allocates
+// itself (view, select, transpose, expand, empty, …): those are counted apart. Only the thread that
 // began counting is counted (on the CPU, autograd runs a backward on the thread that calls it), so
 // other threads — data loading, tests running beside — do not enter the count.
 
@@ -600,7 +601,7 @@ std::map<std::string, uint64_t> by_name;
 // whether it is a matrix product (counted as one kernel, whatever it calls: a CPU `bmm` of many
 // small matrices calls `mm` and `copy_` per matrix, where a GPU runs one batched kernel).
 struct OpenCall {
-  bool had_child = false;
+  bool had_work_child = false;
   bool product = false;
 };
 thread_local std::vector<OpenCall> open_calls;
@@ -635,7 +636,6 @@ bool is_metadata(const char* name) {
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (std::this_thread::get_id() != counted_thread) return nullptr;
-  if (!open_calls.empty()) open_calls.back().had_child = true;
   OpenCall call;
   if (inside_product == 0 && fn.scope() == at::RecordScope::FUNCTION && is_product(fn.name())) {
     call.product = true;
@@ -650,21 +650,34 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (open_calls.empty()) return;  // began before counting started
   OpenCall call = open_calls.back();
   open_calls.pop_back();
-  if (fn.scope() != at::RecordScope::FUNCTION) return;  // autograd nodes: their operators count
+  auto work_done = [] {
+    if (!open_calls.empty()) open_calls.back().had_work_child = true;
+  };
+  // Autograd nodes and the engine's records around them: their operators count, not they.
+  if (fn.scope() != at::RecordScope::FUNCTION || std::strncmp(fn.name(), "autograd::", 10) == 0) {
+    if (call.had_work_child) work_done();
+    return;
+  }
   calls++;
   if (call.product) {
     inside_product--;
     leaves++;
     by_name[fn.name()]++;
+    work_done();
     return;
   }
-  if (inside_product > 0 || call.had_child) return;
+  if (inside_product > 0) return;
+  if (call.had_work_child) {  // composite: its working operators were counted
+    work_done();
+    return;
+  }
   if (is_metadata(fn.name())) {
     metadata++;
-  } else {
-    leaves++;
-    by_name[fn.name()]++;
+    return;
   }
+  leaves++;
+  by_name[fn.name()]++;
+  work_done();
 }
 }  // namespace op_count
 
