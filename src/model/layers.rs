@@ -151,7 +151,9 @@ pub fn embed_tokens(weight: &Tensor, tokens: &Tensor) -> Tensor {
 pub struct Rope {
     /// `[max_len, hd]` fp32 (computed in fp64), each frequency repeated for both halves.
     cos: Tensor,
-    sin: Tensor,
+    /// `[max_len, hd]`: `−sin` on the first half, `sin` on the second (the rotation's sign folded
+    /// in, see [`Rope::apply`]).
+    sin_signed: Tensor,
 }
 
 impl Rope {
@@ -162,9 +164,10 @@ impl Rope {
         let inv_freq = (Tensor::arange_start_step(0, head_dim, 2, opts) * (-base.ln() / head_dim as f64)).exp();
         let freqs = Tensor::arange(max_len, opts).outer(&inv_freq); // [max_len, hd/2]
         let emb = Tensor::cat(&[&freqs, &freqs], -1); // [max_len, hd]
+        let sin_signed = Tensor::cat(&[freqs.sin().neg(), freqs.sin()], -1);
         Self {
             cos: emb.cos().to_kind(Kind::Float).to_device(device),
-            sin: emb.sin().to_kind(Kind::Float).to_device(device),
+            sin_signed: sin_signed.to_kind(Kind::Float).to_device(device),
         }
     }
 
@@ -173,14 +176,14 @@ impl Rope {
         let (t, hd) = (x.size()[2], x.size()[3]);
         let max_len = self.cos.size()[0];
         assert!(t <= max_len, "sequence of {t} tokens is longer than the model's context seq_len = {max_len}");
-        let (cos, sin) = (self.cos.narrow(0, 0, t), self.sin.narrow(0, 0, t));
-        let (x1, x2) = (x.narrow(-1, 0, hd / 2), x.narrow(-1, hd / 2, hd / 2));
-        let rotated = Tensor::cat(&[&x2.neg(), &x1], -1);
-        x * cos + rotated * sin
+        let (cos, sin_signed) = (self.cos.narrow(0, 0, t), self.sin_signed.narrow(0, 0, t));
+        // rotate_half(x)·sin = [−x₂, x₁]·[s, s] = roll(x, hd/2)·[−s, s]: one `roll` instead of two
+        // halves, a negation and a `cat` (whose backwards zero-fill and copy), and one `addcmul`.
+        (x * cos).addcmul(&x.roll([hd / 2], [-1]), &sin_signed)
     }
 
     pub fn shallow_clone(&self) -> Self {
-        Self { cos: self.cos.shallow_clone(), sin: self.sin.shallow_clone() }
+        Self { cos: self.cos.shallow_clone(), sin_signed: self.sin_signed.shallow_clone() }
     }
 }
 
