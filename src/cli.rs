@@ -105,25 +105,11 @@ pub enum Cmd {
     /// row per class, written into the run's figures directory.
     Sample {
         run: PathBuf,
-        #[arg(long, value_enum, default_value = "ddim")]
-        sampler: crate::diffusion::Sampler,
-        /// DDIM steps (DDPM always runs all 1000).
-        #[arg(long, default_value_t = 50)]
-        steps: usize,
-        /// Classifier-free guidance scale (1 = off).
-        #[arg(long, default_value_t = 1.0)]
-        cfg: f64,
         /// Images per class.
         #[arg(long, default_value_t = 8)]
         per_class: usize,
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Weights to sample with: the moving average where the run kept one (`auto`), `ema`, or `raw`.
-        #[arg(long, value_enum, default_value = "auto")]
-        weights: crate::diffusion::Weights,
-        /// `cpu`, `cuda`, `cuda:N` or `auto`.
-        #[arg(long, default_value = "cpu")]
-        device: String,
+        #[command(flatten)]
+        sampling: SamplingArgs,
     },
     /// Fréchet distance between images sampled from a diffusion run and real held-out images, in
     /// the features of a classifier run plexus trained (not FID-50K: no Inception network).
@@ -135,19 +121,8 @@ pub enum Cmd {
         /// Generated and real images, each.
         #[arg(long, default_value_t = 1000)]
         samples: usize,
-        #[arg(long, value_enum, default_value = "ddim")]
-        sampler: crate::diffusion::Sampler,
-        #[arg(long, default_value_t = 50)]
-        steps: usize,
-        #[arg(long, default_value_t = 1.0)]
-        cfg: f64,
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Weights to sample with: the moving average where the run kept one (`auto`), `ema`, or `raw`.
-        #[arg(long, value_enum, default_value = "auto")]
-        weights: crate::diffusion::Weights,
-        #[arg(long, default_value = "cpu")]
-        device: String,
+        #[command(flatten)]
+        sampling: SamplingArgs,
     },
     /// Check every topology and backbone against its PyTorch reference (parity/), forward and
     /// every gradient. Prints one line per case; exits non-zero if any fails.
@@ -282,6 +257,39 @@ pub enum Cmd {
         #[arg(long)]
         quiet: bool,
     },
+}
+
+/// How `plexus sample` and `plexus fd` draw from a diffusion run.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SamplingArgs {
+    #[arg(long, value_enum, default_value = "ddim")]
+    pub sampler: crate::diffusion::Sampler,
+    /// DDIM steps (DDPM always runs all 1000).
+    #[arg(long, default_value_t = 50)]
+    pub steps: usize,
+    /// Classifier-free guidance scale (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub cfg: f64,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Weights to sample with: the moving average where the run kept one (`auto`), `ema`, or `raw`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub weights: crate::diffusion::Weights,
+    /// `cpu`, `cuda`, `cuda:N` or `auto`.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+impl SamplingArgs {
+    pub fn options(&self) -> crate::diffusion::SampleOptions {
+        crate::diffusion::SampleOptions {
+            sampler: self.sampler,
+            steps: self.steps,
+            cfg: self.cfg,
+            seed: self.seed,
+            weights: self.weights,
+        }
+    }
 }
 
 /// Exit code for configuration errors (usage errors), as opposed to 1 for failures at run time.
@@ -462,19 +470,20 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Sample { run, sampler, steps, cfg, per_class, seed, device, weights } => {
-            let o = crate::diffusion::SampleOptions { sampler, steps, cfg, seed, weights };
-            let out = crate::diffusion::sample_run(&run, per_class, &o, &device)?;
+        Cmd::Sample { run, per_class, sampling } => {
+            let o = sampling.options();
+            let out = crate::diffusion::sample_run(&run, per_class, &o, &sampling.device)?;
             println!(
-                "samples ({sampler:?}, {} steps, cfg {cfg}): {}",
-                if sampler == crate::diffusion::Sampler::Ddim { steps } else { 1000 },
+                "samples ({:?}, {} steps, cfg {}): {}",
+                o.sampler,
+                if o.sampler == crate::diffusion::Sampler::Ddim { o.steps } else { 1000 },
+                o.cfg,
                 out.display()
             );
             Ok(())
         }
-        Cmd::Fd { run, extractor, samples, sampler, steps, cfg, seed, device, weights } => {
-            let o = crate::diffusion::SampleOptions { sampler, steps, cfg, seed, weights };
-            let fd = crate::fd::fd_command(&run, &extractor, samples, &o, &device)?;
+        Cmd::Fd { run, extractor, samples, sampling } => {
+            let fd = crate::fd::fd_command(&run, &extractor, samples, &sampling.options(), &sampling.device)?;
             println!(
                 "Fréchet distance {fd:.4} ({samples} generated vs {samples} real test images, features of the \
                  plexus-trained classifier {}; NOT FID-50K: no Inception network, not comparable with published FIDs)",

@@ -275,7 +275,7 @@ pub fn noisy(x0: &Tensor, t: &Tensor, eps: &Tensor) -> Tensor {
 /// A reverse-process sampler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Sampler {
-    /// DDPM ancestral sampling over all [`STEPS`] steps, posterior variance `β̃_t` (or the
+    /// DDPM ancestral sampling over all 1000 steps, posterior variance `β̃_t` (or the
     /// model's own with `learn_sigma`).
     Ddpm,
     /// DDIM with η = 0 (deterministic) over `steps` evenly spaced timesteps.
