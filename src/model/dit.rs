@@ -39,7 +39,7 @@ use super::layers::{attention, Linear};
 use super::mixer::patchify;
 use super::mlp::matching;
 use super::{Backbone, ModelEntry, ModelSpec};
-use crate::config::{parse_options, required, OptionError};
+use crate::config::{parse_options, OptionError};
 use crate::data::DataInfo;
 use crate::topology::{Norm, StackInfo, Unit};
 use serde::Deserialize;
@@ -107,20 +107,8 @@ pub struct Spec {
 
 fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
-    let depth = required(o.depth, "depth")?;
-    let (c, s) = super::square_images("dit", data)?;
-    let mlp_hidden = o.mlp_hidden.unwrap_or(4 * o.width);
-    super::check_sizes(
-        &[("width", o.width), ("depth", depth), ("heads", o.heads), ("mlp_hidden", mlp_hidden)],
-        o.patch,
-        s,
-    )?;
-    if !o.width.is_multiple_of(4) || o.width < 8 {
-        return Err(OptionError::new("width", o.width, "a multiple of 4, at least 8 (the 2-D sin-cos embedding)"));
-    }
-    if !o.width.is_multiple_of(o.heads) {
-        return Err(OptionError::new("heads", o.heads, format!("a divisor of width = {}", o.width)));
-    }
+    let (c, s, depth, mlp_hidden) =
+        super::patch_transformer_sizes("dit", data, o.depth, (o.width, o.heads, o.patch), o.mlp_hidden)?;
     Ok(Box::new(Spec {
         image_size: matching("image_size", o.image_size, s)?,
         channels: matching("channels", o.channels, c)?,

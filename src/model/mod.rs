@@ -227,6 +227,30 @@ pub(crate) fn square_images(kind: &'static str, data: &DataInfo) -> Result<(usiz
     }
 }
 
+/// The sizes of a patch transformer with a 2-D sin-cos position table (ViT, DiT), checked against
+/// square image data: `(channels, image side, depth, mlp_hidden)`, with `depth` required and
+/// `mlp_hidden` defaulting to `4·width`; the width a multiple of 4 (the table's four quarters) and
+/// of `heads`.
+pub(crate) fn patch_transformer_sizes(
+    kind: &'static str,
+    data: &DataInfo,
+    depth: Option<usize>,
+    (width, heads, patch): (usize, usize, usize),
+    mlp_hidden: Option<usize>,
+) -> Result<(usize, usize, usize, usize), OptionError> {
+    let depth = crate::config::required(depth, "depth")?;
+    let (c, s) = square_images(kind, data)?;
+    let mlp_hidden = mlp_hidden.unwrap_or(4 * width);
+    check_sizes(&[("width", width), ("depth", depth), ("heads", heads), ("mlp_hidden", mlp_hidden)], patch, s)?;
+    if !width.is_multiple_of(4) || width < 8 {
+        return Err(OptionError::new("width", width, "a multiple of 4, at least 8 (the 2-D sin-cos embedding)"));
+    }
+    if !width.is_multiple_of(heads) {
+        return Err(OptionError::new("heads", heads, format!("a divisor of width = {width}")));
+    }
+    Ok((c, s, depth, mlp_hidden))
+}
+
 /// Checks that every `(key, value)` is a size in 1..=65536 and that `patch` divides the image side.
 pub(crate) fn check_sizes(sizes: &[(&str, usize)], patch: usize, side: usize) -> Result<(), OptionError> {
     for &(key, v) in sizes {
