@@ -541,3 +541,43 @@ fn a_moving_average_is_kept_resumed_exactly_and_sampled_from() {
     let e = err(TINY, &["train.ema=1.0"]);
     assert!(e.contains("train.ema") && e.contains("[0, 1)"), "{e}");
 }
+
+/// `plexus sample` and `plexus fd` from the command line: a PNG grid, a Fréchet distance that
+/// says it is not FID, and `--weights ema` on a run without an average refused.
+#[test]
+fn plexus_sample_and_fd_run_from_the_command_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = tmp.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let data = "data: {kind: synthetic_images, image_size: 8, channels: 3, classes: 4, samples: 32, batch_size: 8}\n";
+    let dit = write("dit.yaml", &TINY.replace("steps: 14", "steps: 4"));
+    let cls = write(
+        "cls.yaml",
+        &format!(
+            "name: cls\nmodel: {{kind: mixer, patch: 4, width: 8, token_hidden: 8, channel_hidden: 8, depth: 1}}\n\
+             topology: {{kind: residual}}\n{data}train: {{optimizer: adamw, lr: 1.0e-3, steps: 4}}\n"
+        ),
+    );
+    let run = |args: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_plexus"))
+            .args(args)
+            .current_dir(tmp.path())
+            .output()
+            .unwrap();
+        (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr))
+    };
+    for (cfg, out) in [(&dit, "d"), (&cls, "c")] {
+        let (ok, text) = run(&["train", cfg, "--out", out, "--quiet"]);
+        assert!(ok, "{text}");
+    }
+    let (ok, text) = run(&["sample", "d", "--steps", "3", "--per-class", "2", "--cfg", "2", "--weights", "raw"]);
+    assert!(ok && text.contains("samples-ddim3-cfg2.png"), "{text}");
+    assert!(tmp.path().join("d/figures/samples-ddim3-cfg2.png").is_file());
+    let (ok, text) = run(&["sample", "d", "--weights", "ema"]);
+    assert!(!ok && text.contains("train.ema"), "{text}");
+    let (ok, text) = run(&["fd", "d", "--extractor", "c", "--samples", "8", "--steps", "2"]);
+    assert!(ok && text.contains("Fréchet distance") && text.contains("NOT FID-50K"), "{text}");
+}

@@ -414,3 +414,33 @@ fn a_killed_run_resumes_to_the_uninterrupted_one() {
     let e = trainer::train(&changed, &b, &RlOptions { resume: true, ..Default::default() }).unwrap_err().to_string();
     assert!(e.contains("in `network.width`;") && e.contains("train.env_steps"), "{e}");
 }
+
+/// `plexus rl --resume RUN_DIR --set train.env_steps=N` extends a finished run from its last
+/// checkpoint through the command line; a change of any other key is refused, naming it.
+#[test]
+fn plexus_rl_resume_extends_a_run_from_the_command_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("tiny.yaml");
+    std::fs::write(
+        &cfg,
+        "name: t\nseed: 1\ndevice: cpu\nenv: {layout: u, num_envs: 8, episode_length: 20, max_step: 0.1, \
+         goal_radius: 0.1}\nnetwork: {width: 16, depth: 4, block_size: 4, repr_dim: 8, topology: {kind: residual}}\n\
+         train: {env_steps: 320, batch_size: 32, updates_per_rollout: 2, replay_episodes: 64}\n\
+         log: {eval_every: 160, eval_envs: 8}\n",
+    )
+    .unwrap();
+    let run = tmp.path().join("run");
+    let (r, c) = (run.to_str().unwrap(), cfg.to_str().unwrap());
+    let o = common::plexus(&["rl", c, "--out", r, "--quiet"], tmp.path());
+    assert!(o.status.success(), "{:?}", common::text(&o));
+    let o = common::plexus(&["rl", "--resume", r, "--set", "network.width=32"], tmp.path());
+    assert!(!o.status.success());
+    let (_, err) = common::text(&o);
+    assert!(err.contains("`network.width`") && err.contains("train.env_steps"), "{err}");
+    let o = common::plexus(&["rl", "--resume", r, "--set", "train.env_steps=640", "--quiet"], tmp.path());
+    assert!(o.status.success(), "{:?}", common::text(&o));
+    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    let steps: Vec<&str> = metrics.lines().skip(1).map(|l| l.split(',').next().unwrap()).collect();
+    assert_eq!(steps, ["160", "320", "480", "640"], "{metrics}");
+    assert!(std::fs::read_to_string(run.join("config.yaml")).unwrap().contains("env_steps: 640"));
+}
