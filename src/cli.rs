@@ -275,8 +275,8 @@ pub struct SamplingArgs {
     /// Weights to sample with: the moving average where the run kept one (`auto`), `ema`, or `raw`.
     #[arg(long, value_enum, default_value = "auto")]
     pub weights: crate::diffusion::Weights,
-    /// `cpu`, `cuda`, `cuda:N` or `auto`.
-    #[arg(long, default_value = "cpu")]
+    /// `auto` (a GPU if there is one), `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "auto")]
     pub device: String,
 }
 
