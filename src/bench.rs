@@ -548,11 +548,7 @@ pub fn bench_distributed(
         "{}: the global batch of {global} does not split evenly over {world} processes",
         cfg.name
     );
-    let b = &t.batch;
-    t.batch = crate::data::Batch {
-        input: crate::dist::shard(&b.input, rank, world),
-        target: crate::dist::shard(&b.target, rank, world),
-    };
+    t.batch = t.batch.shard(rank, world);
     let dev = info.device(t.dev, crate::device::Machine::current().cuda_devices)?;
     anyhow::ensure!(dev == t.dev, "data-parallel benchmarks on GPUs need `device: cuda` in the config");
     t.stepper.distribute(crate::dist::Dist::join(info, dev)?)?;

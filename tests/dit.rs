@@ -2,6 +2,8 @@
 //! parity of the dit cases, the diffusion task through the trainer (resume, validation buckets),
 //! loss on real Fashion-MNIST, and config errors.
 
+mod common;
+
 use plexus::data::Task;
 use plexus::experiment::Experiment;
 use plexus::model::{dit, Model};
@@ -562,12 +564,9 @@ fn plexus_sample_and_fd_run_from_the_command_line() {
         ),
     );
     let run = |args: &[&str]| {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_plexus"))
-            .args(args)
-            .current_dir(tmp.path())
-            .output()
-            .unwrap();
-        (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr))
+        let o = common::plexus(args, tmp.path());
+        let (out, err) = common::text(&o);
+        (o.status.success(), out + &err)
     };
     for (cfg, out) in [(&dit, "d"), (&cls, "c")] {
         let (ok, text) = run(&["train", cfg, "--out", out, "--quiet"]);

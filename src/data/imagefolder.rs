@@ -362,11 +362,7 @@ impl DataSource for FolderSource {
                 return Ok(b);
             }
         }
-        let b = self.train_batch(index)?;
-        Ok(Batch {
-            input: crate::dist::shard(&b.input, rank, world),
-            target: crate::dist::shard(&b.target, rank, world),
-        })
+        Ok(self.train_batch(index)?.shard(rank, world))
     }
     fn train_batch(&self, index: u64) -> anyhow::Result<Batch> {
         // Replacements for skipped images: the images after this batch in the epoch's order.

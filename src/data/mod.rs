@@ -121,6 +121,13 @@ impl Batch {
         }
     }
 
+    /// Rank `rank` of `world`'s rows of this (global) batch ([`crate::dist::shard`]); the batch
+    /// itself for one process.
+    pub fn shard(&self, rank: usize, world: usize) -> Batch {
+        let part = |t: &Tensor| if world == 1 { t.shallow_clone() } else { crate::dist::shard(t, rank, world) };
+        Batch { input: part(&self.input), target: part(&self.target) }
+    }
+
     /// The batch on `device` without waiting: from pinned memory the copy is queued on the
     /// current stream and the training thread goes on (a no-op when it is there already).
     pub fn to_device_async(&self, device: Device) -> Batch {
@@ -194,14 +201,7 @@ pub trait DataSource: Send {
     /// the whole batch and slices it; sources whose batches are expensive to make (decoded images)
     /// make only the slice, with the same result.
     fn train_shard(&self, index: u64, rank: usize, world: usize) -> anyhow::Result<Batch> {
-        let b = self.train_batch(index)?;
-        if world == 1 {
-            return Ok(b);
-        }
-        Ok(Batch {
-            input: crate::dist::shard(&b.input, rank, world),
-            target: crate::dist::shard(&b.target, rank, world),
-        })
+        Ok(self.train_batch(index)?.shard(rank, world))
     }
     /// Batches in one epoch (1 for full-batch data).
     fn batches_per_epoch(&self) -> u64;
