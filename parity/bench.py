@@ -1,9 +1,11 @@
 """PyTorch side of the benchmarks: the model of a plexus config, built by the parity references
 (the same shapes, topology and parameter names as plexus), trained with torch.optim.AdamW with the
-same parameter groups, in eager mode and with torch.compile, timed like `plexus bench` and written
+same parameter groups (`fused=True` by default, as nanoGPT does: libtorch's one-pass kernel, which
+plexus also runs; `--adamw default` gives torch.optim's own choice, a per-tensor loop on the CPU
+and `foreach` on CUDA), in eager mode and with torch.compile, timed like `plexus bench` and written
 in the same CSV columns.
 
-    python parity/bench.py CONFIG.yaml [--mode eager|compile] [--steps 20] [--warmup 5]
+    python parity/bench.py CONFIG.yaml [--mode eager|compile] [--steps 20] [--warmup 5] [--adamw fused|default]
                            [--set key=value ...] [--case NAME] [--csv FILE]
 
 Protocol (as `plexus bench`, src/bench.rs): one fixed random batch of the config's shapes is reused
@@ -141,7 +143,7 @@ def batch_size(cfg):
     return int(data["batch_size"])
 
 
-def bench(cfg, mode, steps, warmup, case_name, profile=False):
+def bench(cfg, mode, steps, warmup, case_name, profile=False, adamw="fused"):
     device = torch.device("cuda" if str(cfg.get("device", "cpu")).startswith("cuda") else "cpu")
     torch.manual_seed(int(cfg.get("seed", 0)))
     model = parity_run.build_model(cfg).to(device)
@@ -163,7 +165,8 @@ def bench(cfg, mode, steps, warmup, case_name, profile=False):
     step_loss = torch.compile(loss_fn) if mode == "compile" else loss_fn
     train = cfg.get("train", {})
     betas = tuple(train.get("betas", (0.9, 0.999)))
-    opt = torch.optim.AdamW(param_groups(model, train), betas=betas, eps=float(train.get("eps", 1e-8)))
+    fused = {"fused": True} if adamw == "fused" else {}
+    opt = torch.optim.AdamW(param_groups(model, train), betas=betas, eps=float(train.get("eps", 1e-8)), **fused)
     clip = train.get("clip_grad_norm")
 
     def step():
@@ -281,6 +284,8 @@ def main(argv=None):
     ap.add_argument("--csv", help="append the row to this CSV (header when new)")
     ap.add_argument("--profile", action="store_true",
                     help="also print (stderr) the forward/backward/optimizer medians and torch.profiler's top ops")
+    ap.add_argument("--adamw", choices=["fused", "default"], default="fused",
+                    help="fused: torch.optim.AdamW(fused=True), plexus's kernel (default); default: torch.optim's choice")
     args = ap.parse_args(argv)
     try:
         with open(args.config) as fh:
@@ -289,7 +294,7 @@ def main(argv=None):
             apply_override(cfg, item)
         if args.mode == "compile" and args.warmup < 2:
             raise common.OptionError("--mode compile needs --warmup ≥ 2 (compilation happens there)")
-        row = bench(cfg, args.mode, args.steps, args.warmup, args.case, args.profile)
+        row = bench(cfg, args.mode, args.steps, args.warmup, args.case, args.profile, args.adamw)
     except common.OptionError as e:
         print(f"parity/bench.py: {e}", file=sys.stderr)
         return 2

@@ -10,7 +10,9 @@
 //! * CUDA facts and memory statistics ([`cuda_device_info`], [`cuda_memory_stats`], …) that
 //!   `tch::Cuda` lacks, and the float32 matmul precision (TF32) switch;
 //! * data-parallel collectives on PyTorch's own distributed engine, c10d ([`ProcessGroup`]):
-//!   TCPStore rendezvous, then ProcessGroupGloo (CPU tensors) or ProcessGroupNCCL (CUDA tensors).
+//!   TCPStore rendezvous, then ProcessGroupGloo (CPU tensors) or ProcessGroupNCCL (CUDA tensors);
+//! * the training step's tensor-list operations: gradients dropped ([`clear_grads`]) and the fused
+//!   AdamW kernel ([`fused_adamw`]); the operator counter behind `bench`'s kernels per step.
 //!
 //! A CPU-only libtorch builds this module too; the CUDA functions then return an error saying so.
 use anyhow::{anyhow, bail, Result};
@@ -58,6 +60,19 @@ mod ffi {
         pub fn plexus_pin_memory(t: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn plexus_op_count_begin() -> *mut c_char;
         pub fn plexus_clear_grads(ts: *mut *mut C_tensor, n: i64) -> *mut c_char;
+        pub fn plexus_fused_adamw(
+            params: *mut *mut C_tensor,
+            grads: *mut *mut C_tensor,
+            exp_avgs: *mut *mut C_tensor,
+            exp_avg_sqs: *mut *mut C_tensor,
+            n: i64,
+            step: *mut C_tensor,
+            lr: f64,
+            beta1: f64,
+            beta2: f64,
+            weight_decay: f64,
+            eps: f64,
+        ) -> *mut c_char;
         pub fn plexus_op_count_end(out: *mut u64, names: *mut *mut c_char) -> *mut c_char;
     }
 }
@@ -394,4 +409,57 @@ pub fn clear_grads(ts: &[Tensor]) -> Result<()> {
     let mut ptrs: Vec<*mut torch_sys::C_tensor> = ts.iter().map(|t| t.as_ptr() as *mut _).collect();
     // SAFETY: every pointer is a live `at::Tensor*` for the call; the C++ side resets their grads.
     check(unsafe { ffi::plexus_clear_grads(ptrs.as_mut_ptr(), ptrs.len() as i64) })
+}
+
+/// AdamW's hyper-parameters for one [`fused_adamw`] call (one parameter group).
+#[derive(Debug, Clone, Copy)]
+pub struct AdamwHyper {
+    pub lr: f64,
+    pub betas: [f64; 2],
+    pub weight_decay: f64,
+    pub eps: f64,
+}
+
+/// One AdamW update of `params` in place, with their gradients and moments, as
+/// `torch.optim.AdamW(fused=True)`: libtorch's fused kernel, a single pass over the four tensors
+/// per parameter (CPU and CUDA) instead of eight elementwise kernels. `step`: a 0-dim float32
+/// tensor on the parameters' device holding the number of updates including this one. All the
+/// tensors are on one device with one dtype; the four lists are parallel.
+pub fn fused_adamw(
+    params: &[Tensor],
+    grads: &[Tensor],
+    exp_avgs: &[Tensor],
+    exp_avg_sqs: &[Tensor],
+    step: &Tensor,
+    h: AdamwHyper,
+) -> Result<()> {
+    let n = params.len();
+    if grads.len() != n || exp_avgs.len() != n || exp_avg_sqs.len() != n {
+        bail!(
+            "fused_adamw: {n} parameters but {} gradients, {} and {} moments",
+            grads.len(),
+            exp_avgs.len(),
+            exp_avg_sqs.len()
+        );
+    }
+    let ptrs = |ts: &[Tensor]| -> Vec<*mut torch_sys::C_tensor> { ts.iter().map(|t| t.as_ptr() as *mut _).collect() };
+    let (mut p, mut g, mut m, mut v) = (ptrs(params), ptrs(grads), ptrs(exp_avgs), ptrs(exp_avg_sqs));
+    let [beta1, beta2] = h.betas;
+    // SAFETY: every pointer is a live `at::Tensor*` for the call (borrowed from the slices); the C++
+    // side copies the handles and updates the tensors' data in place.
+    check(unsafe {
+        ffi::plexus_fused_adamw(
+            p.as_mut_ptr(),
+            g.as_mut_ptr(),
+            m.as_mut_ptr(),
+            v.as_mut_ptr(),
+            n as i64,
+            step.as_ptr() as *mut _,
+            h.lr,
+            beta1,
+            beta2,
+            h.weight_decay,
+            h.eps,
+        )
+    })
 }

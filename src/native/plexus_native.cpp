@@ -580,6 +580,34 @@ char* plexus_clear_grads(at::Tensor** ts, int64_t n) {
   });
 }
 
+// AdamW over `n` parameter tensors in one fused libtorch kernel (`at::_fused_adamw_`, what
+// torch.optim.AdamW(fused=True) runs on CPU and CUDA; tch binds no tensor-list operator): per
+// element it reads the parameter, gradient and both moments once and writes them once, in the
+// parameters' precision with fp32 arithmetic for bf16/fp16. `step` is a 0-dim float32 tensor on the
+// parameters' device holding the update count including this update (bias correction reads it
+// there, so a CUDA step needs no host value). All tensors share one device and dtype.
+char* plexus_fused_adamw(at::Tensor** params, at::Tensor** grads, at::Tensor** exp_avgs, at::Tensor** exp_avg_sqs,
+                         int64_t n, at::Tensor* step, double lr, double beta1, double beta2, double weight_decay,
+                         double eps) {
+  return guarded([&] {
+    if (step == nullptr || !step->defined()) throw std::invalid_argument("fused_adamw without a step tensor");
+    std::vector<at::Tensor> p, g, m, v, steps;
+    for (int64_t i = 0; i < n; ++i) {
+      for (at::Tensor** list : {params, grads, exp_avgs, exp_avg_sqs}) {
+        if (list[i] == nullptr || !list[i]->defined()) throw std::invalid_argument("fused_adamw of an undefined tensor");
+      }
+      p.push_back(*params[i]);
+      g.push_back(*grads[i]);
+      m.push_back(*exp_avgs[i]);
+      v.push_back(*exp_avg_sqs[i]);
+      steps.push_back(*step);
+    }
+    at::NoGradGuard no_grad;
+    at::_fused_adamw_(p, g, m, v, {}, steps, lr, beta1, beta2, weight_decay, eps, /*amsgrad=*/false,
+                      /*maximize=*/false);
+  });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Part 3: counting the operators that do work (a CPU-measurable proxy of GPU kernel launches).
 //

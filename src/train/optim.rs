@@ -9,6 +9,7 @@
 //! GPT's and LLaMA's rotary), which nanoGPT also exempts.
 
 use crate::config::{Optimizer, TrainConfig};
+use crate::native::{fused_adamw, AdamwHyper};
 use anyhow::{bail, Result};
 use std::collections::HashMap;
 use tch::{Kind, Tensor};
@@ -46,8 +47,8 @@ struct Param {
 
 /// AdamW's parameters of one group (and dtype, device) held in flat 1-D buffers: `value` `[P]`
 /// (every parameter's data is a view into it, installed with `set_data`), `exp_avg`, `exp_avg_sq`
-/// `[P]`. The update then runs 9 kernels per bucket on `[P]` instead of 8 per parameter tensor
-/// (tch binds no multi-tensor `_foreach_`/`_fused_adamw_` ops). Gradients stay per parameter
+/// `[P]`. The update is then one fused kernel per bucket on `[P]` (libtorch's `_fused_adamw_`,
+/// through [`crate::native`]) instead of eight per parameter tensor. Gradients stay per parameter
 /// (autograd owns them); they are concatenated once per step into `[P]`.
 struct Bucket {
     group: Group,
@@ -58,6 +59,9 @@ struct Bucket {
     exp_avg_sq: Tensor,
     /// `[P]` moving average of `value` (undefined without `train.ema`).
     ema: Tensor,
+    /// `[]` float32 on the bucket's device: the update count, which the fused kernel's bias
+    /// correction reads where it runs (set before each update, so a restored count needs nothing).
+    step: Tensor,
 }
 
 /// Plain gradient descent or AdamW (PyTorch's update rule, decoupled weight decay).
@@ -127,7 +131,8 @@ impl Optim {
                     }
                     off += numel;
                 }
-                buckets.push(Bucket { group, members, value, exp_avg, exp_avg_sq, ema });
+                let step = Tensor::zeros([], (Kind::Float, dev));
+                buckets.push(Bucket { group, members, value, exp_avg, exp_avg_sq, ema, step });
             }
         } else if cfg.ema.is_some() {
             for p in &mut params {
@@ -272,45 +277,51 @@ impl Optim {
     /// One update with learning rate `lr` (before the group multipliers).
     pub fn step(&mut self, lr: f64) {
         self.steps_done += 1;
-        let t = self.steps_done as i32;
-        let [b1, b2] = self.betas;
-        let c1 = 1.0 - b1.powi(t);
-        let c2 = 1.0 - b2.powi(t);
+        let t = self.steps_done;
         let flat = self.flat_grads.replace(None).unwrap_or_else(|| self.concat_grads());
-        let (eps, wd, mult) = (self.eps, self.weight_decay, self.topology_lr_mult);
-        let group_lr = |g: Group| if g == Group::Topology { lr * mult } else { lr };
-        // PyTorch's single-tensor AdamW, in place wherever tch allows: `p ← p(1 − lr·wd)`,
-        // `m ← lerp(m, g, 1−β1)`, `v ← lerp(v, g², 1−β2)`, `p ← p + m / denom` with
-        // `denom = −(√v/√c2 + eps)·c1/lr` (tch's addcdiv_ has no `value`, so the step size is folded
-        // into the denominator).
-        let adamw = |v: &Tensor, m: &Tensor, s: &Tensor, g: Tensor, g_is_temp: bool, group: Group| {
-            let lr = group_lr(group);
-            if group == Group::Decay && wd > 0.0 {
-                let _ = v.shallow_clone().g_mul_scalar_(1.0 - lr * wd);
-            }
-            let _ = m.shallow_clone().lerp_(&g, 1.0 - b1);
-            // The flat gradient is this step's own temporary: square it in place.
-            let g2 = if g_is_temp { g.shallow_clone().square_() } else { g.square() };
-            let _ = s.shallow_clone().lerp_(&g2, 1.0 - b2);
-            let mut denom = s.sqrt();
-            let _ = denom.g_mul_scalar_(-c1 / (lr * c2.sqrt())).g_add_scalar_(-eps * c1 / lr);
-            let _ = v.shallow_clone().addcdiv_(m, &denom);
-        };
+        let group_lr = |g: Group| if g == Group::Topology { lr * self.topology_lr_mult } else { lr };
         tch::no_grad(|| {
             if self.kind == Optimizer::Adamw {
                 for (b, g) in self.buckets.iter().zip(flat) {
-                    match g {
-                        Some(g) => adamw(&b.value, &b.exp_avg, &b.exp_avg_sq, g, true, b.group),
+                    // PyTorch's AdamW (decoupled decay `p ← p(1 − lr·wd)`, bias-corrected moments)
+                    // in libtorch's fused kernel: one pass per bucket instead of eight.
+                    let hyper = AdamwHyper {
+                        lr: group_lr(b.group),
+                        betas: self.betas,
+                        weight_decay: if b.group == Group::Decay { self.weight_decay } else { 0.0 },
+                        eps: self.eps,
+                    };
+                    let _ = b.step.shallow_clone().fill_(t as f64);
+                    let done = match g {
+                        Some(g) => fused_adamw(
+                            &[b.value.shallow_clone()],
+                            &[g],
+                            &[b.exp_avg.shallow_clone()],
+                            &[b.exp_avg_sq.shallow_clone()],
+                            &b.step,
+                            hyper,
+                        ),
                         None => {
-                            for &i in &b.members {
-                                let p = &self.params[i];
-                                let g = p.value.grad();
-                                if g.defined() {
-                                    adamw(&p.value, &p.exp_avg, &p.exp_avg_sq, g, false, p.group);
-                                }
-                            }
+                            // Only the members that have a gradient, as views of the flat buffers.
+                            let with_grad: Vec<&Param> = b
+                                .members
+                                .iter()
+                                .map(|&i| &self.params[i])
+                                .filter(|p| p.value.grad().defined())
+                                .collect();
+                            let list =
+                                |f: &dyn Fn(&Param) -> Tensor| with_grad.iter().map(|p| f(p)).collect::<Vec<_>>();
+                            fused_adamw(
+                                &list(&|p| p.value.shallow_clone()),
+                                &list(&|p| p.value.grad().contiguous()),
+                                &list(&|p| p.exp_avg.shallow_clone()),
+                                &list(&|p| p.exp_avg_sq.shallow_clone()),
+                                &b.step,
+                                hyper,
+                            )
                         }
-                    }
+                    };
+                    done.expect("AdamW's tensors share the bucket's device and dtype");
                 }
                 return;
             }
@@ -473,6 +484,47 @@ mod tests {
             assert!((got[i] - want[i]).abs() < 1e-6, "w[{i}]: {} vs {}", got[i], want[i]);
         }
         assert!((a.double_value(&[0]) - want_a).abs() < 1e-6, "a: {} vs {want_a}", a.double_value(&[0]));
+    }
+
+    /// bf16 parameters (and moments): the update is computed in fp32 and rounded once per tensor
+    /// and step, so after a few steps the parameters are within one bf16 rounding of the update
+    /// rule done in f64 on the same bf16-rounded state — an eight-kernel bf16 update rounds after
+    /// every kernel and drifts by several roundings.
+    #[test]
+    fn adamw_on_bf16_parameters_rounds_once_per_step() {
+        let cfg: TrainConfig =
+            serde_yaml::from_str("{optimizer: adamw, lr: 0.05, weight_decay: 0.1, betas: [0.9, 0.99], eps: 1.0e-8}")
+                .unwrap();
+        let n = 64usize;
+        let init: Vec<f64> = (0..n).map(|i| 1.0 + i as f64 / n as f64).collect();
+        let grads: Vec<f64> = (0..n).map(|i| ((i * 37 % 17) as f64 - 8.0) / 3.0).collect();
+        let bf16 = |x: &[f64]| -> Vec<f64> {
+            Vec::<f64>::try_from(Tensor::from_slice(x).to_kind(Kind::BFloat16).to_kind(Kind::Double)).unwrap()
+        };
+        let w = Tensor::from_slice(&init).to_kind(Kind::BFloat16).reshape([8, 8]).set_requires_grad(true);
+        let gw = Tensor::from_slice(&grads).to_kind(Kind::BFloat16).reshape([8, 8]);
+        let mut opt = Optim::new(&cfg, vec![("units.0.w".into(), w.shallow_clone())]);
+        let (mut p, mut m, mut v) = (bf16(&init), vec![0.0f64; n], vec![0.0f64; n]);
+        let g = bf16(&grads);
+        for t in 1..=4 {
+            opt.zero_grad();
+            (&w * &gw).sum(Kind::Float).backward();
+            opt.step(0.05);
+            let (c1, c2) = (1.0 - 0.9f64.powi(t), 1.0 - 0.99f64.powi(t));
+            for i in 0..n {
+                m[i] = 0.9 * m[i] + 0.1 * g[i];
+                v[i] = 0.99 * v[i] + 0.01 * g[i] * g[i];
+                p[i] = p[i] * (1.0 - 0.05 * 0.1) - 0.05 / c1 * m[i] / (v[i].sqrt() / c2.sqrt() + 1e-8);
+            }
+            // The state lives in bf16: round it as the kernel stores it.
+            (p, m, v) = (bf16(&p), bf16(&m), bf16(&v));
+        }
+        let got = Vec::<f64>::try_from(w.to_kind(Kind::Double).reshape([-1])).unwrap();
+        for i in 0..n {
+            // One bf16 rounding of a value in [0.5, 2): at most 2^-8.
+            assert!((got[i] - p[i]).abs() <= 2f64.powi(-8), "w[{i}]: {} vs {}", got[i], p[i]);
+        }
+        assert!((got[0] - init[0]).abs() > 0.1, "the parameters moved");
     }
 
     /// The flat buckets: parameters become views of one buffer (values kept, shared with the
