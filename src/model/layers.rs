@@ -38,6 +38,24 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Tensor {
         linear(x, &self.weight, self.bias.as_ref(), self.compute)
     }
+
+    /// The same map along the middle axis: `x` `[B, in, N]` → `weight @ x + bias[:, None]`
+    /// `[B, out, N]` fp32 — what `forward(x.transpose(1, 2)).transpose(1, 2)` computes (the Mixer's
+    /// token mixing), as one batched GEMM per sample with the weight broadcast over the batch, so
+    /// neither `x` nor the result is transposed into a contiguous copy, forward or backward.
+    pub fn forward_columns(&self, x: &Tensor) -> Tensor {
+        let (b, n) = (x.size()[0], x.size()[2]);
+        let out = self.weight.size()[0];
+        let weight = self.weight.to_kind(self.compute).unsqueeze(0).expand([b, -1, -1], false);
+        let x = x.to_kind(self.compute);
+        let y = match &self.bias {
+            Some(bias) => {
+                bias.to_kind(self.compute).unsqueeze(-1).expand([b, out, n], false).baddbmm(&weight, &x, 1, 1)
+            }
+            None => weight.bmm(&x),
+        };
+        y.to_kind(Kind::Float)
+    }
 }
 
 /// `x @ weightᵀ + bias` computed in `compute`: `x` `[.., in]`, `weight` `[out, in]`, `bias`
@@ -81,6 +99,12 @@ impl Mlp {
 
     pub fn forward(&self, x: &Tensor) -> Tensor {
         self.fc2.forward(&self.fc1.forward(x).gelu("none"))
+    }
+
+    /// The MLP along the middle axis, `[B, d_in, N]` → `[B, d_out, N]` (see
+    /// [`Linear::forward_columns`]).
+    pub fn forward_columns(&self, x: &Tensor) -> Tensor {
+        self.fc2.forward_columns(&self.fc1.forward_columns(x).gelu("none"))
     }
 }
 

@@ -139,7 +139,8 @@ impl Unit for MixUnit {
     fn forward(&self, x: &Tensor, norm: Norm, _train: bool) -> Tensor {
         let u = pre_norm(&self.norm, x, norm);
         if self.tokens {
-            self.mlp.forward(&u.transpose(1, 2)).transpose(1, 2)
+            // Mixing along the token axis of `[B, T, D]`: the MLP applied to each column.
+            self.mlp.forward_columns(&u)
         } else {
             self.mlp.forward(&u)
         }
