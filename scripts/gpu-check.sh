@@ -8,7 +8,8 @@
 #
 # Steps (each under its own time limit, so one hang does not eat the rest):
 #   doctor            the CUDA set-up (driver, runtime, GPUs, bf16, NCCL built)
-#   selftest          `doctor --selftest --device cuda`: every topology on every backbone, tiny, on the
+#   selftest          `doctor --selftest --device cuda`: AdamW's fused CUDA kernel against the f64 update
+#                     rule, then every topology on every backbone, tiny, on the
 #                     GPU (connectivity, checkpoints, crash + resume, analyze, bf16 against fp32)
 #   parity            `parity --device cuda`: Rust and the PyTorch references, both on the GPU
 #   train-*           CPU-size configs trained on the GPU in bf16 (Fashion-MNIST Mixers, GPT and LLaMA

@@ -101,7 +101,8 @@ pub fn tiny_backbone(name: &str) -> Option<&'static str> {
 /// bf16 against fp32: the initial losses (same weights, same batch) may differ by this fraction.
 pub const BF16_TOLERANCE: f64 = 0.02;
 
-/// `plexus doctor --selftest`: on `device`, every topology on every backbone at tiny size, for 6
+/// `plexus doctor --selftest`: on `device`, AdamW against its update rule, then every topology on
+/// every backbone at tiny size, for 6
 /// steps with connectivity, parameter views, evaluation and checkpoints; then a crash after 3
 /// updates and `--resume` (must match the uninterrupted run: exactly on the CPU, to 1e-4 relative
 /// on a GPU, whose kernels need not be deterministic), `analyze`, and bf16 against fp32. Prints a
@@ -116,6 +117,19 @@ pub fn selftest(device: &str) -> anyhow::Result<bool> {
     );
     let clock = std::time::Instant::now();
     let (mut passed, mut failed) = (0, 0);
+    // The optimizer first: every case below trains with it, and on a GPU it is libtorch's fused
+    // CUDA kernel, which no CPU test runs.
+    let adamw = crate::train::optim::adamw_error_on(dev);
+    let adamw_ok = adamw < 1e-6;
+    println!(
+        "AdamW on {dev:?} against the f64 update rule: largest deviation {adamw:.1e} (tolerance 1e-6)  {}",
+        if adamw_ok { "ok" } else { "FAILED" }
+    );
+    if adamw_ok {
+        passed += 1;
+    } else {
+        failed += 1;
+    }
     for m in crate::model::REGISTRY {
         for t in crate::topology::REGISTRY {
             let start = std::time::Instant::now();
