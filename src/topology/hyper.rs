@@ -131,9 +131,12 @@ impl StreamMixing for Hyper {
         };
         let n = self.n as i64;
         // One split (backward: one `cat`), not a select and a narrow, whose backwards each
-        // zero-fill an `[.., n, n+1]` gradient and copy into it.
+        // zero-fill an `[.., n, n+1]` gradient and copy into it. The parts are made contiguous:
+        // as strided views (row stride n+1) they send the stream read and write, batched matmuls
+        // over every token, down libtorch's slow path for non-BLAS layouts — on the CPU the
+        // GPT-size hyper step took 1.4× PyTorch eager's until this copy of two tiny tensors.
         let parts = a.split_with_sizes([1, n], -1);
-        (parts[0].squeeze_dim(-1), parts[1].shallow_clone(), b)
+        (parts[0].squeeze_dim(-1).contiguous(), parts[1].contiguous(), b)
     }
 }
 
