@@ -68,6 +68,12 @@ impl TopologySpec for Spec {
         self.n
     }
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Topology> {
+        Box::new(self.hyper(vs, compute))
+    }
+}
+
+impl Spec {
+    fn hyper(&self, vs: &nn::Path, compute: Kind) -> Hyper {
         let (n, d) = (self.n as i64, self.width as i64);
         let dev = vs.device();
         let layers = (0..self.depth)
@@ -90,7 +96,7 @@ impl TopologySpec for Spec {
                 }
             })
             .collect();
-        Box::new(Hyper { layers, n: self.n, compute })
+        Hyper { layers, n: self.n, compute }
     }
 }
 
@@ -154,5 +160,28 @@ impl Topology for Hyper {
             "A_res".into(),
             tch::no_grad(|| common::multi_stream(self, x0, units, false, true).1.expect("traced").res),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The mixing weights reach the stream read and write as contiguous tensors, static and
+    /// dynamic: as strided views of the `[.., n, n+1]` weights they sent the per-token matrix
+    /// products down libtorch's path for non-BLAS layouts (1.4× PyTorch eager's step on the CPU).
+    #[test]
+    fn the_mixing_weights_are_contiguous() {
+        for dynamic in [false, true] {
+            let spec = Spec { granularity: Granularity::Sublayer, depth: 2, width: 8, n: 4, dynamic };
+            let vs = nn::VarStore::new(tch::Device::Cpu);
+            let hyper = spec.hyper(&vs.root(), Kind::Float);
+            let h = Tensor::randn([3, 5, 4, 8], (Kind::Float, tch::Device::Cpu));
+            let (pre, res, post) = hyper.mixing(1, &h);
+            assert_eq!(res.size().last(), Some(&4), "res is n × n");
+            for (name, t) in [("pre", &pre), ("res", &res), ("post", &post)] {
+                assert!(t.is_contiguous(), "dynamic {dynamic}: {name} {:?} strides {:?}", t.size(), t.stride());
+            }
+        }
     }
 }
