@@ -103,9 +103,9 @@ pub const BF16_TOLERANCE: f64 = 0.02;
 
 /// `plexus doctor --selftest`: on `device`, AdamW against its update rule, then every topology on
 /// every backbone at tiny size, for 6 steps with connectivity, parameter views, evaluation and
-/// checkpoints; then a crash after 3 updates and `--resume` (must match the uninterrupted run: exactly on the CPU, to 1e-4 relative
-/// on a GPU, whose kernels need not be deterministic), `analyze`, and bf16 against fp32. Prints a
-/// table; returns whether every case passed.
+/// checkpoints; then a crash after 3 updates and `--resume` (must match the uninterrupted run:
+/// exactly on the CPU, to 1e-4 relative on a GPU, whose kernels need not be deterministic),
+/// `analyze`, and bf16 against fp32. Prints a table; returns whether every case passed.
 pub fn selftest(device: &str) -> anyhow::Result<bool> {
     let tmp = tempfile::tempdir()?;
     let dev = crate::device::resolve(crate::device::parse_device(device).map_err(anyhow::Error::msg)?)?;
