@@ -46,7 +46,8 @@ fn find_include(candidates: &[PathBuf], file: &str) -> Option<PathBuf> {
     candidates.iter().find(|d| d.join(file).is_file()).cloned()
 }
 
-/// Compiles `src/native/plexus_native.cpp` into a static library linked into the crate.
+/// Compiles `src/native/plexus_native.cpp` and `src/native/stream_kernels.cpp` (the fused CPU kernels
+/// of the multi-stream topologies) into a static library linked into the crate.
 ///
 /// * `PLEXUS_WITH_CUDA` when libtorch is a CUDA build (`libtorch_cuda.so`). The CUDA queries need no
 ///   CUDA header (see the top of the C++ file): PyTorch's CUDA 13 wheels ship
@@ -62,8 +63,11 @@ fn find_include(candidates: &[PathBuf], file: &str) -> Option<PathBuf> {
 /// A CPU-only libtorch builds with none of them; the functions then return "not built with …".
 fn build_native(lib_dir: Option<&Path>) {
     let src = "src/native/plexus_native.cpp";
+    let kernels = "src/native/stream_kernels.cpp";
     let shim = "src/native/gloo_decl";
     println!("cargo:rerun-if-changed={src}");
+    println!("cargo:rerun-if-changed={kernels}");
+    println!("cargo:rerun-if-changed=src/native/guarded.h");
     println!("cargo:rerun-if-changed={shim}");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
@@ -134,7 +138,10 @@ fn build_native(lib_dir: Option<&Path>) {
         .cpp(true)
         .pic(true)
         .warnings(false)
+        // The stream kernels are loops that must be optimised even in a debug build.
+        .opt_level(3)
         .file(src)
+        .file(kernels)
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")

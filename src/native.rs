@@ -12,7 +12,10 @@
 //! * data-parallel collectives on PyTorch's own distributed engine, c10d ([`ProcessGroup`]):
 //!   TCPStore rendezvous, then ProcessGroupGloo (CPU tensors) or ProcessGroupNCCL (CUDA tensors);
 //! * the training step's tensor-list operations: gradients dropped ([`clear_grads`]) and the fused
-//!   AdamW kernel ([`fused_adamw`]); the operator counter behind `bench`'s kernels per step.
+//!   AdamW kernel ([`fused_adamw`]); the operator counter behind `bench`'s kernels per step;
+//! * fused CPU kernels of the multi-stream topologies, autograd functions with hand-written
+//!   backwards (`src/native/stream_kernels.cpp`): [`stream_read`], [`stream_write`], [`sinkhorn`],
+//!   [`norm_project`].
 //!
 //! A CPU-only libtorch builds this module too; the CUDA functions then return an error saying so.
 use anyhow::{anyhow, bail, Result};
@@ -74,6 +77,24 @@ mod ffi {
             eps: f64,
         ) -> *mut c_char;
         pub fn plexus_op_count_end(out: *mut u64, names: *mut *mut c_char) -> *mut c_char;
+        pub fn plexus_sinkhorn_fits(n: i64, iters: i64) -> c_int;
+        pub fn plexus_stream_read(h: *mut C_tensor, pre: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
+        pub fn plexus_stream_write(
+            h: *mut C_tensor,
+            res: *mut C_tensor,
+            post: *mut C_tensor,
+            o: *mut C_tensor,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
+        pub fn plexus_sinkhorn(logits: *mut C_tensor, iters: i64, out: *mut *mut C_tensor) -> *mut c_char;
+        pub fn plexus_norm_project(
+            x: *mut C_tensor,
+            gamma: *mut C_tensor,
+            beta: *mut C_tensor,
+            w: *mut C_tensor,
+            eps: f64,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
     }
 }
 
@@ -462,4 +483,82 @@ pub fn fused_adamw(
             h.eps,
         )
     })
+}
+
+/// Whether the fused kernels take tensors of this device and dtype: fp32 or fp64 on the CPU.
+/// Elsewhere (CUDA, bf16) the topologies use their composite libtorch code.
+pub fn fused_streams_take(t: &Tensor) -> bool {
+    t.device() == tch::Device::Cpu && matches!(t.kind(), tch::Kind::Float | tch::Kind::Double)
+}
+
+/// A tensor returned through an out-parameter of a fused kernel.
+fn fused_result(err: *mut c_char, out: *mut torch_sys::C_tensor) -> Result<Tensor> {
+    check(err)?;
+    // SAFETY: on success `out` is a fresh tensor handle that nothing else owns.
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
+
+/// The read of a multi-stream unit, `u = Σ_s pre[s] H[s]`, as one fused pass forward and one
+/// backward (an autograd function): `h` `[.., n, D]`, `pre` `[.., n]` (per token) or `[n]`
+/// (static) → `u` `[.., D]`. CPU fp32/fp64 tensors of one dtype ([`fused_streams_take`]).
+pub fn stream_read(h: &Tensor, pre: &Tensor) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: the inputs are live `at::Tensor*` for the call; the C++ side only reads them and
+    // writes a new, caller-owned handle to `out` when it returns no error.
+    let err = unsafe { ffi::plexus_stream_read(h.as_ptr() as *mut _, pre.as_ptr() as *mut _, &mut out) };
+    fused_result(err, out)
+}
+
+/// The write of a multi-stream unit, `H'[t] = Σ_s res[s,t] H[s] + post[t] · o`, as one fused
+/// pass forward and one backward: `h` `[.., n, D]`, `res` `[.., n, n]` or `[n, n]`, `post`
+/// `[.., n]` or `[n]` (per token or static, as `res`), `o` `[.., D]` → `[.., n, D]`.
+pub fn stream_write(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: as in `stream_read`.
+    let err = unsafe {
+        ffi::plexus_stream_write(
+            h.as_ptr() as *mut _,
+            res.as_ptr() as *mut _,
+            post.as_ptr() as *mut _,
+            o.as_ptr() as *mut _,
+            &mut out,
+        )
+    };
+    fused_result(err, out)
+}
+
+/// Whether [`sinkhorn`] takes `n` streams and `iters` iterations (its per-token scratch,
+/// `(2·iters + 1)·n²` values, is bounded).
+pub fn sinkhorn_fits(n: usize, iters: usize) -> bool {
+    // SAFETY: a pure function of two integers.
+    unsafe { ffi::plexus_sinkhorn_fits(n as i64, iters as i64) == 1 }
+}
+
+/// Sinkhorn–Knopp of `exp(logits)` (`[.., n, n]`, CPU fp32/fp64): `iters` × (normalise rows,
+/// then columns), one fused pass per block of tokens; the backward recomputes the iterates and
+/// saves only the logits. Rows and columns of 0 (every entry underflowed) stay 0.
+pub fn sinkhorn(logits: &Tensor, iters: usize) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: as in `stream_read`.
+    let err = unsafe { ffi::plexus_sinkhorn(logits.as_ptr() as *mut _, iters as i64, &mut out) };
+    fused_result(err, out)
+}
+
+/// `LayerNorm(x; gamma, beta, eps) @ w` row by row, without materialising the normalised rows
+/// (one pass forward, one backward): `x` `[.., D]`, `gamma`, `beta` `[D]`, `w` `[D, K]` →
+/// `[.., K]`. CPU fp32/fp64 tensors of one dtype.
+pub fn norm_project(x: &Tensor, gamma: &Tensor, beta: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: as in `stream_read`.
+    let err = unsafe {
+        ffi::plexus_norm_project(
+            x.as_ptr() as *mut _,
+            gamma.as_ptr() as *mut _,
+            beta.as_ptr() as *mut _,
+            w.as_ptr() as *mut _,
+            eps,
+            &mut out,
+        )
+    };
+    fused_result(err, out)
 }

@@ -18,6 +18,8 @@
 // * PLEXUS_WITH_GLOO: ProcessGroupGloo.hpp is present; USE_C10D_GLOO is defined with it and the gloo
 //   types come from src/native/gloo_decl (the wheel has no gloo headers).
 
+#include "guarded.h"
+
 #include <ATen/Context.h>
 #include <ATen/record_function.h>
 #include <ATen/core/Tensor.h>
@@ -57,31 +59,10 @@
 #include <thread>
 #include <vector>
 
+using plexus_native::dup_string;
+using plexus_native::guarded;
+
 namespace {
-
-char* dup_string(const std::string& s) {
-  char* p = static_cast<char*>(std::malloc(s.size() + 1));
-  if (p != nullptr) {
-    std::memcpy(p, s.c_str(), s.size() + 1);
-  }
-  return p;
-}
-
-// Runs `f`, turning any exception into an error string. c10::Error's what() carries a C++
-// backtrace of libtorch frames; the message without it is what a Rust caller wants to read.
-template <typename F>
-char* guarded(F&& f) {
-  try {
-    f();
-    return nullptr;
-  } catch (const c10::Error& e) {
-    return dup_string(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return dup_string(e.what());
-  } catch (...) {
-    return dup_string("unknown C++ exception");
-  }
-}
 
 #ifdef PLEXUS_WITH_CUDA
 // The CUDA runtime (libcudart) is loaded with libtorch_cuda, but plexus does not link it (the wheel

@@ -2,6 +2,7 @@
 
 use super::{Granularity, Norm, StackInfo, Unit};
 use crate::config::OptionError;
+use crate::native;
 use std::cell::RefCell;
 use tch::{nn, Device, Kind, Tensor};
 
@@ -236,15 +237,9 @@ pub fn multi_stream(
     };
     for (k, f) in units.iter().enumerate() {
         let (pre, res, post) = mix.mixing(k, &h);
-        // Read: `pre [.., 1, n] @ H [.., n, D]` → `[.., D]`, one (batched) matmul that reads H once,
-        // instead of `(pre ⊗ 1) * H` (an `[.., n, D]` temporary, forward and backward) and a sum.
-        let u = pre.unsqueeze(-2).matmul(&h).squeeze_dim(-2);
+        let u = stream_read(&h, &pre);
         let o = f.forward(&u, Norm::Default, train);
-        // Write: `H' = resᵀ H + post ⊗ o` with the rank-1 term fused into one addcmul (`post [.., n, 1]`
-        // times `o [.., 1, D]` added to the `[.., n, D]` matmul output), not a materialised outer
-        // product and a separate add. (A `baddbmm` with the outer product as a k = 1 bmm measured
-        // slower on CPU: its batch operands are stride-0 expansions for static mixing.)
-        h = res.transpose(-1, -2).matmul(&h).addcmul(&post.unsqueeze(-1), &o.unsqueeze(-2));
+        h = stream_write(&h, &res, &post, &o);
         if let Some(c) = coef.as_mut() {
             let (pre, res, post) = (pre.to_kind(Kind::Double), res.to_kind(Kind::Double), post.to_kind(Kind::Double));
             res_means.push(crate::host::to_cpu(&res.reshape([-1, n, n]).mean_dim(0, false, Kind::Double)));
@@ -260,6 +255,51 @@ pub fn multi_stream(
         StreamTrace { connectivity: connectivity_from_columns(&cols), res: Tensor::cat(&res_means, 0) }
     });
     (y, trace)
+}
+
+/// Whether the fused CPU kernels take these tensors: all fp32 or all fp64 on the CPU.
+fn fused(ts: &[&Tensor]) -> bool {
+    ts.iter().all(|t| native::fused_streams_take(t) && t.kind() == ts[0].kind())
+}
+
+/// The read of unit k, `u = Σ_s pre[s] H_s`: `h` `[.., n, D]`, `pre` `[.., n]` or `[n]` → `[.., D]`.
+/// On the CPU in fp32/fp64 one fused pass forward and one backward ([`native::stream_read`]);
+/// elsewhere [`stream_read_composite`].
+pub fn stream_read(h: &Tensor, pre: &Tensor) -> Tensor {
+    if fused(&[h, pre]) {
+        native::stream_read(h, pre).unwrap_or_else(|e| panic!("fused stream read: {e:#}"))
+    } else {
+        stream_read_composite(h, pre)
+    }
+}
+
+/// [`stream_read`] in libtorch operators: `pre [.., 1, n] @ H [.., n, D]`, one (batched) matmul
+/// that reads H once, instead of `(pre ⊗ 1) * H` (an `[.., n, D]` temporary, forward and
+/// backward) and a sum.
+pub fn stream_read_composite(h: &Tensor, pre: &Tensor) -> Tensor {
+    pre.unsqueeze(-2).matmul(h).squeeze_dim(-2)
+}
+
+/// The write of unit k, `H'_t = Σ_s res[s, t] H_s + post[t] · o`: `h` `[.., n, D]`, `res`
+/// `[.., n, n]` or `[n, n]`, `post` `[.., n]` or `[n]`, `o` `[.., D]` → `[.., n, D]`. On the CPU in
+/// fp32/fp64 one fused pass forward and one backward ([`native::stream_write`]): the composite
+/// version's per-token matrix products and their backwards were most of Hyper-Connections'
+/// overhead over residual there. Elsewhere [`stream_write_composite`].
+pub fn stream_write(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Tensor {
+    if fused(&[h, res, post, o]) {
+        native::stream_write(h, res, post, o).unwrap_or_else(|e| panic!("fused stream write: {e:#}"))
+    } else {
+        stream_write_composite(h, res, post, o)
+    }
+}
+
+/// [`stream_write`] in libtorch operators: `resᵀ H` as a (batched) matmul with the rank-1 term
+/// fused into one addcmul (`post [.., n, 1]` times `o [.., 1, D]` added to the `[.., n, D]` matmul
+/// output), not a materialised outer product and a separate add. (A `baddbmm` with the outer
+/// product as a k = 1 bmm measured slower on CPU: its batch operands are stride-0 expansions for
+/// static mixing.)
+pub fn stream_write_composite(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Tensor {
+    res.transpose(-1, -2).matmul(h).addcmul(&post.unsqueeze(-1), &o.unsqueeze(-2))
 }
 
 /// What a traced multi-stream run yields.
@@ -296,5 +336,58 @@ mod tests {
         assert!(parse_edge("0:5", 3).is_err());
         assert!(parse_edge("2:1", 3).is_err());
         assert!(parse_edge("a:b", 3).is_err());
+    }
+
+    /// Every input gradient of `<f(inputs), g>`, with the value.
+    fn value_and_grads(f: impl Fn(&[Tensor]) -> Tensor, inputs: &[Tensor], g: &Tensor) -> Vec<Tensor> {
+        let xs: Vec<Tensor> = inputs.iter().map(|t| t.detach().set_requires_grad(true)).collect();
+        let y = f(&xs);
+        (&y * g).sum(y.kind()).backward();
+        std::iter::once(y.detach()).chain(xs.iter().map(|x| x.grad())).collect()
+    }
+
+    /// The fused CPU stream kernels against their composite versions, fp64 and fp32, static
+    /// (`[n]`, `[n, n]`) and per-token mixing: the value and the gradient of every input, with
+    /// D = 13 (not a multiple of the kernels' 8 lanes) and n = 3.
+    #[test]
+    fn fused_stream_read_and_write_match_the_composite_versions() {
+        tch::manual_seed(2);
+        let (n, d) = (3i64, 13i64);
+        for kind in [Kind::Double, Kind::Float] {
+            let tol = if kind == Kind::Double { 1e-12 } else { 1e-5 };
+            let opts = (kind, Device::Cpu);
+            let (h, o) = (Tensor::randn([2, 5, n, d], opts), Tensor::randn([2, 5, d], opts));
+            let (g_read, g_write) = (Tensor::randn([2, 5, d], opts), Tensor::randn([2, 5, n, d], opts));
+            for per_token in [false, true] {
+                let lead: &[i64] = if per_token { &[2, 5] } else { &[] };
+                let shape = |tail: &[i64]| -> Vec<i64> { lead.iter().chain(tail).copied().collect() };
+                let pre = Tensor::randn(shape(&[n]), opts);
+                let res = Tensor::randn(shape(&[n, n]), opts);
+                let post = Tensor::randn(shape(&[n]), opts);
+                assert!(fused(&[&h, &res, &post, &o]));
+                let read_in = [h.copy(), pre.copy()];
+                let write_in = [h.copy(), res.copy(), post.copy(), o.copy()];
+                let pairs = [
+                    (
+                        "read",
+                        value_and_grads(|x| stream_read(&x[0], &x[1]), &read_in, &g_read),
+                        value_and_grads(|x| stream_read_composite(&x[0], &x[1]), &read_in, &g_read),
+                    ),
+                    (
+                        "write",
+                        value_and_grads(|x| stream_write(&x[0], &x[1], &x[2], &x[3]), &write_in, &g_write),
+                        value_and_grads(|x| stream_write_composite(&x[0], &x[1], &x[2], &x[3]), &write_in, &g_write),
+                    ),
+                ];
+                for (op, fused_out, composite_out) in &pairs {
+                    for (i, (a, b)) in fused_out.iter().zip(composite_out).enumerate() {
+                        assert_eq!(a.size(), b.size(), "{op} output {i}");
+                        let err = (a - b).abs().max().double_value(&[]);
+                        let scale = b.abs().max().double_value(&[]).max(1.0);
+                        assert!(err <= tol * scale, "{kind:?} per-token {per_token} {op}: output {i} (0 = value, then the inputs' gradients) off by {err:e}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -12,6 +12,7 @@
 use super::common::{self, StreamMixing};
 use super::{Granularity, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
 use crate::config::{parse_options, OptionError};
+use crate::native;
 use serde::Deserialize;
 use tch::{nn, nn::Module, Kind, Tensor};
 
@@ -83,7 +84,11 @@ impl Spec {
                 let _ = a.get((k as i64) % n).get(0).fill_(1.0);
                 a.narrow(1, 1, n).copy_(&Tensor::eye(n, (Kind::Float, dev)));
                 let dynamic = self.dynamic.then(|| Dynamic {
-                    norm: nn::layer_norm(&p / "norm", vec![d], Default::default()),
+                    norm: nn::layer_norm(
+                        &p / "norm",
+                        vec![d],
+                        nn::LayerNormConfig { eps: NORM_EPS, ..Default::default() },
+                    ),
                     alpha: p.zeros("dynamic_alpha", &[d, n + 1]),
                     beta: p.zeros("dynamic_beta", &[d]),
                     alpha_scale: p.var("alpha_scale", &[], nn::Init::Const(0.01)),
@@ -108,6 +113,33 @@ struct Dynamic {
     beta_scale: Tensor,
 }
 
+/// ε of the dynamic weights' LayerNorm (PyTorch's default).
+const NORM_EPS: f64 = 1e-5;
+
+impl Dynamic {
+    /// The dynamic logits of streams `h` `[.., n, D]`: `(Norm(H) W_a [.., n, n+1], Norm(H) w_b [.., n])`.
+    ///
+    /// In fp32 on the CPU one fused kernel computes both ([`native::norm_project`] with `[W_a | w_b]`):
+    /// the normalised streams, an `[.., n, D]` tensor written, read by two matrix products and
+    /// saved for backward, are never materialised. Otherwise LayerNorm, then the two products in
+    /// the compute precision (bf16 under `precision: bf16`, as every `Linear`).
+    fn logits(&self, h: &Tensor, compute: Kind) -> (Tensor, Tensor) {
+        let (gamma, beta) = (self.norm.ws.as_ref(), self.norm.bs.as_ref());
+        if let (Some(gamma), Some(beta), Kind::Float) = (gamma, beta, compute) {
+            if [h, gamma, beta, &self.alpha].iter().all(|t| native::fused_streams_take(t) && t.kind() == Kind::Float) {
+                let k = self.alpha.size()[1];
+                let w = Tensor::cat(&[&self.alpha, &self.beta.unsqueeze(1)], 1);
+                let z = native::norm_project(h, gamma, beta, &w, NORM_EPS)
+                    .unwrap_or_else(|e| panic!("fused norm and projection: {e:#}"));
+                let parts = z.split_with_sizes([k, 1], -1);
+                return (parts[0].shallow_clone(), parts[1].squeeze_dim(-1));
+            }
+        }
+        let normed = self.norm.forward(&h.to_kind(Kind::Float));
+        (common::matmul(&normed, &self.alpha, compute), common::matmul(&normed, &self.beta, compute))
+    }
+}
+
 struct Layer {
     static_alpha: Tensor,
     static_beta: Tensor,
@@ -129,10 +161,8 @@ impl StreamMixing for Hyper {
         let (a, b) = match &l.dynamic {
             None => (l.static_alpha.shallow_clone(), l.static_beta.shallow_clone()),
             Some(d) => {
-                let normed = d.norm.forward(&h.to_kind(Kind::Float));
-                let a = &l.static_alpha + common::matmul(&normed, &d.alpha, self.compute).tanh() * &d.alpha_scale;
-                let b = &l.static_beta + common::matmul(&normed, &d.beta, self.compute).tanh() * &d.beta_scale;
-                (a, b)
+                let (za, zb) = d.logits(h, self.compute);
+                (&l.static_alpha + za.tanh() * &d.alpha_scale, &l.static_beta + zb.tanh() * &d.beta_scale)
             }
         };
         let n = self.n as i64;
@@ -181,6 +211,40 @@ mod tests {
             assert_eq!(res.size().last(), Some(&4), "res is n × n");
             for (name, t) in [("pre", &pre), ("res", &res), ("post", &post)] {
                 assert!(t.is_contiguous(), "dynamic {dynamic}: {name} {:?} strides {:?}", t.size(), t.stride());
+            }
+        }
+    }
+
+    /// The fused LayerNorm + projection against LayerNorm then matmul (fp32 and fp64): the value
+    /// and the gradients of the streams, γ, β and W, with D = 13 (not a multiple of 8 lanes).
+    #[test]
+    fn the_fused_norm_and_projection_match_layer_norm_then_matmul() {
+        tch::manual_seed(3);
+        let d = 13i64;
+        for (kind, tol) in [(Kind::Double, 1e-11), (Kind::Float, 2e-5)] {
+            let opts = (kind, tch::Device::Cpu);
+            let inputs = [
+                Tensor::randn([2, 5, 4, d], opts) * 3.0 + 1.0,
+                Tensor::randn([d], opts),
+                Tensor::randn([d], opts),
+                Tensor::randn([d, 6], opts),
+            ];
+            let g = Tensor::randn([2, 5, 4, 6], opts);
+            let run = |fused: bool| -> Vec<Tensor> {
+                let xs: Vec<Tensor> = inputs.iter().map(|t| t.detach().set_requires_grad(true)).collect();
+                let z = if fused {
+                    native::norm_project(&xs[0], &xs[1], &xs[2], &xs[3], NORM_EPS).unwrap()
+                } else {
+                    xs[0].layer_norm([d], Some(&xs[1]), Some(&xs[2]), NORM_EPS, false).matmul(&xs[3])
+                };
+                (&z * &g).sum(kind).backward();
+                std::iter::once(z.detach()).chain(xs.iter().map(|x| x.grad())).collect()
+            };
+            let (fused, reference) = (run(true), run(false));
+            for (i, (a, b)) in fused.iter().zip(&reference).enumerate() {
+                assert_eq!(a.size(), b.size(), "output {i}");
+                let err = (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1.0);
+                assert!(err < tol, "{kind:?}: output {i} (0 = z, then dx, dγ, dβ, dW) off by {err:e}");
             }
         }
     }

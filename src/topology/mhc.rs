@@ -10,6 +10,7 @@
 use super::common::{self, StreamMixing};
 use super::{Granularity, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
 use crate::config::{parse_options, OptionError};
+use crate::native;
 use serde::Deserialize;
 use tch::{nn, Kind, Tensor};
 
@@ -120,15 +121,29 @@ struct Mhc {
     compute: Kind,
 }
 
-/// Sinkhorn–Knopp on `exp(logits)` `[.., n, n]`: alternate row and column normalisation; the
-/// result is doubly stochastic (columns exactly, rows to the iteration's accuracy).
+/// Sinkhorn–Knopp on `exp(logits)` `[.., n, n]` → `[.., n, n]`: alternate row and column
+/// normalisation; the result is doubly stochastic (columns exactly, rows to the iteration's
+/// accuracy).
 ///
-/// Run in the log domain: normalising the rows of `exp(L)` is a softmax over each row of `L`, so
-/// each half-iteration is one `log_softmax` — one kernel forward and one backward — where a sum
-/// and a division take two forward and about five backward (the same values to fp32 rounding,
-/// the same unrolled gradient). On a GPU, where these `[.., n, n]` tensors are tiny and every
-/// kernel is a launch, this is most of mHC's cost (`plexus bench --compare` counts kernels).
+/// On the CPU in fp32/fp64 the fused [`native::sinkhorn`] runs (the iteration on `exp(logits)`, one
+/// pass per block of tokens, a hand-written backward that recomputes the iterates and saves only
+/// the logits): the composite graph was most of mHC's overhead over Hyper-Connections there.
+/// Elsewhere [`sinkhorn_composite`].
 pub fn sinkhorn(logits: &Tensor, iters: usize) -> Tensor {
+    let n = logits.size().last().copied().unwrap_or(0) as usize;
+    if native::fused_streams_take(logits) && native::sinkhorn_fits(n, iters) {
+        return native::sinkhorn(logits, iters).unwrap_or_else(|e| panic!("fused sinkhorn: {e:#}"));
+    }
+    sinkhorn_composite(logits, iters)
+}
+
+/// [`sinkhorn`] in libtorch operators, in the log domain: normalising the rows of `exp(L)` is a
+/// softmax over each row of `L`, so each half-iteration is one `log_softmax` — one kernel forward
+/// and one backward — where a sum and a division take two forward and about five backward (the
+/// same values to fp32 rounding, the same unrolled gradient). On a GPU, where these `[.., n, n]`
+/// tensors are tiny and every kernel is a launch, this is most of mHC's cost (`plexus bench
+/// --compare` counts kernels).
+pub fn sinkhorn_composite(logits: &Tensor, iters: usize) -> Tensor {
     let mut l = logits.to_kind(Kind::Float);
     for _ in 0..iters {
         l = l.log_softmax(-1, Kind::Float).log_softmax(-2, Kind::Float);
@@ -192,5 +207,69 @@ mod tests {
         let rows = (m.sum_dim_intlist(-1, false, Kind::Float) - 1.0).abs().max().double_value(&[]);
         let cols = (m.sum_dim_intlist(-2, false, Kind::Float) - 1.0).abs().max().double_value(&[]);
         assert!(rows < 1e-5 && cols < 1e-5, "rows {rows:e}, cols {cols:e}");
+    }
+
+    /// The log-domain iteration in fp64, written out here as the reference of the fused kernel.
+    fn sinkhorn_f64(logits: &Tensor, iters: usize) -> Tensor {
+        let mut l = logits.shallow_clone();
+        for _ in 0..iters {
+            l = l.log_softmax(-1, Kind::Double).log_softmax(-2, Kind::Double);
+        }
+        l.exp()
+    }
+
+    /// Value and gradient of `<sinkhorn(L), G>` with respect to `L`.
+    fn value_and_grad(f: impl Fn(&Tensor) -> Tensor, logits: &Tensor, g: &Tensor) -> (Tensor, Tensor) {
+        let l = logits.detach().set_requires_grad(true);
+        let p = f(&l);
+        (&p * g).sum(p.kind()).backward();
+        (f(&l).detach(), l.grad())
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a.to_kind(Kind::Double) - b.to_kind(Kind::Double)).abs().max().double_value(&[])
+    }
+
+    /// The fused kernel (CPU, fp32 and fp64) against the log-domain autograd graph: forward and
+    /// the gradient of the logits, on token counts that are not a multiple of the kernel's block
+    /// of 16, for n = 4 (mHC's default) and n = 3, with 1 and 20 iterations.
+    #[test]
+    fn the_fused_sinkhorn_matches_the_log_domain_graph() {
+        tch::manual_seed(1);
+        for (n, iters, tokens) in [(4, 20, 37), (3, 1, 5), (4, 7, 16)] {
+            let logits = Tensor::randn([tokens, n, n], (Kind::Double, tch::Device::Cpu)) * 1.5;
+            let g = Tensor::randn([tokens, n, n], (Kind::Double, tch::Device::Cpu));
+            assert!(native::sinkhorn_fits(n as usize, iters));
+            let (p_ref, g_ref) = value_and_grad(|l| sinkhorn_f64(l, iters), &logits, &g);
+            let (p64, g64) = value_and_grad(|l| native::sinkhorn(l, iters).unwrap(), &logits, &g);
+            assert_eq!(p64.kind(), Kind::Double);
+            let (dp, dg) = (max_diff(&p64, &p_ref), max_diff(&g64, &g_ref));
+            assert!(dp < 1e-13 && dg < 1e-12, "fp64 n={n} iters={iters}: value {dp:e}, grad {dg:e}");
+            let (l32, g32) = (logits.to_kind(Kind::Float), g.to_kind(Kind::Float));
+            let (p_f, g_f) = value_and_grad(|l| sinkhorn(l, iters), &l32, &g32);
+            let (p_c, g_c) = value_and_grad(|l| sinkhorn_composite(l, iters), &l32, &g32);
+            for (what, fused, comp) in [("value", &p_f, &p_c), ("grad", &g_f, &g_c)] {
+                let (to_ref, comp_to_ref) = (
+                    max_diff(fused, if what == "value" { &p_ref } else { &g_ref }),
+                    max_diff(comp, if what == "value" { &p_ref } else { &g_ref }),
+                );
+                assert!(
+                    to_ref < 2e-5,
+                    "fp32 n={n} iters={iters} {what}: fused {to_ref:e} from fp64 (composite {comp_to_ref:e})"
+                );
+            }
+        }
+    }
+
+    /// Logits far below their row's maximum underflow in `exp`: the fused kernel keeps such lines
+    /// at 0 rather than dividing 0 by 0, and its gradient stays finite.
+    #[test]
+    fn the_fused_sinkhorn_stays_finite_on_extreme_logits() {
+        let logits = Tensor::from_slice(&[0.0f32, -200.0, 0.0, -300.0]).view([1, 2, 2]).set_requires_grad(true);
+        let p = native::sinkhorn(&logits, 20).unwrap();
+        p.sum(Kind::Float).backward();
+        let (pv, gv) = (crate::host::values(&p), crate::host::values(&logits.grad()));
+        assert!(pv.iter().chain(&gv).all(|v| v.is_finite()), "P {pv:?}, dL {gv:?}");
+        assert_eq!(pv, vec![0.5, 0.0, 0.5, 0.0], "column 1 underflowed entirely and stays 0");
     }
 }

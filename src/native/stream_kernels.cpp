@@ -1,0 +1,633 @@
+// Fused CPU kernels of the multi-stream topologies (Hyper-Connections, mHC), as libtorch autograd
+// functions with hand-written backwards. Rust reaches them through src/native.rs
+// (`stream_read`, `stream_write`, `sinkhorn`); src/topology/common.rs and mhc.rs call them for
+// fp32/fp64 CPU tensors and keep their composite libtorch code for every other device and dtype.
+//
+// Why: with n = 4 streams of width D the stream update of one unit is a few FLOPs per element, so
+// its cost is memory traffic and per-operator overhead. The composite version runs per-token
+// batched matrix products of [n, n] by [n, D] and their backwards (several passes over the
+// [.., n, D] streams, each with a fresh allocation), and mHC's Sinkhorn–Knopp normalisation is an
+// autograd graph of 2·iters log-softmaxes over [.., n, n] tensors. Here each is one pass forward and
+// one pass backward over the tokens:
+//
+// * stream_read:  u[m]       = Σ_s pre[m,s] H[m,s]                    H [M, n, D] → u [M, D]
+// * stream_write: H'[m,t]    = Σ_s res[m,s,t] H[m,s] + post[m,t] o[m]  → H' [M, n, D]
+// * sinkhorn:     P          = Sinkhorn–Knopp(exp(logits)), iters × (rows, then columns), [M, n, n]
+// * norm_project: z          = LayerNorm(x) @ W, row by row (HC's dynamic weights)     [R, D] → [R, K]
+//
+// `m` runs over the flattened leading dimensions (batch, tokens); the mixing weights either have
+// them too (dynamic, input-dependent mixing: Mr = M) or not (static mixing: Mr = 1, the gradient
+// is then summed over the tokens). The backward of sinkhorn recomputes the forward iterates of a
+// block of tokens and differentiates through them by hand, saving only the logits for backward
+// where autograd would keep 2·iters [M, n, n] tensors.
+//
+// Entry points follow plexus_native.cpp's convention (guarded.h): an error string or NULL, results
+// through out-parameters, tensors as tch's `at::Tensor*`.
+
+#include "guarded.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using plexus_native::guarded;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+// ----------------------------------------------------------------------------------------------
+// Row kernels over one row of D elements. The reductions keep kLanes independent partial sums, so
+// that the compiler vectorises them without reassociating (no -ffast-math needed); accumulating in
+// the data's precision, as libtorch's own CPU reductions do.
+
+constexpr int64_t kLanes = 8;
+
+// Σ_d f(d) for f evaluated lane-wise.
+template <typename T, typename F>
+inline T lane_sum(int64_t len, F f) {
+  T acc[kLanes] = {};
+  int64_t d = 0;
+  for (; d + kLanes <= len; d += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) acc[j] += f(d + j);
+  }
+  T tail = 0;
+  for (; d < len; ++d) tail += f(d);
+  T s = 0;
+  for (int64_t j = 0; j < kLanes; ++j) s += acc[j];
+  return s + tail;
+}
+
+template <typename T>
+inline T dot(const T* a, const T* b, int64_t len) {
+  return lane_sum<T>(len, [&](int64_t d) { return a[d] * b[d]; });
+}
+
+// y = c · x
+template <typename T>
+inline void scale_into(T c, const T* x, T* y, int64_t len) {
+  for (int64_t d = 0; d < len; ++d) y[d] = c * x[d];
+}
+
+// y += c · x
+template <typename T>
+inline void axpy(T c, const T* x, T* y, int64_t len) {
+  for (int64_t d = 0; d < len; ++d) y[d] += c * x[d];
+}
+
+// Tokens per parallel task: enough elements that a task is worth a thread (~32 Ki).
+int64_t grain(int64_t elems_per_token) {
+  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, elems_per_token));
+}
+
+void check_cpu_float(const at::Tensor& t, const char* what, at::ScalarType dtype) {
+  if (!t.defined()) throw std::invalid_argument(std::string(what) + " is undefined");
+  if (!t.device().is_cpu()) throw std::invalid_argument(std::string(what) + " is not a CPU tensor");
+  if (t.scalar_type() != dtype) {
+    throw std::invalid_argument(std::string(what) + " has dtype " + c10::toString(t.scalar_type()) + ", expected " +
+                                c10::toString(dtype));
+  }
+}
+
+// Shapes of a stream operation: H [.., n, D] flattened to [M, n, D]; the mixing weights hold
+// either M or 1 (static) sets of `per_token` values.
+struct StreamShape {
+  int64_t m, n, d, mr;
+};
+
+StreamShape stream_shape(const at::Tensor& h, const at::Tensor& weights, int64_t per_token, const char* what) {
+  if (h.dim() < 2) throw std::invalid_argument("streams must be [.., n, D]");
+  if (!(h.scalar_type() == at::kFloat || h.scalar_type() == at::kDouble)) {
+    throw std::invalid_argument("fused stream kernels take float32 or float64 tensors");
+  }
+  check_cpu_float(h, "streams", h.scalar_type());
+  check_cpu_float(weights, what, h.scalar_type());
+  StreamShape s{0, h.size(-2), h.size(-1), 0};
+  s.m = s.n * s.d == 0 ? 0 : h.numel() / (s.n * s.d);
+  const int64_t sets = weights.numel() / std::max<int64_t>(1, per_token);
+  if (weights.numel() != sets * per_token || !(sets == 1 || sets == s.m)) {
+    throw std::invalid_argument(std::string(what) + " has " + std::to_string(weights.numel()) +
+                                " elements, not 1 or M = " + std::to_string(s.m) + " sets of " +
+                                std::to_string(per_token));
+  }
+  s.mr = sets;
+  return s;
+}
+
+// ----------------------------------------------------------------------------------------------
+// stream_read: u = Σ_s pre[s] H[s]
+
+struct StreamRead : public torch::autograd::Function<StreamRead> {
+  // h [.., n, D], pre [.., n] or [n] → u [.., D]
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h_in, const at::Tensor& pre_in) {
+    const auto h = h_in.contiguous();
+    const auto pre = pre_in.contiguous();
+    const auto sh = stream_shape(h, pre, sh_n(h), "pre");
+    auto out_sizes = h.sizes().vec();
+    out_sizes.erase(out_sizes.end() - 2);
+    auto u = at::empty(out_sizes, h.options());
+    {
+      RECORD_FUNCTION("plexus::stream_read", std::vector<c10::IValue>());
+      AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stream_read", [&] {
+        const scalar_t* hp = h.const_data_ptr<scalar_t>();
+        const scalar_t* pp = pre.const_data_ptr<scalar_t>();
+        scalar_t* up = u.mutable_data_ptr<scalar_t>();
+        at::parallel_for(0, sh.m, grain(sh.n * sh.d), [&](int64_t b, int64_t e) {
+          for (int64_t m = b; m < e; ++m) {
+            const scalar_t* hm = hp + m * sh.n * sh.d;
+            const scalar_t* w = pp + (sh.mr == 1 ? 0 : m) * sh.n;
+            scalar_t* um = up + m * sh.d;
+            scale_into(w[0], hm, um, sh.d);
+            for (int64_t s = 1; s < sh.n; ++s) axpy(w[s], hm + s * sh.d, um, sh.d);
+          }
+        });
+      });
+    }
+    ctx->save_for_backward({h, pre});
+    ctx->saved_data["pre_sizes"] = pre_in.sizes().vec();
+    return u;
+  }
+
+  // gu [.., D] → (gh [.., n, D], gpre like pre)
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& h = saved[0];
+    const auto& pre = saved[1];
+    const auto gu = grads[0].contiguous();
+    const auto sh = stream_shape(h, pre, sh_n(h), "pre");
+    auto gh = at::empty_like(h);
+    auto gpre_tok = at::empty({sh.m, sh.n}, h.options());
+    {
+      RECORD_FUNCTION("plexus::stream_read_backward", std::vector<c10::IValue>());
+      AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stream_read_backward", [&] {
+        const scalar_t* hp = h.const_data_ptr<scalar_t>();
+        const scalar_t* pp = pre.const_data_ptr<scalar_t>();
+        const scalar_t* gp = gu.const_data_ptr<scalar_t>();
+        scalar_t* ghp = gh.mutable_data_ptr<scalar_t>();
+        scalar_t* gwp = gpre_tok.mutable_data_ptr<scalar_t>();
+        at::parallel_for(0, sh.m, grain(sh.n * sh.d), [&](int64_t b, int64_t e) {
+          for (int64_t m = b; m < e; ++m) {
+            const scalar_t* hm = hp + m * sh.n * sh.d;
+            const scalar_t* w = pp + (sh.mr == 1 ? 0 : m) * sh.n;
+            const scalar_t* gm = gp + m * sh.d;
+            for (int64_t s = 0; s < sh.n; ++s) {
+              scale_into(w[s], gm, ghp + (m * sh.n + s) * sh.d, sh.d);
+              gwp[m * sh.n + s] = dot(hm + s * sh.d, gm, sh.d);
+            }
+          }
+        });
+      });
+    }
+    auto gpre = sh.mr == 1 ? gpre_tok.sum(0) : gpre_tok;
+    return {gh, gpre.view(ctx->saved_data["pre_sizes"].toIntVector())};
+  }
+
+  static int64_t sh_n(const at::Tensor& h) { return h.dim() >= 2 ? h.size(-2) : 1; }
+};
+
+// ----------------------------------------------------------------------------------------------
+// stream_write: H'[t] = Σ_s res[s,t] H[s] + post[t] o
+
+struct StreamWrite : public torch::autograd::Function<StreamWrite> {
+  // h [.., n, D], res [.., n, n] or [n, n], post [.., n] or [n] (as res), o [.., D] → H' [.., n, D]
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h_in, const at::Tensor& res_in,
+                            const at::Tensor& post_in, const at::Tensor& o_in) {
+    const auto h = h_in.contiguous();
+    const auto res = res_in.contiguous();
+    const auto post = post_in.contiguous();
+    const auto o = o_in.contiguous();
+    const auto sh = shape(h, res, post, o);
+    auto out = at::empty_like(h);
+    {
+      RECORD_FUNCTION("plexus::stream_write", std::vector<c10::IValue>());
+      AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stream_write", [&] {
+        const scalar_t* hp = h.const_data_ptr<scalar_t>();
+        const scalar_t* rp = res.const_data_ptr<scalar_t>();
+        const scalar_t* pp = post.const_data_ptr<scalar_t>();
+        const scalar_t* op = o.const_data_ptr<scalar_t>();
+        scalar_t* outp = out.mutable_data_ptr<scalar_t>();
+        const int64_t n = sh.n, d = sh.d;
+        at::parallel_for(0, sh.m, grain(n * d), [&](int64_t b, int64_t e) {
+          for (int64_t m = b; m < e; ++m) {
+            const int64_t w = sh.mr == 1 ? 0 : m;
+            const scalar_t* hm = hp + m * n * d;
+            const scalar_t* r = rp + w * n * n;
+            for (int64_t t = 0; t < n; ++t) {
+              scalar_t* ot = outp + (m * n + t) * d;
+              scale_into(pp[w * n + t], op + m * d, ot, d);
+              for (int64_t s = 0; s < n; ++s) axpy(r[s * n + t], hm + s * d, ot, d);
+            }
+          }
+        });
+      });
+    }
+    ctx->save_for_backward({h, res, post, o});
+    ctx->saved_data["res_sizes"] = res_in.sizes().vec();
+    ctx->saved_data["post_sizes"] = post_in.sizes().vec();
+    return out;
+  }
+
+  // g [.., n, D] → (gh, gres, gpost, go)
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &h = saved[0], &res = saved[1], &post = saved[2], &o = saved[3];
+    const auto g = grads[0].contiguous();
+    const auto sh = shape(h, res, post, o);
+    const int64_t n = sh.n, d = sh.d;
+    auto gh = at::empty_like(h);
+    auto go = at::empty_like(o);
+    auto gres_tok = at::empty({sh.m, n, n}, h.options());
+    auto gpost_tok = at::empty({sh.m, n}, h.options());
+    {
+      RECORD_FUNCTION("plexus::stream_write_backward", std::vector<c10::IValue>());
+      AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stream_write_backward", [&] {
+        const scalar_t* hp = h.const_data_ptr<scalar_t>();
+        const scalar_t* rp = res.const_data_ptr<scalar_t>();
+        const scalar_t* pp = post.const_data_ptr<scalar_t>();
+        const scalar_t* op = o.const_data_ptr<scalar_t>();
+        const scalar_t* gp = g.const_data_ptr<scalar_t>();
+        scalar_t* ghp = gh.mutable_data_ptr<scalar_t>();
+        scalar_t* gop = go.mutable_data_ptr<scalar_t>();
+        scalar_t* grp = gres_tok.mutable_data_ptr<scalar_t>();
+        scalar_t* gpp = gpost_tok.mutable_data_ptr<scalar_t>();
+        at::parallel_for(0, sh.m, grain(n * d), [&](int64_t b, int64_t e) {
+          for (int64_t m = b; m < e; ++m) {
+            const int64_t w = sh.mr == 1 ? 0 : m;
+            const scalar_t* hm = hp + m * n * d;
+            const scalar_t* gm = gp + m * n * d;
+            const scalar_t* om = op + m * d;
+            const scalar_t* r = rp + w * n * n;
+            const scalar_t* p = pp + w * n;
+            // dH[s] = Σ_t res[s,t] dH'[t]; dres[s,t] = <H[s], dH'[t]>
+            for (int64_t s = 0; s < n; ++s) {
+              scalar_t* ghs = ghp + (m * n + s) * d;
+              scale_into(r[s * n], gm, ghs, d);
+              for (int64_t t = 1; t < n; ++t) axpy(r[s * n + t], gm + t * d, ghs, d);
+              for (int64_t t = 0; t < n; ++t) grp[(m * n + s) * n + t] = dot(hm + s * d, gm + t * d, d);
+            }
+            // do = Σ_t post[t] dH'[t]; dpost[t] = <dH'[t], o>
+            scalar_t* gom = gop + m * d;
+            scale_into(p[0], gm, gom, d);
+            for (int64_t t = 1; t < n; ++t) axpy(p[t], gm + t * d, gom, d);
+            for (int64_t t = 0; t < n; ++t) gpp[m * n + t] = dot(gm + t * d, om, d);
+          }
+        });
+      });
+    }
+    auto gres = sh.mr == 1 ? gres_tok.sum(0) : gres_tok;
+    auto gpost = sh.mr == 1 ? gpost_tok.sum(0) : gpost_tok;
+    return {gh, gres.view(ctx->saved_data["res_sizes"].toIntVector()),
+            gpost.view(ctx->saved_data["post_sizes"].toIntVector()), go};
+  }
+
+  static StreamShape shape(const at::Tensor& h, const at::Tensor& res, const at::Tensor& post, const at::Tensor& o) {
+    const int64_t n = h.dim() >= 2 ? h.size(-2) : 1;
+    auto sh = stream_shape(h, res, n * n, "res");
+    const auto post_sh = stream_shape(h, post, n, "post");
+    if (post_sh.mr != sh.mr) throw std::invalid_argument("res and post differ in having per-token sets");
+    check_cpu_float(o, "the unit output", h.scalar_type());
+    if (o.numel() != sh.m * sh.d) throw std::invalid_argument("the unit output is not [.., D] of the streams");
+    return sh;
+  }
+};
+
+// ----------------------------------------------------------------------------------------------
+// sinkhorn: alternate row and column normalisation of exp(logits), on blocks of kBlock tokens laid
+// out entry-major (x[e·kBlock + w] = entry e = i·n + j of token w), so every step is a loop over
+// the block's tokens that the compiler vectorises.
+//
+// Normalising the rows of exp(L) first makes the result independent of a per-row shift of L, so
+// exp(L - rowmax) gives the same matrix without overflow; the gradient of that shift is zero. A row
+// or column sum of 0 (every entry underflowed, logits ~87 (fp32) below their row maximum) is taken
+// as 1, so such a line stays 0 instead of becoming NaN.
+
+constexpr int64_t kBlock = 16;
+
+template <typename T>
+struct SinkhornBlock {
+  int64_t n, iters;
+  // states[k]: the matrix after k normalisation steps (k = 0: exp(L - rowmax)), 2·iters + 1 of them.
+  std::vector<T> states;
+  // sums[k]: the n row (k even) or column (k odd) sums that step k+1 divided by.
+  std::vector<T> sums;
+
+  SinkhornBlock(int64_t n_, int64_t iters_)
+      : n(n_), iters(iters_), states((2 * iters_ + 1) * n_ * n_ * kBlock), sums(2 * iters_ * n_ * kBlock) {}
+
+  T* state(int64_t k) { return states.data() + k * n * n * kBlock; }
+  T* sum(int64_t k) { return sums.data() + k * n * kBlock; }
+
+  // Entry (i, j) of a state, as a pointer to its kBlock tokens.
+  static T* at_(T* x, int64_t n, int64_t i, int64_t j) { return x + (i * n + j) * kBlock; }
+
+  // Loads tokens [m0, m0 + cnt) of `logits` ([M, n, n]) and runs the iterations.
+  void forward(const T* logits, int64_t m0, int64_t cnt) {
+    const int64_t nn = n * n;
+    T* x = state(0);
+    for (int64_t e = 0; e < nn; ++e) {
+      for (int64_t w = 0; w < kBlock; ++w) x[e * kBlock + w] = w < cnt ? logits[(m0 + w) * nn + e] : T(0);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      T mx[kBlock];
+      for (int64_t w = 0; w < kBlock; ++w) mx[w] = at_(x, n, i, 0)[w];
+      for (int64_t j = 1; j < n; ++j) {
+        for (int64_t w = 0; w < kBlock; ++w) mx[w] = std::max(mx[w], at_(x, n, i, j)[w]);
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        T* xe = at_(x, n, i, j);
+        for (int64_t w = 0; w < kBlock; ++w) xe[w] = std::exp(xe[w] - mx[w]);
+      }
+    }
+    for (int64_t k = 0; k < 2 * iters; ++k) {
+      const bool rows = k % 2 == 0;
+      T* src = state(k);
+      T* dst = state(k + 1);
+      for (int64_t a = 0; a < n; ++a) {
+        // line a: row a (rows) or column a (columns)
+        T* s = sum(k) + a * kBlock;
+        for (int64_t w = 0; w < kBlock; ++w) s[w] = 0;
+        for (int64_t b = 0; b < n; ++b) {
+          const T* xe = rows ? at_(src, n, a, b) : at_(src, n, b, a);
+          for (int64_t w = 0; w < kBlock; ++w) s[w] += xe[w];
+        }
+        for (int64_t w = 0; w < kBlock; ++w) s[w] = s[w] > T(0) ? s[w] : T(1);
+        for (int64_t b = 0; b < n; ++b) {
+          const T* xe = rows ? at_(src, n, a, b) : at_(src, n, b, a);
+          T* ye = rows ? at_(dst, n, a, b) : at_(dst, n, b, a);
+          for (int64_t w = 0; w < kBlock; ++w) ye[w] = xe[w] / s[w];
+        }
+      }
+    }
+  }
+
+  // Given the forward of this block, turns g (the gradient of the final state, entry-major) into
+  // the gradient of the logits, in place.
+  void backward(T* g) {
+    for (int64_t k = 2 * iters - 1; k >= 0; --k) {
+      const bool rows = k % 2 == 0;
+      T* y = state(k + 1);
+      // y = x / s along each line: dx = (dy - <dy, y>_line) / s
+      for (int64_t a = 0; a < n; ++a) {
+        const T* s = sum(k) + a * kBlock;
+        T dotv[kBlock] = {};
+        for (int64_t b = 0; b < n; ++b) {
+          const T* ye = rows ? at_(y, n, a, b) : at_(y, n, b, a);
+          const T* ge = rows ? at_(g, n, a, b) : at_(g, n, b, a);
+          for (int64_t w = 0; w < kBlock; ++w) dotv[w] += ge[w] * ye[w];
+        }
+        for (int64_t b = 0; b < n; ++b) {
+          T* ge = rows ? at_(g, n, a, b) : at_(g, n, b, a);
+          for (int64_t w = 0; w < kBlock; ++w) ge[w] = (ge[w] - dotv[w]) / s[w];
+        }
+      }
+    }
+    // x0 = exp(L - rowmax): dL = dx0 · x0
+    const T* x0 = state(0);
+    for (int64_t e = 0; e < n * n * kBlock; ++e) g[e] *= x0[e];
+  }
+};
+
+// Scratch per block of tokens: (2·iters + 1)·n² + 2·iters·n values per token. Larger problems
+// (many streams and iterations) are refused; the caller then uses the composite version.
+int64_t sinkhorn_scratch(int64_t n, int64_t iters) { return ((2 * iters + 1) * n * n + 2 * iters * n) * kBlock; }
+constexpr int64_t kMaxSinkhornScratch = int64_t{1} << 22;
+
+struct Sinkhorn : public torch::autograd::Function<Sinkhorn> {
+  // logits [.., n, n] → P [.., n, n]
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_in, int64_t iters) {
+    const auto logits = logits_in.contiguous();
+    const int64_t n = check(logits, iters);
+    const int64_t m = logits.numel() / (n * n);
+    auto out = at::empty_like(logits);
+    {
+      RECORD_FUNCTION("plexus::sinkhorn", std::vector<c10::IValue>());
+      AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "sinkhorn", [&] {
+        const scalar_t* lp = logits.const_data_ptr<scalar_t>();
+        scalar_t* op = out.mutable_data_ptr<scalar_t>();
+        const int64_t blocks = (m + kBlock - 1) / kBlock;
+        at::parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
+          SinkhornBlock<scalar_t> blk(n, iters);
+          for (int64_t bi = b; bi < e; ++bi) {
+            const int64_t m0 = bi * kBlock, cnt = std::min(kBlock, m - m0);
+            blk.forward(lp, m0, cnt);
+            const scalar_t* x = blk.state(2 * iters);
+            for (int64_t w = 0; w < cnt; ++w) {
+              for (int64_t e2 = 0; e2 < n * n; ++e2) op[(m0 + w) * n * n + e2] = x[e2 * kBlock + w];
+            }
+          }
+        });
+      });
+    }
+    ctx->save_for_backward({logits});
+    ctx->saved_data["iters"] = iters;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto logits = ctx->get_saved_variables()[0];
+    const int64_t iters = ctx->saved_data["iters"].toInt();
+    const int64_t n = check(logits, iters);
+    const int64_t m = logits.numel() / (n * n);
+    const auto g = grads[0].contiguous();
+    auto gl = at::empty_like(logits);
+    {
+      RECORD_FUNCTION("plexus::sinkhorn_backward", std::vector<c10::IValue>());
+      AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "sinkhorn_backward", [&] {
+        const scalar_t* lp = logits.const_data_ptr<scalar_t>();
+        const scalar_t* gp = g.const_data_ptr<scalar_t>();
+        scalar_t* glp = gl.mutable_data_ptr<scalar_t>();
+        const int64_t blocks = (m + kBlock - 1) / kBlock;
+        at::parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
+          SinkhornBlock<scalar_t> blk(n, iters);
+          std::vector<scalar_t> gb(n * n * kBlock);
+          for (int64_t bi = b; bi < e; ++bi) {
+            const int64_t m0 = bi * kBlock, cnt = std::min(kBlock, m - m0);
+            blk.forward(lp, m0, cnt);
+            for (int64_t e2 = 0; e2 < n * n; ++e2) {
+              for (int64_t w = 0; w < kBlock; ++w) {
+                gb[e2 * kBlock + w] = w < cnt ? gp[(m0 + w) * n * n + e2] : scalar_t(0);
+              }
+            }
+            blk.backward(gb.data());
+            for (int64_t w = 0; w < cnt; ++w) {
+              for (int64_t e2 = 0; e2 < n * n; ++e2) glp[(m0 + w) * n * n + e2] = gb[e2 * kBlock + w];
+            }
+          }
+        });
+      });
+    }
+    return {gl, at::Tensor()};
+  }
+
+  // Checks the input; returns n.
+  static int64_t check(const at::Tensor& logits, int64_t iters) {
+    if (logits.dim() < 2 || logits.size(-1) != logits.size(-2)) {
+      throw std::invalid_argument("sinkhorn takes logits [.., n, n]");
+    }
+    if (!(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kDouble)) {
+      throw std::invalid_argument("the fused sinkhorn takes float32 or float64 logits");
+    }
+    check_cpu_float(logits, "logits", logits.scalar_type());
+    const int64_t n = logits.size(-1);
+    if (iters < 1 || sinkhorn_scratch(n, iters) > kMaxSinkhornScratch) {
+      throw std::invalid_argument("the fused sinkhorn takes 1 ≤ iters and (2·iters + 1)·n² ≤ " +
+                                  std::to_string(kMaxSinkhornScratch / kBlock) + " (n = " + std::to_string(n) +
+                                  ", iters = " + std::to_string(iters) + ")");
+    }
+    return n;
+  }
+};
+
+// ----------------------------------------------------------------------------------------------
+// norm_project: z = LayerNorm(x; γ, β, eps) @ W, row by row: x [R, D], γ, β [D], W [D, K] → z [R, K].
+// Hyper-Connections' dynamic mixing weights come from exactly this with the rows being every
+// stream of every token (R = M·n) and K = n + 2 small: computed together, the normalised streams
+// (an [.., n, D] tensor, forward and backward) are never materialised and x is read once each way.
+// Mean and variance are two-pass; the backward recomputes x̂ from the saved per-row mean and 1/σ,
+// and sums the parameter gradients in one buffer per parallel task.
+
+struct NormProject : public torch::autograd::Function<NormProject> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& gamma_in,
+                            const at::Tensor& beta_in, const at::Tensor& w_in, double eps) {
+    const auto x = x_in.contiguous();
+    const auto gamma = gamma_in.contiguous();
+    const auto beta = beta_in.contiguous();
+    const auto wt = w_in.t().contiguous();  // [K, D]: each output is a dot product with a row
+    const auto dtype = x.scalar_type();
+    if (!(dtype == at::kFloat || dtype == at::kDouble)) throw std::invalid_argument("norm_project takes float32/64");
+    for (const auto* t : {&x, &gamma, &beta, &wt}) check_cpu_float(*t, "norm_project input", dtype);
+    const int64_t d = x.size(-1), k = wt.size(0);
+    if (gamma.numel() != d || beta.numel() != d || wt.size(1) != d) {
+      throw std::invalid_argument("norm_project: γ, β must be [D] and W [D, K] for x [.., D]");
+    }
+    const int64_t rows = d == 0 ? 0 : x.numel() / d;
+    auto z_sizes = x.sizes().vec();
+    z_sizes.back() = k;
+    auto z = at::empty(z_sizes, x.options());
+    auto stats = at::empty({rows, 2}, x.options());  // mean, 1/σ
+    {
+      RECORD_FUNCTION("plexus::norm_project", std::vector<c10::IValue>());
+      AT_DISPATCH_FLOATING_TYPES(dtype, "norm_project", [&] {
+        const scalar_t* xp = x.const_data_ptr<scalar_t>();
+        const scalar_t* gp = gamma.const_data_ptr<scalar_t>();
+        const scalar_t* bp = beta.const_data_ptr<scalar_t>();
+        const scalar_t* wp = wt.const_data_ptr<scalar_t>();
+        scalar_t* zp = z.mutable_data_ptr<scalar_t>();
+        scalar_t* sp = stats.mutable_data_ptr<scalar_t>();
+        at::parallel_for(0, rows, grain(d * (k + 2)), [&](int64_t b, int64_t e) {
+          std::vector<scalar_t> normed(d);
+          for (int64_t r = b; r < e; ++r) {
+            const scalar_t* xr = xp + r * d;
+            const scalar_t mean = lane_sum<scalar_t>(d, [&](int64_t i) { return xr[i]; }) / scalar_t(d);
+            const scalar_t var =
+                lane_sum<scalar_t>(d, [&](int64_t i) { return (xr[i] - mean) * (xr[i] - mean); }) / scalar_t(d);
+            const scalar_t rstd = scalar_t(1) / std::sqrt(var + scalar_t(eps));
+            sp[2 * r] = mean;
+            sp[2 * r + 1] = rstd;
+            for (int64_t i = 0; i < d; ++i) normed[i] = (xr[i] - mean) * rstd * gp[i] + bp[i];
+            for (int64_t j = 0; j < k; ++j) zp[r * k + j] = dot(normed.data(), wp + j * d, d);
+          }
+        });
+      });
+    }
+    ctx->save_for_backward({x, gamma, beta, wt, stats});
+    return z;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &gamma = saved[1], &beta = saved[2], &wt = saved[3], &stats = saved[4];
+    const auto gz = grads[0].contiguous();
+    const int64_t d = x.size(-1), k = wt.size(0);
+    const int64_t rows = d == 0 ? 0 : x.numel() / d;
+    // One slice of parameter-gradient partial sums per task: [tasks, K + 2, D] (dWᵀ, dγ, dβ).
+    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
+    auto partial = at::zeros({tasks, k + 2, d}, x.options());
+    auto gx = at::empty_like(x);
+    {
+      RECORD_FUNCTION("plexus::norm_project_backward", std::vector<c10::IValue>());
+      AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "norm_project_backward", [&] {
+        const scalar_t* xp = x.const_data_ptr<scalar_t>();
+        const scalar_t* gp = gamma.const_data_ptr<scalar_t>();
+        const scalar_t* bp = beta.const_data_ptr<scalar_t>();
+        const scalar_t* wp = wt.const_data_ptr<scalar_t>();
+        const scalar_t* sp = stats.const_data_ptr<scalar_t>();
+        const scalar_t* gzp = gz.const_data_ptr<scalar_t>();
+        scalar_t* gxp = gx.mutable_data_ptr<scalar_t>();
+        scalar_t* pp = partial.mutable_data_ptr<scalar_t>();
+        at::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
+          std::vector<scalar_t> xhat(d), normed(d), dnormed(d);
+          for (int64_t task = tb; task < te; ++task) {
+            scalar_t* gwt = pp + task * (k + 2) * d;
+            scalar_t* ggamma = gwt + k * d;
+            scalar_t* gbeta = ggamma + d;
+            for (int64_t r = task * rows / tasks; r < (task + 1) * rows / tasks; ++r) {
+              const scalar_t* xr = xp + r * d;
+              const scalar_t* gzr = gzp + r * k;
+              const scalar_t m = sp[2 * r], s = sp[2 * r + 1];
+              for (int64_t i = 0; i < d; ++i) {
+                xhat[i] = (xr[i] - m) * s;
+                normed[i] = xhat[i] * gp[i] + bp[i];
+              }
+              // dnormed = Σ_j dz_j W[:, j]; dW[:, j] += normed · dz_j
+              scale_into(gzr[0], wp, dnormed.data(), d);
+              for (int64_t j = 1; j < k; ++j) axpy(gzr[j], wp + j * d, dnormed.data(), d);
+              for (int64_t j = 0; j < k; ++j) axpy(gzr[j], normed.data(), gwt + j * d, d);
+              // dγ += dnormed ⊙ x̂, dβ += dnormed; dx̂ = dnormed ⊙ γ (kept in dnormed)
+              for (int64_t i = 0; i < d; ++i) {
+                ggamma[i] += dnormed[i] * xhat[i];
+                gbeta[i] += dnormed[i];
+                dnormed[i] *= gp[i];
+              }
+              // dx = (dx̂ - mean(dx̂) - x̂ · mean(dx̂ ⊙ x̂)) / σ
+              const scalar_t a = lane_sum<scalar_t>(d, [&](int64_t i) { return dnormed[i]; }) / scalar_t(d);
+              const scalar_t c = dot(dnormed.data(), xhat.data(), d) / scalar_t(d);
+              scalar_t* gxr = gxp + r * d;
+              for (int64_t i = 0; i < d; ++i) gxr[i] = (dnormed[i] - a - xhat[i] * c) * s;
+            }
+          }
+        });
+      });
+    }
+    const auto sums = partial.sum(0);  // [K + 2, D]
+    return {gx, sums.narrow(0, k, 1).view(gamma.sizes()), sums.narrow(0, k + 1, 1).view(beta.sizes()),
+            sums.narrow(0, 0, k).t(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+extern "C" {
+
+// Whether the fused sinkhorn handles `n` streams and `iters` iterations (its scratch is bounded).
+int plexus_sinkhorn_fits(int64_t n, int64_t iters) {
+  return iters >= 1 && n >= 1 && sinkhorn_scratch(n, iters) <= kMaxSinkhornScratch ? 1 : 0;
+}
+
+char* plexus_stream_read(at::Tensor* h, at::Tensor* pre, at::Tensor** out) {
+  return guarded([&] { *out = new at::Tensor(StreamRead::apply(*h, *pre)); });
+}
+
+char* plexus_stream_write(at::Tensor* h, at::Tensor* res, at::Tensor* post, at::Tensor* o, at::Tensor** out) {
+  return guarded([&] { *out = new at::Tensor(StreamWrite::apply(*h, *res, *post, *o)); });
+}
+
+char* plexus_norm_project(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w, double eps,
+                          at::Tensor** out) {
+  return guarded([&] { *out = new at::Tensor(NormProject::apply(*x, *gamma, *beta, *w, eps)); });
+}
+
+char* plexus_sinkhorn(at::Tensor* logits, int64_t iters, at::Tensor** out) {
+  return guarded([&] { *out = new at::Tensor(Sinkhorn::apply(*logits, iters)); });
+}
+
+}  // extern "C"
