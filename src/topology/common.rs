@@ -350,12 +350,12 @@ mod tests {
 
     /// The fused CPU stream kernels against their composite versions, fp64 and fp32, static
     /// (`[n]`, `[n, n]`) and per-token mixing: the value and the gradient of every input, with
-    /// D = 13 (not a multiple of the kernels' 8 lanes) and n = 3.
+    /// D = 13 (not a multiple of the kernels' 8 lanes) and n = 3 and 5.
     #[test]
     fn fused_stream_read_and_write_match_the_composite_versions() {
         tch::manual_seed(2);
-        let (n, d) = (3i64, 13i64);
-        for kind in [Kind::Double, Kind::Float] {
+        let d = 13i64;
+        for (n, kind) in [(3i64, Kind::Double), (3, Kind::Float), (5, Kind::Double), (5, Kind::Float)] {
             let tol = if kind == Kind::Double { 1e-12 } else { 1e-5 };
             let opts = (kind, Device::Cpu);
             let (h, o) = (Tensor::randn([2, 5, n, d], opts), Tensor::randn([2, 5, d], opts));
@@ -386,7 +386,7 @@ mod tests {
                         assert_eq!(a.size(), b.size(), "{op} output {i}");
                         let err = (a - b).abs().max().double_value(&[]);
                         let scale = b.abs().max().double_value(&[]).max(1.0);
-                        assert!(err <= tol * scale, "{kind:?} per-token {per_token} {op}: output {i} (0 = value, then the inputs' gradients) off by {err:e}");
+                        assert!(err <= tol * scale, "n = {n}, {kind:?}, per-token {per_token}, {op}: output {i} (0 = value, then the inputs' gradients) off by {err:e}");
                     }
                 }
             }

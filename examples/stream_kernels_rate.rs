@@ -1,0 +1,116 @@
+//! Micro-benchmark of the fused CPU kernels of the multi-stream topologies
+//! (`src/native/stream_kernels.cpp`) against the composite libtorch code they replace, one unit at
+//! a time: the stream read and write, Sinkhorn–Knopp and Hyper-Connections' LayerNorm + projection,
+//! forward alone and forward + backward.
+//!
+//! ```sh
+//! cargo run --release --example stream_kernels_rate -- [TOKENS] [STREAMS] [WIDTH]   # default 2048 4 128
+//! ```
+//!
+//! Each figure is the 25th percentile of 25 timed calls after 3 warm-up calls, in ms; the fused and
+//! the composite version of one operation alternate in rounds so that the machine's drift falls on
+//! both (a shared VM drifts by ±15 % between runs). The backward is driven by `<y, g>` for a fixed
+//! random `g`, the same for both versions.
+
+use plexus::native;
+use plexus::topology::common;
+use plexus::topology::mhc;
+use std::time::Instant;
+use tch::{Device, Kind, Tensor};
+
+/// The 25th percentile of the wall time of `f`, in ms.
+fn time(f: &dyn Fn()) -> f64 {
+    for _ in 0..3 {
+        f();
+    }
+    let mut v: Vec<f64> = (0..25)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 4]
+}
+
+/// Forward alone, and forward + backward of `<f(inputs), g>` into fresh leaves.
+fn forward_and_backward(f: &dyn Fn(&[Tensor]) -> Tensor, inputs: &[Tensor], g: &Tensor) -> (f64, f64) {
+    let leaves: Vec<Tensor> = inputs.iter().map(|t| t.detach().set_requires_grad(true)).collect();
+    let fwd = time(&|| {
+        let _ = tch::no_grad(|| f(inputs));
+    });
+    let both = time(&|| {
+        for x in &leaves {
+            let mut grad = x.grad();
+            if grad.defined() {
+                let _ = grad.zero_();
+            }
+        }
+        (f(&leaves) * g).sum(Kind::Float).backward();
+    });
+    (fwd, both)
+}
+
+fn main() {
+    let args: Vec<i64> =
+        std::env::args().skip(1).map(|a| a.parse().expect("TOKENS STREAMS WIDTH as integers")).collect();
+    let (m, n, d) =
+        (args.first().copied().unwrap_or(2048), args.get(1).copied().unwrap_or(4), args.get(2).copied().unwrap_or(128));
+    let o = (Kind::Float, Device::Cpu);
+    println!(
+        "{m} tokens × {n} streams × width {d}, fp32, {} threads; ms, 25th percentile of 25 calls",
+        tch::get_num_threads()
+    );
+    let h = Tensor::randn([m, n, d], o);
+    let (pre, res, post, out) =
+        (Tensor::randn([m, n], o), Tensor::randn([m, n, n], o), Tensor::randn([m, n], o), Tensor::randn([m, d], o));
+    let logits = Tensor::randn([m, n, n], o) * 0.5;
+    let (gamma, beta, w) = (Tensor::randn([d], o), Tensor::randn([d], o), Tensor::randn([d, n + 2], o) * 0.1);
+    type Op<'a> = (&'a str, Box<dyn Fn(&[Tensor]) -> Tensor>, Box<dyn Fn(&[Tensor]) -> Tensor>, Vec<Tensor>, Vec<i64>);
+    let ops: Vec<Op> = vec![
+        (
+            "stream read",
+            Box::new(|x| native::stream_read(&x[0], &x[1]).unwrap()),
+            Box::new(|x| common::stream_read_composite(&x[0], &x[1])),
+            vec![h.copy(), pre],
+            vec![m, d],
+        ),
+        (
+            "stream write",
+            Box::new(|x| native::stream_write(&x[0], &x[1], &x[2], &x[3]).unwrap()),
+            Box::new(|x| common::stream_write_composite(&x[0], &x[1], &x[2], &x[3])),
+            vec![h.copy(), res, post, out],
+            vec![m, n, d],
+        ),
+        (
+            "sinkhorn (20 iterations)",
+            Box::new(|x| native::sinkhorn(&x[0], 20).unwrap()),
+            Box::new(|x| mhc::sinkhorn_composite(&x[0], 20)),
+            vec![logits],
+            vec![m, n, n],
+        ),
+        (
+            "layernorm + projection",
+            Box::new(|x| native::norm_project(&x[0], &x[1], &x[2], &x[3], 1e-5).unwrap()),
+            Box::new(|x| x[0].layer_norm([x[0].size()[2]], Some(&x[1]), Some(&x[2]), 1e-5, false).matmul(&x[3])),
+            vec![h.copy(), gamma, beta, w],
+            vec![m, n, n + 2],
+        ),
+    ];
+    println!("{:<26} {:>12} {:>12} {:>14} {:>14}", "operation", "fused fwd", "composite", "fused fwd+bwd", "composite");
+    for (name, fused, composite, inputs, out_shape) in &ops {
+        let g = Tensor::randn(out_shape.as_slice(), o);
+        let (mut ff, mut cf, mut fb, mut cb) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..3 {
+            let (a, b) = forward_and_backward(fused.as_ref(), inputs, &g);
+            let (c, e) = forward_and_backward(composite.as_ref(), inputs, &g);
+            ff.push(a);
+            fb.push(b);
+            cf.push(c);
+            cb.push(e);
+        }
+        let best = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+        println!("{name:<26} {:>12.3} {:>12.3} {:>14.3} {:>14.3}", best(&ff), best(&cf), best(&fb), best(&cb));
+    }
+}
