@@ -392,4 +392,39 @@ mod tests {
             }
         }
     }
+
+    /// Edge shapes through the fused kernels: one stream (n = 1) and no tokens at all (M = 0),
+    /// static and per-token, forward and backward, against the composite versions.
+    #[test]
+    fn fused_stream_ops_take_one_stream_and_no_tokens() {
+        let opts = (Kind::Double, Device::Cpu);
+        for (m, n, per_token) in [(6i64, 1i64, true), (6, 1, false), (0, 4, true), (0, 4, false)] {
+            let lead: &[i64] = if per_token { &[m] } else { &[] };
+            let shape = |tail: &[i64]| -> Vec<i64> { lead.iter().chain(tail).copied().collect() };
+            let inputs = [
+                Tensor::randn([m, n, 5], opts),
+                Tensor::randn(shape(&[n, n]), opts),
+                Tensor::randn(shape(&[n]), opts),
+                Tensor::randn([m, 5], opts),
+            ];
+            let g = Tensor::randn([m, n, 5], opts);
+            let fused = value_and_grads(|x| stream_write(&x[0], &x[1], &x[2], &x[3]), &inputs, &g);
+            let composite = value_and_grads(|x| stream_write_composite(&x[0], &x[1], &x[2], &x[3]), &inputs, &g);
+            for (i, (a, b)) in fused.iter().zip(&composite).enumerate() {
+                assert_eq!(a.size(), b.size(), "m = {m}, n = {n}: output {i}");
+                if a.numel() > 0 {
+                    let err = (a - b).abs().max().double_value(&[]);
+                    assert!(err < 1e-12, "m = {m}, n = {n}, per-token {per_token}: output {i} off by {err:e}");
+                }
+            }
+            let gu = Tensor::randn([m, 5], opts);
+            let read = value_and_grads(|x| stream_read(&x[0], &x[1]), &[inputs[0].copy(), inputs[2].copy()], &gu);
+            let read_ref =
+                value_and_grads(|x| stream_read_composite(&x[0], &x[1]), &[inputs[0].copy(), inputs[2].copy()], &gu);
+            for (a, b) in read.iter().zip(&read_ref) {
+                assert_eq!(a.size(), b.size());
+                assert!(a.numel() == 0 || (a - b).abs().max().double_value(&[]) < 1e-12);
+            }
+        }
+    }
 }
