@@ -336,16 +336,24 @@ constexpr int64_t kBlock = 16;
 template <typename T>
 struct SinkhornBlock {
   int64_t n, iters;
-  // states[k]: the matrix after k normalisation steps (k = 0: exp(L - rowmax)), 2·iters + 1 of them.
+  // Whether every iterate is kept (for the backward); without, two states alternate and the
+  // block's working set stays in L1.
+  bool keep;
+  // states[k]: the matrix after k normalisation steps (k = 0: exp(L - rowmax)), 2·iters + 1 of them
+  // (or 2, alternating).
   std::vector<T> states;
-  // sums[k]: 1 / the n row (k even) or column (k odd) sums that step k+1 divided by.
+  // sums[k]: 1 / the n row (k even) or column (k odd) sums that step k+1 divided by (or 1 slot).
   std::vector<T> sums;
 
-  SinkhornBlock(int64_t n_, int64_t iters_)
-      : n(n_), iters(iters_), states((2 * iters_ + 1) * n_ * n_ * kBlock), sums(2 * iters_ * n_ * kBlock) {}
+  SinkhornBlock(int64_t n_, int64_t iters_, bool keep_)
+      : n(n_),
+        iters(iters_),
+        keep(keep_),
+        states((keep_ ? 2 * iters_ + 1 : 2) * n_ * n_ * kBlock),
+        sums((keep_ ? 2 * iters_ : 1) * n_ * kBlock) {}
 
-  T* state(int64_t k) { return states.data() + k * n * n * kBlock; }
-  T* sum(int64_t k) { return sums.data() + k * n * kBlock; }
+  T* state(int64_t k) { return states.data() + (keep ? k : k % 2) * n * n * kBlock; }
+  T* sum(int64_t k) { return sums.data() + (keep ? k : 0) * n * kBlock; }
 
   // Entry (i, j) of a state, as a pointer to its kBlock tokens.
   static T* at_(T* x, int64_t n, int64_t i, int64_t j) { return x + (i * n + j) * kBlock; }
@@ -438,7 +446,7 @@ struct Sinkhorn : public torch::autograd::Function<Sinkhorn> {
         scalar_t* op = out.mutable_data_ptr<scalar_t>();
         const int64_t blocks = (m + kBlock - 1) / kBlock;
         at::parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
-          SinkhornBlock<scalar_t> blk(n, iters);
+          SinkhornBlock<scalar_t> blk(n, iters, /*keep=*/false);
           for (int64_t bi = b; bi < e; ++bi) {
             const int64_t m0 = bi * kBlock, cnt = std::min(kBlock, m - m0);
             blk.forward(lp, m0, cnt);
@@ -470,7 +478,7 @@ struct Sinkhorn : public torch::autograd::Function<Sinkhorn> {
         scalar_t* glp = gl.mutable_data_ptr<scalar_t>();
         const int64_t blocks = (m + kBlock - 1) / kBlock;
         at::parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
-          SinkhornBlock<scalar_t> blk(n, iters);
+          SinkhornBlock<scalar_t> blk(n, iters, /*keep=*/true);
           std::vector<scalar_t> gb(n * n * kBlock);
           for (int64_t bi = b; bi < e; ++bi) {
             const int64_t m0 = bi * kBlock, cnt = std::min(kBlock, m - m0);
