@@ -304,6 +304,7 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
 }
 
 pub fn run(cli: Cli) -> Result<()> {
+    crate::native::check_fused_kernels_setting()?;
     match cli.cmd {
         Cmd::Train { nproc, .. } if nproc > 1 && std::env::var_os("WORLD_SIZE").is_none() => {
             crate::dist::launch(nproc as usize)

@@ -485,10 +485,58 @@ pub fn fused_adamw(
     })
 }
 
-/// Whether the fused kernels take tensors of this device and dtype: fp32 or fp64 on the CPU.
-/// Elsewhere (CUDA, bf16) the topologies use their composite libtorch code.
+/// The environment variable that turns the fused CPU kernels off: `0`/`false` runs the composite
+/// libtorch code everywhere, as a GPU does (an escape hatch, and what makes `bench --compare`'s
+/// kernels per step stand for a GPU on hyper and mHC); `1`/`true` or unset: on.
+pub const FUSED_KERNELS_VAR: &str = "PLEXUS_FUSED_KERNELS";
+
+/// Parses a value of [`FUSED_KERNELS_VAR`] (`None`: unset).
+pub fn parse_fused_kernels(value: Option<&str>) -> Result<bool> {
+    match value.map(|v| v.trim().to_ascii_lowercase()) {
+        None => Ok(true),
+        Some(v) if v == "1" || v == "true" => Ok(true),
+        Some(v) if v == "0" || v == "false" => Ok(false),
+        Some(v) => bail!("environment variable {FUSED_KERNELS_VAR}={v:?}: expected 1/true (the default) or 0/false"),
+    }
+}
+
+thread_local! {
+    /// [`with_fused_kernels`]'s setting for this thread, over the environment's.
+    static FUSED_OVERRIDE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Whether the fused CPU kernels are on for this thread: [`with_fused_kernels`]'s setting if inside
+/// one, else [`FUSED_KERNELS_VAR`], read once. The CLI checks the variable's value at start
+/// ([`check_fused_kernels_setting`]); here an unreadable value counts as the default.
+pub fn fused_kernels_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    FUSED_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| {
+        *ON.get_or_init(|| parse_fused_kernels(std::env::var(FUSED_KERNELS_VAR).ok().as_deref()).unwrap_or(true))
+    })
+}
+
+/// Runs `f` with the fused CPU kernels on or off on this thread (where a CPU forward and its
+/// backward run), e.g. to count the kernels of the composite code a GPU runs.
+pub fn with_fused_kernels<T>(on: bool, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<bool>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            FUSED_OVERRIDE.with(|o| o.set(self.0));
+        }
+    }
+    let _restore = Restore(FUSED_OVERRIDE.with(|o| o.replace(Some(on))));
+    f()
+}
+
+/// Fails with a clear message when [`FUSED_KERNELS_VAR`] holds a value other than 0/1/true/false.
+pub fn check_fused_kernels_setting() -> Result<()> {
+    parse_fused_kernels(std::env::var(FUSED_KERNELS_VAR).ok().as_deref()).map(|_| ())
+}
+
+/// Whether the fused kernels take tensors of this device and dtype: fp32 or fp64 on the CPU, and
+/// [`fused_kernels_on`]. Elsewhere (CUDA, bf16) the topologies use their composite libtorch code.
 pub fn fused_streams_take(t: &Tensor) -> bool {
-    t.device() == tch::Device::Cpu && matches!(t.kind(), tch::Kind::Float | tch::Kind::Double)
+    t.device() == tch::Device::Cpu && matches!(t.kind(), tch::Kind::Float | tch::Kind::Double) && fused_kernels_on()
 }
 
 /// A tensor returned through an out-parameter of a fused kernel.
@@ -561,4 +609,23 @@ pub fn norm_project(x: &Tensor, gamma: &Tensor, beta: &Tensor, w: &Tensor, eps: 
         )
     };
     fused_result(err, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fused_kernels_switch_takes_0_1_true_false_and_names_itself_otherwise() {
+        assert!(parse_fused_kernels(None).unwrap());
+        for (v, on) in [("1", true), ("true", true), (" TRUE ", true), ("0", false), ("false", false)] {
+            assert_eq!(parse_fused_kernels(Some(v)).unwrap(), on, "{v:?}");
+        }
+        let e = parse_fused_kernels(Some("maybe")).unwrap_err().to_string();
+        assert!(e.contains("PLEXUS_FUSED_KERNELS") && e.contains("maybe") && e.contains("0/false"), "{e}");
+        let outer = fused_kernels_on();
+        assert!(!with_fused_kernels(false, fused_kernels_on));
+        assert!(with_fused_kernels(false, || with_fused_kernels(true, fused_kernels_on)));
+        assert_eq!(fused_kernels_on(), outer, "the setting is restored");
+    }
 }

@@ -87,14 +87,16 @@ fn the_parity_bench_writes_the_same_columns() {
 /// per unit over residual stays within what its update rule needs. Counts, not timings: they do
 /// not depend on the machine's load. The bounds guard the changes that cut them — mHC's Sinkhorn
 /// was ~450 kernels per unit before it ran in the log domain (~150 now), and every per-unit
-/// `get(k)` of a topology parameter costs ~3 more in backward.
+/// `get(k)` of a topology parameter costs ~3 more in backward. Counted with the fused CPU kernels
+/// off: the composite code is what a GPU runs, and what the count stands for.
 #[test]
 fn topologies_add_a_bounded_number_of_kernels_per_unit() {
     let exps: Vec<(String, Experiment)> = ["residual", "hacn", "rezero", "ancre", "hyper", "mhc"]
         .iter()
         .map(|t| (t.to_string(), Experiment::from_str(MLP, "<test>", &[format!("topology.kind={t}")]).unwrap()))
         .collect();
-    let rows = bench::compare(&exps, &BenchOptions { steps: 1, warmup: 1, case: None, profile: false }).unwrap();
+    let opts = BenchOptions { steps: 1, warmup: 1, case: None, profile: false };
+    let rows = plexus::native::with_fused_kernels(false, || bench::compare(&exps, &opts)).unwrap();
     let kernels = |t: &str| rows.iter().find(|r| r.label == t).unwrap().kernels.expect("counted on the CPU");
     let e = &exps[0].1;
     let model = plexus::model::Model::new(e.model.as_ref(), e.topology.as_ref(), tch::Device::Cpu, tch::Kind::Float);
@@ -110,4 +112,12 @@ fn topologies_add_a_bounded_number_of_kernels_per_unit() {
     }
     // ANCRe reads every earlier state: its count grows with depth, beyond residual's.
     assert!(kernels("ancre") > kernels("hacn"));
+    // With the fused kernels (the CPU default), hyper and mHC run fewer operators: the stream
+    // read and write, Sinkhorn and HC's norm + projection are one each way.
+    let fused = plexus::native::with_fused_kernels(true, || bench::compare(&exps[4..], &opts)).unwrap();
+    for r in &fused {
+        let k = r.kernels.expect("counted on the CPU");
+        println!("{} with the fused kernels: {k} kernels per step (composite {})", r.label, kernels(&r.label));
+        assert!(k < kernels(&r.label), "{}: {k} fused against {} composite", r.label, kernels(&r.label));
+    }
 }
