@@ -1,7 +1,8 @@
 // Fused CPU kernels of the multi-stream topologies (Hyper-Connections, mHC), as libtorch autograd
 // functions with hand-written backwards. Rust reaches them through src/native.rs
-// (`stream_read`, `stream_write`, `sinkhorn`); src/topology/common.rs and mhc.rs call them for
-// fp32/fp64 CPU tensors and keep their composite libtorch code for every other device and dtype.
+// (`stream_read`, `stream_write`, `sinkhorn`, `norm_project`); src/topology/common.rs, hyper.rs and
+// mhc.rs call them for fp32/fp64 CPU tensors (unless PLEXUS_FUSED_KERNELS=0) and keep their
+// composite libtorch code for every other device and dtype.
 //
 // Why: with n = 4 streams of width D the stream update of one unit is a few FLOPs per element, so
 // its cost is memory traffic and per-operator overhead. The composite version runs per-token

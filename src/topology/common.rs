@@ -260,7 +260,7 @@ pub fn multi_stream(
 }
 
 /// Whether the fused CPU kernels take these tensors: all fp32 or all fp64 on the CPU.
-fn fused(ts: &[&Tensor]) -> bool {
+pub(crate) fn fused(ts: &[&Tensor]) -> bool {
     ts.iter().all(|t| native::fused_streams_take(t) && t.kind() == ts[0].kind())
 }
 

@@ -126,7 +126,7 @@ impl Dynamic {
     fn logits(&self, h: &Tensor, compute: Kind) -> (Tensor, Tensor) {
         let (gamma, beta) = (self.norm.ws.as_ref(), self.norm.bs.as_ref());
         if let (Some(gamma), Some(beta), Kind::Float) = (gamma, beta, compute) {
-            if [h, gamma, beta, &self.alpha].iter().all(|t| native::fused_streams_take(t) && t.kind() == Kind::Float) {
+            if h.kind() == Kind::Float && common::fused(&[h, gamma, beta, &self.alpha]) {
                 let k = self.alpha.size()[1];
                 let w = Tensor::cat(&[&self.alpha, &self.beta.unsqueeze(1)], 1);
                 let z = native::norm_project(h, gamma, beta, &w, NORM_EPS)
