@@ -68,6 +68,7 @@ fn build_native(lib_dir: Option<&Path>) {
     println!("cargo:rerun-if-changed={src}");
     println!("cargo:rerun-if-changed={kernels}");
     println!("cargo:rerun-if-changed=src/native/guarded.h");
+    println!("cargo:rerun-if-changed=src/native/stream_rows.inc");
     println!("cargo:rerun-if-changed={shim}");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");

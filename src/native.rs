@@ -15,7 +15,8 @@
 //!   AdamW kernel ([`fused_adamw`]); the operator counter behind `bench`'s kernels per step;
 //! * fused CPU kernels of the multi-stream topologies, autograd functions with hand-written
 //!   backwards (`src/native/stream_kernels.cpp`): [`stream_read`], [`stream_write`], [`sinkhorn`],
-//!   [`norm_project`].
+//!   [`norm_project`], their row loops built for baseline x86-64 and for AVX2 + FMA and picked by the
+//!   CPU ([`KernelIsa`], [`kernel_isa`]).
 //!
 //! A CPU-only libtorch builds this module too; the CUDA functions then return an error saying so.
 use anyhow::{anyhow, bail, Result};
@@ -78,12 +79,19 @@ mod ffi {
         ) -> *mut c_char;
         pub fn plexus_op_count_end(out: *mut u64, names: *mut *mut c_char) -> *mut c_char;
         pub fn plexus_sinkhorn_fits(n: i64, iters: i64) -> c_int;
-        pub fn plexus_stream_read(h: *mut C_tensor, pre: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
+        pub fn plexus_stream_kernels_best_isa() -> i64;
+        pub fn plexus_stream_read(
+            h: *mut C_tensor,
+            pre: *mut C_tensor,
+            isa: i64,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
         pub fn plexus_stream_write(
             h: *mut C_tensor,
             res: *mut C_tensor,
             post: *mut C_tensor,
             o: *mut C_tensor,
+            isa: i64,
             out: *mut *mut C_tensor,
         ) -> *mut c_char;
         pub fn plexus_sinkhorn(logits: *mut C_tensor, iters: i64, out: *mut *mut C_tensor) -> *mut c_char;
@@ -93,6 +101,7 @@ mod ffi {
             beta: *mut C_tensor,
             w: *mut C_tensor,
             eps: f64,
+            isa: i64,
             out: *mut *mut C_tensor,
         ) -> *mut c_char;
     }
@@ -485,50 +494,146 @@ pub fn fused_adamw(
     })
 }
 
-/// The environment variable that turns the fused CPU kernels off: `0`/`false` runs the composite
-/// libtorch code everywhere, as a GPU does (an escape hatch, and what makes `bench --compare`'s
-/// kernels per step stand for a GPU on hyper and mHC); `1`/`true` or unset: on.
+/// The environment variable that sets the fused CPU kernels: `1`/`true` or unset: on, with the
+/// widest instruction set the CPU has ([`KernelIsa::best`]); `baseline`: on, with the baseline
+/// x86-64 loops (what a CPU without AVX2 runs; to compare, or to rule the wider loops out);
+/// `0`/`false`: off, the composite libtorch code everywhere, as a GPU runs (an escape hatch, and
+/// what makes `bench --compare`'s kernels per step stand for a GPU on hyper and mHC).
 pub const FUSED_KERNELS_VAR: &str = "PLEXUS_FUSED_KERNELS";
 
-/// Parses a value of [`FUSED_KERNELS_VAR`] (`None`: unset).
-pub fn parse_fused_kernels(value: Option<&str>) -> Result<bool> {
-    match value.map(|v| v.trim().to_ascii_lowercase()) {
-        None => Ok(true),
-        Some(v) if v == "1" || v == "true" => Ok(true),
-        Some(v) if v == "0" || v == "false" => Ok(false),
-        Some(v) => bail!("environment variable {FUSED_KERNELS_VAR}={v:?}: expected 1/true (the default) or 0/false"),
+/// A value of [`FUSED_KERNELS_VAR`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusedKernels {
+    /// The composite libtorch code.
+    Off,
+    /// The fused kernels with the baseline loops.
+    Baseline,
+    /// The fused kernels with the widest loops the CPU has (the default).
+    Best,
+}
+
+/// The instruction set of the fused kernels' row loops (`src/native/stream_rows.inc`, built once
+/// per set): libtorch dispatches its own CPU kernels by the CPU's vector width, and so do these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelIsa {
+    /// Baseline x86-64 (SSE2), or whatever the target's default is elsewhere.
+    Baseline,
+    /// AVX2 with fused multiply-add (x86-64 CPUs since 2013, in a GCC build).
+    Avx2Fma,
+}
+
+impl KernelIsa {
+    /// The widest set this build and this CPU have.
+    pub fn best() -> KernelIsa {
+        // SAFETY: a pure query of the CPU (cached on the C++ side).
+        match unsafe { ffi::plexus_stream_kernels_best_isa() } {
+            1 => KernelIsa::Avx2Fma,
+            _ => KernelIsa::Baseline,
+        }
     }
+
+    /// The `isa` argument of the C++ entry points.
+    fn code(self) -> i64 {
+        match self {
+            KernelIsa::Baseline => 0,
+            KernelIsa::Avx2Fma => 1,
+        }
+    }
+
+    /// How reports name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelIsa::Baseline => "baseline",
+            KernelIsa::Avx2Fma => "avx2+fma",
+        }
+    }
+}
+
+/// Parses a value of [`FUSED_KERNELS_VAR`] (`None`: unset).
+pub fn parse_fused_kernels(value: Option<&str>) -> Result<FusedKernels> {
+    match value.map(|v| v.trim().to_ascii_lowercase()) {
+        None => Ok(FusedKernels::Best),
+        Some(v) if v == "1" || v == "true" => Ok(FusedKernels::Best),
+        Some(v) if v == "baseline" => Ok(FusedKernels::Baseline),
+        Some(v) if v == "0" || v == "false" => Ok(FusedKernels::Off),
+        Some(v) => bail!(
+            "environment variable {FUSED_KERNELS_VAR}={v:?}: expected 1/true (the default), baseline (on, without \
+             AVX2) or 0/false (off)"
+        ),
+    }
+}
+
+/// [`FUSED_KERNELS_VAR`]'s setting, read once; an unreadable value counts as the default (the CLI
+/// checks the value at start: [`check_fused_kernels_setting`]).
+fn fused_kernels_env() -> FusedKernels {
+    static SETTING: std::sync::OnceLock<FusedKernels> = std::sync::OnceLock::new();
+    *SETTING.get_or_init(|| {
+        parse_fused_kernels(std::env::var(FUSED_KERNELS_VAR).ok().as_deref()).unwrap_or(FusedKernels::Best)
+    })
 }
 
 thread_local! {
     /// [`with_fused_kernels`]'s setting for this thread, over the environment's.
     static FUSED_OVERRIDE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    /// [`with_kernel_isa`]'s setting for this thread, over the environment's.
+    static ISA_OVERRIDE: std::cell::Cell<Option<KernelIsa>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with a thread-local cell set to `value`, restoring it afterwards (also on panic).
+fn with_override<V: Copy + 'static, T>(
+    cell: &'static std::thread::LocalKey<std::cell::Cell<Option<V>>>,
+    value: V,
+    f: impl FnOnce() -> T,
+) -> T {
+    struct Restore<V: Copy + 'static>(&'static std::thread::LocalKey<std::cell::Cell<Option<V>>>, Option<V>);
+    impl<V: Copy + 'static> Drop for Restore<V> {
+        fn drop(&mut self) {
+            self.0.with(|c| c.set(self.1));
+        }
+    }
+    let _restore = Restore(cell, cell.with(|c| c.replace(Some(value))));
+    f()
 }
 
 /// Whether the fused CPU kernels are on for this thread: [`with_fused_kernels`]'s setting if inside
-/// one, else [`FUSED_KERNELS_VAR`], read once. The CLI checks the variable's value at start
-/// ([`check_fused_kernels_setting`]); here an unreadable value counts as the default.
+/// one, else [`FUSED_KERNELS_VAR`]'s.
 pub fn fused_kernels_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    FUSED_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| {
-        *ON.get_or_init(|| parse_fused_kernels(std::env::var(FUSED_KERNELS_VAR).ok().as_deref()).unwrap_or(true))
-    })
+    FUSED_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| fused_kernels_env() != FusedKernels::Off)
 }
 
 /// Runs `f` with the fused CPU kernels on or off on this thread (where a CPU forward and its
 /// backward run), e.g. to count the kernels of the composite code a GPU runs.
 pub fn with_fused_kernels<T>(on: bool, f: impl FnOnce() -> T) -> T {
-    struct Restore(Option<bool>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            FUSED_OVERRIDE.with(|o| o.set(self.0));
-        }
-    }
-    let _restore = Restore(FUSED_OVERRIDE.with(|o| o.replace(Some(on))));
-    f()
+    with_override(&FUSED_OVERRIDE, on, f)
 }
 
-/// Fails with a clear message when [`FUSED_KERNELS_VAR`] holds a value other than 0/1/true/false.
+/// The instruction set the fused kernels use on this thread: [`with_kernel_isa`]'s if inside one,
+/// else [`KernelIsa::Baseline`] under `PLEXUS_FUSED_KERNELS=baseline` and [`KernelIsa::best`]
+/// otherwise.
+pub fn kernel_isa() -> KernelIsa {
+    ISA_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| match fused_kernels_env() {
+        FusedKernels::Baseline => KernelIsa::Baseline,
+        _ => KernelIsa::best(),
+    })
+}
+
+/// Every instruction set this build and CPU can run the fused kernels' row loops with: baseline,
+/// and the widest if wider.
+pub fn kernel_isas() -> Vec<KernelIsa> {
+    let mut isas = vec![KernelIsa::Baseline];
+    if KernelIsa::best() != KernelIsa::Baseline {
+        isas.push(KernelIsa::best());
+    }
+    isas
+}
+
+/// Runs `f` with the fused kernels' row loops of `isa` on this thread — the tests run both sets on
+/// a machine that has AVX2. A set the CPU lacks makes the kernels fail with an error naming it.
+pub fn with_kernel_isa<T>(isa: KernelIsa, f: impl FnOnce() -> T) -> T {
+    with_override(&ISA_OVERRIDE, isa, f)
+}
+
+/// Fails with a clear message when [`FUSED_KERNELS_VAR`] holds a value other than 0/1/true/false/baseline.
 pub fn check_fused_kernels_setting() -> Result<()> {
     parse_fused_kernels(std::env::var(FUSED_KERNELS_VAR).ok().as_deref()).map(|_| ())
 }
@@ -553,7 +658,8 @@ pub fn stream_read(h: &Tensor, pre: &Tensor) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
     // SAFETY: the inputs are live `at::Tensor*` for the call; the C++ side only reads them and
     // writes a new, caller-owned handle to `out` when it returns no error.
-    let err = unsafe { ffi::plexus_stream_read(h.as_ptr() as *mut _, pre.as_ptr() as *mut _, &mut out) };
+    let err =
+        unsafe { ffi::plexus_stream_read(h.as_ptr() as *mut _, pre.as_ptr() as *mut _, kernel_isa().code(), &mut out) };
     fused_result(err, out)
 }
 
@@ -569,6 +675,7 @@ pub fn stream_write(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Resu
             res.as_ptr() as *mut _,
             post.as_ptr() as *mut _,
             o.as_ptr() as *mut _,
+            kernel_isa().code(),
             &mut out,
         )
     };
@@ -605,6 +712,7 @@ pub fn norm_project(x: &Tensor, gamma: &Tensor, beta: &Tensor, w: &Tensor, eps: 
             beta.as_ptr() as *mut _,
             w.as_ptr() as *mut _,
             eps,
+            kernel_isa().code(),
             &mut out,
         )
     };
@@ -616,10 +724,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_fused_kernels_switch_takes_0_1_true_false_and_names_itself_otherwise() {
-        assert!(parse_fused_kernels(None).unwrap());
-        for (v, on) in [("1", true), ("true", true), (" TRUE ", true), ("0", false), ("false", false)] {
-            assert_eq!(parse_fused_kernels(Some(v)).unwrap(), on, "{v:?}");
+    fn the_fused_kernels_switch_takes_0_1_true_false_baseline_and_names_itself_otherwise() {
+        assert_eq!(parse_fused_kernels(None).unwrap(), FusedKernels::Best);
+        for (v, want) in [
+            ("1", FusedKernels::Best),
+            ("true", FusedKernels::Best),
+            (" TRUE ", FusedKernels::Best),
+            ("Baseline", FusedKernels::Baseline),
+            ("0", FusedKernels::Off),
+            ("false", FusedKernels::Off),
+        ] {
+            assert_eq!(parse_fused_kernels(Some(v)).unwrap(), want, "{v:?}");
         }
         let e = parse_fused_kernels(Some("maybe")).unwrap_err().to_string();
         assert!(e.contains("PLEXUS_FUSED_KERNELS") && e.contains("maybe") && e.contains("0/false"), "{e}");
@@ -627,5 +742,30 @@ mod tests {
         assert!(!with_fused_kernels(false, fused_kernels_on));
         assert!(with_fused_kernels(false, || with_fused_kernels(true, fused_kernels_on)));
         assert_eq!(fused_kernels_on(), outer, "the setting is restored");
+        let outer = kernel_isa();
+        assert_eq!(with_kernel_isa(KernelIsa::Baseline, kernel_isa), KernelIsa::Baseline);
+        assert_eq!(kernel_isa(), outer, "the instruction set is restored");
+    }
+
+    /// A wider instruction set than the CPU has is refused with an error naming it, not run.
+    #[test]
+    fn an_instruction_set_the_cpu_lacks_is_refused() {
+        let h = Tensor::ones([3, 2, 8], (tch::Kind::Float, tch::Device::Cpu));
+        let pre = Tensor::ones([2], (tch::Kind::Float, tch::Device::Cpu));
+        let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+        for bad in [2i64, -1] {
+            // SAFETY: as in `stream_read`.
+            let err = unsafe { ffi::plexus_stream_read(h.as_ptr() as *mut _, pre.as_ptr() as *mut _, bad, &mut out) };
+            let e = fused_result(err, out).unwrap_err().to_string();
+            assert!(e.contains("instruction set") && e.contains(&bad.to_string()), "{e}");
+        }
+        let u = with_kernel_isa(KernelIsa::Baseline, || stream_read(&h, &pre)).unwrap();
+        assert_eq!(u.size(), [3, 8]);
+        assert_eq!(u.sum(tch::Kind::Float).double_value(&[]), 48.0);
+        if KernelIsa::best() == KernelIsa::Baseline {
+            // SAFETY: as in `stream_read`.
+            let err = unsafe { ffi::plexus_stream_read(h.as_ptr() as *mut _, pre.as_ptr() as *mut _, 1, &mut out) };
+            assert!(fused_result(err, out).unwrap_err().to_string().contains("AVX2"));
+        }
     }
 }

@@ -22,6 +22,11 @@
 // block of tokens and differentiates through them by hand, saving only the logits for backward
 // where autograd would keep 2·iters [M, n, n] tensors.
 //
+// The row loops of the stream read, write and norm_project live in stream_rows.inc, built twice:
+// for baseline x86-64 and for AVX2 + FMA (GCC on x86-64). The Rust side passes which to use (`isa`,
+// the widest the CPU has unless PLEXUS_FUSED_KERNELS=baseline), and the backward uses the forward's.
+// Sinkhorn's loops are baseline only: AVX2 measured no faster there.
+//
 // Entry points follow plexus_native.cpp's convention (guarded.h): an error string or NULL, results
 // through out-parameters, tensors as tch's `at::Tensor*`.
 
@@ -46,43 +51,69 @@ using torch::autograd::variable_list;
 
 namespace {
 
-// ----------------------------------------------------------------------------------------------
-// Row kernels over one row of D elements. The reductions keep kLanes independent partial sums, so
-// that the compiler vectorises them without reassociating (no -ffast-math needed); accumulating in
-// the data's precision, as libtorch's own CPU reductions do.
+// The row loops, once per instruction set (see stream_rows.inc).
+namespace isa_baseline {
+#include "stream_rows.inc"
+}  // namespace isa_baseline
 
-constexpr int64_t kLanes = 8;
+// GCC only: clang has no `#pragma GCC target` (it would build the baseline copy twice), and other
+// architectures have their own vector widths, which the baseline build already uses.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PLEXUS_AVX2_VARIANT 1
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace isa_avx2 {
+#include "stream_rows.inc"
+}  // namespace isa_avx2
+#pragma GCC pop_options
+#else
+#define PLEXUS_AVX2_VARIANT 0
+#endif
 
-// Σ_d f(d) for f evaluated lane-wise.
-template <typename T, typename F>
-inline T lane_sum(int64_t len, F f) {
-  T acc[kLanes] = {};
-  int64_t d = 0;
-  for (; d + kLanes <= len; d += kLanes) {
-    for (int64_t j = 0; j < kLanes; ++j) acc[j] += f(d + j);
+// Instruction sets of the row loops; the numbers are the `isa` argument of the entry points.
+constexpr int64_t kIsaBaseline = 0;
+constexpr int64_t kIsaAvx2Fma = 1;
+
+// The widest instruction set this build and this CPU have.
+int64_t best_isa() {
+#if PLEXUS_AVX2_VARIANT
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2) return kIsaAvx2Fma;
+#endif
+  return kIsaBaseline;
+}
+
+void check_isa(int64_t isa) {
+  if (isa == kIsaBaseline || (isa == kIsaAvx2Fma && best_isa() == kIsaAvx2Fma)) return;
+  throw std::invalid_argument("fused stream kernels: instruction set " + std::to_string(isa) +
+                              " is not available (0 = baseline; 1 = AVX2 + FMA, on x86-64 CPUs that have them "
+                              "in a GCC build)");
+}
+
+// The row loops of one instruction set, for one dtype.
+template <typename T>
+struct RowKernels {
+  decltype(&isa_baseline::read_rows<T>) read;
+  decltype(&isa_baseline::read_rows_backward<T>) read_backward;
+  decltype(&isa_baseline::write_rows<T>) write;
+  decltype(&isa_baseline::write_rows_backward<T>) write_backward;
+  decltype(&isa_baseline::norm_project_rows<T>) norm_project;
+  decltype(&isa_baseline::norm_project_rows_backward<T>) norm_project_backward;
+};
+
+template <typename T>
+RowKernels<T> row_kernels(int64_t isa) {
+  check_isa(isa);
+#if PLEXUS_AVX2_VARIANT
+  if (isa == kIsaAvx2Fma) {
+    namespace k = isa_avx2;
+    return {&k::read_rows<T>,  &k::read_rows_backward<T>, &k::write_rows<T>,
+            &k::write_rows_backward<T>, &k::norm_project_rows<T>, &k::norm_project_rows_backward<T>};
   }
-  T tail = 0;
-  for (; d < len; ++d) tail += f(d);
-  T s = 0;
-  for (int64_t j = 0; j < kLanes; ++j) s += acc[j];
-  return s + tail;
-}
-
-template <typename T>
-inline T dot(const T* a, const T* b, int64_t len) {
-  return lane_sum<T>(len, [&](int64_t d) { return a[d] * b[d]; });
-}
-
-// y = c · x (x and y never overlap: `__restrict` lets the loop vectorise without alias checks)
-template <typename T>
-inline void scale_into(T c, const T* __restrict x, T* __restrict y, int64_t len) {
-  for (int64_t d = 0; d < len; ++d) y[d] = c * x[d];
-}
-
-// y += c · x
-template <typename T>
-inline void axpy(T c, const T* __restrict x, T* __restrict y, int64_t len) {
-  for (int64_t d = 0; d < len; ++d) y[d] += c * x[d];
+#endif
+  namespace k = isa_baseline;
+  return {&k::read_rows<T>,  &k::read_rows_backward<T>, &k::write_rows<T>,
+          &k::write_rows_backward<T>, &k::norm_project_rows<T>, &k::norm_project_rows_backward<T>};
 }
 
 // Tokens per parallel task: enough elements that a task is worth a thread (~32 Ki).
@@ -125,62 +156,11 @@ StreamShape stream_shape(const at::Tensor& h, const at::Tensor& weights, int64_t
 }
 
 // ----------------------------------------------------------------------------------------------
-// One token of each stream operation: n stream rows of d elements and the token's mixing weights.
-// Every loop is a pass over one row of d elements (L1-resident), and a dot product keeps its kLanes
-// partial sums in registers for the whole row. (Unrolling over a compile-time n, all n outputs
-// accumulated per chunk of the rows, measured no faster forward and 1.5–2× slower backward, where
-// the n² dot products' partial sums no longer fit in registers.)
-
-// u = Σ_s w[s] h[s]
-template <typename T>
-inline void read_token(const T* __restrict h, const T* __restrict w, T* __restrict u, int64_t n, int64_t d) {
-  scale_into(w[0], h, u, d);
-  for (int64_t s = 1; s < n; ++s) axpy(w[s], h + s * d, u, d);
-}
-
-// dh[s] = w[s] gu; dw[s] = <h[s], gu>
-template <typename T>
-inline void read_token_backward(const T* __restrict h, const T* __restrict w, const T* __restrict gu,
-                                T* __restrict gh, T* __restrict gw, int64_t n, int64_t d) {
-  for (int64_t s = 0; s < n; ++s) {
-    scale_into(w[s], gu, gh + s * d, d);
-    gw[s] = dot(h + s * d, gu, d);
-  }
-}
-
-// out[t] = p[t] o + Σ_s r[s, t] h[s]
-template <typename T>
-inline void write_token(const T* __restrict h, const T* __restrict r, const T* __restrict p, const T* __restrict o,
-                        T* __restrict out, int64_t n, int64_t d) {
-  for (int64_t t = 0; t < n; ++t) {
-    T* ot = out + t * d;
-    scale_into(p[t], o, ot, d);
-    for (int64_t s = 0; s < n; ++s) axpy(r[s * n + t], h + s * d, ot, d);
-  }
-}
-
-// dh[s] = Σ_t r[s, t] g[t]; dr[s, t] = <h[s], g[t]>; do = Σ_t p[t] g[t]; dp[t] = <g[t], o>
-template <typename T>
-inline void write_token_backward(const T* __restrict h, const T* __restrict r, const T* __restrict p,
-                                 const T* __restrict o, const T* __restrict g, T* __restrict gh, T* __restrict gr,
-                                 T* __restrict gp, T* __restrict go, int64_t n, int64_t d) {
-  for (int64_t s = 0; s < n; ++s) {
-    T* ghs = gh + s * d;
-    scale_into(r[s * n], g, ghs, d);
-    for (int64_t t = 1; t < n; ++t) axpy(r[s * n + t], g + t * d, ghs, d);
-    for (int64_t t = 0; t < n; ++t) gr[s * n + t] = dot(h + s * d, g + t * d, d);
-  }
-  scale_into(p[0], g, go, d);
-  for (int64_t t = 1; t < n; ++t) axpy(p[t], g + t * d, go, d);
-  for (int64_t t = 0; t < n; ++t) gp[t] = dot(g + t * d, o, d);
-}
-
-// ----------------------------------------------------------------------------------------------
 // stream_read: u = Σ_s pre[s] H[s]
 
 struct StreamRead : public torch::autograd::Function<StreamRead> {
-  // h [.., n, D], pre [.., n] or [n] → u [.., D]
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h_in, const at::Tensor& pre_in) {
+  // h [.., n, D], pre [.., n] or [n] → u [.., D]; `isa`: the row loops' instruction set
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h_in, const at::Tensor& pre_in, int64_t isa) {
     const auto h = h_in.contiguous();
     const auto pre = pre_in.contiguous();
     const auto sh = stream_shape(h, pre, sh_n(h), "pre");
@@ -193,15 +173,15 @@ struct StreamRead : public torch::autograd::Function<StreamRead> {
         const scalar_t* hp = h.const_data_ptr<scalar_t>();
         const scalar_t* pp = pre.const_data_ptr<scalar_t>();
         scalar_t* up = u.mutable_data_ptr<scalar_t>();
+        const auto rows = row_kernels<scalar_t>(isa).read;
         at::parallel_for(0, sh.m, grain(sh.n * sh.d), [&](int64_t b, int64_t e) {
-          for (int64_t m = b; m < e; ++m) {
-            read_token(hp + m * sh.n * sh.d, pp + (sh.mr == 1 ? 0 : m) * sh.n, up + m * sh.d, sh.n, sh.d);
-          }
+          rows(hp, pp, up, b, e, sh.n, sh.d, sh.mr != 1);
         });
       });
     }
     ctx->save_for_backward({h, pre});
     ctx->saved_data["pre_sizes"] = pre_in.sizes().vec();
+    ctx->saved_data["isa"] = isa;
     return u;
   }
 
@@ -222,16 +202,14 @@ struct StreamRead : public torch::autograd::Function<StreamRead> {
         const scalar_t* gp = gu.const_data_ptr<scalar_t>();
         scalar_t* ghp = gh.mutable_data_ptr<scalar_t>();
         scalar_t* gwp = gpre_tok.mutable_data_ptr<scalar_t>();
+        const auto rows = row_kernels<scalar_t>(ctx->saved_data["isa"].toInt()).read_backward;
         at::parallel_for(0, sh.m, grain(sh.n * sh.d), [&](int64_t b, int64_t e) {
-          for (int64_t m = b; m < e; ++m) {
-            read_token_backward(hp + m * sh.n * sh.d, pp + (sh.mr == 1 ? 0 : m) * sh.n, gp + m * sh.d,
-                                ghp + m * sh.n * sh.d, gwp + m * sh.n, sh.n, sh.d);
-          }
+          rows(hp, pp, gp, ghp, gwp, b, e, sh.n, sh.d, sh.mr != 1);
         });
       });
     }
     auto gpre = sh.mr == 1 ? gpre_tok.sum(0) : gpre_tok;
-    return {gh, gpre.view(ctx->saved_data["pre_sizes"].toIntVector())};
+    return {gh, gpre.view(ctx->saved_data["pre_sizes"].toIntVector()), at::Tensor()};
   }
 
   static int64_t sh_n(const at::Tensor& h) { return h.dim() >= 2 ? h.size(-2) : 1; }
@@ -243,7 +221,7 @@ struct StreamRead : public torch::autograd::Function<StreamRead> {
 struct StreamWrite : public torch::autograd::Function<StreamWrite> {
   // h [.., n, D], res [.., n, n] or [n, n], post [.., n] or [n] (as res), o [.., D] → H' [.., n, D]
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h_in, const at::Tensor& res_in,
-                            const at::Tensor& post_in, const at::Tensor& o_in) {
+                            const at::Tensor& post_in, const at::Tensor& o_in, int64_t isa) {
     const auto h = h_in.contiguous();
     const auto res = res_in.contiguous();
     const auto post = post_in.contiguous();
@@ -258,18 +236,16 @@ struct StreamWrite : public torch::autograd::Function<StreamWrite> {
         const scalar_t* pp = post.const_data_ptr<scalar_t>();
         const scalar_t* op = o.const_data_ptr<scalar_t>();
         scalar_t* outp = out.mutable_data_ptr<scalar_t>();
-        const int64_t n = sh.n, d = sh.d;
-        at::parallel_for(0, sh.m, grain(n * d), [&](int64_t b, int64_t e) {
-          for (int64_t m = b; m < e; ++m) {
-            const int64_t w = sh.mr == 1 ? 0 : m;
-            write_token(hp + m * n * d, rp + w * n * n, pp + w * n, op + m * d, outp + m * n * d, n, d);
-          }
+        const auto rows = row_kernels<scalar_t>(isa).write;
+        at::parallel_for(0, sh.m, grain(sh.n * sh.d), [&](int64_t b, int64_t e) {
+          rows(hp, rp, pp, op, outp, b, e, sh.n, sh.d, sh.mr != 1);
         });
       });
     }
     ctx->save_for_backward({h, res, post, o});
     ctx->saved_data["res_sizes"] = res_in.sizes().vec();
     ctx->saved_data["post_sizes"] = post_in.sizes().vec();
+    ctx->saved_data["isa"] = isa;
     return out;
   }
 
@@ -296,19 +272,16 @@ struct StreamWrite : public torch::autograd::Function<StreamWrite> {
         scalar_t* gop = go.mutable_data_ptr<scalar_t>();
         scalar_t* grp = gres_tok.mutable_data_ptr<scalar_t>();
         scalar_t* gpp = gpost_tok.mutable_data_ptr<scalar_t>();
+        const auto rows = row_kernels<scalar_t>(ctx->saved_data["isa"].toInt()).write_backward;
         at::parallel_for(0, sh.m, grain(n * d), [&](int64_t b, int64_t e) {
-          for (int64_t m = b; m < e; ++m) {
-            const int64_t w = sh.mr == 1 ? 0 : m;
-            write_token_backward(hp + m * n * d, rp + w * n * n, pp + w * n, op + m * d, gp + m * n * d,
-                                 ghp + m * n * d, grp + m * n * n, gpp + m * n, gop + m * d, n, d);
-          }
+          rows(hp, rp, pp, op, gp, ghp, grp, gpp, gop, b, e, n, d, sh.mr != 1);
         });
       });
     }
     auto gres = sh.mr == 1 ? gres_tok.sum(0) : gres_tok;
     auto gpost = sh.mr == 1 ? gpost_tok.sum(0) : gpost_tok;
     return {gh, gres.view(ctx->saved_data["res_sizes"].toIntVector()),
-            gpost.view(ctx->saved_data["post_sizes"].toIntVector()), go};
+            gpost.view(ctx->saved_data["post_sizes"].toIntVector()), go, at::Tensor()};
   }
 
   static StreamShape shape(const at::Tensor& h, const at::Tensor& res, const at::Tensor& post, const at::Tensor& o) {
@@ -529,7 +502,7 @@ struct Sinkhorn : public torch::autograd::Function<Sinkhorn> {
 
 struct NormProject : public torch::autograd::Function<NormProject> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& gamma_in,
-                            const at::Tensor& beta_in, const at::Tensor& w_in, double eps) {
+                            const at::Tensor& beta_in, const at::Tensor& w_in, double eps, int64_t isa) {
     const auto x = x_in.contiguous();
     const auto gamma = gamma_in.contiguous();
     const auto beta = beta_in.contiguous();
@@ -555,23 +528,15 @@ struct NormProject : public torch::autograd::Function<NormProject> {
         const scalar_t* wp = wt.const_data_ptr<scalar_t>();
         scalar_t* zp = z.mutable_data_ptr<scalar_t>();
         scalar_t* sp = stats.mutable_data_ptr<scalar_t>();
+        const auto kernel = row_kernels<scalar_t>(isa).norm_project;
         at::parallel_for(0, rows, grain(d * (k + 2)), [&](int64_t b, int64_t e) {
           std::vector<scalar_t> normed(d);
-          for (int64_t r = b; r < e; ++r) {
-            const scalar_t* xr = xp + r * d;
-            const scalar_t mean = lane_sum<scalar_t>(d, [&](int64_t i) { return xr[i]; }) / scalar_t(d);
-            const scalar_t var =
-                lane_sum<scalar_t>(d, [&](int64_t i) { return (xr[i] - mean) * (xr[i] - mean); }) / scalar_t(d);
-            const scalar_t rstd = scalar_t(1) / std::sqrt(var + scalar_t(eps));
-            sp[2 * r] = mean;
-            sp[2 * r + 1] = rstd;
-            for (int64_t i = 0; i < d; ++i) normed[i] = (xr[i] - mean) * rstd * gp[i] + bp[i];
-            for (int64_t j = 0; j < k; ++j) zp[r * k + j] = dot(normed.data(), wp + j * d, d);
-          }
+          kernel(xp, gp, bp, wp, zp, sp, b, e, d, k, scalar_t(eps), normed.data());
         });
       });
     }
     ctx->save_for_backward({x, gamma, beta, wt, stats});
+    ctx->saved_data["isa"] = isa;
     return z;
   }
 
@@ -596,43 +561,19 @@ struct NormProject : public torch::autograd::Function<NormProject> {
         const scalar_t* gzp = gz.const_data_ptr<scalar_t>();
         scalar_t* gxp = gx.mutable_data_ptr<scalar_t>();
         scalar_t* pp = partial.mutable_data_ptr<scalar_t>();
+        const auto kernel = row_kernels<scalar_t>(ctx->saved_data["isa"].toInt()).norm_project_backward;
         at::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
           std::vector<scalar_t> xhat(d), normed(d), dnormed(d);
           for (int64_t task = tb; task < te; ++task) {
-            scalar_t* gwt = pp + task * (k + 2) * d;
-            scalar_t* ggamma = gwt + k * d;
-            scalar_t* gbeta = ggamma + d;
-            for (int64_t r = task * rows / tasks; r < (task + 1) * rows / tasks; ++r) {
-              const scalar_t* xr = xp + r * d;
-              const scalar_t* gzr = gzp + r * k;
-              const scalar_t m = sp[2 * r], s = sp[2 * r + 1];
-              for (int64_t i = 0; i < d; ++i) {
-                xhat[i] = (xr[i] - m) * s;
-                normed[i] = xhat[i] * gp[i] + bp[i];
-              }
-              // dnormed = Σ_j dz_j W[:, j]; dW[:, j] += normed · dz_j
-              scale_into(gzr[0], wp, dnormed.data(), d);
-              for (int64_t j = 1; j < k; ++j) axpy(gzr[j], wp + j * d, dnormed.data(), d);
-              for (int64_t j = 0; j < k; ++j) axpy(gzr[j], normed.data(), gwt + j * d, d);
-              // dγ += dnormed ⊙ x̂, dβ += dnormed; dx̂ = dnormed ⊙ γ (kept in dnormed)
-              for (int64_t i = 0; i < d; ++i) {
-                ggamma[i] += dnormed[i] * xhat[i];
-                gbeta[i] += dnormed[i];
-                dnormed[i] *= gp[i];
-              }
-              // dx = (dx̂ - mean(dx̂) - x̂ · mean(dx̂ ⊙ x̂)) / σ
-              const scalar_t a = lane_sum<scalar_t>(d, [&](int64_t i) { return dnormed[i]; }) / scalar_t(d);
-              const scalar_t c = dot(dnormed.data(), xhat.data(), d) / scalar_t(d);
-              scalar_t* gxr = gxp + r * d;
-              for (int64_t i = 0; i < d; ++i) gxr[i] = (dnormed[i] - a - xhat[i] * c) * s;
-            }
+            kernel(xp, gp, bp, wp, sp, gzp, gxp, pp + task * (k + 2) * d, task * rows / tasks,
+                   (task + 1) * rows / tasks, d, k, xhat.data(), normed.data(), dnormed.data());
           }
         });
       });
     }
     const auto sums = partial.sum(0);  // [K + 2, D]
     return {gx, sums.narrow(0, k, 1).view(gamma.sizes()), sums.narrow(0, k + 1, 1).view(beta.sizes()),
-            sums.narrow(0, 0, k).t(), at::Tensor()};
+            sums.narrow(0, 0, k).t(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -645,17 +586,31 @@ int plexus_sinkhorn_fits(int64_t n, int64_t iters) {
   return iters >= 1 && n >= 1 && sinkhorn_scratch(n, iters) <= kMaxSinkhornScratch ? 1 : 0;
 }
 
-char* plexus_stream_read(at::Tensor* h, at::Tensor* pre, at::Tensor** out) {
-  return guarded([&] { *out = new at::Tensor(StreamRead::apply(*h, *pre)); });
+// The widest instruction set of the row loops this build and CPU have (0 = baseline, 1 = AVX2 + FMA);
+// the `isa` argument below takes it or 0.
+int64_t plexus_stream_kernels_best_isa() { return best_isa(); }
+
+char* plexus_stream_read(at::Tensor* h, at::Tensor* pre, int64_t isa, at::Tensor** out) {
+  return guarded([&] {
+    check_isa(isa);
+    *out = new at::Tensor(StreamRead::apply(*h, *pre, isa));
+  });
 }
 
-char* plexus_stream_write(at::Tensor* h, at::Tensor* res, at::Tensor* post, at::Tensor* o, at::Tensor** out) {
-  return guarded([&] { *out = new at::Tensor(StreamWrite::apply(*h, *res, *post, *o)); });
-}
-
-char* plexus_norm_project(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w, double eps,
+char* plexus_stream_write(at::Tensor* h, at::Tensor* res, at::Tensor* post, at::Tensor* o, int64_t isa,
                           at::Tensor** out) {
-  return guarded([&] { *out = new at::Tensor(NormProject::apply(*x, *gamma, *beta, *w, eps)); });
+  return guarded([&] {
+    check_isa(isa);
+    *out = new at::Tensor(StreamWrite::apply(*h, *res, *post, *o, isa));
+  });
+}
+
+char* plexus_norm_project(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w, double eps, int64_t isa,
+                          at::Tensor** out) {
+  return guarded([&] {
+    check_isa(isa);
+    *out = new at::Tensor(NormProject::apply(*x, *gamma, *beta, *w, eps, isa));
+  });
 }
 
 char* plexus_sinkhorn(at::Tensor* logits, int64_t iters, at::Tensor** out) {

@@ -350,11 +350,19 @@ mod tests {
 
     /// The fused CPU stream kernels against their composite versions, fp64 and fp32, static
     /// (`[n]`, `[n, n]`) and per-token mixing: the value and the gradient of every input, with
-    /// D = 13 (not a multiple of the kernels' 8 lanes) and n = 3 and 5.
+    /// D = 13 and 37 (one and four chunks of the kernels' 8 lanes, and a tail), n = 3 and 5, and
+    /// each instruction set the machine runs (baseline, and AVX2 + FMA where the CPU has it).
     #[test]
     fn fused_stream_read_and_write_match_the_composite_versions() {
+        for isa in native::kernel_isas() {
+            for d in [13i64, 37] {
+                native::with_kernel_isa(isa, || fused_stream_ops_match(d, isa));
+            }
+        }
+    }
+
+    fn fused_stream_ops_match(d: i64, isa: native::KernelIsa) {
         tch::manual_seed(2);
-        let d = 13i64;
         for (n, kind) in [(3i64, Kind::Double), (3, Kind::Float), (5, Kind::Double), (5, Kind::Float)] {
             let tol = if kind == Kind::Double { 1e-12 } else { 1e-5 };
             let opts = (kind, Device::Cpu);
@@ -386,7 +394,7 @@ mod tests {
                         assert_eq!(a.size(), b.size(), "{op} output {i}");
                         let err = (a - b).abs().max().double_value(&[]);
                         let scale = b.abs().max().double_value(&[]).max(1.0);
-                        assert!(err <= tol * scale, "n = {n}, {kind:?}, per-token {per_token}, {op}: output {i} (0 = value, then the inputs' gradients) off by {err:e}");
+                        assert!(err <= tol * scale, "{isa:?}, D = {d}, n = {n}, {kind:?}, per-token {per_token}, {op}: output {i} (0 = value, then the inputs' gradients) off by {err:e}");
                     }
                 }
             }
@@ -397,6 +405,12 @@ mod tests {
     /// static and per-token, forward and backward, against the composite versions.
     #[test]
     fn fused_stream_ops_take_one_stream_and_no_tokens() {
+        for isa in native::kernel_isas() {
+            native::with_kernel_isa(isa, fused_stream_ops_edge_shapes);
+        }
+    }
+
+    fn fused_stream_ops_edge_shapes() {
         let opts = (Kind::Double, Device::Cpu);
         for (m, n, per_token) in [(6i64, 1i64, true), (6, 1, false), (0, 4, true), (0, 4, false)] {
             let lead: &[i64] = if per_token { &[m] } else { &[] };

@@ -216,11 +216,19 @@ mod tests {
     }
 
     /// The fused LayerNorm + projection against LayerNorm then matmul (fp32 and fp64): the value
-    /// and the gradients of the streams, γ, β and W, with D = 13 (not a multiple of 8 lanes).
+    /// and the gradients of the streams, γ, β and W, with D = 13 and 37 (not multiples of 8 lanes),
+    /// for each instruction set the machine runs.
     #[test]
     fn the_fused_norm_and_projection_match_layer_norm_then_matmul() {
+        for isa in native::kernel_isas() {
+            for d in [13i64, 37] {
+                native::with_kernel_isa(isa, || norm_project_matches(d, isa));
+            }
+        }
+    }
+
+    fn norm_project_matches(d: i64, isa: native::KernelIsa) {
         tch::manual_seed(3);
-        let d = 13i64;
         for (kind, tol) in [(Kind::Double, 1e-11), (Kind::Float, 2e-5)] {
             let opts = (kind, tch::Device::Cpu);
             let inputs = [
@@ -244,7 +252,10 @@ mod tests {
             for (i, (a, b)) in fused.iter().zip(&reference).enumerate() {
                 assert_eq!(a.size(), b.size(), "output {i}");
                 let err = (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1.0);
-                assert!(err < tol, "{kind:?}: output {i} (0 = z, then dx, dγ, dβ, dW) off by {err:e}");
+                assert!(
+                    err < tol,
+                    "{isa:?}, D = {d}, {kind:?}: output {i} (0 = z, then dx, dγ, dβ, dW) off by {err:e}"
+                );
             }
         }
     }
