@@ -39,6 +39,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -52,9 +53,11 @@ using torch::autograd::variable_list;
 namespace {
 
 // The row loops, once per instruction set (see stream_rows.inc).
+#define PLEXUS_VECTOR_BYTES 16
 namespace isa_baseline {
 #include "stream_rows.inc"
 }  // namespace isa_baseline
+#undef PLEXUS_VECTOR_BYTES
 
 // GCC only: clang has no `#pragma GCC target` (it would build the baseline copy twice), and other
 // architectures have their own vector widths, which the baseline build already uses.
@@ -62,9 +65,11 @@ namespace isa_baseline {
 #define PLEXUS_AVX2_VARIANT 1
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#define PLEXUS_VECTOR_BYTES 32
 namespace isa_avx2 {
 #include "stream_rows.inc"
 }  // namespace isa_avx2
+#undef PLEXUS_VECTOR_BYTES
 #pragma GCC pop_options
 #else
 #define PLEXUS_AVX2_VARIANT 0
@@ -530,8 +535,8 @@ struct NormProject : public torch::autograd::Function<NormProject> {
         scalar_t* sp = stats.mutable_data_ptr<scalar_t>();
         const auto kernel = row_kernels<scalar_t>(isa).norm_project;
         at::parallel_for(0, rows, grain(d * (k + 2)), [&](int64_t b, int64_t e) {
-          std::vector<scalar_t> normed(d);
-          kernel(xp, gp, bp, wp, zp, sp, b, e, d, k, scalar_t(eps), normed.data());
+          std::vector<scalar_t> scratch((k + 2) * d);
+          kernel(xp, gp, bp, wp, zp, sp, b, e, d, k, scalar_t(eps), scratch.data());
         });
       });
     }
@@ -563,7 +568,7 @@ struct NormProject : public torch::autograd::Function<NormProject> {
         scalar_t* pp = partial.mutable_data_ptr<scalar_t>();
         const auto kernel = row_kernels<scalar_t>(ctx->saved_data["isa"].toInt()).norm_project_backward;
         at::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
-          std::vector<scalar_t> xhat(d), normed(d), dnormed(d);
+          std::vector<scalar_t> xhat(2 * d), normed(d), dnormed(d);
           for (int64_t task = tb; task < te; ++task) {
             kernel(xp, gp, bp, wp, sp, gzp, gxp, pp + task * (k + 2) * d, task * rows / tasks,
                    (task + 1) * rows / tasks, d, k, xhat.data(), normed.data(), dnormed.data());

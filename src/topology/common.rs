@@ -350,8 +350,9 @@ mod tests {
 
     /// The fused CPU stream kernels against their composite versions, fp64 and fp32, static
     /// (`[n]`, `[n, n]`) and per-token mixing: the value and the gradient of every input, with
-    /// D = 13 and 37 (one and four chunks of the kernels' 8 lanes, and a tail), n = 3 and 5, and
-    /// each instruction set the machine runs (baseline, and AVX2 + FMA where the CPU has it).
+    /// D = 13 and 37 (one and four chunks of the kernels' 8 lanes, and a tail), n = 2, 4, 8 (the
+    /// one-pass kernels) and 3, 5 (the generic loops), and each instruction set the machine runs
+    /// (baseline, and AVX2 + FMA where the CPU has it).
     #[test]
     fn fused_stream_read_and_write_match_the_composite_versions() {
         for isa in native::kernel_isas() {
@@ -363,7 +364,9 @@ mod tests {
 
     fn fused_stream_ops_match(d: i64, isa: native::KernelIsa) {
         tch::manual_seed(2);
-        for (n, kind) in [(3i64, Kind::Double), (3, Kind::Float), (5, Kind::Double), (5, Kind::Float)] {
+        // n = 2, 4, 8: the one-pass kernels; 3, 5: the generic loops.
+        let cases = [2i64, 3, 4, 5, 8].into_iter().flat_map(|n| [(n, Kind::Double), (n, Kind::Float)]);
+        for (n, kind) in cases {
             let tol = if kind == Kind::Double { 1e-12 } else { 1e-5 };
             let opts = (kind, Device::Cpu);
             let (h, o) = (Tensor::randn([2, 5, n, d], opts), Tensor::randn([2, 5, d], opts));

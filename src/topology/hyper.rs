@@ -217,27 +217,36 @@ mod tests {
 
     /// The fused LayerNorm + projection against LayerNorm then matmul (fp32 and fp64): the value
     /// and the gradients of the streams, γ, β and W, with D = 13 and 37 (not multiples of 8 lanes),
-    /// for each instruction set the machine runs.
+    /// K outputs through the one-pass and the generic loops, rows far from zero mean, for each
+    /// instruction set the machine runs.
     #[test]
     fn the_fused_norm_and_projection_match_layer_norm_then_matmul() {
         for isa in native::kernel_isas() {
             for d in [13i64, 37] {
-                native::with_kernel_isa(isa, || norm_project_matches(d, isa));
+                // K = 3, 6, 10: the one-pass kernels for n = 1, 4, 8 streams; K = 5: the generic loops.
+                for k in [3i64, 5, 6, 10] {
+                    // Rows of spread 3 about 1, and of spread 1 about 100 (the one-pass moments
+                    // must not cancel there).
+                    for (scale, offset) in [(3.0, 1.0), (1.0, 100.0)] {
+                        native::with_kernel_isa(isa, || norm_project_matches(d, k, scale, offset, isa));
+                    }
+                }
             }
         }
     }
 
-    fn norm_project_matches(d: i64, isa: native::KernelIsa) {
+    fn norm_project_matches(d: i64, k: i64, scale: f64, offset: f64, isa: native::KernelIsa) {
         tch::manual_seed(3);
         for (kind, tol) in [(Kind::Double, 1e-11), (Kind::Float, 2e-5)] {
             let opts = (kind, tch::Device::Cpu);
+            // 45 rows: an odd number in each of the two parallel tasks (the backward takes rows in pairs).
             let inputs = [
-                Tensor::randn([2, 5, 4, d], opts) * 3.0 + 1.0,
+                Tensor::randn([3, 5, 3, d], opts) * scale + offset,
                 Tensor::randn([d], opts),
                 Tensor::randn([d], opts),
-                Tensor::randn([d, 6], opts),
+                Tensor::randn([d, k], opts),
             ];
-            let g = Tensor::randn([2, 5, 4, 6], opts);
+            let g = Tensor::randn([3, 5, 3, k], opts);
             let run = |fused: bool| -> Vec<Tensor> {
                 let xs: Vec<Tensor> = inputs.iter().map(|t| t.detach().set_requires_grad(true)).collect();
                 let z = if fused {
@@ -254,7 +263,8 @@ mod tests {
                 let err = (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1.0);
                 assert!(
                     err < tol,
-                    "{isa:?}, D = {d}, {kind:?}: output {i} (0 = z, then dx, dγ, dβ, dW) off by {err:e}"
+                    "{isa:?}, D = {d}, K = {k}, rows {scale}·N(0,1) + {offset}, {kind:?}: output {i} (0 = z, then dx, \
+                     dγ, dβ, dW) off by {err:e}"
                 );
             }
         }
