@@ -400,7 +400,7 @@ pub fn pin_memory(t: &Tensor) -> Result<Tensor> {
 
 /// Operators libtorch ran on this thread during [`count_ops`], from its dispatcher's own records
 /// (on the CPU a backward runs on the thread that calls it, so it is included).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct OpCount {
     /// Leaf operator calls that do work (a kernel each, mostly): a CPU-measurable proxy of the
     /// kernel launches the same code makes on a GPU, where a step of many small operators is
@@ -412,6 +412,16 @@ pub struct OpCount {
     pub calls: u64,
     /// The working leaf operators by name, most frequent first.
     pub by_name: Vec<(String, u64)>,
+    /// The same operators by wall time in ms, longest first (a product's includes what it calls;
+    /// the counting callback inflates small operators by about a microsecond per call).
+    pub ms_by_name: Vec<(String, f64)>,
+}
+
+impl OpCount {
+    /// Wall time of all the working leaf operators, in ms.
+    pub fn total_ms(&self) -> f64 {
+        self.ms_by_name.iter().map(|(_, ms)| ms).sum()
+    }
 }
 
 /// Runs `f` while counting the operators libtorch executes (see [`OpCount`]). Counting slows
@@ -424,12 +434,20 @@ pub fn count_ops<T>(f: impl FnOnce() -> T) -> Result<(T, OpCount)> {
     let mut names: *mut c_char = std::ptr::null_mut();
     // SAFETY: `out` has the 3 slots the C++ side writes; `names` receives a malloc'd string.
     check(unsafe { ffi::plexus_op_count_end(out.as_mut_ptr(), &mut names) })?;
-    let mut by_name: Vec<(String, u64)> = take_string(names)
+    // "name calls nanoseconds" per line; a name may contain spaces, the two numbers do not.
+    let rows: Vec<(String, u64, u64)> = take_string(names)
         .lines()
-        .filter_map(|l| l.rsplit_once(' ').and_then(|(n, c)| Some((n.to_string(), c.parse().ok()?))))
+        .filter_map(|l| {
+            let (rest, ns) = l.rsplit_once(' ')?;
+            let (name, calls) = rest.rsplit_once(' ')?;
+            Some((name.to_string(), calls.parse().ok()?, ns.parse().ok()?))
+        })
         .collect();
+    let mut by_name: Vec<(String, u64)> = rows.iter().map(|(n, c, _)| (n.clone(), *c)).collect();
     by_name.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    Ok((value, OpCount { kernels: out[0], metadata: out[1], calls: out[2], by_name }))
+    let mut ms_by_name: Vec<(String, f64)> = rows.iter().map(|(n, _, ns)| (n.clone(), *ns as f64 / 1e6)).collect();
+    ms_by_name.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    Ok((value, OpCount { kernels: out[0], metadata: out[1], calls: out[2], by_name, ms_by_name }))
 }
 
 /// Drops the gradient of every tensor in `ts` (`.grad = None`, PyTorch's

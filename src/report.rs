@@ -42,6 +42,18 @@ pub fn print_bench(rows: &[crate::bench::BenchRow]) {
                 ops.metadata,
                 top.join(", ")
             );
+            let total = ops.total_ms();
+            let slowest: Vec<String> = ops
+                .ms_by_name
+                .iter()
+                .take(shown)
+                .map(|(n, ms)| format!("{n} {ms:.1} ms ({:.0} %)", 100.0 * ms / total.max(1e-9)))
+                .collect();
+            println!(
+                "{:<30} time in those operators, one step under the counter: {total:.1} ms; longest: {}",
+                "",
+                slowest.join(", ")
+            );
         }
     }
 }

@@ -599,19 +599,28 @@ char* plexus_fused_adamw(at::Tensor** params, at::Tensor** grads, at::Tensor** e
 // itself (view, select, transpose, expand, empty, …): those are counted apart. Only the thread that
 // began counting is counted (on the CPU, autograd runs a backward on the thread that calls it), so
 // other threads — data loading, tests running beside — do not enter the count.
+//
+// Each counted call's wall time is added to its name too (a product's includes what it calls): a
+// step's time by operator, like torch.profiler's table. The callback costs every call about a
+// microsecond, so small operators read slower than they run.
 
 namespace op_count {
 std::atomic<uint64_t> leaves{0}, metadata{0}, calls{0};
 std::optional<at::CallbackHandle> handle;
 std::thread::id counted_thread;
-// Leaf operators that do work, by name (only the counting thread writes it).
-std::map<std::string, uint64_t> by_name;
+// Leaf operators that do work, by name: calls and nanoseconds (only the counting thread writes it).
+struct NameStats {
+  uint64_t calls = 0;
+  uint64_t ns = 0;
+};
+std::map<std::string, NameStats> by_name;
 // Per thread: the open calls, innermost last: whether each has called another operator, and
 // whether it is a matrix product (counted as one kernel, whatever it calls: a CPU `bmm` of many
 // small matrices calls `mm` and `copy_` per matrix, where a GPU runs one batched kernel).
 struct OpenCall {
   bool had_work_child = false;
   bool product = false;
+  std::chrono::steady_clock::time_point start;
 };
 thread_local std::vector<OpenCall> open_calls;
 thread_local int inside_product = 0;
@@ -650,6 +659,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     call.product = true;
     inside_product++;
   }
+  call.start = std::chrono::steady_clock::now();
   open_calls.push_back(call);
   return nullptr;
 }
@@ -659,6 +669,12 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (open_calls.empty()) return;  // began before counting started
   OpenCall call = open_calls.back();
   open_calls.pop_back();
+  auto count = [&] {
+    auto& stats = by_name[fn.name()];
+    stats.calls++;
+    stats.ns += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - call.start).count());
+  };
   auto work_done = [] {
     if (!open_calls.empty()) open_calls.back().had_work_child = true;
   };
@@ -671,7 +687,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (call.product) {
     inside_product--;
     leaves++;
-    by_name[fn.name()]++;
+    count();
     work_done();
     return;
   }
@@ -685,7 +701,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     return;
   }
   leaves++;
-  by_name[fn.name()]++;
+  count();
   work_done();
 }
 }  // namespace op_count
@@ -707,7 +723,7 @@ char* plexus_op_count_begin() {
 }
 
 // out: [leaf operators that do work, leaf view/allocation operators, all operator calls];
-// names: "name count" lines of the working leaf operators (malloc'd).
+// names: "name calls nanoseconds" lines of the working leaf operators (malloc'd).
 char* plexus_op_count_end(uint64_t* out, char** names) {
   return guarded([&] {
     if (!op_count::handle) throw std::runtime_error("operator counting is not running");
@@ -717,7 +733,9 @@ char* plexus_op_count_end(uint64_t* out, char** names) {
     out[1] = op_count::metadata;
     out[2] = op_count::calls;
     std::string text;
-    for (const auto& [name, n] : op_count::by_name) text += name + " " + std::to_string(n) + "\n";
+    for (const auto& [name, st] : op_count::by_name) {
+      text += name + " " + std::to_string(st.calls) + " " + std::to_string(st.ns) + "\n";
+    }
     *names = dup_string(text);
   });
 }
