@@ -35,7 +35,7 @@ pub enum Cmd {
         /// into a non-empty directory is refused otherwise).
         #[arg(long)]
         overwrite: bool,
-        /// Run directory (one config) or parent directory of the runs (several). Default: runs/<name>.
+        /// Run directory (one config) or parent directory of the runs (several). Default: `runs/<name>`.
         #[arg(long)]
         out: Option<PathBuf>,
         /// Override a config key, e.g. --set model.depth=4 (repeatable; validated like the file).
@@ -70,7 +70,7 @@ pub enum Cmd {
     Plot {
         #[arg(required = true)]
         runs: Vec<PathBuf>,
-        /// Output directory. Default: <run>/figures for one run, <parent of the runs>/figures for several.
+        /// Output directory. Default: `<run>/figures` for one run, `<parent of the runs>/figures` for several.
         #[arg(long)]
         out: Option<PathBuf>,
         /// Title of the loss figure.
@@ -241,7 +241,7 @@ pub enum Cmd {
         #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["inputs", "out", "overwrite", "plot"])]
         resume: Option<PathBuf>,
         /// Run directory (one config) or parent of the runs (several); with --plot, the figure
-        /// directory. Default: runs/<name>.
+        /// directory. Default: `runs/<name>`.
         #[arg(long)]
         out: Option<PathBuf>,
         /// Override a config key, e.g. --set network.depth=16 (repeatable; validated like the file).

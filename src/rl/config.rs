@@ -35,7 +35,7 @@ pub struct RlConfig {
     #[serde(default)]
     pub seed: u64,
     /// `auto`, `cpu`, `cuda` or `cuda:N` (where the networks run; the maze runs on the host).
-    #[serde(default = "auto")]
+    #[serde(default = "defaults::device")]
     pub device: String,
     pub env: EnvConfig,
     pub network: NetworkConfig,
@@ -46,37 +46,23 @@ pub struct RlConfig {
     pub log: RlLogConfig,
 }
 
-fn auto() -> String {
-    "auto".into()
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct EnvConfig {
     /// `u` (U-maze) or `open`.
-    #[serde(default = "u_maze")]
+    #[serde(default = "defaults::layout")]
     pub layout: Layout,
     /// Parallel environments stepped together (one episode each per rollout).
     pub num_envs: usize,
     /// Steps per episode.
-    #[serde(default = "d100")]
+    #[serde(default = "defaults::episode_length")]
     pub episode_length: usize,
     /// Largest move per step and axis, in arena sides.
-    #[serde(default = "d005")]
+    #[serde(default = "defaults::max_step")]
     pub max_step: f32,
     /// Reward radius ε.
-    #[serde(default = "d005")]
+    #[serde(default = "defaults::goal_radius")]
     pub goal_radius: f32,
-}
-
-fn u_maze() -> Layout {
-    Layout::U
-}
-fn d100() -> usize {
-    100
-}
-fn d005() -> f32 {
-    0.05
 }
 
 impl EnvConfig {
@@ -94,28 +80,18 @@ impl EnvConfig {
 #[serde(deny_unknown_fields)]
 pub struct NetworkConfig {
     /// Width `D` of every encoder's stack.
-    #[serde(default = "d256")]
+    #[serde(default = "defaults::width")]
     pub width: usize,
     /// Layers (Linear → LayerNorm → Swish) in each encoder's stack (Wang et al.'s depth).
     pub depth: usize,
     /// Layers per block at `granularity: block` (Wang et al. and ANCRe §5.3: 4).
-    #[serde(default = "d4")]
+    #[serde(default = "defaults::block_size")]
     pub block_size: usize,
     /// Dimension of the representations φ(s, a) and ψ(g).
-    #[serde(default = "d64")]
+    #[serde(default = "defaults::repr_dim")]
     pub repr_dim: usize,
     /// The topology of all three encoders (φ, ψ and the actor π): `kind` and its options.
     pub topology: KindSection,
-}
-
-fn d256() -> usize {
-    256
-}
-fn d4() -> usize {
-    4
-}
-fn d64() -> usize {
-    64
 }
 
 /// Which InfoNCE the critic minimises over the `[B, B]` logits `ℓ_ij = φ(s_i, a_i)·ψ(g_j)`.
@@ -131,28 +107,18 @@ pub enum InfoNce {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CrlConfig {
-    #[serde(default = "symmetric")]
+    #[serde(default = "defaults::loss")]
     pub loss: InfoNce,
     /// Discount γ of the hindsight-goal distribution: the goal of `(s_t, a_t)` is `s_{t+k}`,
     /// `P(k) ∝ γ^(k−1)` for `1 ≤ k ≤ T − t`.
-    #[serde(default = "d099")]
+    #[serde(default = "defaults::discount")]
     pub discount: f64,
     /// Coefficient of `mean_i (logsumexp_j ℓ_ij)²` added to the critic loss (0 = none).
     #[serde(default)]
     pub logsumexp_penalty: f64,
     /// Target entropy of the tanh-Gaussian actor (default `−action_dim = −2`).
-    #[serde(default = "minus2")]
+    #[serde(default = "defaults::target_entropy")]
     pub target_entropy: f64,
-}
-
-fn symmetric() -> InfoNce {
-    InfoNce::Symmetric
-}
-fn d099() -> f64 {
-    0.99
-}
-fn minus2() -> f64 {
-    -2.0
 }
 
 impl Default for CrlConfig {
@@ -167,51 +133,32 @@ pub struct RlTrainConfig {
     /// Total environment steps (all environments together); ≥ one rollout.
     pub env_steps: u64,
     /// Transitions per gradient step (also the number of InfoNCE negatives + 1).
-    #[serde(default = "d256")]
+    #[serde(default = "defaults::batch_size")]
     pub batch_size: usize,
     /// AdamW learning rate of the critic, the actor and the entropy temperature.
-    #[serde(default = "d3e4")]
+    #[serde(default = "defaults::lr")]
     pub lr: f64,
     #[serde(default)]
     pub weight_decay: f64,
-    #[serde(default = "betas")]
+    #[serde(default = "defaults::betas")]
     pub betas: [f64; 2],
-    #[serde(default = "d1e8")]
+    #[serde(default = "defaults::eps")]
     pub eps: f64,
     /// Learning-rate multiplier of the topologies' own parameters.
-    #[serde(default = "one_f")]
+    #[serde(default = "defaults::topology_lr_mult")]
     pub topology_lr_mult: f64,
     /// Clip each network's gradient norm to this value (none if absent).
     #[serde(default)]
     pub clip_grad_norm: Option<f64>,
     /// Gradient steps after each rollout (one episode of every environment).
-    #[serde(default = "d16")]
+    #[serde(default = "defaults::updates_per_rollout")]
     pub updates_per_rollout: usize,
     /// Environment steps with uniformly random actions before learning starts.
     #[serde(default)]
     pub prefill_env_steps: u64,
     /// Replay capacity in episodes (the oldest are overwritten).
-    #[serde(default = "d10000")]
+    #[serde(default = "defaults::replay_episodes")]
     pub replay_episodes: usize,
-}
-
-fn d3e4() -> f64 {
-    3e-4
-}
-fn betas() -> [f64; 2] {
-    [0.9, 0.999]
-}
-fn d1e8() -> f64 {
-    1e-8
-}
-fn one_f() -> f64 {
-    1.0
-}
-fn d16() -> usize {
-    16
-}
-fn d10000() -> usize {
-    10_000
 }
 
 impl RlTrainConfig {
@@ -235,28 +182,90 @@ impl RlTrainConfig {
 pub struct RlLogConfig {
     /// Evaluate (and write a `metrics.csv` row) every this many environment steps; also after the
     /// first rollout and at the end.
-    #[serde(default = "d10000u")]
+    #[serde(default = "defaults::eval_every")]
     pub eval_every: u64,
     /// Evaluation environments (one episode each, deterministic actions, fixed seeds).
-    #[serde(default = "d64")]
+    #[serde(default = "defaults::eval_envs")]
     pub eval_envs: usize,
     /// Write a checkpoint every this many environment steps (0 = only at the end).
     #[serde(default)]
     pub checkpoint_every: u64,
-    #[serde(default = "two")]
+    #[serde(default = "defaults::keep_checkpoints")]
     pub keep_checkpoints: usize,
-}
-
-fn d10000u() -> u64 {
-    10_000
-}
-fn two() -> usize {
-    2
 }
 
 impl Default for RlLogConfig {
     fn default() -> Self {
         serde_yaml::from_str("{}").expect("every RlLogConfig field has a default")
+    }
+}
+
+/// The defaults of the optional keys, one function per key (serde's `default = "…"` takes a path).
+mod defaults {
+    use super::{InfoNce, Layout};
+
+    pub fn device() -> String {
+        "auto".into()
+    }
+    pub fn layout() -> Layout {
+        Layout::U
+    }
+    pub fn episode_length() -> usize {
+        100
+    }
+    pub fn max_step() -> f32 {
+        0.05
+    }
+    pub fn goal_radius() -> f32 {
+        0.05
+    }
+    pub fn width() -> usize {
+        256
+    }
+    pub fn block_size() -> usize {
+        4
+    }
+    pub fn repr_dim() -> usize {
+        64
+    }
+    pub fn loss() -> InfoNce {
+        InfoNce::Symmetric
+    }
+    pub fn discount() -> f64 {
+        0.99
+    }
+    pub fn target_entropy() -> f64 {
+        -2.0
+    }
+    pub fn batch_size() -> usize {
+        256
+    }
+    pub fn lr() -> f64 {
+        3e-4
+    }
+    pub fn betas() -> [f64; 2] {
+        [0.9, 0.999]
+    }
+    pub fn eps() -> f64 {
+        1e-8
+    }
+    pub fn topology_lr_mult() -> f64 {
+        1.0
+    }
+    pub fn updates_per_rollout() -> usize {
+        16
+    }
+    pub fn replay_episodes() -> usize {
+        10_000
+    }
+    pub fn eval_every() -> u64 {
+        10_000
+    }
+    pub fn eval_envs() -> usize {
+        64
+    }
+    pub fn keep_checkpoints() -> usize {
+        2
     }
 }
 

@@ -3,7 +3,7 @@
 //! registered topology (ANCRe §5.3, after Wang et al. 2025, "1000-layer networks for
 //! self-supervised RL"). `plexus rl CONFIG` runs it ([`cli`]).
 //!
-//! * [`env`]: the maze, `N` environments stepped in one call on the host.
+//! * [`env`](mod@env): the maze, `N` environments stepped in one call on the host.
 //! * [`replay`]: episode replay with discounted hindsight goals.
 //! * [`net`]: Linear → LayerNorm → Swish encoders wired by a topology (sublayer or 4-layer blocks).
 //! * [`crl`]: the InfoNCE critic, the tanh-Gaussian actor and the update.
