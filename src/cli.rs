@@ -177,7 +177,9 @@ pub enum Cmd {
         /// Name of the case in the CSV (default: the config's name).
         #[arg(long)]
         case: Option<String>,
-        /// Also print where a step's time goes: forward + loss, backward, optimizer (medians).
+        /// Also print where a step's time goes: forward + loss, backward, optimizer (medians); on the
+        /// CPU also the operators of one step, counted and timed, most frequent and longest first
+        /// (PLEXUS_OPS_ALL=1 lists them all).
         #[arg(long)]
         profile: bool,
         /// Topology overhead in one process: these topologies (the first is the baseline) stepped
