@@ -1,8 +1,9 @@
 //! Micro-benchmark of the fused CPU kernels of the multi-stream topologies
 //! (`src/native/stream_kernels.cpp`) against the composite libtorch code they replace, one unit at
-//! a time: the stream read and write, Sinkhorn–Knopp and Hyper-Connections' LayerNorm + projection,
-//! forward alone and forward + backward; the fused ones both with the widest row loops the CPU has
-//! (AVX2 + FMA on most x86-64) and with the baseline x86-64 ones.
+//! a time: the stream read and write, Sinkhorn–Knopp, Hyper-Connections' LayerNorm + projection and
+//! mHC's RMS + projection, forward alone and forward + backward; the fused ones both with the
+//! widest row loops the CPU has (AVX2 + FMA on most x86-64) and with the baseline x86-64 ones (the
+//! same for Sinkhorn and the RMS projection, which have no per-set loops).
 //!
 //! ```sh
 //! cargo run --release --example stream_kernels_rate -- [TOKENS] [STREAMS] [WIDTH]   # default 2048 4 128
@@ -97,6 +98,16 @@ fn main() {
             Box::new(|x| x[0].layer_norm([x[0].size()[2]], Some(&x[1]), Some(&x[2]), 1e-5, false).matmul(&x[3])),
             vec![h.copy(), gamma, beta, w],
             vec![m, n, n + 2],
+        ),
+        (
+            "rms + projection (mHC)",
+            Box::new(|x| native::rms_project(&x[0], &x[1]).unwrap()),
+            Box::new(|x| {
+                let nd = x[0].size()[1] as f64;
+                x[0].matmul(&x[1]) / (x[0].norm_scalaropt_dim(2.0, [-1i64], true) / nd.sqrt())
+            }),
+            vec![h.reshape([m, n * d]), Tensor::randn([n * d, n * n + 2 * n], o) * 0.02],
+            vec![m, n * n + 2 * n],
         ),
     ];
     // The fused kernels with the widest row loops the CPU has, with the baseline ones, and the

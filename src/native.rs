@@ -15,8 +15,9 @@
 //!   AdamW kernel ([`fused_adamw`]); the operator counter behind `bench`'s kernels per step;
 //! * fused CPU kernels of the multi-stream topologies, autograd functions with hand-written
 //!   backwards (`src/native/stream_kernels.cpp`): [`stream_read`], [`stream_write`], [`sinkhorn`],
-//!   [`norm_project`], their row loops built for baseline x86-64 and for AVX2 + FMA and picked by the
-//!   CPU ([`KernelIsa`], [`kernel_isa`]).
+//!   [`norm_project`], [`rms_project`]; the read's, the write's and `norm_project`'s row loops are
+//!   built for baseline x86-64 and for AVX2 + FMA and picked by the CPU ([`KernelIsa`],
+//!   [`kernel_isa`]).
 //!
 //! A CPU-only libtorch builds this module too; the CUDA functions then return an error saying so.
 use anyhow::{anyhow, bail, Result};
@@ -95,6 +96,7 @@ mod ffi {
             out: *mut *mut C_tensor,
         ) -> *mut c_char;
         pub fn plexus_sinkhorn(logits: *mut C_tensor, iters: i64, out: *mut *mut C_tensor) -> *mut c_char;
+        pub fn plexus_rms_project(v: *mut C_tensor, phi: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn plexus_norm_project(
             x: *mut C_tensor,
             gamma: *mut C_tensor,
@@ -714,6 +716,16 @@ pub fn sinkhorn(logits: &Tensor, iters: usize) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
     // SAFETY: as in `stream_read`.
     let err = unsafe { ffi::plexus_sinkhorn(logits.as_ptr() as *mut _, iters as i64, &mut out) };
+    fused_result(err, out)
+}
+
+/// `(v @ phi) / rms(v)` row by row, `rms(v) = ‖v‖₂ / √N` (mHC's mixing logits): `v` `[.., N]`,
+/// `phi` `[N, K]` → `[.., K]`, one autograd function whose backward forms the input gradient in one
+/// pass (the products are libtorch's). CPU fp32/fp64 tensors of one dtype.
+pub fn rms_project(v: &Tensor, phi: &Tensor) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: as in `stream_read`.
+    let err = unsafe { ffi::plexus_rms_project(v.as_ptr() as *mut _, phi.as_ptr() as *mut _, &mut out) };
     fused_result(err, out)
 }
 

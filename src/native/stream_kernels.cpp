@@ -15,6 +15,7 @@
 // * stream_write: H'[m,t]    = Σ_s res[m,s,t] H[m,s] + post[m,t] o[m]  → H' [M, n, D]
 // * sinkhorn:     P          = Sinkhorn–Knopp(exp(logits)), iters × (rows, then columns), [M, n, n]
 // * norm_project: z          = LayerNorm(x) @ W, row by row (HC's dynamic weights)     [R, D] → [R, K]
+// * rms_project:  q          = (v @ φ) / RMS(v), row by row (mHC's mixing logits)      [R, N] → [R, K]
 //
 // `m` runs over the flattened leading dimensions (batch, tokens); the mixing weights either have
 // them too (dynamic, input-dependent mixing: Mr = M) or not (static mixing: Mr = 1, the gradient
@@ -582,6 +583,48 @@ struct NormProject : public torch::autograd::Function<NormProject> {
   }
 };
 
+// ----------------------------------------------------------------------------------------------
+// rms_project: q = (v @ φ) / r with r = ‖v‖₂ / √N per row: v [R, N], φ [N, K] → q [R, K]. mHC's
+// mixing logits come from exactly this, v being a token's flattened streams (N = n·D) and K = n² + 2n.
+// The matrix products are libtorch's (BLAS); what the function saves is autograd's graph around
+// them: the norm's backward (a masked fill, a product and a quotient over [R, N]) and the addition
+// of the two [R, N] input gradients become one in-place pass, dv = (dq/r) φᵀ − c ⊙ v with
+// c = Σ_j dq_j q_j / (r² N).
+
+struct RmsProject : public torch::autograd::Function<RmsProject> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& v_in, const at::Tensor& phi_in) {
+    const auto dtype = v_in.scalar_type();
+    if (!(dtype == at::kFloat || dtype == at::kDouble)) throw std::invalid_argument("rms_project takes float32/64");
+    check_cpu_float(v_in, "rms_project input", dtype);
+    check_cpu_float(phi_in, "rms_project weight", dtype);
+    if (v_in.dim() < 1 || phi_in.dim() != 2 || phi_in.size(0) != v_in.size(-1)) {
+      throw std::invalid_argument("rms_project: v must be [.., N] and φ [N, K]");
+    }
+    const int64_t n = v_in.size(-1);
+    const auto v = v_in.contiguous().view({-1, n});
+    const auto phi = phi_in.contiguous();
+    const auto r = at::linalg_vector_norm(v, 2, {1}, /*keepdim=*/true).mul_(1.0 / std::sqrt(double(n)));
+    auto q = at::mm(v, phi).div_(r);
+    ctx->save_for_backward({v, phi, r, q});
+    ctx->saved_data["sizes"] = v_in.sizes().vec();
+    auto out_sizes = v_in.sizes().vec();
+    out_sizes.back() = phi.size(1);
+    return q.view(out_sizes);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &v = saved[0], &phi = saved[1], &r = saved[2], &q = saved[3];
+    const auto dq = grads[0].contiguous().view({-1, phi.size(1)});
+    const auto a = dq / r;                                                              // [R, K]
+    const auto c = (dq * q).sum(1, /*keepdim=*/true).div_(r * r * double(v.size(1)));  // [R, 1]
+    auto dv = at::mm(a, phi.t());
+    dv.addcmul_(v, c, -1.0);
+    auto dphi = at::mm(v.t(), a);
+    return {dv.view(ctx->saved_data["sizes"].toIntVector()), dphi};
+  }
+};
+
 }  // namespace
 
 extern "C" {
@@ -620,6 +663,10 @@ char* plexus_norm_project(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at
 
 char* plexus_sinkhorn(at::Tensor* logits, int64_t iters, at::Tensor** out) {
   return guarded([&] { *out = new at::Tensor(Sinkhorn::apply(*logits, iters)); });
+}
+
+char* plexus_rms_project(at::Tensor* v, at::Tensor* phi, at::Tensor** out) {
+  return guarded([&] { *out = new at::Tensor(RmsProject::apply(*v, *phi)); });
 }
 
 }  // extern "C"

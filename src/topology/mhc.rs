@@ -151,6 +151,22 @@ pub fn sinkhorn_composite(logits: &Tensor, iters: usize) -> Tensor {
     l.exp()
 }
 
+/// The mixing logits `(v @ φ) / r` of the flattened streams `v` `[.., n·D]` (φ `[n·D, n² + 2n]`),
+/// `r = ‖v‖₂ / √(n·D)` their RMS → `[.., n² + 2n]`.
+///
+/// On the CPU, in fp32 or fp64 with the compute precision the same, [`native::rms_project`]: one autograd function, whose backward forms the
+/// streams' gradient in one pass where autograd ran the norm's backward and added two `[.., n·D]`
+/// gradients. Otherwise the RMS as one norm kernel (not square → mean → sqrt with an `[.., n·D]`
+/// temporary saved for backward) and the product in the compute precision.
+fn project(v: &Tensor, phi: &Tensor, compute: Kind) -> Tensor {
+    if v.kind() == compute && common::fused(&[v, phi]) {
+        return native::rms_project(v, phi).unwrap_or_else(|e| panic!("fused rms projection: {e:#}"));
+    }
+    let nd = v.size()[v.dim() - 1] as f64;
+    let r = v.norm_scalaropt_dim(2.0, [-1i64], true) / nd.sqrt();
+    common::matmul(v, phi, compute) / &r
+}
+
 impl StreamMixing for Mhc {
     fn streams(&self) -> usize {
         self.n
@@ -159,11 +175,7 @@ impl StreamMixing for Mhc {
         let l = &self.layers[k];
         let n = self.n as i64;
         let v = h.to_kind(Kind::Float).flatten(-2, -1);
-        // RMS over the flattened streams `[.., n·D]` as one norm kernel (‖v‖₂ / √(n·D)) instead of
-        // square → mean → sqrt with an `[.., n·D]` temporary saved for backward.
-        let nd = v.size()[v.dim() - 1] as f64;
-        let r = v.norm_scalaropt_dim(2.0, [-1i64], true) / nd.sqrt();
-        let q = common::matmul(&v, &l.phi, self.compute) / &r;
+        let q = project(&v, &l.phi, self.compute);
         // One split (backward: one `cat`), not three narrows, whose backwards each zero-fill a
         // gradient of q's size and copy into it.
         let parts = q.split_with_sizes([n, n, n * n], -1);
@@ -197,6 +209,37 @@ impl Topology for Mhc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fused RMS projection against the composite formula (fp64, fp32): the value and the
+    /// gradients of the streams and of φ. (The model's own fused-against-composite check is
+    /// `plexus parity` on the mHC cases.)
+    #[test]
+    fn the_fused_rms_projection_matches_the_composite_one() {
+        tch::manual_seed(5);
+        for (kind, tol) in [(Kind::Double, 1e-12), (Kind::Float, 2e-5)] {
+            let opts = (kind, tch::Device::Cpu);
+            let inputs = [Tensor::randn([3, 7, 40], opts) * 2.0 + 0.5, Tensor::randn([40, 24], opts) * 0.1];
+            let g = Tensor::randn([3, 7, 24], opts);
+            let run = |fused: bool| -> Vec<Tensor> {
+                let xs: Vec<Tensor> = inputs.iter().map(|t| t.detach().set_requires_grad(true)).collect();
+                let q = if fused {
+                    native::rms_project(&xs[0], &xs[1]).unwrap()
+                } else {
+                    // The composite formula in the inputs' precision (`project` returns fp32).
+                    let r = xs[0].norm_scalaropt_dim(2.0, [-1i64], true) / 40f64.sqrt();
+                    xs[0].matmul(&xs[1]) / r
+                };
+                (&q * &g).sum(kind).backward();
+                std::iter::once(q.detach()).chain(xs.iter().map(|x| x.grad())).collect()
+            };
+            let (fused, reference) = (run(true), run(false));
+            for (i, (a, b)) in fused.iter().zip(&reference).enumerate() {
+                assert_eq!(a.size(), b.size(), "output {i}");
+                let err = max_diff(a, b) / b.abs().max().double_value(&[]).max(1.0);
+                assert!(err < tol, "{kind:?}: output {i} (0 = q, then dv, dφ) off by {err:e}");
+            }
+        }
+    }
 
     #[test]
     fn sinkhorn_is_doubly_stochastic() {
