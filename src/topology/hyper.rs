@@ -235,27 +235,41 @@ mod tests {
         }
     }
 
+    /// Uniform values in ±1.7 from a seeded generator of their own: the tests run in parallel
+    /// threads that share libtorch's, so `manual_seed` + `randn` would not fix the inputs.
+    fn uniform(shape: &[i64], seed: u64) -> Tensor {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let v: Vec<f64> = (0..shape.iter().product::<i64>()).map(|_| rng.gen_range(-1.7..1.7)).collect();
+        Tensor::from_slice(&v).reshape(shape)
+    }
+
     fn norm_project_matches(d: i64, k: i64, scale: f64, offset: f64, isa: native::KernelIsa) {
-        tch::manual_seed(3);
         for (kind, tol) in [(Kind::Double, 1e-11), (Kind::Float, 2e-5)] {
-            let opts = (kind, tch::Device::Cpu);
             // 45 rows: an odd number in each of the two parallel tasks (the backward takes rows in pairs).
             let inputs = [
-                Tensor::randn([3, 5, 3, d], opts) * scale + offset,
-                Tensor::randn([d], opts),
-                Tensor::randn([d], opts),
-                Tensor::randn([d, k], opts),
+                (uniform(&[3, 5, 3, d], 1) * scale + offset).to_kind(kind),
+                uniform(&[d], 2).to_kind(kind),
+                uniform(&[d], 3).to_kind(kind),
+                uniform(&[d, k], 4).to_kind(kind),
             ];
-            let g = Tensor::randn([3, 5, 3, k], opts);
+            let g = uniform(&[3, 5, 3, k], 5);
+            // The fused kernel in `kind`; the reference, LayerNorm then matmul, in fp64 on the same
+            // values (an fp32 reference has errors of the size checked here when the rows' mean is
+            // 100 times their spread).
             let run = |fused: bool| -> Vec<Tensor> {
-                let xs: Vec<Tensor> = inputs.iter().map(|t| t.detach().set_requires_grad(true)).collect();
+                let of = if fused { kind } else { Kind::Double };
+                let xs: Vec<Tensor> = inputs.iter().map(|t| t.to_kind(of).detach().set_requires_grad(true)).collect();
                 let z = if fused {
                     native::norm_project(&xs[0], &xs[1], &xs[2], &xs[3], NORM_EPS).unwrap()
                 } else {
                     xs[0].layer_norm([d], Some(&xs[1]), Some(&xs[2]), NORM_EPS, false).matmul(&xs[3])
                 };
-                (&z * &g).sum(kind).backward();
-                std::iter::once(z.detach()).chain(xs.iter().map(|x| x.grad())).collect()
+                (&z * g.to_kind(of)).sum(of).backward();
+                std::iter::once(z.detach())
+                    .chain(xs.iter().map(|x| x.grad()))
+                    .map(|t| t.to_kind(Kind::Double))
+                    .collect()
             };
             let (fused, reference) = (run(true), run(false));
             for (i, (a, b)) in fused.iter().zip(&reference).enumerate() {
@@ -263,7 +277,7 @@ mod tests {
                 let err = (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1.0);
                 assert!(
                     err < tol,
-                    "{isa:?}, D = {d}, K = {k}, rows {scale}·N(0,1) + {offset}, {kind:?}: output {i} (0 = z, then dx, \
+                    "{isa:?}, D = {d}, K = {k}, rows {scale}·U(±1.7) + {offset}, {kind:?}: output {i} (0 = z, then dx, \
                      dγ, dβ, dW) off by {err:e}"
                 );
             }
