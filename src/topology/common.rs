@@ -397,7 +397,11 @@ mod tests {
                         assert_eq!(a.size(), b.size(), "{op} output {i}");
                         let err = (a - b).abs().max().double_value(&[]);
                         let scale = b.abs().max().double_value(&[]).max(1.0);
-                        assert!(err <= tol * scale, "{isa:?}, D = {d}, n = {n}, {kind:?}, per-token {per_token}, {op}: output {i} (0 = value, then the inputs' gradients) off by {err:e}");
+                        assert!(
+                            err <= tol * scale,
+                            "{isa:?}, D = {d}, n = {n}, {kind:?}, per-token {per_token}, {op}: output {i} (0 = value, \
+                             then the inputs' gradients) off by {err:e}"
+                        );
                     }
                 }
             }

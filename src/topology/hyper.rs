@@ -277,8 +277,8 @@ mod tests {
                 let err = (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1.0);
                 assert!(
                     err < tol,
-                    "{isa:?}, D = {d}, K = {k}, rows {scale}·U(±1.7) + {offset}, {kind:?}: output {i} (0 = z, then dx, \
-                     dγ, dβ, dW) off by {err:e}"
+                    "{isa:?}, D = {d}, K = {k}, rows {scale}·U(±1.7) + {offset}, {kind:?}: output {i} (0 = z, \
+                     then dx, dγ, dβ, dW) off by {err:e}"
                 );
             }
         }

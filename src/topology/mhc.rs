@@ -154,10 +154,11 @@ pub fn sinkhorn_composite(logits: &Tensor, iters: usize) -> Tensor {
 /// The mixing logits `(v @ φ) / r` of the flattened streams `v` `[.., n·D]` (φ `[n·D, n² + 2n]`),
 /// `r = ‖v‖₂ / √(n·D)` their RMS → `[.., n² + 2n]`.
 ///
-/// On the CPU, in fp32 or fp64 with the compute precision the same, [`native::rms_project`]: one autograd function, whose backward forms the
-/// streams' gradient in one pass where autograd ran the norm's backward and added two `[.., n·D]`
-/// gradients. Otherwise the RMS as one norm kernel (not square → mean → sqrt with an `[.., n·D]`
-/// temporary saved for backward) and the product in the compute precision.
+/// On the CPU, in fp32 or fp64 with the compute precision the same, [`native::rms_project`]: one
+/// autograd function, whose backward forms the streams' gradient in one pass where autograd ran the
+/// norm's backward and added two `[.., n·D]` gradients. Otherwise the RMS as one norm kernel (not
+/// square → mean → sqrt with an `[.., n·D]` temporary saved for backward) and the product in the
+/// compute precision.
 fn project(v: &Tensor, phi: &Tensor, compute: Kind) -> Tensor {
     if v.kind() == compute && common::fused(&[v, phi]) {
         return native::rms_project(v, phi).unwrap_or_else(|e| panic!("fused rms projection: {e:#}"));
