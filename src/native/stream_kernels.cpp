@@ -635,30 +635,21 @@ int plexus_sinkhorn_fits(int64_t n, int64_t iters) {
 }
 
 // The widest instruction set of the row loops this build and CPU have (0 = baseline, 1 = AVX2 + FMA);
-// the `isa` argument below takes it or 0.
+// the `isa` argument below takes it or 0 (`row_kernels` refuses any other with an error).
 int64_t plexus_stream_kernels_best_isa() { return best_isa(); }
 
 char* plexus_stream_read(at::Tensor* h, at::Tensor* pre, int64_t isa, at::Tensor** out) {
-  return guarded([&] {
-    check_isa(isa);
-    *out = new at::Tensor(StreamRead::apply(*h, *pre, isa));
-  });
+  return guarded([&] { *out = new at::Tensor(StreamRead::apply(*h, *pre, isa)); });
 }
 
 char* plexus_stream_write(at::Tensor* h, at::Tensor* res, at::Tensor* post, at::Tensor* o, int64_t isa,
                           at::Tensor** out) {
-  return guarded([&] {
-    check_isa(isa);
-    *out = new at::Tensor(StreamWrite::apply(*h, *res, *post, *o, isa));
-  });
+  return guarded([&] { *out = new at::Tensor(StreamWrite::apply(*h, *res, *post, *o, isa)); });
 }
 
 char* plexus_norm_project(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w, double eps, int64_t isa,
                           at::Tensor** out) {
-  return guarded([&] {
-    check_isa(isa);
-    *out = new at::Tensor(NormProject::apply(*x, *gamma, *beta, *w, eps, isa));
-  });
+  return guarded([&] { *out = new at::Tensor(NormProject::apply(*x, *gamma, *beta, *w, eps, isa)); });
 }
 
 char* plexus_sinkhorn(at::Tensor* logits, int64_t iters, at::Tensor** out) {
