@@ -22,7 +22,8 @@ PRECISIONS = ("fp32", "bf16")
 
 
 class Linear(nn.Linear):
-    """`torch.nn.Linear`; with `bf16` it computes in bfloat16 from float32 master weights."""
+    """`torch.nn.Linear`; with `bf16` it computes in bfloat16 from float32 master weights and
+    returns bfloat16 (CUDA autocast's rule; SPEC.md "Precision")."""
 
     def __init__(self, in_features, out_features, bias=True, bf16=False):
         super().__init__(in_features, out_features, bias=bias)
@@ -32,7 +33,7 @@ class Linear(nn.Linear):
         if not self.bf16:
             return F.linear(x, self.weight, self.bias)
         b = self.bias.bfloat16() if self.bias is not None else None
-        return F.linear(x.bfloat16(), self.weight.bfloat16(), b).float()
+        return F.linear(x.bfloat16(), self.weight.bfloat16(), b)
 
 
 def layer_norm(dim):
@@ -190,10 +191,10 @@ class MixerBackbone(ImageBackbone):
 
 
 def sdpa(q, k, v, causal, bf16):
-    """q, k, v [B, H, T, hd] float32 -> [B, H, T, hd] float32; the kernel runs in bf16 if asked."""
+    """q, k, v [B, H, T, hd] -> [B, H, T, hd]: the kernel runs in (and returns) bf16 if asked,
+    float32 otherwise."""
     dt = torch.bfloat16 if bf16 else torch.float32
-    out = F.scaled_dot_product_attention(q.to(dt), k.to(dt), v.to(dt), is_causal=causal)
-    return out.float()
+    return F.scaled_dot_product_attention(q.to(dt), k.to(dt), v.to(dt), is_causal=causal)
 
 
 def split_heads(t, heads):
@@ -227,10 +228,10 @@ def apply_rope(x, cos, sin):
 
 
 def head_linear(x, weight, bf16):
-    """x @ weight.T without bias (the tied GPT head), in bf16 if asked."""
+    """x @ weight.T without bias (the tied GPT head), in (and returning) bf16 if asked."""
     if not bf16:
         return F.linear(x, weight)
-    return F.linear(x.bfloat16(), weight.bfloat16()).float()
+    return F.linear(x.bfloat16(), weight.bfloat16())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -145,10 +145,22 @@ class BlockUnit:
         return z - x
 
 
+class Float32Output:
+    """A sublayer unit whose output is cast to float32 (under bf16 a branch ends in a bf16
+    Linear; the stream it joins stays float32)."""
+
+    def __init__(self, unit):
+        self.unit = unit
+
+    def __call__(self, x, norm=None):
+        return self.unit(x, norm).float()
+
+
 def make_units(backbone, granularity):
-    """Units at the given granularity and the block size seen by the topology."""
+    """Units at the given granularity and the block size seen by the topology; every sublayer's
+    output is float32."""
     as_choice("topology", "granularity", granularity, GRANULARITIES)
-    subs = list(backbone.units)
+    subs = [Float32Output(u) for u in backbone.units]
     bs = backbone.block_size
     if granularity == "sublayer":
         return subs, bs

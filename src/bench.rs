@@ -472,7 +472,7 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
     }
     // The stream update's shape: `x0` `[B, .., D]` of the benchmark batch, in its dtype.
     let (elems, dtype_bytes) = tch::no_grad(|| {
-        let x0 = ts[0].model().backbone.embed(&ts[0].input(), false);
+        let x0 = ts[0].model().embed(&ts[0].input(), false);
         (x0.numel() as u64, x0.kind().elt_size_in_bytes() as u64)
     });
     let bandwidth = copy_bandwidth(ts[0].dev);

@@ -162,3 +162,50 @@ fn backbones_reject_the_wrong_kind_of_data() {
     let e = err(&format!("model: {{kind: vit, patch: 4, width: 16, depth: 2, heads: 2, num_classes: 7}}\n{images}"));
     assert!(e.contains("num_classes"), "{e}");
 }
+
+/// The bf16 precision rule (src/model/layers.rs): inside a branch, activations are bf16 (the last
+/// `Linear` of every unit returns bf16); what the topology and the loss see is fp32 — the stem's
+/// output, each unit's output as [`Model::with_units`] hands it over, and the model output; the
+/// master weights stay fp32. The DLN (`lnn`) has no `Linear` branch and computes in its input's
+/// dtype (fp32 throughout).
+#[test]
+fn under_bf16_branches_compute_in_bf16_and_the_stream_and_outputs_stay_fp32() {
+    use plexus::topology::Norm;
+    for m in plexus::model::REGISTRY {
+        let yaml = format!(
+            "name: t\nseed: 5\nprecision: bf16\n{}topology: {{kind: residual}}\n",
+            plexus::doctor::tiny_backbone(m.name).unwrap()
+        );
+        let e = Experiment::from_str(&yaml, "<test>", &[]).unwrap_or_else(|e| panic!("{e}"));
+        let batch = e.data.load().unwrap().train_batch(0).unwrap();
+        // DiT reads a packed (image, timestep, label) input.
+        let input = match m.name {
+            "dit" => plexus::model::dit::pack(
+                &batch.input,
+                &Tensor::full([4], 500, (Kind::Int64, Device::Cpu)),
+                &batch.target,
+            ),
+            _ => batch.input.shallow_clone(),
+        };
+        let model = plexus::device::with_seed(5, || {
+            Model::new(e.model.as_ref(), e.topology.as_ref(), Device::Cpu, Kind::BFloat16)
+        });
+        let x0 = model.embed(&input, false);
+        assert_eq!(x0.kind(), Kind::Float, "{}: the stem's output", m.name);
+        let raw = model.backbone.units()[0].forward(&x0, Norm::Default, false).kind();
+        let want = if m.name == "lnn" { Kind::Float } else { Kind::BFloat16 };
+        assert_eq!(raw, want, "{}: a branch's own output (its last Linear)", m.name);
+        let seen = model.with_units(|units| units[0].forward(&x0, Norm::Default, false).kind());
+        assert_eq!(seen, Kind::Float, "{}: a unit's output as the topology sees it", m.name);
+        let out = model.forward(&input, true);
+        assert_eq!(out.kind(), Kind::Float, "{}: the model output", m.name);
+        // Any scalar of the output reaches every parameter (DiT's output is not a class score).
+        out.square().mean(Kind::Float).backward();
+        for (name, p) in model.trainable() {
+            assert_eq!(p.kind(), Kind::Float, "{}: parameter {name}", m.name);
+            let g = p.grad();
+            assert!(g.defined() && g.kind() == Kind::Float, "{}: gradient of {name}", m.name);
+            assert!(g.isfinite().all().int64_value(&[]) == 1, "{}: gradient of {name} is not finite", m.name);
+        }
+    }
+}

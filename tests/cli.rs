@@ -100,6 +100,22 @@ fn doctor_reports_torch_2_11_and_a_loaded_libtorch_cuda() {
     assert!(out.contains("bf16 on CPU       ok"), "{out}");
 }
 
+/// The GPU self-test, run on the CPU: every topology on every backbone trains in fp32 (with
+/// connectivity, evaluation, checkpoints, a crash and an exact resume, `analyze`) and in bf16,
+/// whose first loss must be within 2 % of fp32's. On a GPU it is the first thing to run
+/// (scripts/gpu-check.sh); here it keeps that path working for every pair.
+#[test]
+fn doctor_selftest_passes_for_every_topology_on_every_backbone_on_the_cpu() {
+    let o = plexus(&["doctor", "--selftest", "--device", "cpu"], Path::new("."));
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}{err}");
+    let pairs = plexus::model::REGISTRY.len() * plexus::topology::REGISTRY.len();
+    let summary = format!("{} passed, 0 failed", pairs + 1);
+    assert!(out.lines().any(|l| l.starts_with(&summary)), "expected `{summary}` (AdamW + {pairs} pairs):\n{out}");
+    let is_pair = |l: &&str| plexus::model::REGISTRY.iter().any(|m| l.starts_with(&format!("{:<8} ", m.name)));
+    assert_eq!(out.lines().filter(is_pair).filter(|l| l.ends_with("  ok")).count(), pairs, "{out}");
+}
+
 #[test]
 fn binary_lists_libtorch_cuda_as_needed() {
     let o = std::process::Command::new("readelf")

@@ -1,7 +1,12 @@
-//! Layers shared by backbones, with the precision rule of plexus: parameters are fp32 master
-//! weights; a `Linear` computes in `compute` (bf16 under `precision: bf16`) and returns fp32;
-//! attention runs its SDPA kernel in `compute` on q, k, v cast to it and returns fp32; norms,
-//! activations, softmax outside SDPA and losses stay fp32.
+//! Layers shared by backbones, with the precision rule of plexus (CUDA autocast's rule, written
+//! out): parameters are fp32 master weights; a `Linear` computes in `compute` (bf16 under
+//! `precision: bf16`) and returns `compute`, and so does attention (its SDPA kernel runs on q, k,
+//! v cast to `compute`); activations (GELU, SiLU, products) run in the dtype they are given, the
+//! wider of two; norms take any dtype and return fp32, as do softmax outside SDPA and the losses.
+//! So a branch's hidden activations are bf16 under `precision: bf16` (half the bytes, read and
+//! saved for backward, of fp32), while everything a topology sees is fp32: [`crate::model::Model`]
+//! casts the stem's output, each unit's output and the readout to fp32 — the residual stream and
+//! the mixing of topologies never round to bf16.
 
 use tch::{nn, nn::Module, Device, Kind, Tensor};
 
@@ -34,13 +39,13 @@ impl Linear {
         Self { weight, bias, compute }
     }
 
-    /// `x`: `[.., in]` → `[.., out]` fp32.
+    /// `x`: `[.., in]` (any float dtype) → `[.., out]` in `compute`.
     pub fn forward(&self, x: &Tensor) -> Tensor {
         linear(x, &self.weight, self.bias.as_ref(), self.compute)
     }
 
     /// The same map along the middle axis: `x` `[B, in, N]` → `weight @ x + bias[:, None]`
-    /// `[B, out, N]` fp32 — what `forward(x.transpose(1, 2)).transpose(1, 2)` computes (the Mixer's
+    /// `[B, out, N]` in `compute` — what `forward(x.transpose(1, 2)).transpose(1, 2)` computes (the Mixer's
     /// token mixing), as one batched GEMM per sample with the weight broadcast over the batch, so
     /// neither `x` nor the result is transposed into a contiguous copy, forward or backward.
     pub fn forward_columns(&self, x: &Tensor) -> Tensor {
@@ -48,37 +53,36 @@ impl Linear {
         let out = self.weight.size()[0];
         let weight = self.weight.to_kind(self.compute).unsqueeze(0).expand([b, -1, -1], false);
         let x = x.to_kind(self.compute);
-        let y = match &self.bias {
+        match &self.bias {
             Some(bias) => {
                 bias.to_kind(self.compute).unsqueeze(-1).expand([b, out, n], false).baddbmm(&weight, &x, 1, 1)
             }
             None => weight.bmm(&x),
-        };
-        y.to_kind(Kind::Float)
+        }
     }
 }
 
 /// `x @ weightᵀ + bias` computed in `compute`: `x` `[.., in]`, `weight` `[out, in]`, `bias`
-/// `[out]` → `[.., out]` fp32. Also the tied LM head (`weight` = the embedding matrix).
+/// `[out]` → `[.., out]` in `compute`. Also the tied LM head (`weight` = the embedding matrix).
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, compute: Kind) -> Tensor {
     // aten::linear (one addmm, bias inside the GEMM): the same kernel, and so the same
     // bf16 rounding, as torch.nn.functional.linear.
     let bias = bias.map(|b| b.to_kind(compute));
-    x.to_kind(compute).linear(&weight.to_kind(compute), bias.as_ref()).to_kind(Kind::Float)
+    x.to_kind(compute).linear(&weight.to_kind(compute), bias.as_ref())
 }
 
-/// `torch.nn.LayerNorm(d, eps=1e-5)` in fp32.
-pub fn layer_norm(vs: &nn::Path, d: i64) -> nn::LayerNorm {
-    nn::layer_norm(vs, vec![d], Default::default())
+/// `torch.nn.LayerNorm(d, eps=1e-5)` (weight 1, bias 0) computing in fp32 whatever its input.
+pub fn layer_norm(vs: &nn::Path, d: i64) -> LayerNorm {
+    LayerNorm::new(vs, d, true)
 }
 
-/// Applies a pre-norm (any fp32 norm module: [`nn::LayerNorm`], [`LayerNorm`], [`RmsNorm`]) as a
-/// topology asks (default, scaled, or off). `x` `[.., D]` → `[.., D]` fp32.
+/// Applies a pre-norm (a norm module returning fp32: [`LayerNorm`], [`RmsNorm`]) as a topology
+/// asks (default, scaled, or off). `x` `[.., D]` fp32 (the stream) → `[.., D]` fp32.
 pub fn pre_norm(norm: &impl Module, x: &Tensor, mode: crate::topology::Norm) -> Tensor {
     use crate::topology::Norm;
     match mode {
-        Norm::Default => norm.forward(&x.to_kind(Kind::Float)),
-        Norm::Scaled(s) => norm.forward(&x.to_kind(Kind::Float)) * s,
+        Norm::Default => norm.forward(x),
+        Norm::Scaled(s) => norm.forward(x) * s,
         Norm::Off => x.shallow_clone(),
     }
 }
@@ -128,7 +132,7 @@ impl LayerNorm {
 }
 
 impl Module for LayerNorm {
-    /// `[.., D]` → `[.., D]` fp32.
+    /// `[.., D]` any float dtype → `[.., D]` fp32.
     fn forward(&self, x: &Tensor) -> Tensor {
         x.to_kind(Kind::Float).layer_norm([self.dim], Some(&self.weight), self.bias.as_ref(), 1e-5, true)
     }
@@ -149,7 +153,7 @@ impl RmsNorm {
 }
 
 impl Module for RmsNorm {
-    /// `[.., D]` → `[.., D]` fp32.
+    /// `[.., D]` any float dtype → `[.., D]` fp32.
     fn forward(&self, x: &Tensor) -> Tensor {
         // aten::rms_norm: on the CPU it is the same composite of square, mean, rsqrt and products
         // as the formula above (bit-identical), on CUDA one fused kernel each way instead of about
@@ -197,7 +201,8 @@ impl Rope {
         }
     }
 
-    /// `x`: `[B, H, T, hd]` (positions `0..T`, `T ≤ max_len`) → rotated, same shape, fp32.
+    /// `x`: `[B, H, T, hd]` (positions `0..T`, `T ≤ max_len`) → rotated, same shape, fp32 (the
+    /// tables are fp32).
     pub fn apply(&self, x: &Tensor) -> Tensor {
         let (t, hd) = (x.size()[2], x.size()[3]);
         let max_len = self.cos.size()[0];
@@ -214,9 +219,11 @@ impl Rope {
 }
 
 /// Multi-head scaled dot-product attention (scale `1/sqrt(hd)`), without projections:
-/// `q`, `k`, `v` `[B, T, D]` fp32 are split into `heads` heads `[B, H, T, hd]` (feature `h·hd + j`
-/// is feature `j` of head `h`), optionally rotated by `rope` (q and k), cast to `compute` for
-/// `aten::scaled_dot_product_attention` (causal mask if `causal`), and merged back: `[B, T, D]` fp32.
+/// `q`, `k`, `v` `[B, T, D]` (any float dtype) are split into `heads` heads `[B, H, T, hd]`
+/// (feature `h·hd + j` is feature `j` of head `h`), optionally rotated by `rope` (q and k), cast to
+/// `compute` for `aten::scaled_dot_product_attention` (causal mask if `causal`), and merged back:
+/// `[B, T, D]` in `compute`. (q, k, v may come in `compute` from a `Linear`; RoPE's tables are
+/// fp32, so rotated q and k are fp32 until the cast, as under autocast.)
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
@@ -243,7 +250,7 @@ pub fn attention(
         None,
         false,
     );
-    o.to_kind(Kind::Float).transpose(1, 2).reshape([b, t, d])
+    o.transpose(1, 2).reshape([b, t, d])
 }
 
 /// `torch.nn.functional.dropout(x, p, training=train)`; the identity (no kernel) when `p = 0` or

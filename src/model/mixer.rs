@@ -7,7 +7,7 @@
 //! readout: `norm`, mean over tokens, `head` → `[B, num_classes]`. Standard pre-norm Mixer layers
 //! (the authors' variant ending in `LN(ReLU(Linear(·) + x))` is not reproduced).
 
-use super::layers::{layer_norm, pre_norm, Linear, Mlp};
+use super::layers::{layer_norm, pre_norm, LayerNorm, Linear, Mlp};
 use super::mlp::matching;
 use super::{Backbone, ModelEntry, ModelSpec};
 use crate::config::{parse_options, required, OptionError};
@@ -130,7 +130,7 @@ impl ModelSpec for Spec {
 
 /// A token-mixing or channel-mixing unit, `[B, T, D] → [B, T, D]`.
 struct MixUnit {
-    norm: nn::LayerNorm,
+    norm: LayerNorm,
     mlp: Mlp,
     tokens: bool,
 }
@@ -150,7 +150,7 @@ impl Unit for MixUnit {
 struct Mixer {
     stem: Linear,
     units: Vec<MixUnit>,
-    norm: nn::LayerNorm,
+    norm: LayerNorm,
     head: Linear,
     patch: i64,
 }

@@ -3,7 +3,7 @@
 //! `f(x) = fc2(gelu(fc1(LN(x))))` → final `norm` → `head` → `[B, output_dim]`.
 //! Names: `stem`, `units.{k}.norm|fc1|fc2`, `norm`, `head` (see `parity/SPEC.md`).
 
-use super::layers::{layer_norm, pre_norm, Linear, Mlp as MlpLayer};
+use super::layers::{layer_norm, pre_norm, LayerNorm, Linear, Mlp as MlpLayer};
 use super::{Backbone, ModelEntry, ModelSpec};
 use crate::config::{parse_options, required, OptionError};
 use crate::data::DataInfo;
@@ -99,7 +99,7 @@ impl ModelSpec for Spec {
 }
 
 struct MlpUnit {
-    norm: nn::LayerNorm,
+    norm: LayerNorm,
     mlp: MlpLayer,
 }
 
@@ -112,7 +112,7 @@ impl Unit for MlpUnit {
 struct MlpStack {
     stem: Linear,
     units: Vec<MlpUnit>,
-    norm: nn::LayerNorm,
+    norm: LayerNorm,
     head: Linear,
 }
 

@@ -18,7 +18,9 @@ use crate::topology::{BlockUnit, Granularity, StackInfo, Topology, TopologySpec,
 use std::fmt::Debug;
 use tch::{nn, Kind, Tensor};
 
-/// A built backbone. Parameter names follow PyTorch `state_dict` conventions.
+/// A built backbone. Parameter names follow PyTorch `state_dict` conventions. Its three parts may
+/// return `compute` (bf16) or fp32 tensors ([`layers`]' precision rule); [`Model`] casts what
+/// crosses to the topology and out of the model to fp32.
 pub trait Backbone {
     /// Stem: model input → `x0`, the embedding the depth stack starts from.
     fn embed(&self, input: &Tensor, train: bool) -> Tensor;
@@ -98,9 +100,11 @@ impl Model {
     }
 
     /// Calls `f` with the units at the topology's granularity (blocks are assembled here, so
-    /// backbones only ever expose sublayers).
+    /// backbones only ever expose sublayers). Each sublayer's output is cast to fp32: under
+    /// `precision: bf16` a branch ends in a bf16 `Linear`, and the stream it is added to stays fp32.
     pub fn with_units<R>(&self, f: impl FnOnce(&[&dyn Unit]) -> R) -> R {
-        let subs = self.backbone.units();
+        let fp32: Vec<Fp32Output> = self.backbone.units().into_iter().map(Fp32Output).collect();
+        let subs: Vec<&dyn Unit> = fp32.iter().map(|u| u as &dyn Unit).collect();
         match self.granularity {
             Granularity::Sublayer => f(&subs),
             Granularity::Block => {
@@ -112,11 +116,22 @@ impl Model {
         }
     }
 
+    /// The stem: model input → `x0` `[.., D]` fp32, what the topology starts from.
+    pub fn embed(&self, input: &Tensor, train: bool) -> Tensor {
+        self.backbone.embed(input, train).to_kind(Kind::Float)
+    }
+
+    /// The readout (final norm and head): `y` `[.., D]` → the model output, fp32 (logits are
+    /// computed in `compute`, as autocast's, and the loss reads them in fp32).
+    pub fn readout(&self, y: &Tensor, train: bool) -> Tensor {
+        self.backbone.readout(y, train).to_kind(Kind::Float)
+    }
+
     /// Full forward pass: input → output.
     pub fn forward(&self, input: &Tensor, train: bool) -> Tensor {
-        let x0 = self.backbone.embed(input, train);
+        let x0 = self.embed(input, train);
         let y = self.with_units(|units| self.topology.forward(&x0, units, train));
-        self.backbone.readout(&y, train)
+        self.readout(&y, train)
     }
 
     /// Forward pass through the first `keep` units only (an early exit after unit `keep`): the
@@ -124,9 +139,9 @@ impl Model {
     /// for residual, the running sum for ACN/H-ACN, the mean of the streams for HC/mHC — through
     /// the same final norm and head (H-ACN §3.1). `keep = 0` reads the embedding alone.
     pub fn forward_exit(&self, input: &Tensor, keep: usize) -> Tensor {
-        let x0 = self.backbone.embed(input, false);
+        let x0 = self.embed(input, false);
         let y = self.with_units(|units| self.topology.forward(&x0, &units[..keep.min(units.len())], false));
-        self.backbone.readout(&y, false)
+        self.readout(&y, false)
     }
 
     /// The first non-finite activation of a forward pass (training mode) on `input`, named for
@@ -149,7 +164,7 @@ impl Model {
             }
         }
         tch::no_grad(|| {
-            let x0 = self.backbone.embed(input, true);
+            let x0 = self.embed(input, true);
             if !crate::host::all_finite(&x0) {
                 return Some("the embedding (stem output)".to_string());
             }
@@ -166,7 +181,7 @@ impl Model {
             if !crate::host::all_finite(&y) {
                 return Some("the readout input (the topology's mixing)".to_string());
             }
-            (!crate::host::all_finite(&self.backbone.readout(&y, true))).then(|| "the model output".to_string())
+            (!crate::host::all_finite(&self.readout(&y, true))).then(|| "the model output".to_string())
         })
     }
 
@@ -174,8 +189,8 @@ impl Model {
     /// topology hands the readout), mean-pooled over every dimension between the batch and the
     /// feature dimension: `[B, ..., D]` → `[B, D]` fp32. Evaluation mode.
     pub fn features(&self, input: &Tensor) -> Tensor {
-        let x0 = self.backbone.embed(input, false);
-        let y = self.with_units(|units| self.topology.forward(&x0, units, false)).to_kind(Kind::Float);
+        let x0 = self.embed(input, false);
+        let y = self.with_units(|units| self.topology.forward(&x0, units, false));
         let (b, d) = (y.size()[0], *y.size().last().expect("a feature dimension"));
         y.reshape([b, -1, d]).mean_dim(1, false, Kind::Float)
     }
@@ -188,7 +203,7 @@ impl Model {
     /// Effective connectivity C on this input batch (see [`Topology::connectivity`]).
     pub fn connectivity(&self, input: &Tensor) -> Tensor {
         tch::no_grad(|| {
-            let x0 = self.backbone.embed(input, false);
+            let x0 = self.embed(input, false);
             self.with_units(|units| self.topology.connectivity(&x0, units))
         })
     }
@@ -196,7 +211,7 @@ impl Model {
     /// The topology's parameter view on this input batch (see [`Topology::parameter_view_on`]).
     pub fn parameter_view(&self, input: &Tensor) -> Option<(String, Tensor)> {
         tch::no_grad(|| {
-            let x0 = self.backbone.embed(input, false);
+            let x0 = self.embed(input, false);
             self.with_units(|units| self.topology.parameter_view_on(&x0, units))
         })
     }
@@ -211,6 +226,15 @@ impl Model {
     /// Number of scalar parameters (trainable or not).
     pub fn num_params(&self) -> i64 {
         self.vs.variables().values().map(|t| t.numel() as i64).sum()
+    }
+}
+
+/// A backbone unit whose branch output is cast to fp32 (a no-op when it already is).
+struct Fp32Output<'a>(&'a dyn Unit);
+
+impl Unit for Fp32Output<'_> {
+    fn forward(&self, x: &Tensor, norm: crate::topology::Norm, train: bool) -> Tensor {
+        self.0.forward(x, norm, train).to_kind(Kind::Float)
     }
 }
 

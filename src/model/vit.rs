@@ -12,7 +12,7 @@
 //! three `D×D` maps), attention biases 0, MLP biases `N(0, 1e-6²)`; `stem` LeCun-normal
 //! (`N(0, 1/fan_in)`) with bias 0; `head` weight and bias 0, so the initial logits are exactly 0.
 
-use super::layers::{attention, layer_norm, pre_norm, Linear, Mlp};
+use super::layers::{attention, layer_norm, pre_norm, LayerNorm, Linear, Mlp};
 use super::mixer::patchify;
 use super::mlp::matching;
 use super::{Backbone, ModelEntry, ModelSpec};
@@ -159,8 +159,8 @@ pub fn posemb_sincos_2d(h: i64, w: i64, d: i64, device: Device) -> Tensor {
 
 /// An attention or MLP sublayer, `[B, T, D] → [B, T, D]`.
 enum VitUnit {
-    Attn { norm: nn::LayerNorm, qkv: Linear, proj: Linear, heads: i64, compute: Kind },
-    Mlp { norm: nn::LayerNorm, mlp: Mlp },
+    Attn { norm: LayerNorm, qkv: Linear, proj: Linear, heads: i64, compute: Kind },
+    Mlp { norm: LayerNorm, mlp: Mlp },
 }
 
 impl Unit for VitUnit {
@@ -181,7 +181,7 @@ struct Vit {
     /// `[T, D]` fp32, a constant (not a parameter).
     posemb: Tensor,
     units: Vec<VitUnit>,
-    norm: nn::LayerNorm,
+    norm: LayerNorm,
     head: Linear,
     patch: i64,
 }

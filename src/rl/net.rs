@@ -17,7 +17,7 @@
 //! `stem.norm.weight`, `layers.{k}.linear.weight`, `layers.{k}.norm.bias`, `norm.weight`,
 //! `head.weight`, and the topology's own `topology.*`.
 
-use crate::model::layers::{layer_norm, Linear};
+use crate::model::layers::{layer_norm, LayerNorm, Linear};
 use crate::topology::{Granularity, Norm, StackInfo, Topology, TopologySpec, Unit};
 use tch::{nn, nn::Module, Kind, Tensor};
 
@@ -29,7 +29,7 @@ pub fn stack_info(width: usize, depth: usize, block_size: usize) -> StackInfo {
 /// One layer `Swish(LayerNorm(Linear(x)))`, `[.., D]` → `[.., D]`: a unit of the stack.
 pub struct DenseLayer {
     pub linear: Linear,
-    pub norm: nn::LayerNorm,
+    pub norm: LayerNorm,
 }
 
 impl DenseLayer {
@@ -72,7 +72,7 @@ impl Unit for Chain<'_> {
 pub struct Encoder {
     pub stem: DenseLayer,
     pub layers: Vec<DenseLayer>,
-    pub norm: nn::LayerNorm,
+    pub norm: LayerNorm,
     pub head: Linear,
     pub topology: Box<dyn Topology>,
     granularity: Granularity,
@@ -125,7 +125,8 @@ impl Encoder {
     pub fn forward(&self, x: &Tensor, train: bool) -> Tensor {
         let x0 = self.stem.apply(x);
         let y = self.with_units(|units| self.topology.forward(&x0, units, train));
-        self.head.forward(&self.norm.forward(&y))
+        // The head computes in `compute` (bf16 under `precision: bf16`); callers get fp32.
+        self.head.forward(&self.norm.forward(&y)).to_kind(Kind::Float)
     }
 
     /// The topology's regulariser (ANCRe's Tsallis term), if any.
