@@ -109,8 +109,23 @@ class TokenMix(nn.Module):
         self.fc2 = Linear(hidden, T, bf16=bf16)
 
     def forward(self, x, norm=None):
-        u = pre_norm(self.norm, x, norm).transpose(1, 2)  # [B, D, T]
+        u = pre_norm(self.norm, x, norm)
+        if self.fc1.bf16:
+            # SPEC.md "mixer": under bf16 each Linear over the token axis is one batched GEMM with
+            # the bias inside, rounded once to bf16 (torch's bf16 `F.linear` on the CPU rounds
+            # the product and then the bias sum: a valid but different bf16 result).
+            return columns(self.fc2, gelu(columns(self.fc1, u)))
+        u = u.transpose(1, 2)  # [B, D, T]
         return self.fc2(gelu(self.fc1(u))).transpose(1, 2)
+
+
+def columns(linear, x):
+    """`linear` applied along the middle axis in bf16, returning bf16: x [B, in, N] -> [B, out, N]
+    = `baddbmm(b[:, None], W, x)` with W and b broadcast over the batch."""
+    B, _, N = x.shape
+    W = linear.weight.bfloat16().unsqueeze(0).expand(B, -1, -1)
+    b = linear.bias.bfloat16().unsqueeze(-1).expand(B, -1, N)
+    return torch.baddbmm(b, W, x.bfloat16())
 
 
 class ChannelMix(nn.Module):

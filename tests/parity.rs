@@ -32,6 +32,14 @@ fn every_registered_topology_has_a_parity_case() {
     for name in ["residual", "hacn", "ancre", "mhc"] {
         assert!(cases.iter().any(|c| c.1 == name && c.2.ends_with("/bf16")), "no bf16 parity case for {name}");
     }
+    // The bf16 rule lives in the backbones (which kernels, where the casts are): every backbone
+    // with a reference has a bf16 case.
+    for m in plexus::model::REGISTRY {
+        if cases.iter().any(|c| c.2.starts_with(&format!("{}/", m.name))) {
+            let bf16 = format!("{}/bf16", m.name);
+            assert!(cases.iter().any(|c| c.2 == bf16), "no bf16 parity case on backbone `{}`", m.name);
+        }
+    }
     assert!(cases.iter().filter(|c| c.2.starts_with("mixer")).count() >= 5, "too few Transformer-like (mixer) cases");
 }
 
