@@ -99,6 +99,32 @@ fn bf16_training_stays_close_to_fp32() {
     assert!(s16.final_loss < 0.8 * s16.initial_loss);
 }
 
+/// The same on a language model, where bf16 meets attention (SDPA in bf16 on RoPE-rotated q, k),
+/// the tanh GELU and a tied head whose bf16 logits the loss reads in fp32 (autocast's rule).
+#[test]
+fn bf16_language_model_training_stays_close_to_fp32() {
+    const GPT_RUN: &str = "name: gpt-bf16\nseed: 3\n\
+        model: {kind: gpt, width: 32, depth: 2, heads: 2}\n\
+        topology: {kind: hacn}\n\
+        data: {kind: synthetic_tokens, vocab: 32, seq_len: 16, batch_size: 8}\n\
+        train: {optimizer: adamw, lr: 0.003, steps: 40, clip_grad_norm: 1.0}\n\
+        log: {every: 1, eval_every: 0, checkpoint_every: 0, connectivity_every: 0}\n";
+    let tmp = tempfile::tempdir().unwrap();
+    let s32 = run(&exp(GPT_RUN, &[]), &tmp.path().join("fp32"), TrainOptions::default()).unwrap();
+    let s16 = run(&exp(GPT_RUN, &["precision=bf16"]), &tmp.path().join("bf16"), TrainOptions::default()).unwrap();
+    println!("fp32 {} → {}, bf16 {} → {}", s32.initial_loss, s32.final_loss, s16.initial_loss, s16.final_loss);
+    assert!((s16.initial_loss - s32.initial_loss).abs() <= 0.01 * s32.initial_loss);
+    // Stated bound: within 2 % after 40 steps (measured: 0.03 %; the residual stream, norms and
+    // loss are fp32, so bf16 rounding enters only inside the branches).
+    assert!(
+        (s16.final_loss - s32.final_loss).abs() <= 0.02 * s32.final_loss,
+        "{} vs {}",
+        s16.final_loss,
+        s32.final_loss
+    );
+    assert!(s16.final_loss < 0.8 * s16.initial_loss, "bf16 did not learn: {} → {}", s16.initial_loss, s16.final_loss);
+}
+
 #[test]
 fn a_diverging_run_stops_naming_the_step_and_the_tensor() {
     let tmp = tempfile::tempdir().unwrap();
