@@ -39,9 +39,13 @@ class HyperLayer(nn.Module):
         else:
             A = self.static_alpha
             Bv = self.static_beta
-        u = (A[..., 0].unsqueeze(-1) * H).sum(dim=-2)
+        # One split into the read's column and the write's matrix (backward: one cat), as the Rust
+        # side does. Indexing A[..., 0] and A[..., 1:] instead computes the same, but
+        # torch.compile's CPU code for that backward corrupts the heap (torch 2.11, bench/README).
+        pre, res = torch.split(A, [1, self.n], dim=-1)
+        u = (pre * H).sum(dim=-2)
         o = f(u)
-        return A[..., 1:].transpose(-1, -2) @ H + Bv.unsqueeze(-1) * o.unsqueeze(-2)
+        return res.transpose(-1, -2) @ H + Bv.unsqueeze(-1) * o.unsqueeze(-2)
 
 
 class Topology(nn.Module):
