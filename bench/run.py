@@ -192,7 +192,7 @@ def report(raw, depth_dir, args):
     out.append(f"plexus ≤ eager on {wins} of {len(cases)} cases; geometric mean of plexus/eager {ge:.3f} "
                f"({ne} cases), of plexus/compile {gc:.3f} ({nc} cases).\n")
     fail_path = os.path.join(SUITE["out"], "failures.csv")
-    if os.path.exists(fail_path):
+    if os.path.exists(fail_path) and os.path.getsize(fail_path) > 0:
         out.append("Runs that failed (the case's cell shows –):\n")
         seen = {}
         with open(fail_path) as fh:
