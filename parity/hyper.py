@@ -41,7 +41,7 @@ class HyperLayer(nn.Module):
             Bv = self.static_beta
         # One split into the read's column and the write's matrix (backward: one cat), as the Rust
         # side does. Indexing A[..., 0] and A[..., 1:] instead computes the same, but
-        # torch.compile's CPU code for that backward corrupts the heap (torch 2.11, bench/README).
+        # torch.compile's CPU code for that graph corrupts the heap (torch 2.11, bench/README).
         pre, res = torch.split(A, [1, self.n], dim=-1)
         u = (pre * H).sum(dim=-2)
         o = f(u)
