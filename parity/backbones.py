@@ -692,7 +692,7 @@ class DiTBackbone(nn.Module):
         y = inp[:, n + 1].detach().round().long()
         if self.bf16:
             w, b = self.x_embedder.proj.weight.bfloat16(), self.x_embedder.proj.bias.bfloat16()
-            h = F.conv2d(x.bfloat16(), w, b, stride=self.patch).float()
+            h = F.conv2d(x.bfloat16(), w, b, stride=self.patch)  # bf16, as every Linear
         else:
             h = self.x_embedder.proj(x)
         x0 = h.flatten(2).transpose(1, 2) + dit_pos_embed(self.grid, self.width).to(inp.device)
