@@ -95,7 +95,7 @@ mod ffi {
             isa: i64,
             out: *mut *mut C_tensor,
         ) -> *mut c_char;
-        pub fn plexus_sinkhorn(logits: *mut C_tensor, iters: i64, out: *mut *mut C_tensor) -> *mut c_char;
+        pub fn plexus_sinkhorn(logits: *mut C_tensor, iters: i64, isa: i64, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn plexus_rms_project(v: *mut C_tensor, phi: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn plexus_norm_project(
             x: *mut C_tensor,
@@ -710,12 +710,14 @@ pub fn sinkhorn_fits(n: usize, iters: usize) -> bool {
 }
 
 /// Sinkhorn–Knopp of `exp(logits)` (`[.., n, n]`, CPU fp32/fp64): `iters` × (normalise rows,
-/// then columns), one fused pass per block of tokens; the backward recomputes the iterates and
-/// saves only the logits. Rows and columns of 0 (every entry underflowed) stay 0.
+/// then columns), one fused pass per group of tokens (for n = 2, 4, 8 a vector's width of tokens
+/// with the matrices in registers, in the instruction set of [`kernel_isa`]); the backward
+/// recomputes the iterates and saves only the logits. Rows and columns of 0 (every entry
+/// underflowed) stay 0.
 pub fn sinkhorn(logits: &Tensor, iters: usize) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
     // SAFETY: as in `stream_read`.
-    let err = unsafe { ffi::plexus_sinkhorn(logits.as_ptr() as *mut _, iters as i64, &mut out) };
+    let err = unsafe { ffi::plexus_sinkhorn(logits.as_ptr() as *mut _, iters as i64, kernel_isa().code(), &mut out) };
     fused_result(err, out)
 }
 

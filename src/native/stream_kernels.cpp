@@ -26,7 +26,8 @@
 // The row loops of the stream read, write and norm_project live in stream_rows.inc, built twice:
 // for baseline x86-64 and for AVX2 + FMA (GCC on x86-64). The Rust side passes which to use (`isa`,
 // the widest the CPU has unless PLEXUS_FUSED_KERNELS=baseline), and the backward uses the forward's.
-// Sinkhorn's loops are baseline only: AVX2 measured no faster there.
+// Sinkhorn for n = 2, 4, 8 is there too (register-resident, a vector of tokens at a time); any other
+// n runs the block loops below, baseline only.
 //
 // Entry points follow plexus_native.cpp's convention (guarded.h): an error string or NULL, results
 // through out-parameters, tensors as tch's `at::Tensor*`.
@@ -105,6 +106,8 @@ struct RowKernels {
   decltype(&isa_baseline::write_rows_backward<T>) write_backward;
   decltype(&isa_baseline::norm_project_rows<T>) norm_project;
   decltype(&isa_baseline::norm_project_rows_backward<T>) norm_project_backward;
+  decltype(&isa_baseline::sinkhorn_rows<T>) sinkhorn;
+  decltype(&isa_baseline::sinkhorn_rows_backward<T>) sinkhorn_backward;
 };
 
 template <typename T>
@@ -113,13 +116,15 @@ RowKernels<T> row_kernels(int64_t isa) {
 #if PLEXUS_AVX2_VARIANT
   if (isa == kIsaAvx2Fma) {
     namespace k = isa_avx2;
-    return {&k::read_rows<T>,  &k::read_rows_backward<T>, &k::write_rows<T>,
-            &k::write_rows_backward<T>, &k::norm_project_rows<T>, &k::norm_project_rows_backward<T>};
+    return {&k::read_rows<T>,          &k::read_rows_backward<T>,          &k::write_rows<T>,
+            &k::write_rows_backward<T>, &k::norm_project_rows<T>,           &k::norm_project_rows_backward<T>,
+            &k::sinkhorn_rows<T>,       &k::sinkhorn_rows_backward<T>};
   }
 #endif
   namespace k = isa_baseline;
-  return {&k::read_rows<T>,  &k::read_rows_backward<T>, &k::write_rows<T>,
-          &k::write_rows_backward<T>, &k::norm_project_rows<T>, &k::norm_project_rows_backward<T>};
+  return {&k::read_rows<T>,          &k::read_rows_backward<T>,          &k::write_rows<T>,
+          &k::write_rows_backward<T>, &k::norm_project_rows<T>,           &k::norm_project_rows_backward<T>,
+          &k::sinkhorn_rows<T>,       &k::sinkhorn_rows_backward<T>};
 }
 
 // Tokens per parallel task: enough elements that a task is worth a thread (~32 Ki).
@@ -411,10 +416,13 @@ struct SinkhornBlock {
 // (many streams and iterations) are refused; the caller then uses the composite version.
 int64_t sinkhorn_scratch(int64_t n, int64_t iters) { return ((2 * iters + 1) * n * n + 2 * iters * n) * kBlock; }
 constexpr int64_t kMaxSinkhornScratch = int64_t{1} << 22;
+// Tokens per parallel task of the register-resident loops (each token is 2·iters·n² operations).
+constexpr int64_t kSinkhornGrain = 64;
 
 struct Sinkhorn : public torch::autograd::Function<Sinkhorn> {
-  // logits [.., n, n] → P [.., n, n]
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_in, int64_t iters) {
+  // logits [.., n, n] → P [.., n, n]; `isa`: the instruction set of the register-resident loops
+  // (stream_rows.inc, n = 2, 4, 8), which run where they take n; the block loops above otherwise.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_in, int64_t iters, int64_t isa) {
     const auto logits = logits_in.contiguous();
     const int64_t n = check(logits, iters);
     const int64_t m = logits.numel() / (n * n);
@@ -424,6 +432,11 @@ struct Sinkhorn : public torch::autograd::Function<Sinkhorn> {
       AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "sinkhorn", [&] {
         const scalar_t* lp = logits.const_data_ptr<scalar_t>();
         scalar_t* op = out.mutable_data_ptr<scalar_t>();
+        if (isa_baseline::sinkhorn_fixed_n(n)) {
+          const auto rows = row_kernels<scalar_t>(isa).sinkhorn;
+          at::parallel_for(0, m, kSinkhornGrain, [&](int64_t b, int64_t e) { rows(lp, op, b, e, n, iters); });
+          return;
+        }
         const int64_t blocks = (m + kBlock - 1) / kBlock;
         at::parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
           SinkhornBlock<scalar_t> blk(n, iters, /*keep=*/false);
@@ -440,6 +453,7 @@ struct Sinkhorn : public torch::autograd::Function<Sinkhorn> {
     }
     ctx->save_for_backward({logits});
     ctx->saved_data["iters"] = iters;
+    ctx->saved_data["isa"] = isa;
     return out;
   }
 
@@ -456,6 +470,11 @@ struct Sinkhorn : public torch::autograd::Function<Sinkhorn> {
         const scalar_t* lp = logits.const_data_ptr<scalar_t>();
         const scalar_t* gp = g.const_data_ptr<scalar_t>();
         scalar_t* glp = gl.mutable_data_ptr<scalar_t>();
+        if (isa_baseline::sinkhorn_fixed_n(n)) {
+          const auto rows = row_kernels<scalar_t>(ctx->saved_data["isa"].toInt()).sinkhorn_backward;
+          at::parallel_for(0, m, kSinkhornGrain, [&](int64_t b, int64_t e) { rows(lp, gp, glp, b, e, n, iters); });
+          return;
+        }
         const int64_t blocks = (m + kBlock - 1) / kBlock;
         at::parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
           SinkhornBlock<scalar_t> blk(n, iters, /*keep=*/true);
@@ -476,7 +495,7 @@ struct Sinkhorn : public torch::autograd::Function<Sinkhorn> {
         });
       });
     }
-    return {gl, at::Tensor()};
+    return {gl, at::Tensor(), at::Tensor()};
   }
 
   // Checks the input; returns n.
@@ -652,8 +671,8 @@ char* plexus_norm_project(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at
   return guarded([&] { *out = new at::Tensor(NormProject::apply(*x, *gamma, *beta, *w, eps, isa)); });
 }
 
-char* plexus_sinkhorn(at::Tensor* logits, int64_t iters, at::Tensor** out) {
-  return guarded([&] { *out = new at::Tensor(Sinkhorn::apply(*logits, iters)); });
+char* plexus_sinkhorn(at::Tensor* logits, int64_t iters, int64_t isa, at::Tensor** out) {
+  return guarded([&] { *out = new at::Tensor(Sinkhorn::apply(*logits, iters, isa)); });
 }
 
 char* plexus_rms_project(at::Tensor* v, at::Tensor* phi, at::Tensor** out) {

@@ -275,12 +275,20 @@ mod tests {
     }
 
     /// The fused kernel (CPU, fp32 and fp64) against the log-domain autograd graph: forward and
-    /// the gradient of the logits, on token counts that are not a multiple of the kernel's block
-    /// of 16, for n = 4 (mHC's default) and n = 3, with 1 and 20 iterations.
+    /// the gradient of the logits, with every instruction set the machine has, on token counts
+    /// that are not a multiple of the vector width (2, 4 or 8 tokens) or of the generic loops'
+    /// block of 16; n = 2, 4 (mHC's default) and 8 run the register-resident loops, n = 3 the
+    /// generic ones; 1, 7 and 20 iterations.
     #[test]
     fn the_fused_sinkhorn_matches_the_log_domain_graph() {
+        for isa in native::kernel_isas() {
+            native::with_kernel_isa(isa, fused_sinkhorn_matches_the_log_domain_graph);
+        }
+    }
+
+    fn fused_sinkhorn_matches_the_log_domain_graph() {
         tch::manual_seed(1);
-        for (n, iters, tokens) in [(4, 20, 37), (3, 1, 5), (4, 7, 16)] {
+        for (n, iters, tokens) in [(4, 20, 37), (3, 1, 5), (4, 7, 16), (2, 20, 9), (8, 20, 11), (4, 1, 3)] {
             let logits = Tensor::randn([tokens, n, n], (Kind::Double, tch::Device::Cpu)) * 1.5;
             let g = Tensor::randn([tokens, n, n], (Kind::Double, tch::Device::Cpu));
             assert!(native::sinkhorn_fits(n as usize, iters));
@@ -288,7 +296,8 @@ mod tests {
             let (p64, g64) = value_and_grad(|l| native::sinkhorn(l, iters).unwrap(), &logits, &g);
             assert_eq!(p64.kind(), Kind::Double);
             let (dp, dg) = (max_diff(&p64, &p_ref), max_diff(&g64, &g_ref));
-            assert!(dp < 1e-13 && dg < 1e-12, "fp64 n={n} iters={iters}: value {dp:e}, grad {dg:e}");
+            let isa = native::kernel_isa().name();
+            assert!(dp < 1e-13 && dg < 1e-12, "{isa} fp64 n={n} iters={iters}: value {dp:e}, grad {dg:e}");
             let (l32, g32) = (logits.to_kind(Kind::Float), g.to_kind(Kind::Float));
             let (p_f, g_f) = value_and_grad(|l| sinkhorn(l, iters), &l32, &g32);
             let (p_c, g_c) = value_and_grad(|l| sinkhorn_composite(l, iters), &l32, &g32);
@@ -299,7 +308,7 @@ mod tests {
                 );
                 assert!(
                     to_ref < 2e-5,
-                    "fp32 n={n} iters={iters} {what}: fused {to_ref:e} from fp64 (composite {comp_to_ref:e})"
+                    "{isa} fp32 n={n} iters={iters} {what}: fused {to_ref:e} from fp64 (composite {comp_to_ref:e})"
                 );
             }
         }
