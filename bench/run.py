@@ -282,18 +282,38 @@ def main():
             path = os.path.join(SUITE["out"], "overhead.csv")
             if os.path.exists(path) and not args.resume:
                 os.remove(path)
-            have = {r["case"] for r in read_rows(path)} if os.path.exists(path) else set()
+            have = {}  # backbone → the topologies overhead.csv has for it
+            for r in read_rows(path) if os.path.exists(path) else []:
+                have.setdefault(r["case"], set()).add(r["topology"])
             for b in args.backbones.split(","):
-                if b in have:
+                missing = [t for t in args.topologies.split(",") if t not in have.get(b, set())]
+                if not missing:
                     continue
-                print(f"  overhead       {b} (one process, paired rounds)", flush=True)
-                run([PLEXUS, "bench", os.path.join(SUITE["configs"], f"{b}.yaml"), "--compare", args.topologies,
-                     "--steps", str(args.overhead_rounds), "--warmup", "3", "--case", b, "--csv", path])
+                # Paired against residual, always the baseline; a backbone that already has rows
+                # (--resume) gets only its missing topologies' rows, each paired with a fresh
+                # residual of its own process.
+                compare = ["residual"] + [t for t in missing if t != "residual"]
+                print(f"  overhead       {b}: {','.join(compare)} (one process, paired rounds)", flush=True)
+                tmp = path + ".part"
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+                run([PLEXUS, "bench", os.path.join(SUITE["configs"], f"{b}.yaml"), "--compare", ",".join(compare),
+                     "--steps", str(args.overhead_rounds), "--warmup", "3", "--case", b, "--csv", tmp])
+                with open(tmp) as fh:
+                    lines = fh.read().splitlines()
+                os.remove(tmp)
+                top = lines[0].split(",").index("topology")
+                new = [l for l in lines[1:] if l.split(",")[top] in missing]
+                fresh = not os.path.exists(path)
+                with open(path, "a") as fh:
+                    fh.write("\n".join(([lines[0]] if fresh else []) + new) + "\n")
         if not args.no_depth and not (args.resume and os.path.exists(os.path.join(depth_dir, "growth.csv"))):
             print("cost versus depth…", flush=True)
             print(run([PLEXUS, "bench", "bench/configs/gpt-depth.yaml", "--depths", "8,16,32,64", "--topologies",
                        DEPTH_TOPOLOGIES, "--steps", "5", "--warmup", "2", "--out", "bench/depth"]))
-    report(raw, None if args.no_depth else depth_dir, args)
+    # A resumed CPU run keeps the depth sweep it already has (--no-depth only skips re-running it).
+    keep_depth = not args.no_depth or (args.resume and args.suite == "cpu")
+    report(raw, depth_dir if keep_depth else None, args)
 
 
 if __name__ == "__main__":
