@@ -314,6 +314,20 @@ mod tests {
         }
     }
 
+    /// No tokens (an empty batch slice): both loops return empty values and gradients.
+    #[test]
+    fn the_fused_sinkhorn_takes_zero_tokens() {
+        for isa in native::kernel_isas() {
+            for n in [4, 3] {
+                let logits = Tensor::zeros([0, n, n], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+                let p = native::with_kernel_isa(isa, || native::sinkhorn(&logits, 20).unwrap());
+                assert_eq!(p.size(), [0, n, n]);
+                p.sum(Kind::Float).backward();
+                assert_eq!(logits.grad().size(), [0, n, n], "{} n = {n}", isa.name());
+            }
+        }
+    }
+
     /// Logits far below their row's maximum underflow in `exp`: the fused kernel keeps such lines
     /// at 0 rather than dividing 0 by 0, and its gradient stays finite.
     #[test]
