@@ -46,8 +46,9 @@ fn find_include(candidates: &[PathBuf], file: &str) -> Option<PathBuf> {
     candidates.iter().find(|d| d.join(file).is_file()).cloned()
 }
 
-/// Compiles `src/native/plexus_native.cpp` and `src/native/stream_kernels.cpp` (the fused CPU kernels
-/// of the multi-stream topologies) into a static library linked into the crate.
+/// Compiles `src/native/plexus_native.cpp`, `src/native/stream_kernels.cpp` (the fused CPU kernels
+/// of the multi-stream topologies) and `src/native/history.cpp` (the dense topologies' history
+/// buffer, any device) into a static library linked into the crate.
 ///
 /// * `PLEXUS_WITH_CUDA` when libtorch is a CUDA build (`libtorch_cuda.so`). The CUDA queries need no
 ///   CUDA header (see the top of the C++ file): PyTorch's CUDA 13 wheels ship
@@ -64,9 +65,11 @@ fn find_include(candidates: &[PathBuf], file: &str) -> Option<PathBuf> {
 fn build_native(lib_dir: Option<&Path>) {
     let src = "src/native/plexus_native.cpp";
     let kernels = "src/native/stream_kernels.cpp";
+    let history = "src/native/history.cpp";
     let shim = "src/native/gloo_decl";
     println!("cargo:rerun-if-changed={src}");
     println!("cargo:rerun-if-changed={kernels}");
+    println!("cargo:rerun-if-changed={history}");
     println!("cargo:rerun-if-changed=src/native/guarded.h");
     println!("cargo:rerun-if-changed=src/native/stream_rows.inc");
     println!("cargo:rerun-if-changed={shim}");
@@ -143,6 +146,7 @@ fn build_native(lib_dir: Option<&Path>) {
         .opt_level(3)
         .file(src)
         .file(kernels)
+        .file(history)
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")

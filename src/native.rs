@@ -17,7 +17,9 @@
 //!   backwards (`src/native/stream_kernels.cpp`): [`stream_read`], [`stream_write`], [`sinkhorn`],
 //!   [`norm_project`], [`rms_project`]; the read's, the write's and `norm_project`'s row loops are
 //!   built for baseline x86-64 and for AVX2 + FMA and picked by the CPU ([`KernelIsa`],
-//!   [`kernel_isa`]).
+//!   [`kernel_isa`]);
+//! * the dense topologies' history buffer (`src/native/history.cpp`, any device):
+//!   [`history_push`], [`history_mix`] (used through `topology::common::History`).
 //!
 //! A CPU-only libtorch builds this module too; the CUDA functions then return an error saying so.
 use anyhow::{anyhow, bail, Result};
@@ -97,6 +99,22 @@ mod ffi {
         ) -> *mut c_char;
         pub fn plexus_sinkhorn(logits: *mut C_tensor, iters: i64, isa: i64, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn plexus_rms_project(v: *mut C_tensor, phi: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
+        pub fn plexus_history_push(
+            buf: *mut C_tensor,
+            gbuf: *mut C_tensor,
+            slot: i64,
+            x: *mut C_tensor,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
+        pub fn plexus_history_mix(
+            buf: *mut C_tensor,
+            gbuf: *mut C_tensor,
+            slots: *const i64,
+            states: *mut *mut C_tensor,
+            k: i64,
+            w: *mut C_tensor,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
         pub fn plexus_norm_project(
             x: *mut C_tensor,
             gamma: *mut C_tensor,
@@ -718,6 +736,53 @@ pub fn sinkhorn(logits: &Tensor, iters: usize) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
     // SAFETY: as in `stream_read`.
     let err = unsafe { ffi::plexus_sinkhorn(logits.as_ptr() as *mut _, iters as i64, kernel_isa().code(), &mut out) };
+    fused_result(err, out)
+}
+
+/// Pushes state `x` into row `slot` of a history buffer `buf` `[cap, N]` (`x` has N elements, the
+/// buffer's dtype and device) and returns `x` through an autograd function that owns its gradient:
+/// the gradient of its other consumers plus row `slot` of `gbuf`, where every [`history_mix`] that
+/// read the slot put its share (`src/native/history.cpp`). Any device. Use the returned tensor, not
+/// `x`, downstream, and pass it to the sums that read the slot.
+pub fn history_push(buf: &Tensor, gbuf: &Tensor, slot: usize, x: &Tensor) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: as in `stream_read`; the C++ side writes into `buf` (a tensor the caller owns) and
+    // keeps references to `buf` and `gbuf` in the autograd node.
+    let err = unsafe {
+        ffi::plexus_history_push(
+            buf.as_ptr() as *mut _,
+            gbuf.as_ptr() as *mut _,
+            slot as i64,
+            x.as_ptr() as *mut _,
+            &mut out,
+        )
+    };
+    fused_result(err, out)
+}
+
+/// `Σ_i w[i] · state slots[i]` from a history buffer (see [`history_push`]): one matrix-vector
+/// product forward; backward, `dw` (another) and one rank-1 update of the slots' rows of `gbuf`.
+/// `states`: the pushes' outputs of those slots (autograd orders the pushes' backwards after this
+/// one's through them); `w` `[k]` in the buffer's dtype → a tensor shaped like the states.
+pub fn history_mix(buf: &Tensor, gbuf: &Tensor, slots: &[usize], states: &[&Tensor], w: &Tensor) -> Result<Tensor> {
+    let slots: Vec<i64> = slots.iter().map(|&s| s as i64).collect();
+    let mut ptrs: Vec<*mut torch_sys::C_tensor> = states.iter().map(|t| t.as_ptr() as *mut _).collect();
+    if ptrs.len() != slots.len() {
+        bail!("history_mix: {} slots but {} states", slots.len(), ptrs.len());
+    }
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: as in `history_push`; `slots` and `ptrs` hold k live entries for the call.
+    let err = unsafe {
+        ffi::plexus_history_mix(
+            buf.as_ptr() as *mut _,
+            gbuf.as_ptr() as *mut _,
+            slots.as_ptr(),
+            ptrs.as_mut_ptr(),
+            slots.len() as i64,
+            w.as_ptr() as *mut _,
+            &mut out,
+        )
+    };
     fused_result(err, out)
 }
 

@@ -243,21 +243,22 @@ impl Topology for Ancre {
         for f in &units[..first] {
             x = &x + f.forward(&x, Norm::Default, train);
         }
-        let mut states = vec![x];
+        // The anchor states s_0 … s_{A-1}; the newest one, `s`, is pushed when an anchor reads it
+        // (the last one never is: nothing reads it but the output).
+        let mut states = common::History::new(self.anchors.len() + 1, x0);
+        let mut s = x;
         for (j0, &a) in self.anchors.iter().enumerate().take_while(|(_, &a)| a < units.len()) {
-            let pj = p[j0 + 1].to_kind(x0.kind()).unbind(0);
-            let mut z = units[a].forward(&states[j0], Norm::Default, train);
-            // `z += Σ_i p_ij s_i`, one addcmul per earlier state (see `common::weighted_sum`).
-            for (s, w) in states.iter().zip(&pj) {
-                z = z.addcmul(s, w);
-            }
+            let sj = states.push(s).shallow_clone();
+            // `z = f_a(s_j0) + Σ_i p_ij s_i` over i = 0..=j0 (see `common::History`).
+            let mut z =
+                units[a].forward(&sj, Norm::Default, train) + states.mix_first(j0 + 1, &p[j0 + 1].to_kind(x0.kind()));
             let end = self.anchors.get(j0 + 1).copied().unwrap_or(units.len()).min(units.len());
             for f in &units[a + 1..end] {
                 z = &z + f.forward(&z, Norm::Default, train);
             }
-            states.push(z);
+            s = z;
         }
-        states.pop().expect("s_A")
+        s
     }
 
     fn parameter_view(&self) -> Option<(String, Tensor)> {

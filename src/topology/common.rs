@@ -185,12 +185,11 @@ pub fn sum(ts: &[Tensor]) -> Tensor {
 /// and writing no temporary, instead of a `mul` (an `[..]`-sized temporary) and an `add` per state;
 /// `w` is split once by `unbind` (one autograd node) rather than k `select`s.
 ///
-/// Why not one kernel per unit (a matmul `w @ stack(xs)`): stacking the history per unit copies
-/// O(k) states, O(L²) over the stack; a preallocated `[L+1, ..]` history written slot by slot is an
-/// in-place write into a tensor the earlier matmuls saved for backward, which autograd's version
-/// check rejects. A C++ autograd function with its own backward (as the multi-stream kernels of
-/// `src/native/stream_kernels.cpp`) could do it; at +1…+14 % over residual on the CPU it has not
-/// been worth one yet.
+/// The dense topologies sum through [`History`], which runs this only under
+/// `PLEXUS_FUSED_KERNELS=0` (and its test takes it as the reference): a stacked history
+/// (`w @ stack(xs)`) would copy O(L²) states, and a preallocated one written slot by slot is an
+/// in-place write into a tensor that earlier products saved for backward, which autograd's version
+/// check rejects — `History` keeps its buffer out of autograd's sight in C++ autograd functions.
 pub fn weighted_sum(xs: &[&Tensor], w: &Tensor) -> Tensor {
     let w = w.unbind(0);
     let mut acc = xs[0] * &w[0];
@@ -198,6 +197,75 @@ pub fn weighted_sum(xs: &[&Tensor], w: &Tensor) -> Tensor {
         acc = acc.addcmul(x, wi);
     }
     acc
+}
+
+/// The states of a dense topology (ANCRe, DenseFormer, LayerComb), same-shape tensors `[..]`, and
+/// weighted sums over them.
+///
+/// With the fused kernels on (the default, any device), the states are also copied into one
+/// `[capacity, numel]` buffer as they are pushed, and a sum over k of them is one matrix-vector
+/// product forward and two kernels backward ([`native::history_mix`]) instead of k and about 3k
+/// ([`weighted_sum`]); each state's gradient is gathered in a buffer row instead of being added up
+/// from every later sum that read it, which was O(L²) kernels per step. Under
+/// `PLEXUS_FUSED_KERNELS=0`, [`weighted_sum`] over the states.
+pub struct History {
+    /// `(buf [capacity, numel], gbuf)`, see `src/native/history.cpp`.
+    buffers: Option<(Tensor, Tensor)>,
+    states: Vec<Tensor>,
+}
+
+impl History {
+    /// A history of at most `capacity` states shaped like `like`.
+    pub fn new(capacity: usize, like: &Tensor) -> History {
+        let buffers = native::fused_kernels_on().then(|| {
+            let opts = (like.kind(), like.device());
+            (Tensor::empty([capacity as i64, like.numel() as i64], opts), Tensor::empty([0], opts))
+        });
+        History { buffers, states: Vec::with_capacity(capacity) }
+    }
+
+    /// Appends `x` as the next state and returns it: the tensor to use downstream in place of `x`
+    /// (with the buffer, an autograd pass-through that receives the sums' gradients).
+    pub fn push(&mut self, x: Tensor) -> &Tensor {
+        let x = match &self.buffers {
+            Some((buf, gbuf)) => {
+                native::history_push(buf, gbuf, self.states.len(), &x).unwrap_or_else(|e| panic!("history push: {e:#}"))
+            }
+            None => x,
+        };
+        self.states.push(x);
+        self.states.last().expect("just pushed")
+    }
+
+    /// State `i` (0-based, in push order).
+    pub fn state(&self, i: usize) -> &Tensor {
+        &self.states[i]
+    }
+
+    pub fn len(&self) -> usize {
+        self.states.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.states.is_empty()
+    }
+
+    /// `Σ_i w[i] · state slots[i]` for weights `w` `[k]` (the states' dtype), `slots` ascending.
+    pub fn mix(&self, slots: &[usize], w: &Tensor) -> Tensor {
+        let xs: Vec<&Tensor> = slots.iter().map(|&s| &self.states[s]).collect();
+        match &self.buffers {
+            Some((buf, gbuf)) => {
+                native::history_mix(buf, gbuf, slots, &xs, w).unwrap_or_else(|e| panic!("history sum: {e:#}"))
+            }
+            None => weighted_sum(&xs, w),
+        }
+    }
+
+    /// [`History::mix`] over the first `k` states.
+    pub fn mix_first(&self, k: usize, w: &Tensor) -> Tensor {
+        let slots: Vec<usize> = (0..k).collect();
+        self.mix(&slots, w)
+    }
 }
 
 /// The per-unit mixing of a multi-stream topology (Hyper-Connections, mHC) with `n` streams
@@ -346,6 +414,61 @@ mod tests {
         let y = f(&xs);
         (&y * g).sum(y.kind()).backward();
         std::iter::once(y.detach()).chain(xs.iter().map(|x| x.grad())).collect()
+    }
+
+    /// A small dense graph over a [`History`]: six states, each the tanh of a weighted sum of
+    /// earlier ones plus half the newest (a state read directly and through sums), sums over
+    /// contiguous (`0..k`), evenly spaced (a strided view of the buffer, as DenseFormer's dilation)
+    /// and unevenly spaced slots (the gather path). Returns the output and, from two backward
+    /// passes through the retained graph, the gradients of x0 and of every weight vector.
+    fn dense_graph(x0: &Tensor, ws: &[Tensor], g: &Tensor) -> Vec<Tensor> {
+        let slots: [&[usize]; 5] = [&[0], &[0, 1], &[1, 2], &[0, 1, 3], &[0, 2, 4]];
+        let mut h = History::new(6, x0);
+        h.push(x0 * 1.0);
+        for (k, sl) in slots.iter().enumerate() {
+            let next = h.mix(sl, &ws[k]).tanh() + h.state(h.len() - 1) * 0.5;
+            h.push(next);
+        }
+        let y = h.mix(&[1, 3, 5], &ws[5]);
+        let loss = (&y * g).sum(Kind::Double) + h.state(5).sum(Kind::Double) * 0.25;
+        let inputs: Vec<&Tensor> = std::iter::once(x0).chain(ws).collect();
+        let mut out = vec![y.detach()];
+        for _ in 0..2 {
+            out.extend(Tensor::run_backward(&[&loss], &inputs, true, false));
+        }
+        out
+    }
+
+    /// The history buffer (`src/native/history.cpp`) against per-state sums ([`weighted_sum`],
+    /// what `PLEXUS_FUSED_KERNELS=0` runs) in fp64: the output and every gradient, twice through a
+    /// retained graph (each state's gradient row is zeroed once taken, so the second pass is not
+    /// doubled); and without autograd (no_grad) the same output.
+    #[test]
+    fn the_history_buffer_matches_per_state_sums() {
+        tch::manual_seed(3);
+        let opts = (Kind::Double, Device::Cpu);
+        let x0 = Tensor::randn([3, 7], opts).set_requires_grad(true);
+        let ws: Vec<Tensor> =
+            [1, 2, 2, 3, 3, 3].iter().map(|&k| Tensor::randn([k], opts).set_requires_grad(true)).collect();
+        let g = Tensor::randn([3, 7], opts);
+        let buffered = native::with_fused_kernels(true, || dense_graph(&x0, &ws, &g));
+        let per_state = native::with_fused_kernels(false, || dense_graph(&x0, &ws, &g));
+        assert_eq!(buffered.len(), 15);
+        for (i, (a, b)) in buffered.iter().zip(&per_state).enumerate() {
+            assert_eq!(a.size(), b.size(), "output {i}");
+            let err = (a - b).abs().max().double_value(&[]);
+            assert!(err < 1e-12, "output {i} (0 = y, then x0 and w1…w6, twice) off by {err:e}");
+        }
+        let y_no_grad = tch::no_grad(|| {
+            native::with_fused_kernels(true, || {
+                let mut h = History::new(2, &x0);
+                h.push(x0.shallow_clone());
+                h.push(x0.tanh());
+                h.mix(&[0, 1], &ws[1])
+            })
+        });
+        let want = weighted_sum(&[&x0, &x0.tanh()], &ws[1]);
+        assert!((y_no_grad - want).abs().max().double_value(&[]) < 1e-12);
     }
 
     /// The fused CPU stream kernels against their composite versions, fp64 and fp32, static

@@ -92,18 +92,15 @@ struct DenseFormer {
 
 impl Topology for DenseFormer {
     fn forward(&self, x0: &Tensor, units: &[&dyn Unit], train: bool) -> Tensor {
-        let mut post: Vec<Tensor> = vec![x0.shallow_clone()];
-        let mut z = x0.shallow_clone();
+        // The post-block streams X_0 … X_L.
+        let mut post = common::History::new(units.len() + 1, x0);
+        let mut z = post.push(x0.shallow_clone()).shallow_clone();
         let mut next = self.dwa.iter().peekable();
         for (k, f) in units.iter().enumerate() {
             let i = k + 1;
-            let xi = &z + f.forward(&z, Norm::Default, train);
-            post.push(xi.shallow_clone());
+            let xi = post.push(&z + f.forward(&z, Norm::Default, train)).shallow_clone();
             z = match next.next_if(|d| d.0 == i) {
-                Some((_, sources, w)) => {
-                    let xs: Vec<&Tensor> = sources.iter().map(|&s| &post[s]).collect();
-                    common::weighted_sum(&xs, &w.to_kind(x0.kind()))
-                }
+                Some((_, sources, w)) => post.mix(sources, &w.to_kind(x0.kind())),
                 None => xi,
             };
         }

@@ -84,15 +84,16 @@ struct LayerComb {
 }
 
 impl LayerComb {
-    fn combine(&self, outputs: &[Tensor], k: usize) -> Tensor {
-        let xs: Vec<&Tensor> = outputs.iter().collect();
-        common::weighted_sum(&xs, &self.weights[k - 1].to_kind(outputs[0].kind()))
+    /// The input of node k: `Σ_i weights[k-1][i] · outputs[i]` over the k outputs so far.
+    fn combine(&self, outputs: &common::History, k: usize) -> Tensor {
+        outputs.mix_first(k, &self.weights[k - 1].to_kind(outputs.state(0).kind()))
     }
 }
 
 impl Topology for LayerComb {
     fn forward(&self, x0: &Tensor, units: &[&dyn Unit], train: bool) -> Tensor {
-        let mut outputs = vec![x0.shallow_clone()];
+        let mut outputs = common::History::new(units.len() + 1, x0);
+        outputs.push(x0.shallow_clone());
         for (k, f) in units.iter().enumerate() {
             let input = self.combine(&outputs, k + 1);
             outputs.push(f.forward(&input, Norm::Default, train));
