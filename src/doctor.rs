@@ -64,6 +64,11 @@ pub fn run() -> bool {
         if crate::native::nccl_built() { "built" } else { "NOT built (re-run scripts/setup.sh; GPU runs need it)" }
     );
     println!("cuDNN available   {}", tch::Cuda::cudnn_is_available());
+    // NVRTC compiles mHC's CUDA Sinkhorn at run time; `doctor --selftest --device cuda` checks it.
+    match crate::native::nvrtc_version() {
+        Ok((v, path)) => println!("NVRTC             {} ({path})", version_text(Ok(v))),
+        Err(e) => println!("NVRTC             none ({e:#}): on a GPU, mHC's Sinkhorn runs as composite libtorch ops"),
+    }
     println!("CPU threads       {}", tch::get_num_threads());
     println!("MKL / OpenMP      {} / {}", tch::utils::has_mkl(), tch::utils::has_openmp());
     let cpu_bf16 = bf16_works(Device::Cpu);
@@ -128,6 +133,21 @@ pub fn selftest(device: &str) -> anyhow::Result<bool> {
         passed += 1;
     } else {
         failed += 1;
+    }
+    // mHC's Sinkhorn: on a GPU the NVRTC-compiled CUDA kernel, which no CPU test launches (a
+    // failure here means mHC runs its slower composite graph, with a warning).
+    let kernel = if dev.is_cuda() { "CUDA kernel (NVRTC)" } else { "fused CPU kernel" };
+    match crate::topology::mhc::sinkhorn_error_on(dev) {
+        Ok(err) if err < 1e-4 => {
+            passed += 1;
+            println!("mHC Sinkhorn, {kernel}, against the f64 log-domain graph: largest deviation {err:.1e} (tolerance 1e-4)  ok");
+        }
+        r => {
+            failed += 1;
+            let why =
+                r.map(|e| format!("largest deviation {e:.1e} (tolerance 1e-4)")).unwrap_or_else(|e| format!("{e:#}"));
+            println!("mHC Sinkhorn, {kernel}, against the f64 log-domain graph: {why}  FAILED");
+        }
     }
     for m in crate::model::REGISTRY {
         for t in crate::topology::REGISTRY {

@@ -19,7 +19,10 @@
 //!   built for baseline x86-64 and for AVX2 + FMA and picked by the CPU ([`KernelIsa`],
 //!   [`kernel_isa`]);
 //! * the dense topologies' history buffer (`src/native/history.cpp`, any device):
-//!   [`history_push`], [`history_mix`] (used through `topology::common::History`).
+//!   [`history_push`], [`history_mix`] (used through `topology::common::History`);
+//! * mHC's Sinkhorn on CUDA (`src/native/cuda_sinkhorn.cpp`, the kernels in
+//!   `src/native/sinkhorn.cu`, compiled at run time with NVRTC): [`sinkhorn_cuda`], and for the
+//!   tests and `doctor` [`sinkhorn_cuda_host`], [`sinkhorn_cuda_compile`], [`nvrtc_version`].
 //!
 //! A CPU-only libtorch builds this module too; the CUDA functions then return an error saying so.
 use anyhow::{anyhow, bail, Result};
@@ -99,6 +102,21 @@ mod ffi {
         ) -> *mut c_char;
         pub fn plexus_sinkhorn(logits: *mut C_tensor, iters: i64, isa: i64, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn plexus_rms_project(v: *mut C_tensor, phi: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
+        pub fn plexus_sinkhorn_cuda(logits: *mut C_tensor, iters: i64, out: *mut *mut C_tensor) -> *mut c_char;
+        pub fn plexus_sinkhorn_host(
+            logits: *mut C_tensor,
+            grad: *mut C_tensor,
+            iters: i64,
+            out: *mut *mut C_tensor,
+            grad_logits: *mut *mut C_tensor,
+        ) -> *mut c_char;
+        pub fn plexus_sinkhorn_cuda_compile(
+            n: i64,
+            arch: i64,
+            image_bytes: *mut i64,
+            target: *mut *mut c_char,
+        ) -> *mut c_char;
+        pub fn plexus_nvrtc_version(version: *mut c_int, path: *mut *mut c_char) -> *mut c_char;
         pub fn plexus_history_push(
             buf: *mut C_tensor,
             gbuf: *mut C_tensor,
@@ -737,6 +755,59 @@ pub fn sinkhorn(logits: &Tensor, iters: usize) -> Result<Tensor> {
     // SAFETY: as in `stream_read`.
     let err = unsafe { ffi::plexus_sinkhorn(logits.as_ptr() as *mut _, iters as i64, kernel_isa().code(), &mut out) };
     fused_result(err, out)
+}
+
+/// The largest number of streams [`sinkhorn_cuda`] takes (a thread keeps 2·n² values in registers).
+pub const SINKHORN_CUDA_MAX_STREAMS: usize = 8;
+
+/// Sinkhorn–Knopp of `exp(logits)` on a CUDA device: `logits` `[.., n, n]` fp32, 1 ≤ n ≤
+/// [`SINKHORN_CUDA_MAX_STREAMS`] → `[.., n, n]`, differentiable; one kernel forward and one backward
+/// (the backward recomputes the iterates). The first call for a device and n compiles the kernels
+/// with NVRTC and checks them against [`sinkhorn_cuda_host`] in double; a failure there (no NVRTC,
+/// no driver, a disagreement) is returned by that call and every later one for the device and n.
+pub fn sinkhorn_cuda(logits: &Tensor, iters: usize) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: as in `stream_read`.
+    let err = unsafe { ffi::plexus_sinkhorn_cuda(logits.as_ptr() as *mut _, iters as i64, &mut out) };
+    fused_result(err, out)
+}
+
+/// The per-token arithmetic of [`sinkhorn_cuda`]'s kernels, run on the CPU: `logits` `[.., n, n]`
+/// (contiguous fp32 or fp64 CPU) → P, and with `grad` (P's gradient) the logits' gradient. The
+/// same source as the kernels (`src/native/sinkhorn.cu`), so a CPU test checks their arithmetic.
+pub fn sinkhorn_cuda_host(logits: &Tensor, grad: Option<&Tensor>, iters: usize) -> Result<(Tensor, Option<Tensor>)> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    let mut gl: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    let g = grad.map_or(std::ptr::null_mut(), |g| g.as_ptr() as *mut _);
+    // SAFETY: the inputs are live `at::Tensor*` (or null) for the call; on success the C++ side
+    // writes fresh caller-owned handles to `out` and, with a gradient, `gl`.
+    let err = unsafe { ffi::plexus_sinkhorn_host(logits.as_ptr() as *mut _, g, iters as i64, &mut out, &mut gl) };
+    let p = fused_result(err, out)?;
+    // SAFETY: non-null only when a gradient was given, a fresh handle that nothing else owns.
+    let gl = (!gl.is_null()).then(|| unsafe { Tensor::from_ptr(gl) });
+    Ok((p, gl))
+}
+
+/// Compiles [`sinkhorn_cuda`]'s kernels for `n` streams and compute capability `arch` (major·10 +
+/// minor, 90 for an H100) with NVRTC, without a GPU: the image's size in bytes and its target
+/// (`sm_90` as a CUBIN; `compute_<a>` as PTX for a GPU newer than NVRTC knows).
+pub fn sinkhorn_cuda_compile(n: usize, arch: u32) -> Result<(usize, String)> {
+    let mut bytes = 0i64;
+    let mut target: *mut c_char = std::ptr::null_mut();
+    // SAFETY: out-parameters only; `target` is a malloc'd string on success.
+    let err = unsafe { ffi::plexus_sinkhorn_cuda_compile(n as i64, i64::from(arch), &mut bytes, &mut target) };
+    check(err)?;
+    Ok((bytes as usize, take_string(target)))
+}
+
+/// NVRTC's version (major·1000 + minor·10) and the path it was opened from.
+pub fn nvrtc_version() -> Result<(i32, String)> {
+    let mut version: c_int = 0;
+    let mut path: *mut c_char = std::ptr::null_mut();
+    // SAFETY: out-parameters only; `path` is a malloc'd string on success.
+    let err = unsafe { ffi::plexus_nvrtc_version(&mut version, &mut path) };
+    check(err)?;
+    Ok((version, take_string(path)))
 }
 
 /// Pushes state `x` into row `slot` of a history buffer `buf` `[cap, N]` (`x` has N elements, the

@@ -128,11 +128,28 @@ struct Mhc {
 /// On the CPU in fp32/fp64 the fused [`native::sinkhorn`] runs (the iteration on `exp(logits)`, one
 /// pass per block of tokens, a hand-written backward that recomputes the iterates and saves only
 /// the logits): the composite graph was most of mHC's overhead over Hyper-Connections there.
-/// Elsewhere [`sinkhorn_composite`].
+/// On a CUDA device, [`native::sinkhorn_cuda`] (n ≤ 8, any logits dtype, fp32 result): one thread
+/// per token, one kernel each way, where the composite graph launches 4·iters kernels forward.
+/// If it cannot run (no NVRTC, no driver, a failed self-check), one warning and the composite
+/// graph from then on. Elsewhere, and with `PLEXUS_FUSED_KERNELS=0`, [`sinkhorn_composite`].
 pub fn sinkhorn(logits: &Tensor, iters: usize) -> Tensor {
     let n = logits.size().last().copied().unwrap_or(0) as usize;
     if native::fused_streams_take(logits) && native::sinkhorn_fits(n, iters) {
         return native::sinkhorn(logits, iters).unwrap_or_else(|e| panic!("fused sinkhorn: {e:#}"));
+    }
+    if logits.device().is_cuda() && native::fused_kernels_on() && (1..=native::SINKHORN_CUDA_MAX_STREAMS).contains(&n) {
+        match native::sinkhorn_cuda(&logits.to_kind(Kind::Float), iters) {
+            Ok(p) => return p,
+            Err(e) => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    eprintln!(
+                        "warning: mHC runs Sinkhorn as a composite libtorch graph (same values, more kernels): the \
+                         CUDA kernel is unavailable: {e:#}"
+                    )
+                });
+            }
+        }
     }
     sinkhorn_composite(logits, iters)
 }
@@ -149,6 +166,47 @@ pub fn sinkhorn_composite(logits: &Tensor, iters: usize) -> Tensor {
         l = l.log_softmax(-1, Kind::Float).log_softmax(-2, Kind::Float);
     }
     l.exp()
+}
+
+/// The largest deviation of mHC's Sinkhorn kernel on `device` (CUDA: [`native::sinkhorn_cuda`],
+/// called directly so that a failure is an error here rather than the composite fallback; CPU: the
+/// fused [`native::sinkhorn`]) from the log-domain graph in fp64 on the CPU: values, and gradients
+/// relative to their largest magnitude, for n = 4 (mHC's default) and 3 over 257 tokens (a block
+/// of 128 threads twice, and one more), 20 iterations. The inputs depend on no generator.
+/// `plexus doctor --selftest` runs it on the device it tests.
+pub fn sinkhorn_error_on(device: tch::Device) -> anyhow::Result<f64> {
+    let mut worst = 0.0f64;
+    for n in [4i64, 3] {
+        let i = Tensor::arange(257 * n * n, (Kind::Double, tch::Device::Cpu)).reshape([257, n, n]);
+        let logits = (&i * 0.37).sin() * 3.0;
+        let g = (&i * 1.3).cos();
+        let reference = |l: &Tensor| {
+            let mut l = l.shallow_clone();
+            for _ in 0..20 {
+                l = l.log_softmax(-1, Kind::Double).log_softmax(-2, Kind::Double);
+            }
+            l.exp()
+        };
+        let run = |f: &dyn Fn(&Tensor) -> anyhow::Result<Tensor>, l: Tensor| -> anyhow::Result<(Tensor, Tensor)> {
+            let l = l.set_requires_grad(true);
+            let p = f(&l)?;
+            (&p * g.to_device(p.device()).to_kind(p.kind())).sum(Kind::Double).backward();
+            Ok((p.detach().to_device(tch::Device::Cpu).to_kind(Kind::Double), l.grad().to_kind(Kind::Double)))
+        };
+        let l32 = logits.to_kind(Kind::Float);
+        let (p_ref, g_ref) = run(&|l| Ok(reference(l)), l32.to_kind(Kind::Double))?;
+        let (p, gl) = if device.is_cuda() {
+            run(&|l| native::sinkhorn_cuda(l, 20), l32.to_device(device))?
+        } else {
+            run(&|l| native::sinkhorn(l, 20), l32)?
+        };
+        let gl = gl.to_device(tch::Device::Cpu);
+        let dp = (&p - &p_ref).abs().max().double_value(&[]);
+        let dg = (&gl - &g_ref).abs().max().double_value(&[]) / g_ref.abs().max().double_value(&[]).max(1.0);
+        worst = worst.max(dp).max(dg);
+        anyhow::ensure!(worst.is_finite(), "n = {n}: a non-finite value or gradient");
+    }
+    Ok(worst)
 }
 
 /// The mixing logits `(v @ φ) / r` of the flattened streams `v` `[.., n·D]` (φ `[n·D, n² + 2n]`),
@@ -338,5 +396,77 @@ mod tests {
         let (pv, gv) = (crate::host::values(&p), crate::host::values(&logits.grad()));
         assert!(pv.iter().chain(&gv).all(|v| v.is_finite()), "P {pv:?}, dL {gv:?}");
         assert_eq!(pv, vec![0.5, 0.0, 0.5, 0.0], "column 1 underflowed entirely and stays 0");
+    }
+
+    /// The CUDA kernels' arithmetic (`src/native/sinkhorn.cu`, its per-token functions run on the
+    /// CPU) against the log-domain graph in fp64: every n the kernels take, 1, 7 and 20 iterations,
+    /// value and gradient, in fp64 (where only the order of operations differs) and in fp32 (the
+    /// kernels' precision on the GPU). The backward walks back from the final matrix by the saved
+    /// line sums rather than keeping every iterate, which this checks to fp64 rounding.
+    #[test]
+    fn the_cuda_sinkhorn_arithmetic_matches_the_log_domain_graph() {
+        tch::manual_seed(2);
+        for n in 1..=native::SINKHORN_CUDA_MAX_STREAMS as i64 {
+            for (iters, tokens) in [(20, 37), (7, 5), (1, 3)] {
+                let logits = Tensor::randn([tokens, n, n], (Kind::Double, tch::Device::Cpu)) * 1.5;
+                let g = Tensor::randn([tokens, n, n], (Kind::Double, tch::Device::Cpu));
+                let (p_ref, g_ref) = value_and_grad(|l| sinkhorn_f64(l, iters), &logits, &g);
+                let (p64, g64) = native::sinkhorn_cuda_host(&logits, Some(&g), iters).unwrap();
+                let (dp, dg) = (max_diff(&p64, &p_ref), max_diff(&g64.unwrap(), &g_ref));
+                assert!(dp < 1e-13 && dg < 1e-11, "fp64 n={n} iters={iters}: value {dp:e}, grad {dg:e}");
+                let (p32, g32) =
+                    native::sinkhorn_cuda_host(&logits.to_kind(Kind::Float), Some(&g.to_kind(Kind::Float)), iters)
+                        .unwrap();
+                let (dp, dg) = (max_diff(&p32, &p_ref), max_diff(&g32.unwrap(), &g_ref));
+                assert!(dp < 2e-5 && dg < 2e-5, "fp32 n={n} iters={iters}: value {dp:e}, grad {dg:e}");
+            }
+        }
+        let empty = Tensor::zeros([0, 4, 4], (Kind::Float, tch::Device::Cpu));
+        let (p, gl) = native::sinkhorn_cuda_host(&empty, Some(&empty), 20).unwrap();
+        assert_eq!((p.size(), gl.unwrap().size()), (vec![0, 4, 4], vec![0, 4, 4]));
+        assert!(native::sinkhorn_cuda_host(&Tensor::zeros([2, 9, 9], (Kind::Float, tch::Device::Cpu)), None, 20)
+            .is_err_and(|e| e.to_string().contains("1 ≤ n ≤ 8")));
+    }
+
+    /// The self-test's measure, on the CPU (the fused kernel): it must see fp32 rounding only.
+    #[test]
+    fn the_sinkhorn_self_test_measures_the_cpu_kernel() {
+        let err = sinkhorn_error_on(tch::Device::Cpu).unwrap();
+        assert!(err > 0.0 && err < 1e-5, "{err:e}");
+    }
+
+    /// As the CPU kernel: an underflowed line stays 0 and the gradient stays finite.
+    #[test]
+    fn the_cuda_sinkhorn_arithmetic_stays_finite_on_extreme_logits() {
+        let logits = Tensor::from_slice(&[0.0f32, -200.0, 0.0, -300.0]).view([1, 2, 2]);
+        let (p, gl) = native::sinkhorn_cuda_host(&logits, Some(&logits.ones_like()), 20).unwrap();
+        let (pv, gv) = (crate::host::values(&p), crate::host::values(&gl.unwrap()));
+        assert!(gv.iter().all(|v| v.is_finite()), "dL {gv:?}");
+        assert_eq!(pv, vec![0.5, 0.0, 0.5, 0.0], "column 1 underflowed entirely and stays 0");
+    }
+
+    /// NVRTC (from the torch wheel) compiles the CUDA kernels on this CPU machine, for every n,
+    /// as CUBINs for an A100 (sm_80) and an H100 (sm_90), and as PTX for a GPU newer than it knows.
+    /// A CPU-only libtorch has no NVRTC: the error must say so.
+    #[test]
+    fn nvrtc_compiles_the_cuda_sinkhorn() {
+        if env!("PLEXUS_NATIVE_WITH_CUDA") != "1" {
+            let e = native::sinkhorn_cuda_compile(4, 90).unwrap_err();
+            assert!(e.to_string().contains("NVRTC"), "{e:#}");
+            return;
+        }
+        let (version, path) = native::nvrtc_version().unwrap();
+        assert!(version >= 12000, "NVRTC {version} from {path}");
+        for n in 1..=native::SINKHORN_CUDA_MAX_STREAMS {
+            for arch in [80, 90] {
+                let (bytes, target) = native::sinkhorn_cuda_compile(n, arch).unwrap_or_else(|e| panic!("{e:#}"));
+                assert_eq!(target, format!("sm_{arch}"));
+                assert!(bytes > 1000, "n = {n}, {target}: {bytes} bytes");
+            }
+        }
+        let (bytes, target) = native::sinkhorn_cuda_compile(4, 990).unwrap();
+        let ptx_arch: u32 = target.strip_prefix("compute_").and_then(|a| a.parse().ok()).expect("a PTX target");
+        assert!((90..990).contains(&ptx_arch) && bytes > 1000, "{target}: {bytes} bytes");
+        assert!(native::sinkhorn_cuda_compile(9, 90).is_err_and(|e| e.to_string().contains("1 ≤ n ≤ 8")));
     }
 }
