@@ -12,10 +12,11 @@
 #                     rule, then every topology on every backbone, tiny, on the
 #                     GPU (connectivity, checkpoints, crash + resume, analyze, bf16 against fp32)
 #   parity            `parity --device cuda`: Rust and the PyTorch references, both on the GPU
-#   train-*           CPU-size configs trained on the GPU in bf16 (Fashion-MNIST Mixers, GPT and LLaMA
-#                     on text), then analyze and plot on one of them
+#   train-*           CPU-size configs trained on the GPU in bf16 (Fashion-MNIST Mixers, mHC among them,
+#                     GPT and LLaMA on text), then analyze and plot on one of them
 #   train-dit-ancre   a pixel-space DiT on Fashion-MNIST in bf16, then `sample` (a PNG grid) and `fd`
-#   bench-*           paired step times: DiT-B/2 residual vs ANCRe; the paper Mixer × 6 topologies
+#   bench-*           paired step times: DiT-B/2 residual vs ANCRe; the paper Mixer × 6 topologies, and
+#                     its mHC again with PLEXUS_FUSED_KERNELS=0 (the composite Sinkhorn, for comparison)
 #   nproc             `train --nproc 2`: NCCL on 2 GPUs; on a 1-GPU machine (nproc-refused) it must
 #                     stop with an error that says there are fewer GPUs than processes
 #
@@ -68,6 +69,9 @@ step selftest 420 "$PLEXUS" doctor --selftest --device cuda
 step parity 420 "$PLEXUS" parity --device cuda
 step train-mixer-hacn 300 "$PLEXUS" train configs/mixer-fmnist/cpu/hacn.yaml "${GPU[@]}" --out "$OUT/runs/mixer-hacn" --overwrite
 step train-mixer-res 300 "$PLEXUS" train configs/mixer-fmnist/cpu/res.yaml "${GPU[@]}" --out "$OUT/runs/mixer-res" --overwrite
+# mHC trains through the NVRTC-compiled CUDA Sinkhorn (its self-test is in `selftest`; a fallback to
+# the composite graph prints a warning into this log).
+step train-mixer-mhc 300 "$PLEXUS" train configs/mixer-fmnist/cpu/res.yaml "${GPU[@]}" --set topology.kind=mhc --set name=mixer-fmnist-mhc --out "$OUT/runs/mixer-mhc" --overwrite
 step train-gpt-hacn 300 "$PLEXUS" train configs/gpt2/cpu/hacn-bpe.yaml "${GPU[@]}" --out "$OUT/runs/gpt-hacn" --overwrite
 step train-llama-ancre 300 "$PLEXUS" train configs/llama/cpu/ancre-bpe.yaml "${GPU[@]}" --out "$OUT/runs/llama-ancre" --overwrite
 step analyze 300 "$PLEXUS" analyze "$OUT/runs/mixer-hacn" "$OUT/runs/mixer-res"
@@ -80,6 +84,8 @@ step fd-dit 300 "$PLEXUS" fd "$OUT/runs/dit-ancre" --extractor "$OUT/runs/mixer-
 # `python3 bench/run.py --suite gpu` (bench/README.md).
 step bench-dit 300 "$PLEXUS" bench bench/configs/gpu/dit.yaml --compare residual,ancre --steps 10 --warmup 3
 step bench-mixer 300 "$PLEXUS" bench bench/configs/gpu/mixer.yaml --compare residual,hacn,ancre,hyper,mhc,attnres --steps 10 --warmup 3
+# The same mHC case with the composite Sinkhorn (PLEXUS_FUSED_KERNELS=0): the CUDA kernel's gain.
+step bench-mixer-mhc-composite 300 env PLEXUS_FUSED_KERNELS=0 "$PLEXUS" bench bench/configs/gpu/mixer.yaml --compare residual,mhc --steps 10 --warmup 3
 NPROC=(train configs/mixer-fmnist/cpu/hacn.yaml --set device=cuda --set train.steps=50 --quiet --nproc 2 --dist-timeout 60 --out "$OUT/runs/nproc" --overwrite)
 GPUS=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU')
 if ((GPUS >= 2)); then
