@@ -48,9 +48,9 @@ fn find_include(candidates: &[PathBuf], file: &str) -> Option<PathBuf> {
 
 /// Compiles `src/native/plexus_native.cpp`, `src/native/stream_kernels.cpp` (the fused CPU kernels
 /// of the multi-stream topologies), `src/native/history.cpp` (the dense topologies' history
-/// buffer, any device) and `src/native/cuda_sinkhorn.cpp` (mHC's Sinkhorn on CUDA: the kernels of
-/// `src/native/sinkhorn.cu`, compiled at run time with NVRTC) into a static library linked into the
-/// crate.
+/// buffer, any device) and `src/native/cuda_kernels.cpp` (mHC's Sinkhorn and the stream read and
+/// write on CUDA: the kernels of `src/native/*.cu`, compiled at run time with NVRTC) into a static
+/// library linked into the crate.
 ///
 /// * `PLEXUS_WITH_CUDA` when libtorch is a CUDA build (`libtorch_cuda.so`). The CUDA queries need no
 ///   CUDA header (see the top of the C++ file): PyTorch's CUDA 13 wheels ship
@@ -68,14 +68,17 @@ fn build_native(lib_dir: Option<&Path>) {
     let src = "src/native/plexus_native.cpp";
     let kernels = "src/native/stream_kernels.cpp";
     let history = "src/native/history.cpp";
-    let cuda_sinkhorn = "src/native/cuda_sinkhorn.cpp";
-    let sinkhorn_cu = "src/native/sinkhorn.cu";
+    let cuda_kernels = "src/native/cuda_kernels.cpp";
+    let cuda_sources = ["src/native/sinkhorn.cu", "src/native/streams.cu"];
     let shim = "src/native/gloo_decl";
     println!("cargo:rerun-if-changed={src}");
     println!("cargo:rerun-if-changed={kernels}");
     println!("cargo:rerun-if-changed={history}");
-    println!("cargo:rerun-if-changed={cuda_sinkhorn}");
-    println!("cargo:rerun-if-changed={sinkhorn_cu}");
+    println!("cargo:rerun-if-changed={cuda_kernels}");
+    println!("cargo:rerun-if-changed=src/native/cuda_kernels.h");
+    for cu in cuda_sources {
+        println!("cargo:rerun-if-changed={cu}");
+    }
     println!("cargo:rerun-if-changed=src/native/guarded.h");
     println!("cargo:rerun-if-changed=src/native/stream_rows.inc");
     println!("cargo:rerun-if-changed={shim}");
@@ -143,12 +146,17 @@ fn build_native(lib_dir: Option<&Path>) {
     };
     let searched = cuda_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ");
 
-    // The CUDA Sinkhorn's source, as a C++ string literal that cuda_sinkhorn.cpp hands to NVRTC.
+    // The CUDA kernels' source (the .cu files, in order), as a C++ string literal that
+    // cuda_kernels.cpp hands to NVRTC.
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let cu = std::fs::read_to_string(sinkhorn_cu).unwrap_or_else(|e| panic!("reading {sinkhorn_cu}: {e}"));
-    assert!(!cu.contains(")plexus_cu\""), "{sinkhorn_cu} contains the raw string's delimiter");
-    std::fs::write(out_dir.join("sinkhorn_cu_source.inc"), format!("R\"plexus_cu({cu})plexus_cu\"\n"))
-        .expect("writing sinkhorn_cu_source.inc");
+    let mut cu = String::new();
+    for file in cuda_sources {
+        let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("reading {file}: {e}"));
+        assert!(!text.contains(")plexus_cu\""), "{file} contains the raw string's delimiter");
+        cu.push_str(&format!("// ---- {file}\n{text}\n"));
+    }
+    std::fs::write(out_dir.join("cuda_kernels_source.inc"), format!("R\"plexus_cu({cu})plexus_cu\"\n"))
+        .expect("writing cuda_kernels_source.inc");
 
     let mut build = cc::Build::new();
     build
@@ -160,7 +168,7 @@ fn build_native(lib_dir: Option<&Path>) {
         .file(src)
         .file(kernels)
         .file(history)
-        .file(cuda_sinkhorn)
+        .file(cuda_kernels)
         .include(&out_dir)
         .include(&include)
         .include(include.join("torch/csrc/api/include"))

@@ -88,6 +88,48 @@ pub fn run() -> bool {
     ok
 }
 
+/// The largest deviation of mHC's Sinkhorn kernel on `device` (CUDA: [`crate::native::sinkhorn_cuda`],
+/// called directly so that a failure is an error here rather than the composite fallback; CPU: the
+/// fused [`crate::native::sinkhorn`]) from the log-domain graph in fp64 on the CPU: values, and gradients
+/// relative to their largest magnitude, for n = 4 (mHC's default) and 3 over 257 tokens (a block
+/// of 128 threads twice, and one more), 20 iterations. The inputs depend on no generator.
+/// `plexus doctor --selftest` runs it on the device it tests. (Here, not in the topology: it
+/// reads results back to the CPU.)
+pub fn sinkhorn_error_on(device: tch::Device) -> anyhow::Result<f64> {
+    let mut worst = 0.0f64;
+    for n in [4i64, 3] {
+        let i = Tensor::arange(257 * n * n, (Kind::Double, tch::Device::Cpu)).reshape([257, n, n]);
+        let logits = (&i * 0.37).sin() * 3.0;
+        let g = (&i * 1.3).cos();
+        let reference = |l: &Tensor| {
+            let mut l = l.shallow_clone();
+            for _ in 0..20 {
+                l = l.log_softmax(-1, Kind::Double).log_softmax(-2, Kind::Double);
+            }
+            l.exp()
+        };
+        let run = |f: &dyn Fn(&Tensor) -> anyhow::Result<Tensor>, l: Tensor| -> anyhow::Result<(Tensor, Tensor)> {
+            let l = l.set_requires_grad(true);
+            let p = f(&l)?;
+            (&p * g.to_device(p.device()).to_kind(p.kind())).sum(Kind::Double).backward();
+            Ok((p.detach().to_device(tch::Device::Cpu).to_kind(Kind::Double), l.grad().to_kind(Kind::Double)))
+        };
+        let l32 = logits.to_kind(Kind::Float);
+        let (p_ref, g_ref) = run(&|l| Ok(reference(l)), l32.to_kind(Kind::Double))?;
+        let (p, gl) = if device.is_cuda() {
+            run(&|l| crate::native::sinkhorn_cuda(l, 20), l32.to_device(device))?
+        } else {
+            run(&|l| crate::native::sinkhorn(l, 20), l32)?
+        };
+        let gl = gl.to_device(tch::Device::Cpu);
+        let dp = (&p - &p_ref).abs().max().double_value(&[]);
+        let dg = (&gl - &g_ref).abs().max().double_value(&[]) / g_ref.abs().max().double_value(&[]).max(1.0);
+        worst = worst.max(dp).max(dg);
+        anyhow::ensure!(worst.is_finite(), "n = {n}: a non-finite value or gradient");
+    }
+    Ok(worst)
+}
+
 /// A tiny config (model and data sections) per backbone, for the self-test and the tests that
 /// run every topology on every backbone; a new backbone must add one here.
 pub fn tiny_backbone(name: &str) -> Option<&'static str> {
@@ -134,10 +176,15 @@ pub fn selftest(device: &str) -> anyhow::Result<bool> {
     } else {
         failed += 1;
     }
-    // mHC's Sinkhorn: on a GPU the NVRTC-compiled CUDA kernel, which no CPU test launches (a
-    // failure here means mHC runs its slower composite graph, with a warning).
-    let kernel = if dev.is_cuda() { "CUDA kernel (NVRTC)" } else { "fused CPU kernel" };
-    match crate::topology::mhc::sinkhorn_error_on(dev) {
+    // mHC's Sinkhorn: on a GPU the NVRTC-compiled CUDA kernel, which no CPU test launches; its
+    // first use also checks the stream read and write kernels (a failure here means
+    // Hyper-Connections and mHC run their slower composite graphs, with a warning).
+    let kernel = if dev.is_cuda() {
+        "CUDA kernel (NVRTC; with the stream read/write kernels' check)"
+    } else {
+        "fused CPU kernel"
+    };
+    match sinkhorn_error_on(dev) {
         Ok(err) if err < 1e-4 => {
             passed += 1;
             println!("mHC Sinkhorn, {kernel}, against the f64 log-domain graph: largest deviation {err:.1e} (tolerance 1e-4)  ok");
@@ -236,4 +283,16 @@ fn selftest_case(
     );
     ensure!(b16.final_loss.is_finite(), "bf16 final loss {}", b16.final_loss);
     Ok((full.final_loss, b16.final_loss, eval))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The self-test's measure, on the CPU (the fused kernel): it must see fp32 rounding only.
+    #[test]
+    fn the_sinkhorn_self_test_measures_the_cpu_kernel() {
+        let err = sinkhorn_error_on(tch::Device::Cpu).unwrap();
+        assert!(err > 0.0 && err < 1e-5, "{err:e}");
+    }
 }

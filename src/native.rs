@@ -20,9 +20,11 @@
 //!   [`kernel_isa`]);
 //! * the dense topologies' history buffer (`src/native/history.cpp`, any device):
 //!   [`history_push`], [`history_mix`] (used through `topology::common::History`);
-//! * mHC's Sinkhorn on CUDA (`src/native/cuda_sinkhorn.cpp`, the kernels in
-//!   `src/native/sinkhorn.cu`, compiled at run time with NVRTC): [`sinkhorn_cuda`], and for the
-//!   tests and `doctor` [`sinkhorn_cuda_host`], [`sinkhorn_cuda_compile`], [`nvrtc_version`].
+//! * CUDA kernels compiled at run time with NVRTC (`src/native/cuda_kernels.cpp`, the kernels in
+//!   `src/native/sinkhorn.cu` and `streams.cu`): mHC's Sinkhorn ([`sinkhorn_cuda`]) and the stream
+//!   read and write, which [`stream_read`] and [`stream_write`] run for fp32 CUDA tensors; for the
+//!   tests and `doctor`, [`sinkhorn_cuda_host`], [`streams_host`], [`cuda_kernels_compile`],
+//!   [`nvrtc_version`].
 //!
 //! A CPU-only libtorch builds this module too; the CUDA functions then return an error saying so.
 use anyhow::{anyhow, bail, Result};
@@ -110,7 +112,17 @@ mod ffi {
             out: *mut *mut C_tensor,
             grad_logits: *mut *mut C_tensor,
         ) -> *mut c_char;
-        pub fn plexus_sinkhorn_cuda_compile(
+        pub fn plexus_streams_host(
+            write: i64,
+            threads: i64,
+            a: *mut C_tensor,
+            b: *mut C_tensor,
+            c: *mut C_tensor,
+            d: *mut C_tensor,
+            e: *mut C_tensor,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
+        pub fn plexus_cuda_kernels_compile(
             n: i64,
             arch: i64,
             image_bytes: *mut i64,
@@ -709,7 +721,9 @@ fn fused_result(err: *mut c_char, out: *mut torch_sys::C_tensor) -> Result<Tenso
 
 /// The read of a multi-stream unit, `u = Σ_s pre[s] H[s]`, as one fused pass forward and one
 /// backward (an autograd function): `h` `[.., n, D]`, `pre` `[.., n]` (per token) or `[n]`
-/// (static) → `u` `[.., D]`. CPU fp32/fp64 tensors of one dtype ([`fused_streams_take`]).
+/// (static) → `u` `[.., D]`. CPU fp32/fp64 tensors of one dtype ([`fused_streams_take`]), or fp32
+/// tensors on one CUDA device with n ≤ [`CUDA_KERNELS_MAX_STREAMS`] (the CUDA kernels; an error if
+/// they cannot run there).
 pub fn stream_read(h: &Tensor, pre: &Tensor) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
     // SAFETY: the inputs are live `at::Tensor*` for the call; the C++ side only reads them and
@@ -721,7 +735,8 @@ pub fn stream_read(h: &Tensor, pre: &Tensor) -> Result<Tensor> {
 
 /// The write of a multi-stream unit, `H'[t] = Σ_s res[s,t] H[s] + post[t] · o`, as one fused
 /// pass forward and one backward: `h` `[.., n, D]`, `res` `[.., n, n]` or `[n, n]`, `post`
-/// `[.., n]` or `[n]` (per token or static, as `res`), `o` `[.., D]` → `[.., n, D]`.
+/// `[.., n]` or `[n]` (per token or static, as `res`), `o` `[.., D]` → `[.., n, D]`. Devices and
+/// dtypes as [`stream_read`].
 pub fn stream_write(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
     // SAFETY: as in `stream_read`.
@@ -757,11 +772,12 @@ pub fn sinkhorn(logits: &Tensor, iters: usize) -> Result<Tensor> {
     fused_result(err, out)
 }
 
-/// The largest number of streams [`sinkhorn_cuda`] takes (a thread keeps 2·n² values in registers).
-pub const SINKHORN_CUDA_MAX_STREAMS: usize = 8;
+/// The largest number of streams the CUDA kernels take ([`sinkhorn_cuda`], and [`stream_read`] and
+/// [`stream_write`] on CUDA tensors): a Sinkhorn thread keeps 2·n² values in registers.
+pub const CUDA_KERNELS_MAX_STREAMS: usize = 8;
 
 /// Sinkhorn–Knopp of `exp(logits)` on a CUDA device: `logits` `[.., n, n]` fp32, 1 ≤ n ≤
-/// [`SINKHORN_CUDA_MAX_STREAMS`] → `[.., n, n]`, differentiable; one kernel forward and one backward
+/// [`CUDA_KERNELS_MAX_STREAMS`] → `[.., n, n]`, differentiable; one kernel forward and one backward
 /// (the backward recomputes the iterates). The first call for a device and n compiles the kernels
 /// with NVRTC and checks them against [`sinkhorn_cuda_host`] in double; a failure there (no NVRTC,
 /// no driver, a disagreement) is returned by that call and every later one for the device and n.
@@ -788,14 +804,56 @@ pub fn sinkhorn_cuda_host(logits: &Tensor, grad: Option<&Tensor>, iters: usize) 
     Ok((p, gl))
 }
 
-/// Compiles [`sinkhorn_cuda`]'s kernels for `n` streams and compute capability `arch` (major·10 +
-/// minor, 90 for an H100) with NVRTC, without a GPU: the image's size in bytes and its target
-/// (`sm_90` as a CUBIN; `compute_<a>` as PTX for a GPU newer than NVRTC knows).
-pub fn sinkhorn_cuda_compile(n: usize, arch: u32) -> Result<(usize, String)> {
+/// The stream kernels' outputs on the CPU ([`streams_host`]): read → `[u, gH, gpre]`, write →
+/// `[H', gH, go, gws]`.
+pub type StreamsHost = Vec<Tensor>;
+
+/// The per-token arithmetic of the CUDA stream kernels (`src/native/streams.cu`), run on the CPU,
+/// for the tests: contiguous fp32 or fp64 CPU tensors of one dtype, `h` `[M, n, D]`.
+/// `weights` = `[pre]` (the read; `[M, n]` or `[n]`) with `grad` = gu `[M, D]` → `[u, gH, gpre
+/// [M, n]]`; `weights` = `[res, post, o]` (the write; `[M, n, n]` or `[n, n]`, `[M, n]` or `[n]`,
+/// `[M, D]`) with `grad` = g `[M, n, D]` → `[H', gH, go, gws [M, n² + n]]` (each token's gres,
+/// row-major `[s, t]`, then its gpost). The weights' gradients are per token, unsummed.
+/// Each token's block runs as `threads` calls of the per-thread function (thread i takes d = i,
+/// i + threads, …), their partial sums added as the GPU's block sum does.
+pub fn streams_host(h: &Tensor, weights: &[&Tensor], grad: &Tensor, threads: usize) -> Result<StreamsHost> {
+    let write = match weights.len() {
+        1 => 0,
+        3 => 1,
+        k => bail!("streams_host takes [pre] or [res, post, o], not {k} weights"),
+    };
+    let mut ins: Vec<*mut torch_sys::C_tensor> = weights.iter().map(|t| t.as_ptr() as *mut _).collect();
+    ins.push(grad.as_ptr() as *mut _);
+    ins.resize(4, std::ptr::null_mut());
+    let mut out: [*mut torch_sys::C_tensor; 4] = [std::ptr::null_mut(); 4];
+    // SAFETY: the inputs are live `at::Tensor*` (null past the ones the operation takes) for the
+    // call; on success the C++ side writes 3 (read) or 4 (write) fresh caller-owned handles.
+    let err = unsafe {
+        ffi::plexus_streams_host(
+            write,
+            threads as i64,
+            h.as_ptr() as *mut _,
+            ins[0],
+            ins[1],
+            ins[2],
+            ins[3],
+            out.as_mut_ptr(),
+        )
+    };
+    check(err)?;
+    // SAFETY: fresh handles that nothing else owns (see above).
+    Ok(out[..3 + write as usize].iter().map(|&p| unsafe { Tensor::from_ptr(p) }).collect())
+}
+
+/// Compiles the CUDA kernels ([`sinkhorn_cuda`], the stream read and write) for `n` streams and
+/// compute capability `arch` (major·10 + minor, 90 for an H100) with NVRTC, without a GPU: the
+/// image's size in bytes and its target (`sm_90` as a CUBIN; `compute_<a>` as PTX for a GPU newer
+/// than NVRTC knows).
+pub fn cuda_kernels_compile(n: usize, arch: u32) -> Result<(usize, String)> {
     let mut bytes = 0i64;
     let mut target: *mut c_char = std::ptr::null_mut();
     // SAFETY: out-parameters only; `target` is a malloc'd string on success.
-    let err = unsafe { ffi::plexus_sinkhorn_cuda_compile(n as i64, i64::from(arch), &mut bytes, &mut target) };
+    let err = unsafe { ffi::plexus_cuda_kernels_compile(n as i64, i64::from(arch), &mut bytes, &mut target) };
     check(err)?;
     Ok((bytes as usize, take_string(target)))
 }
@@ -935,5 +993,31 @@ mod tests {
             let err = unsafe { ffi::plexus_stream_read(h.as_ptr() as *mut _, pre.as_ptr() as *mut _, 1, &mut out) };
             assert!(fused_result(err, out).unwrap_err().to_string().contains("AVX2"));
         }
+    }
+
+    /// NVRTC (from the torch wheel) compiles the CUDA kernels (`src/native/*.cu`: Sinkhorn, the
+    /// stream read and write) on this CPU machine, for every n,
+    /// as CUBINs for an A100 (sm_80) and an H100 (sm_90), and as PTX for a GPU newer than it knows.
+    /// A CPU-only libtorch has no NVRTC: the error must say so.
+    #[test]
+    fn nvrtc_compiles_the_cuda_kernels() {
+        if env!("PLEXUS_NATIVE_WITH_CUDA") != "1" {
+            let e = cuda_kernels_compile(4, 90).unwrap_err();
+            assert!(e.to_string().contains("NVRTC"), "{e:#}");
+            return;
+        }
+        let (version, path) = nvrtc_version().unwrap();
+        assert!(version >= 12000, "NVRTC {version} from {path}");
+        for n in 1..=CUDA_KERNELS_MAX_STREAMS {
+            for arch in [80, 90] {
+                let (bytes, target) = cuda_kernels_compile(n, arch).unwrap_or_else(|e| panic!("{e:#}"));
+                assert_eq!(target, format!("sm_{arch}"));
+                assert!(bytes > 1000, "n = {n}, {target}: {bytes} bytes");
+            }
+        }
+        let (bytes, target) = cuda_kernels_compile(4, 990).unwrap();
+        let ptx_arch: u32 = target.strip_prefix("compute_").and_then(|a| a.parse().ok()).expect("a PTX target");
+        assert!((90..990).contains(&ptx_arch) && bytes > 1000, "{target}: {bytes} bytes");
+        assert!(cuda_kernels_compile(9, 90).is_err_and(|e| e.to_string().contains("1 ≤ n ≤ 8")));
     }
 }

@@ -3,12 +3,13 @@
 // forward and more backward, most of mHC's step on a GPU).
 //
 // This file is compiled two ways:
-// * at run time with NVRTC (src/native/cuda_sinkhorn.cpp), with PLEXUS_N the number of streams,
-//   into the two `extern "C"` kernels at the bottom (NVRTC has no standard headers: built-ins only);
-// * into the native library as plain C++, with PLEXUS_SINKHORN_HOST defined, where the per-token
+// * at run time with NVRTC (src/native/cuda_kernels.cpp, one program with streams.cu), with PLEXUS_N
+//   the number of streams, into the two `extern "C"` kernels at the bottom (NVRTC has no standard
+//   headers: built-ins only);
+// * into the native library as plain C++, with PLEXUS_KERNELS_ON_HOST defined, where the per-token
 //   functions below run on the CPU: the tests check exactly this arithmetic against an fp64
 //   log-domain reference (tests in src/topology/mhc.rs), and on a GPU the first use of each n checks
-//   the kernels' results against these functions in double (`self_check` in cuda_sinkhorn.cpp).
+//   the kernels' results against these functions in double (`self_check` in cuda_kernels.cpp).
 //
 // The arithmetic is that of the CPU kernels (stream_kernels.cpp): x = exp(L − rowmax) (normalising
 // the rows first makes the result independent of a per-row shift, and the shift has no gradient),
@@ -20,10 +21,12 @@
 // final matrix: the state before a normalisation is the state after it times the line sums, and
 // the gradient goes through y = x ⊙ inv as g ← (g − ⟨g, y⟩_line) ⊙ inv.
 
-#ifdef PLEXUS_SINKHORN_HOST
+#ifndef PLEXUS_DEVICE
+#ifdef PLEXUS_KERNELS_ON_HOST
 #define PLEXUS_DEVICE inline
 #else
 #define PLEXUS_DEVICE __device__ __forceinline__
+#endif
 #endif
 
 namespace plexus_sinkhorn {
@@ -135,7 +138,7 @@ PLEXUS_DEVICE void backward_token(const T* logits, const T* grad, T* grad_logits
 
 }  // namespace plexus_sinkhorn
 
-#ifndef PLEXUS_SINKHORN_HOST
+#ifndef PLEXUS_KERNELS_ON_HOST
 // The kernels, for PLEXUS_N streams: one thread per token of M, blocks of 128 threads.
 extern "C" __global__ void __launch_bounds__(128)
     plexus_sinkhorn_forward(const float* logits, float* out, long long M, int iters) {

@@ -29,9 +29,14 @@
 // Sinkhorn for n = 2, 4, 8 is there too (register-resident, a vector of tokens at a time); any other
 // n runs the block loops below, baseline only.
 //
+// The stream read and write also take fp32 CUDA tensors: their autograd functions then call the
+// CUDA kernels of streams.cu (cuda_kernels.h; compiled with NVRTC), with the same shapes and the
+// same per-token weight gradients, summed here for static weights as on the CPU.
+//
 // Entry points follow plexus_native.cpp's convention (guarded.h): an error string or NULL, results
 // through out-parameters, tensors as tch's `at::Tensor*`.
 
+#include "cuda_kernels.h"
 #include "guarded.h"
 
 #include <ATen/ATen.h>
@@ -147,13 +152,28 @@ struct StreamShape {
   int64_t m, n, d, mr;
 };
 
+// A tensor of a stream operation: on the CPU as check_cpu_float; on CUDA, fp32 on the streams' device
+// with n streams the CUDA kernels take.
+void check_stream_tensor(const at::Tensor& t, const char* what, const at::Tensor& h) {
+  if (!h.is_cuda()) return check_cpu_float(t, what, h.scalar_type());
+  if (!t.defined()) throw std::invalid_argument(std::string(what) + " is undefined");
+  if (t.device() != h.device() || t.scalar_type() != at::kFloat) {
+    throw std::invalid_argument(std::string(what) + " is not an fp32 tensor on the streams' device " +
+                                h.device().str() + " (the CUDA stream kernels take fp32)");
+  }
+}
+
 StreamShape stream_shape(const at::Tensor& h, const at::Tensor& weights, int64_t per_token, const char* what) {
   if (h.dim() < 2) throw std::invalid_argument("streams must be [.., n, D]");
   if (!(h.scalar_type() == at::kFloat || h.scalar_type() == at::kDouble)) {
     throw std::invalid_argument("fused stream kernels take float32 or float64 tensors");
   }
-  check_cpu_float(h, "streams", h.scalar_type());
-  check_cpu_float(weights, what, h.scalar_type());
+  if (h.is_cuda() && !plexus_cuda::takes_streams(h.size(-2))) {
+    throw std::invalid_argument("the CUDA stream kernels take 1 ≤ n ≤ 8 streams (n = " +
+                                std::to_string(h.size(-2)) + ")");
+  }
+  check_stream_tensor(h, "streams", h);
+  check_stream_tensor(weights, what, h);
   StreamShape s{0, h.size(-2), h.size(-1), 0};
   s.m = s.n * s.d == 0 ? 0 : h.numel() / (s.n * s.d);
   const int64_t sets = weights.numel() / std::max<int64_t>(1, per_token);
@@ -178,7 +198,9 @@ struct StreamRead : public torch::autograd::Function<StreamRead> {
     auto out_sizes = h.sizes().vec();
     out_sizes.erase(out_sizes.end() - 2);
     auto u = at::empty(out_sizes, h.options());
-    {
+    if (h.is_cuda()) {
+      plexus_cuda::stream_read(h, pre, u, sh.m, sh.n, sh.d, sh.mr != 1);
+    } else {
       RECORD_FUNCTION("plexus::stream_read", std::vector<c10::IValue>());
       AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stream_read", [&] {
         const scalar_t* hp = h.const_data_ptr<scalar_t>();
@@ -205,7 +227,9 @@ struct StreamRead : public torch::autograd::Function<StreamRead> {
     const auto sh = stream_shape(h, pre, sh_n(h), "pre");
     auto gh = at::empty_like(h);
     auto gpre_tok = at::empty({sh.m, sh.n}, h.options());
-    {
+    if (h.is_cuda()) {
+      plexus_cuda::stream_read_backward(h, pre, gu, gh, gpre_tok, sh.m, sh.n, sh.d, sh.mr != 1);
+    } else {
       RECORD_FUNCTION("plexus::stream_read_backward", std::vector<c10::IValue>());
       AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stream_read_backward", [&] {
         const scalar_t* hp = h.const_data_ptr<scalar_t>();
@@ -239,7 +263,9 @@ struct StreamWrite : public torch::autograd::Function<StreamWrite> {
     const auto o = o_in.contiguous();
     const auto sh = shape(h, res, post, o);
     auto out = at::empty_like(h);
-    {
+    if (h.is_cuda()) {
+      plexus_cuda::stream_write(h, res, post, o, out, sh.m, sh.n, sh.d, sh.mr != 1);
+    } else {
       RECORD_FUNCTION("plexus::stream_write", std::vector<c10::IValue>());
       AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stream_write", [&] {
         const scalar_t* hp = h.const_data_ptr<scalar_t>();
@@ -269,9 +295,16 @@ struct StreamWrite : public torch::autograd::Function<StreamWrite> {
     const int64_t n = sh.n, d = sh.d;
     auto gh = at::empty_like(h);
     auto go = at::empty_like(o);
-    auto gres_tok = at::empty({sh.m, n, n}, h.options());
-    auto gpost_tok = at::empty({sh.m, n}, h.options());
-    {
+    at::Tensor gres_tok, gpost_tok;
+    if (h.is_cuda()) {
+      // One [M, n² + n] tensor: each token's gres, then its gpost.
+      auto gws = at::empty({sh.m, n * n + n}, h.options());
+      plexus_cuda::stream_write_backward(h, res, post, o, g, gh, go, gws, sh.m, n, d, sh.mr != 1);
+      gres_tok = gws.narrow(1, 0, n * n).view({sh.m, n, n});
+      gpost_tok = gws.narrow(1, n * n, n);
+    } else {
+      gres_tok = at::empty({sh.m, n, n}, h.options());
+      gpost_tok = at::empty({sh.m, n}, h.options());
       RECORD_FUNCTION("plexus::stream_write_backward", std::vector<c10::IValue>());
       AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stream_write_backward", [&] {
         const scalar_t* hp = h.const_data_ptr<scalar_t>();
@@ -300,7 +333,7 @@ struct StreamWrite : public torch::autograd::Function<StreamWrite> {
     auto sh = stream_shape(h, res, n * n, "res");
     const auto post_sh = stream_shape(h, post, n, "post");
     if (post_sh.mr != sh.mr) throw std::invalid_argument("res and post differ in having per-token sets");
-    check_cpu_float(o, "the unit output", h.scalar_type());
+    check_stream_tensor(o, "the unit output", h);
     if (o.numel() != sh.m * sh.d) throw std::invalid_argument("the unit output is not [.., D] of the streams");
     return sh;
   }

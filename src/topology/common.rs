@@ -332,14 +332,60 @@ pub(crate) fn fused(ts: &[&Tensor]) -> bool {
     ts.iter().all(|t| native::fused_streams_take(t) && t.kind() == ts[0].kind())
 }
 
+/// Whether plexus' CUDA kernels (compiled at run time with NVRTC, `src/native/cuda_kernels.cpp`)
+/// take an operation on these tensors: all fp32 on one CUDA device, `n` streams within what they
+/// are built for, and `PLEXUS_FUSED_KERNELS` not 0.
+pub(crate) fn cuda_fused(ts: &[&Tensor], n: i64) -> bool {
+    let dev = ts[0].device();
+    dev.is_cuda()
+        && native::fused_kernels_on()
+        && (1..=native::CUDA_KERNELS_MAX_STREAMS as i64).contains(&n)
+        && ts.iter().all(|t| t.device() == dev && t.kind() == Kind::Float)
+}
+
+/// A CUDA kernel's result, or `None` when the kernels cannot run on this machine (no NVRTC, no
+/// driver, their first-use check failed: the same error on every call), after one warning per
+/// process; the caller then runs its composite code, which computes the same values.
+pub(crate) fn cuda_result(r: anyhow::Result<Tensor>) -> Option<Tensor> {
+    match r {
+        Ok(t) => Some(t),
+        Err(e) => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                eprintln!(
+                    "warning: plexus' CUDA kernels cannot run here, so Hyper-Connections and mHC run as composite \
+                     libtorch operators (the same values, more kernels; PLEXUS_FUSED_KERNELS=0 chooses that \
+                     without this warning): {e:#}"
+                )
+            });
+            None
+        }
+    }
+}
+
 /// The read of unit k, `u = Σ_s pre[s] H_s`: `h` `[.., n, D]`, `pre` `[.., n]` or `[n]` → `[.., D]`.
-/// On the CPU in fp32/fp64 one fused pass forward and one backward ([`native::stream_read`]);
-/// elsewhere [`stream_read_composite`].
+/// On the CPU in fp32/fp64 one fused pass forward and one backward ([`native::stream_read`]); in
+/// fp32 on a GPU the same through plexus' CUDA kernels ([`cuda_fused`]); elsewhere, and if those
+/// cannot run, [`stream_read_composite`].
 pub fn stream_read(h: &Tensor, pre: &Tensor) -> Tensor {
     if fused(&[h, pre]) {
-        native::stream_read(h, pre).unwrap_or_else(|e| panic!("fused stream read: {e:#}"))
+        return native::stream_read(h, pre).unwrap_or_else(|e| panic!("fused stream read: {e:#}"));
+    }
+    if cuda_fused(&[h, pre], stream_count(h)) {
+        if let Some(u) = cuda_result(native::stream_read(h, pre)) {
+            return u;
+        }
+    }
+    stream_read_composite(h, pre)
+}
+
+/// n of streams `[.., n, D]`.
+fn stream_count(h: &Tensor) -> i64 {
+    let s = h.size();
+    if s.len() >= 2 {
+        s[s.len() - 2]
     } else {
-        stream_read_composite(h, pre)
+        0
     }
 }
 
@@ -354,13 +400,24 @@ pub fn stream_read_composite(h: &Tensor, pre: &Tensor) -> Tensor {
 /// `[.., n, n]` or `[n, n]`, `post` `[.., n]` or `[n]`, `o` `[.., D]` → `[.., n, D]`. On the CPU in
 /// fp32/fp64 one fused pass forward and one backward ([`native::stream_write`]): the composite
 /// version's per-token matrix products and their backwards were most of Hyper-Connections'
-/// overhead over residual there. Elsewhere [`stream_write_composite`].
+/// overhead over residual there. On a GPU with fp32 streams, one kernel each way through plexus'
+/// CUDA kernels ([`cuda_fused`]). Elsewhere, and if those cannot run, [`stream_write_composite`].
 pub fn stream_write(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Tensor {
     if fused(&[h, res, post, o]) {
-        native::stream_write(h, res, post, o).unwrap_or_else(|e| panic!("fused stream write: {e:#}"))
-    } else {
-        stream_write_composite(h, res, post, o)
+        return native::stream_write(h, res, post, o).unwrap_or_else(|e| panic!("fused stream write: {e:#}"));
     }
+    // On a GPU the unit output may be bf16 (autocast's rule) where the streams are fp32: the
+    // composite addcmul promotes it, exactly as this conversion does.
+    if h.device().is_cuda() {
+        let o32 =
+            if matches!(o.kind(), Kind::BFloat16 | Kind::Half) { o.to_kind(Kind::Float) } else { o.shallow_clone() };
+        if cuda_fused(&[h, res, post, &o32], stream_count(h)) {
+            if let Some(out) = cuda_result(native::stream_write(h, res, post, &o32)) {
+                return out;
+            }
+        }
+    }
+    stream_write_composite(h, res, post, o)
 }
 
 /// [`stream_write`] in libtorch operators: `resᵀ H` as a (batched) matmul with the rank-1 term
@@ -525,6 +582,66 @@ mod tests {
                             "{isa:?}, D = {d}, n = {n}, {kind:?}, per-token {per_token}, {op}: output {i} (0 = value, \
                              then the inputs' gradients) off by {err:e}"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The CUDA stream kernels' arithmetic (`src/native/streams.cu`, its per-token functions run on
+    /// the CPU, a token's block as 1, 7, 16 or 128 threads, more than D = 13 among them) against the
+    /// composite versions' autograd: every n the kernels take, per-token and shared weights, fp64
+    /// and fp32, D = 13 and 200: the value and every
+    /// input's gradient (the per-token weight gradients summed over the tokens for shared weights,
+    /// as the autograd functions do).
+    #[test]
+    fn the_cuda_stream_kernels_arithmetic_matches_the_composite_versions() {
+        tch::manual_seed(4);
+        let cases = [(13i64, Kind::Double, 1), (13, Kind::Double, 16), (200, Kind::Double, 7), (200, Kind::Float, 128)];
+        for n in 1..=native::CUDA_KERNELS_MAX_STREAMS as i64 {
+            for (d, kind, threads) in cases {
+                let tol = if kind == Kind::Double { 1e-12 } else { 1e-5 };
+                let opts = (kind, Device::Cpu);
+                let m = 6;
+                let (h, o) = (Tensor::randn([m, n, d], opts), Tensor::randn([m, d], opts));
+                let (gu, g) = (Tensor::randn([m, d], opts), Tensor::randn([m, n, d], opts));
+                for per_token in [false, true] {
+                    let lead: &[i64] = if per_token { &[m] } else { &[] };
+                    let shape = |tail: &[i64]| -> Vec<i64> { lead.iter().chain(tail).copied().collect() };
+                    let (pre, res, post) = (
+                        Tensor::randn(shape(&[n]), opts),
+                        Tensor::randn(shape(&[n, n]), opts),
+                        Tensor::randn(shape(&[n]), opts),
+                    );
+                    let summed =
+                        |t: &Tensor| if per_token { t.shallow_clone() } else { t.sum_dim_intlist(0, false, kind) };
+                    let read = native::streams_host(&h, &[&pre], &gu, threads).unwrap();
+                    let want = value_and_grads(|x| stream_read_composite(&x[0], &x[1]), &[h.copy(), pre.copy()], &gu);
+                    let got = [read[0].shallow_clone(), read[1].shallow_clone(), summed(&read[2]).view_as(&pre)];
+                    let write = native::streams_host(&h, &[&res, &post, &o], &g, threads).unwrap();
+                    let want_w = value_and_grads(
+                        |x| stream_write_composite(&x[0], &x[1], &x[2], &x[3]),
+                        &[h.copy(), res.copy(), post.copy(), o.copy()],
+                        &g,
+                    );
+                    let gres = write[3].narrow(1, 0, n * n).reshape([m, n, n]);
+                    let gpost = write[3].narrow(1, n * n, n);
+                    let got_w = [
+                        write[0].shallow_clone(),
+                        write[1].shallow_clone(),
+                        summed(&gres).view_as(&res),
+                        summed(&gpost).view_as(&post),
+                        write[2].shallow_clone(),
+                    ];
+                    for (op, got, want) in [("read", &got[..], &want[..]), ("write", &got_w[..], &want_w[..])] {
+                        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+                            let err = (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1.0);
+                            assert!(
+                                err <= tol,
+                                "n = {n}, D = {d}, {kind:?}, {threads} threads, per-token {per_token}, {op}: output {i} \
+                                 (0 = value, then the inputs' gradients) off by {err:e}"
+                            );
+                        }
                     }
                 }
             }

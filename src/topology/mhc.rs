@@ -137,17 +137,11 @@ pub fn sinkhorn(logits: &Tensor, iters: usize) -> Tensor {
     if native::fused_streams_take(logits) && native::sinkhorn_fits(n, iters) {
         return native::sinkhorn(logits, iters).unwrap_or_else(|e| panic!("fused sinkhorn: {e:#}"));
     }
-    if logits.device().is_cuda() && native::fused_kernels_on() && (1..=native::SINKHORN_CUDA_MAX_STREAMS).contains(&n) {
-        match native::sinkhorn_cuda(&logits.to_kind(Kind::Float), iters) {
-            Ok(p) => return p,
-            Err(e) => {
-                static WARNED: std::sync::Once = std::sync::Once::new();
-                WARNED.call_once(|| {
-                    eprintln!(
-                        "warning: mHC runs Sinkhorn as a composite libtorch graph (same values, more kernels): the \
-                         CUDA kernel is unavailable: {e:#}"
-                    )
-                });
+    if logits.device().is_cuda() {
+        let logits32 = logits.to_kind(Kind::Float);
+        if common::cuda_fused(&[&logits32], n as i64) {
+            if let Some(p) = common::cuda_result(native::sinkhorn_cuda(&logits32, iters)) {
+                return p;
             }
         }
     }
@@ -166,47 +160,6 @@ pub fn sinkhorn_composite(logits: &Tensor, iters: usize) -> Tensor {
         l = l.log_softmax(-1, Kind::Float).log_softmax(-2, Kind::Float);
     }
     l.exp()
-}
-
-/// The largest deviation of mHC's Sinkhorn kernel on `device` (CUDA: [`native::sinkhorn_cuda`],
-/// called directly so that a failure is an error here rather than the composite fallback; CPU: the
-/// fused [`native::sinkhorn`]) from the log-domain graph in fp64 on the CPU: values, and gradients
-/// relative to their largest magnitude, for n = 4 (mHC's default) and 3 over 257 tokens (a block
-/// of 128 threads twice, and one more), 20 iterations. The inputs depend on no generator.
-/// `plexus doctor --selftest` runs it on the device it tests.
-pub fn sinkhorn_error_on(device: tch::Device) -> anyhow::Result<f64> {
-    let mut worst = 0.0f64;
-    for n in [4i64, 3] {
-        let i = Tensor::arange(257 * n * n, (Kind::Double, tch::Device::Cpu)).reshape([257, n, n]);
-        let logits = (&i * 0.37).sin() * 3.0;
-        let g = (&i * 1.3).cos();
-        let reference = |l: &Tensor| {
-            let mut l = l.shallow_clone();
-            for _ in 0..20 {
-                l = l.log_softmax(-1, Kind::Double).log_softmax(-2, Kind::Double);
-            }
-            l.exp()
-        };
-        let run = |f: &dyn Fn(&Tensor) -> anyhow::Result<Tensor>, l: Tensor| -> anyhow::Result<(Tensor, Tensor)> {
-            let l = l.set_requires_grad(true);
-            let p = f(&l)?;
-            (&p * g.to_device(p.device()).to_kind(p.kind())).sum(Kind::Double).backward();
-            Ok((p.detach().to_device(tch::Device::Cpu).to_kind(Kind::Double), l.grad().to_kind(Kind::Double)))
-        };
-        let l32 = logits.to_kind(Kind::Float);
-        let (p_ref, g_ref) = run(&|l| Ok(reference(l)), l32.to_kind(Kind::Double))?;
-        let (p, gl) = if device.is_cuda() {
-            run(&|l| native::sinkhorn_cuda(l, 20), l32.to_device(device))?
-        } else {
-            run(&|l| native::sinkhorn(l, 20), l32)?
-        };
-        let gl = gl.to_device(tch::Device::Cpu);
-        let dp = (&p - &p_ref).abs().max().double_value(&[]);
-        let dg = (&gl - &g_ref).abs().max().double_value(&[]) / g_ref.abs().max().double_value(&[]).max(1.0);
-        worst = worst.max(dp).max(dg);
-        anyhow::ensure!(worst.is_finite(), "n = {n}: a non-finite value or gradient");
-    }
-    Ok(worst)
 }
 
 /// The mixing logits `(v @ φ) / r` of the flattened streams `v` `[.., n·D]` (φ `[n·D, n² + 2n]`),
@@ -406,7 +359,7 @@ mod tests {
     #[test]
     fn the_cuda_sinkhorn_arithmetic_matches_the_log_domain_graph() {
         tch::manual_seed(2);
-        for n in 1..=native::SINKHORN_CUDA_MAX_STREAMS as i64 {
+        for n in 1..=native::CUDA_KERNELS_MAX_STREAMS as i64 {
             for (iters, tokens) in [(20, 37), (7, 5), (1, 3)] {
                 let logits = Tensor::randn([tokens, n, n], (Kind::Double, tch::Device::Cpu)) * 1.5;
                 let g = Tensor::randn([tokens, n, n], (Kind::Double, tch::Device::Cpu));
@@ -428,13 +381,6 @@ mod tests {
             .is_err_and(|e| e.to_string().contains("1 ≤ n ≤ 8")));
     }
 
-    /// The self-test's measure, on the CPU (the fused kernel): it must see fp32 rounding only.
-    #[test]
-    fn the_sinkhorn_self_test_measures_the_cpu_kernel() {
-        let err = sinkhorn_error_on(tch::Device::Cpu).unwrap();
-        assert!(err > 0.0 && err < 1e-5, "{err:e}");
-    }
-
     /// As the CPU kernel: an underflowed line stays 0 and the gradient stays finite.
     #[test]
     fn the_cuda_sinkhorn_arithmetic_stays_finite_on_extreme_logits() {
@@ -443,30 +389,5 @@ mod tests {
         let (pv, gv) = (crate::host::values(&p), crate::host::values(&gl.unwrap()));
         assert!(gv.iter().all(|v| v.is_finite()), "dL {gv:?}");
         assert_eq!(pv, vec![0.5, 0.0, 0.5, 0.0], "column 1 underflowed entirely and stays 0");
-    }
-
-    /// NVRTC (from the torch wheel) compiles the CUDA kernels on this CPU machine, for every n,
-    /// as CUBINs for an A100 (sm_80) and an H100 (sm_90), and as PTX for a GPU newer than it knows.
-    /// A CPU-only libtorch has no NVRTC: the error must say so.
-    #[test]
-    fn nvrtc_compiles_the_cuda_sinkhorn() {
-        if env!("PLEXUS_NATIVE_WITH_CUDA") != "1" {
-            let e = native::sinkhorn_cuda_compile(4, 90).unwrap_err();
-            assert!(e.to_string().contains("NVRTC"), "{e:#}");
-            return;
-        }
-        let (version, path) = native::nvrtc_version().unwrap();
-        assert!(version >= 12000, "NVRTC {version} from {path}");
-        for n in 1..=native::SINKHORN_CUDA_MAX_STREAMS {
-            for arch in [80, 90] {
-                let (bytes, target) = native::sinkhorn_cuda_compile(n, arch).unwrap_or_else(|e| panic!("{e:#}"));
-                assert_eq!(target, format!("sm_{arch}"));
-                assert!(bytes > 1000, "n = {n}, {target}: {bytes} bytes");
-            }
-        }
-        let (bytes, target) = native::sinkhorn_cuda_compile(4, 990).unwrap();
-        let ptx_arch: u32 = target.strip_prefix("compute_").and_then(|a| a.parse().ok()).expect("a PTX target");
-        assert!((90..990).contains(&ptx_arch) && bytes > 1000, "{target}: {bytes} bytes");
-        assert!(native::sinkhorn_cuda_compile(9, 90).is_err_and(|e| e.to_string().contains("1 ≤ n ≤ 8")));
     }
 }

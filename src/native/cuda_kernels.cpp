@@ -1,20 +1,23 @@
-// mHC's Sinkhorn–Knopp on a CUDA GPU: the kernels of src/native/sinkhorn.cu, compiled at run time
-// with NVRTC for the GPU at hand and the number of streams n, loaded and launched through the CUDA
-// driver API, behind one autograd function. Rust reaches it through src/native.rs
-// (`sinkhorn_cuda`), and src/topology/mhc.rs uses it on CUDA tensors.
+// plexus' CUDA kernels, compiled at run time with NVRTC for the GPU at hand and the number of
+// streams n, loaded and launched through the CUDA driver API:
+// * mHC's Sinkhorn–Knopp (src/native/sinkhorn.cu), behind one autograd function here; Rust reaches
+//   it through src/native.rs (`sinkhorn_cuda`), and src/topology/mhc.rs uses it on CUDA tensors;
+// * the multi-stream read and write (src/native/streams.cu), the CUDA half of the autograd functions
+//   of stream_kernels.cpp, which call `plexus_cuda::stream_*` (cuda_kernels.h) for CUDA tensors.
 //
 // No CUDA header and no link to a CUDA library (as in plexus_native.cpp): NVRTC (libnvrtc, which the
 // torch wheel ships in nvidia/cu*/lib) and the driver (libcuda.so.1) are opened with dlopen, and the
 // few C functions used are declared below; their signatures are CUDA's stable C ABI. Compiling needs
 // no GPU, so the tests compile the kernels for real architectures on a CPU machine
-// (`plexus_sinkhorn_cuda_compile`), and run their per-token arithmetic on the CPU
-// (`plexus_sinkhorn_host`).
+// (`plexus_cuda_kernels_compile`), and run their per-token arithmetic on the CPU
+// (`plexus_sinkhorn_host`, `plexus_streams_host`).
 //
-// On a GPU, the first use for a device and n compiles, loads and then checks the kernels against
+// On a GPU, the first use for a device and n compiles, loads and then checks every kernel against
 // the same per-token functions run on the CPU in double (`self_check`). Any failure (no NVRTC, no
 // driver, a compile error, a disagreement) is kept and returned on every later call for that
 // device and n, and the Rust side falls back to the composite libtorch graph with one warning.
 
+#include "cuda_kernels.h"
 #include "guarded.h"
 
 #include <ATen/ATen.h>
@@ -35,8 +38,9 @@
 #include <utility>
 #include <vector>
 
-#define PLEXUS_SINKHORN_HOST
+#define PLEXUS_KERNELS_ON_HOST
 #include "sinkhorn.cu"
+#include "streams.cu"
 
 using plexus_native::dup_string;
 using plexus_native::guarded;
@@ -45,14 +49,16 @@ using torch::autograd::variable_list;
 
 namespace {
 
-// The text of sinkhorn.cu, as a string literal (build.rs writes it to OUT_DIR).
+// The text of sinkhorn.cu and streams.cu, as a string literal (build.rs writes it to OUT_DIR).
 const char kSource[] =
-#include "sinkhorn_cu_source.inc"
+#include "cuda_kernels_source.inc"
     ;
 
-// The largest n the kernels are built for: a thread keeps 2·n² values in registers backward.
+// The largest n the kernels are built for: a Sinkhorn thread keeps 2·n² values in registers
+// backward, a stream write thread n² + n partial sums.
 constexpr int64_t kMaxStreams = 8;
-constexpr unsigned kThreads = 128;  // = __launch_bounds__ in sinkhorn.cu
+constexpr unsigned kThreads = 128;        // Sinkhorn: threads per block (= __launch_bounds__), one per token
+constexpr unsigned kStreamThreads = 128;  // the stream kernels: threads per block, one block per token
 
 // Calls f with std::integral_constant<int, n> for n in 1..=kMaxStreams.
 template <typename F>
@@ -67,7 +73,7 @@ void with_n(int64_t n, F&& f) {
     case 7: return f(std::integral_constant<int, 7>{});
     case 8: return f(std::integral_constant<int, 8>{});
     default:
-      throw std::invalid_argument("the CUDA Sinkhorn takes 1 ≤ n ≤ " + std::to_string(kMaxStreams) +
+      throw std::invalid_argument("the CUDA kernels take 1 ≤ n ≤ " + std::to_string(kMaxStreams) +
                                   " streams (n = " + std::to_string(n) + ")");
   }
 }
@@ -86,6 +92,48 @@ void host_sinkhorn(const T* logits, const T* grad, T* out, T* grad_logits, int64
       std::vector<T> sums(static_cast<size_t>(2 * iters * N * m_total));
       for (int64_t m = 0; m < m_total; ++m) {
         plexus_sinkhorn::backward_token<T, N>(logits, grad, grad_logits, sums.data(), m, m_total, iters);
+      }
+    }
+  });
+}
+
+// The stream kernels' per-token functions on the CPU, a token's block emulated by `threads` calls
+// (thread i takes d = i, i + threads, …) whose partial sums are added in thread order: u (and, with
+// gu, gh and the per-token gpre [M, n]) for the read; out (and, with g, gh, go and the per-token
+// gws [M, n² + n]: gres, then gpost) for the write. `per_token`: the weights hold M sets, else one.
+template <typename T>
+void host_stream_read(const T* h, const T* pre, const T* gu, T* u, T* gh, T* gpre, int64_t m_total, int64_t n,
+                      int64_t d, bool per_token, int64_t threads) {
+  with_n(n, [&](auto fixed) {
+    constexpr int N = decltype(fixed)::value;
+    for (int64_t m = 0; m < m_total; ++m) {
+      T* sum = gpre + m * N;
+      std::fill(sum, sum + N, T(0));
+      for (int64_t i = 0; i < threads; ++i) {
+        plexus_streams::read_forward<T, N>(h, pre, u, m, d, per_token, i, threads);
+        if (gu == nullptr) continue;
+        T part[N];
+        plexus_streams::read_backward<T, N>(h, pre, gu, gh, m, d, per_token, i, threads, part);
+        for (int k = 0; k < N; ++k) sum[k] += part[k];
+      }
+    }
+  });
+}
+
+template <typename T>
+void host_stream_write(const T* h, const T* res, const T* post, const T* o, const T* g, T* out, T* gh, T* go, T* gws,
+                       int64_t m_total, int64_t n, int64_t d, bool per_token, int64_t threads) {
+  with_n(n, [&](auto fixed) {
+    constexpr int N = decltype(fixed)::value;
+    for (int64_t m = 0; m < m_total; ++m) {
+      T* sum = gws + m * (N * N + N);
+      std::fill(sum, sum + N * N + N, T(0));
+      for (int64_t i = 0; i < threads; ++i) {
+        plexus_streams::write_forward<T, N>(h, res, post, o, out, m, d, per_token, i, threads);
+        if (g == nullptr) continue;
+        T part[N * N + N];
+        plexus_streams::write_backward<T, N>(h, res, post, o, g, gh, go, m, d, per_token, i, threads, part);
+        for (int k = 0; k < N * N + N; ++k) sum[k] += part[k];
       }
     }
   });
@@ -234,15 +282,16 @@ Image compile(int64_t n, int arch) {
   image.target = (image.cubin ? "sm_" : "compute_") + std::to_string(target);
   const std::string arch_opt = "--gpu-architecture=" + image.target;
   const std::string n_opt = "-DPLEXUS_N=" + std::to_string(n);
-  const char* opts[] = {arch_opt.c_str(), n_opt.c_str(), "--std=c++17"};
+  const std::string threads_opt = "-DPLEXUS_STREAM_THREADS=" + std::to_string(kStreamThreads);
+  const char* opts[] = {arch_opt.c_str(), n_opt.c_str(), threads_opt.c_str(), "--std=c++17"};
   nvrtcProgram prog = nullptr;
-  lib.check(lib.CreateProgram(&prog, kSource, "plexus_sinkhorn.cu", 0, nullptr, nullptr), "nvrtcCreateProgram");
+  lib.check(lib.CreateProgram(&prog, kSource, "plexus_kernels.cu", 0, nullptr, nullptr), "nvrtcCreateProgram");
   struct Destroy {
     const Nvrtc& lib;
     nvrtcProgram& prog;
     ~Destroy() { lib.DestroyProgram(&prog); }
   } destroy{lib, prog};
-  const nvrtcResult r = lib.CompileProgram(prog, 3, opts);
+  const nvrtcResult r = lib.CompileProgram(prog, 4, opts);
   if (r != 0) {
     size_t size = 0;
     std::string log;
@@ -250,7 +299,7 @@ Image compile(int64_t n, int arch) {
       log.resize(size);
       lib.GetProgramLog(prog, log.data());
     }
-    throw std::runtime_error("NVRTC could not compile the Sinkhorn kernels for " + image.target + " (n = " +
+    throw std::runtime_error("NVRTC could not compile plexus' CUDA kernels for " + image.target + " (n = " +
                              std::to_string(n) + "): " + lib.GetErrorString(r) + "\n" + log);
   }
   size_t size = 0;
@@ -330,27 +379,31 @@ const Driver& driver() {
 // The kernels loaded for one device and n.
 struct Kernels {
   CUcontext context = nullptr;  // the device's primary context, which libtorch's runtime calls use
-  CUfunction forward = nullptr;
-  CUfunction backward = nullptr;
+  CUfunction forward = nullptr;   // Sinkhorn
+  CUfunction backward = nullptr;  // Sinkhorn
+  CUfunction read = nullptr, read_backward = nullptr, write = nullptr, write_backward = nullptr;
   int64_t n = 0;
   std::string target;
 };
 
 // Makes the device's primary context current on this thread (a thread on which libtorch has made
-// no CUDA runtime call yet, an autograd worker say, may have none) and launches f over m tokens on
-// libtorch's current stream of that device.
-void launch(const Kernels& k, CUfunction f, c10::Device device, int64_t m, void** args) {
-  if (m == 0) return;
+// no CUDA runtime call yet, an autograd worker say, may have none) and launches f with `blocks`
+// blocks of `threads` on libtorch's current stream of that device.
+void launch(const Kernels& k, CUfunction f, c10::Device device, int64_t blocks, unsigned threads, void** args) {
+  if (blocks == 0) return;
+  if (blocks > 0x7fffffff) throw std::invalid_argument("too many tokens for one CUDA launch");
   const Driver& d = driver();
   CUcontext current = nullptr;
   d.check(d.CtxGetCurrent(&current), "cuCtxGetCurrent");
   if (current != k.context) d.check(d.CtxSetCurrent(k.context), "cuCtxSetCurrent");
   const c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device);
-  const auto blocks = static_cast<unsigned>((m + kThreads - 1) / kThreads);
-  d.check(d.LaunchKernel(f, blocks, 1, 1, kThreads, 1, 1, 0, static_cast<CUstream>(stream.native_handle()), args,
-                         nullptr),
+  d.check(d.LaunchKernel(f, static_cast<unsigned>(blocks), 1, 1, threads, 1, 1, 0,
+                         static_cast<CUstream>(stream.native_handle()), args, nullptr),
           "cuLaunchKernel");
 }
+
+// Blocks of kThreads for m tokens, one thread each (Sinkhorn).
+int64_t token_blocks(int64_t m) { return (m + kThreads - 1) / kThreads; }
 
 // P [M, n, n] of contiguous fp32 logits on the kernels' device.
 void launch_forward(const Kernels& k, const at::Tensor& logits, const at::Tensor& out, int64_t iters) {
@@ -359,7 +412,7 @@ void launch_forward(const Kernels& k, const at::Tensor& logits, const at::Tensor
   long long m = logits.numel() / (k.n * k.n);
   int it = static_cast<int>(iters);
   void* args[] = {&lp, &op, &m, &it};
-  launch(k, k.forward, logits.device(), m, args);
+  launch(k, k.forward, logits.device(), token_blocks(m), kThreads, args);
 }
 
 // The logits' gradient [M, n, n] from that of P; the line sums' scratch comes from libtorch's
@@ -374,7 +427,127 @@ void launch_backward(const Kernels& k, const at::Tensor& logits, const at::Tenso
   float* sp = sums.mutable_data_ptr<float>();
   int it = static_cast<int>(iters);
   void* args[] = {&lp, &gp, &glp, &sp, &m, &it};
-  launch(k, k.backward, logits.device(), m, args);
+  launch(k, k.backward, logits.device(), token_blocks(m), kThreads, args);
+}
+
+// The stream kernels, one block of kStreamThreads per token; fp32 contiguous tensors on the kernels'
+// device, shapes as in streams.cu (m tokens, width d; `per_token`: M sets of weights, else one).
+void launch_read(const Kernels& k, const at::Tensor& h, const at::Tensor& pre, const at::Tensor& u, int64_t m,
+                 int64_t d, bool per_token) {
+  const float* hp = h.const_data_ptr<float>();
+  const float* pp = pre.const_data_ptr<float>();
+  float* up = u.mutable_data_ptr<float>();
+  long long dd = d;
+  int pt = per_token ? 1 : 0;
+  void* args[] = {&hp, &pp, &up, &dd, &pt};
+  launch(k, k.read, h.device(), m, kStreamThreads, args);
+}
+
+void launch_read_backward(const Kernels& k, const at::Tensor& h, const at::Tensor& pre, const at::Tensor& gu,
+                          const at::Tensor& gh, const at::Tensor& gpre, int64_t m, int64_t d, bool per_token) {
+  const float* hp = h.const_data_ptr<float>();
+  const float* pp = pre.const_data_ptr<float>();
+  const float* gp = gu.const_data_ptr<float>();
+  float* ghp = gh.mutable_data_ptr<float>();
+  float* gwp = gpre.mutable_data_ptr<float>();
+  long long dd = d;
+  int pt = per_token ? 1 : 0;
+  void* args[] = {&hp, &pp, &gp, &ghp, &gwp, &dd, &pt};
+  launch(k, k.read_backward, h.device(), m, kStreamThreads, args);
+}
+
+void launch_write(const Kernels& k, const at::Tensor& h, const at::Tensor& res, const at::Tensor& post,
+                  const at::Tensor& o, const at::Tensor& out, int64_t m, int64_t d, bool per_token) {
+  const float* hp = h.const_data_ptr<float>();
+  const float* rp = res.const_data_ptr<float>();
+  const float* pp = post.const_data_ptr<float>();
+  const float* op = o.const_data_ptr<float>();
+  float* outp = out.mutable_data_ptr<float>();
+  long long dd = d;
+  int pt = per_token ? 1 : 0;
+  void* args[] = {&hp, &rp, &pp, &op, &outp, &dd, &pt};
+  launch(k, k.write, h.device(), m, kStreamThreads, args);
+}
+
+void launch_write_backward(const Kernels& k, const at::Tensor& h, const at::Tensor& res, const at::Tensor& post,
+                           const at::Tensor& o, const at::Tensor& g, const at::Tensor& gh, const at::Tensor& go,
+                           const at::Tensor& gws, int64_t m, int64_t d, bool per_token) {
+  const float* hp = h.const_data_ptr<float>();
+  const float* rp = res.const_data_ptr<float>();
+  const float* pp = post.const_data_ptr<float>();
+  const float* op = o.const_data_ptr<float>();
+  const float* gp = g.const_data_ptr<float>();
+  float* ghp = gh.mutable_data_ptr<float>();
+  float* gop = go.mutable_data_ptr<float>();
+  float* gwp = gws.mutable_data_ptr<float>();
+  long long dd = d;
+  int pt = per_token ? 1 : 0;
+  void* args[] = {&hp, &rp, &pp, &op, &gp, &ghp, &gop, &gwp, &dd, &pt};
+  launch(k, k.write_backward, h.device(), m, kStreamThreads, args);
+}
+
+// A deterministic fp64 CPU tensor whose values are fp32 numbers (so that only the arithmetic
+// differs between the kernels and their reference).
+at::Tensor pattern(at::IntArrayRef sizes, double phase) {
+  auto t = at::empty(sizes, at::kDouble);
+  double* p = t.mutable_data_ptr<double>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    p[i] = std::sin(phase * static_cast<double>(i + 1) + 0.11 * static_cast<double>(i % 7));
+  }
+  return t.to(at::kFloat).to(at::kDouble);
+}
+
+// The largest deviation of a device result from its fp64 reference, relative to the reference's
+// largest magnitude (at least 1).
+double deviation(const at::Tensor& got, const at::Tensor& ref) {
+  if (ref.numel() == 0) return 0.0;
+  const double scale = std::max(1.0, ref.abs().max().item<double>());
+  return (got.to(at::kCPU).to(at::kDouble) - ref).abs().max().item<double>() / scale;
+}
+
+// The stream kernels against their per-token functions in double: 3 tokens of width
+// kStreamThreads + 72 (some threads loop twice), per-token and shared weights.
+void self_check_streams(const Kernels& k, c10::Device device) {
+  const int64_t n = k.n, m = 3, d = kStreamThreads + 72;
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+  for (const bool per_token : {true, false}) {
+    const int64_t sets = per_token ? m : 1;
+    const auto h = pattern({m, n, d}, 0.3), pre = pattern({sets, n}, 0.7), res = pattern({sets, n, n}, 1.1),
+               post = pattern({sets, n}, 1.7), o = pattern({m, d}, 2.3), gu = pattern({m, d}, 2.9),
+               g = pattern({m, n, d}, 3.7);
+    auto u = at::empty({m, d}, at::kDouble), gh_r = at::empty({m, n, d}, at::kDouble),
+         gpre = at::empty({m, n}, at::kDouble);
+    host_stream_read<double>(h.const_data_ptr<double>(), pre.const_data_ptr<double>(), gu.const_data_ptr<double>(),
+                             u.mutable_data_ptr<double>(), gh_r.mutable_data_ptr<double>(),
+                             gpre.mutable_data_ptr<double>(), m, n, d, per_token, 1);
+    auto out = at::empty({m, n, d}, at::kDouble), gh_w = at::empty({m, n, d}, at::kDouble),
+         go = at::empty({m, d}, at::kDouble), gws = at::empty({m, n * n + n}, at::kDouble);
+    host_stream_write<double>(h.const_data_ptr<double>(), res.const_data_ptr<double>(),
+                              post.const_data_ptr<double>(), o.const_data_ptr<double>(), g.const_data_ptr<double>(),
+                              out.mutable_data_ptr<double>(), gh_w.mutable_data_ptr<double>(),
+                              go.mutable_data_ptr<double>(), gws.mutable_data_ptr<double>(), m, n, d, per_token, 1);
+    const auto hd = h.to(opts), pred = pre.to(opts), resd = res.to(opts), postd = post.to(opts), od = o.to(opts),
+               gud = gu.to(opts), gd = g.to(opts);
+    auto u_d = at::empty({m, d}, opts), gh_rd = at::empty({m, n, d}, opts), gpre_d = at::empty({m, n}, opts);
+    launch_read(k, hd, pred, u_d, m, d, per_token);
+    launch_read_backward(k, hd, pred, gud, gh_rd, gpre_d, m, d, per_token);
+    auto out_d = at::empty({m, n, d}, opts), gh_wd = at::empty({m, n, d}, opts), go_d = at::empty({m, d}, opts),
+         gws_d = at::empty({m, n * n + n}, opts);
+    launch_write(k, hd, resd, postd, od, out_d, m, d, per_token);
+    launch_write_backward(k, hd, resd, postd, od, gd, gh_wd, go_d, gws_d, m, d, per_token);
+    const std::pair<const char*, double> checks[] = {
+        {"read", deviation(u_d, u)},          {"read backward (streams)", deviation(gh_rd, gh_r)},
+        {"read backward (weights)", deviation(gpre_d, gpre)}, {"write", deviation(out_d, out)},
+        {"write backward (streams)", deviation(gh_wd, gh_w)}, {"write backward (unit output)", deviation(go_d, go)},
+        {"write backward (weights)", deviation(gws_d, gws)}};
+    for (const auto& [what, dev] : checks) {
+      if (!(dev <= 1e-4)) {
+        throw std::runtime_error(std::string("the CUDA stream kernels (n = ") + std::to_string(n) + ", " + k.target +
+                                 (per_token ? ", per-token" : ", shared") + " weights) disagree with their CPU " +
+                                 "reference: " + what + " off by " + std::to_string(dev) + " (relative; tolerance 1e-4)");
+      }
+    }
+  }
 }
 
 // Compares freshly loaded kernels with the per-token functions run on the CPU in double, on logits
@@ -443,7 +616,12 @@ const Kernels& kernels_for(c10::Device device, int64_t n) {
       d.check(d.ModuleLoadData(&module, image.bytes.data()), "cuModuleLoadData");
       d.check(d.ModuleGetFunction(&k->forward, module, "plexus_sinkhorn_forward"), "cuModuleGetFunction");
       d.check(d.ModuleGetFunction(&k->backward, module, "plexus_sinkhorn_backward"), "cuModuleGetFunction");
+      d.check(d.ModuleGetFunction(&k->read, module, "plexus_stream_read"), "cuModuleGetFunction");
+      d.check(d.ModuleGetFunction(&k->read_backward, module, "plexus_stream_read_backward"), "cuModuleGetFunction");
+      d.check(d.ModuleGetFunction(&k->write, module, "plexus_stream_write"), "cuModuleGetFunction");
+      d.check(d.ModuleGetFunction(&k->write_backward, module, "plexus_stream_write_backward"), "cuModuleGetFunction");
       self_check(*k, device);
+      self_check_streams(*k, device);
     } catch (const c10::Error& e) {
       k.reset();
       error = e.what_without_backtrace();
@@ -456,6 +634,41 @@ const Kernels& kernels_for(c10::Device device, int64_t n) {
   if (!it->second.first) throw std::runtime_error(it->second.second);
   return *it->second.first;
 }
+
+}  // namespace
+
+namespace plexus_cuda {
+
+bool takes_streams(int64_t n) { return n >= 1 && n <= kMaxStreams; }
+
+void stream_read(const at::Tensor& h, const at::Tensor& pre, const at::Tensor& u, int64_t m, int64_t n, int64_t d,
+                 bool per_token) {
+  const c10::DeviceGuard guard(h.device());
+  launch_read(kernels_for(h.device(), n), h, pre, u, m, d, per_token);
+}
+
+void stream_read_backward(const at::Tensor& h, const at::Tensor& pre, const at::Tensor& gu, const at::Tensor& gh,
+                          const at::Tensor& gpre, int64_t m, int64_t n, int64_t d, bool per_token) {
+  const c10::DeviceGuard guard(h.device());
+  launch_read_backward(kernels_for(h.device(), n), h, pre, gu, gh, gpre, m, d, per_token);
+}
+
+void stream_write(const at::Tensor& h, const at::Tensor& res, const at::Tensor& post, const at::Tensor& o,
+                  const at::Tensor& out, int64_t m, int64_t n, int64_t d, bool per_token) {
+  const c10::DeviceGuard guard(h.device());
+  launch_write(kernels_for(h.device(), n), h, res, post, o, out, m, d, per_token);
+}
+
+void stream_write_backward(const at::Tensor& h, const at::Tensor& res, const at::Tensor& post, const at::Tensor& o,
+                           const at::Tensor& g, const at::Tensor& gh, const at::Tensor& go, const at::Tensor& gws,
+                           int64_t m, int64_t n, int64_t d, bool per_token) {
+  const c10::DeviceGuard guard(h.device());
+  launch_write_backward(kernels_for(h.device(), n), h, res, post, o, g, gh, go, gws, m, d, per_token);
+}
+
+}  // namespace plexus_cuda
+
+namespace {
 
 // The checks of a CUDA call; returns n.
 int64_t check_cuda_logits(const at::Tensor& logits, int64_t iters) {
@@ -534,10 +747,60 @@ char* plexus_sinkhorn_host(at::Tensor* logits, at::Tensor* grad, int64_t iters, 
   });
 }
 
+// The stream kernels' per-token arithmetic on the CPU, each token's block as `threads` threads
+// (contiguous fp32 or fp64 CPU tensors of one dtype): `write` 0, the read (a = h [M, n, D], b = pre [M, n] or [n], c = gu [M, D]: out[0] = u,
+// out[1] = gH, out[2] = gpre [M, n]); `write` 1, the write (a = h, b = res [M, n, n] or [n, n],
+// c = post [M, n] or [n], d = o [M, D], e = g [M, n, D]: out[0] = H', out[1] = gH, out[2] = go,
+// out[3] = gws [M, n² + n], the per-token gres then gpost).
+char* plexus_streams_host(int64_t write, int64_t threads, at::Tensor* a, at::Tensor* b, at::Tensor* c,
+                          at::Tensor* d_in, at::Tensor* e_in, at::Tensor** out) {
+  return guarded([&] {
+    if (threads < 1) throw std::invalid_argument("plexus_streams_host takes threads ≥ 1");
+    const auto& h = *a;
+    if (h.dim() != 3 || !h.device().is_cpu() || !(h.scalar_type() == at::kFloat || h.scalar_type() == at::kDouble)) {
+      throw std::invalid_argument("plexus_streams_host takes fp32/fp64 CPU streams [M, n, D]");
+    }
+    const int64_t m = h.size(0), n = h.size(1), d = h.size(2);
+    std::vector<const at::Tensor*> ins = {a, b, c};
+    if (write != 0) ins.insert(ins.end(), {d_in, e_in});
+    for (const at::Tensor* t : ins) {
+      if (t == nullptr || !t->is_contiguous() || !t->device().is_cpu() || t->scalar_type() != h.scalar_type()) {
+        throw std::invalid_argument("plexus_streams_host takes contiguous CPU tensors of the streams' dtype");
+      }
+    }
+    const bool per_token = b->numel() != (write != 0 ? n * n : n);
+    const auto opts = h.options();
+    AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "streams_host", [&] {
+      if (write == 0) {
+        auto u = at::empty({m, d}, opts), gh = at::empty({m, n, d}, opts), gpre = at::empty({m, n}, opts);
+        host_stream_read<scalar_t>(h.const_data_ptr<scalar_t>(), b->const_data_ptr<scalar_t>(),
+                                   c->const_data_ptr<scalar_t>(), u.mutable_data_ptr<scalar_t>(),
+                                   gh.mutable_data_ptr<scalar_t>(), gpre.mutable_data_ptr<scalar_t>(), m, n, d,
+                                   per_token, threads);
+        out[0] = new at::Tensor(u);
+        out[1] = new at::Tensor(gh);
+        out[2] = new at::Tensor(gpre);
+      } else {
+        auto o = at::empty({m, n, d}, opts), gh = at::empty({m, n, d}, opts), go = at::empty({m, d}, opts),
+             gws = at::empty({m, n * n + n}, opts);
+        host_stream_write<scalar_t>(h.const_data_ptr<scalar_t>(), b->const_data_ptr<scalar_t>(),
+                                    c->const_data_ptr<scalar_t>(), d_in->const_data_ptr<scalar_t>(),
+                                    e_in->const_data_ptr<scalar_t>(), o.mutable_data_ptr<scalar_t>(),
+                                    gh.mutable_data_ptr<scalar_t>(), go.mutable_data_ptr<scalar_t>(),
+                                    gws.mutable_data_ptr<scalar_t>(), m, n, d, per_token, threads);
+        out[0] = new at::Tensor(o);
+        out[1] = new at::Tensor(gh);
+        out[2] = new at::Tensor(go);
+        out[3] = new at::Tensor(gws);
+      }
+    });
+  });
+}
+
 // Compiles the CUDA kernels for n streams and compute capability `arch` (major·10 + minor) with
 // NVRTC, without loading them (no GPU needed): the image's size in bytes, and its target
 // (sm_<arch> as a CUBIN, or compute_<a> as PTX) as a malloc'd string.
-char* plexus_sinkhorn_cuda_compile(int64_t n, int64_t arch, int64_t* image_bytes, char** target) {
+char* plexus_cuda_kernels_compile(int64_t n, int64_t arch, int64_t* image_bytes, char** target) {
   return guarded([&] {
     with_n(n, [](auto) {});
     const Image image = compile(n, static_cast<int>(arch));
