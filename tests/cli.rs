@@ -100,7 +100,8 @@ fn doctor_reports_torch_2_11_and_a_loaded_libtorch_cuda() {
     assert!(out.contains("bf16 on CPU       ok"), "{out}");
 }
 
-/// The GPU self-test, run on the CPU: every topology on every backbone trains in fp32 (with
+/// The GPU self-test, run on the CPU: AdamW and mHC's Sinkhorn kernel against their f64
+/// references, then every topology on every backbone trains in fp32 (with
 /// connectivity, evaluation, checkpoints, a crash and an exact resume, `analyze`) and in bf16,
 /// whose first loss must be within 2 % of fp32's. On a GPU it is the first thing to run
 /// (scripts/gpu-check.sh); here it keeps that path working for every pair.
@@ -110,8 +111,15 @@ fn doctor_selftest_passes_for_every_topology_on_every_backbone_on_the_cpu() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}{err}");
     let pairs = plexus::model::REGISTRY.len() * plexus::topology::REGISTRY.len();
-    let summary = format!("{} passed, 0 failed", pairs + 1);
-    assert!(out.lines().any(|l| l.starts_with(&summary)), "expected `{summary}` (AdamW + {pairs} pairs):\n{out}");
+    let summary = format!("{} passed, 0 failed", pairs + 2);
+    assert!(
+        out.lines().any(|l| l.starts_with(&summary)),
+        "expected `{summary}` (AdamW, mHC's Sinkhorn kernel + {pairs} pairs):\n{out}"
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with("mHC Sinkhorn, fused CPU kernel, against the f64") && l.ends_with("  ok")),
+        "{out}"
+    );
     let is_pair = |l: &&str| plexus::model::REGISTRY.iter().any(|m| l.starts_with(&format!("{:<8} ", m.name)));
     assert_eq!(out.lines().filter(is_pair).filter(|l| l.ends_with("  ok")).count(), pairs, "{out}");
 }

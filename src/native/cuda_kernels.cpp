@@ -107,11 +107,11 @@ void host_stream_read(const T* h, const T* pre, const T* gu, T* u, T* gh, T* gpr
   with_n(n, [&](auto fixed) {
     constexpr int N = decltype(fixed)::value;
     for (int64_t m = 0; m < m_total; ++m) {
-      T* sum = gpre + m * N;
-      std::fill(sum, sum + N, T(0));
+      T* sum = gu != nullptr ? gpre + m * N : nullptr;
+      if (sum != nullptr) std::fill(sum, sum + N, T(0));
       for (int64_t i = 0; i < threads; ++i) {
         plexus_streams::read_forward<T, N>(h, pre, u, m, d, per_token, i, threads);
-        if (gu == nullptr) continue;
+        if (sum == nullptr) continue;
         T part[N];
         plexus_streams::read_backward<T, N>(h, pre, gu, gh, m, d, per_token, i, threads, part);
         for (int k = 0; k < N; ++k) sum[k] += part[k];
@@ -126,11 +126,11 @@ void host_stream_write(const T* h, const T* res, const T* post, const T* o, cons
   with_n(n, [&](auto fixed) {
     constexpr int N = decltype(fixed)::value;
     for (int64_t m = 0; m < m_total; ++m) {
-      T* sum = gws + m * (N * N + N);
-      std::fill(sum, sum + N * N + N, T(0));
+      T* sum = g != nullptr ? gws + m * (N * N + N) : nullptr;
+      if (sum != nullptr) std::fill(sum, sum + N * N + N, T(0));
       for (int64_t i = 0; i < threads; ++i) {
         plexus_streams::write_forward<T, N>(h, res, post, o, out, m, d, per_token, i, threads);
-        if (g == nullptr) continue;
+        if (sum == nullptr) continue;
         T part[N * N + N];
         plexus_streams::write_backward<T, N>(h, res, post, o, g, gh, go, m, d, per_token, i, threads, part);
         for (int k = 0; k < N * N + N; ++k) sum[k] += part[k];
