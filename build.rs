@@ -69,7 +69,7 @@ fn build_native(lib_dir: Option<&Path>) {
     let kernels = "src/native/stream_kernels.cpp";
     let history = "src/native/history.cpp";
     let cuda_kernels = "src/native/cuda_kernels.cpp";
-    let cuda_sources = ["src/native/sinkhorn.cu", "src/native/streams.cu"];
+    let cuda_sources = ["src/native/cuda_prelude.cuh", "src/native/sinkhorn.cu", "src/native/streams.cu"];
     let shim = "src/native/gloo_decl";
     println!("cargo:rerun-if-changed={src}");
     println!("cargo:rerun-if-changed={kernels}");

@@ -39,6 +39,7 @@
 #include <vector>
 
 #define PLEXUS_KERNELS_ON_HOST
+#include "cuda_prelude.cuh"
 #include "sinkhorn.cu"
 #include "streams.cu"
 
@@ -49,7 +50,8 @@ using torch::autograd::variable_list;
 
 namespace {
 
-// The text of sinkhorn.cu and streams.cu, as a string literal (build.rs writes it to OUT_DIR).
+// The text of cuda_prelude.cuh, sinkhorn.cu and streams.cu, as a string literal (build.rs writes it
+// to OUT_DIR).
 const char kSource[] =
 #include "cuda_kernels_source.inc"
     ;

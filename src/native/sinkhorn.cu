@@ -21,13 +21,7 @@
 // final matrix: the state before a normalisation is the state after it times the line sums, and
 // the gradient goes through y = x ⊙ inv as g ← (g − ⟨g, y⟩_line) ⊙ inv.
 
-#ifndef PLEXUS_DEVICE
-#ifdef PLEXUS_KERNELS_ON_HOST
-#define PLEXUS_DEVICE inline
-#else
-#define PLEXUS_DEVICE __device__ __forceinline__
-#endif
-#endif
+// PLEXUS_DEVICE: from cuda_prelude.cuh.
 
 namespace plexus_sinkhorn {
 

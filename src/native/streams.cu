@@ -21,13 +21,7 @@
 // run exactly that arithmetic on the CPU). On the GPU, the block adds its threads' partial sums
 // (`block_sum`), which only the first-use check on a GPU exercises.
 
-#ifndef PLEXUS_DEVICE
-#ifdef PLEXUS_KERNELS_ON_HOST
-#define PLEXUS_DEVICE inline
-#else
-#define PLEXUS_DEVICE __device__ __forceinline__
-#endif
-#endif
+// PLEXUS_DEVICE: from cuda_prelude.cuh.
 
 namespace plexus_streams {
 
