@@ -138,12 +138,14 @@ pub fn sinkhorn(logits: &Tensor, iters: usize) -> Tensor {
         return native::sinkhorn(logits, iters).unwrap_or_else(|e| panic!("fused sinkhorn: {e:#}"));
     }
     if logits.device().is_cuda() {
+        // Both ways in fp32: the conversion made once (the composite's own is then a no-op).
         let logits32 = logits.to_kind(Kind::Float);
         if common::cuda_fused(&[&logits32], n as i64) {
             if let Some(p) = common::cuda_result(native::sinkhorn_cuda(&logits32, iters)) {
                 return p;
             }
         }
+        return sinkhorn_composite(&logits32, iters);
     }
     sinkhorn_composite(logits, iters)
 }
