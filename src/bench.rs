@@ -7,7 +7,7 @@
 //! (after a device synchronisation on CUDA). Memory, on CPU: `peak_rss_mb` is the peak resident
 //! set size of the process (`VmHWM`, reset after warm-up through `/proc/self/clear_refs`) during
 //! the timed steps (allocator caching makes it history-dependent); `act_mem_mb`, measured after
-//! timing with glibc's exact accounting ([`heap_in_use`]), is what forward + loss leave allocated
+//! timing with glibc's exact accounting ([`crate::malloc::heap_in_use`]), is what forward + loss leave allocated
 //! for backward: the activation memory of the step. On CUDA `act_mem_mb` is the same difference
 //! in the caching allocator's allocated bytes ([`crate::native::cuda_memory_stats`], exact like
 //! glibc's), `peak_gpu_mb` the allocator's peak of allocated bytes during the timed steps (reset
@@ -75,6 +75,9 @@ pub struct BenchRow {
     pub peak_gpu_mb: f64,
     /// With `profile`: median ms of forward + loss, backward, optimizer (clip + update).
     pub phase_ms: Option<[f64; 3]>,
+    /// Minor page faults of the process per timed step (fresh memory touched for the first time,
+    /// see [`crate::malloc`]); `None` where getrusage is not available.
+    pub page_faults_per_step: Option<f64>,
     /// With `profile`, on the CPU: the operators of one step ([`crate::native::count_ops`]).
     pub ops: Option<crate::native::OpCount>,
 }
@@ -140,38 +143,6 @@ pub fn rss_mb() -> Option<(f64, f64)> {
 /// Resets the peak resident set size to the current one (Linux ≥ 4.0; ignored elsewhere).
 pub fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
-}
-
-/// Bytes currently allocated through malloc (heap + mmapped chunks, glibc's `mallinfo2`); `None`
-/// where this is not glibc. libtorch allocates CPU tensors with malloc, so differences of this
-/// around a computation are the bytes it left allocated.
-pub fn heap_in_use() -> Option<usize> {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        #[repr(C)]
-        struct Mallinfo2 {
-            arena: usize,
-            ordblks: usize,
-            smblks: usize,
-            hblks: usize,
-            hblkhd: usize,
-            usmblks: usize,
-            fsmblks: usize,
-            uordblks: usize,
-            fordblks: usize,
-            keepcost: usize,
-        }
-        extern "C" {
-            fn mallinfo2() -> Mallinfo2;
-        }
-        // SAFETY: mallinfo2 takes no arguments and returns a plain struct (glibc ≥ 2.33).
-        let m = unsafe { mallinfo2() };
-        Some(m.uordblks + m.hblkhd)
-    }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    {
-        None
-    }
 }
 
 fn sync(dev: Device) {
@@ -297,7 +268,7 @@ impl Trainee {
                 sync(dev);
                 crate::native::cuda_memory_stats(i).ok().map(|m| m.allocated as usize)
             }
-            _ => heap_in_use(),
+            _ => crate::malloc::heap_in_use(),
         };
         let s = &self.stepper;
         s.optim.zero_grad();
@@ -330,7 +301,11 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
     if let Device::Cuda(i) = dev {
         crate::native::cuda_reset_peak_memory(i)?;
     }
+    let faults_before = crate::malloc::minor_faults(false);
     let times: Vec<f64> = (0..opts.steps).map(|_| t.timed_step()).collect();
+    let page_faults_per_step = faults_before
+        .zip(crate::malloc::minor_faults(false))
+        .map(|(a, b)| b.saturating_sub(a) as f64 / opts.steps as f64);
     let peak_gpu_mb = match dev {
         Device::Cuda(i) => crate::native::cuda_memory_stats(i)?.peak_allocated as f64 / (1024.0 * 1024.0),
         _ => f64::NAN,
@@ -375,6 +350,7 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
         peak_gflops: peak_matmul_flops(dev, compute) / 1e9,
         peak_gpu_mb,
         phase_ms,
+        page_faults_per_step,
         ops,
     })
 }

@@ -70,6 +70,7 @@ pub fn run() -> bool {
         Err(e) => println!("NVRTC             none ({e:#}): on a GPU, mHC's Sinkhorn runs as composite libtorch ops"),
     }
     println!("CPU threads       {}", tch::get_num_threads());
+    println!("malloc            {}", crate::malloc::keep_freed_memory().describe());
     println!("MKL / OpenMP      {} / {}", tch::utils::has_mkl(), tch::utils::has_openmp());
     let cpu_bf16 = bf16_works(Device::Cpu);
     println!("bf16 on CPU       {}", cpu_bf16.as_ref().map(|_| "ok".to_string()).unwrap_or_else(|e| e.clone()));

@@ -31,6 +31,13 @@ pub fn print_bench(rows: &[crate::bench::BenchRow]) {
         }
         if let Some([f, b, o]) = r.phase_ms {
             println!("{:<30} profile: forward + loss {f:.2} ms, backward {b:.2} ms, optimizer {o:.2} ms", "");
+            if let Some(faults) = r.page_faults_per_step {
+                println!(
+                    "{:<30} page faults per timed step: {faults:.0} (host memory touched afresh; plexus doctor shows \
+                     the malloc settings)",
+                    ""
+                );
+            }
         }
         if let Some(ops) = &r.ops {
             let shown = if std::env::var_os("PLEXUS_OPS_ALL").is_some() { usize::MAX } else { 10 };
