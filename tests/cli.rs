@@ -98,6 +98,13 @@ fn doctor_reports_torch_2_11_and_a_loaded_libtorch_cuda() {
     assert!(out.lines().any(|l| l.starts_with("torch") && l.contains("2.11.0")), "{out}");
     assert!(out.contains("libtorch_cuda.so  loaded"), "{out}");
     assert!(out.contains("bf16 on CPU       ok"), "{out}");
+    // The binary sets glibc's malloc thresholds at start-up (src/malloc.rs) unless told not to.
+    let told_not_to = ["PLEXUS_MALLOC", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"]
+        .iter()
+        .any(|k| std::env::var_os(k).is_some());
+    if !told_not_to {
+        assert!(out.contains("malloc            glibc, freed memory kept for reuse"), "{out}");
+    }
 }
 
 /// The GPU self-test, run on the CPU: AdamW and mHC's Sinkhorn kernel against their f64
