@@ -65,12 +65,16 @@ fn left_to_environment(var: impl Fn(&str) -> Option<String>) -> bool {
 
 /// Sets glibc's thresholds so that a training step's freed tensors are reused, not returned to
 /// the kernel and faulted in again (see the module docs). Process-wide; call it once at start-up,
-/// before the first large allocation. Idempotent.
+/// before the first large allocation. Later calls return what the first one did.
 pub fn keep_freed_memory() -> MallocSettings {
-    if left_to_environment(|k| std::env::var(k).ok()) {
-        return MallocSettings::LeftToEnvironment;
-    }
-    set_thresholds()
+    static DONE: std::sync::OnceLock<MallocSettings> = std::sync::OnceLock::new();
+    *DONE.get_or_init(|| {
+        if left_to_environment(|k| std::env::var(k).ok()) {
+            MallocSettings::LeftToEnvironment
+        } else {
+            set_thresholds()
+        }
+    })
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -134,12 +138,13 @@ pub fn heap_in_use() -> Option<usize> {
 pub fn minor_faults(thread: bool) -> Option<u64> {
     #[cfg(target_os = "linux")]
     {
-        // Linux's struct rusage: two timevals, then 14 longs, ru_minflt the 5th of them.
+        use std::os::raw::c_long;
+        // Linux's struct rusage: two timevals (two longs each), then 14 longs, ru_minflt the 5th.
         #[repr(C)]
         struct Rusage {
-            utime: [i64; 2],
-            stime: [i64; 2],
-            longs: [i64; 14],
+            utime: [c_long; 2],
+            stime: [c_long; 2],
+            longs: [c_long; 14],
         }
         extern "C" {
             fn getrusage(who: i32, usage: *mut Rusage) -> i32;
@@ -147,7 +152,7 @@ pub fn minor_faults(thread: bool) -> Option<u64> {
         const RUSAGE_SELF: i32 = 0;
         const RUSAGE_THREAD: i32 = 1;
         let mut u = Rusage { utime: [0; 2], stime: [0; 2], longs: [0; 14] };
-        // SAFETY: `u` is a writable struct of the kernel's 64-bit rusage layout.
+        // SAFETY: `u` is a writable struct of the kernel's rusage layout.
         let rc = unsafe { getrusage(if thread { RUSAGE_THREAD } else { RUSAGE_SELF }, &mut u) };
         (rc == 0).then(|| u.longs[4] as u64)
     }
