@@ -1,7 +1,8 @@
 //! Micro-benchmark of the fused CPU kernels of the multi-stream topologies
 //! (`src/native/stream_kernels.cpp`) against the composite libtorch code they replace, one unit at
-//! a time: the stream read and write, Sinkhorn–Knopp, Hyper-Connections' LayerNorm + projection and
-//! mHC's RMS + projection, forward alone and forward + backward; the fused ones both with the
+//! a time: the stream read and write, Sinkhorn–Knopp, Hyper-Connections' LayerNorm + projection,
+//! mHC's RMS + projection and Hyper-Connections' whole pre-unit step (`hyper_pre`: the norm, the
+//! projection, the tanh-scaled weights and the read), forward alone and forward + backward; the fused ones both with the
 //! widest row loops the CPU has (AVX2 + FMA on most x86-64) and with the baseline x86-64 ones (the
 //! same for Sinkhorn and the RMS projection, which have no per-set loops).
 //!
@@ -19,6 +20,12 @@ use plexus::topology::common;
 use plexus::topology::mhc;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
+
+/// The tensors flattened into one vector (the harness takes one output; the multi-output
+/// operation's two versions pay the same copy).
+fn flat_cat(ts: &[Tensor]) -> Tensor {
+    Tensor::cat(&ts.iter().map(|t| t.reshape([-1])).collect::<Vec<_>>(), 0)
+}
 
 /// The 25th percentile of the wall time of `f`, in ms.
 fn time(f: &dyn Fn()) -> f64 {
@@ -108,6 +115,45 @@ fn main() {
             }),
             vec![h.reshape([m, n * d]), Tensor::randn([n * d, n * n + 2 * n], o) * 0.02],
             vec![m, n * n + 2 * n],
+        ),
+        (
+            "HC pre (norm, proj, read)",
+            Box::new(|x| {
+                let p = native::HyperPreParams {
+                    gamma: &x[1],
+                    beta: &x[2],
+                    w_a: &x[3],
+                    w_b: &x[4],
+                    a_static: &x[5],
+                    b_static: &x[6],
+                    s_a: &x[7],
+                    s_b: &x[8],
+                    eps: 1e-5,
+                };
+                let (u, res, post) = native::hyper_pre(&x[0], &p).unwrap();
+                flat_cat(&[u, res, post])
+            }),
+            Box::new(|x| {
+                let normed = x[0].layer_norm([x[0].size()[2]], Some(&x[1]), Some(&x[2]), 1e-5, false);
+                let a = &x[5] + normed.matmul(&x[3]).tanh() * &x[7];
+                let b = &x[6] + normed.matmul(&x[4]).tanh() * &x[8];
+                let n = x[0].size()[1];
+                let parts = a.split_with_sizes([1, n], -1);
+                let u = common::stream_read_composite(&x[0], &parts[0].squeeze_dim(-1).contiguous());
+                flat_cat(&[u, parts[1].contiguous(), b])
+            }),
+            vec![
+                h.copy(),
+                Tensor::randn([d], o),
+                Tensor::randn([d], o),
+                Tensor::randn([d, n + 1], o) * 0.1,
+                Tensor::randn([d], o) * 0.1,
+                Tensor::randn([n, n + 1], o),
+                Tensor::randn([n], o),
+                Tensor::from(0.3f32),
+                Tensor::from(0.2f32),
+            ],
+            vec![m * d + m * n * n + m * n],
         ),
     ];
     // The fused kernels with the widest row loops the CPU has, with the baseline ones, and the

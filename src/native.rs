@@ -15,7 +15,8 @@
 //!   AdamW kernel ([`fused_adamw`]); the operator counter behind `bench`'s kernels per step;
 //! * fused CPU kernels of the multi-stream topologies, autograd functions with hand-written
 //!   backwards (`src/native/stream_kernels.cpp`): [`stream_read`], [`stream_write`], [`sinkhorn`],
-//!   [`norm_project`], [`rms_project`]; the read's, the write's and `norm_project`'s row loops are
+//!   [`norm_project`], [`rms_project`], [`hyper_pre`] (HC's mixing weights and read in one); the
+//!   read's, the write's, `norm_project`'s and `hyper_pre`'s row loops are
 //!   built for baseline x86-64 and for AVX2 + FMA and picked by the CPU ([`KernelIsa`],
 //!   [`kernel_isa`]);
 //! * the dense topologies' history buffer (`src/native/history.cpp`, any device):
@@ -153,6 +154,20 @@ mod ffi {
             eps: f64,
             isa: i64,
             out: *mut *mut C_tensor,
+        ) -> *mut c_char;
+        pub fn plexus_hyper_pre(
+            h: *mut C_tensor,
+            gamma: *mut C_tensor,
+            beta: *mut C_tensor,
+            w_a: *mut C_tensor,
+            w_b: *mut C_tensor,
+            a_static: *mut C_tensor,
+            b_static: *mut C_tensor,
+            s_a: *mut C_tensor,
+            s_b: *mut C_tensor,
+            eps: f64,
+            isa: i64,
+            outs: *mut *mut C_tensor,
         ) -> *mut c_char;
     }
 }
@@ -943,6 +958,55 @@ pub fn norm_project(x: &Tensor, gamma: &Tensor, beta: &Tensor, w: &Tensor, eps: 
         )
     };
     fused_result(err, out)
+}
+
+/// The parameters of Hyper-Connections' dynamic mixing weights for [`hyper_pre`].
+pub struct HyperPreParams<'a> {
+    /// The weights' LayerNorm, `[D]` each.
+    pub gamma: &'a Tensor,
+    pub beta: &'a Tensor,
+    /// `W_a` `[D, n+1]` and `w_b` `[D]`.
+    pub w_a: &'a Tensor,
+    pub w_b: &'a Tensor,
+    /// `A_static` `[n, n+1]` and `B_static` `[n]`.
+    pub a_static: &'a Tensor,
+    pub b_static: &'a Tensor,
+    /// The scales `s_a`, `s_b`, one value each.
+    pub s_a: &'a Tensor,
+    pub s_b: &'a Tensor,
+    /// ε of the LayerNorm.
+    pub eps: f64,
+}
+
+/// Everything Hyper-Connections computes from a unit's input streams before the unit runs, as one
+/// autograd function with one pass per token each way: with `Z = LayerNorm(H) [W_a | w_b]`,
+/// `A = A_static + s_a·tanh(Z[.., :n+1])` and `B = B_static + s_b·tanh(Z[.., n+1])`, it returns
+/// `(u, res, post)` = (`Σ_s A[s,0] H_s` `[.., D]`, `A[.., 1:]` `[.., n, n]`, `B` `[.., n]`) for
+/// streams `h` `[.., n, D]` (1 ≤ n ≤ 64). CPU fp32/fp64 tensors of one dtype.
+pub fn hyper_pre(h: &Tensor, p: &HyperPreParams) -> Result<(Tensor, Tensor, Tensor)> {
+    let mut outs: [*mut torch_sys::C_tensor; 3] = [std::ptr::null_mut(); 3];
+    // SAFETY: as in `stream_read`; on success the C++ side writes three fresh, caller-owned
+    // handles to `outs`.
+    let err = unsafe {
+        ffi::plexus_hyper_pre(
+            h.as_ptr() as *mut _,
+            p.gamma.as_ptr() as *mut _,
+            p.beta.as_ptr() as *mut _,
+            p.w_a.as_ptr() as *mut _,
+            p.w_b.as_ptr() as *mut _,
+            p.a_static.as_ptr() as *mut _,
+            p.b_static.as_ptr() as *mut _,
+            p.s_a.as_ptr() as *mut _,
+            p.s_b.as_ptr() as *mut _,
+            p.eps,
+            kernel_isa().code(),
+            outs.as_mut_ptr(),
+        )
+    };
+    check(err)?;
+    // SAFETY: on success each handle is a fresh tensor that nothing else owns.
+    let [u, res, post] = outs.map(|t| unsafe { Tensor::from_ptr(t) });
+    Ok((u, res, post))
 }
 
 #[cfg(test)]

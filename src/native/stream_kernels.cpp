@@ -16,6 +16,8 @@
 // * sinkhorn:     P          = Sinkhorn–Knopp(exp(logits)), iters × (rows, then columns), [M, n, n]
 // * norm_project: z          = LayerNorm(x) @ W, row by row (HC's dynamic weights)     [R, D] → [R, K]
 // * rms_project:  q          = (v @ φ) / RMS(v), row by row (mHC's mixing logits)      [R, N] → [R, K]
+// * hyper_pre:    (u, res, post) from H: norm_project, HC's tanh-scaled mixing weights and the
+//                 read, per token in one pass (HC's whole pre-unit step)  [M, n, D] → [M, D], [M, n, n], [M, n]
 //
 // `m` runs over the flattened leading dimensions (batch, tokens); the mixing weights either have
 // them too (dynamic, input-dependent mixing: Mr = M) or not (static mixing: Mr = 1, the gradient
@@ -113,6 +115,8 @@ struct RowKernels {
   decltype(&isa_baseline::norm_project_rows_backward<T>) norm_project_backward;
   decltype(&isa_baseline::sinkhorn_rows<T>) sinkhorn;
   decltype(&isa_baseline::sinkhorn_rows_backward<T>) sinkhorn_backward;
+  decltype(&isa_baseline::hyper_pre_rows<T>) hyper_pre;
+  decltype(&isa_baseline::hyper_pre_rows_backward<T>) hyper_pre_backward;
 };
 
 template <typename T>
@@ -123,13 +127,15 @@ RowKernels<T> row_kernels(int64_t isa) {
     namespace k = isa_avx2;
     return {&k::read_rows<T>,          &k::read_rows_backward<T>,          &k::write_rows<T>,
             &k::write_rows_backward<T>, &k::norm_project_rows<T>,           &k::norm_project_rows_backward<T>,
-            &k::sinkhorn_rows<T>,       &k::sinkhorn_rows_backward<T>};
+            &k::sinkhorn_rows<T>,       &k::sinkhorn_rows_backward<T>,      &k::hyper_pre_rows<T>,
+            &k::hyper_pre_rows_backward<T>};
   }
 #endif
   namespace k = isa_baseline;
   return {&k::read_rows<T>,          &k::read_rows_backward<T>,          &k::write_rows<T>,
           &k::write_rows_backward<T>, &k::norm_project_rows<T>,           &k::norm_project_rows_backward<T>,
-          &k::sinkhorn_rows<T>,       &k::sinkhorn_rows_backward<T>};
+          &k::sinkhorn_rows<T>,       &k::sinkhorn_rows_backward<T>,      &k::hyper_pre_rows<T>,
+          &k::hyper_pre_rows_backward<T>};
 }
 
 // Tokens per parallel task: enough elements that a task is worth a thread (~32 Ki).
@@ -677,6 +683,132 @@ struct RmsProject : public torch::autograd::Function<RmsProject> {
   }
 };
 
+
+// ----------------------------------------------------------------------------------------------
+// hyper_pre: Hyper-Connections' dynamic mixing weights and the unit's read in one pass per token
+// (stream_rows.inc, `hyper_pre_rows`): H [.., n, D] → u [.., D], res [.., n, n], post [.., n].
+// Parameters: the weights' LayerNorm γ, β [D]; W_a [D, n+1], w_b [D]; A_static [n, n+1],
+// B_static [n]; the scales s_a, s_b (one value each).
+
+struct HyperPre : public torch::autograd::Function<HyperPre> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& h_in, const at::Tensor& gamma_in,
+                               const at::Tensor& beta_in, const at::Tensor& w_a, const at::Tensor& w_b,
+                               const at::Tensor& a_static, const at::Tensor& b_static, const at::Tensor& s_a,
+                               const at::Tensor& s_b, double eps, int64_t isa) {
+    const auto h = h_in.contiguous();
+    const auto dtype = h.scalar_type();
+    if (!(dtype == at::kFloat || dtype == at::kDouble)) throw std::invalid_argument("hyper_pre takes float32/64");
+    for (const auto* t : {&h, &gamma_in, &beta_in, &w_a, &w_b, &a_static, &b_static, &s_a, &s_b}) {
+      check_cpu_float(*t, "hyper_pre input", dtype);
+    }
+    if (h.dim() < 2) throw std::invalid_argument("hyper_pre: streams must be [.., n, D]");
+    const int64_t n = h.size(-2), d = h.size(-1), k = n + 2;
+    if (n < 1 || n > 64 || gamma_in.numel() != d || beta_in.numel() != d || w_a.dim() != 2 || w_a.size(0) != d ||
+        w_a.size(1) != n + 1 || w_b.numel() != d || a_static.numel() != n * (n + 1) || b_static.numel() != n ||
+        s_a.numel() != 1 || s_b.numel() != 1) {
+      throw std::invalid_argument("hyper_pre: for H [.., n, D] (1 ≤ n ≤ 64) it takes γ, β, w_b [D], W_a [D, n+1], "
+                                  "A_static [n, n+1], B_static [n] and one-value scales");
+    }
+    const int64_t m = n * d == 0 ? 0 : h.numel() / (n * d);
+    const auto gamma = gamma_in.contiguous(), beta = beta_in.contiguous(), sa = a_static.contiguous();
+    const auto sb = b_static.contiguous();
+    const auto wt = at::cat({w_a, w_b.reshape({d, 1})}, 1).t().contiguous();  // [K, D]
+    auto lead = h.sizes().vec();
+    lead.pop_back();
+    lead.pop_back();
+    auto u_sizes = lead, res_sizes = lead, post_sizes = lead;
+    u_sizes.push_back(d);
+    res_sizes.insert(res_sizes.end(), {n, n});
+    post_sizes.push_back(n);
+    auto u = at::empty(u_sizes, h.options());
+    auto res = at::empty(res_sizes, h.options());
+    auto post = at::empty(post_sizes, h.options());
+    auto t = at::empty({m * n, k}, h.options());
+    auto stats = at::empty({m * n, 2}, h.options());
+    const double scale_a = s_a.item<double>(), scale_b = s_b.item<double>();
+    {
+      RECORD_FUNCTION("plexus::hyper_pre", std::vector<c10::IValue>());
+      AT_DISPATCH_FLOATING_TYPES(dtype, "hyper_pre", [&] {
+        const auto kernel = row_kernels<scalar_t>(isa).hyper_pre;
+        at::parallel_for(0, m, grain(n * d * (k + 1)), [&](int64_t b, int64_t e) {
+          std::vector<scalar_t> scratch((k + 2) * d);
+          kernel(h.const_data_ptr<scalar_t>(), gamma.const_data_ptr<scalar_t>(), beta.const_data_ptr<scalar_t>(),
+                 wt.const_data_ptr<scalar_t>(), sa.const_data_ptr<scalar_t>(), sb.const_data_ptr<scalar_t>(),
+                 scalar_t(scale_a), scalar_t(scale_b), u.mutable_data_ptr<scalar_t>(),
+                 res.mutable_data_ptr<scalar_t>(), post.mutable_data_ptr<scalar_t>(), t.mutable_data_ptr<scalar_t>(),
+                 stats.mutable_data_ptr<scalar_t>(), b, e, n, d, scalar_t(eps), scratch.data());
+        });
+      });
+    }
+    ctx->save_for_backward({h, gamma, beta, wt, sa, t, stats});
+    ctx->saved_data["scale_a"] = scale_a;
+    ctx->saved_data["scale_b"] = scale_b;
+    ctx->saved_data["isa"] = isa;
+    ctx->saved_data["a_static_sizes"] = a_static.sizes().vec();
+    ctx->saved_data["b_static_sizes"] = b_static.sizes().vec();
+    ctx->saved_data["s_a_sizes"] = s_a.sizes().vec();
+    ctx->saved_data["s_b_sizes"] = s_b.sizes().vec();
+    return {u, res, post};
+  }
+
+  // (gu, gres, gpost) → gradients of (H, γ, β, W_a, w_b, A_static, B_static, s_a, s_b); an output
+  // nothing used has an undefined gradient, taken as zeros.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &h = saved[0], &gamma = saved[1], &beta = saved[2], &wt = saved[3], &sa = saved[4], &t = saved[5],
+               &stats = saved[6];
+    const int64_t n = h.size(-2), d = h.size(-1), k = n + 2;
+    const int64_t m = n * d == 0 ? 0 : h.numel() / (n * d);
+    const auto given = [&](size_t i, std::initializer_list<int64_t> shape) {
+      return grads[i].defined() ? grads[i].contiguous() : at::zeros(shape, h.options());
+    };
+    const auto gu = given(0, {m, d}), gres = given(1, {m, n, n}), gpost = given(2, {m, n});
+    // One slice of parameter-gradient partial sums per task: [tasks, K + 2, D] (dWᵀ, dγ, dβ), and
+    // [tasks, n(n+1) + n + 2] in double for the static weights and the scales.
+    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), m));
+    const int64_t small_len = n * (n + 1) + n + 2;
+    auto partial = at::zeros({tasks, k + 2, d}, h.options());
+    auto small = at::zeros({tasks, small_len}, h.options().dtype(at::kDouble));
+    auto gh = at::empty_like(h);
+    auto gz = at::empty({m * n, k}, h.options());
+    {
+      RECORD_FUNCTION("plexus::hyper_pre_backward", std::vector<c10::IValue>());
+      AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "hyper_pre_backward", [&] {
+        const auto kernel = row_kernels<scalar_t>(ctx->saved_data["isa"].toInt()).hyper_pre_backward;
+        const auto scale_a = scalar_t(ctx->saved_data["scale_a"].toDouble());
+        const auto scale_b = scalar_t(ctx->saved_data["scale_b"].toDouble());
+        at::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
+          std::vector<scalar_t> xhat(2 * d), normed(d), dnormed(d);
+          for (int64_t task = tb; task < te; ++task) {
+            kernel(h.const_data_ptr<scalar_t>(), gamma.const_data_ptr<scalar_t>(), beta.const_data_ptr<scalar_t>(),
+                   wt.const_data_ptr<scalar_t>(), sa.const_data_ptr<scalar_t>(), scale_a, scale_b,
+                   t.const_data_ptr<scalar_t>(), stats.const_data_ptr<scalar_t>(), gu.const_data_ptr<scalar_t>(),
+                   gres.const_data_ptr<scalar_t>(), gpost.const_data_ptr<scalar_t>(),
+                   gh.mutable_data_ptr<scalar_t>(), gz.mutable_data_ptr<scalar_t>(),
+                   partial.mutable_data_ptr<scalar_t>() + task * (k + 2) * d,
+                   small.mutable_data_ptr<double>() + task * small_len, task * m / tasks, (task + 1) * m / tasks, n,
+                   d, xhat.data(), normed.data(), dnormed.data());
+          }
+        });
+      });
+    }
+    const auto sums = partial.sum(0);                     // [K + 2, D]
+    const auto small_sum = small.sum(0).to(h.scalar_type());  // [n(n+1) + n + 2]
+    const auto sizes = [&](const char* key) { return ctx->saved_data[key].toIntVector(); };
+    return {gh,
+            sums.narrow(0, k, 1).view({d}),
+            sums.narrow(0, k + 1, 1).view({d}),
+            sums.narrow(0, 0, n + 1).t(),
+            sums.narrow(0, n + 1, 1).view({d}),
+            small_sum.narrow(0, 0, n * (n + 1)).view(sizes("a_static_sizes")),
+            small_sum.narrow(0, n * (n + 1), n).view(sizes("b_static_sizes")),
+            small_sum.narrow(0, n * (n + 2), 1).view(sizes("s_a_sizes")),
+            small_sum.narrow(0, n * (n + 2) + 1, 1).view(sizes("s_b_sizes")),
+            at::Tensor(),
+            at::Tensor()};
+  }
+};
+
 }  // namespace
 
 extern "C" {
@@ -710,6 +842,16 @@ char* plexus_sinkhorn(at::Tensor* logits, int64_t iters, int64_t isa, at::Tensor
 
 char* plexus_rms_project(at::Tensor* v, at::Tensor* phi, at::Tensor** out) {
   return guarded([&] { *out = new at::Tensor(RmsProject::apply(*v, *phi)); });
+}
+
+// outs: u, res, post (three fresh handles on success).
+char* plexus_hyper_pre(at::Tensor* h, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w_a, at::Tensor* w_b,
+                       at::Tensor* a_static, at::Tensor* b_static, at::Tensor* s_a, at::Tensor* s_b, double eps,
+                       int64_t isa, at::Tensor** outs) {
+  return guarded([&] {
+    auto r = HyperPre::apply(*h, *gamma, *beta, *w_a, *w_b, *a_static, *b_static, *s_a, *s_b, eps, isa);
+    for (size_t i = 0; i < 3; ++i) outs[i] = new at::Tensor(std::move(r[i]));
+  });
 }
 
 }  // extern "C"

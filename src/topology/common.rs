@@ -276,6 +276,13 @@ pub trait StreamMixing {
     /// For unit `k` (0-based) and streams `h` `[.., n, D]`: `(pre [.., n], res [.., n, n], post [.., n])`
     /// (leading dims may be absent for static mixing).
     fn mixing(&self, k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor);
+    /// Unit `k`'s input and its write weights at once: `(u [.., D], res, post)` with
+    /// `u = Σ_s pre[s] H_s`. The default runs [`mixing`](Self::mixing) then [`stream_read`]; a
+    /// topology with a kernel that does both in one pass overrides it.
+    fn read_and_mixing(&self, k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let (pre, res, post) = self.mixing(k, h);
+        (stream_read(h, &pre), res, post)
+    }
 }
 
 /// Runs a multi-stream topology: `H_0` = n copies of `x0`, `y` = mean over streams. With
@@ -306,11 +313,17 @@ pub fn multi_stream(
         to_vec(&flat.mean_dim(0, false, Kind::Double))
     };
     for (k, f) in units.iter().enumerate() {
-        let (pre, res, post) = mix.mixing(k, &h);
-        let u = stream_read(&h, &pre);
+        // Tracing needs `pre` itself; a run that does not takes the fused read where there is one.
+        let (u, pre, res, post) = if coef.is_some() {
+            let (pre, res, post) = mix.mixing(k, &h);
+            (stream_read(&h, &pre), Some(pre), res, post)
+        } else {
+            let (u, res, post) = mix.read_and_mixing(k, &h);
+            (u, None, res, post)
+        };
         let o = f.forward(&u, Norm::Default, train);
         h = stream_write(&h, &res, &post, &o);
-        if let Some(c) = coef.as_mut() {
+        if let (Some(c), Some(pre)) = (coef.as_mut(), pre) {
             let (pre, res, post) = (pre.to_kind(Kind::Double), res.to_kind(Kind::Double), post.to_kind(Kind::Double));
             res_means.push(crate::host::to_cpu(&res.reshape([-1, n, n]).mean_dim(0, false, Kind::Double)));
             cols.push(mean_over_lead(&(pre.unsqueeze(-1) * &*c).sum_dim_intlist(-2, false, Kind::Double)));

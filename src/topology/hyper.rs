@@ -174,6 +174,36 @@ impl StreamMixing for Hyper {
         let parts = a.split_with_sizes([1, n], -1);
         (parts[0].squeeze_dim(-1).contiguous(), parts[1].contiguous(), b)
     }
+
+    /// Dynamic mixing in fp32 (or fp64) on the CPU: one autograd function for the norm, the
+    /// projection, the tanh-scaled weights and the read ([`native::hyper_pre`]), one pass per token
+    /// each way, in place of some 15 operators forward and 25 backward over `[.., n, n+2]` tensors
+    /// and the read's own pass. Otherwise [`mixing`](StreamMixing::mixing), then the read.
+    fn read_and_mixing(&self, k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let l = &self.layers[k];
+        if let (Some(d), Kind::Float) = (&l.dynamic, self.compute) {
+            if let (Some(gamma), Some(beta)) = (d.norm.ws.as_ref(), d.norm.bs.as_ref()) {
+                let all =
+                    [h, gamma, beta, &d.alpha, &d.beta, &l.static_alpha, &l.static_beta, &d.alpha_scale, &d.beta_scale];
+                if common::fused(&all) {
+                    let params = native::HyperPreParams {
+                        gamma,
+                        beta,
+                        w_a: &d.alpha,
+                        w_b: &d.beta,
+                        a_static: &l.static_alpha,
+                        b_static: &l.static_beta,
+                        s_a: &d.alpha_scale,
+                        s_b: &d.beta_scale,
+                        eps: NORM_EPS,
+                    };
+                    return native::hyper_pre(h, &params).unwrap_or_else(|e| panic!("fused hyper pre: {e:#}"));
+                }
+            }
+        }
+        let (pre, res, post) = self.mixing(k, h);
+        (common::stream_read(h, &pre), res, post)
+    }
 }
 
 impl Topology for Hyper {
@@ -231,6 +261,94 @@ mod tests {
                         native::with_kernel_isa(isa, || norm_project_matches(d, k, scale, offset, isa));
                     }
                 }
+            }
+        }
+    }
+
+    /// The fused pre-unit step ([`native::hyper_pre`]: norm, projection, tanh-scaled weights, read)
+    /// against the same formulas in libtorch operators in fp64: u, res and post, and the gradients
+    /// of the streams and of all eight parameters, for n = 1, 3 (the generic loops), 2, 4, 8, D = 13
+    /// and 37, logits from about ±0.1 to beyond ±9 (where tanh saturates), each instruction set the
+    /// machine runs; once with every output used and once with only u (res and post then have no
+    /// gradient, which the kernel takes as zeros).
+    #[test]
+    fn the_fused_pre_step_matches_the_composite_formulas() {
+        for isa in native::kernel_isas() {
+            for n in [1i64, 2, 3, 4, 8] {
+                for d in [13i64, 37] {
+                    for only_u in [false, true] {
+                        native::with_kernel_isa(isa, || pre_step_matches(n, d, only_u, isa));
+                    }
+                }
+            }
+        }
+    }
+
+    fn pre_step_matches(n: i64, d: i64, only_u: bool, isa: native::KernelIsa) {
+        // h, γ, β, W_a, w_b, A_static, B_static, s_a, s_b; W_a's columns scaled 0.1 … 8 so that
+        // the logits run from small to saturated.
+        let col_scale = Tensor::logspace(-1.0, 0.9, n + 1, 10.0, (Kind::Double, tch::Device::Cpu));
+        let inputs = [
+            uniform(&[2, 5, n, d], 11) * 2.0 + 0.5,
+            uniform(&[d], 12),
+            uniform(&[d], 13),
+            uniform(&[d, n + 1], 14) * col_scale,
+            uniform(&[d], 15) * 0.3,
+            uniform(&[n, n + 1], 16),
+            uniform(&[n], 17),
+            uniform(&[], 18),
+            uniform(&[], 19),
+        ];
+        let (gu, gres, gpost) = (uniform(&[2, 5, d], 20), uniform(&[2, 5, n, n], 21), uniform(&[2, 5, n], 22));
+        // fp64: the worst error measured is 2e-14 (dH), and a tanh whose exp polynomial stops at
+        // degree 9 instead of 12 fails. fp32: up to 1.5e-5 (dH, baseline loops, n = 8, D = 37),
+        // the one-pass norm-projection's rounding at logits of ±9 (the composite fp32 code is
+        // off the fp64 by 3e-6 there).
+        for (kind, tol) in [(Kind::Double, 2e-13), (Kind::Float, 3e-5)] {
+            let run = |fused: bool| -> Vec<Tensor> {
+                let of = if fused { kind } else { Kind::Double };
+                let x: Vec<Tensor> = inputs.iter().map(|t| t.to_kind(of).detach().set_requires_grad(true)).collect();
+                let (u, res, post) = if fused {
+                    let p = native::HyperPreParams {
+                        gamma: &x[1],
+                        beta: &x[2],
+                        w_a: &x[3],
+                        w_b: &x[4],
+                        a_static: &x[5],
+                        b_static: &x[6],
+                        s_a: &x[7],
+                        s_b: &x[8],
+                        eps: NORM_EPS,
+                    };
+                    native::hyper_pre(&x[0], &p).unwrap()
+                } else {
+                    let normed = x[0].layer_norm([d], Some(&x[1]), Some(&x[2]), NORM_EPS, false);
+                    let a = &x[5] + normed.matmul(&x[3]).tanh() * &x[7];
+                    let b = &x[6] + normed.matmul(&x[4]).tanh() * &x[8];
+                    let pre = a.narrow(-1, 0, 1);
+                    ((&pre * &x[0]).sum_dim_intlist(-2, false, of), a.narrow(-1, 1, n), b)
+                };
+                let mut loss = (&u * gu.to_kind(of)).sum(of);
+                if !only_u {
+                    loss = loss + (&res * gres.to_kind(of)).sum(of) + (&post * gpost.to_kind(of)).sum(of);
+                }
+                loss.backward();
+                [u, res, post]
+                    .into_iter()
+                    .map(|t| t.detach())
+                    // A parameter that reached no used output has no gradient: zeros, as the
+                    // fused function returns.
+                    .chain(x.iter().map(|t| if t.grad().defined() { t.grad() } else { t.zeros_like() }))
+                    .map(|t| t.to_kind(Kind::Double))
+                    .collect()
+            };
+            let (fused, reference) = (run(true), run(false));
+            let names =
+                ["u", "res", "post", "dH", "dγ", "dβ", "dW_a", "dw_b", "dA_static", "dB_static", "ds_a", "ds_b"];
+            for ((a, b), name) in fused.iter().zip(&reference).zip(names) {
+                assert_eq!(a.size(), b.size(), "{name}");
+                let err = (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1.0);
+                assert!(err < tol, "{isa:?}, n = {n}, D = {d}, only u: {only_u}, {kind:?}: {name} off by {err:e}");
             }
         }
     }
