@@ -119,17 +119,8 @@ fn main() {
         (
             "HC pre (norm, proj, read)",
             Box::new(|x| {
-                let p = native::HyperPreParams {
-                    gamma: &x[1],
-                    beta: &x[2],
-                    w_a: &x[3],
-                    w_b: &x[4],
-                    a_static: &x[5],
-                    b_static: &x[6],
-                    s_a: &x[7],
-                    s_b: &x[8],
-                    eps: 1e-5,
-                };
+                let params: &[Tensor; 8] = x[1..].try_into().unwrap();
+                let p = native::HyperPreParams::from_slice(params, 1e-5);
                 let (u, res, post) = native::hyper_pre(&x[0], &p).unwrap();
                 flat_cat(&[u, res, post])
             }),

@@ -978,6 +978,15 @@ pub struct HyperPreParams<'a> {
     pub eps: f64,
 }
 
+impl<'a> HyperPreParams<'a> {
+    /// The parameters from eight tensors in the order of the fields (γ, β, W_a, w_b, A_static,
+    /// B_static, s_a, s_b), as tests and benchmarks hold them.
+    pub fn from_slice(t: &'a [Tensor; 8], eps: f64) -> Self {
+        let [gamma, beta, w_a, w_b, a_static, b_static, s_a, s_b] = t;
+        HyperPreParams { gamma, beta, w_a, w_b, a_static, b_static, s_a, s_b, eps }
+    }
+}
+
 /// Everything Hyper-Connections computes from a unit's input streams before the unit runs, as one
 /// autograd function with one pass per token each way: with `Z = LayerNorm(H) [W_a | w_b]`,
 /// `A = A_static + s_a·tanh(Z[.., :n+1])` and `B = B_static + s_b·tanh(Z[.., n+1])`, it returns

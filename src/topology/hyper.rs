@@ -309,17 +309,8 @@ mod tests {
                 let of = if fused { kind } else { Kind::Double };
                 let x: Vec<Tensor> = inputs.iter().map(|t| t.to_kind(of).detach().set_requires_grad(true)).collect();
                 let (u, res, post) = if fused {
-                    let p = native::HyperPreParams {
-                        gamma: &x[1],
-                        beta: &x[2],
-                        w_a: &x[3],
-                        w_b: &x[4],
-                        a_static: &x[5],
-                        b_static: &x[6],
-                        s_a: &x[7],
-                        s_b: &x[8],
-                        eps: NORM_EPS,
-                    };
+                    let params: &[Tensor; 8] = x[1..].try_into().unwrap();
+                    let p = native::HyperPreParams::from_slice(params, NORM_EPS);
                     native::hyper_pre(&x[0], &p).unwrap()
                 } else {
                     let normed = x[0].layer_norm([d], Some(&x[1]), Some(&x[2]), NORM_EPS, false);
