@@ -280,9 +280,15 @@ pub trait StreamMixing {
     /// `u = Σ_s pre[s] H_s`. The default runs [`mixing`](Self::mixing) then [`stream_read`]; a
     /// topology with a kernel that does both in one pass overrides it.
     fn read_and_mixing(&self, k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor) {
-        let (pre, res, post) = self.mixing(k, h);
-        (stream_read(h, &pre), res, post)
+        mixing_then_read(self, k, h)
     }
+}
+
+/// [`StreamMixing::read_and_mixing`] in two steps, [`mixing`](StreamMixing::mixing) then
+/// [`stream_read`]: the default, and the fallback of an override whose kernel does not apply.
+pub fn mixing_then_read(mix: &(impl StreamMixing + ?Sized), k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor) {
+    let (pre, res, post) = mix.mixing(k, h);
+    (stream_read(h, &pre), res, post)
 }
 
 /// Runs a multi-stream topology: `H_0` = n copies of `x0`, `y` = mean over streams. With

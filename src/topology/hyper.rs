@@ -201,8 +201,7 @@ impl StreamMixing for Hyper {
                 }
             }
         }
-        let (pre, res, post) = self.mixing(k, h);
-        (common::stream_read(h, &pre), res, post)
+        common::mixing_then_read(self, k, h)
     }
 }
 
