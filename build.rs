@@ -9,7 +9,8 @@
 //! * the small native layer `src/native/plexus_native.cpp` (see `src/native.rs`), compiled with the
 //!   `cc` crate against the headers of the same libtorch and with the same flags torch-sys uses for
 //!   its own C++ (C++17, the libtorch C++11 ABI), so that `torch::Tensor*` means the same thing on
-//!   both sides of tch's FFI.
+//!   both sides of tch's FFI; with OpenMP against libtorch's own libgomp, so that its
+//!   `at::parallel_for` loops run on libtorch's threads (see `openmp_runtime`).
 use std::path::{Path, PathBuf};
 
 fn main() {
@@ -39,6 +40,22 @@ fn main() {
         }
     }
     println!("cargo:rustc-link-arg=-ltorch");
+    if let Some(gomp) = lib_dir.as_deref().and_then(openmp_runtime) {
+        println!("cargo:rustc-link-arg={}", gomp.display());
+    }
+}
+
+/// libtorch's OpenMP runtime, when the wheel ships one (`lib/libgomp.so.1`).
+///
+/// `at::parallel_for` is a header template: it runs its loop on libtorch's intra-op threads only in
+/// a file compiled with OpenMP (`_OPENMP` defined), and on the calling thread alone otherwise. The
+/// native layer's fused kernels call it, so they are compiled with `-fopenmp` and linked against
+/// this very file — not the system compiler's libgomp — so that the process keeps one OpenMP
+/// runtime, one thread pool, and `torch::set_num_threads` governs both. Without it (a libtorch
+/// built with another OpenMP, or none) they build without OpenMP and run on one thread.
+fn openmp_runtime(lib_dir: &Path) -> Option<PathBuf> {
+    let gomp = lib_dir.join("libgomp.so.1");
+    gomp.is_file().then_some(gomp)
 }
 
 /// The first directory among `candidates` that holds `file`.
@@ -175,6 +192,15 @@ fn build_native(lib_dir: Option<&Path>) {
         .flag("-std=c++17")
         .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi}"))
         .flag("-DGLOG_USE_GLOG_EXPORT");
+    if openmp_runtime(lib_dir).is_some() {
+        build.flag("-fopenmp");
+    } else {
+        println!(
+            "cargo:warning=no libgomp.so.1 in {}: plexus' fused CPU kernels are built without OpenMP and run \
+             on one thread",
+            lib_dir.display()
+        );
+    }
     if with_gloo {
         // The wheel ships ProcessGroupGloo.hpp but not the gloo headers it includes; gloo_decl
         // declares the four gloo types that header names (see gloo_decl/gloo/plexus_gloo_decl.h).

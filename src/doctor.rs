@@ -69,7 +69,11 @@ pub fn run() -> bool {
         Ok((v, path)) => println!("NVRTC             {} ({path})", version_text(Ok(v))),
         Err(e) => println!("NVRTC             none ({e:#}): on a GPU, mHC's Sinkhorn runs as composite libtorch ops"),
     }
-    println!("CPU threads       {}", tch::get_num_threads());
+    println!(
+        "CPU threads       {} (plexus' fused kernels: {})",
+        tch::get_num_threads(),
+        crate::native::parallel_for_threads(64)
+    );
     println!("malloc            {}", crate::malloc::keep_freed_memory().describe());
     println!("MKL / OpenMP      {} / {}", tch::utils::has_mkl(), tch::utils::has_openmp());
     let cpu_bf16 = bf16_works(Device::Cpu);

@@ -170,6 +170,7 @@ mod ffi {
             isa: i64,
             outs: *mut *mut C_tensor,
         ) -> *mut c_char;
+        pub fn plexus_parallel_for_threads(tasks: i64) -> i64;
         pub fn plexus_hyper_write_pre(
             h: *mut C_tensor,
             res: *mut C_tensor,
@@ -718,6 +719,15 @@ pub fn kernel_isa() -> KernelIsa {
     })
 }
 
+/// How many threads the fused kernels' parallel loops (`at::parallel_for` in the native layer) run
+/// on, measured with `tasks` tasks: libtorch's intra-op threads ([`tch::get_num_threads`], at most
+/// `tasks`) when the native layer is built with OpenMP against libtorch's own runtime (build.rs),
+/// 1 when not.
+pub fn parallel_for_threads(tasks: usize) -> usize {
+    // SAFETY: no pointers; the function only runs a parallel loop.
+    unsafe { ffi::plexus_parallel_for_threads(tasks as i64) as usize }
+}
+
 /// Every instruction set this build and CPU can run the fused kernels' row loops with: baseline,
 /// and the widest if wider.
 pub fn kernel_isas() -> Vec<KernelIsa> {
@@ -1106,6 +1116,16 @@ mod tests {
         let outer = kernel_isa();
         assert_eq!(with_kernel_isa(KernelIsa::Baseline, kernel_isa), KernelIsa::Baseline);
         assert_eq!(kernel_isa(), outer, "the instruction set is restored");
+    }
+
+    /// The fused kernels' loops use libtorch's threads: `at::parallel_for` is a header template that
+    /// runs on one thread in a file compiled without OpenMP, as the native layer was until build.rs
+    /// passed `-fopenmp` (the kernels ran half as fast as they could on 2 cores).
+    #[test]
+    fn the_fused_kernels_run_on_libtorch_threads() {
+        let threads = tch::get_num_threads().max(1) as usize;
+        assert_eq!(parallel_for_threads(64), threads.min(64), "libtorch has {threads} intra-op threads");
+        assert_eq!(parallel_for_threads(1), 1);
     }
 
     /// A wider instruction set than the CPU has is refused with an error naming it, not run.

@@ -50,6 +50,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 #include <cmath>
 #include <cstdint>
@@ -967,6 +968,17 @@ struct HyperWritePre : public torch::autograd::Function<HyperWritePre> {
 }  // namespace
 
 extern "C" {
+
+// How many threads an `at::parallel_for` of `tasks` one-token tasks runs on here, in the native
+// layer: libtorch's intra-op threads where this file was compiled with OpenMP (as libtorch's own
+// kernels are), 1 otherwise — the header template then runs the whole loop on the calling thread,
+// which the fused kernels did until build.rs passed -fopenmp. (libtorch's OpenMP loop hands each
+// thread of the team its share of the range up front, so the count does not depend on timing.)
+int64_t plexus_parallel_for_threads(int64_t tasks) {
+  std::atomic<uint64_t> seen{0};
+  at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) { seen |= uint64_t{1} << (at::get_thread_num() % 64); });
+  return __builtin_popcountll(seen.load());
+}
 
 // Whether the fused sinkhorn handles `n` streams and `iters` iterations (its scratch is bounded).
 int plexus_sinkhorn_fits(int64_t n, int64_t iters) {
