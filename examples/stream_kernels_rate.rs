@@ -78,6 +78,19 @@ fn main() {
         (Tensor::randn([m, n], o), Tensor::randn([m, n, n], o), Tensor::randn([m, n], o), Tensor::randn([m, d], o));
     let logits = Tensor::randn([m, n, n], o) * 0.5;
     let (gamma, beta, w) = (Tensor::randn([d], o), Tensor::randn([d], o), Tensor::randn([d, n + 2], o) * 0.1);
+    // Hyper-Connections' eight pre-step parameters (γ, β, W_a, w_b, A_static, B_static, s_a, s_b).
+    let hc_params = || {
+        vec![
+            Tensor::randn([d], o),
+            Tensor::randn([d], o),
+            Tensor::randn([d, n + 1], o) * 0.1,
+            Tensor::randn([d], o) * 0.1,
+            Tensor::randn([n, n + 1], o),
+            Tensor::randn([n], o),
+            Tensor::from(0.3f32),
+            Tensor::from(0.2f32),
+        ]
+    };
     type Op<'a> = (&'a str, Box<dyn Fn(&[Tensor]) -> Tensor>, Box<dyn Fn(&[Tensor]) -> Tensor>, Vec<Tensor>, Vec<i64>);
     let ops: Vec<Op> = vec![
         (
@@ -135,17 +148,7 @@ fn main() {
                 let u = common::stream_read_composite(&x[0], &parts[0].squeeze_dim(-1).contiguous());
                 flat_cat(&[u, parts[1].contiguous(), b])
             }),
-            vec![
-                h.copy(),
-                Tensor::randn([d], o),
-                Tensor::randn([d], o),
-                Tensor::randn([d, n + 1], o) * 0.1,
-                Tensor::randn([d], o) * 0.1,
-                Tensor::randn([n, n + 1], o),
-                Tensor::randn([n], o),
-                Tensor::from(0.3f32),
-                Tensor::from(0.2f32),
-            ],
+            std::iter::once(h.copy()).chain(hc_params()).collect(),
             vec![m * d + m * n * n + m * n],
         ),
         (
@@ -164,20 +167,10 @@ fn main() {
                 let (u, res, post) = native::hyper_pre(&h2, &p).unwrap();
                 flat_cat(&[h2, u, res, post])
             }),
-            vec![
-                h.copy(),
-                Tensor::randn([m, n, n], o),
-                Tensor::randn([m, n], o),
-                Tensor::randn([m, d], o),
-                Tensor::randn([d], o),
-                Tensor::randn([d], o),
-                Tensor::randn([d, n + 1], o) * 0.1,
-                Tensor::randn([d], o) * 0.1,
-                Tensor::randn([n, n + 1], o),
-                Tensor::randn([n], o),
-                Tensor::from(0.3f32),
-                Tensor::from(0.2f32),
-            ],
+            [h.copy(), Tensor::randn([m, n, n], o), Tensor::randn([m, n], o), Tensor::randn([m, d], o)]
+                .into_iter()
+                .chain(hc_params())
+                .collect(),
             vec![m * n * d + m * d + m * n * n + m * n],
         ),
     ];

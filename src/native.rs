@@ -156,34 +156,22 @@ mod ffi {
             isa: i64,
             out: *mut *mut C_tensor,
         ) -> *mut c_char;
+        /// `params`: γ, β, W_a, w_b, A_static, B_static, s_a, s_b ([`super::HyperPreParams`]).
         pub fn plexus_hyper_pre(
             h: *mut C_tensor,
-            gamma: *mut C_tensor,
-            beta: *mut C_tensor,
-            w_a: *mut C_tensor,
-            w_b: *mut C_tensor,
-            a_static: *mut C_tensor,
-            b_static: *mut C_tensor,
-            s_a: *mut C_tensor,
-            s_b: *mut C_tensor,
+            params: *const *mut C_tensor,
             eps: f64,
             isa: i64,
             outs: *mut *mut C_tensor,
         ) -> *mut c_char;
         pub fn plexus_parallel_for_threads(tasks: i64) -> i64;
+        /// `params` as for `plexus_hyper_pre`.
         pub fn plexus_hyper_write_pre(
             h: *mut C_tensor,
             res: *mut C_tensor,
             post: *mut C_tensor,
             o: *mut C_tensor,
-            gamma: *mut C_tensor,
-            beta: *mut C_tensor,
-            w_a: *mut C_tensor,
-            w_b: *mut C_tensor,
-            a_static: *mut C_tensor,
-            b_static: *mut C_tensor,
-            s_a: *mut C_tensor,
-            s_b: *mut C_tensor,
+            params: *const *mut C_tensor,
             eps: f64,
             isa: i64,
             outs: *mut *mut C_tensor,
@@ -1013,6 +1001,12 @@ impl<'a> HyperPreParams<'a> {
         let [gamma, beta, w_a, w_b, a_static, b_static, s_a, s_b] = t;
         HyperPreParams { gamma, beta, w_a, w_b, a_static, b_static, s_a, s_b, eps }
     }
+
+    /// The eight tensors' handles in the order of the fields, as the C++ entry points take them.
+    fn handles(&self) -> [*mut torch_sys::C_tensor; 8] {
+        [self.gamma, self.beta, self.w_a, self.w_b, self.a_static, self.b_static, self.s_a, self.s_b]
+            .map(|t| t.as_ptr() as *mut _)
+    }
 }
 
 /// Everything Hyper-Connections computes from a unit's input streams before the unit runs, as one
@@ -1025,20 +1019,7 @@ pub fn hyper_pre(h: &Tensor, p: &HyperPreParams) -> Result<(Tensor, Tensor, Tens
     // SAFETY: as in `stream_read`; on success the C++ side writes three fresh, caller-owned
     // handles to `outs`.
     let err = unsafe {
-        ffi::plexus_hyper_pre(
-            h.as_ptr() as *mut _,
-            p.gamma.as_ptr() as *mut _,
-            p.beta.as_ptr() as *mut _,
-            p.w_a.as_ptr() as *mut _,
-            p.w_b.as_ptr() as *mut _,
-            p.a_static.as_ptr() as *mut _,
-            p.b_static.as_ptr() as *mut _,
-            p.s_a.as_ptr() as *mut _,
-            p.s_b.as_ptr() as *mut _,
-            p.eps,
-            kernel_isa().code(),
-            outs.as_mut_ptr(),
-        )
+        ffi::plexus_hyper_pre(h.as_ptr() as *mut _, p.handles().as_ptr(), p.eps, kernel_isa().code(), outs.as_mut_ptr())
     };
     check(err)?;
     // SAFETY: on success each handle is a fresh tensor that nothing else owns.
@@ -1071,14 +1052,7 @@ pub fn hyper_write_pre(
             res.as_ptr() as *mut _,
             post.as_ptr() as *mut _,
             o.as_ptr() as *mut _,
-            p.gamma.as_ptr() as *mut _,
-            p.beta.as_ptr() as *mut _,
-            p.w_a.as_ptr() as *mut _,
-            p.w_b.as_ptr() as *mut _,
-            p.a_static.as_ptr() as *mut _,
-            p.b_static.as_ptr() as *mut _,
-            p.s_a.as_ptr() as *mut _,
-            p.s_b.as_ptr() as *mut _,
+            p.handles().as_ptr(),
             p.eps,
             kernel_isa().code(),
             outs.as_mut_ptr(),

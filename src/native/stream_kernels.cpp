@@ -1011,24 +1011,23 @@ char* plexus_rms_project(at::Tensor* v, at::Tensor* phi, at::Tensor** out) {
   return guarded([&] { *out = new at::Tensor(RmsProject::apply(*v, *phi)); });
 }
 
-// outs: u, res, post (three fresh handles on success).
-char* plexus_hyper_pre(at::Tensor* h, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w_a, at::Tensor* w_b,
-                       at::Tensor* a_static, at::Tensor* b_static, at::Tensor* s_a, at::Tensor* s_b, double eps,
-                       int64_t isa, at::Tensor** outs) {
+// params: γ, β, W_a, w_b, A_static, B_static, s_a, s_b. outs: u, res, post (three fresh handles on
+// success).
+char* plexus_hyper_pre(at::Tensor* h, at::Tensor* const* params, double eps, int64_t isa, at::Tensor** outs) {
   return guarded([&] {
-    auto r = HyperPre::apply(*h, *gamma, *beta, *w_a, *w_b, *a_static, *b_static, *s_a, *s_b, eps, isa);
+    const auto& p = params;
+    auto r = HyperPre::apply(*h, *p[0], *p[1], *p[2], *p[3], *p[4], *p[5], *p[6], *p[7], eps, isa);
     for (size_t i = 0; i < 3; ++i) outs[i] = new at::Tensor(std::move(r[i]));
   });
 }
 
-// outs: H', u, res', post' (four fresh handles on success).
-char* plexus_hyper_write_pre(at::Tensor* h, at::Tensor* res, at::Tensor* post, at::Tensor* o, at::Tensor* gamma,
-                             at::Tensor* beta, at::Tensor* w_a, at::Tensor* w_b, at::Tensor* a_static,
-                             at::Tensor* b_static, at::Tensor* s_a, at::Tensor* s_b, double eps, int64_t isa,
-                             at::Tensor** outs) {
+// params as for plexus_hyper_pre. outs: H', u, res', post' (four fresh handles on success).
+char* plexus_hyper_write_pre(at::Tensor* h, at::Tensor* res, at::Tensor* post, at::Tensor* o,
+                             at::Tensor* const* params, double eps, int64_t isa, at::Tensor** outs) {
   return guarded([&] {
-    auto r = HyperWritePre::apply(*h, *res, *post, *o, *gamma, *beta, *w_a, *w_b, *a_static, *b_static, *s_a, *s_b,
-                                  eps, isa);
+    const auto& p = params;
+    auto r = HyperWritePre::apply(*h, *res, *post, *o, *p[0], *p[1], *p[2], *p[3], *p[4], *p[5], *p[6], *p[7], eps,
+                                  isa);
     for (size_t i = 0; i < 4; ++i) outs[i] = new at::Tensor(std::move(r[i]));
   });
 }

@@ -295,9 +295,7 @@ pub trait StreamMixing {
         post: &Tensor,
         o: &Tensor,
     ) -> (Tensor, Tensor, Tensor, Tensor) {
-        let h = stream_write(h, res, post, o);
-        let (u, res, post) = self.read_and_mixing(k, &h);
-        (h, u, res, post)
+        write_then_read(self, k, h, res, post, o)
     }
 }
 
@@ -306,6 +304,22 @@ pub trait StreamMixing {
 pub fn mixing_then_read(mix: &(impl StreamMixing + ?Sized), k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor) {
     let (pre, res, post) = mix.mixing(k, h);
     (stream_read(h, &pre), res, post)
+}
+
+/// [`StreamMixing::write_then_read_and_mixing`] in two steps, [`stream_write`] then
+/// [`read_and_mixing`](StreamMixing::read_and_mixing): the default, and the fallback of an override
+/// whose kernel does not apply.
+pub fn write_then_read(
+    mix: &(impl StreamMixing + ?Sized),
+    k: usize,
+    h: &Tensor,
+    res: &Tensor,
+    post: &Tensor,
+    o: &Tensor,
+) -> (Tensor, Tensor, Tensor, Tensor) {
+    let h = stream_write(h, res, post, o);
+    let (u, res, post) = mix.read_and_mixing(k, &h);
+    (h, u, res, post)
 }
 
 /// Runs a multi-stream topology: `H_0` = n copies of `x0`, `y` = mean over streams. With

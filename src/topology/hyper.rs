@@ -202,9 +202,7 @@ impl StreamMixing for Hyper {
             return native::hyper_write_pre(h, res, post, o, &p)
                 .unwrap_or_else(|e| panic!("fused hyper write and pre: {e:#}"));
         }
-        let h = common::stream_write(h, res, post, o);
-        let (u, res, post) = self.read_and_mixing(k, &h);
-        (h, u, res, post)
+        common::write_then_read(self, k, h, res, post, o)
     }
 }
 
