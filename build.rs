@@ -45,7 +45,8 @@ fn main() {
     }
 }
 
-/// libtorch's OpenMP runtime, when the wheel ships one (`lib/libgomp.so.1`).
+/// libtorch's OpenMP runtime, when its `lib/` ships one: `libgomp.so.1` in the PyPI wheels,
+/// `libgomp-<hash>.so.1` in the libtorch archives.
 ///
 /// `at::parallel_for` is a header template: it runs its loop on libtorch's intra-op threads only in
 /// a file compiled with OpenMP (`_OPENMP` defined), and on the calling thread alone otherwise. The
@@ -54,8 +55,21 @@ fn main() {
 /// runtime, one thread pool, and `torch::set_num_threads` governs both. Without it (a libtorch
 /// built with another OpenMP, or none) they build without OpenMP and run on one thread.
 fn openmp_runtime(lib_dir: &Path) -> Option<PathBuf> {
-    let gomp = lib_dir.join("libgomp.so.1");
-    gomp.is_file().then_some(gomp)
+    let wheel = lib_dir.join("libgomp.so.1");
+    if wheel.is_file() {
+        return Some(wheel);
+    }
+    let mut bundled: Vec<PathBuf> = std::fs::read_dir(lib_dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name.starts_with("libgomp-") && name.ends_with(".so.1")
+        })
+        .collect();
+    bundled.sort();
+    bundled.into_iter().next()
 }
 
 /// The first directory among `candidates` that holds `file`.
