@@ -1,9 +1,8 @@
 //! Micro-benchmark of the fused CPU kernels of the multi-stream topologies
 //! (`src/native/stream_kernels.cpp`) against the composite libtorch code they replace, one unit at
 //! a time: the stream read and write, Sinkhorn–Knopp, Hyper-Connections' LayerNorm + projection,
-//! mHC's RMS + projection, Hyper-Connections' whole pre-unit step (`hyper_pre`: the norm, the
-//! projection, the tanh-scaled weights and the read) and a write joined to the next pre step
-//! (`hyper_write_pre`, against the two called in turn), forward alone and forward + backward; the
+//! mHC's RMS + projection and Hyper-Connections' whole pre-unit step (`hyper_pre`: the norm, the
+//! projection, the tanh-scaled weights and the read), forward alone and forward + backward; the
 //! fused ones both with the widest row loops the CPU has (AVX2 + FMA on most x86-64) and with the
 //! baseline x86-64 ones (the same for Sinkhorn and the RMS projection, which have no per-set
 //! loops).
@@ -150,28 +149,6 @@ fn main() {
             }),
             std::iter::once(h.copy()).chain(hc_params()).collect(),
             vec![m * d + m * n * n + m * n],
-        ),
-        (
-            // Its "composite" column: the two fused functions it joins, called in turn.
-            "HC write + next pre",
-            Box::new(|x| {
-                let params: &[Tensor; 8] = x[4..].try_into().unwrap();
-                let p = native::HyperPreParams::from_slice(params, 1e-5);
-                let (h2, u, res, post) = native::hyper_write_pre(&x[0], &x[1], &x[2], &x[3], &p).unwrap();
-                flat_cat(&[h2, u, res, post])
-            }),
-            Box::new(|x| {
-                let params: &[Tensor; 8] = x[4..].try_into().unwrap();
-                let p = native::HyperPreParams::from_slice(params, 1e-5);
-                let h2 = native::stream_write(&x[0], &x[1], &x[2], &x[3]).unwrap();
-                let (u, res, post) = native::hyper_pre(&h2, &p).unwrap();
-                flat_cat(&[h2, u, res, post])
-            }),
-            [h.copy(), Tensor::randn([m, n, n], o), Tensor::randn([m, n], o), Tensor::randn([m, d], o)]
-                .into_iter()
-                .chain(hc_params())
-                .collect(),
-            vec![m * n * d + m * d + m * n * n + m * n],
         ),
     ];
     // The fused kernels with the widest row loops the CPU has, with the baseline ones, and the

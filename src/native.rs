@@ -15,8 +15,7 @@
 //!   AdamW kernel ([`fused_adamw`]); the operator counter behind `bench`'s kernels per step;
 //! * fused CPU kernels of the multi-stream topologies, autograd functions with hand-written
 //!   backwards (`src/native/stream_kernels.cpp`): [`stream_read`], [`stream_write`], [`sinkhorn`],
-//!   [`norm_project`], [`rms_project`], [`hyper_pre`] (HC's mixing weights and read in one),
-//!   [`hyper_write_pre`] (a write and the next unit's `hyper_pre` in one); the
+//!   [`norm_project`], [`rms_project`], [`hyper_pre`] (HC's mixing weights and read in one); the
 //!   read's, the write's, `norm_project`'s and `hyper_pre`'s row loops are
 //!   built for baseline x86-64 and for AVX2 + FMA and picked by the CPU ([`KernelIsa`],
 //!   [`kernel_isa`]);
@@ -165,17 +164,6 @@ mod ffi {
             outs: *mut *mut C_tensor,
         ) -> *mut c_char;
         pub fn plexus_parallel_for_threads(tasks: i64) -> i64;
-        /// `params` as for `plexus_hyper_pre`.
-        pub fn plexus_hyper_write_pre(
-            h: *mut C_tensor,
-            res: *mut C_tensor,
-            post: *mut C_tensor,
-            o: *mut C_tensor,
-            params: *const *mut C_tensor,
-            eps: f64,
-            isa: i64,
-            outs: *mut *mut C_tensor,
-        ) -> *mut c_char;
     }
 }
 
@@ -1025,43 +1013,6 @@ pub fn hyper_pre(h: &Tensor, p: &HyperPreParams) -> Result<(Tensor, Tensor, Tens
     // SAFETY: on success each handle is a fresh tensor that nothing else owns.
     let [u, res, post] = outs.map(|t| unsafe { Tensor::from_ptr(t) });
     Ok((u, res, post))
-}
-
-/// A unit's stream write followed by the next unit's [`hyper_pre`] on the streams it wrote, as one
-/// autograd function: `H' = Σ_s res[s, t] H_s + post[t] · o` ([`stream_write`]), then
-/// `(u', res', post') = hyper_pre(H', p)`; returns `(H' [.., n, D], u' [.., D], res' [.., n, n],
-/// post' [.., n])` for streams `h` `[.., n, D]`, `res` `[.., n, n]` or `[n, n]`, `post` `[.., n]` or
-/// `[n]`, `o` `[.., D]`. The same values, bit for bit, as the two functions called in turn, with a
-/// block of tokens' new streams going from the write to the pre step while they sit in L1, and a
-/// backward that adds the pre step's gradient of `H'` to the one `H'` gets from its other consumer
-/// in the same pass, where apart autograd adds up two `[.., n, D]` tensors. CPU fp32/fp64 tensors
-/// of one dtype.
-pub fn hyper_write_pre(
-    h: &Tensor,
-    res: &Tensor,
-    post: &Tensor,
-    o: &Tensor,
-    p: &HyperPreParams,
-) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
-    let mut outs: [*mut torch_sys::C_tensor; 4] = [std::ptr::null_mut(); 4];
-    // SAFETY: as in `stream_read`; on success the C++ side writes four fresh, caller-owned
-    // handles to `outs`.
-    let err = unsafe {
-        ffi::plexus_hyper_write_pre(
-            h.as_ptr() as *mut _,
-            res.as_ptr() as *mut _,
-            post.as_ptr() as *mut _,
-            o.as_ptr() as *mut _,
-            p.handles().as_ptr(),
-            p.eps,
-            kernel_isa().code(),
-            outs.as_mut_ptr(),
-        )
-    };
-    check(err)?;
-    // SAFETY: on success each handle is a fresh tensor that nothing else owns.
-    let [h2, u, res2, post2] = outs.map(|t| unsafe { Tensor::from_ptr(t) });
-    Ok((h2, u, res2, post2))
 }
 
 #[cfg(test)]

@@ -18,8 +18,6 @@
 // * rms_project:  q          = (v @ φ) / RMS(v), row by row (mHC's mixing logits)      [R, N] → [R, K]
 // * hyper_pre:    (u, res, post) from H: norm_project, HC's tanh-scaled mixing weights and the
 //                 read, per token in one pass (HC's whole pre-unit step)  [M, n, D] → [M, D], [M, n, n], [M, n]
-// * hyper_write_pre: stream_write of unit k, then hyper_pre of unit k + 1 on what it wrote, per
-//                 block of tokens                                → H' [M, n, D] and hyper_pre's three
 //
 // `m` runs over the flattened leading dimensions (batch, tokens); the mixing weights either have
 // them too (dynamic, input-dependent mixing: Mr = M) or not (static mixing: Mr = 1, the gradient
@@ -120,8 +118,6 @@ struct RowKernels {
   decltype(&isa_baseline::sinkhorn_rows_backward<T>) sinkhorn_backward;
   decltype(&isa_baseline::hyper_pre_rows<T>) hyper_pre;
   decltype(&isa_baseline::hyper_pre_rows_backward<T>) hyper_pre_backward;
-  decltype(&isa_baseline::hyper_write_pre_rows<T>) hyper_write_pre;
-  decltype(&isa_baseline::hyper_write_pre_rows_backward<T>) hyper_write_pre_backward;
 };
 
 template <typename T>
@@ -133,14 +129,14 @@ RowKernels<T> row_kernels(int64_t isa) {
     return {&k::read_rows<T>,          &k::read_rows_backward<T>,          &k::write_rows<T>,
             &k::write_rows_backward<T>, &k::norm_project_rows<T>,           &k::norm_project_rows_backward<T>,
             &k::sinkhorn_rows<T>,       &k::sinkhorn_rows_backward<T>,      &k::hyper_pre_rows<T>,
-            &k::hyper_pre_rows_backward<T>, &k::hyper_write_pre_rows<T>, &k::hyper_write_pre_rows_backward<T>};
+            &k::hyper_pre_rows_backward<T>};
   }
 #endif
   namespace k = isa_baseline;
   return {&k::read_rows<T>,          &k::read_rows_backward<T>,          &k::write_rows<T>,
           &k::write_rows_backward<T>, &k::norm_project_rows<T>,           &k::norm_project_rows_backward<T>,
           &k::sinkhorn_rows<T>,       &k::sinkhorn_rows_backward<T>,      &k::hyper_pre_rows<T>,
-          &k::hyper_pre_rows_backward<T>, &k::hyper_write_pre_rows<T>, &k::hyper_write_pre_rows_backward<T>};
+          &k::hyper_pre_rows_backward<T>};
 }
 
 // Tokens per parallel task: enough elements that a task is worth a thread (~32 Ki).
@@ -763,7 +759,7 @@ struct HyperPreOutputs {
   }
 };
 
-// The pre step's backward, shared by hyper_pre and hyper_write_pre: the parallel tasks over the
+// The pre step's backward: the parallel tasks over the
 // tokens (as many as threads), each with its slice of parameter-gradient partial sums —
 // [tasks, K + 2, D] (dWᵀ, dγ, dβ) and [tasks, n(n+1) + n + 2] in double (the static weights and the
 // scales) — summed into the eight parameter gradients after `rows(b, e, partial, small)` has run
@@ -871,100 +867,6 @@ struct HyperPre : public torch::autograd::Function<HyperPre> {
   }
 };
 
-// ----------------------------------------------------------------------------------------------
-// hyper_write_pre: unit k's stream write, then unit k + 1's hyper_pre on the streams it wrote, a
-// block of tokens at a time (stream_rows.inc, `hyper_write_pre_rows`): (H [.., n, D], res, post,
-// o [.., D], the pre step's parameters) → (H' [.., n, D], u [.., D], res' [.., n, n], post' [.., n]).
-// The same values as stream_write then hyper_pre, bit for bit, with one pass fewer over H' forward
-// and, backward, no [.., n, D] gradient of H' for autograd to add up and pass on.
-
-struct HyperWritePre : public torch::autograd::Function<HyperWritePre> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& h_in, const at::Tensor& res_in,
-                               const at::Tensor& post_in, const at::Tensor& o_in, const at::Tensor& gamma_in,
-                               const at::Tensor& beta_in, const at::Tensor& w_a, const at::Tensor& w_b,
-                               const at::Tensor& a_static, const at::Tensor& b_static, const at::Tensor& s_a,
-                               const at::Tensor& s_b, double eps, int64_t isa) {
-    const auto h = h_in.contiguous(), res = res_in.contiguous(), post = post_in.contiguous(), o = o_in.contiguous();
-    if (!h.device().is_cpu()) throw std::invalid_argument("hyper_write_pre takes CPU tensors");
-    const auto sh = StreamWrite::shape(h, res, post, o);
-    const HyperParams p(h, gamma_in, beta_in, w_a, w_b, a_static, b_static, s_a, s_b);
-    auto hout = at::empty_like(h);
-    HyperPreOutputs out(h, p);
-    {
-      RECORD_FUNCTION("plexus::hyper_write_pre", std::vector<c10::IValue>());
-      AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "hyper_write_pre", [&] {
-        const auto kernel = row_kernels<scalar_t>(isa).hyper_write_pre;
-        at::parallel_for(0, p.m, grain(p.n * p.d * (p.k + 2)), [&](int64_t b, int64_t e) {
-          std::vector<scalar_t> scratch((p.k + 2) * p.d);
-          kernel(h.const_data_ptr<scalar_t>(), res.const_data_ptr<scalar_t>(), post.const_data_ptr<scalar_t>(),
-                 o.const_data_ptr<scalar_t>(), hout.mutable_data_ptr<scalar_t>(), p.gamma.const_data_ptr<scalar_t>(),
-                 p.beta.const_data_ptr<scalar_t>(), p.wt.const_data_ptr<scalar_t>(), p.sa.const_data_ptr<scalar_t>(),
-                 p.sb.const_data_ptr<scalar_t>(), scalar_t(p.scale_a), scalar_t(p.scale_b),
-                 out.u.mutable_data_ptr<scalar_t>(), out.res.mutable_data_ptr<scalar_t>(),
-                 out.post.mutable_data_ptr<scalar_t>(), out.t.mutable_data_ptr<scalar_t>(),
-                 out.stats.mutable_data_ptr<scalar_t>(), b, e, p.n, p.d, sh.mr != 1, scalar_t(eps), scratch.data());
-        });
-      });
-    }
-    // H' is saved as an output (autograd keeps it once, with the next step's copy as an input).
-    ctx->save_for_backward({h, res, post, o, hout, p.gamma, p.beta, p.wt, p.sa, out.t, out.stats});
-    p.save(ctx, a_static, b_static, s_a, s_b);
-    ctx->saved_data["res_sizes"] = res_in.sizes().vec();
-    ctx->saved_data["post_sizes"] = post_in.sizes().vec();
-    ctx->saved_data["isa"] = isa;
-    return {hout, out.u, out.res, out.post};
-  }
-
-  // (gH', gu, gres', gpost') → gradients of (H, res, post, o, γ, β, W_a, w_b, A_static, B_static,
-  // s_a, s_b); an output nothing used has an undefined gradient, taken as zeros (gH': skipped).
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto &h = saved[0], &res = saved[1], &post = saved[2], &o = saved[3], &hout = saved[4];
-    const auto &gamma = saved[5], &beta = saved[6], &wt = saved[7], &sa = saved[8], &t = saved[9],
-               &stats = saved[10];
-    const auto sh = StreamWrite::shape(h, res, post, o);
-    const int64_t m = sh.m, n = sh.n, d = sh.d, k = n + 2;
-    const auto gext = grads[0].defined() ? grads[0].contiguous() : at::Tensor();
-    const auto gu = grad_or_zeros(grads, 1, {m, d}, h), gres2 = grad_or_zeros(grads, 2, {m, n, n}, h);
-    const auto gpost2 = grad_or_zeros(grads, 3, {m, n}, h);
-    auto gh = at::empty_like(h);
-    auto go = at::empty_like(o);
-    auto gres_tok = at::empty({m, n, n}, h.options());
-    auto gpost_tok = at::empty({m, n}, h.options());
-    variable_list params;
-    {
-      AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "hyper_write_pre_backward", [&] {
-        const auto kernel = row_kernels<scalar_t>(ctx->saved_data["isa"].toInt()).hyper_write_pre_backward;
-        const auto scale_a = scalar_t(ctx->saved_data["scale_a"].toDouble());
-        const auto scale_b = scalar_t(ctx->saved_data["scale_b"].toDouble());
-        const scalar_t* gext_p = gext.defined() ? gext.const_data_ptr<scalar_t>() : nullptr;
-        params = hyper_pre_param_grads(ctx, "plexus::hyper_write_pre_backward", m, n, d, h, [&](int64_t b, int64_t e,
-                                                                                            at::Tensor partial,
-                                                                                            at::Tensor small) {
-          const int64_t block = isa_baseline::kHyperBlock;
-          std::vector<scalar_t> gsum(block * n * d), gz(block * n * k), xhat(2 * d), normed(d), dnormed(d);
-          kernel(h.const_data_ptr<scalar_t>(), res.const_data_ptr<scalar_t>(), post.const_data_ptr<scalar_t>(),
-                 o.const_data_ptr<scalar_t>(), hout.const_data_ptr<scalar_t>(), gamma.const_data_ptr<scalar_t>(),
-                 beta.const_data_ptr<scalar_t>(), wt.const_data_ptr<scalar_t>(), sa.const_data_ptr<scalar_t>(),
-                 scale_a, scale_b, t.const_data_ptr<scalar_t>(), stats.const_data_ptr<scalar_t>(),
-                 gu.const_data_ptr<scalar_t>(), gres2.const_data_ptr<scalar_t>(), gpost2.const_data_ptr<scalar_t>(),
-                 gext_p, gh.mutable_data_ptr<scalar_t>(), gres_tok.mutable_data_ptr<scalar_t>(),
-                 gpost_tok.mutable_data_ptr<scalar_t>(), go.mutable_data_ptr<scalar_t>(),
-                 partial.mutable_data_ptr<scalar_t>(), small.mutable_data_ptr<double>(), b, e, n, d, sh.mr != 1,
-                 gsum.data(), gz.data(), xhat.data(), normed.data(), dnormed.data());
-        });
-      });
-    }
-    const auto gres = sh.mr == 1 ? gres_tok.sum(0) : gres_tok;
-    const auto gpost = sh.mr == 1 ? gpost_tok.sum(0) : gpost_tok;
-    variable_list out{gh, gres.view(ctx->saved_data["res_sizes"].toIntVector()),
-                      gpost.view(ctx->saved_data["post_sizes"].toIntVector()), go};
-    out.insert(out.end(), params.begin(), params.end());
-    out.insert(out.end(), {at::Tensor(), at::Tensor()});
-    return out;
-  }
-};
-
 }  // namespace
 
 extern "C" {
@@ -1018,17 +920,6 @@ char* plexus_hyper_pre(at::Tensor* h, at::Tensor* const* params, double eps, int
     const auto& p = params;
     auto r = HyperPre::apply(*h, *p[0], *p[1], *p[2], *p[3], *p[4], *p[5], *p[6], *p[7], eps, isa);
     for (size_t i = 0; i < 3; ++i) outs[i] = new at::Tensor(std::move(r[i]));
-  });
-}
-
-// params as for plexus_hyper_pre. outs: H', u, res', post' (four fresh handles on success).
-char* plexus_hyper_write_pre(at::Tensor* h, at::Tensor* res, at::Tensor* post, at::Tensor* o,
-                             at::Tensor* const* params, double eps, int64_t isa, at::Tensor** outs) {
-  return guarded([&] {
-    const auto& p = params;
-    auto r = HyperWritePre::apply(*h, *res, *post, *o, *p[0], *p[1], *p[2], *p[3], *p[4], *p[5], *p[6], *p[7], eps,
-                                  isa);
-    for (size_t i = 0; i < 4; ++i) outs[i] = new at::Tensor(std::move(r[i]));
   });
 }
 

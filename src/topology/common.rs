@@ -282,21 +282,6 @@ pub trait StreamMixing {
     fn read_and_mixing(&self, k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor) {
         mixing_then_read(self, k, h)
     }
-    /// Unit `k - 1`'s write, then unit `k`'s read and mixing on the streams it wrote:
-    /// `(H' [.., n, D], u, res, post)` from `h` `[.., n, D]`, unit `k - 1`'s `res` and `post` and
-    /// its output `o` `[.., D]`. The default runs [`stream_write`] then
-    /// [`read_and_mixing`](Self::read_and_mixing); a topology with a kernel that does both in one
-    /// pass overrides it.
-    fn write_then_read_and_mixing(
-        &self,
-        k: usize,
-        h: &Tensor,
-        res: &Tensor,
-        post: &Tensor,
-        o: &Tensor,
-    ) -> (Tensor, Tensor, Tensor, Tensor) {
-        write_then_read(self, k, h, res, post, o)
-    }
 }
 
 /// [`StreamMixing::read_and_mixing`] in two steps, [`mixing`](StreamMixing::mixing) then
@@ -304,22 +289,6 @@ pub trait StreamMixing {
 pub fn mixing_then_read(mix: &(impl StreamMixing + ?Sized), k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor) {
     let (pre, res, post) = mix.mixing(k, h);
     (stream_read(h, &pre), res, post)
-}
-
-/// [`StreamMixing::write_then_read_and_mixing`] in two steps, [`stream_write`] then
-/// [`read_and_mixing`](StreamMixing::read_and_mixing): the default, and the fallback of an override
-/// whose kernel does not apply.
-pub fn write_then_read(
-    mix: &(impl StreamMixing + ?Sized),
-    k: usize,
-    h: &Tensor,
-    res: &Tensor,
-    post: &Tensor,
-    o: &Tensor,
-) -> (Tensor, Tensor, Tensor, Tensor) {
-    let h = stream_write(h, res, post, o);
-    let (u, res, post) = mix.read_and_mixing(k, &h);
-    (h, u, res, post)
 }
 
 /// Runs a multi-stream topology: `H_0` = n copies of `x0`, `y` = mean over streams. With
@@ -349,25 +318,16 @@ pub fn multi_stream(
         let flat = t.reshape([-1, l + 1]);
         to_vec(&flat.mean_dim(0, false, Kind::Double))
     };
-    // Without tracing, unit k's read and mixing come from the step that wrote unit k - 1's output
-    // (`write_then_read_and_mixing`, where a topology fuses the two).
-    let mut next: Option<(Tensor, Tensor, Tensor)> = None;
     for (k, f) in units.iter().enumerate() {
         // Tracing needs `pre` itself; a run that does not takes the fused read where there is one.
         let (u, pre, res, post) = if coef.is_some() {
             let (pre, res, post) = mix.mixing(k, &h);
             (stream_read(&h, &pre), Some(pre), res, post)
         } else {
-            let (u, res, post) = next.take().unwrap_or_else(|| mix.read_and_mixing(k, &h));
+            let (u, res, post) = mix.read_and_mixing(k, &h);
             (u, None, res, post)
         };
         let o = f.forward(&u, Norm::Default, train);
-        if coef.is_none() && k + 1 < units.len() {
-            let (h2, u, res, post) = mix.write_then_read_and_mixing(k + 1, &h, &res, &post, &o);
-            h = h2;
-            next = Some((u, res, post));
-            continue;
-        }
         h = stream_write(&h, &res, &post, &o);
         if let (Some(c), Some(pre)) = (coef.as_mut(), pre) {
             let (pre, res, post) = (pre.to_kind(Kind::Double), res.to_kind(Kind::Double), post.to_kind(Kind::Double));

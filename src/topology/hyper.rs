@@ -185,25 +185,6 @@ impl StreamMixing for Hyper {
             None => common::mixing_then_read(self, k, h),
         }
     }
-
-    /// Where [`read_and_mixing`](StreamMixing::read_and_mixing) runs `hyper_pre`, the write before
-    /// it joins it ([`native::hyper_write_pre`]): a block of tokens' new streams go from the write
-    /// to the norm and the read while in L1, and the backward adds the two gradients of the new
-    /// streams in the same pass, where apart autograd adds two `[.., n, D]` tensors.
-    fn write_then_read_and_mixing(
-        &self,
-        k: usize,
-        h: &Tensor,
-        res: &Tensor,
-        post: &Tensor,
-        o: &Tensor,
-    ) -> (Tensor, Tensor, Tensor, Tensor) {
-        if let Some(p) = self.fused_pre(k, &[h, res, post, o]) {
-            return native::hyper_write_pre(h, res, post, o, &p)
-                .unwrap_or_else(|e| panic!("fused hyper write and pre: {e:#}"));
-        }
-        common::write_then_read(self, k, h, res, post, o)
-    }
 }
 
 impl Hyper {
@@ -364,102 +345,6 @@ mod tests {
                 let err = (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1.0);
                 assert!(err < tol, "{isa:?}, n = {n}, D = {d}, only u: {only_u}, {kind:?}: {name} off by {err:e}");
             }
-        }
-    }
-
-    /// The fused write + pre step ([`native::hyper_write_pre`]) against [`native::stream_write`]
-    /// then [`native::hyper_pre`]: the same bits in H', u, res', post' and in the gradients of the
-    /// streams, the write's weights, the unit output and the eight parameters, since both run the
-    /// same row loops in the same order. n = 1, 3 (generic loops), 2, 4, 8; D = 13 and 37;
-    /// 2 × 11 tokens (blocks of 8 and a partial one); per-token and shared write weights; with H'
-    /// also used elsewhere (as by the next write) and not; fp32 and fp64; each instruction set.
-    #[test]
-    fn the_fused_write_and_pre_step_is_the_write_then_the_pre_step_bit_for_bit() {
-        for isa in native::kernel_isas() {
-            for n in [1i64, 2, 3, 4, 8] {
-                for d in [13i64, 37] {
-                    for per_token in [true, false] {
-                        for h_used in [true, false] {
-                            for kind in [Kind::Float, Kind::Double] {
-                                native::with_kernel_isa(isa, || write_pre_matches(n, d, per_token, h_used, kind));
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    fn write_pre_matches(n: i64, d: i64, per_token: bool, h_used: bool, kind: Kind) {
-        let lead: &[i64] = if per_token { &[2, 11] } else { &[] };
-        let shape = |tail: &[i64]| -> Vec<i64> { lead.iter().chain(tail).copied().collect() };
-        let col_scale = Tensor::logspace(-1.0, 0.9, n + 1, 10.0, (Kind::Double, tch::Device::Cpu));
-        let inputs = [
-            uniform(&[2, 11, n, d], 31) * 2.0 + 0.5,
-            uniform(&shape(&[n, n]), 32),
-            uniform(&shape(&[n]), 33),
-            uniform(&[2, 11, d], 34),
-            uniform(&[d], 35),
-            uniform(&[d], 36),
-            uniform(&[d, n + 1], 37) * col_scale,
-            uniform(&[d], 38) * 0.3,
-            uniform(&[n, n + 1], 39),
-            uniform(&[n], 40),
-            uniform(&[], 41),
-            uniform(&[], 42),
-        ];
-        let g = [
-            uniform(&[2, 11, n, d], 43),
-            uniform(&[2, 11, d], 44),
-            uniform(&[2, 11, n, n], 45),
-            uniform(&[2, 11, n], 46),
-        ];
-        let run = |fused: bool| -> Vec<Tensor> {
-            let x: Vec<Tensor> = inputs.iter().map(|t| t.to_kind(kind).detach().set_requires_grad(true)).collect();
-            let params: &[Tensor; 8] = x[4..].try_into().unwrap();
-            let p = native::HyperPreParams::from_slice(params, NORM_EPS);
-            let (h2, u, res, post) = if fused {
-                native::hyper_write_pre(&x[0], &x[1], &x[2], &x[3], &p).unwrap()
-            } else {
-                let h2 = native::stream_write(&x[0], &x[1], &x[2], &x[3]).unwrap();
-                let (u, res, post) = native::hyper_pre(&h2, &p).unwrap();
-                (h2, u, res, post)
-            };
-            let outs = [h2, u, res, post];
-            let used = if h_used { &outs[..] } else { &outs[1..] };
-            let gs = if h_used { &g[..] } else { &g[1..] };
-            let loss = used.iter().zip(gs).map(|(y, g)| (y * g.to_kind(kind)).sum(kind)).reduce(|a, b| a + b).unwrap();
-            loss.backward();
-            outs.iter().map(|t| t.detach()).chain(x.iter().map(|t| t.grad())).collect()
-        };
-        let (fused, apart) = (run(true), run(false));
-        let names = [
-            "H'",
-            "u",
-            "res'",
-            "post'",
-            "dH",
-            "dres",
-            "dpost",
-            "do",
-            "dγ",
-            "dβ",
-            "dW_a",
-            "dw_b",
-            "dA_static",
-            "dB_static",
-            "ds_a",
-            "ds_b",
-        ];
-        for ((a, b), name) in fused.iter().zip(&apart).zip(names) {
-            assert_eq!(a.size(), b.size(), "{name}");
-            let diff = (a - b).abs().max().double_value(&[]);
-            assert!(
-                diff == 0.0,
-                "n = {n}, D = {d}, per-token write weights: {per_token}, H' used: {h_used}, {kind:?}, {:?}: {name} \
-                 differs by {diff:e}",
-                native::kernel_isa()
-            );
         }
     }
 
