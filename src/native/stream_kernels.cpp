@@ -691,142 +691,65 @@ struct RmsProject : public torch::autograd::Function<RmsProject> {
 // Parameters: the weights' LayerNorm γ, β [D]; W_a [D, n+1], w_b [D]; A_static [n, n+1],
 // B_static [n]; the scales s_a, s_b (one value each).
 
-// The pre step's parameters, checked against streams H [.., n, D] and laid out for the row loops.
-struct HyperParams {
-  at::Tensor gamma, beta, wt /* [W_a | w_b]ᵀ [K, D] */, sa, sb;
-  double scale_a, scale_b;
-  int64_t m, n, d, k;
-
-  HyperParams(const at::Tensor& h, const at::Tensor& gamma_in, const at::Tensor& beta_in, const at::Tensor& w_a,
-              const at::Tensor& w_b, const at::Tensor& a_static, const at::Tensor& b_static, const at::Tensor& s_a,
-              const at::Tensor& s_b) {
-    const auto dtype = h.scalar_type();
-    if (!(dtype == at::kFloat || dtype == at::kDouble)) throw std::invalid_argument("hyper_pre takes float32/64");
-    for (const auto* t : {&h, &gamma_in, &beta_in, &w_a, &w_b, &a_static, &b_static, &s_a, &s_b}) {
-      check_cpu_float(*t, "hyper_pre input", dtype);
-    }
-    if (h.dim() < 2) throw std::invalid_argument("hyper_pre: streams must be [.., n, D]");
-    n = h.size(-2);
-    d = h.size(-1);
-    k = n + 2;
-    if (n < 1 || n > 64 || gamma_in.numel() != d || beta_in.numel() != d || w_a.dim() != 2 || w_a.size(0) != d ||
-        w_a.size(1) != n + 1 || w_b.numel() != d || a_static.numel() != n * (n + 1) || b_static.numel() != n ||
-        s_a.numel() != 1 || s_b.numel() != 1) {
-      throw std::invalid_argument("hyper_pre: for H [.., n, D] (1 ≤ n ≤ 64) it takes γ, β, w_b [D], W_a [D, n+1], "
-                                  "A_static [n, n+1], B_static [n] and one-value scales");
-    }
-    m = n * d == 0 ? 0 : h.numel() / (n * d);
-    gamma = gamma_in.contiguous();
-    beta = beta_in.contiguous();
-    wt = at::cat({w_a, w_b.reshape({d, 1})}, 1).t().contiguous();
-    sa = a_static.contiguous();
-    sb = b_static.contiguous();
-    scale_a = s_a.item<double>();
-    scale_b = s_b.item<double>();
-  }
-
-  // Keeps the scales and the shapes of the parameter gradients for the backward (the tensors it
-  // needs are saved by the caller).
-  void save(AutogradContext* ctx, const at::Tensor& a_static, const at::Tensor& b_static, const at::Tensor& s_a,
-            const at::Tensor& s_b) const {
-    ctx->saved_data["scale_a"] = scale_a;
-    ctx->saved_data["scale_b"] = scale_b;
-    ctx->saved_data["a_static_sizes"] = a_static.sizes().vec();
-    ctx->saved_data["b_static_sizes"] = b_static.sizes().vec();
-    ctx->saved_data["s_a_sizes"] = s_a.sizes().vec();
-    ctx->saved_data["s_b_sizes"] = s_b.sizes().vec();
-  }
-};
-
-// The pre step's outputs for streams [.., n, D]: u [.., D], res [.., n, n], post [.., n], and what
-// its backward keeps: t = tanh(logits) [M·n, K], stats [M·n, 2].
-struct HyperPreOutputs {
-  at::Tensor u, res, post, t, stats;
-
-  HyperPreOutputs(const at::Tensor& h, const HyperParams& p) {
-    auto lead = h.sizes().vec();
-    lead.pop_back();
-    lead.pop_back();
-    auto u_sizes = lead, res_sizes = lead, post_sizes = lead;
-    u_sizes.push_back(p.d);
-    res_sizes.insert(res_sizes.end(), {p.n, p.n});
-    post_sizes.push_back(p.n);
-    u = at::empty(u_sizes, h.options());
-    res = at::empty(res_sizes, h.options());
-    post = at::empty(post_sizes, h.options());
-    t = at::empty({p.m * p.n, p.k}, h.options());
-    stats = at::empty({p.m * p.n, 2}, h.options());
-  }
-};
-
-// The pre step's backward: the parallel tasks over the
-// tokens (as many as threads), each with its slice of parameter-gradient partial sums —
-// [tasks, K + 2, D] (dWᵀ, dγ, dβ) and [tasks, n(n+1) + n + 2] in double (the static weights and the
-// scales) — summed into the eight parameter gradients after `rows(b, e, partial, small)` has run
-// for each task's tokens [b, e). `name`: the operator's name in the operator counter and profiles,
-// around the row loops alone (an operator there that calls others, as the sums here do, counts as
-// those, not as a kernel).
-template <typename Rows>
-variable_list hyper_pre_param_grads(AutogradContext* ctx, const char* name, int64_t m, int64_t n, int64_t d,
-                                    const at::Tensor& like, Rows rows) {
-  const int64_t k = n + 2;
-  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), m));
-  const int64_t small_len = n * (n + 1) + n + 2;
-  auto partial = at::zeros({tasks, k + 2, d}, like.options());
-  auto small = at::zeros({tasks, small_len}, like.options().dtype(at::kDouble));
-  {
-    RECORD_FUNCTION(name, std::vector<c10::IValue>());
-    at::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
-      for (int64_t task = tb; task < te; ++task) {
-        rows(task * m / tasks, (task + 1) * m / tasks, partial[task], small[task]);
-      }
-    });
-  }
-  const auto sums = partial.sum(0);                            // [K + 2, D]
-  const auto small_sum = small.sum(0).to(like.scalar_type());  // [n(n+1) + n + 2]
-  const auto sizes = [&](const char* key) { return ctx->saved_data[key].toIntVector(); };
-  return {sums.narrow(0, k, 1).view({d}),
-          sums.narrow(0, k + 1, 1).view({d}),
-          sums.narrow(0, 0, n + 1).t(),
-          sums.narrow(0, n + 1, 1).view({d}),
-          small_sum.narrow(0, 0, n * (n + 1)).view(sizes("a_static_sizes")),
-          small_sum.narrow(0, n * (n + 1), n).view(sizes("b_static_sizes")),
-          small_sum.narrow(0, n * (n + 2), 1).view(sizes("s_a_sizes")),
-          small_sum.narrow(0, n * (n + 2) + 1, 1).view(sizes("s_b_sizes"))};
-}
-
-// The gradient an output received, or zeros of `shape` where nothing used the output.
-at::Tensor grad_or_zeros(const variable_list& grads, size_t i, at::IntArrayRef shape, const at::Tensor& like) {
-  return grads[i].defined() ? grads[i].contiguous() : at::zeros(shape, like.options());
-}
-
 struct HyperPre : public torch::autograd::Function<HyperPre> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& h_in, const at::Tensor& gamma_in,
                                const at::Tensor& beta_in, const at::Tensor& w_a, const at::Tensor& w_b,
                                const at::Tensor& a_static, const at::Tensor& b_static, const at::Tensor& s_a,
                                const at::Tensor& s_b, double eps, int64_t isa) {
     const auto h = h_in.contiguous();
-    const HyperParams p(h, gamma_in, beta_in, w_a, w_b, a_static, b_static, s_a, s_b);
-    HyperPreOutputs out(h, p);
+    const auto dtype = h.scalar_type();
+    if (!(dtype == at::kFloat || dtype == at::kDouble)) throw std::invalid_argument("hyper_pre takes float32/64");
+    for (const auto* t : {&h, &gamma_in, &beta_in, &w_a, &w_b, &a_static, &b_static, &s_a, &s_b}) {
+      check_cpu_float(*t, "hyper_pre input", dtype);
+    }
+    if (h.dim() < 2) throw std::invalid_argument("hyper_pre: streams must be [.., n, D]");
+    const int64_t n = h.size(-2), d = h.size(-1), k = n + 2;
+    if (n < 1 || n > 64 || gamma_in.numel() != d || beta_in.numel() != d || w_a.dim() != 2 || w_a.size(0) != d ||
+        w_a.size(1) != n + 1 || w_b.numel() != d || a_static.numel() != n * (n + 1) || b_static.numel() != n ||
+        s_a.numel() != 1 || s_b.numel() != 1) {
+      throw std::invalid_argument("hyper_pre: for H [.., n, D] (1 ≤ n ≤ 64) it takes γ, β, w_b [D], W_a [D, n+1], "
+                                  "A_static [n, n+1], B_static [n] and one-value scales");
+    }
+    const int64_t m = n * d == 0 ? 0 : h.numel() / (n * d);
+    const auto gamma = gamma_in.contiguous(), beta = beta_in.contiguous(), sa = a_static.contiguous();
+    const auto sb = b_static.contiguous();
+    const auto wt = at::cat({w_a, w_b.reshape({d, 1})}, 1).t().contiguous();  // [K, D]
+    auto lead = h.sizes().vec();
+    lead.pop_back();
+    lead.pop_back();
+    auto u_sizes = lead, res_sizes = lead, post_sizes = lead;
+    u_sizes.push_back(d);
+    res_sizes.insert(res_sizes.end(), {n, n});
+    post_sizes.push_back(n);
+    auto u = at::empty(u_sizes, h.options());
+    auto res = at::empty(res_sizes, h.options());
+    auto post = at::empty(post_sizes, h.options());
+    auto t = at::empty({m * n, k}, h.options());
+    auto stats = at::empty({m * n, 2}, h.options());
+    const double scale_a = s_a.item<double>(), scale_b = s_b.item<double>();
     {
       RECORD_FUNCTION("plexus::hyper_pre", std::vector<c10::IValue>());
-      AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "hyper_pre", [&] {
+      AT_DISPATCH_FLOATING_TYPES(dtype, "hyper_pre", [&] {
         const auto kernel = row_kernels<scalar_t>(isa).hyper_pre;
-        at::parallel_for(0, p.m, grain(p.n * p.d * (p.k + 1)), [&](int64_t b, int64_t e) {
-          std::vector<scalar_t> scratch((p.k + 2) * p.d);
-          kernel(h.const_data_ptr<scalar_t>(), p.gamma.const_data_ptr<scalar_t>(),
-                 p.beta.const_data_ptr<scalar_t>(), p.wt.const_data_ptr<scalar_t>(), p.sa.const_data_ptr<scalar_t>(),
-                 p.sb.const_data_ptr<scalar_t>(), scalar_t(p.scale_a), scalar_t(p.scale_b),
-                 out.u.mutable_data_ptr<scalar_t>(), out.res.mutable_data_ptr<scalar_t>(),
-                 out.post.mutable_data_ptr<scalar_t>(), out.t.mutable_data_ptr<scalar_t>(),
-                 out.stats.mutable_data_ptr<scalar_t>(), b, e, p.n, p.d, scalar_t(eps), scratch.data());
+        at::parallel_for(0, m, grain(n * d * (k + 1)), [&](int64_t b, int64_t e) {
+          std::vector<scalar_t> scratch((k + 2) * d);
+          kernel(h.const_data_ptr<scalar_t>(), gamma.const_data_ptr<scalar_t>(), beta.const_data_ptr<scalar_t>(),
+                 wt.const_data_ptr<scalar_t>(), sa.const_data_ptr<scalar_t>(), sb.const_data_ptr<scalar_t>(),
+                 scalar_t(scale_a), scalar_t(scale_b), u.mutable_data_ptr<scalar_t>(),
+                 res.mutable_data_ptr<scalar_t>(), post.mutable_data_ptr<scalar_t>(), t.mutable_data_ptr<scalar_t>(),
+                 stats.mutable_data_ptr<scalar_t>(), b, e, n, d, scalar_t(eps), scratch.data());
         });
       });
     }
-    ctx->save_for_backward({h, p.gamma, p.beta, p.wt, p.sa, out.t, out.stats});
-    p.save(ctx, a_static, b_static, s_a, s_b);
+    ctx->save_for_backward({h, gamma, beta, wt, sa, t, stats});
+    ctx->saved_data["scale_a"] = scale_a;
+    ctx->saved_data["scale_b"] = scale_b;
     ctx->saved_data["isa"] = isa;
-    return {out.u, out.res, out.post};
+    ctx->saved_data["a_static_sizes"] = a_static.sizes().vec();
+    ctx->saved_data["b_static_sizes"] = b_static.sizes().vec();
+    ctx->saved_data["s_a_sizes"] = s_a.sizes().vec();
+    ctx->saved_data["s_b_sizes"] = s_b.sizes().vec();
+    return {u, res, post};
   }
 
   // (gu, gres, gpost) → gradients of (H, γ, β, W_a, w_b, A_static, B_static, s_a, s_b); an output
@@ -837,33 +760,53 @@ struct HyperPre : public torch::autograd::Function<HyperPre> {
                &stats = saved[6];
     const int64_t n = h.size(-2), d = h.size(-1), k = n + 2;
     const int64_t m = n * d == 0 ? 0 : h.numel() / (n * d);
-    const auto gu = grad_or_zeros(grads, 0, {m, d}, h), gres = grad_or_zeros(grads, 1, {m, n, n}, h);
-    const auto gpost = grad_or_zeros(grads, 2, {m, n}, h);
+    const auto given = [&](size_t i, std::initializer_list<int64_t> shape) {
+      return grads[i].defined() ? grads[i].contiguous() : at::zeros(shape, h.options());
+    };
+    const auto gu = given(0, {m, d}), gres = given(1, {m, n, n}), gpost = given(2, {m, n});
+    // One slice of parameter-gradient partial sums per task: [tasks, K + 2, D] (dWᵀ, dγ, dβ), and
+    // [tasks, n(n+1) + n + 2] in double for the static weights and the scales.
+    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), m));
+    const int64_t small_len = n * (n + 1) + n + 2;
+    auto partial = at::zeros({tasks, k + 2, d}, h.options());
+    auto small = at::zeros({tasks, small_len}, h.options().dtype(at::kDouble));
     auto gh = at::empty_like(h);
     auto gz = at::empty({m * n, k}, h.options());
-    variable_list params;
     {
+      RECORD_FUNCTION("plexus::hyper_pre_backward", std::vector<c10::IValue>());
       AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "hyper_pre_backward", [&] {
         const auto kernel = row_kernels<scalar_t>(ctx->saved_data["isa"].toInt()).hyper_pre_backward;
         const auto scale_a = scalar_t(ctx->saved_data["scale_a"].toDouble());
         const auto scale_b = scalar_t(ctx->saved_data["scale_b"].toDouble());
-        params = hyper_pre_param_grads(ctx, "plexus::hyper_pre_backward", m, n, d, h, [&](int64_t b, int64_t e,
-                                                                                      at::Tensor partial,
-                                                                                      at::Tensor small) {
+        at::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
           std::vector<scalar_t> xhat(2 * d), normed(d), dnormed(d);
-          kernel(h.const_data_ptr<scalar_t>(), gamma.const_data_ptr<scalar_t>(), beta.const_data_ptr<scalar_t>(),
-                 wt.const_data_ptr<scalar_t>(), sa.const_data_ptr<scalar_t>(), scale_a, scale_b,
-                 t.const_data_ptr<scalar_t>(), stats.const_data_ptr<scalar_t>(), gu.const_data_ptr<scalar_t>(),
-                 gres.const_data_ptr<scalar_t>(), gpost.const_data_ptr<scalar_t>(), gh.mutable_data_ptr<scalar_t>(),
-                 gz.mutable_data_ptr<scalar_t>(), partial.mutable_data_ptr<scalar_t>(),
-                 small.mutable_data_ptr<double>(), b, e, n, d, xhat.data(), normed.data(), dnormed.data());
+          for (int64_t task = tb; task < te; ++task) {
+            kernel(h.const_data_ptr<scalar_t>(), gamma.const_data_ptr<scalar_t>(), beta.const_data_ptr<scalar_t>(),
+                   wt.const_data_ptr<scalar_t>(), sa.const_data_ptr<scalar_t>(), scale_a, scale_b,
+                   t.const_data_ptr<scalar_t>(), stats.const_data_ptr<scalar_t>(), gu.const_data_ptr<scalar_t>(),
+                   gres.const_data_ptr<scalar_t>(), gpost.const_data_ptr<scalar_t>(),
+                   gh.mutable_data_ptr<scalar_t>(), gz.mutable_data_ptr<scalar_t>(),
+                   partial.mutable_data_ptr<scalar_t>() + task * (k + 2) * d,
+                   small.mutable_data_ptr<double>() + task * small_len, task * m / tasks, (task + 1) * m / tasks, n,
+                   d, xhat.data(), normed.data(), dnormed.data());
+          }
         });
       });
     }
-    variable_list out{gh};
-    out.insert(out.end(), params.begin(), params.end());
-    out.insert(out.end(), {at::Tensor(), at::Tensor()});
-    return out;
+    const auto sums = partial.sum(0);                     // [K + 2, D]
+    const auto small_sum = small.sum(0).to(h.scalar_type());  // [n(n+1) + n + 2]
+    const auto sizes = [&](const char* key) { return ctx->saved_data[key].toIntVector(); };
+    return {gh,
+            sums.narrow(0, k, 1).view({d}),
+            sums.narrow(0, k + 1, 1).view({d}),
+            sums.narrow(0, 0, n + 1).t(),
+            sums.narrow(0, n + 1, 1).view({d}),
+            small_sum.narrow(0, 0, n * (n + 1)).view(sizes("a_static_sizes")),
+            small_sum.narrow(0, n * (n + 1), n).view(sizes("b_static_sizes")),
+            small_sum.narrow(0, n * (n + 2), 1).view(sizes("s_a_sizes")),
+            small_sum.narrow(0, n * (n + 2) + 1, 1).view(sizes("s_b_sizes")),
+            at::Tensor(),
+            at::Tensor()};
   }
 };
 

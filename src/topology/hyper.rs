@@ -180,7 +180,7 @@ impl StreamMixing for Hyper {
     /// each way, in place of some 15 operators forward and 25 backward over `[.., n, n+2]` tensors
     /// and the read's own pass. Otherwise [`mixing`](StreamMixing::mixing), then the read.
     fn read_and_mixing(&self, k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor) {
-        match self.fused_pre(k, &[h]) {
+        match self.fused_pre(k, h) {
             Some(p) => native::hyper_pre(h, &p).unwrap_or_else(|e| panic!("fused hyper pre: {e:#}")),
             None => common::mixing_then_read(self, k, h),
         }
@@ -189,13 +189,12 @@ impl StreamMixing for Hyper {
 
 impl Hyper {
     /// Unit k's parameters for the fused pre step, when it applies: dynamic mixing computed in
-    /// fp32, and `tensors` and the parameters all fp32 (or all fp64) on the CPU.
-    fn fused_pre(&self, k: usize, tensors: &[&Tensor]) -> Option<native::HyperPreParams<'_>> {
+    /// fp32, and the streams `h` and the parameters all fp32 (or all fp64) on the CPU.
+    fn fused_pre(&self, k: usize, h: &Tensor) -> Option<native::HyperPreParams<'_>> {
         let l = &self.layers[k];
         let d = l.dynamic.as_ref().filter(|_| self.compute == Kind::Float)?;
         let (gamma, beta) = (d.norm.ws.as_ref()?, d.norm.bs.as_ref()?);
-        let params = [gamma, beta, &d.alpha, &d.beta, &l.static_alpha, &l.static_beta, &d.alpha_scale, &d.beta_scale];
-        let all: Vec<&Tensor> = tensors.iter().copied().chain(params).collect();
+        let all = [h, gamma, beta, &d.alpha, &d.beta, &l.static_alpha, &l.static_beta, &d.alpha_scale, &d.beta_scale];
         common::fused(&all).then_some(native::HyperPreParams {
             gamma,
             beta,
