@@ -3,9 +3,8 @@
 //! a time: the stream read and write, Sinkhorn–Knopp, Hyper-Connections' LayerNorm + projection,
 //! mHC's RMS + projection and Hyper-Connections' whole pre-unit step (`hyper_pre`: the norm, the
 //! projection, the tanh-scaled weights and the read), forward alone and forward + backward; the
-//! fused ones both with the widest row loops the CPU has (AVX2 + FMA on most x86-64) and with the
-//! baseline x86-64 ones (the same for Sinkhorn and the RMS projection, which have no per-set
-//! loops).
+//! fused ones with the row loops of every instruction set the CPU runs (baseline x86-64, AVX2 + FMA,
+//! AVX-512; the same for the RMS projection, which has no per-set loops).
 //!
 //! ```sh
 //! cargo run --release --example stream_kernels_rate -- [TOKENS] [STREAMS] [WIDTH]   # default 2048 4 128
@@ -151,36 +150,37 @@ fn main() {
             vec![m * d + m * n * n + m * n],
         ),
     ];
-    // The fused kernels with the widest row loops the CPU has, with the baseline ones, and the
-    // composite code (Sinkhorn's loops are baseline in both fused columns: AVX2 did not help it).
-    let isa = native::KernelIsa::best();
-    println!("fused: row loops for {}; baseline: the same kernels built for baseline x86-64", isa.name());
-    println!(
-        "{:<26} {:>9} {:>9} {:>9}   {:>9} {:>9} {:>9}",
-        "operation", "fused", "baseline", "composite", "fused", "baseline", "composite"
-    );
-    println!("{:<26} {:^29}   {:^29}", "", "forward", "forward + backward");
+    // The fused kernels with the row loops of every instruction set the CPU runs (widest first),
+    // and the composite code (Sinkhorn's and the RMS projection's loops are the same in every
+    // fused column where they have no per-set copy).
+    let mut isas = native::kernel_isas();
+    isas.reverse();
+    let names: Vec<&str> = isas.iter().map(|i| i.name()).chain(["composite"]).collect();
+    let cols = names.len();
+    let header: String = names.iter().map(|n| format!(" {n:>9}")).collect();
+    println!("fused kernels with the row loops of each instruction set (the default: {})", native::kernel_isa().name());
+    println!("{:<26}{header}  {header}", "operation");
+    println!("{:<26} {:^w$}   {:^w$}", "", "forward", "forward + backward", w = 10 * cols - 1);
     for (name, fused, composite, inputs, out_shape) in &ops {
         let g = Tensor::randn(out_shape.as_slice(), o);
-        let variants: [&dyn Fn() -> (f64, f64); 3] = [
-            &|| native::with_kernel_isa(isa, || forward_and_backward(fused.as_ref(), inputs, &g)),
-            &|| {
-                native::with_kernel_isa(native::KernelIsa::Baseline, || {
-                    forward_and_backward(fused.as_ref(), inputs, &g)
-                })
-            },
-            &|| forward_and_backward(composite.as_ref(), inputs, &g),
-        ];
-        let mut best = [(f64::INFINITY, f64::INFINITY); 3];
+        let mut variants: Vec<Box<dyn Fn() -> (f64, f64) + '_>> = isas
+            .iter()
+            .map(|&isa| {
+                let g = &g;
+                Box::new(move || native::with_kernel_isa(isa, || forward_and_backward(fused.as_ref(), inputs, g)))
+                    as Box<dyn Fn() -> (f64, f64)>
+            })
+            .collect();
+        variants.push(Box::new(|| forward_and_backward(composite.as_ref(), inputs, &g)));
+        let mut best = vec![(f64::INFINITY, f64::INFINITY); cols];
         for _ in 0..3 {
             for (b, v) in best.iter_mut().zip(&variants) {
                 let (f, fb) = v();
                 *b = (b.0.min(f), b.1.min(fb));
             }
         }
-        println!(
-            "{name:<26} {:>9.3} {:>9.3} {:>9.3}   {:>9.3} {:>9.3} {:>9.3}",
-            best[0].0, best[1].0, best[2].0, best[0].1, best[1].1, best[2].1
-        );
+        let fwd: String = best.iter().map(|b| format!(" {:>9.3}", b.0)).collect();
+        let both: String = best.iter().map(|b| format!(" {:>9.3}", b.1)).collect();
+        println!("{name:<26}{fwd}  {both}");
     }
 }

@@ -17,7 +17,7 @@
 //!   backwards (`src/native/stream_kernels.cpp`): [`stream_read`], [`stream_write`], [`sinkhorn`],
 //!   [`norm_project`], [`rms_project`], [`hyper_pre`] (HC's mixing weights and read in one); the
 //!   read's, the write's, `norm_project`'s and `hyper_pre`'s row loops are
-//!   built for baseline x86-64 and for AVX2 + FMA and picked by the CPU ([`KernelIsa`],
+//!   built for baseline x86-64, AVX2 + FMA and AVX-512 and picked by the CPU ([`KernelIsa`],
 //!   [`kernel_isa`]);
 //! * the dense topologies' history buffer (`src/native/history.cpp`, any device):
 //!   [`history_push`], [`history_mix`] (used through `topology::common::History`);
@@ -89,6 +89,7 @@ mod ffi {
         pub fn plexus_op_count_end(out: *mut u64, names: *mut *mut c_char) -> *mut c_char;
         pub fn plexus_sinkhorn_fits(n: i64, iters: i64) -> c_int;
         pub fn plexus_stream_kernels_best_isa() -> i64;
+        pub fn plexus_stream_kernels_cpu_runs(isa: i64) -> c_int;
         pub fn plexus_stream_read(
             h: *mut C_tensor,
             pre: *mut C_tensor,
@@ -573,8 +574,9 @@ pub fn fused_adamw(
 }
 
 /// The environment variable that sets the fused CPU kernels: `1`/`true` or unset: on, with the
-/// widest instruction set the CPU has ([`KernelIsa::best`]); `baseline`: on, with the baseline
-/// x86-64 loops (what a CPU without AVX2 runs; to compare, or to rule the wider loops out);
+/// widest instruction set the CPU has ([`KernelIsa::best`]); `avx2`: on, with the AVX2 loops even
+/// where AVX-512 exists; `baseline`: on, with the baseline x86-64 loops (what a CPU without AVX2
+/// runs; to compare, or to rule the wider loops out);
 /// `0`/`false`: off, the composite libtorch code everywhere, as a GPU runs (an escape hatch, and
 /// what makes `bench --compare`'s kernels per step stand for a GPU on hyper and mHC).
 pub const FUSED_KERNELS_VAR: &str = "PLEXUS_FUSED_KERNELS";
@@ -586,28 +588,41 @@ pub enum FusedKernels {
     Off,
     /// The fused kernels with the baseline loops.
     Baseline,
+    /// The fused kernels with the AVX2 loops at most (baseline on a CPU without AVX2).
+    Avx2,
     /// The fused kernels with the widest loops the CPU has (the default).
     Best,
 }
 
 /// The instruction set of the fused kernels' row loops (`src/native/stream_rows.inc`, built once
 /// per set): libtorch dispatches its own CPU kernels by the CPU's vector width, and so do these.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum KernelIsa {
     /// Baseline x86-64 (SSE2), or whatever the target's default is elsewhere.
     Baseline,
     /// AVX2 with fused multiply-add (x86-64 CPUs since 2013, in a GCC build).
     Avx2Fma,
+    /// AVX-512 F/VL/BW/DQ: 16 floats per instruction, 32 registers (server x86-64 CPUs; in a GCC build).
+    Avx512,
 }
 
 impl KernelIsa {
-    /// The widest set this build and this CPU have.
+    /// Every set, narrowest first.
+    const ALL: [KernelIsa; 3] = [KernelIsa::Baseline, KernelIsa::Avx2Fma, KernelIsa::Avx512];
+
+    /// The widest set this build and this CPU have, and no wider than libtorch's own CPU kernels
+    /// use (`torch.backends.cpu.get_cpu_capability()`, which `ATEN_CPU_CAPABILITY` lowers): where
+    /// libtorch keeps off AVX-512, so do these.
     pub fn best() -> KernelIsa {
-        // SAFETY: a pure query of the CPU (cached on the C++ side).
-        match unsafe { ffi::plexus_stream_kernels_best_isa() } {
-            1 => KernelIsa::Avx2Fma,
-            _ => KernelIsa::Baseline,
-        }
+        // SAFETY: a pure query of the CPU and of libtorch (cached on the C++ side).
+        let code = unsafe { ffi::plexus_stream_kernels_best_isa() };
+        KernelIsa::ALL.into_iter().find(|i| i.code() == code).unwrap_or(KernelIsa::Baseline)
+    }
+
+    /// Whether this build and this CPU run the set (whatever libtorch uses).
+    pub fn runs_here(self) -> bool {
+        // SAFETY: a pure query of the CPU.
+        unsafe { ffi::plexus_stream_kernels_cpu_runs(self.code()) != 0 }
     }
 
     /// The `isa` argument of the C++ entry points.
@@ -615,6 +630,7 @@ impl KernelIsa {
         match self {
             KernelIsa::Baseline => 0,
             KernelIsa::Avx2Fma => 1,
+            KernelIsa::Avx512 => 2,
         }
     }
 
@@ -623,6 +639,7 @@ impl KernelIsa {
         match self {
             KernelIsa::Baseline => "baseline",
             KernelIsa::Avx2Fma => "avx2+fma",
+            KernelIsa::Avx512 => "avx512",
         }
     }
 }
@@ -633,10 +650,11 @@ pub fn parse_fused_kernels(value: Option<&str>) -> Result<FusedKernels> {
         None => Ok(FusedKernels::Best),
         Some(v) if v == "1" || v == "true" => Ok(FusedKernels::Best),
         Some(v) if v == "baseline" => Ok(FusedKernels::Baseline),
+        Some(v) if v == "avx2" => Ok(FusedKernels::Avx2),
         Some(v) if v == "0" || v == "false" => Ok(FusedKernels::Off),
         Some(v) => bail!(
-            "environment variable {FUSED_KERNELS_VAR}={v:?}: expected 1/true (the default), baseline (on, without \
-             AVX2) or 0/false (off)"
+            "environment variable {FUSED_KERNELS_VAR}={v:?}: expected 1/true (the default), avx2 (on, at most \
+             AVX2), baseline (on, without AVX2) or 0/false (off)"
         ),
     }
 }
@@ -686,11 +704,12 @@ pub fn with_fused_kernels<T>(on: bool, f: impl FnOnce() -> T) -> T {
 }
 
 /// The instruction set the fused kernels use on this thread: [`with_kernel_isa`]'s if inside one,
-/// else [`KernelIsa::Baseline`] under `PLEXUS_FUSED_KERNELS=baseline` and [`KernelIsa::best`]
-/// otherwise.
+/// else [`KernelIsa::Baseline`] under `PLEXUS_FUSED_KERNELS=baseline`, at most
+/// [`KernelIsa::Avx2Fma`] under `avx2`, and [`KernelIsa::best`] otherwise.
 pub fn kernel_isa() -> KernelIsa {
     ISA_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| match fused_kernels_env() {
         FusedKernels::Baseline => KernelIsa::Baseline,
+        FusedKernels::Avx2 => KernelIsa::best().min(KernelIsa::Avx2Fma),
         _ => KernelIsa::best(),
     })
 }
@@ -704,23 +723,20 @@ pub fn parallel_for_threads(tasks: usize) -> usize {
     unsafe { ffi::plexus_parallel_for_threads(tasks as i64) as usize }
 }
 
-/// Every instruction set this build and CPU can run the fused kernels' row loops with: baseline,
-/// and the widest if wider.
+/// Every instruction set this build and CPU can run the fused kernels' row loops with, narrowest
+/// first (the tests run each: they are separate copies of the loops).
 pub fn kernel_isas() -> Vec<KernelIsa> {
-    let mut isas = vec![KernelIsa::Baseline];
-    if KernelIsa::best() != KernelIsa::Baseline {
-        isas.push(KernelIsa::best());
-    }
-    isas
+    KernelIsa::ALL.into_iter().filter(|i| i.runs_here()).collect()
 }
 
-/// Runs `f` with the fused kernels' row loops of `isa` on this thread — the tests run both sets on
-/// a machine that has AVX2. A set the CPU lacks makes the kernels fail with an error naming it.
+/// Runs `f` with the fused kernels' row loops of `isa` on this thread — the tests run every set the
+/// machine has. A set the CPU lacks makes the kernels fail with an error naming it.
 pub fn with_kernel_isa<T>(isa: KernelIsa, f: impl FnOnce() -> T) -> T {
     with_override(&ISA_OVERRIDE, isa, f)
 }
 
-/// Fails with a clear message when [`FUSED_KERNELS_VAR`] holds a value other than 0/1/true/false/baseline.
+/// Fails with a clear message when [`FUSED_KERNELS_VAR`] holds a value other than
+/// 0/1/true/false/avx2/baseline.
 pub fn check_fused_kernels_setting() -> Result<()> {
     parse_fused_kernels(std::env::var(FUSED_KERNELS_VAR).ok().as_deref()).map(|_| ())
 }
@@ -1020,20 +1036,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_fused_kernels_switch_takes_0_1_true_false_baseline_and_names_itself_otherwise() {
+    fn the_fused_kernels_switch_takes_0_1_true_false_avx2_baseline_and_names_itself_otherwise() {
         assert_eq!(parse_fused_kernels(None).unwrap(), FusedKernels::Best);
         for (v, want) in [
             ("1", FusedKernels::Best),
             ("true", FusedKernels::Best),
             (" TRUE ", FusedKernels::Best),
             ("Baseline", FusedKernels::Baseline),
+            ("avx2", FusedKernels::Avx2),
             ("0", FusedKernels::Off),
             ("false", FusedKernels::Off),
         ] {
             assert_eq!(parse_fused_kernels(Some(v)).unwrap(), want, "{v:?}");
         }
         let e = parse_fused_kernels(Some("maybe")).unwrap_err().to_string();
-        assert!(e.contains("PLEXUS_FUSED_KERNELS") && e.contains("maybe") && e.contains("0/false"), "{e}");
+        assert!(
+            e.contains("PLEXUS_FUSED_KERNELS") && e.contains("maybe") && e.contains("avx2") && e.contains("0/false"),
+            "{e}"
+        );
         let outer = fused_kernels_on();
         assert!(!with_fused_kernels(false, fused_kernels_on));
         assert!(with_fused_kernels(false, || with_fused_kernels(true, fused_kernels_on)));
@@ -1059,7 +1079,7 @@ mod tests {
         let h = Tensor::ones([3, 2, 8], (tch::Kind::Float, tch::Device::Cpu));
         let pre = Tensor::ones([2], (tch::Kind::Float, tch::Device::Cpu));
         let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
-        for bad in [2i64, -1] {
+        for bad in [3i64, -1] {
             // SAFETY: as in `stream_read`.
             let err = unsafe { ffi::plexus_stream_read(h.as_ptr() as *mut _, pre.as_ptr() as *mut _, bad, &mut out) };
             let e = fused_result(err, out).unwrap_err().to_string();
@@ -1068,11 +1088,17 @@ mod tests {
         let u = with_kernel_isa(KernelIsa::Baseline, || stream_read(&h, &pre)).unwrap();
         assert_eq!(u.size(), [3, 8]);
         assert_eq!(u.sum(tch::Kind::Float).double_value(&[]), 48.0);
-        if KernelIsa::best() == KernelIsa::Baseline {
-            // SAFETY: as in `stream_read`.
-            let err = unsafe { ffi::plexus_stream_read(h.as_ptr() as *mut _, pre.as_ptr() as *mut _, 1, &mut out) };
-            assert!(fused_result(err, out).unwrap_err().to_string().contains("AVX2"));
+        for isa in KernelIsa::ALL {
+            let result = with_kernel_isa(isa, || stream_read(&h, &pre));
+            if isa.runs_here() {
+                assert_eq!(result.unwrap().sum(tch::Kind::Float).double_value(&[]), 48.0, "{}", isa.name());
+            } else {
+                let e = result.unwrap_err().to_string();
+                assert!(e.contains("instruction set") && e.contains("AVX-512"), "{e}");
+            }
         }
+        assert!(KernelIsa::best().runs_here(), "the default set runs here");
+        assert_eq!(kernel_isas().first(), Some(&KernelIsa::Baseline));
     }
 
     /// NVRTC (from the torch wheel) compiles the CUDA kernels (`src/native/*.cu`: Sinkhorn, the

@@ -44,6 +44,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -72,7 +73,7 @@ namespace isa_baseline {
 // GCC only: clang has no `#pragma GCC target` (it would build the baseline copy twice), and other
 // architectures have their own vector widths, which the baseline build already uses.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define PLEXUS_AVX2_VARIANT 1
+#define PLEXUS_WIDE_VARIANTS 1
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #define PLEXUS_VECTOR_BYTES 32
@@ -81,28 +82,70 @@ namespace isa_avx2 {
 }  // namespace isa_avx2
 #undef PLEXUS_VECTOR_BYTES
 #pragma GCC pop_options
+
+// AVX-512 (F, VL, BW, DQ: the set libtorch's own AVX512 kernels require): 16 floats per
+// instruction and 32 vector registers. `prefer-vector-width=512` makes GCC widen the plain loops
+// (axpy, the reductions) too; its default tuning keeps them at 256 bits.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,fma,prefer-vector-width=512")
+#define PLEXUS_VECTOR_BYTES 64
+namespace isa_avx512 {
+#include "stream_rows.inc"
+}  // namespace isa_avx512
+#undef PLEXUS_VECTOR_BYTES
+#pragma GCC pop_options
 #else
-#define PLEXUS_AVX2_VARIANT 0
+#define PLEXUS_WIDE_VARIANTS 0
 #endif
 
 // Instruction sets of the row loops; the numbers are the `isa` argument of the entry points.
 constexpr int64_t kIsaBaseline = 0;
 constexpr int64_t kIsaAvx2Fma = 1;
+constexpr int64_t kIsaAvx512 = 2;
 
-// The widest instruction set this build and this CPU have.
+// The widest instruction set this build and this CPU have, and no wider than the one libtorch
+// dispatches its own CPU kernels to (`at::get_cpu_capability()`: "DEFAULT", "AVX2", "AVX512", ...,
+// which ATEN_CPU_CAPABILITY lowers), so that one setting rules both, and a CPU where libtorch
+// avoids AVX-512 (clock throttling) keeps these loops off it too.
 int64_t best_isa() {
-#if PLEXUS_AVX2_VARIANT
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx2) return kIsaAvx2Fma;
-#endif
+#if PLEXUS_WIDE_VARIANTS
+  static const int64_t best = [] {
+    const std::string aten = at::get_cpu_capability();
+    const bool aten_avx512 = aten.rfind("AVX512", 0) == 0;
+    const bool aten_avx2 = aten_avx512 || aten == "AVX2";
+    if (aten_avx512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma")) {
+      return kIsaAvx512;
+    }
+    if (aten_avx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kIsaAvx2Fma;
+    return kIsaBaseline;
+  }();
+  return best;
+#else
   return kIsaBaseline;
+#endif
+}
+
+// Whether the CPU runs the row loops of `isa` (libtorch's choice aside: the tests run every set the
+// CPU has).
+bool cpu_runs_isa(int64_t isa) {
+  if (isa == kIsaBaseline) return true;
+#if PLEXUS_WIDE_VARIANTS
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (isa == kIsaAvx2Fma) return avx2;
+  if (isa == kIsaAvx512) {
+    return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+  }
+#endif
+  return false;
 }
 
 void check_isa(int64_t isa) {
-  if (isa == kIsaBaseline || (isa == kIsaAvx2Fma && best_isa() == kIsaAvx2Fma)) return;
+  if (cpu_runs_isa(isa)) return;
   throw std::invalid_argument("fused stream kernels: instruction set " + std::to_string(isa) +
-                              " is not available (0 = baseline; 1 = AVX2 + FMA, on x86-64 CPUs that have them "
-                              "in a GCC build)");
+                              " is not available (0 = baseline; 1 = AVX2 + FMA and 2 = AVX-512, on x86-64 CPUs "
+                              "that have them, in a GCC build)");
 }
 
 // The row loops of one instruction set, for one dtype.
@@ -120,24 +163,24 @@ struct RowKernels {
   decltype(&isa_baseline::hyper_pre_rows_backward<T>) hyper_pre_backward;
 };
 
+// The table of namespace `k`'s copy.
+#define PLEXUS_ROW_KERNELS(k)                                                                        \
+  RowKernels<T> {                                                                                    \
+    &k::read_rows<T>, &k::read_rows_backward<T>, &k::write_rows<T>, &k::write_rows_backward<T>,      \
+        &k::norm_project_rows<T>, &k::norm_project_rows_backward<T>, &k::sinkhorn_rows<T>,           \
+        &k::sinkhorn_rows_backward<T>, &k::hyper_pre_rows<T>, &k::hyper_pre_rows_backward<T>         \
+  }
+
 template <typename T>
 RowKernels<T> row_kernels(int64_t isa) {
   check_isa(isa);
-#if PLEXUS_AVX2_VARIANT
-  if (isa == kIsaAvx2Fma) {
-    namespace k = isa_avx2;
-    return {&k::read_rows<T>,          &k::read_rows_backward<T>,          &k::write_rows<T>,
-            &k::write_rows_backward<T>, &k::norm_project_rows<T>,           &k::norm_project_rows_backward<T>,
-            &k::sinkhorn_rows<T>,       &k::sinkhorn_rows_backward<T>,      &k::hyper_pre_rows<T>,
-            &k::hyper_pre_rows_backward<T>};
-  }
+#if PLEXUS_WIDE_VARIANTS
+  if (isa == kIsaAvx512) return PLEXUS_ROW_KERNELS(isa_avx512);
+  if (isa == kIsaAvx2Fma) return PLEXUS_ROW_KERNELS(isa_avx2);
 #endif
-  namespace k = isa_baseline;
-  return {&k::read_rows<T>,          &k::read_rows_backward<T>,          &k::write_rows<T>,
-          &k::write_rows_backward<T>, &k::norm_project_rows<T>,           &k::norm_project_rows_backward<T>,
-          &k::sinkhorn_rows<T>,       &k::sinkhorn_rows_backward<T>,      &k::hyper_pre_rows<T>,
-          &k::hyper_pre_rows_backward<T>};
+  return PLEXUS_ROW_KERNELS(isa_baseline);
 }
+#undef PLEXUS_ROW_KERNELS
 
 // Tokens per parallel task: enough elements that a task is worth a thread (~32 Ki).
 int64_t grain(int64_t elems_per_token) {
@@ -830,9 +873,11 @@ int plexus_sinkhorn_fits(int64_t n, int64_t iters) {
   return iters >= 1 && n >= 1 && sinkhorn_scratch(n, iters) <= kMaxSinkhornScratch ? 1 : 0;
 }
 
-// The widest instruction set of the row loops this build and CPU have (0 = baseline, 1 = AVX2 + FMA);
-// the `isa` argument below takes it or 0 (`row_kernels` refuses any other with an error).
+// The widest instruction set of the row loops this build, this CPU and libtorch's dispatch allow
+// (0 = baseline, 1 = AVX2 + FMA, 2 = AVX-512); whether the CPU runs a given one. The `isa` argument
+// below takes any the CPU runs (`row_kernels` refuses any other with an error).
 int64_t plexus_stream_kernels_best_isa() { return best_isa(); }
+int plexus_stream_kernels_cpu_runs(int64_t isa) { return cpu_runs_isa(isa) ? 1 : 0; }
 
 char* plexus_stream_read(at::Tensor* h, at::Tensor* pre, int64_t isa, at::Tensor** out) {
   return guarded([&] { *out = new at::Tensor(StreamRead::apply(*h, *pre, isa)); });
