@@ -387,6 +387,27 @@ pub fn traffic_bound_pct(
     })
 }
 
+/// The arithmetic lower bound of a topology's overhead over residual, in % of the residual step
+/// `residual_ms`: its connection's FLOPs ([`crate::topology::TopologySpec::connection_flops`], per
+/// token and unit) over `units` units and `tokens` tokens at the device's square-matmul rate
+/// `flops_per_s` — nothing the connection computes runs faster than that. `None` when the
+/// connection has no such arithmetic.
+///
+/// Next to [`traffic_bound_pct`] it says which resource bounds the stream update: on a GPU the
+/// bytes (its matmul rate is high against its bandwidth), on a few CPU cores often the FLOPs.
+pub fn flop_bound_pct(
+    flops_per_token: u64,
+    units: usize,
+    tokens: u64,
+    flops_per_s: f64,
+    residual_ms: f64,
+) -> Option<f64> {
+    (flops_per_token > 0).then(|| {
+        let flops = flops_per_token as f64 * units as f64 * tokens as f64;
+        100.0 * (flops / flops_per_s * 1e3) / residual_ms
+    })
+}
+
 /// Best memory bandwidth of a large tensor copy on `dev` (bytes read + written per second).
 pub fn copy_bandwidth(dev: Device) -> f64 {
     let n: i64 = 16 << 20; // 16 Mi floats = 64 MiB, beyond any cache
@@ -420,6 +441,10 @@ pub struct CompareRow {
     /// For multi-stream topologies: the memory-traffic lower bound of the overhead over the first
     /// entry, % ([`traffic_bound_pct`] with the stream's `B·T·D` and dtype).
     pub traffic_bound_pct: Option<f64>,
+    /// For topologies whose connection does matrix arithmetic (HC, mHC): its arithmetic lower
+    /// bound of the overhead over the first entry, % ([`flop_bound_pct`] at the fp32 square-matmul
+    /// rate measured in the same process).
+    pub flop_bound_pct: Option<f64>,
     /// Operators that do work in one training step ([`crate::native::OpCount::kernels`]): on a
     /// GPU, about the kernel launches, which bound a step of many small operators. Counted on the
     /// CPU only (a CUDA backward runs on another thread); `None` on a GPU.
@@ -447,11 +472,13 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
         }
     }
     // The stream update's shape: `x0` `[B, .., D]` of the benchmark batch, in its dtype.
-    let (elems, dtype_bytes) = tch::no_grad(|| {
+    let (elems, tokens, dtype_bytes) = tch::no_grad(|| {
         let x0 = ts[0].model().embed(&ts[0].input(), false);
-        (x0.numel() as u64, x0.kind().elt_size_in_bytes() as u64)
+        let width = x0.size().last().copied().unwrap_or(1).max(1) as u64;
+        (x0.numel() as u64, x0.numel() as u64 / width, x0.kind().elt_size_in_bytes() as u64)
     });
     let bandwidth = copy_bandwidth(ts[0].dev);
+    let matmul_rate = peak_matmul_flops(ts[0].dev, Kind::Float);
     let first_ms = quantile(&times[0], 0.5);
     let kernels = ts
         .iter_mut()
@@ -476,6 +503,7 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
                 act_mem_mb: ts[i].activation_mb(),
                 streams,
                 traffic_bound_pct: traffic_bound_pct(streams, units, elems, dtype_bytes, bandwidth, first_ms),
+                flop_bound_pct: flop_bound_pct(e.topology.connection_flops(), units, tokens, matmul_rate, first_ms),
                 kernels: kernels[i],
             }
         })
@@ -606,35 +634,40 @@ pub fn compare_topologies(
     eprintln!("{case}: {} topologies, {} paired rounds…", exps.len(), opts.steps);
     let rows = crate::bench::compare(&exps, opts)?;
     println!(
-        "{:<24} {:>10} {:>14} {:>20} {:>9} {:>14} {:>14}",
-        "topology", "ms/step", "overhead", "(p10 … p90)", "act MB", "traffic bound", "kernels/step"
+        "{:<24} {:>10} {:>14} {:>20} {:>9} {:>14} {:>11} {:>14}",
+        "topology", "ms/step", "overhead", "(p10 … p90)", "act MB", "traffic bound", "FLOP bound", "kernels/step"
     );
     let mut text = String::new();
     for r in &rows {
         let [m, lo, hi] = r.overhead_pct;
-        // The bound: the least overhead a fully fused n-stream update could have (bench.rs).
+        // The bounds: the least overhead a fully fused n-stream update could have, from the bytes it
+        // must move and from the FLOPs it must compute.
         let bound = r.traffic_bound_pct.map(|b| format!("≥ {b:+.1}%")).unwrap_or_default();
+        let flop_bound = r.flop_bound_pct.map(|b| format!("≥ {b:+.1}%")).unwrap_or_default();
         let kernels = r.kernels.map(|k| k.to_string()).unwrap_or_default();
         println!(
-            "{:<24} {:>10.2} {:>13.1}% {:>20} {:>9.1} {:>14} {:>14}",
+            "{:<24} {:>10.2} {:>13.1}% {:>20} {:>9.1} {:>14} {:>11} {:>14}",
             r.label,
             r.ms,
             m,
             format!("({lo:+.1}% … {hi:+.1}%)"),
             r.act_mem_mb,
             bound,
+            flop_bound,
             kernels
         );
         let bound_csv = r.traffic_bound_pct.map(|b| format!("{b:.3}")).unwrap_or_default();
+        let flop_bound_csv = r.flop_bound_pct.map(|b| format!("{b:.3}")).unwrap_or_default();
         text += &format!(
-            "{case},{},{:.4},{m:.3},{lo:.3},{hi:.3},{:.2},{bound_csv},{kernels}\n",
+            "{case},{},{:.4},{m:.3},{lo:.3},{hi:.3},{:.2},{bound_csv},{flop_bound_csv},{kernels}\n",
             r.label, r.ms, r.act_mem_mb
         );
     }
     if let Some(path) = csv {
         crate::report::append_csv(
             path,
-            "case,topology,ms_median,overhead_pct,overhead_p10,overhead_p90,act_mem_mb,traffic_bound_pct,kernels_per_step",
+            "case,topology,ms_median,overhead_pct,overhead_p10,overhead_p90,act_mem_mb,traffic_bound_pct,flop_bound_pct,\
+             kernels_per_step",
             &text,
         )?;
     }
@@ -743,6 +776,30 @@ mod tests {
         let pct = traffic_bound_pct(4, 8, e, 4, 10e9, 100.0).unwrap();
         assert!((pct - 30.198_988_8).abs() < 1e-6, "{pct}");
         assert_eq!(traffic_bound_pct(1, 8, e, 4, 10e9, 100.0), None);
+    }
+
+    /// GPT bench case: B·T = 16 · 128 = 2048 tokens, D = 128, n = 4, 8 units, residual 100 ms at
+    /// 100 GFLOP/s. Dynamic HC: read + write 6 · (16 + 8) · 128 = 18,432 FLOPs per token and unit,
+    /// projection 6 · 4 · 128 · 6 = 18,432; × 2048 × 8 = 603,979,776 FLOPs = 6.04 ms = 6.04 %.
+    /// mHC: φ 6 · 4 · 128 · 24 = 73,728 more than the read and write: 92,160 → 30.2 %.
+    #[test]
+    fn flop_bound_of_hand_computed_cases() {
+        use crate::topology::common::stream_read_write_flops;
+        // The GPT case's stack: 4 blocks of 2 sublayers, width 128.
+        let stack = crate::topology::StackInfo { sublayers: 8, block_size: 2, width: 128, pre_norm: true };
+        let spec = |kind: &str, options: &str| {
+            let options: serde_yaml::Mapping = serde_yaml::from_str(options).unwrap();
+            crate::topology::parse(kind, &options, stack).unwrap()
+        };
+        assert_eq!(stream_read_write_flops(4, 128), 18_432);
+        let hyper = spec("hyper", "{}").connection_flops();
+        assert_eq!(hyper, 36_864);
+        assert_eq!(spec("hyper", "{dynamic: false}").connection_flops(), 18_432);
+        assert_eq!(spec("mhc", "{}").connection_flops(), 92_160);
+        assert_eq!(spec("residual", "{}").connection_flops(), 0);
+        let pct = flop_bound_pct(hyper, 8, 2048, 100e9, 100.0).unwrap();
+        assert!((pct - 6.039_797_76).abs() < 1e-9, "{pct}");
+        assert_eq!(flop_bound_pct(0, 8, 2048, 100e9, 100.0), None);
     }
 
     #[test]

@@ -268,6 +268,14 @@ impl History {
     }
 }
 
+/// FLOPs per token of the stream read `u = Σ_s pre[s] H[s]` and write
+/// `H' = resᵀ H + post ⊗ o` for `n` streams of width `d`, forward and backward: `(n² + 2n)·d`
+/// multiply-adds forward, twice as many backward (each product's two input gradients), 2 FLOPs
+/// each.
+pub fn stream_read_write_flops(n: usize, d: usize) -> u64 {
+    6 * (n * n + 2 * n) as u64 * d as u64
+}
+
 /// The per-unit mixing of a multi-stream topology (Hyper-Connections, mHC) with `n` streams
 /// `H: [.., n, D]`: unit k reads `u = Σ_s pre[s] H_s`, and the streams become
 /// `H'_t = Σ_s res[s, t] H_s + post[t] · f_k(u)`.

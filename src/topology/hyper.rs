@@ -68,6 +68,13 @@ impl TopologySpec for Spec {
     fn streams(&self) -> usize {
         self.n
     }
+    /// The read and write, and for dynamic mixing the projection of each normalised stream row to
+    /// its n + 2 logits: `n·d·(n + 2)` multiply-adds forward, twice as many backward.
+    fn connection_flops(&self) -> u64 {
+        let (n, d) = (self.n as u64, self.width as u64);
+        let projection = if self.dynamic { 6 * n * d * (n + 2) } else { 0 };
+        common::stream_read_write_flops(self.n, self.width) + projection
+    }
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Topology> {
         Box::new(self.hyper(vs, compute))
     }

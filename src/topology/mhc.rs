@@ -78,6 +78,13 @@ impl TopologySpec for Spec {
     fn streams(&self) -> usize {
         self.n
     }
+    /// The read and write, and the `φ` product of the flattened streams `[n·d]` to the `n² + 2n`
+    /// mixing logits: `n·d·(n² + 2n)` multiply-adds forward, twice as many backward (Sinkhorn's
+    /// `iters·n²` and the RMS norm's `n·d` are left out: a lower bound).
+    fn connection_flops(&self) -> u64 {
+        let (n, d) = (self.n as u64, self.width as u64);
+        common::stream_read_write_flops(self.n, self.width) + 6 * n * d * (n * n + 2 * n)
+    }
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Topology> {
         let (n, d) = (self.n as i64, self.width as i64);
         let layers = (0..self.depth)

@@ -162,6 +162,13 @@ pub trait TopologySpec: Debug {
     fn streams(&self) -> usize {
         1
     }
+    /// Floating-point operations per token of one unit's connection beyond residual's add, forward
+    /// and backward: the matrix arithmetic (mixing weights, stream read and write) that no
+    /// implementation can skip, for the benchmark's arithmetic lower bound of the overhead. 0 for
+    /// topologies whose connection is a few operations per element (the traffic bound covers them).
+    fn connection_flops(&self) -> u64 {
+        0
+    }
     /// Builds the topology; `vs` is the `topology` sub-path, so parameters are named
     /// `topology.<name>` like PyTorch `state_dict` keys. `compute` is the dtype the topology's own
     /// matmuls (projections, low-rank maps, dynamic mixing weights) run in, like every `Linear` of
