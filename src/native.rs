@@ -15,8 +15,7 @@
 //!   AdamW kernel ([`fused_adamw`]); the operator counter behind `bench`'s kernels per step;
 //! * fused CPU kernels of the multi-stream topologies, autograd functions with hand-written
 //!   backwards (`src/native/stream_kernels.cpp`): [`stream_read`], [`stream_write`], [`sinkhorn`],
-//!   [`norm_project`], [`rms_project`], [`hyper_pre`] (HC's mixing weights and read in one),
-//!   [`mhc_mix`] (mHC's, from its logits); the
+//!   [`norm_project`], [`rms_project`], [`hyper_pre`] (HC's mixing weights and read in one); the
 //!   read's, the write's, `norm_project`'s and `hyper_pre`'s row loops are
 //!   built for baseline x86-64, AVX2 + FMA and AVX-512 and picked by the CPU ([`KernelIsa`],
 //!   [`kernel_isa`]);
@@ -162,16 +161,6 @@ mod ffi {
             h: *mut C_tensor,
             params: *const *mut C_tensor,
             eps: f64,
-            isa: i64,
-            outs: *mut *mut C_tensor,
-        ) -> *mut c_char;
-        pub fn plexus_mhc_mix_takes(n: i64, iters: i64) -> c_int;
-        /// `params`: α_pre, α_post, α_res, b_pre, b_post, b_res ([`super::MhcMixParams`]).
-        pub fn plexus_mhc_mix(
-            q: *mut C_tensor,
-            h: *mut C_tensor,
-            params: *const *mut C_tensor,
-            iters: i64,
             isa: i64,
             outs: *mut *mut C_tensor,
         ) -> *mut c_char;
@@ -1035,61 +1024,6 @@ pub fn hyper_pre(h: &Tensor, p: &HyperPreParams) -> Result<(Tensor, Tensor, Tens
     // handles to `outs`.
     let err = unsafe {
         ffi::plexus_hyper_pre(h.as_ptr() as *mut _, p.handles().as_ptr(), p.eps, kernel_isa().code(), outs.as_mut_ptr())
-    };
-    check(err)?;
-    // SAFETY: on success each handle is a fresh tensor that nothing else owns.
-    let [u, res, post] = outs.map(|t| unsafe { Tensor::from_ptr(t) });
-    Ok((u, res, post))
-}
-
-/// mHC's per-unit gains and biases, which [`mhc_mix`] turns its logits into mixing weights with.
-pub struct MhcMixParams<'a> {
-    /// The gains `α_pre`, `α_post`, `α_res`, one value each.
-    pub alpha_pre: &'a Tensor,
-    pub alpha_post: &'a Tensor,
-    pub alpha_res: &'a Tensor,
-    /// The biases `b_pre`, `b_post` `[n]` and `b_res` `[n, n]`.
-    pub bias_pre: &'a Tensor,
-    pub bias_post: &'a Tensor,
-    pub bias_res: &'a Tensor,
-    /// Sinkhorn–Knopp iterations.
-    pub iters: usize,
-}
-
-impl MhcMixParams<'_> {
-    /// The six tensors' handles in the order of the fields, as the C++ entry point takes them.
-    fn handles(&self) -> [*mut torch_sys::C_tensor; 6] {
-        [self.alpha_pre, self.alpha_post, self.alpha_res, self.bias_pre, self.bias_post, self.bias_res]
-            .map(|t| t.as_ptr() as *mut _)
-    }
-}
-
-/// Whether [`mhc_mix`] takes `n` streams and `iters` Sinkhorn iterations: n = 2, 4 or 8 (its
-/// Sinkhorn runs in registers) within [`sinkhorn_fits`].
-pub fn mhc_mix_takes(n: usize, iters: usize) -> bool {
-    // SAFETY: a pure function of two integers.
-    unsafe { ffi::plexus_mhc_mix_takes(n as i64, iters as i64) == 1 }
-}
-
-/// mHC's mixing weights from its logits and the unit's read, as one autograd function: for the
-/// logits `q` `[.., n² + 2n]` (the RMS projection of the flattened streams: pre, post, res) and
-/// the streams `h` `[.., n, D]`, with `pre = σ(α_pre q[:n] + b_pre)`,
-/// `post = 2σ(α_post q[n:2n] + b_post)` and `res = Sinkhorn(α_res q[2n:] + b_res)`, it returns
-/// `(u, res, post)` = (`Σ_s pre[s] H_s` `[.., D]`, `[.., n, n]`, `[.., n]`). CPU fp32/fp64 tensors
-/// of one dtype, n with [`mhc_mix_takes`].
-pub fn mhc_mix(q: &Tensor, h: &Tensor, p: &MhcMixParams) -> Result<(Tensor, Tensor, Tensor)> {
-    let mut outs: [*mut torch_sys::C_tensor; 3] = [std::ptr::null_mut(); 3];
-    // SAFETY: as in `stream_read`; on success the C++ side writes three fresh, caller-owned
-    // handles to `outs`.
-    let err = unsafe {
-        ffi::plexus_mhc_mix(
-            q.as_ptr() as *mut _,
-            h.as_ptr() as *mut _,
-            p.handles().as_ptr(),
-            p.iters as i64,
-            kernel_isa().code(),
-            outs.as_mut_ptr(),
-        )
     };
     check(err)?;
     // SAFETY: on success each handle is a fresh tensor that nothing else owns.

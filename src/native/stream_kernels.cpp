@@ -18,8 +18,6 @@
 // * rms_project:  q          = (v @ φ) / RMS(v), row by row (mHC's mixing logits)      [R, N] → [R, K]
 // * hyper_pre:    (u, res, post) from H: norm_project, HC's tanh-scaled mixing weights and the
 //                 read, per token in one pass (HC's whole pre-unit step)  [M, n, D] → [M, D], [M, n, n], [M, n]
-// * mhc_mix:      (u, res, post) from mHC's logits q and H: its gains, biases, sigmoids, Sinkhorn
-//                 and the read                            [M, n² + 2n], [M, n, D] → [M, D], [M, n, n], [M, n]
 //
 // `m` runs over the flattened leading dimensions (batch, tokens); the mixing weights either have
 // them too (dynamic, input-dependent mixing: Mr = M) or not (static mixing: Mr = 1, the gradient
@@ -855,170 +853,6 @@ struct HyperPre : public torch::autograd::Function<HyperPre> {
   }
 };
 
-
-// ----------------------------------------------------------------------------------------------
-// mhc_mix: mHC's mixing weights from its logits, and the unit's read, in one function (CPU,
-// n = 2, 4, 8): q [.., n² + 2n] (the RMS projection's output: pre, post and res logits), H [.., n, D]
-//   pre  = σ(α_pre · q[:n] + b_pre)              [.., n]
-//   post = 2 σ(α_post · q[n:2n] + b_post)        [.., n]
-//   res  = Sinkhorn(α_res · q[2n:] + b_res)      [.., n, n]
-//   u    = Σ_s pre[s] H[s]                       [.., D]
-// → (u, res, post). Composite, these are a split, three products and sums with the gains and
-// biases, two sigmoids, a scaling, the Sinkhorn function and the read forward, and about twice as
-// many operators backward, on [.., n] and [.., n, n] tensors: per unit the most operators of mHC's
-// step after its matrix products. Here the per-token loops of the read and of Sinkhorn
-// (stream_rows.inc) run over each task's tokens, and the backward sums the gains' and biases'
-// gradients per task in double.
-
-struct MhcMix : public torch::autograd::Function<MhcMix> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& h_in,
-                               const at::Tensor& a_pre, const at::Tensor& a_post, const at::Tensor& a_res,
-                               const at::Tensor& b_pre_in, const at::Tensor& b_post_in, const at::Tensor& b_res_in,
-                               int64_t iters, int64_t isa) {
-    const auto h = h_in.contiguous(), q = q_in.contiguous();
-    const auto dtype = h.scalar_type();
-    if (!(dtype == at::kFloat || dtype == at::kDouble)) throw std::invalid_argument("mhc_mix takes float32/64");
-    for (const auto* t : {&q, &h, &a_pre, &a_post, &a_res, &b_pre_in, &b_post_in, &b_res_in}) {
-      check_cpu_float(*t, "mhc_mix input", dtype);
-    }
-    if (h.dim() < 2) throw std::invalid_argument("mhc_mix: streams must be [.., n, D]");
-    const int64_t n = h.size(-2), d = h.size(-1), k = n * n + 2 * n;
-    const int64_t m = n * d == 0 ? 0 : h.numel() / (n * d);
-    if (!isa_baseline::sinkhorn_fixed_n(n) || iters < 1 || sinkhorn_scratch(n, iters) > kMaxSinkhornScratch ||
-        q.size(-1) != k || q.numel() != m * k || a_pre.numel() != 1 || a_post.numel() != 1 || a_res.numel() != 1 ||
-        b_pre_in.numel() != n || b_post_in.numel() != n || b_res_in.numel() != n * n) {
-      throw std::invalid_argument("mhc_mix: for H [.., n, D] (n = 2, 4 or 8) it takes q [.., n² + 2n] with H's "
-                                  "leading dims, one-value gains, b_pre and b_post [n], b_res [n, n], and "
-                                  "iters ≥ 1 within Sinkhorn's scratch bound");
-    }
-    const auto b_pre = b_pre_in.contiguous(), b_post = b_post_in.contiguous(), b_res = b_res_in.contiguous();
-    auto lead = h.sizes().vec();
-    lead.pop_back();
-    lead.pop_back();
-    auto u_sizes = lead, res_sizes = lead, post_sizes = lead;
-    u_sizes.push_back(d);
-    res_sizes.insert(res_sizes.end(), {n, n});
-    post_sizes.push_back(n);
-    auto u = at::empty(u_sizes, h.options());
-    auto res = at::empty(res_sizes, h.options());
-    auto post = at::empty(post_sizes, h.options());
-    auto pre = at::empty({m, n}, h.options());
-    auto logits = at::empty({m, n, n}, h.options());
-    const double gains[3] = {a_pre.item<double>(), a_post.item<double>(), a_res.item<double>()};
-    {
-      RECORD_FUNCTION("plexus::mhc_mix", std::vector<c10::IValue>());
-      AT_DISPATCH_FLOATING_TYPES(dtype, "mhc_mix", [&] {
-        const auto rows = row_kernels<scalar_t>(isa);
-        const scalar_t *qp = q.const_data_ptr<scalar_t>(), *bp = b_pre.const_data_ptr<scalar_t>(),
-                       *bo = b_post.const_data_ptr<scalar_t>(), *br = b_res.const_data_ptr<scalar_t>();
-        scalar_t *prep = pre.mutable_data_ptr<scalar_t>(), *postp = post.mutable_data_ptr<scalar_t>(),
-                 *lp = logits.mutable_data_ptr<scalar_t>();
-        const scalar_t ga = scalar_t(gains[0]), go = scalar_t(gains[1]), gr = scalar_t(gains[2]);
-        at::parallel_for(0, m, std::max<int64_t>(kSinkhornGrain, grain(n * d)), [&](int64_t b, int64_t e) {
-          for (int64_t t = b; t < e; ++t) {
-            const scalar_t* qt = qp + t * k;
-            for (int64_t s = 0; s < n; ++s) {
-              prep[t * n + s] = scalar_t(1) / (scalar_t(1) + std::exp(-(qt[s] * ga + bp[s])));
-              postp[t * n + s] = scalar_t(2) / (scalar_t(1) + std::exp(-(qt[n + s] * go + bo[s])));
-            }
-            for (int64_t i = 0; i < n * n; ++i) lp[t * n * n + i] = qt[2 * n + i] * gr + br[i];
-          }
-          rows.sinkhorn(lp, res.mutable_data_ptr<scalar_t>(), b, e, n, iters);
-          rows.read(h.const_data_ptr<scalar_t>(), prep, u.mutable_data_ptr<scalar_t>(), b, e, n, d, true);
-        });
-      });
-    }
-    ctx->save_for_backward({q, h, pre, post, logits});
-    ctx->saved_data["gains"] = std::vector<double>(gains, gains + 3);
-    ctx->saved_data["iters"] = iters;
-    ctx->saved_data["isa"] = isa;
-    const at::Tensor* shaped[6] = {&a_pre, &a_post, &a_res, &b_pre_in, &b_post_in, &b_res_in};
-    for (int i = 0; i < 6; ++i) ctx->saved_data["sizes" + std::to_string(i)] = shaped[i]->sizes().vec();
-    return {u, res, post};
-  }
-
-  // (gu, gres, gpost) → gradients of (q, H, α_pre, α_post, α_res, b_pre, b_post, b_res); an output
-  // nothing used has an undefined gradient, taken as zeros.
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto &q = saved[0], &h = saved[1], &pre = saved[2], &post = saved[3], &logits = saved[4];
-    const int64_t n = h.size(-2), d = h.size(-1), k = n * n + 2 * n;
-    const int64_t m = n * d == 0 ? 0 : h.numel() / (n * d);
-    const int64_t iters = ctx->saved_data["iters"].toInt();
-    const auto gains = ctx->saved_data["gains"].toDoubleVector();
-    const auto given = [&](size_t i, std::initializer_list<int64_t> shape) {
-      return grads[i].defined() ? grads[i].contiguous() : at::zeros(shape, h.options());
-    };
-    const auto gu = given(0, {m, d}), gres = given(1, {m, n, n}), gpost = given(2, {m, n});
-    // Per task: [3 gains, b_pre n, b_post n, b_res n²] in double.
-    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), m));
-    const int64_t small_len = 3 + k;
-    auto small = at::zeros({tasks, small_len}, h.options().dtype(at::kDouble));
-    auto gq = at::empty_like(q);
-    auto gh = at::empty_like(h);
-    auto gpre = at::empty({m, n}, h.options());
-    auto gl = at::empty({m, n, n}, h.options());
-    {
-      RECORD_FUNCTION("plexus::mhc_mix_backward", std::vector<c10::IValue>());
-      AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "mhc_mix_backward", [&] {
-        const auto rows = row_kernels<scalar_t>(ctx->saved_data["isa"].toInt());
-        const scalar_t ga = scalar_t(gains[0]), go = scalar_t(gains[1]), gr = scalar_t(gains[2]);
-        const scalar_t *qp = q.const_data_ptr<scalar_t>(), *prep = pre.const_data_ptr<scalar_t>(),
-                       *postp = post.const_data_ptr<scalar_t>(), *gpostp = gpost.const_data_ptr<scalar_t>();
-        scalar_t *gqp = gq.mutable_data_ptr<scalar_t>(), *gprep = gpre.mutable_data_ptr<scalar_t>(),
-                 *glp = gl.mutable_data_ptr<scalar_t>();
-        at::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
-          for (int64_t task = tb; task < te; ++task) {
-            const int64_t b = task * m / tasks, e = (task + 1) * m / tasks;
-            rows.read_backward(h.const_data_ptr<scalar_t>(), prep, gu.const_data_ptr<scalar_t>(),
-                               gh.mutable_data_ptr<scalar_t>(), gprep, b, e, n, d, true);
-            rows.sinkhorn_backward(logits.const_data_ptr<scalar_t>(), gres.const_data_ptr<scalar_t>(), glp, b, e, n,
-                                   iters);
-            // The task's sums in locals (n ≤ 8: at most 3 + 80 values), not in `small`, whose
-            // stores every token would chain each sum's additions through memory.
-            double acc[3 + 8 * 8 + 2 * 8] = {};
-            double* gb_pre = acc + 3;
-            double* gb_post = gb_pre + n;
-            double* gb_res = gb_post + n;
-            for (int64_t t = b; t < e; ++t) {
-              const scalar_t* qt = qp + t * k;
-              scalar_t* gqt = gqp + t * k;
-              for (int64_t s = 0; s < n; ++s) {
-                const scalar_t p = prep[t * n + s], sg = postp[t * n + s] / scalar_t(2);
-                const scalar_t zp = gprep[t * n + s] * p * (scalar_t(1) - p);
-                const scalar_t zo = gpostp[t * n + s] * scalar_t(2) * sg * (scalar_t(1) - sg);
-                gqt[s] = zp * ga;
-                gqt[n + s] = zo * go;
-                acc[0] += double(zp) * double(qt[s]);
-                acc[1] += double(zo) * double(qt[n + s]);
-                gb_pre[s] += double(zp);
-                gb_post[s] += double(zo);
-              }
-              for (int64_t i = 0; i < n * n; ++i) {
-                const scalar_t g = glp[t * n * n + i];
-                gqt[2 * n + i] = g * gr;
-                acc[2] += double(g) * double(qt[2 * n + i]);
-                gb_res[i] += double(g);
-              }
-            }
-            std::copy(acc, acc + small_len, small.mutable_data_ptr<double>() + task * small_len);
-          }
-        });
-      });
-    }
-    const auto sums = small.sum(0).to(h.scalar_type());  // [3 + n² + 2n]
-    // The six parameters' gradients, in their own shapes (gains: one value; biases: n, n, n²).
-    const int64_t offset[6] = {0, 1, 2, 3, 3 + n, 3 + 2 * n}, len[6] = {1, 1, 1, n, n, n * n};
-    variable_list out{gq, gh};
-    for (int i = 0; i < 6; ++i) {
-      out.push_back(sums.narrow(0, offset[i], len[i]).reshape(ctx->saved_data["sizes" + std::to_string(i)].toIntVector()));
-    }
-    out.push_back(at::Tensor());
-    out.push_back(at::Tensor());
-    return out;
-  }
-};
-
 }  // namespace
 
 extern "C" {
@@ -1073,22 +907,6 @@ char* plexus_hyper_pre(at::Tensor* h, at::Tensor* const* params, double eps, int
   return guarded([&] {
     const auto& p = params;
     auto r = HyperPre::apply(*h, *p[0], *p[1], *p[2], *p[3], *p[4], *p[5], *p[6], *p[7], eps, isa);
-    for (size_t i = 0; i < 3; ++i) outs[i] = new at::Tensor(std::move(r[i]));
-  });
-}
-
-// Whether mhc_mix takes n streams and `iters` Sinkhorn iterations.
-int plexus_mhc_mix_takes(int64_t n, int64_t iters) {
-  return isa_baseline::sinkhorn_fixed_n(n) && plexus_sinkhorn_fits(n, iters) ? 1 : 0;
-}
-
-// params: α_pre, α_post, α_res, b_pre, b_post, b_res. outs: u, res, post (three fresh handles on
-// success).
-char* plexus_mhc_mix(at::Tensor* q, at::Tensor* h, at::Tensor* const* params, int64_t iters, int64_t isa,
-                     at::Tensor** outs) {
-  return guarded([&] {
-    const auto& p = params;
-    auto r = MhcMix::apply(*q, *h, *p[0], *p[1], *p[2], *p[3], *p[4], *p[5], iters, isa);
     for (size_t i = 0; i < 3; ++i) outs[i] = new at::Tensor(std::move(r[i]));
   });
 }

@@ -193,48 +193,10 @@ impl StreamMixing for Mhc {
         self.n
     }
     fn mixing(&self, k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor) {
-        self.mixing_from_logits(k, &self.logits(k, h))
-    }
-
-    /// On the CPU in fp32/fp64, the gains, biases, sigmoids, Sinkhorn and the read as one function
-    /// ([`native::mhc_mix`]) after the projection: the composite code runs a dozen small
-    /// operators per unit forward and about twice as many backward for them.
-    fn read_and_mixing(&self, k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor) {
-        let l = &self.layers[k];
-        let params = [&l.alpha_pre, &l.alpha_post, &l.alpha_res, &l.bias_pre, &l.bias_post, &l.bias_res];
-        let takes = |ts: &[&Tensor]| common::fused(&[ts, &params[..]].concat());
-        if !(native::mhc_mix_takes(self.n, self.iters) && takes(&[h])) {
-            return common::mixing_then_read(self, k, h);
-        }
-        let q = self.logits(k, h);
-        if !takes(&[h, &q]) {
-            let (pre, res, post) = self.mixing_from_logits(k, &q);
-            return (common::stream_read(h, &pre), res, post);
-        }
-        let p = native::MhcMixParams {
-            alpha_pre: &l.alpha_pre,
-            alpha_post: &l.alpha_post,
-            alpha_res: &l.alpha_res,
-            bias_pre: &l.bias_pre,
-            bias_post: &l.bias_post,
-            bias_res: &l.bias_res,
-            iters: self.iters,
-        };
-        native::mhc_mix(&q, h, &p).unwrap_or_else(|e| panic!("fused mHC mixing: {e:#}"))
-    }
-}
-
-impl Mhc {
-    /// Unit k's mixing logits `[.., n² + 2n]` (pre, post, res) from its streams `h` `[.., n, D]`.
-    fn logits(&self, k: usize, h: &Tensor) -> Tensor {
-        let v = h.to_kind(Kind::Float).flatten(-2, -1);
-        project(&v, &self.layers[k].phi, self.compute)
-    }
-
-    /// `(pre [.., n], res [.., n, n], post [.., n])` from unit k's logits `q` `[.., n² + 2n]`.
-    fn mixing_from_logits(&self, k: usize, q: &Tensor) -> (Tensor, Tensor, Tensor) {
         let l = &self.layers[k];
         let n = self.n as i64;
+        let v = h.to_kind(Kind::Float).flatten(-2, -1);
+        let q = project(&v, &l.phi, self.compute);
         // One split (backward: one `cat`), not three narrows, whose backwards each zero-fill a
         // gradient of q's size and copy into it.
         let parts = q.split_with_sizes([n, n, n * n], -1);
@@ -297,91 +259,6 @@ mod tests {
                 let err = max_diff(a, b) / b.abs().max().double_value(&[]).max(1.0);
                 assert!(err < tol, "{kind:?}: output {i} (0 = q, then dv, dφ) off by {err:e}");
             }
-        }
-    }
-
-    /// The fused mixing and read against the composite formulas (fp64, fp32; every instruction set
-    /// the CPU runs; n = 2, 4, 8; a token count that is no multiple of a vector's width): the three
-    /// outputs and the gradients of the logits, the streams, the three gains and the three biases,
-    /// with gains of the size training reaches so that the sigmoids and Sinkhorn are not near
-    /// their values at 0. A gradient of `res` or `post` left undefined counts as zeros.
-    #[test]
-    fn the_fused_mixing_matches_the_composite_one() {
-        for isa in native::kernel_isas() {
-            for (kind, tol) in [(Kind::Double, 1e-11), (Kind::Float, 3e-5)] {
-                for n in [2i64, 4, 8] {
-                    for only_u in [false, true] {
-                        native::with_kernel_isa(isa, || mixing_matches(kind, tol, n, only_u, isa));
-                    }
-                }
-            }
-        }
-    }
-
-    fn mixing_matches(kind: Kind, tol: f64, n: i64, only_u: bool, isa: native::KernelIsa) {
-        tch::manual_seed(7 + n);
-        let opts = (kind, tch::Device::Cpu);
-        let (lead, d, k) = ([3i64, 7], 13i64, n * n + 2 * n);
-        let inputs = [
-            Tensor::randn([lead[0], lead[1], k], opts) * 1.5,
-            Tensor::randn([lead[0], lead[1], n, d], opts) + 0.5,
-            Tensor::from(0.9).to_kind(kind),
-            Tensor::from(-1.3).to_kind(kind),
-            Tensor::from(0.7).to_kind(kind),
-            Tensor::randn([n], opts),
-            Tensor::randn([n], opts),
-            Tensor::randn([n, n], opts),
-        ];
-        let (gu, gres, gpost) = (
-            Tensor::randn([lead[0], lead[1], d], opts),
-            Tensor::randn([lead[0], lead[1], n, n], opts),
-            Tensor::randn([lead[0], lead[1], n], opts),
-        );
-        let iters = 20;
-        let run = |fused: bool| -> Vec<Tensor> {
-            let x: Vec<Tensor> = inputs.iter().map(|t| t.detach().set_requires_grad(true)).collect();
-            let (u, res, post) = if fused {
-                let p = native::MhcMixParams {
-                    alpha_pre: &x[2],
-                    alpha_post: &x[3],
-                    alpha_res: &x[4],
-                    bias_pre: &x[5],
-                    bias_post: &x[6],
-                    bias_res: &x[7],
-                    iters,
-                };
-                native::mhc_mix(&x[0], &x[1], &p).unwrap()
-            } else {
-                let parts = x[0].split_with_sizes([n, n, n * n], -1);
-                let pre = (&parts[0] * &x[2] + &x[5]).sigmoid();
-                let post = (&parts[1] * &x[3] + &x[6]).sigmoid() * 2.0;
-                let logits = parts[2].reshape([lead[0], lead[1], n, n]) * &x[4] + &x[7];
-                let res = if kind == Kind::Double {
-                    sinkhorn_f64(&logits, iters)
-                } else {
-                    sinkhorn_composite(&logits, iters)
-                };
-                ((pre.unsqueeze(-1) * &x[1]).sum_dim_intlist(-2, false, kind), res, post)
-            };
-            let mut loss = (&u * &gu).sum(kind);
-            if !only_u {
-                loss = loss + (&res * &gres).sum(kind) + (&post * &gpost).sum(kind);
-            }
-            loss.backward();
-            // A parameter nothing used has no gradient in autograd, zeros from the fused function.
-            let grads = x.iter().map(|t| if t.grad().defined() { t.grad() } else { t.zeros_like() });
-            [u.detach(), res.detach(), post.detach()].into_iter().chain(grads).collect()
-        };
-        let (fused, reference) = (run(true), run(false));
-        for (i, (a, b)) in fused.iter().zip(&reference).enumerate() {
-            assert_eq!(a.size(), b.size(), "output {i}");
-            let err = max_diff(a, b) / b.abs().max().double_value(&[]).max(1.0);
-            assert!(
-                err < tol,
-                "{kind:?}, {}, n = {n}, only u = {only_u}: output {i} (u, res, post, then dq, dH, dα_pre, \
-                 dα_post, dα_res, db_pre, db_post, db_res) off by {err:e}",
-                isa.name()
-            );
         }
     }
 
