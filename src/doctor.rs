@@ -70,9 +70,10 @@ pub fn run() -> bool {
         Err(e) => println!("NVRTC             none ({e:#}): on a GPU, mHC's Sinkhorn runs as composite libtorch ops"),
     }
     println!(
-        "CPU threads       {} (plexus' fused kernels: {})",
+        "CPU threads       {} (plexus' fused kernels: {}, row loops {})",
         tch::get_num_threads(),
-        crate::native::parallel_for_threads(64)
+        crate::native::parallel_for_threads(64),
+        crate::native::kernel_isa().name()
     );
     println!("malloc            {}", crate::malloc::keep_freed_memory().describe());
     println!("MKL / OpenMP      {} / {}", tch::utils::has_mkl(), tch::utils::has_openmp());
