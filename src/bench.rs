@@ -383,8 +383,13 @@ pub fn traffic_bound_pct(
     (n > 1).then(|| {
         let extra =
             (stream_update_bytes(n, elems, dtype_bytes) - stream_update_bytes(1, elems, dtype_bytes)) * units as u64;
-        100.0 * (extra as f64 / bytes_per_s * 1e3) / residual_ms
+        share_of_step_pct(extra as f64, bytes_per_s, residual_ms)
     })
+}
+
+/// `amount` of work at `per_s` per second, in % of a `step_ms` step.
+fn share_of_step_pct(amount: f64, per_s: f64, step_ms: f64) -> f64 {
+    100.0 * (amount / per_s * 1e3) / step_ms
 }
 
 /// The arithmetic lower bound of a topology's overhead over residual, in % of the residual step
@@ -402,10 +407,8 @@ pub fn flop_bound_pct(
     flops_per_s: f64,
     residual_ms: f64,
 ) -> Option<f64> {
-    (flops_per_token > 0).then(|| {
-        let flops = flops_per_token as f64 * units as f64 * tokens as f64;
-        100.0 * (flops / flops_per_s * 1e3) / residual_ms
-    })
+    (flops_per_token > 0)
+        .then(|| share_of_step_pct(flops_per_token as f64 * units as f64 * tokens as f64, flops_per_s, residual_ms))
 }
 
 /// Best memory bandwidth of a large tensor copy on `dev` (bytes read + written per second): the
