@@ -103,29 +103,6 @@ constexpr int64_t kIsaBaseline = 0;
 constexpr int64_t kIsaAvx2Fma = 1;
 constexpr int64_t kIsaAvx512 = 2;
 
-// The widest instruction set this build and this CPU have, and no wider than the one libtorch
-// dispatches its own CPU kernels to (`at::get_cpu_capability()`: "DEFAULT", "AVX2", "AVX512", ...,
-// which ATEN_CPU_CAPABILITY lowers), so that one setting rules both, and a CPU where libtorch
-// avoids AVX-512 (clock throttling) keeps these loops off it too.
-int64_t best_isa() {
-#if PLEXUS_WIDE_VARIANTS
-  static const int64_t best = [] {
-    const std::string aten = at::get_cpu_capability();
-    const bool aten_avx512 = aten.rfind("AVX512", 0) == 0;
-    const bool aten_avx2 = aten_avx512 || aten == "AVX2";
-    if (aten_avx512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma")) {
-      return kIsaAvx512;
-    }
-    if (aten_avx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kIsaAvx2Fma;
-    return kIsaBaseline;
-  }();
-  return best;
-#else
-  return kIsaBaseline;
-#endif
-}
-
 // Whether the CPU runs the row loops of `isa` (libtorch's choice aside: the tests run every set the
 // CPU has).
 bool cpu_runs_isa(int64_t isa) {
@@ -139,6 +116,21 @@ bool cpu_runs_isa(int64_t isa) {
   }
 #endif
   return false;
+}
+
+// The widest instruction set this build and this CPU have, and no wider than the one libtorch
+// dispatches its own CPU kernels to (`at::get_cpu_capability()`: "DEFAULT", "AVX2", "AVX512", ...,
+// which ATEN_CPU_CAPABILITY lowers), so that one setting rules both, and a CPU where libtorch
+// avoids AVX-512 (clock throttling) keeps these loops off it too.
+int64_t best_isa() {
+  static const int64_t best = [] {
+    const std::string aten = at::get_cpu_capability();
+    const bool aten_avx512 = aten.rfind("AVX512", 0) == 0;
+    if (aten_avx512 && cpu_runs_isa(kIsaAvx512)) return kIsaAvx512;
+    if ((aten_avx512 || aten == "AVX2") && cpu_runs_isa(kIsaAvx2Fma)) return kIsaAvx2Fma;
+    return kIsaBaseline;
+  }();
+  return best;
 }
 
 void check_isa(int64_t isa) {
