@@ -483,7 +483,9 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
         (x0.numel() as u64, x0.numel() as u64 / width, x0.kind().elt_size_in_bytes() as u64)
     });
     let bandwidth = copy_bandwidth(ts[0].dev);
-    let matmul_rate = peak_matmul_flops(ts[0].dev, Kind::Float);
+    // Measured only when some topology has a FLOP bound (a few hundred ms on a CPU).
+    let matmul_rate =
+        exps.iter().any(|(_, e)| e.topology.connection_flops() > 0).then(|| peak_matmul_flops(ts[0].dev, Kind::Float));
     let first_ms = quantile(&times[0], 0.5);
     let kernels = ts
         .iter_mut()
@@ -508,7 +510,8 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
                 act_mem_mb: ts[i].activation_mb(),
                 streams,
                 traffic_bound_pct: traffic_bound_pct(streams, units, elems, dtype_bytes, bandwidth, first_ms),
-                flop_bound_pct: flop_bound_pct(e.topology.connection_flops(), units, tokens, matmul_rate, first_ms),
+                flop_bound_pct: matmul_rate
+                    .and_then(|rate| flop_bound_pct(e.topology.connection_flops(), units, tokens, rate, first_ms)),
                 kernels: kernels[i],
             }
         })
