@@ -76,19 +76,6 @@ fn main() {
         (Tensor::randn([m, n], o), Tensor::randn([m, n, n], o), Tensor::randn([m, n], o), Tensor::randn([m, d], o));
     let logits = Tensor::randn([m, n, n], o) * 0.5;
     let (gamma, beta, w) = (Tensor::randn([d], o), Tensor::randn([d], o), Tensor::randn([d, n + 2], o) * 0.1);
-    // Hyper-Connections' eight pre-step parameters (γ, β, W_a, w_b, A_static, B_static, s_a, s_b).
-    let hc_params = || {
-        vec![
-            Tensor::randn([d], o),
-            Tensor::randn([d], o),
-            Tensor::randn([d, n + 1], o) * 0.1,
-            Tensor::randn([d], o) * 0.1,
-            Tensor::randn([n, n + 1], o),
-            Tensor::randn([n], o),
-            Tensor::from(0.3f32),
-            Tensor::from(0.2f32),
-        ]
-    };
     type Op<'a> = (&'a str, Box<dyn Fn(&[Tensor]) -> Tensor>, Box<dyn Fn(&[Tensor]) -> Tensor>, Vec<Tensor>, Vec<i64>);
     let ops: Vec<Op> = vec![
         (
@@ -146,7 +133,19 @@ fn main() {
                 let u = common::stream_read_composite(&x[0], &parts[0].squeeze_dim(-1).contiguous());
                 flat_cat(&[u, parts[1].contiguous(), b])
             }),
-            std::iter::once(h.copy()).chain(hc_params()).collect(),
+            // h and Hyper-Connections' eight pre-step parameters (γ, β, W_a, w_b, A_static, B_static,
+            // s_a, s_b).
+            vec![
+                h.copy(),
+                Tensor::randn([d], o),
+                Tensor::randn([d], o),
+                Tensor::randn([d, n + 1], o) * 0.1,
+                Tensor::randn([d], o) * 0.1,
+                Tensor::randn([n, n + 1], o),
+                Tensor::randn([n], o),
+                Tensor::from(0.3f32),
+                Tensor::from(0.2f32),
+            ],
             vec![m * d + m * n * n + m * n],
         ),
     ];
