@@ -87,6 +87,13 @@ mod ffi {
             eps: f64,
         ) -> *mut c_char;
         pub fn plexus_op_count_end(out: *mut u64, names: *mut *mut c_char) -> *mut c_char;
+        pub fn plexus_sync_watch_start() -> *mut c_char;
+        pub fn plexus_sync_watch_read(
+            active: *mut c_int,
+            total: *mut u64,
+            thread: *mut u64,
+            names: *mut *mut c_char,
+        ) -> *mut c_char;
         pub fn plexus_sinkhorn_fits(n: i64, iters: i64) -> c_int;
         pub fn plexus_stream_kernels_best_isa() -> i64;
         pub fn plexus_stream_kernels_cpu_runs(isa: i64) -> c_int;
@@ -129,6 +136,7 @@ mod ffi {
             arch: i64,
             image_bytes: *mut i64,
             target: *mut *mut c_char,
+            log: *mut *mut c_char,
         ) -> *mut c_char;
         pub fn plexus_nvrtc_version(version: *mut c_int, path: *mut *mut c_char) -> *mut c_char;
         pub fn plexus_history_push(
@@ -511,6 +519,62 @@ pub fn count_ops<T>(f: impl FnOnce() -> T) -> Result<(T, OpCount)> {
     Ok((value, OpCount { kernels: out[0], metadata: out[1], calls: out[2], by_name, ms_by_name }))
 }
 
+/// Operators that make the host wait for a CUDA device, as libtorch's dispatcher ran them since
+/// [`watch_syncs`] started, process-wide: `_local_scalar_dense` (behind `item`, `is_nonzero` and
+/// tch's `*_value`), `nonzero`, `equal`, the `unique` family, `masked_select`, and a copy from a
+/// CUDA tensor into a CPU one; the outermost of nested ones. Unlike `crate::host`'s count, which
+/// sees the reads plexus makes on purpose, this sees a read hidden inside any operator.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SyncCount {
+    /// Every thread's (on a GPU a backward runs on libtorch's device threads).
+    pub total: u64,
+    /// The calling thread's alone (on the CPU, its backward's too): exact when tests run beside it.
+    pub this_thread: u64,
+    /// By operator name, most frequent first.
+    pub by_name: Vec<(String, u64)>,
+}
+
+/// Starts counting host-device syncs (see [`SyncCount`]); idempotent, stays on for the process.
+/// Every operator call then costs a little more: for tests and `PLEXUS_COUNT_SYNCS=1`.
+pub fn watch_syncs() -> Result<()> {
+    // SAFETY: no arguments; the C++ side registers a global callback once.
+    check(unsafe { ffi::plexus_sync_watch_start() })
+}
+
+/// Whether `PLEXUS_COUNT_SYNCS` asks the trainer to count syncs (`1`/`true` or `0`/`false`,
+/// unset: no); another value is an error that names it.
+pub fn count_syncs_requested() -> Result<bool> {
+    match std::env::var("PLEXUS_COUNT_SYNCS") {
+        Err(_) => Ok(false),
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "" | "0" | "false" => Ok(false),
+            "1" | "true" => Ok(true),
+            _ => bail!("PLEXUS_COUNT_SYNCS={v:?}: allowed are 1 (count host-device syncs per step) and 0"),
+        },
+    }
+}
+
+/// The syncs counted so far, or `None` if [`watch_syncs`] was never called.
+pub fn sync_count() -> Option<SyncCount> {
+    let (mut active, mut total, mut this_thread): (c_int, u64, u64) = (0, 0, 0);
+    let mut names: *mut c_char = std::ptr::null_mut();
+    // SAFETY: the out-pointers are valid for the call; `names` receives a malloc'd string.
+    check(unsafe { ffi::plexus_sync_watch_read(&mut active, &mut total, &mut this_thread, &mut names) }).ok()?;
+    let text = take_string(names);
+    if active == 0 {
+        return None;
+    }
+    let mut by_name: Vec<(String, u64)> = text
+        .lines()
+        .filter_map(|l| {
+            let (name, n) = l.rsplit_once(' ')?;
+            Some((name.to_string(), n.parse().ok()?))
+        })
+        .collect();
+    by_name.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    Some(SyncCount { total, this_thread, by_name })
+}
+
 /// Drops the gradient of every tensor in `ts` (`.grad = None`, PyTorch's
 /// `zero_grad(set_to_none=True)`): the next backward stores its gradient instead of adding it to
 /// a zeroed one — no `zero_` and no `add_` per parameter and step (tch's `zero_grad` zeroes in place).
@@ -880,17 +944,55 @@ pub fn streams_host(h: &Tensor, weights: &[&Tensor], grad: &Tensor, threads: usi
     Ok(out[..3 + write as usize].iter().map(|&p| unsafe { Tensor::from_ptr(p) }).collect())
 }
 
+/// The CUDA kernels as NVRTC compiled them ([`cuda_kernels_compile`]).
+#[derive(Debug, Clone)]
+pub struct CompiledKernels {
+    /// The image's size in bytes.
+    pub bytes: usize,
+    /// `sm_90` for a CUBIN; `compute_<a>` for PTX (a GPU newer than NVRTC knows).
+    pub target: String,
+    /// NVRTC's log: for a CUBIN, ptxas' resource usage of every kernel (`-v`).
+    pub log: String,
+}
+
+impl CompiledKernels {
+    /// Bytes of register spills (stores + loads to local memory) over every kernel, from ptxas'
+    /// "N bytes spill stores, M bytes spill loads" lines; `None` for PTX (ptxas did not run) or
+    /// a log without them.
+    pub fn spill_bytes(&self) -> Option<u64> {
+        let mut total = None;
+        for line in self.log.lines().filter(|l| l.contains("bytes spill stores")) {
+            let numbers: Vec<u64> = line
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|w| !w.is_empty())
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            // "N bytes stack frame, S bytes spill stores, L bytes spill loads"
+            let (s, l) = match numbers.as_slice() {
+                [.., s, l] => (*s, *l),
+                _ => continue,
+            };
+            *total.get_or_insert(0) += s + l;
+        }
+        total
+    }
+
+    /// Each kernel's "Compiling entry function" and its resource lines, for a report.
+    pub fn usage(&self) -> Vec<&str> {
+        self.log.lines().filter(|l| l.contains("ptxas info")).collect()
+    }
+}
+
 /// Compiles the CUDA kernels ([`sinkhorn_cuda`], the stream read and write) for `n` streams and
-/// compute capability `arch` (major·10 + minor, 90 for an H100) with NVRTC, without a GPU: the
-/// image's size in bytes and its target (`sm_90` as a CUBIN; `compute_<a>` as PTX for a GPU newer
-/// than NVRTC knows).
-pub fn cuda_kernels_compile(n: usize, arch: u32) -> Result<(usize, String)> {
+/// compute capability `arch` (major·10 + minor, 90 for an H100) with NVRTC, without a GPU.
+pub fn cuda_kernels_compile(n: usize, arch: u32) -> Result<CompiledKernels> {
     let mut bytes = 0i64;
     let mut target: *mut c_char = std::ptr::null_mut();
-    // SAFETY: out-parameters only; `target` is a malloc'd string on success.
-    let err = unsafe { ffi::plexus_cuda_kernels_compile(n as i64, i64::from(arch), &mut bytes, &mut target) };
+    let mut log: *mut c_char = std::ptr::null_mut();
+    // SAFETY: out-parameters only; `target` and `log` are malloc'd strings on success.
+    let err = unsafe { ffi::plexus_cuda_kernels_compile(n as i64, i64::from(arch), &mut bytes, &mut target, &mut log) };
     check(err)?;
-    Ok((bytes as usize, take_string(target)))
+    Ok(CompiledKernels { bytes: bytes as usize, target: take_string(target), log: take_string(log) })
 }
 
 /// NVRTC's version (major·1000 + minor·10) and the path it was opened from.
@@ -1035,6 +1137,33 @@ pub fn hyper_pre(h: &Tensor, p: &HyperPreParams) -> Result<(Tensor, Tensor, Tens
 mod tests {
     use super::*;
 
+    /// libtorch's own record of the operators that wait for the device: a read through tch
+    /// (`double_value`, `int64_value`), a `nonzero`, a bool of a tensor, each counted once;
+    /// `masked_select` once although it may call `nonzero`; arithmetic, views and a CPU → CPU copy
+    /// not at all. Counted on this thread, so tests running beside it do not enter the count.
+    #[test]
+    fn the_sync_watch_counts_reads_hidden_in_operators() {
+        let mine = || sync_count().map(|c| c.this_thread);
+        watch_syncs().unwrap();
+        watch_syncs().unwrap();
+        let start = mine().expect("watching");
+        let t = Tensor::from_slice(&[1.0f32, -2.0, 3.0]);
+        let u = (&t * 2.0 + 1.0).view([3, 1]).transpose(0, 1).contiguous();
+        let _ = u.copy();
+        assert_eq!(mine().unwrap() - start, 0, "no sync in arithmetic, views and copies on the CPU");
+        assert_eq!(t.sum(tch::Kind::Float).double_value(&[]), 2.0);
+        assert_eq!(mine().unwrap() - start, 1);
+        assert_eq!(t.gt(0.0).nonzero().size(), [2, 1]);
+        assert_eq!(mine().unwrap() - start, 2);
+        assert_eq!(t.masked_select(&t.gt(0.0)).size(), [2]);
+        assert_eq!(mine().unwrap() - start, 3);
+        assert_eq!(t.argmax(0, false).int64_value(&[]), 2);
+        assert_eq!(mine().unwrap() - start, 4);
+        let count = sync_count().unwrap();
+        assert!(count.total >= 4, "{count:?}");
+        assert!(count.by_name.iter().any(|(n, c)| n == "aten::_local_scalar_dense" && *c >= 2), "{count:?}");
+    }
+
     #[test]
     fn the_fused_kernels_switch_takes_0_1_true_false_avx2_baseline_and_names_itself_otherwise() {
         assert_eq!(parse_fused_kernels(None).unwrap(), FusedKernels::Best);
@@ -1101,9 +1230,27 @@ mod tests {
         assert_eq!(kernel_isas().first(), Some(&KernelIsa::Baseline));
     }
 
+    /// ptxas' resource lines as NVRTC's log holds them (CUDA 13): spills add up over the kernels; a
+    /// log without them (PTX) has none to report.
+    #[test]
+    fn register_spills_are_read_from_ptxas_lines() {
+        let log = "ptxas info    : Compiling entry function 'a' for 'sm_90'\n\
+                   ptxas info    : Function properties for a\n\
+                   ptxas         .     8 bytes stack frame, 16 bytes spill stores, 24 bytes spill loads\n\
+                   ptxas info    : Used 255 registers, used 0 barriers\n\
+                   ptxas info    : Function properties for b\n\
+                   ptxas         .     0 bytes stack frame, 0 bytes spill stores, 4 bytes spill loads\n";
+        let k = CompiledKernels { bytes: 1, target: "sm_90".into(), log: log.into() };
+        assert_eq!(k.spill_bytes(), Some(44));
+        assert_eq!(k.usage().len(), 4);
+        let ptx = CompiledKernels { bytes: 1, target: "compute_90".into(), log: String::new() };
+        assert_eq!(ptx.spill_bytes(), None);
+    }
+
     /// NVRTC (from the torch wheel) compiles the CUDA kernels (`src/native/*.cu`: Sinkhorn, the
     /// stream read and write) on this CPU machine, for every n,
-    /// as CUBINs for an A100 (sm_80) and an H100 (sm_90), and as PTX for a GPU newer than it knows.
+    /// as CUBINs for an A100 (sm_80) and an H100 (sm_90) without a register spill (ptxas' own
+    /// report), and as PTX for a GPU newer than it knows.
     /// A CPU-only libtorch has no NVRTC: the error must say so.
     #[test]
     fn nvrtc_compiles_the_cuda_kernels() {
@@ -1116,14 +1263,18 @@ mod tests {
         assert!(version >= 12000, "NVRTC {version} from {path}");
         for n in 1..=CUDA_KERNELS_MAX_STREAMS {
             for arch in [80, 90] {
-                let (bytes, target) = cuda_kernels_compile(n, arch).unwrap_or_else(|e| panic!("{e:#}"));
-                assert_eq!(target, format!("sm_{arch}"));
-                assert!(bytes > 1000, "n = {n}, {target}: {bytes} bytes");
+                let k = cuda_kernels_compile(n, arch).unwrap_or_else(|e| panic!("{e:#}"));
+                assert_eq!(k.target, format!("sm_{arch}"));
+                assert!(k.bytes > 1000, "n = {n}, {}: {} bytes", k.target, k.bytes);
+                // Six kernels, each with ptxas' resource line; none spills registers to local memory.
+                assert!(k.usage().len() >= 6, "n = {n}, {}: ptxas wrote no resource usage:\n{}", k.target, k.log);
+                assert_eq!(k.spill_bytes(), Some(0), "n = {n}, {}: register spills\n{}", k.target, k.log);
             }
         }
-        let (bytes, target) = cuda_kernels_compile(4, 990).unwrap();
-        let ptx_arch: u32 = target.strip_prefix("compute_").and_then(|a| a.parse().ok()).expect("a PTX target");
-        assert!((90..990).contains(&ptx_arch) && bytes > 1000, "{target}: {bytes} bytes");
+        let k = cuda_kernels_compile(4, 990).unwrap();
+        let ptx_arch: u32 = k.target.strip_prefix("compute_").and_then(|a| a.parse().ok()).expect("a PTX target");
+        assert!((90..990).contains(&ptx_arch) && k.bytes > 1000, "{}: {} bytes", k.target, k.bytes);
+        assert_eq!(k.spill_bytes(), None, "PTX: ptxas does not run");
         assert!(cuda_kernels_compile(9, 90).is_err_and(|e| e.to_string().contains("1 ≤ n ≤ 8")));
     }
 }

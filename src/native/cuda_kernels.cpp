@@ -30,6 +30,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -263,6 +265,7 @@ struct Image {
   std::string bytes;
   std::string target;  // sm_90, compute_120, ...
   bool cubin;
+  std::string log;  // NVRTC's log; for a CUBIN with ptxas' resource usage (registers, spills)
 };
 
 Image compile(int64_t n, int arch) {
@@ -285,7 +288,10 @@ Image compile(int64_t n, int arch) {
   const std::string arch_opt = "--gpu-architecture=" + image.target;
   const std::string n_opt = "-DPLEXUS_N=" + std::to_string(n);
   const std::string threads_opt = "-DPLEXUS_STREAM_THREADS=" + std::to_string(kStreamThreads);
-  const char* opts[] = {arch_opt.c_str(), n_opt.c_str(), threads_opt.c_str(), "--std=c++17"};
+  // ptxas -v writes each kernel's registers and spill bytes into the log: a register spill (local
+  // memory traffic in the inner loop) fails the compile test.
+  const char* opts[] = {arch_opt.c_str(), n_opt.c_str(), threads_opt.c_str(), "--std=c++17", "--ptxas-options=-v"};
+  const int n_opts = image.cubin ? 5 : 4;
   nvrtcProgram prog = nullptr;
   lib.check(lib.CreateProgram(&prog, kSource, "plexus_kernels.cu", 0, nullptr, nullptr), "nvrtcCreateProgram");
   struct Destroy {
@@ -293,17 +299,21 @@ Image compile(int64_t n, int arch) {
     nvrtcProgram& prog;
     ~Destroy() { lib.DestroyProgram(&prog); }
   } destroy{lib, prog};
-  const nvrtcResult r = lib.CompileProgram(prog, 4, opts);
-  if (r != 0) {
+  const nvrtcResult r = lib.CompileProgram(prog, n_opts, opts);
+  std::string log;
+  {
     size_t size = 0;
-    std::string log;
-    if (lib.GetProgramLogSize(prog, &size) == 0 && size > 0) {
+    if (lib.GetProgramLogSize(prog, &size) == 0 && size > 1) {
       log.resize(size);
       lib.GetProgramLog(prog, log.data());
+      log.resize(size - 1);  // the terminating NUL
     }
+  }
+  if (r != 0) {
     throw std::runtime_error("NVRTC could not compile plexus' CUDA kernels for " + image.target + " (n = " +
                              std::to_string(n) + "): " + lib.GetErrorString(r) + "\n" + log);
   }
+  image.log = log;
   size_t size = 0;
   if (image.cubin) {
     lib.check(lib.GetCUBINSize(prog, &size), "nvrtcGetCUBINSize");
@@ -341,6 +351,7 @@ struct Driver {
   CUresult (*ModuleGetFunction)(CUfunction*, CUmodule, const char*);
   CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
                            void**, void**);
+  CUresult (*StreamSynchronize)(CUstream);
 
   void check(CUresult r, const char* what) const {
     if (r == 0) return;
@@ -369,6 +380,7 @@ const Driver& driver() {
       symbol(lib, path, "cuModuleLoadData", &d->ModuleLoadData);
       symbol(lib, path, "cuModuleGetFunction", &d->ModuleGetFunction);
       symbol(lib, path, "cuLaunchKernel", &d->LaunchKernel);
+      symbol(lib, path, "cuStreamSynchronize", &d->StreamSynchronize);
       return std::make_pair(std::move(d), std::string());
     } catch (const std::exception& e) {
       return std::make_pair(std::unique_ptr<Driver>(), std::string(e.what()));
@@ -388,10 +400,25 @@ struct Kernels {
   std::string target;
 };
 
+// PLEXUS_CUDA_SYNC_CHECK=1: synchronise the stream after every launch of these kernels, so that a
+// fault inside one (an illegal address, a trap) is reported as that kernel's, here, instead of by
+// whichever later libtorch call happens to meet the sticky error. Slow; for debugging and the GPU
+// slot plan's kernel group. Read once.
+bool sync_check() {
+  static const bool on = [] {
+    const char* v = std::getenv("PLEXUS_CUDA_SYNC_CHECK");
+    return v != nullptr && (std::strcmp(v, "1") == 0 || std::strcmp(v, "true") == 0);
+  }();
+  return on;
+}
+
 // Makes the device's primary context current on this thread (a thread on which libtorch has made
-// no CUDA runtime call yet, an autograd worker say, may have none) and launches f with `blocks`
-// blocks of `threads` on libtorch's current stream of that device.
-void launch(const Kernels& k, CUfunction f, c10::Device device, int64_t blocks, unsigned threads, void** args) {
+// no CUDA runtime call yet, an autograd worker say, may have none) and launches f (named `what` in
+// errors) with `blocks` blocks of `threads` on libtorch's current stream of that device.
+// cuLaunchKernel's own result is the driver API's counterpart of cudaGetLastError after a
+// runtime launch: a bad configuration or an unloadable kernel fails here, with the kernel's name.
+void launch(const Kernels& k, CUfunction f, const char* what, c10::Device device, int64_t blocks, unsigned threads,
+            void** args) {
   if (blocks == 0) return;
   if (blocks > 0x7fffffff) throw std::invalid_argument("too many tokens for one CUDA launch");
   const Driver& d = driver();
@@ -399,9 +426,18 @@ void launch(const Kernels& k, CUfunction f, c10::Device device, int64_t blocks, 
   d.check(d.CtxGetCurrent(&current), "cuCtxGetCurrent");
   if (current != k.context) d.check(d.CtxSetCurrent(k.context), "cuCtxSetCurrent");
   const c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device);
-  d.check(d.LaunchKernel(f, static_cast<unsigned>(blocks), 1, 1, threads, 1, 1, 0,
-                         static_cast<CUstream>(stream.native_handle()), args, nullptr),
-          "cuLaunchKernel");
+  const auto cu_stream = static_cast<CUstream>(stream.native_handle());
+  const auto named = [&](const char* call) {
+    return std::string(call) + " of plexus' " + what + " kernel (n = " + std::to_string(k.n) + ", " + k.target +
+           ", " + std::to_string(blocks) + " blocks of " + std::to_string(threads) + ")";
+  };
+  const CUresult launched =
+      d.LaunchKernel(f, static_cast<unsigned>(blocks), 1, 1, threads, 1, 1, 0, cu_stream, args, nullptr);
+  if (launched != 0) d.check(launched, named("cuLaunchKernel").c_str());
+  if (sync_check()) {
+    const CUresult synced = d.StreamSynchronize(cu_stream);
+    if (synced != 0) d.check(synced, named("PLEXUS_CUDA_SYNC_CHECK: cuStreamSynchronize after").c_str());
+  }
 }
 
 // Blocks of kThreads for m tokens, one thread each (Sinkhorn).
@@ -414,7 +450,7 @@ void launch_forward(const Kernels& k, const at::Tensor& logits, const at::Tensor
   long long m = logits.numel() / (k.n * k.n);
   int it = static_cast<int>(iters);
   void* args[] = {&lp, &op, &m, &it};
-  launch(k, k.forward, logits.device(), token_blocks(m), kThreads, args);
+  launch(k, k.forward, "Sinkhorn forward", logits.device(), token_blocks(m), kThreads, args);
 }
 
 // The logits' gradient [M, n, n] from that of P; the line sums' scratch comes from libtorch's
@@ -429,7 +465,7 @@ void launch_backward(const Kernels& k, const at::Tensor& logits, const at::Tenso
   float* sp = sums.mutable_data_ptr<float>();
   int it = static_cast<int>(iters);
   void* args[] = {&lp, &gp, &glp, &sp, &m, &it};
-  launch(k, k.backward, logits.device(), token_blocks(m), kThreads, args);
+  launch(k, k.backward, "Sinkhorn backward", logits.device(), token_blocks(m), kThreads, args);
 }
 
 // The stream kernels, one block of kStreamThreads per token; fp32 contiguous tensors on the kernels'
@@ -442,7 +478,7 @@ void launch_read(const Kernels& k, const at::Tensor& h, const at::Tensor& pre, c
   long long dd = d;
   int pt = per_token ? 1 : 0;
   void* args[] = {&hp, &pp, &up, &dd, &pt};
-  launch(k, k.read, h.device(), m, kStreamThreads, args);
+  launch(k, k.read, "stream read", h.device(), m, kStreamThreads, args);
 }
 
 void launch_read_backward(const Kernels& k, const at::Tensor& h, const at::Tensor& pre, const at::Tensor& gu,
@@ -455,7 +491,7 @@ void launch_read_backward(const Kernels& k, const at::Tensor& h, const at::Tenso
   long long dd = d;
   int pt = per_token ? 1 : 0;
   void* args[] = {&hp, &pp, &gp, &ghp, &gwp, &dd, &pt};
-  launch(k, k.read_backward, h.device(), m, kStreamThreads, args);
+  launch(k, k.read_backward, "stream read backward", h.device(), m, kStreamThreads, args);
 }
 
 void launch_write(const Kernels& k, const at::Tensor& h, const at::Tensor& res, const at::Tensor& post,
@@ -468,7 +504,7 @@ void launch_write(const Kernels& k, const at::Tensor& h, const at::Tensor& res, 
   long long dd = d;
   int pt = per_token ? 1 : 0;
   void* args[] = {&hp, &rp, &pp, &op, &outp, &dd, &pt};
-  launch(k, k.write, h.device(), m, kStreamThreads, args);
+  launch(k, k.write, "stream write", h.device(), m, kStreamThreads, args);
 }
 
 void launch_write_backward(const Kernels& k, const at::Tensor& h, const at::Tensor& res, const at::Tensor& post,
@@ -485,7 +521,7 @@ void launch_write_backward(const Kernels& k, const at::Tensor& h, const at::Tens
   long long dd = d;
   int pt = per_token ? 1 : 0;
   void* args[] = {&hp, &rp, &pp, &op, &gp, &ghp, &gop, &gwp, &dd, &pt};
-  launch(k, k.write_backward, h.device(), m, kStreamThreads, args);
+  launch(k, k.write_backward, "stream write backward", h.device(), m, kStreamThreads, args);
 }
 
 // A deterministic fp64 CPU tensor whose values are fp32 numbers (so that only the arithmetic
@@ -802,12 +838,13 @@ char* plexus_streams_host(int64_t write, int64_t threads, at::Tensor* a, at::Ten
 // Compiles the CUDA kernels for n streams and compute capability `arch` (major·10 + minor) with
 // NVRTC, without loading them (no GPU needed): the image's size in bytes, and its target
 // (sm_<arch> as a CUBIN, or compute_<a> as PTX) as a malloc'd string.
-char* plexus_cuda_kernels_compile(int64_t n, int64_t arch, int64_t* image_bytes, char** target) {
+char* plexus_cuda_kernels_compile(int64_t n, int64_t arch, int64_t* image_bytes, char** target, char** log) {
   return guarded([&] {
     with_n(n, [](auto) {});
     const Image image = compile(n, static_cast<int>(arch));
     *image_bytes = static_cast<int64_t>(image.bytes.size());
     *target = dup_string(image.target);
+    *log = dup_string(image.log);
   });
 }
 

@@ -53,6 +53,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -742,3 +743,115 @@ char* plexus_op_count_end(uint64_t* out, char** names) {
 
 }  // extern "C"
 
+
+// ---------------------------------------------------------------------------------------------
+// Part 4: the operators that make the host wait for the device, counted by libtorch itself.
+//
+// `plexus::host` counts the reads plexus makes on purpose; this counts what libtorch's dispatcher
+// runs, so a read hidden inside an operator (an `.item()` in some composite, a `nonzero`, a copy to
+// the CPU) is seen at run time, not only by the source scan of tests/device_discipline.rs. The
+// operators that wait for a CUDA device: `_local_scalar_dense` (what `item`, `is_nonzero` and every
+// `*_value` call), `nonzero`, `equal`, the `unique` family, `masked_select`, and a `copy_` from a
+// CUDA tensor into a CPU one. Only the outermost of nested ones counts (`masked_select` may call
+// `nonzero`). Process-wide, every thread (on a GPU the backward runs on libtorch's device threads);
+// once started it stays on. The callback costs each operator call a little (inputs are looked at
+// only where a CUDA device exists, for `copy_`), so it is started by the tests and on request
+// (PLEXUS_COUNT_SYNCS=1), never by default.
+
+namespace sync_watch {
+std::mutex mu;
+std::optional<at::CallbackHandle> handle;
+std::atomic<uint64_t> total{0};
+std::map<std::string, uint64_t> by_name;  // under mu
+thread_local int inside = 0;
+thread_local uint64_t on_this_thread = 0;
+bool with_inputs = false;
+
+struct Marker : at::ObserverContext {};
+
+bool is_sync(const at::RecordFunction& fn) {
+  static const char* const kNames[] = {"aten::_local_scalar_dense", "aten::nonzero",  "aten::equal",
+                                       "aten::_unique",             "aten::_unique2", "aten::unique_dim",
+                                       "aten::unique_consecutive",  "aten::masked_select"};
+  const char* name = fn.name();
+  for (const char* n : kNames) {
+    if (std::strcmp(n, name) == 0) return true;
+  }
+  if (with_inputs && std::strcmp(name, "aten::copy_") == 0) {
+    const auto inputs = fn.inputs();
+    if (inputs.size() >= 2 && inputs[0].isTensor() && inputs[1].isTensor()) {
+      const auto& dst = inputs[0].toTensor();
+      const auto& src = inputs[1].toTensor();
+      return dst.defined() && src.defined() && dst.is_cpu() && src.is_cuda();
+    }
+  }
+  return false;
+}
+
+// libtorch's CPU kernel of the fused AdamW reads each parameter's step count with `item()`; its
+// CUDA kernel reads them on the device. On the CPU that read waits for nothing, and counting it would
+// hide what the count is for: a read that would stall a GPU. So nothing inside a CPU `_fused_adamw_`
+// counts (where inputs are looked at, a CUDA one is counted like any operator).
+bool is_cpu_fused_adamw(const at::RecordFunction& fn) {
+  if (std::strcmp(fn.name(), "aten::_fused_adamw_") != 0) return false;
+  if (!with_inputs) return true;
+  const auto inputs = fn.inputs();
+  if (inputs.empty() || !inputs[0].isTensorList()) return true;
+  const auto params = inputs[0].toTensorList();
+  return params.size() == 0 || static_cast<at::Tensor>(params.get(0)).is_cpu();
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (inside > 0) {
+    inside++;  // nested in a counted (or exempt) one: each start is paired with its end below
+    return std::make_unique<Marker>();
+  }
+  if (is_cpu_fused_adamw(fn)) {
+    inside = 1;
+    return std::make_unique<Marker>();
+  }
+  if (!is_sync(fn)) return nullptr;
+  inside = 1;
+  total++;
+  on_this_thread++;
+  std::lock_guard<std::mutex> lock(mu);
+  by_name[std::strcmp(fn.name(), "aten::copy_") == 0 ? "device-to-host aten::copy_" : fn.name()]++;
+  return std::make_unique<Marker>();
+}
+
+void on_end(const at::RecordFunction&, at::ObserverContext* ctx) {
+  if (ctx != nullptr && inside > 0) inside--;
+}
+}  // namespace sync_watch
+
+extern "C" {
+
+// Starts counting (idempotent).
+char* plexus_sync_watch_start() {
+  return guarded([&] {
+    std::lock_guard<std::mutex> lock(sync_watch::mu);
+    if (sync_watch::handle) return;
+#ifdef PLEXUS_WITH_CUDA
+    sync_watch::with_inputs = at::detail::getCUDAHooks().getNumGPUs() > 0;
+#endif
+    sync_watch::handle = at::addGlobalCallback(at::RecordFunctionCallback(sync_watch::on_start, sync_watch::on_end)
+                                                   .needsInputs(sync_watch::with_inputs)
+                                                   .scopes({at::RecordScope::FUNCTION}));
+  });
+}
+
+// active: whether counting runs; total: syncs so far, process-wide; thread: those on the calling
+// thread; names: "name count" lines (malloc'd).
+char* plexus_sync_watch_read(int* active, uint64_t* total, uint64_t* thread, char** names) {
+  return guarded([&] {
+    std::lock_guard<std::mutex> lock(sync_watch::mu);
+    *active = sync_watch::handle ? 1 : 0;
+    *total = sync_watch::total;
+    *thread = sync_watch::on_this_thread;
+    std::string text;
+    for (const auto& [name, count] : sync_watch::by_name) text += name + " " + std::to_string(count) + "\n";
+    *names = dup_string(text);
+  });
+}
+
+}  // extern "C"

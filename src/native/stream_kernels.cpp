@@ -63,6 +63,14 @@ using torch::autograd::variable_list;
 
 namespace {
 
+// The value of a one-element CPU tensor, read from memory. These kernels take CPU tensors only, so
+// this waits for nothing; `item()` would do the same through the dispatcher, where the sync count
+// (`plexus::native::watch_syncs`) cannot tell it from a read that stalls a GPU.
+double cpu_scalar(const at::Tensor& t) {
+  TORCH_CHECK(t.is_cpu() && t.numel() == 1, "cpu_scalar: a one-element CPU tensor");
+  return t.to(at::kDouble).contiguous().const_data_ptr<double>()[0];
+}
+
 // The row loops, once per instruction set (see stream_rows.inc).
 #define PLEXUS_VECTOR_BYTES 16
 namespace isa_baseline {
@@ -761,7 +769,7 @@ struct HyperPre : public torch::autograd::Function<HyperPre> {
     auto post = at::empty(post_sizes, h.options());
     auto t = at::empty({m * n, k}, h.options());
     auto stats = at::empty({m * n, 2}, h.options());
-    const double scale_a = s_a.item<double>(), scale_b = s_b.item<double>();
+    const double scale_a = cpu_scalar(s_a), scale_b = cpu_scalar(s_b);
     {
       RECORD_FUNCTION("plexus::hyper_pre", std::vector<c10::IValue>());
       AT_DISPATCH_FLOATING_TYPES(dtype, "hyper_pre", [&] {

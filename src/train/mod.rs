@@ -81,6 +81,11 @@ pub struct Summary {
     /// step's own numbers included), in order: what `tests/device_discipline.rs` checks.
     #[serde(skip)]
     pub host_reads: Vec<u64>,
+    /// Host-device syncs of each step as libtorch's dispatcher ran them ([`crate::native::SyncCount`]:
+    /// a read hidden inside an operator counts too), when counting is on (`PLEXUS_COUNT_SYNCS=1`, or
+    /// [`crate::native::watch_syncs`] called before); empty otherwise.
+    #[serde(skip)]
+    pub device_syncs: Vec<u64>,
 }
 
 pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summary> {
@@ -175,9 +180,15 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     let clock = Instant::now();
     let (mut samples, mut tokens) = (0u64, 0u64);
     let mut host_reads = Vec::new();
+    let mut device_syncs = Vec::new();
+    if crate::native::count_syncs_requested()? {
+        crate::native::watch_syncs()?;
+    }
+    let syncs = || crate::native::sync_count().map(|c| c.total);
     let every = |n: u64, step: u64| (n > 0 && step.is_multiple_of(n)) || step == steps;
     for step in start..=steps {
         let reads_before = host::reads();
+        let syncs_before = syncs();
         // Rank 0 alone evaluates and saves C (the others wait at the next all-reduce).
         if main && every(cfg.log.eval_every, step) {
             if let crate::data::Task::Diffusion(d) = task {
@@ -243,6 +254,9 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
             }
         }
         host_reads.push(host::reads() - reads_before);
+        if let (Some(before), Some(now)) = (syncs_before, syncs()) {
+            device_syncs.push(now - before);
+        }
         if step == steps {
             break;
         }
@@ -257,6 +271,9 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     }
     bar.finish_and_clear();
     let wall = clock.elapsed().as_secs_f64();
+    if main && !device_syncs.is_empty() {
+        eprintln!("{}", sync_report(&cfg.name, &host_reads, &device_syncs));
+    }
 
     if main {
         write_logs(dir, &rows, &evals)?;
@@ -305,11 +322,37 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         resumed_from: opts.resume.then_some(start),
         parameter_view: model.parameter_view(&probe_input).map(|(n, m)| (n, host::rows(&m))),
         host_reads,
+        device_syncs,
     };
     if main {
         atomic_write(&dir.summary_file(), serde_json::to_string_pretty(&summary)?.as_bytes())?;
     }
     Ok(summary)
+}
+
+/// The line `PLEXUS_COUNT_SYNCS=1` prints at the end of a run: the syncs libtorch ran on steps that
+/// read nothing on purpose (each is a stall on a GPU, and a CUDA graph cannot capture it), then on
+/// the logging steps, and by operator.
+fn sync_report(name: &str, host_reads: &[u64], device_syncs: &[u64]) -> String {
+    let (mut quiet, mut quiet_syncs, mut logged_syncs) = (0, 0, 0);
+    for (reads, syncs) in host_reads.iter().zip(device_syncs) {
+        if *reads == 0 {
+            quiet += 1;
+            quiet_syncs += syncs;
+        } else {
+            logged_syncs += syncs;
+        }
+    }
+    let ops = crate::native::sync_count()
+        .map(|c| c.by_name.iter().map(|(n, k)| format!("{n} ×{k}")).collect::<Vec<_>>().join(", "))
+        .unwrap_or_default();
+    format!(
+        "{name}: host-device syncs counted by libtorch: {quiet_syncs} on the {quiet} steps that read nothing \
+         (must be 0){}, {logged_syncs} on the {} logging steps; by operator, process-wide: {}",
+        if quiet_syncs == 0 { "" } else { " — a hidden sync in the step" },
+        host_reads.len() - quiet,
+        if ops.is_empty() { "none".to_string() } else { ops }
+    )
 }
 
 /// Checks that `cfg` may resume the run in `dir` (see [`crate::config::ResumeDiff`]) and returns
