@@ -104,7 +104,8 @@ def report(raw, depth_dir, args):
 
     def stat(case, impl, col):
         rs = by.get((case, impl))
-        return median([float(r[col]) for r in rs]) if rs else float("nan")
+        vals = [float(r[col]) for r in rs or [] if r.get(col, "") != ""]
+        return median(vals) if vals else float("nan")
 
     ov_path = os.path.join(SUITE["out"], "overhead.csv")
     paired = {}
@@ -145,11 +146,11 @@ def report(raw, depth_dir, args):
                "forward + loss, before backward (glibc mallinfo2 on the CPU, the CUDA caching allocator's allocated "
                "bytes on a GPU, the same on both sides); peak GPU MB = the allocator's peak during the timed steps.\n")
     out.append("## plexus versus PyTorch\n")
-    gpu_cols = " peak GPU MB plexus | peak GPU MB eager |" if gpu else ""
+    gpu_cols = " MFU plexus, of the data-sheet peak | peak GPU MB plexus | peak GPU MB eager |" if gpu else ""
     out.append("| case | plexus ms | eager ms | compile ms | plexus/eager | plexus/compile | "
                "overhead vs residual, plexus, paired (p10…p90) | eager, separate runs | act. MB plexus | act. MB eager | "
-               f"MFU plexus |{gpu_cols}")
-    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if gpu else ""))
+               f"MFU plexus, of the matmul rate measured |{gpu_cols}")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if gpu else ""))
     misses = []
     for c in cases:
         b, t = c.split("/")
@@ -178,7 +179,8 @@ def report(raw, depth_dir, args):
                    f"{fmt(p / k, '.2f')} | {'–' if t == 'residual' else ov_txt} | "
                    f"{'–' if t == 'residual' else fmt(ove, '+.1f') + ' %'} | {fmt(mp, '.1f')} | {fmt(me, '.1f')} | "
                    f"{fmt(100 * mfu, '.0f')} % |"
-                   + (f" {fmt(stat(c, 'plexus', 'peak_gpu_mb'), '.0f')} | {fmt(stat(c, 'torch-eager', 'peak_gpu_mb'), '.0f')} |"
+                   + (f" {fmt(100 * stat(c, 'plexus', 'mfu_spec'), '.1f')} % |"
+                      f" {fmt(stat(c, 'plexus', 'peak_gpu_mb'), '.0f')} | {fmt(stat(c, 'torch-eager', 'peak_gpu_mb'), '.0f')} |"
                       if gpu else ""))
     out.append("")
     wins = sum(1 for c in cases if stat(c, "plexus", "ms_median") <= stat(c, "torch-eager", "ms_median"))

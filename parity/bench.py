@@ -37,8 +37,31 @@ import run as parity_run  # noqa: E402
 CSV_HEADER = (
     "impl,case,backbone,topology,depth,device,precision,threads,batch,steps,ms_median,ms_p10,ms_p90,"
     "samples_per_s,tokens_per_s,peak_rss_mb,act_mem_mb,params,flops_per_step,achieved_gflops,"
-    "peak_gflops,mfu,peak_gpu_mb"
+    "peak_gflops,mfu,peak_gpu_mb,spec_gflops,mfu_spec"
 )
+
+
+def spec_peak_flops(gpu_name, dtype):
+    """The GPU's data-sheet dense bf16/fp16 peak in FLOP/s (plexus's `device::spec_peak_flops`,
+    the same table), or None for another dtype or GPU."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return None
+    name = gpu_name.upper()
+    if "GH200" in name or "H200" in name:
+        tf = 989.4
+    elif "H100" in name or "H800" in name:
+        tf = 756.0 if "PCIE" in name else 835.0 if "NVL" in name else 989.4
+    elif "B200" in name:
+        tf = 2250.0
+    elif "A100" in name or "A800" in name:
+        tf = 312.0
+    elif "L40S" in name:
+        tf = 362.0
+    elif "L4" in name and "L40" not in name:
+        tf = 121.0
+    else:
+        return None
+    return tf * 1e12
 
 
 def apply_override(cfg, item):
@@ -244,6 +267,8 @@ def bench(cfg, mode, steps, warmup, case_name, profile=False, adamw="fused"):
     peak = peak_matmul_flops(device, dtype) / 1e9
     achieved = flops / (ms[0] * 1e-3) / 1e9
     cpu = device.type == "cpu"
+    spec = None if cpu else spec_peak_flops(torch.cuda.get_device_name(device), dtype)
+    spec = spec / 1e9 if spec is not None else None
     units, _ = common.make_units(model, model.topology.granularity)
     row = [
         f"torch-{mode}",
@@ -269,6 +294,8 @@ def bench(cfg, mode, steps, warmup, case_name, profile=False, adamw="fused"):
         f"{peak:.3f}",
         f"{achieved / peak:.4f}",
         f"{peak_gpu:.1f}",
+        f"{spec:.1f}" if spec is not None else "",
+        f"{achieved / spec:.4f}" if spec is not None else "",
     ]
     return ",".join(row)
 

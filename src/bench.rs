@@ -31,7 +31,7 @@ use tch::{Device, Kind, Tensor};
 /// Columns of a benchmark CSV row, shared with `parity/bench.py`.
 pub const CSV_HEADER: &str = "impl,case,backbone,topology,depth,device,precision,threads,batch,steps,ms_median,\
 ms_p10,ms_p90,samples_per_s,tokens_per_s,peak_rss_mb,act_mem_mb,params,flops_per_step,achieved_gflops,\
-peak_gflops,mfu,peak_gpu_mb";
+peak_gflops,mfu,peak_gpu_mb,spec_gflops,mfu_spec";
 
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -71,6 +71,10 @@ pub struct BenchRow {
     pub params: i64,
     pub flops_per_step: f64,
     pub peak_gflops: f64,
+    /// The GPU's data-sheet dense peak in the compute dtype ([`device::spec_peak_flops`]), GFLOP/s:
+    /// what MFU is conventionally reported against; `None` on the CPU, in fp32, or for a GPU not
+    /// listed.
+    pub spec_gflops: Option<f64>,
     /// CUDA: the allocator's peak of allocated bytes during the timed steps, MiB; `nan` on CPU.
     pub peak_gpu_mb: f64,
     /// With `profile`: median ms of forward + loss, backward, optimizer (clip + update).
@@ -87,10 +91,15 @@ impl BenchRow {
         self.flops_per_step / (self.ms[0] * 1e-3) / 1e9
     }
 
+    /// Model FLOP utilisation against the data-sheet peak (the convention), where there is one.
+    pub fn mfu_spec(&self) -> Option<f64> {
+        self.spec_gflops.map(|p| self.achieved_gflops() / p)
+    }
+
     pub fn csv(&self) -> String {
         let opt = |v: Option<f64>| v.map(|v| format!("{v:.2}")).unwrap_or_default();
         format!(
-            "plexus,{},{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.2},{},{:.1},{:.1},{},{:.6e},{:.3},{:.3},{:.4},{:.1}",
+            "plexus,{},{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{:.2},{},{:.1},{:.1},{},{:.6e},{:.3},{:.3},{:.4},{:.1},{},{}",
             self.case,
             self.backbone,
             self.topology,
@@ -112,7 +121,9 @@ impl BenchRow {
             self.achieved_gflops(),
             self.peak_gflops,
             self.achieved_gflops() / self.peak_gflops,
-            self.peak_gpu_mb
+            self.peak_gpu_mb,
+            self.spec_gflops.map(|g| format!("{g:.1}")).unwrap_or_default(),
+            self.mfu_spec().map(|m| format!("{m:.4}")).unwrap_or_default()
         )
     }
 }
@@ -348,6 +359,13 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
         params: model.num_params(),
         flops_per_step: 3.0 * exp.model.forward_flops() * samples as f64,
         peak_gflops: peak_matmul_flops(dev, compute) / 1e9,
+        spec_gflops: match dev {
+            Device::Cuda(i) => crate::native::cuda_device_info(i)
+                .ok()
+                .and_then(|d| device::spec_peak_flops(&d.name, compute))
+                .map(|f| f / 1e9),
+            _ => None,
+        },
         peak_gpu_mb,
         phase_ms,
         page_faults_per_step,

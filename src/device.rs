@@ -100,6 +100,41 @@ pub fn describe(dev: Device) -> String {
     }
 }
 
+/// The dense tensor-core peak of a GPU by its name (as CUDA reports it), in FLOP/s, for bf16 and
+/// fp16 matmuls with fp32 accumulation: the figure from the vendor's data sheet that MFU is
+/// conventionally reported against (PaLM's and nanoGPT's MFU; torchtitan's). `None` for another
+/// dtype or a GPU not listed here (the benchmark then reports MFU against the measured matmul rate
+/// only). Sparse figures are half of nothing here: dense only.
+pub fn spec_peak_flops(gpu_name: &str, kind: Kind) -> Option<f64> {
+    if !matches!(kind, Kind::BFloat16 | Kind::Half) {
+        return None;
+    }
+    let name = gpu_name.to_ascii_uppercase();
+    let has = |s: &str| name.contains(s);
+    let tflops = if has("GH200") || has("H200") {
+        989.4
+    } else if has("H100") || has("H800") {
+        if has("PCIE") {
+            756.0
+        } else if has("NVL") {
+            835.0
+        } else {
+            989.4 // SXM ("H100 80GB HBM3")
+        }
+    } else if has("B200") {
+        2250.0
+    } else if has("A100") || has("A800") {
+        312.0
+    } else if has("L40S") {
+        362.0
+    } else if has("L4") && !has("L40") {
+        121.0
+    } else {
+        return None;
+    };
+    Some(tflops * 1e12)
+}
+
 /// Applies the config's `tf32` switch to fp32 matmuls (cuBLAS and cuDNN on Ampere and later):
 /// `tf32: true` trades fp32's 23-bit mantissa for TF32's 10 bits in matmul inputs, several times
 /// faster on tensor cores. Off by default, so that fp32 runs match their PyTorch references.
@@ -141,6 +176,24 @@ mod tests {
     const GPU_BOX: Machine = Machine { cuda_devices: 1, cuda_linked: true, nvidia_node: true };
     const BROKEN_GPU_BOX: Machine = Machine { cuda_devices: 0, cuda_linked: true, nvidia_node: true };
     const CPU_BOX: Machine = Machine { cuda_devices: 0, cuda_linked: true, nvidia_node: false };
+
+    /// The names CUDA reports (nvidia-smi's, as seen on this project's GPU machines and in the
+    /// vendors' docs), each to its data sheet's dense bf16 figure; fp32 and unknown GPUs have none.
+    #[test]
+    fn spec_peaks_by_gpu_name() {
+        let tf = |name: &str| spec_peak_flops(name, Kind::BFloat16).map(|f| f / 1e12);
+        assert_eq!(tf("NVIDIA H100 80GB HBM3"), Some(989.4));
+        assert_eq!(tf("NVIDIA H100 PCIe"), Some(756.0));
+        assert_eq!(tf("NVIDIA H100 NVL"), Some(835.0));
+        assert_eq!(tf("NVIDIA H200"), Some(989.4));
+        assert_eq!(tf("NVIDIA A100-SXM4-80GB"), Some(312.0));
+        assert_eq!(tf("NVIDIA L4"), Some(121.0));
+        assert_eq!(tf("NVIDIA L40S"), Some(362.0));
+        assert_eq!(tf("NVIDIA L40"), None);
+        assert_eq!(tf("Tesla T4"), None);
+        assert_eq!(spec_peak_flops("NVIDIA H100 80GB HBM3", Kind::Half).map(|f| f / 1e12), Some(989.4));
+        assert_eq!(spec_peak_flops("NVIDIA H100 80GB HBM3", Kind::Float), None);
+    }
 
     #[test]
     fn auto_is_the_cpu_only_where_there_is_no_gpu() {

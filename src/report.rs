@@ -26,6 +26,16 @@ pub fn print_bench(rows: &[crate::bench::BenchRow]) {
             r.achieved_gflops(),
             100.0 * r.achieved_gflops() / r.peak_gflops
         );
+        if let (Some(spec), Some(mfu)) = (r.spec_gflops, r.mfu_spec()) {
+            println!(
+                "{:<30} MFU {:.1} % of the GPU's data-sheet dense peak ({:.0} TFLOP/s); the column above is against \
+                 the matmul rate measured here ({:.0} TFLOP/s)",
+                "",
+                100.0 * mfu,
+                spec / 1e3,
+                r.peak_gflops / 1e3
+            );
+        }
         if r.peak_gpu_mb.is_finite() {
             println!("{:<30} GPU memory: peak {:.0} MiB allocated during the timed steps", "", r.peak_gpu_mb);
         }
