@@ -1,106 +1,291 @@
 #!/usr/bin/env bash
-# The first thing to run on a new GPU machine: every check of plexus that needs a GPU, each step's
-# log in OUTDIR, and a table of what passed at the end. Exit status 1 if any step failed.
+# The GPU slot plan: every check of plexus that needs a GPU, in named groups of at most 8 minutes
+# each, in the order that buys the most, from a prebuilt binary (no cargo, no set-up, no download:
+# GPU machines lent to this project are offline and held ~30 minutes). Each group leaves ONE archive,
+# OUTDIR/gpu-check-GROUP.tar.gz (its logs, CSVs, summaries and figures; no checkpoints), and prints a
+# table of its steps. Exit status 1 if any step failed or timed out.
 #
-#   scripts/gpu-check.sh [OUTDIR [STEP...]]   (default: runs/gpu-check, every step)
+#   scripts/gpu-check.sh [--out OUTDIR] GROUP...      (OUTDIR default: runs/gpu-check)
+#   scripts/gpu-check.sh --list                       the groups, their steps and time limits
+#   scripts/gpu-check.sh --device cpu --quick kernels a dry run of the plumbing on a CPU (4 steps)
 #
-# STEP names a step or the start of names (`train` = every train-* step).
+# Before the slot, on a machine with cargo: scripts/gpu-slot-pack.sh (the binary and the data into
+# .gpu-slot/, ignored by git). On the GPU machine, from the repository root:
+#   scripts/gpu-check.sh --out "$OUT" doctor kernels  # one command of ≤ 10 minutes holds ≤ 1 group
 #
-# Steps (each under its own time limit, so one hang does not eat the rest):
-#   doctor            the CUDA set-up (driver, runtime, GPUs, bf16, NCCL built)
-#   selftest          `doctor --selftest --device cuda`: AdamW's fused CUDA kernel against the f64 update
-#                     rule, then every topology on every backbone, tiny, on the
-#                     GPU (connectivity, checkpoints, crash + resume, analyze, bf16 against fp32)
-#   parity            `parity --device cuda`: Rust and the PyTorch references, both on the GPU
-#   train-*           CPU-size configs trained on the GPU in bf16 (Fashion-MNIST Mixers, mHC among them,
-#                     GPT and LLaMA on text), then analyze and plot on one of them
-#   train-dit-ancre   a pixel-space DiT on Fashion-MNIST in bf16, then `sample` (a PNG grid) and `fd`
-#   bench-*           paired step times: DiT-B/2 residual vs ANCRe; the paper Mixer × 6 topologies, and
-#                     its mHC again with PLEXUS_FUSED_KERNELS=0 (the composite Sinkhorn, for comparison)
-#   nproc             `train --nproc 2`: NCCL on 2 GPUs; on a 1-GPU machine (nproc-refused) it must
-#                     stop with an error that says there are fewer GPUs than processes
+# Groups, in the order to run them (the first ones buy the most):
+#   doctor       doctor (driver, runtime, GPU, bf16, NCCL), then `doctor --selftest --device cuda`:
+#                AdamW's fused CUDA kernel against the f64 rule, the CUDA Sinkhorn and stream kernels
+#                against their CPU reference, every topology × backbone, tiny, fp32 and bf16
+#   kernels      a small GPT (bench/configs/gpu/slot-kernels.yaml) with hyper and mHC in fp32 and
+#                bf16, under PLEXUS_CUDA_SYNC_CHECK=1 (a fault names its kernel) and
+#                PLEXUS_COUNT_SYNCS=1 (libtorch's count of host-device syncs; must be 0 on steps that
+#                read nothing), then with PLEXUS_FUSED_KERNELS=0: the fused run's losses must follow
+#                the composite graph's
+#   bench        GPT-2 124M and LLaMA-130M at 16×1024 in bf16: the residual step (ms, MFU against the
+#                GPU's data-sheet peak and the measured matmul rate), the paired overheads of hacn,
+#                ancre, denseformer, hyper, mhc, attnres, and hyper/mHC again with
+#                PLEXUS_FUSED_KERNELS=0 (what the CUDA kernels buy)
+#   parity       `parity --device cuda`: Rust and the PyTorch references, both on the GPU
+#   bench-torch  PyTorch eager and torch.compile on the same GPT and LLaMA steps (parity/bench.py),
+#                for "plexus ≤ torch.compile"
+#   train        CPU-size configs trained on the GPU in bf16 on real data (Fashion-MNIST Mixers with
+#                H-ACN, residual, mHC; GPT and LLaMA on text), then analyze and plot; a pixel DiT,
+#                sample and fd
 #
-# Environment: PLEXUS (the binary; default target/release/plexus after scripts/setup.sh), PLEXUS_DATA
-# (a data root with fashion-mnist/ and text/; default: scripts/fetch-data.sh), PLEXUS_PYTHON (Python
-# with torch, for parity), STEPS (training steps of the train-* runs, default 300).
+# Environment: PLEXUS (default .gpu-slot/plexus, else target/release/plexus), PLEXUS_DATA (default
+# .gpu-slot/data; only `train` reads data), PLEXUS_PYTHON (Python with torch, numpy, safetensors and
+# pyyaml for `parity` and `bench-torch`; default python3). libtorch comes from that Python's torch
+# when the binary's own rpath (the build machine's venv) does not resolve: the torch versions must be
+# the same (2.11.0; `doctor` prints both).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${1:-runs/gpu-check}"
-shift || true
-ONLY=("$@")
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
 cd "$ROOT"
-if [[ -z "${PLEXUS:-}" ]]; then
-    scripts/setup.sh >&2 || exit 1
-    PLEXUS="$ROOT/target/release/plexus"
-fi
-if [[ -z "${PLEXUS_DATA:-}" ]]; then
-    PLEXUS_DATA="$(scripts/fetch-data.sh)" || exit 1
-fi
-export PLEXUS_DATA
-STEPS="${STEPS:-300}"
-GPU=(--set device=cuda --set precision=bf16 --set "train.steps=$STEPS" --set log.eval_every=100 --quiet)
 
-results=()
-step() { # step NAME LIMIT_S CMD...: run CMD under a time limit, log to OUT/NAME.log, record the outcome
-    local name="$1" limit="$2"
-    shift 2
-    if ((${#ONLY[@]})); then
-        local want=0 o
-        for o in "${ONLY[@]}"; do [[ "$name" == "$o"* ]] && want=1; done
-        ((want)) || return 0
+# group → "NAME LIMIT_S" lines of its steps (the limits of a group add up to ≤ 470 s).
+declare -A STEPS=(
+    [doctor]="nvidia-smi 20
+doctor 60
+selftest 390"
+    [kernels]="hyper-fp32 60
+mhc-fp32 60
+hyper-bf16 60
+mhc-bf16 60
+hyper-fp32-composite 60
+mhc-fp32-composite 60
+fused-follows-composite 20
+syncs 10"
+    [bench]="gpt-residual 90
+gpt-compare 150
+gpt-composite 80
+llama-residual 60
+llama-compare 90"
+    [parity]="parity 460"
+    [bench-torch]="gpt-eager 90
+gpt-compile 150
+llama-eager 80
+llama-compile 150"
+    [train]="train-mixer-hacn 60
+train-mixer-res 60
+train-mixer-mhc 60
+train-gpt-hacn 60
+train-llama-ancre 60
+analyze 50
+plot 30
+train-dit-ancre 60
+sample-dit 15
+fd-dit 15"
+)
+ORDER=(doctor kernels bench parity bench-torch train)
+
+list() {
+    for g in "${ORDER[@]}"; do
+        local total=0 line
+        while read -r _ s; do total=$((total + s)); done <<<"${STEPS[$g]}"
+        echo "$g (limits add up to ${total} s):"
+        while read -r line; do echo "    $line s"; done <<<"${STEPS[$g]}"
+    done
+}
+
+OUTDIR=runs/gpu-check
+GROUPS_ASKED=()
+DEV=cuda
+QUICK=()
+while (($#)); do
+    case "$1" in
+        --out) OUTDIR="$2"; shift 2 ;;
+        --device) DEV="$2"; shift 2 ;;
+        --quick) QUICK=(--set train.steps=4 --set log.every=2); shift ;;
+        --list) list; exit 0 ;;
+        -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
+        *) GROUPS_ASKED+=("$1"); shift ;;
+    esac
+done
+if ((${#GROUPS_ASKED[@]} == 0)); then
+    echo "gpu-check.sh: name at least one group: ${ORDER[*]} (--list shows their steps)" >&2
+    exit 2
+fi
+for g in "${GROUPS_ASKED[@]}"; do
+    if [[ -z "${STEPS[$g]+x}" ]]; then
+        echo "gpu-check.sh: no group '$g'; the groups are: ${ORDER[*]}" >&2
+        exit 2
     fi
+done
+
+# The binary, prebuilt: nothing here builds or downloads.
+if [[ -z "${PLEXUS:-}" ]]; then
+    for p in "$ROOT/.gpu-slot/plexus" "$ROOT/target/release/plexus"; do
+        [[ -x "$p" ]] && { PLEXUS="$p"; break; }
+    done
+fi
+if [[ -z "${PLEXUS:-}" || ! -x "$PLEXUS" ]]; then
+    echo "gpu-check.sh: no plexus binary (looked at \$PLEXUS, .gpu-slot/plexus, target/release/plexus): build one" \
+         "with scripts/gpu-slot-pack.sh on a machine with cargo and bring .gpu-slot/ along" >&2
+    exit 2
+fi
+PY="${PLEXUS_PYTHON:-python3}"
+export PLEXUS_PYTHON="$PY"
+# libtorch: the binary's rpath names the build machine's venv; elsewhere, the local torch's.
+if ldd "$PLEXUS" 2>/dev/null | grep -q "not found"; then
+    TORCH_LIBS="$("$PY" - <<'PYEOF'
+import glob, os, torch
+site = os.path.dirname(os.path.dirname(torch.__file__))
+dirs = [os.path.join(os.path.dirname(torch.__file__), "lib")] + sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib")))
+print(":".join(dirs))
+PYEOF
+)" || { echo "gpu-check.sh: the binary's libtorch is not found and $PY has no torch" >&2; exit 2; }
+    export LD_LIBRARY_PATH="$TORCH_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    if ldd "$PLEXUS" | grep "not found" >&2; then
+        echo "gpu-check.sh: libraries still missing with $PY's torch (above)" >&2
+        exit 2
+    fi
+fi
+export PLEXUS_DATA="${PLEXUS_DATA:-$ROOT/.gpu-slot/data}"
+
+mkdir -p "$OUTDIR"
+OUTDIR="$(cd "$OUTDIR" && pwd)"
+WORK_ROOT="${GPU_CHECK_WORK:-/tmp/plexus-gpu-check}"
+G=""          # the running group's folder (logs, CSVs, runs)
+RESULTS=()    # the running group's step outcomes
+FAILED=0
+
+# step NAME CMD...: run CMD under the limit the group table gives NAME, log to G/NAME.log.
+step() {
+    local name="$1"
+    shift
+    local limit
+    limit="$(awk -v n="$name" '$1 == n { print $2 }' <<<"${STEPS[$GROUP]}")"
+    [[ -n "$limit" ]] || { echo "gpu-check.sh: step $name is not in group $GROUP's table" >&2; exit 3; }
     local t0=$SECONDS
-    echo "== $name: $*" | tee "$OUT/$name.log"
-    timeout --kill-after=10 "$limit" "$@" >>"$OUT/$name.log" 2>&1
+    echo "== $GROUP/$name (limit ${limit} s): $*" | tee "$G/$name.log"
+    timeout --kill-after=10 "$limit" "$@" >>"$G/$name.log" 2>&1
     local rc=$?
     local dt=$((SECONDS - t0))
     local verdict=ok
-    if [[ $rc == 124 || $rc == 137 ]]; then verdict="TIMEOUT (${limit} s)"; elif [[ $rc != 0 ]]; then verdict="FAILED (exit $rc)"; fi
-    tail -n 25 "$OUT/$name.log"
-    echo "== $name: $verdict in ${dt} s"
-    results+=("$(printf '%-22s %-18s %5d s' "$name" "$verdict" "$dt")")
+    if [[ $rc == 124 || $rc == 137 ]]; then verdict="TIMEOUT"; elif [[ $rc != 0 ]]; then verdict="FAILED (exit $rc)"; fi
+    [[ $verdict == ok ]] || FAILED=1
+    tail -n +2 "$G/$name.log" | tail -n 12
+    echo "== $GROUP/$name: $verdict in ${dt} s"
+    RESULTS+=("$(printf '%-26s %-18s %4d s of %4d' "$name" "$verdict" "$dt" "$limit")")
 }
 
-if command -v nvidia-smi >/dev/null; then nvidia-smi >"$OUT/nvidia-smi.log" 2>&1; head -n 15 "$OUT/nvidia-smi.log"; fi
-step doctor 60 "$PLEXUS" doctor
-step selftest 420 "$PLEXUS" doctor --selftest --device cuda
-step parity 420 "$PLEXUS" parity --device cuda
-step train-mixer-hacn 300 "$PLEXUS" train configs/mixer-fmnist/cpu/hacn.yaml "${GPU[@]}" --out "$OUT/runs/mixer-hacn" --overwrite
-step train-mixer-res 300 "$PLEXUS" train configs/mixer-fmnist/cpu/res.yaml "${GPU[@]}" --out "$OUT/runs/mixer-res" --overwrite
-# mHC trains through the NVRTC-compiled CUDA Sinkhorn (its self-test is in `selftest`; a fallback to
-# the composite graph prints a warning into this log).
-step train-mixer-mhc 300 "$PLEXUS" train configs/mixer-fmnist/cpu/res.yaml "${GPU[@]}" --set topology.kind=mhc --set name=mixer-fmnist-mhc --out "$OUT/runs/mixer-mhc" --overwrite
-step train-gpt-hacn 300 "$PLEXUS" train configs/gpt2/cpu/hacn-bpe.yaml "${GPU[@]}" --out "$OUT/runs/gpt-hacn" --overwrite
-step train-llama-ancre 300 "$PLEXUS" train configs/llama/cpu/ancre-bpe.yaml "${GPU[@]}" --out "$OUT/runs/llama-ancre" --overwrite
-step analyze 300 "$PLEXUS" analyze "$OUT/runs/mixer-hacn" "$OUT/runs/mixer-res"
-step plot 120 "$PLEXUS" plot "$OUT/runs/mixer-hacn" "$OUT/runs/mixer-res" --out "$OUT/figures"
-step train-dit-ancre 300 "$PLEXUS" train configs/dit-fmnist/cpu/ancre.yaml "${GPU[@]}" --out "$OUT/runs/dit-ancre" --overwrite
-step sample-dit 120 "$PLEXUS" sample "$OUT/runs/dit-ancre" --device cuda --cfg 2
-step fd-dit 300 "$PLEXUS" fd "$OUT/runs/dit-ancre" --extractor "$OUT/runs/mixer-res" --samples 500 --device cuda
-# Step times on the GPU (paired, in one process): DiT-B/2 residual against ANCRe, and the paper
-# Mixer with the multi-stream and history topologies. Full matrix against PyTorch:
-# `python3 bench/run.py --suite gpu` (bench/README.md).
-step bench-dit 300 "$PLEXUS" bench bench/configs/gpu/dit.yaml --compare residual,ancre --steps 10 --warmup 3
-step bench-mixer 300 "$PLEXUS" bench bench/configs/gpu/mixer.yaml --compare residual,hacn,ancre,hyper,mhc,attnres --steps 10 --warmup 3
-# The same mHC case with the composite Sinkhorn (PLEXUS_FUSED_KERNELS=0): the CUDA kernel's gain.
-step bench-mixer-mhc-composite 300 env PLEXUS_FUSED_KERNELS=0 "$PLEXUS" bench bench/configs/gpu/mixer.yaml --compare residual,mhc --steps 10 --warmup 3
-NPROC=(train configs/mixer-fmnist/cpu/hacn.yaml --set device=cuda --set train.steps=50 --quiet --nproc 2 --dist-timeout 60 --out "$OUT/runs/nproc" --overwrite)
-GPUS=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU')
-if ((GPUS >= 2)); then
-    step nproc 120 "$PLEXUS" "${NPROC[@]}"
-else
-    # One GPU: two ranks cannot each have one; the run must stop with a message that says so.
-    export LOG="$OUT/nproc-refused.log"
-    step nproc-refused 120 bash -c '! "$@" && grep -v "^== " "$LOG" | grep -q "CUDA device(s): start at most"' _ "$PLEXUS" "${NPROC[@]}"
-fi
+GPU=(--set "device=$DEV" --set precision=bf16 --quiet --overwrite)
 
-echo
-echo "gpu-check summary ($OUT)"
-failed=0
-for r in "${results[@]}"; do
-    echo "  $r"
-    [[ "$r" == *" ok "* ]] || failed=1
+group_doctor() {
+    [[ $DEV == cpu ]] || step nvidia-smi nvidia-smi
+    step doctor "$PLEXUS" doctor
+    step selftest "$PLEXUS" doctor --selftest --device "$DEV"
+}
+
+group_kernels() {
+    local cfg=bench/configs/gpu/slot-kernels.yaml
+    local k=(env PLEXUS_CUDA_SYNC_CHECK=1 PLEXUS_COUNT_SYNCS=1 "$PLEXUS" train "$cfg" --quiet --overwrite
+        --set "device=$DEV" ${QUICK[@]+"${QUICK[@]}"})
+    step hyper-fp32 "${k[@]}" --set topology.kind=hyper --out "$G/runs/hyper-fp32"
+    step mhc-fp32 "${k[@]}" --set topology.kind=mhc --out "$G/runs/mhc-fp32"
+    # bf16 on a CPU takes minutes for this model (no bf16 matrix units): a CPU dry run skips it.
+    if [[ $DEV != cpu ]]; then
+        step hyper-bf16 "${k[@]}" --set topology.kind=hyper --set precision=bf16 --out "$G/runs/hyper-bf16"
+        step mhc-bf16 "${k[@]}" --set topology.kind=mhc --set precision=bf16 --out "$G/runs/mhc-bf16"
+    fi
+    local c=(env PLEXUS_FUSED_KERNELS=0 "$PLEXUS" train "$cfg" --quiet --overwrite --set "device=$DEV"
+        ${QUICK[@]+"${QUICK[@]}"})
+    step hyper-fp32-composite "${c[@]}" --set topology.kind=hyper --out "$G/runs/hyper-fp32-composite"
+    step mhc-fp32-composite "${c[@]}" --set topology.kind=mhc --out "$G/runs/mhc-fp32-composite"
+    # fp32, same seed and batches: the logged losses agree to 1e-5 at step 0 and 2e-3 after 30
+    # AdamW updates (summation order differs between the kernels and the composite graph).
+    step fused-follows-composite "$PY" - "$G/runs" <<'PYEOF'
+import csv, os, sys
+runs = sys.argv[1]
+ok = True
+for t in ("hyper", "mhc"):
+    rows = {}
+    for kind in ("fp32", "fp32-composite"):
+        with open(os.path.join(runs, f"{t}-{kind}", "metrics.csv")) as fh:
+            rows[kind] = {int(r["step"]): float(r["loss"]) for r in csv.DictReader(fh)}
+    for s, fused in sorted(rows["fp32"].items()):
+        comp = rows["fp32-composite"][s]
+        rel = abs(fused - comp) / abs(comp)
+        tol = 1e-5 if s == 0 else 2e-3
+        good = rel <= tol
+        ok &= good
+        print(f"{t} step {s}: fused {fused:.6f} composite {comp:.6f} relative {rel:.1e} (tolerance {tol:.0e}) "
+              f"{'ok' if good else 'DIFFERS'}")
+sys.exit(0 if ok else 1)
+PYEOF
+    # Every fused run's sync line: 0 syncs on the steps that read nothing.
+    step syncs bash -c 'bad=0; for f in "$1"/hyper-*.log "$1"/mhc-*.log; do
+        case "$f" in *composite*) continue;; esac
+        line=$(grep "host-device syncs counted by libtorch" "$f") || { echo "$f: no sync line"; bad=1; continue; }
+        echo "$(basename "$f"): $line"
+        grep -q ": 0 on the " <<<"$line" || bad=1
+    done; exit $bad' _ "$G"
+}
+
+group_bench() {
+    local gpt=bench/configs/gpu/gpt.yaml llama=bench/configs/gpu/llama.yaml
+    local all=residual,hacn,ancre,denseformer,hyper,mhc,attnres
+    step gpt-residual "$PLEXUS" bench "$gpt" --steps 20 --warmup 5 --csv "$G/raw.csv" --case gpt/residual
+    step gpt-compare "$PLEXUS" bench "$gpt" --compare "$all" --steps 10 --warmup 3 --csv "$G/overhead.csv" --case gpt
+    step gpt-composite env PLEXUS_FUSED_KERNELS=0 "$PLEXUS" bench "$gpt" --compare residual,hyper,mhc --steps 10 \
+        --warmup 3 --csv "$G/overhead.csv" --case gpt-composite
+    step llama-residual "$PLEXUS" bench "$llama" --steps 20 --warmup 5 --csv "$G/raw.csv" --case llama/residual
+    step llama-compare "$PLEXUS" bench "$llama" --compare residual,hacn,ancre,hyper,mhc --steps 10 --warmup 3 \
+        --csv "$G/overhead.csv" --case llama
+}
+
+group_parity() {
+    step parity "$PLEXUS" parity --device "$DEV"
+}
+
+group_bench-torch() {
+    local gpt=bench/configs/gpu/gpt.yaml llama=bench/configs/gpu/llama.yaml
+    local b=(env PYTHONUNBUFFERED=1 "$PY" parity/bench.py)
+    step gpt-eager "${b[@]}" "$gpt" --mode eager --steps 20 --warmup 5 --csv "$G/raw.csv" --case gpt/residual
+    step gpt-compile "${b[@]}" "$gpt" --mode compile --steps 20 --warmup 5 --csv "$G/raw.csv" --case gpt/residual
+    step llama-eager "${b[@]}" "$llama" --mode eager --steps 20 --warmup 5 --csv "$G/raw.csv" --case llama/residual
+    step llama-compile "${b[@]}" "$llama" --mode compile --steps 20 --warmup 5 --csv "$G/raw.csv" --case llama/residual
+}
+
+group_train() {
+    local s=(--set train.steps=300 --set log.eval_every=100)
+    step train-mixer-hacn "$PLEXUS" train configs/mixer-fmnist/cpu/hacn.yaml "${GPU[@]}" "${s[@]}" --out "$G/runs/mixer-hacn"
+    step train-mixer-res "$PLEXUS" train configs/mixer-fmnist/cpu/res.yaml "${GPU[@]}" "${s[@]}" --out "$G/runs/mixer-res"
+    step train-mixer-mhc "$PLEXUS" train configs/mixer-fmnist/cpu/res.yaml "${GPU[@]}" "${s[@]}" --set topology.kind=mhc \
+        --set name=mixer-fmnist-mhc --out "$G/runs/mixer-mhc"
+    step train-gpt-hacn "$PLEXUS" train configs/gpt2/cpu/hacn-bpe.yaml "${GPU[@]}" "${s[@]}" --out "$G/runs/gpt-hacn"
+    step train-llama-ancre "$PLEXUS" train configs/llama/cpu/ancre-bpe.yaml "${GPU[@]}" "${s[@]}" --out "$G/runs/llama-ancre"
+    step analyze "$PLEXUS" analyze "$G/runs/mixer-hacn" "$G/runs/mixer-res"
+    step plot "$PLEXUS" plot "$G/runs/mixer-hacn" "$G/runs/mixer-res" --out "$G/figures"
+    step train-dit-ancre "$PLEXUS" train configs/dit-fmnist/cpu/ancre.yaml "${GPU[@]}" "${s[@]}" --out "$G/runs/dit-ancre"
+    step sample-dit "$PLEXUS" sample "$G/runs/dit-ancre" --device "$DEV" --cfg 2
+    step fd-dit "$PLEXUS" fd "$G/runs/dit-ancre" --extractor "$G/runs/mixer-res" --samples 500 --device "$DEV"
+}
+
+for GROUP in "${GROUPS_ASKED[@]}"; do
+    G="$WORK_ROOT/$GROUP"
+    rm -rf "$G"
+    mkdir -p "$G"
+    RESULTS=()
+    {
+        echo "group $GROUP at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')" \
+             "(binary: $(cat "$(dirname "$PLEXUS")/COMMIT" 2>/dev/null || echo 'commit unknown'))"
+        date -u
+        nvidia-smi -L 2>/dev/null || echo "nvidia-smi: none"
+    } >"$G/about.txt"
+    t0=$SECONDS
+    "group_$GROUP"
+    {
+        cat "$G/about.txt"
+        echo "steps:"
+        printf '  %s\n' "${RESULTS[@]}"
+        echo "group time: $((SECONDS - t0)) s"
+    } >"$G/summary.txt"
+    # One archive per group: everything but model weights and checkpoints.
+    tar -czf "$OUTDIR/gpu-check-$GROUP.tar.gz" -C "$WORK_ROOT" \
+        --exclude='*.safetensors' --exclude='checkpoints' --exclude='*.bin' "$GROUP"
+    echo
+    cat "$G/summary.txt"
+    echo "archive: $OUTDIR/gpu-check-$GROUP.tar.gz ($(du -h "$OUTDIR/gpu-check-$GROUP.tar.gz" | cut -f1))"
 done
-exit $failed
+exit $FAILED

@@ -335,3 +335,43 @@ fn every_shipped_config_is_valid() {
         assert!(names.insert(e.config().name.clone()), "duplicate run name {} in {}", e.config().name, f.display());
     }
 }
+
+/// The GPU slot plan's plumbing, dry-run on the CPU (scripts/gpu-check.sh --device cpu --quick
+/// kernels): from the prebuilt binary alone, hyper and mHC trained with the fused kernels (sync
+/// check and sync count on) and with the composite graph, the losses compared, the sync lines read,
+/// one archive left with every step's log and a summary; an unknown group is refused with the list.
+#[test]
+#[ignore = "slow tier: the GPU slot plan's kernels group, dry-run on the CPU (~30 s)"]
+fn the_gpu_slot_plan_runs_its_kernels_group_dry_on_the_cpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = common::repo().join("scripts/gpu-check.sh");
+    let run = |args: &[&str]| {
+        std::process::Command::new("bash")
+            .arg(&script)
+            .args(args)
+            .env("PLEXUS", env!("CARGO_BIN_EXE_plexus"))
+            .env("GPU_CHECK_WORK", tmp.path().join("work"))
+            .output()
+            .expect("bash runs the script")
+    };
+    let out = tmp.path().join("out");
+    let o = run(&["--device", "cpu", "--quick", "--out", out.to_str().unwrap(), "kernels"]);
+    let (stdout, stderr) = text(&o);
+    assert!(o.status.success(), "{stdout}{stderr}");
+    for s in ["hyper-fp32", "mhc-fp32", "hyper-fp32-composite", "mhc-fp32-composite", "fused-follows-composite", "syncs"]
+    {
+        assert!(stdout.lines().any(|l| l.trim_start().starts_with(s) && l.contains(" ok ")), "{s}:\n{stdout}");
+    }
+    assert!(stdout.contains("hyper step 4: fused") && stdout.contains("mhc step 0: fused"), "{stdout}");
+    assert!(stdout.contains("0 on the 2 steps that read nothing"), "{stdout}");
+    let archive = out.join("gpu-check-kernels.tar.gz");
+    let list = std::process::Command::new("tar").arg("tzf").arg(&archive).output().expect("tar");
+    let names = String::from_utf8_lossy(&list.stdout);
+    for f in ["kernels/summary.txt", "kernels/syncs.log", "kernels/runs/mhc-fp32/metrics.csv"] {
+        assert!(names.lines().any(|l| l == f), "{f} not in {}:\n{names}", archive.display());
+    }
+    assert!(!names.contains(".safetensors"), "weights are left out of the archive:\n{names}");
+    let o = run(&["--out", out.to_str().unwrap(), "kernel"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).1.contains("no group 'kernel'; the groups are: doctor kernels bench"), "{}", text(&o).1);
+}

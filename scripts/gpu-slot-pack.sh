@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Packs what a GPU slot needs into .gpu-slot/ (ignored by git), on a machine with cargo, before the
+# slot: GPU machines lent to this project are offline, have no cargo, and are held ~30 minutes.
+#
+#   .gpu-slot/plexus    the release binary (debug symbols stripped), built by scripts/setup.sh
+#   .gpu-slot/COMMIT    the commit it was built from ("+dirty" when the tree had changes)
+#   .gpu-slot/data/     what the `train` group reads: fashion-mnist/, text/tinyshakespeare.txt and
+#                       text/wiki_summaries.txt (from scripts/fetch-data.sh's data root)
+#
+#   scripts/gpu-slot-pack.sh            binary and data
+#   scripts/gpu-slot-pack.sh --no-data  binary only (every group but `train` reads no data)
+#
+# Then, on the GPU machine, from a copy of the repository with .gpu-slot/ in it:
+#   scripts/gpu-check.sh --out DIR doctor kernels
+# (scripts/gpu-check.sh --list: the groups). With this project's device tool: carry [".gpu-slot"],
+# one or two groups per command (each ≤ 8 minutes), archives written to $OUT. The tool carries at
+# most 64 MiB with the working tree: the sizes are printed at the end.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SLOT="$ROOT/.gpu-slot"
+WITH_DATA=1
+[[ "${1:-}" == "--no-data" ]] && WITH_DATA=0
+
+"$ROOT/scripts/setup.sh" >&2
+mkdir -p "$SLOT"
+# Not in .gitignore's list of build outputs on purpose: ignored here, per clone.
+grep -qx '/.gpu-slot/' "$ROOT/.git/info/exclude" 2>/dev/null || echo '/.gpu-slot/' >>"$ROOT/.git/info/exclude"
+strip --strip-debug -o "$SLOT/plexus.tmp" "$ROOT/target/release/plexus"
+mv "$SLOT/plexus.tmp" "$SLOT/plexus"
+commit="$(git -C "$ROOT" rev-parse --short HEAD)"
+git -C "$ROOT" diff --quiet HEAD -- src build.rs Cargo.toml Cargo.lock || commit="$commit+dirty"
+echo "$commit" >"$SLOT/COMMIT"
+
+rm -rf "$SLOT/data"
+if ((WITH_DATA)); then
+    DATA="$("$ROOT/scripts/fetch-data.sh")"
+    mkdir -p "$SLOT/data/fashion-mnist" "$SLOT/data/text"
+    cp -L "$DATA"/fashion-mnist/*.gz "$SLOT/data/fashion-mnist/"
+    for f in tinyshakespeare.txt wiki_summaries.txt; do
+        if [[ -f "$DATA/text/$f" ]]; then
+            cp -L "$DATA/text/$f" "$SLOT/data/text/"
+        else
+            echo "[gpu-slot-pack] $DATA/text/$f is missing: the train group's GPT/LLaMA runs will fail" >&2
+        fi
+    done
+fi
+echo "[gpu-slot-pack] $SLOT at $commit:" >&2
+du -sh "$SLOT/plexus" "$SLOT/data" 2>/dev/null >&2 || true
+total_kb=$(( $(du -sk "$SLOT" | cut -f1) + $(git -C "$ROOT" ls-files -z | du -ck --files0-from=- | tail -1 | cut -f1) ))
+echo "[gpu-slot-pack] with the tracked files: $((total_kb / 1024)) MiB (the device tool carries at most 64 MiB)" >&2
+((total_kb <= 64 * 1024)) || echo "[gpu-slot-pack] too large for the device tool: pack with --no-data" >&2
