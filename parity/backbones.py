@@ -238,8 +238,9 @@ def rotate_half(x):
 
 
 def apply_rope(x, cos, sin):
-    """x [B, H, T, hd]; cos, sin [T, hd]."""
-    return x * cos + rotate_half(x) * sin
+    """x [B, H, T, hd]; cos, sin [T, hd] in x's dtype. `x·cos + rotate_half(x)·sin` as one addcmul
+    (one rounding of the sum in bf16, where `+` of two products rounds three times)."""
+    return torch.addcmul(x * cos, rotate_half(x), sin)
 
 
 def head_linear(x, weight, bf16):
@@ -373,7 +374,7 @@ class GPTAttention(nn.Module):
         B, T, D = x.shape
         q, k, v = self.qkv(pre_norm(self.norm, x, norm)).split(D, dim=2)
         q, k, v = (split_heads(t, self.heads) for t in (q, k, v))
-        cos, sin = (t.to(q.device) for t in rope_tables(T, D // self.heads))
+        cos, sin = (t.to(q.device, q.dtype) for t in rope_tables(T, D // self.heads))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = merge_heads(sdpa(q, k, v, causal=True, bf16=self.bf16))
         return self.resid_dropout(self.proj(y))
@@ -469,7 +470,7 @@ class LlamaAttention(nn.Module):
         q = split_heads(self.q_proj(u), self.heads)
         k = split_heads(self.k_proj(u), self.heads)
         v = split_heads(self.v_proj(u), self.heads)
-        cos, sin = (t.to(q.device) for t in rope_tables(T, D // self.heads))
+        cos, sin = (t.to(q.device, q.dtype) for t in rope_tables(T, D // self.heads))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return self.o_proj(merge_heads(sdpa(q, k, v, causal=True, bf16=self.bf16)))
 

@@ -146,7 +146,7 @@ impl ModelSpec for Spec {
         let std = nn::Init::Randn { mean: 0.0, stdev: 0.02 };
         let resid = nn::Init::Randn { mean: 0.0, stdev: 0.02 / (2.0 * self.depth as f64).sqrt() };
         let bias = self.bias.then_some(nn::Init::Const(0.0));
-        let rope = Rope::new(self.seq_len as i64, d / self.heads as i64, ROPE_BASE, vs.device());
+        let rope = Rope::new(self.seq_len as i64, d / self.heads as i64, ROPE_BASE, vs.device(), compute);
         let wte = (vs / "wte").var("weight", &[self.vocab_size as i64, d], std);
         let mut units = Vec::new();
         for b in 0..self.depth {

@@ -178,8 +178,13 @@ pub fn embed_tokens(weight: &Tensor, tokens: &Tensor) -> Tensor {
 /// Rotary position embedding (Su et al.), rotate-half convention (GPT-NeoX / Hugging Face LLaMA):
 /// frequencies `θ_i = base^(−2i/hd)`, `i < hd/2`, angle `t·θ_i` at position `t`, the two halves of
 /// each head's features rotated as pairs `(x_i, x_{i+hd/2})`.
+///
+/// The tables are computed in f64 and stored in the compute dtype, as Hugging Face LLaMA casts them
+/// to q's dtype: in bf16, q and k come from a bf16 `Linear` and the rotation stays bf16 (two bf16
+/// roundings, no fp32 `[B, H, T, hd]` temporaries and no cast before attention). In fp32 nothing
+/// changes.
 pub struct Rope {
-    /// `[max_len, hd]` fp32 (computed in fp64), each frequency repeated for both halves.
+    /// `[max_len, hd]` in the compute dtype, each frequency repeated for both halves.
     cos: Tensor,
     /// `[max_len, hd]`: `−sin` on the first half, `sin` on the second (the rotation's sign folded
     /// in, see [`Rope::apply`]).
@@ -187,22 +192,21 @@ pub struct Rope {
 }
 
 impl Rope {
-    /// Tables for positions `0..max_len` and an even head dimension `hd`.
-    pub fn new(max_len: i64, head_dim: i64, base: f64, device: Device) -> Self {
+    /// Tables for positions `0..max_len` and an even head dimension `hd`, in `compute` on `device`.
+    pub fn new(max_len: i64, head_dim: i64, base: f64, device: Device, compute: Kind) -> Self {
         assert!(head_dim % 2 == 0, "RoPE needs an even head dimension, got {head_dim}");
         let opts = (Kind::Double, Device::Cpu);
         let inv_freq = (Tensor::arange_start_step(0, head_dim, 2, opts) * (-base.ln() / head_dim as f64)).exp();
         let freqs = Tensor::arange(max_len, opts).outer(&inv_freq); // [max_len, hd/2]
         let emb = Tensor::cat(&[&freqs, &freqs], -1); // [max_len, hd]
         let sin_signed = Tensor::cat(&[freqs.sin().neg(), freqs.sin()], -1);
-        Self {
-            cos: emb.cos().to_kind(Kind::Float).to_device(device),
-            sin_signed: sin_signed.to_kind(Kind::Float).to_device(device),
-        }
+        // Rounded to fp32 first (the tables' values do not depend on the precision beyond that).
+        let put = |t: Tensor| t.to_kind(Kind::Float).to_kind(compute).to_device(device);
+        Self { cos: put(emb.cos()), sin_signed: put(sin_signed) }
     }
 
-    /// `x`: `[B, H, T, hd]` (positions `0..T`, `T ≤ max_len`) → rotated, same shape, fp32 (the
-    /// tables are fp32).
+    /// `x`: `[B, H, T, hd]` (positions `0..T`, `T ≤ max_len`) → rotated, same shape, in the
+    /// promoted dtype of `x` and the tables (bf16 for bf16 q and k in a bf16 model).
     pub fn apply(&self, x: &Tensor) -> Tensor {
         let (t, hd) = (x.size()[2], x.size()[3]);
         let max_len = self.cos.size()[0];
@@ -221,9 +225,9 @@ impl Rope {
 /// Multi-head scaled dot-product attention (scale `1/sqrt(hd)`), without projections:
 /// `q`, `k`, `v` `[B, T, D]` (any float dtype) are split into `heads` heads `[B, H, T, hd]`
 /// (feature `h·hd + j` is feature `j` of head `h`), optionally rotated by `rope` (q and k), cast to
-/// `compute` for `aten::scaled_dot_product_attention` (causal mask if `causal`), and merged back:
-/// `[B, T, D]` in `compute`. (q, k, v may come in `compute` from a `Linear`; RoPE's tables are
-/// fp32, so rotated q and k are fp32 until the cast, as under autocast.)
+/// `compute` for `aten::scaled_dot_product_attention` (causal mask if `causal`; a no-op for q, k,
+/// v that come in `compute` from a `Linear`, RoPE's tables being in `compute` too), and merged
+/// back: `[B, T, D]` in `compute`.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,

@@ -94,7 +94,7 @@ impl ModelSpec for Spec {
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Backbone> {
         let (d, h) = (self.width as i64, self.hidden as i64);
         let std = nn::Init::Randn { mean: 0.0, stdev: 0.02 };
-        let rope = Rope::new(self.seq_len as i64, d / self.heads as i64, ROPE_BASE, vs.device());
+        let rope = Rope::new(self.seq_len as i64, d / self.heads as i64, ROPE_BASE, vs.device(), compute);
         let lin = |p: &nn::Path, name: &str, i: i64, o: i64| Linear::with_init(&(p / name), i, o, std, None, compute);
         let embed = (vs / "embed_tokens").var("weight", &[self.vocab_size as i64, d], std);
         let mut units = Vec::new();
