@@ -79,7 +79,8 @@ fn find_include(candidates: &[PathBuf], file: &str) -> Option<PathBuf> {
 
 /// Compiles `src/native/plexus_native.cpp`, `src/native/stream_kernels.cpp` (the fused CPU kernels
 /// of the multi-stream topologies), `src/native/history.cpp` (the dense topologies' history
-/// buffer, any device) and `src/native/cuda_kernels.cpp` (mHC's Sinkhorn and the stream read and
+/// buffer, any device), `src/native/losses.cpp` (the chunked cross-entropy, any device) and
+/// `src/native/cuda_kernels.cpp` (mHC's Sinkhorn and the stream read and
 /// write on CUDA: the kernels of `src/native/*.cu`, compiled at run time with NVRTC) into a static
 /// library linked into the crate.
 ///
@@ -99,12 +100,14 @@ fn build_native(lib_dir: Option<&Path>) {
     let src = "src/native/plexus_native.cpp";
     let kernels = "src/native/stream_kernels.cpp";
     let history = "src/native/history.cpp";
+    let losses = "src/native/losses.cpp";
     let cuda_kernels = "src/native/cuda_kernels.cpp";
     let cuda_sources = ["src/native/cuda_prelude.cuh", "src/native/sinkhorn.cu", "src/native/streams.cu"];
     let shim = "src/native/gloo_decl";
     println!("cargo:rerun-if-changed={src}");
     println!("cargo:rerun-if-changed={kernels}");
     println!("cargo:rerun-if-changed={history}");
+    println!("cargo:rerun-if-changed={losses}");
     println!("cargo:rerun-if-changed={cuda_kernels}");
     println!("cargo:rerun-if-changed=src/native/cuda_kernels.h");
     for cu in cuda_sources {
@@ -199,6 +202,7 @@ fn build_native(lib_dir: Option<&Path>) {
         .file(src)
         .file(kernels)
         .file(history)
+        .file(losses)
         .file(cuda_kernels)
         .include(&out_dir)
         .include(&include)

@@ -239,11 +239,7 @@ impl Trainee {
         let batch = self.prepared();
         let s = &mut self.stepper;
         s.optim.zero_grad();
-        let out = s.model.forward(&batch.input, true);
-        let mut loss = s.task.loss(&out, &batch.target);
-        if let Some(r) = s.model.topology.regularizer() {
-            loss = loss + r;
-        }
+        let loss = s.loss(&batch);
         sync(self.dev);
         let t1 = Instant::now();
         loss.backward();
@@ -284,8 +280,7 @@ impl Trainee {
         let s = &self.stepper;
         s.optim.zero_grad();
         let before = in_use();
-        let out = s.model.forward(&batch.input, true);
-        let loss = s.task.loss(&out, &batch.target);
+        let loss = s.loss(&batch);
         let after = in_use();
         loss.backward();
         match (before, after) {

@@ -19,6 +19,8 @@
 //!   read's, the write's, `norm_project`'s and `hyper_pre`'s row loops are
 //!   built for baseline x86-64, AVX2 + FMA and AVX-512 and picked by the CPU ([`KernelIsa`],
 //!   [`kernel_isa`]);
+//! * the language-model loss on bf16 logits without their fp32 copy (`src/native/losses.cpp`, any
+//!   device): [`cross_entropy_chunked`];
 //! * the dense topologies' history buffer (`src/native/history.cpp`, any device):
 //!   [`history_push`], [`history_mix`] (used through `topology::common::History`);
 //! * CUDA kernels compiled at run time with NVRTC (`src/native/cuda_kernels.cpp`, the kernels in
@@ -139,6 +141,12 @@ mod ffi {
             log: *mut *mut c_char,
         ) -> *mut c_char;
         pub fn plexus_nvrtc_version(version: *mut c_int, path: *mut *mut c_char) -> *mut c_char;
+        pub fn plexus_cross_entropy_chunked(
+            logits: *mut C_tensor,
+            target: *mut C_tensor,
+            chunk: i64,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
         pub fn plexus_history_push(
             buf: *mut C_tensor,
             gbuf: *mut C_tensor,
@@ -1005,6 +1013,38 @@ pub fn nvrtc_version() -> Result<(i32, String)> {
     Ok((version, take_string(path)))
 }
 
+/// Elements of a chunk of [`cross_entropy_chunked`] (its fp32 temporaries): large on a GPU, where
+/// each chunk is a few kernels (2²⁶ = 268 MB of fp32), cache-sized on a CPU (2²² = 16 MB).
+fn cross_entropy_chunk_elems(device: tch::Device) -> i64 {
+    if device.is_cuda() {
+        1 << 26
+    } else {
+        1 << 22
+    }
+}
+
+/// Mean cross-entropy of `logits` `[N, V]` (any floating dtype) against `target` `[N]` (int64, same
+/// device), computed in fp32 as autocast's `cross_entropy` is, without a full fp32 copy of the
+/// logits: chunks of rows are cast and reduced one at a time, backward recomputes softmax from the
+/// saved logits and the per-row log-sum-exp and writes the gradient in the logits' dtype
+/// (`src/native/losses.cpp`). → 0-dim fp32.
+pub fn cross_entropy_chunked(logits: &Tensor, target: &Tensor) -> Result<Tensor> {
+    let v = logits.size().last().copied().unwrap_or(1).max(1);
+    cross_entropy_in_chunks(logits, target, (cross_entropy_chunk_elems(logits.device()) / v).max(1))
+}
+
+/// [`cross_entropy_chunked`] with `rows` rows per chunk (≥ 1).
+pub fn cross_entropy_in_chunks(logits: &Tensor, target: &Tensor, rows: i64) -> Result<Tensor> {
+    let chunk = rows;
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: both handles are live `at::Tensor*` for the call; the C++ side writes a new,
+    // caller-owned tensor to `out` on success.
+    let err = unsafe {
+        ffi::plexus_cross_entropy_chunked(logits.as_ptr() as *mut _, target.as_ptr() as *mut _, chunk, &mut out)
+    };
+    fused_result(err, out)
+}
+
 /// Pushes state `x` into row `slot` of a history buffer `buf` `[cap, N]` (`x` has N elements, the
 /// buffer's dtype and device) and returns `x` through an autograd function that owns its gradient:
 /// the gradient of its other consumers plus row `slot` of `gbuf`, where every [`history_mix`] that
@@ -1228,6 +1268,43 @@ mod tests {
         }
         assert!(KernelIsa::best().runs_here(), "the default set runs here");
         assert_eq!(kernel_isas().first(), Some(&KernelIsa::Baseline));
+    }
+
+    /// The chunked cross-entropy against libtorch's own `cross_entropy` on fp32 logits (what
+    /// PyTorch's autocast runs: the bf16 logits cast to fp32): the loss and the logits' gradient,
+    /// for bf16 (the gradient then rounded once to bf16 either way: at most one bf16 unit apart),
+    /// fp32 and fp64 logits, one chunk and chunks of 1, 3 and 7 rows over 10; bad shapes refused.
+    #[test]
+    fn the_chunked_cross_entropy_equals_autocasts_fp32_cross_entropy() {
+        let cpu = tch::Device::Cpu;
+        let target = Tensor::from_slice(&[3i64, 0, 12, 7, 7, 1, 12, 5, 0, 2]);
+        for kind in [tch::Kind::BFloat16, tch::Kind::Float, tch::Kind::Double] {
+            for rows in [100, 1, 3, 7] {
+                let base = (Tensor::arange(10 * 13, (tch::Kind::Double, cpu)).reshape([10, 13]) * 0.71).sin() * 6.0;
+                let g = Tensor::from_slice(&[1.7f32]).reshape([]);
+                let x_ref = base.to_kind(kind).detach().set_requires_grad(true);
+                let want = x_ref.to_kind(tch::Kind::Float).cross_entropy_for_logits(&target);
+                (&want * &g).backward();
+                let x = base.to_kind(kind).detach().set_requires_grad(true);
+                let got = cross_entropy_in_chunks(&x, &target, rows).unwrap();
+                assert_eq!((got.kind(), got.dim()), (tch::Kind::Float, 0));
+                (&got * &g).backward();
+                let (w, v) = (crate::host::scalar(&want), crate::host::scalar(&got));
+                assert!((w - v).abs() <= 1e-6 * w.abs(), "{kind:?} rows {rows}: loss {v} against {w}");
+                let (gx, gr) = (x.grad(), x_ref.grad());
+                assert_eq!(gx.kind(), kind);
+                let scale = crate::host::scalar(&gr.abs().max());
+                let err =
+                    crate::host::scalar(&(gx.to_kind(tch::Kind::Double) - gr.to_kind(tch::Kind::Double)).abs().max());
+                let tol = if kind == tch::Kind::BFloat16 { scale / 128.0 } else { 1e-6 * scale };
+                assert!(err <= tol, "{kind:?} rows {rows}: gradient off by {err:e} (scale {scale:e})");
+            }
+        }
+        let x = Tensor::zeros([4, 5], (tch::Kind::Float, cpu));
+        let e = cross_entropy_in_chunks(&x, &Tensor::zeros([3], (tch::Kind::Int64, cpu)), 2).unwrap_err();
+        assert!(e.to_string().contains("target must be int64 [N]"), "{e}");
+        let e = cross_entropy_in_chunks(&x, &Tensor::zeros([4], (tch::Kind::Int64, cpu)), 0).unwrap_err();
+        assert!(e.to_string().contains("at least 1 row"), "{e}");
     }
 
     /// ptxas' resource lines as NVRTC's log holds them (CUDA 13): spills add up over the kernels; a

@@ -67,7 +67,10 @@ pub enum Task {
 }
 
 impl Task {
-    /// Returns a scalar, computed in fp32 (shapes: see the variants).
+    /// Returns a scalar, computed in fp32 (shapes: see the variants). `output` may come in the
+    /// compute dtype ([`crate::model::Model::forward_compute`]): language-model logits in bf16 go
+    /// to [`crate::native::cross_entropy_chunked`], the same fp32 arithmetic without an fp32 copy of
+    /// the `[B·T, vocab]` logits.
     pub fn loss(&self, output: &Tensor, target: &Tensor) -> Tensor {
         match self {
             Task::HalfSumSquares => {
@@ -77,7 +80,13 @@ impl Task {
             Task::Classification => output.to_kind(tch::Kind::Float).cross_entropy_for_logits(target),
             Task::LanguageModel => {
                 let v = *output.size().last().expect("logits have a vocabulary dimension");
-                output.to_kind(tch::Kind::Float).reshape([-1, v]).cross_entropy_for_logits(&target.reshape([-1]))
+                let (logits, target) = (output.reshape([-1, v]), target.reshape([-1]));
+                if logits.kind() == tch::Kind::Float {
+                    logits.cross_entropy_for_logits(&target)
+                } else {
+                    crate::native::cross_entropy_chunked(&logits, &target)
+                        .unwrap_or_else(|e| panic!("language-model loss: {e:#}"))
+                }
             }
             Task::Diffusion(d) => d.loss(output, target),
         }

@@ -127,11 +127,19 @@ impl Model {
         self.backbone.readout(y, train).to_kind(Kind::Float)
     }
 
-    /// Full forward pass: input → output.
+    /// Full forward pass: input → output, fp32.
     pub fn forward(&self, input: &Tensor, train: bool) -> Tensor {
+        self.forward_compute(input, train).to_kind(Kind::Float)
+    }
+
+    /// Full forward pass with the output in the compute dtype (the head's own; fp32 under
+    /// `precision: fp32`): for a loss that reads it in fp32 itself, as the training step's
+    /// language-model loss does ([`crate::data::Task::loss`]), where an fp32 copy of `[B, T, vocab]`
+    /// logits would be the largest tensor of the step.
+    pub fn forward_compute(&self, input: &Tensor, train: bool) -> Tensor {
         let x0 = self.embed(input, train);
         let y = self.with_units(|units| self.topology.forward(&x0, units, train));
-        self.readout(&y, train)
+        self.backbone.readout(&y, train)
     }
 
     /// Forward pass through the first `keep` units only (an early exit after unit `keep`): the

@@ -126,12 +126,7 @@ impl Stepper {
             if self.task == Task::LanguageModel {
                 tokens += batch.input.numel() as u64;
             }
-            // The model output goes out of scope here: only what autograd saved stays alive
-            // through backward, not a second copy of the logits.
-            let mut loss = self.task.loss(&self.model.forward(&batch.input, true), &batch.target);
-            if let Some(r) = self.model.topology.regularizer() {
-                loss = loss + r;
-            }
+            let loss = self.loss(&batch);
             (&loss / self.accumulation as f64).backward();
             let value = loss.detach().to_kind(Kind::Double);
             loss_sum = Some(match loss_sum {
@@ -153,6 +148,24 @@ impl Stepper {
             self.optim.step(lr);
         }
         Ok(StepStats { loss, grad_norm, samples, tokens })
+    }
+
+    /// The training loss of a prepared batch (model input, target): forward, the task's loss and
+    /// the topology's regularizer, 0-dim fp32. What a step and `plexus bench` differentiate.
+    pub fn loss(&self, batch: &Batch) -> Tensor {
+        // Language models hand the loss their logits in the compute dtype (no fp32 copy of
+        // [B, T, vocab]); the model output goes out of scope here, so only what autograd saved
+        // stays alive through backward.
+        let out = if self.task == Task::LanguageModel {
+            self.model.forward_compute(&batch.input, true)
+        } else {
+            self.model.forward(&batch.input, true)
+        };
+        let loss = self.task.loss(&out, &batch.target);
+        match self.model.topology.regularizer() {
+            Some(r) => loss + r,
+            None => loss,
+        }
     }
 
     /// Keeps the first step whose loss (1) or gradient norm (2) is non-finite, on the device.
