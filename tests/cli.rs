@@ -358,7 +358,8 @@ fn the_gpu_slot_plan_runs_its_kernels_group_dry_on_the_cpu() {
     let o = run(&["--device", "cpu", "--quick", "--out", out.to_str().unwrap(), "kernels"]);
     let (stdout, stderr) = text(&o);
     assert!(o.status.success(), "{stdout}{stderr}");
-    for s in ["hyper-fp32", "mhc-fp32", "hyper-fp32-composite", "mhc-fp32-composite", "fused-follows-composite", "syncs"]
+    for s in
+        ["hyper-fp32", "mhc-fp32", "hyper-fp32-composite", "mhc-fp32-composite", "fused-follows-composite", "syncs"]
     {
         assert!(stdout.lines().any(|l| l.trim_start().starts_with(s) && l.contains(" ok ")), "{s}:\n{stdout}");
     }
