@@ -79,7 +79,8 @@ fn find_include(candidates: &[PathBuf], file: &str) -> Option<PathBuf> {
 
 /// Compiles `src/native/plexus_native.cpp`, `src/native/stream_kernels.cpp` (the fused CPU kernels
 /// of the multi-stream topologies), `src/native/history.cpp` (the dense topologies' history
-/// buffer, any device), `src/native/losses.cpp` (the chunked cross-entropy, any device) and
+/// buffer, any device), `src/native/losses.cpp` (the chunked cross-entropy, any device),
+/// `src/native/cuda_graph.cpp` (whole-step CUDA graphs, with the CUDA headers NCCL needs too) and
 /// `src/native/cuda_kernels.cpp` (mHC's Sinkhorn and the stream read and
 /// write on CUDA: the kernels of `src/native/*.cu`, compiled at run time with NVRTC) into a static
 /// library linked into the crate.
@@ -101,6 +102,7 @@ fn build_native(lib_dir: Option<&Path>) {
     let kernels = "src/native/stream_kernels.cpp";
     let history = "src/native/history.cpp";
     let losses = "src/native/losses.cpp";
+    let cuda_graph = "src/native/cuda_graph.cpp";
     let cuda_kernels = "src/native/cuda_kernels.cpp";
     let cuda_sources = ["src/native/cuda_prelude.cuh", "src/native/sinkhorn.cu", "src/native/streams.cu"];
     let shim = "src/native/gloo_decl";
@@ -108,6 +110,7 @@ fn build_native(lib_dir: Option<&Path>) {
     println!("cargo:rerun-if-changed={kernels}");
     println!("cargo:rerun-if-changed={history}");
     println!("cargo:rerun-if-changed={losses}");
+    println!("cargo:rerun-if-changed={cuda_graph}");
     println!("cargo:rerun-if-changed={cuda_kernels}");
     println!("cargo:rerun-if-changed=src/native/cuda_kernels.h");
     for cu in cuda_sources {
@@ -203,11 +206,16 @@ fn build_native(lib_dir: Option<&Path>) {
         .file(kernels)
         .file(history)
         .file(losses)
+        .file(cuda_graph)
         .file(cuda_kernels)
         .include(&out_dir)
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")
+        // As libtorch itself is built: its headers' debug-only checks (RecordFunction::inputs()
+        // asserts for operators recorded without inputs, which the operator trace meets) compile
+        // out, as in the library they belong to.
+        .define("NDEBUG", None)
         .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi}"))
         .flag("-DGLOG_USE_GLOG_EXPORT");
     if openmp_runtime(lib_dir).is_some() {
@@ -235,7 +243,8 @@ fn build_native(lib_dir: Option<&Path>) {
                 build.include(dir);
             }
         }
-        build.define("USE_C10D_NCCL", None).define("PLEXUS_WITH_NCCL", None);
+        // The same headers let cuda_graph.cpp include ATen/cuda's CUDAGraph.
+        build.define("USE_C10D_NCCL", None).define("PLEXUS_WITH_NCCL", None).define("PLEXUS_WITH_CUDA_GRAPHS", None);
     }
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-env=PLEXUS_NATIVE_WITH_CUDA={}", u8::from(with_cuda));

@@ -203,8 +203,11 @@ impl Trainee {
         let model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
         let optim = Optim::new(&cfg.train, model.trainable());
         let tc = &cfg.train;
-        let stepper =
+        let mut stepper =
             Stepper::new(model, optim, exp.task(), tc.accumulation, tc.clip_grad_norm, &data.input_transform());
+        if let Some(note) = stepper.use_cuda_graphs(tc.cuda_graphs)? {
+            eprintln!("{}: {note}", cfg.name);
+        }
         Ok(Self { stepper, batch, lr: cfg.train.lr, dev, steps_done: 0 })
     }
 
@@ -255,6 +258,17 @@ impl Trainee {
         [ms(t0, t1), ms(t1, t2), ms(t2, Instant::now())]
     }
 
+    /// Untimed steps until a CUDA graph, if the step uses one, is captured: what is timed then is
+    /// the replayed step, as in training.
+    fn settle(&mut self) {
+        while self.stepper.capture_pending() {
+            self.step();
+        }
+        if let Some(note) = self.stepper.take_note() {
+            eprintln!("{note}");
+        }
+    }
+
     /// One step's wall time in ms, synchronised.
     fn timed_step(&mut self) -> f64 {
         let t = Instant::now();
@@ -302,6 +316,7 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
     for _ in 0..opts.warmup {
         t.step();
     }
+    t.settle();
     sync(dev);
     reset_peak_rss();
     if let Device::Cuda(i) = dev {
@@ -480,6 +495,7 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
         for _ in 0..opts.warmup {
             t.step();
         }
+        t.settle();
     }
     let n = ts.len();
     let mut times = vec![Vec::with_capacity(opts.steps); n];

@@ -82,13 +82,23 @@ mod ffi {
             exp_avg_sqs: *mut *mut C_tensor,
             n: i64,
             step: *mut C_tensor,
-            lr: f64,
+            lr: *mut C_tensor,
             beta1: f64,
             beta2: f64,
             weight_decay: f64,
             eps: f64,
         ) -> *mut c_char;
         pub fn plexus_op_count_end(out: *mut u64, names: *mut *mut c_char) -> *mut c_char;
+        pub fn plexus_cuda_graphs_built() -> c_int;
+        pub fn plexus_cuda_graph_new(device: i64, out: *mut *mut c_void) -> *mut c_char;
+        pub fn plexus_cuda_graph_free(g: *mut c_void);
+        pub fn plexus_cuda_graph_enter(g: *mut c_void) -> *mut c_char;
+        pub fn plexus_cuda_graph_leave(g: *mut c_void) -> *mut c_char;
+        pub fn plexus_cuda_graph_capture_begin(g: *mut c_void) -> *mut c_char;
+        pub fn plexus_cuda_graph_capture_end(g: *mut c_void) -> *mut c_char;
+        pub fn plexus_cuda_graph_replay(g: *mut c_void) -> *mut c_char;
+        pub fn plexus_op_trace_begin() -> *mut c_char;
+        pub fn plexus_op_trace_end(text: *mut *mut c_char) -> *mut c_char;
         pub fn plexus_sync_watch_start() -> *mut c_char;
         pub fn plexus_sync_watch_read(
             active: *mut c_int,
@@ -527,6 +537,66 @@ pub fn count_ops<T>(f: impl FnOnce() -> T) -> Result<(T, OpCount)> {
     Ok((value, OpCount { kernels: out[0], metadata: out[1], calls: out[2], by_name, ms_by_name }))
 }
 
+/// Whether this build has CUDA graphs (CUDA headers that compile were found at build time, as
+/// for NCCL; `scripts/setup.sh` installs them).
+pub fn cuda_graphs_built() -> bool {
+    // SAFETY: no arguments, returns a constant.
+    unsafe { ffi::plexus_cuda_graphs_built() != 0 }
+}
+
+/// A whole-step CUDA graph on one device (`src/native/cuda_graph.cpp`, libtorch's
+/// `at::cuda::CUDAGraph`): warm-up steps run between [`CudaGraph::enter`] and
+/// [`CudaGraph::leave`] on its side stream; one step is recorded between
+/// [`CudaGraph::capture_begin`] and [`CudaGraph::capture_end`] (on the side stream, nothing runs);
+/// [`CudaGraph::replay`] then runs it on the current stream. Drop frees the graph and its memory
+/// pool.
+pub struct CudaGraph {
+    ptr: NonNull<c_void>,
+}
+
+impl CudaGraph {
+    pub fn new(device: usize) -> Result<Self> {
+        let mut out: *mut c_void = std::ptr::null_mut();
+        // SAFETY: out-parameter only; a non-null handle is owned by the returned value.
+        check(unsafe { ffi::plexus_cuda_graph_new(device as i64, &mut out) })?;
+        Ok(Self { ptr: NonNull::new(out).ok_or_else(|| anyhow!("cuda graph: null handle"))? })
+    }
+
+    fn call(&self, f: unsafe extern "C" fn(*mut c_void) -> *mut c_char) -> Result<()> {
+        // SAFETY: `ptr` is the live handle this value owns; the C++ side checks the call order.
+        check(unsafe { f(self.ptr.as_ptr()) })
+    }
+
+    /// Its side stream becomes the current stream (after waiting for the current one's work).
+    pub fn enter(&self) -> Result<()> {
+        self.call(ffi::plexus_cuda_graph_enter)
+    }
+
+    /// Back to the stream that was current, which waits for the side stream's work.
+    pub fn leave(&self) -> Result<()> {
+        self.call(ffi::plexus_cuda_graph_leave)
+    }
+
+    pub fn capture_begin(&self) -> Result<()> {
+        self.call(ffi::plexus_cuda_graph_capture_begin)
+    }
+
+    pub fn capture_end(&self) -> Result<()> {
+        self.call(ffi::plexus_cuda_graph_capture_end)
+    }
+
+    pub fn replay(&self) -> Result<()> {
+        self.call(ffi::plexus_cuda_graph_replay)
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        // SAFETY: the handle is live and dropped once.
+        unsafe { ffi::plexus_cuda_graph_free(self.ptr.as_ptr()) }
+    }
+}
+
 /// Operators that make the host wait for a CUDA device, as libtorch's dispatcher ran them since
 /// [`watch_syncs`] started, process-wide: `_local_scalar_dense` (behind `item`, `is_nonzero` and
 /// tch's `*_value`), `nonzero`, `equal`, the `unique` family, `masked_select`, and a copy from a
@@ -583,6 +653,21 @@ pub fn sync_count() -> Option<SyncCount> {
     Some(SyncCount { total, this_thread, by_name })
 }
 
+/// Runs `f` while recording every operator call libtorch's dispatcher runs on this thread, one line
+/// each: the operator's name, its non-tensor arguments (numbers, bools, lists) and its tensors'
+/// dtypes and shapes. Two runs of a step that a CUDA graph can replay give the same trace: a host
+/// number that changes between them (a learning rate, a step index) would be frozen into the
+/// graph. Slow (every input is inspected); one trace at a time per process.
+pub fn trace_ops<T>(f: impl FnOnce() -> T) -> Result<(T, Vec<String>)> {
+    // SAFETY: no arguments; the C++ side registers a global callback.
+    check(unsafe { ffi::plexus_op_trace_begin() })?;
+    let value = f();
+    let mut text: *mut c_char = std::ptr::null_mut();
+    // SAFETY: `text` receives a malloc'd string on success.
+    check(unsafe { ffi::plexus_op_trace_end(&mut text) })?;
+    Ok((value, take_string(text).lines().map(str::to_string).collect()))
+}
+
 /// Drops the gradient of every tensor in `ts` (`.grad = None`, PyTorch's
 /// `zero_grad(set_to_none=True)`): the next backward stores its gradient instead of adding it to
 /// a zeroed one — no `zero_` and no `add_` per parameter and step (tch's `zero_grad` zeroes in place).
@@ -595,7 +680,6 @@ pub fn clear_grads(ts: &[Tensor]) -> Result<()> {
 /// AdamW's hyper-parameters for one [`fused_adamw`] call (one parameter group).
 #[derive(Debug, Clone, Copy)]
 pub struct AdamwHyper {
-    pub lr: f64,
     pub betas: [f64; 2],
     pub weight_decay: f64,
     pub eps: f64,
@@ -604,14 +688,17 @@ pub struct AdamwHyper {
 /// One AdamW update of `params` in place, with their gradients and moments, as
 /// `torch.optim.AdamW(fused=True)`: libtorch's fused kernel, a single pass over the four tensors
 /// per parameter (CPU and CUDA) instead of eight elementwise kernels. `step`: a 0-dim float32
-/// tensor on the parameters' device holding the number of updates including this one. All the
-/// tensors are on one device with one dtype; the four lists are parallel.
+/// tensor on the parameters' device holding the number of updates including this one; `lr`: the
+/// learning rate as a 0-dim tensor there (float32 on CUDA, float64 on the CPU), so that nothing
+/// that changes from step to step enters as a host number (a CUDA graph replays the update). All
+/// the tensors are on one device with one dtype; the four lists are parallel.
 pub fn fused_adamw(
     params: &[Tensor],
     grads: &[Tensor],
     exp_avgs: &[Tensor],
     exp_avg_sqs: &[Tensor],
     step: &Tensor,
+    lr: &Tensor,
     h: AdamwHyper,
 ) -> Result<()> {
     let n = params.len();
@@ -636,7 +723,7 @@ pub fn fused_adamw(
             v.as_mut_ptr(),
             n as i64,
             step.as_ptr() as *mut _,
-            h.lr,
+            lr.as_ptr() as *mut _,
             beta1,
             beta2,
             h.weight_decay,
@@ -1305,6 +1392,28 @@ mod tests {
         assert!(e.to_string().contains("target must be int64 [N]"), "{e}");
         let e = cross_entropy_in_chunks(&x, &Tensor::zeros([4], (tch::Kind::Int64, cpu)), 0).unwrap_err();
         assert!(e.to_string().contains("at least 1 row"), "{e}");
+    }
+
+    /// CUDA graphs are built wherever NCCL is (the same CUDA headers), and without a GPU a graph
+    /// cannot be made: an error, not a crash.
+    #[test]
+    fn cuda_graphs_are_built_with_the_cuda_headers_and_need_a_gpu() {
+        assert_eq!(cuda_graphs_built(), env!("PLEXUS_NATIVE_WITH_NCCL") == "1");
+        if !tch::Cuda::is_available() {
+            assert!(CudaGraph::new(0).is_err());
+        }
+    }
+
+    /// The operator trace shows the host numbers an operator takes: the same code with another
+    /// number gives another trace; the same code and numbers the same trace.
+    #[test]
+    fn the_operator_trace_records_host_numbers() {
+        let t = Tensor::ones([3], (tch::Kind::Float, tch::Device::Cpu));
+        let run = |lr: f64| trace_ops(|| (&t * lr).sum(tch::Kind::Float)).unwrap().1;
+        let (a, b, c) = (run(0.5), run(0.5), run(0.25));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert!(a.iter().any(|l| l.starts_with("aten::mul(") && l.contains("0.5")), "{a:?}");
     }
 
     /// ptxas' resource lines as NVRTC's log holds them (CUDA 13): spills add up over the kernels; a

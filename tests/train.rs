@@ -174,3 +174,60 @@ fn every_topology_trains_a_few_steps_on_every_backbone() {
         assert!(rd.final_checkpoint().is_file(), "{name}: no final checkpoint");
     }
 }
+
+/// The training step is one that a CUDA graph can capture and replay (`train.cuda_graphs`), checked
+/// on the CPU for every topology on every backbone, with AdamW, a warm-up schedule (the learning
+/// rate changes every step), a topology learning-rate multiplier, EMA, clipping and two
+/// micro-batches:
+/// * every tensor the step reads or writes across steps (static input buffers, step index, outputs,
+///   divergence record, parameters, moments, averages, update counts, learning rates) keeps its
+///   storage from step to step;
+/// * the trace of the captured part — every operator with its host arguments — is the same at
+///   step 1 and step 2: no host number that changes between steps (learning rate, update count,
+///   step index) enters it, so a replay computes what an eager step computes.
+#[test]
+fn the_training_step_keeps_its_storage_and_takes_no_changing_host_number() {
+    use plexus::data::Batch;
+    use plexus::model::Model;
+    use plexus::train::optim::Optim;
+    use plexus::train::step::Stepper;
+    for m in plexus::model::REGISTRY {
+        for t in plexus::topology::REGISTRY {
+            let yaml = format!(
+                "name: x\n{}topology: {{kind: {}}}\ntrain: {{optimizer: adamw, lr: 0.01, steps: 8, warmup_steps: 4, \
+                 schedule: cosine, accumulation: 2, clip_grad_norm: 1.0, ema: 0.9, topology_lr_mult: 2.0}}\n",
+                common::tiny_backbone(m.name),
+                t.name
+            );
+            let e = Experiment::from_str(&yaml, "graph-safe.yaml", &[]).unwrap();
+            let cfg = e.config();
+            let data = e.data.load().unwrap();
+            let batch = data.train_batch(0).unwrap();
+            let model = Model::new(e.model.as_ref(), e.topology.as_ref(), tch::Device::Cpu, tch::Kind::Float);
+            let optim = Optim::new(&cfg.train, model.trainable());
+            let mut s = Stepper::new(model, optim, e.task(), 2, Some(1.0), &data.input_transform());
+            let next = || Ok(Batch { input: batch.input.shallow_clone(), target: batch.target.shallow_clone() });
+            let lr = |step| plexus::train::schedule::lr_at(&cfg.train, step);
+            s.step(0, next, Some(lr(0))).unwrap();
+            let storage = |s: &Stepper| -> Vec<(String, usize)> {
+                s.persistent_tensors().iter().map(|(n, t)| (n.clone(), t.data_ptr() as usize)).collect()
+            };
+            let before = storage(&s);
+            let (_, first) = s.step_traced(1, next, lr(1)).unwrap();
+            let (_, second) = s.step_traced(2, next, lr(2)).unwrap();
+            let after = storage(&s);
+            let what = format!("{} on {}", t.name, m.name);
+            assert!(lr(1) != lr(2), "the schedule must change the learning rate between the traced steps");
+            assert_eq!(before, after, "{what}: a tensor that lives across steps changed its storage");
+            assert!(before.iter().any(|(n, _)| n == "input1") && before.iter().any(|(n, _)| n == "lr.topology"));
+            assert!(first.len() > 50, "{what}: {} operators traced", first.len());
+            if let Some(i) = (0..first.len().max(second.len())).find(|&i| first.get(i) != second.get(i)) {
+                panic!(
+                    "{what}: the captured step differs between steps 1 and 2 at operator {i}:\n  step 1: {:?}\n  step 2: {:?}",
+                    first.get(i),
+                    second.get(i)
+                );
+            }
+        }
+    }
+}

@@ -85,6 +85,21 @@ pub enum Schedule {
     Cosine,
 }
 
+/// `train.cuda_graphs`: whether the training step is captured once as a CUDA graph and replayed.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CudaGraphs {
+    /// On for a CUDA device when the step can be captured (static shapes, one process); otherwise
+    /// eager, with the reason printed once.
+    #[default]
+    Auto,
+    /// As `auto`, but a run that cannot capture its step stops with the reason (and a config
+    /// without a CUDA device is an error).
+    On,
+    /// Eager steps.
+    Off,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
@@ -114,6 +129,8 @@ pub struct TrainConfig {
     /// updated after every step, checkpointed, and written as `checkpoints/final_ema.safetensors`;
     /// `plexus sample` and `plexus fd` use it when present. None: no average.
     pub ema: Option<f64>,
+    /// Capture the step as a CUDA graph and replay it (`auto`, `on`, `off`; see [`CudaGraphs`]).
+    pub cuda_graphs: CudaGraphs,
 }
 
 impl Default for TrainConfig {
@@ -132,6 +149,7 @@ impl Default for TrainConfig {
             accumulation: 1,
             topology_lr_mult: 1.0,
             ema: None,
+            cuda_graphs: CudaGraphs::Auto,
         }
     }
 }
@@ -431,6 +449,13 @@ impl Config {
                 return Err(OptionError::new("train.ema", d, "a decay in [0, 1), e.g. 0.9999"));
             }
         }
+        if t.cuda_graphs == CudaGraphs::On && self.device_request() == crate::device::DeviceRequest::Cpu {
+            return Err(OptionError::new(
+                "train.cuda_graphs",
+                "on",
+                format!("auto or off with device: {} (CUDA graphs need a CUDA device)", self.device),
+            ));
+        }
         if self.log.keep_checkpoints == 0 {
             return Err(OptionError::new("log.keep_checkpoints", 0, "an integer ≥ 1"));
         }
@@ -464,7 +489,10 @@ impl ResumeDiff {
         diff_values("", &to_value(old), &to_value(new), &mut changed);
         let mut d = ResumeDiff::default();
         for (key, a, b) in changed {
-            let ok = key.starts_with("log.") || (key == "train.steps" && new.train.steps >= old.train.steps);
+            // How the step is executed (captured or not) changes no number it computes.
+            let ok = key.starts_with("log.")
+                || key == "train.cuda_graphs"
+                || (key == "train.steps" && new.train.steps >= old.train.steps);
             if ok {
                 d.allowed.push(key);
             } else {
@@ -623,6 +651,24 @@ mod tests {
         assert_eq!(e.line, Some(11));
         assert!(e.allowed.contains("unknown field `lrr`"), "{e}");
         assert!(e.to_string().contains("t.yaml"), "{e}");
+    }
+
+    /// `train.cuda_graphs`: auto (default), on, off; `on` on the CPU is refused with the device named
+    /// and the values that would do; an unknown value lists the allowed ones.
+    #[test]
+    fn cuda_graphs_take_auto_on_off_and_on_needs_a_cuda_device() {
+        assert_eq!(load(GOOD, &[]).unwrap().config.train.cuda_graphs, CudaGraphs::Auto);
+        let c = load(GOOD, &["device=cuda", "train.cuda_graphs=on"]).unwrap().config;
+        assert_eq!(c.train.cuda_graphs, CudaGraphs::On);
+        assert_eq!(
+            load(GOOD, &["device=cpu", "train.cuda_graphs=off"]).unwrap().config.train.cuda_graphs,
+            CudaGraphs::Off
+        );
+        let e = load(GOOD, &["device=cpu", "train.cuda_graphs=on"]).unwrap_err();
+        assert_eq!((e.key.as_str(), e.value.as_deref()), ("train.cuda_graphs", Some("on")), "{e}");
+        assert!(e.allowed.contains("device: cpu") && e.allowed.contains("auto or off"), "{e}");
+        let e = load(GOOD, &["train.cuda_graphs=always"]).unwrap_err();
+        assert!(e.allowed.contains("auto") && e.allowed.contains("off"), "{e}");
     }
 
     #[test]

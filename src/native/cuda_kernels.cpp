@@ -352,6 +352,7 @@ struct Driver {
   CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
                            void**, void**);
   CUresult (*StreamSynchronize)(CUstream);
+  CUresult (*StreamIsCapturing)(CUstream, int*);
 
   void check(CUresult r, const char* what) const {
     if (r == 0) return;
@@ -381,6 +382,7 @@ const Driver& driver() {
       symbol(lib, path, "cuModuleGetFunction", &d->ModuleGetFunction);
       symbol(lib, path, "cuLaunchKernel", &d->LaunchKernel);
       symbol(lib, path, "cuStreamSynchronize", &d->StreamSynchronize);
+      symbol(lib, path, "cuStreamIsCapturing", &d->StreamIsCapturing);
       return std::make_pair(std::move(d), std::string());
     } catch (const std::exception& e) {
       return std::make_pair(std::unique_ptr<Driver>(), std::string(e.what()));
@@ -434,7 +436,9 @@ void launch(const Kernels& k, CUfunction f, const char* what, c10::Device device
   const CUresult launched =
       d.LaunchKernel(f, static_cast<unsigned>(blocks), 1, 1, threads, 1, 1, 0, cu_stream, args, nullptr);
   if (launched != 0) d.check(launched, named("cuLaunchKernel").c_str());
-  if (sync_check()) {
+  // Not while a CUDA graph records the stream: a synchronisation there would end the capture.
+  int capture_status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+  if (sync_check() && d.StreamIsCapturing(cu_stream, &capture_status) == 0 && capture_status == 0) {
     const CUresult synced = d.StreamSynchronize(cu_stream);
     if (synced != 0) d.check(synced, named("PLEXUS_CUDA_SYNC_CHECK: cuStreamSynchronize after").c_str());
   }

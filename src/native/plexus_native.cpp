@@ -55,6 +55,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -568,11 +569,15 @@ char* plexus_clear_grads(at::Tensor** ts, int64_t n) {
 // parameters' precision with fp32 arithmetic for bf16/fp16. `step` is a 0-dim float32 tensor on the
 // parameters' device holding the update count including this update (bias correction reads it
 // there, so a CUDA step needs no host value). All tensors share one device and dtype.
+// `lr`: a 0-dim tensor on the parameters' device (the tensor-lr overload: a CUDA graph replays the
+// update with whatever the tensor holds; libtorch's CUDA kernel reads it as float32, its CPU kernel
+// as a double).
 char* plexus_fused_adamw(at::Tensor** params, at::Tensor** grads, at::Tensor** exp_avgs, at::Tensor** exp_avg_sqs,
-                         int64_t n, at::Tensor* step, double lr, double beta1, double beta2, double weight_decay,
+                         int64_t n, at::Tensor* step, at::Tensor* lr, double beta1, double beta2, double weight_decay,
                          double eps) {
   return guarded([&] {
     if (step == nullptr || !step->defined()) throw std::invalid_argument("fused_adamw without a step tensor");
+    if (lr == nullptr || !lr->defined() || lr->dim() != 0) throw std::invalid_argument("fused_adamw: lr must be 0-dim");
     std::vector<at::Tensor> p, g, m, v, steps;
     for (int64_t i = 0; i < n; ++i) {
       for (at::Tensor** list : {params, grads, exp_avgs, exp_avg_sqs}) {
@@ -585,7 +590,7 @@ char* plexus_fused_adamw(at::Tensor** params, at::Tensor** grads, at::Tensor** e
       steps.push_back(*step);
     }
     at::NoGradGuard no_grad;
-    at::_fused_adamw_(p, g, m, v, {}, steps, lr, beta1, beta2, weight_decay, eps, /*amsgrad=*/false,
+    at::_fused_adamw_(p, g, m, v, {}, steps, *lr, beta1, beta2, weight_decay, eps, /*amsgrad=*/false,
                       /*maximize=*/false);
   });
 }
@@ -743,6 +748,84 @@ char* plexus_op_count_end(uint64_t* out, char** names) {
 
 }  // extern "C"
 
+
+// ---------------------------------------------------------------------------------------------
+// Part 3b: the operator trace of a step, with every host number that enters it.
+//
+// A CUDA graph replays the kernels it captured with the arguments they had then: a learning rate
+// or a step index passed as a host number is frozen into the graph. Recording every operator call
+// on this thread with its non-tensor arguments (numbers, bools, lists, strings) and its tensors'
+// shapes and dtypes, two steps of a graph-safe step must give the same trace (tests/train.rs). On a
+// CPU a 0-dim tensor cannot be told from a host number this way, so those are compared by shape.
+
+namespace op_trace {
+std::optional<at::CallbackHandle> handle;
+std::thread::id traced_thread;
+std::vector<std::string> lines;
+
+void describe(const c10::IValue& v, std::string& out) {
+  if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    if (!t.defined()) {
+      out += "undef";
+      return;
+    }
+    out += std::string(c10::toString(t.scalar_type())) + "[";
+    for (int64_t d = 0; d < t.dim(); ++d) out += (d ? "," : "") + std::to_string(t.size(d));
+    out += "]";
+  } else if (v.isTensorList()) {
+    out += "tensors(" + std::to_string(v.toTensorList().size()) + ")";
+  } else if (v.isNone()) {
+    out += "none";
+  } else {
+    std::ostringstream os;
+    os << v;  // numbers, bools, int lists, strings, devices, dtypes
+    out += os.str();
+  }
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (std::this_thread::get_id() != traced_thread) return nullptr;
+  std::string line = fn.name();
+  line += "(";
+  bool first = true;
+  for (const auto& v : fn.inputs()) {
+    if (!first) line += ", ";
+    first = false;
+    describe(v, line);
+  }
+  line += ")";
+  lines.push_back(std::move(line));
+  return nullptr;
+}
+}  // namespace op_trace
+
+extern "C" {
+
+char* plexus_op_trace_begin() {
+  return guarded([&] {
+    if (op_trace::handle) throw std::runtime_error("an operator trace is already being recorded");
+    op_trace::lines.clear();
+    op_trace::traced_thread = std::this_thread::get_id();
+    op_trace::handle = at::addGlobalCallback(
+        at::RecordFunctionCallback(op_trace::on_start).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
+  });
+}
+
+// The trace since begin, one operator call a line (malloc'd).
+char* plexus_op_trace_end(char** text) {
+  return guarded([&] {
+    if (!op_trace::handle) throw std::runtime_error("no operator trace is being recorded");
+    at::removeCallback(*op_trace::handle);
+    op_trace::handle.reset();
+    std::string all;
+    for (const auto& l : op_trace::lines) all += l + "\n";
+    op_trace::lines.clear();
+    *text = dup_string(all);
+  });
+}
+
+}  // extern "C"
 
 // ---------------------------------------------------------------------------------------------
 // Part 4: the operators that make the host wait for the device, counted by libtorch itself.

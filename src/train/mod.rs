@@ -171,6 +171,11 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         // After any resume: every rank loaded the same checkpoint, and rank 0's values win anyway.
         t.distribute(crate::dist::Dist::join(info.clone(), dev)?)?;
     }
+    if let Some(note) = t.use_cuda_graphs(tc.cuda_graphs)? {
+        if main {
+            eprintln!("{}: {note}", cfg.name);
+        }
+    }
     let mut eps_by_t: Vec<(u64, Vec<f64>)> =
         if main { dir.eps_by_t()?.into_iter().filter(|r| r.0 < start).collect() } else { Vec::new() };
     let steps = tc.steps;
@@ -222,6 +227,11 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         let next = || batches.next_batch();
         let stats = t.step(step, next, (step < steps).then_some(lr))?;
         drop(rng);
+        if let Some(note) = t.take_note() {
+            if main {
+                bar.println(format!("{}: {note}", cfg.name));
+            }
+        }
         samples += stats.samples;
         tokens += stats.tokens;
 

@@ -80,6 +80,12 @@ pub struct Optim {
     topology_lr_mult: f64,
     /// `train.ema`: the decay of the parameters' moving average, updated after every step.
     ema_decay: Option<f64>,
+    /// The learning rate of the update, 0-dim on the parameters' device, per group: `[0]` every
+    /// group but the topology's, `[1]` the topology's (× `topology_lr_mult`). Written by
+    /// [`Optim::stage`] before the update, read there by [`Optim::update`]: a captured CUDA graph
+    /// replays the update with the values they hold. float64 on the CPU (the update then uses
+    /// exactly the f64 learning rate), float32 on CUDA (what libtorch's fused kernel reads).
+    lr: [Tensor; 2],
     /// Updates applied so far (AdamW's bias correction uses it).
     pub steps_done: u64,
 }
@@ -139,7 +145,11 @@ impl Optim {
                 p.ema = tch::no_grad(|| p.value.detach().copy());
             }
         }
+        let dev = params.first().map_or(tch::Device::Cpu, |p| p.value.device());
+        let lr_kind = if dev.is_cuda() { Kind::Float } else { Kind::Double };
+        let lr = [Tensor::zeros([], (lr_kind, dev)), Tensor::zeros([], (lr_kind, dev))];
         Self {
+            lr,
             kind: cfg.optimizer,
             params,
             buckets,
@@ -274,24 +284,44 @@ impl Optim {
         });
     }
 
-    /// One update with learning rate `lr` (before the group multipliers).
+    /// One update with learning rate `lr` (before the group multipliers): [`Optim::stage`], then
+    /// [`Optim::update`].
     pub fn step(&mut self, lr: f64) {
+        self.stage(lr);
+        self.update();
+    }
+
+    /// What changes from one update to the next, written into device tensors before it (host
+    /// numbers, outside any CUDA graph): the update count (AdamW's bias correction) and the
+    /// learning rate of each group. Counts the update.
+    pub fn stage(&mut self, lr: f64) {
         self.steps_done += 1;
-        let t = self.steps_done;
+        let t = self.steps_done as f64;
+        tch::no_grad(|| {
+            let _ = self.lr[0].fill_(lr);
+            let _ = self.lr[1].fill_(lr * self.topology_lr_mult);
+            for b in &self.buckets {
+                let _ = b.step.shallow_clone().fill_(t);
+            }
+        });
+    }
+
+    /// The update itself, from the gradients and the tensors [`Optim::stage`] wrote: no host number
+    /// that changes between steps enters it, so a CUDA graph can capture it.
+    pub fn update(&self) {
         let flat = self.flat_grads.replace(None).unwrap_or_else(|| self.concat_grads());
-        let group_lr = |g: Group| if g == Group::Topology { lr * self.topology_lr_mult } else { lr };
+        let group_lr = |g: Group| if g == Group::Topology { &self.lr[1] } else { &self.lr[0] };
         tch::no_grad(|| {
             if self.kind == Optimizer::Adamw {
                 for (b, g) in self.buckets.iter().zip(flat) {
                     // PyTorch's AdamW (decoupled decay `p ← p(1 − lr·wd)`, bias-corrected moments)
                     // in libtorch's fused kernel: one pass per bucket instead of eight.
                     let hyper = AdamwHyper {
-                        lr: group_lr(b.group),
                         betas: self.betas,
                         weight_decay: if b.group == Group::Decay { self.weight_decay } else { 0.0 },
                         eps: self.eps,
                     };
-                    let _ = b.step.shallow_clone().fill_(t as f64);
+                    let lr = group_lr(b.group);
                     let done = match g {
                         Some(g) => fused_adamw(
                             &[b.value.shallow_clone()],
@@ -299,6 +329,7 @@ impl Optim {
                             &[b.exp_avg.shallow_clone()],
                             &[b.exp_avg_sq.shallow_clone()],
                             &b.step,
+                            lr,
                             hyper,
                         ),
                         None => {
@@ -317,18 +348,20 @@ impl Optim {
                                 &list(&|p| p.exp_avg.shallow_clone()),
                                 &list(&|p| p.exp_avg_sq.shallow_clone()),
                                 &b.step,
+                                lr,
                                 hyper,
                             )
                         }
                     };
                     done.expect("AdamW's tensors share the bucket's device and dtype");
                 }
-                return;
-            }
-            for p in &self.params {
-                let g = p.value.grad();
-                if g.defined() {
-                    let _ = p.value.shallow_clone().g_sub_(&(g * group_lr(p.group)));
+            } else {
+                for p in &self.params {
+                    let g = p.value.grad();
+                    if g.defined() {
+                        // `lr` is a 0-dim tensor: the product stays in the gradient's dtype.
+                        let _ = p.value.shallow_clone().g_sub_(&(g * group_lr(p.group)));
+                    }
                 }
             }
         });
@@ -345,6 +378,34 @@ impl Optim {
                 }
             });
         }
+    }
+
+    /// Every tensor that lives across steps and that a step reads or writes in place: values,
+    /// moments, averages, update counts, learning rates (gradients are made by the step itself).
+    /// A captured CUDA graph keeps reading and writing these addresses: they must keep their storage.
+    pub fn persistent_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out =
+            vec![("lr".to_string(), self.lr[0].shallow_clone()), ("lr.topology".into(), self.lr[1].shallow_clone())];
+        for (i, b) in self.buckets.iter().enumerate() {
+            for (what, t) in [
+                ("value", &b.value),
+                ("exp_avg", &b.exp_avg),
+                ("exp_avg_sq", &b.exp_avg_sq),
+                ("ema", &b.ema),
+                ("step", &b.step),
+            ] {
+                if t.defined() {
+                    out.push((format!("bucket{i}.{what}"), t.shallow_clone()));
+                }
+            }
+        }
+        for p in &self.params {
+            out.push((p.name.clone(), p.value.shallow_clone()));
+            if self.buckets.is_empty() && p.ema.defined() {
+                out.push((format!("ema.{}", p.name), p.ema.shallow_clone()));
+            }
+        }
+        out
     }
 
     /// The optimizer state as named tensors (`exp_avg.<param>`, `exp_avg_sq.<param>`, and with

@@ -6,6 +6,7 @@
 //! ([`Stepper::read`]) on logging and checkpoint steps only. See `crate::host`.
 
 use super::optim::Optim;
+use crate::config::CudaGraphs;
 use crate::data::{Batch, DeviceTransform, InputTransform, Task};
 use crate::dist::Dist;
 use crate::model::Model;
@@ -39,7 +40,31 @@ pub enum NonFinite {
     Gradient,
 }
 
+/// How the step runs: eagerly, or captured once as a CUDA graph and replayed.
+enum Execution {
+    Eager,
+    /// `warmup` more eager steps on the graph's side stream, then one capture, then replays.
+    Graph {
+        graph: crate::native::CudaGraph,
+        warmup: u32,
+        captured: bool,
+    },
+}
+
+/// Eager steps on the side stream before the capture (cuBLAS workspaces, the NVRTC kernels'
+/// compilation and self-check, autograd's per-stream state: none of it may happen while
+/// capturing).
+const GRAPH_WARMUP_STEPS: u32 = 3;
+
 /// A model, its optimizer, and what a step needs besides the batches.
+///
+/// The step is written so that a CUDA graph can capture it (`train.cuda_graphs`), and it is the
+/// same step eager: what changes from one step to the next enters through tensors that keep their
+/// storage — the micro-batches are copied into static buffers, the learning rate and the update
+/// count into the optimizer's device tensors ([`Optim::stage`]), the step index into a device
+/// scalar — and what it leaves (loss, gradient norm, divergence record) is written in place into
+/// tensors that live across steps. `tests/train.rs` checks both on the CPU: the storage, and an
+/// operator trace with every scalar argument, identical from step to step.
 pub struct Stepper {
     pub model: Model,
     pub optim: Optim,
@@ -50,11 +75,21 @@ pub struct Stepper {
     transform: DeviceTransform,
     /// `[first non-finite step or −1, 1 = loss | 2 = gradient]`, int64 on the device.
     divergence: Tensor,
+    /// The step's index, 0-dim int64 on the device (the divergence record reads it).
+    step_index: Tensor,
+    /// The step's raw micro-batches, on the device: copied in before each step.
+    inputs: Vec<Batch>,
+    /// Mean loss of the last step, 0-dim f64; global gradient norm before clipping, 0-dim fp32.
+    loss: Tensor,
+    grad_norm: Tensor,
     /// The last micro-batch (model input, on the device), kept to diagnose a divergence.
     last: Option<Batch>,
     /// Data-parallel group and the factor applied to the summed gradients and losses (`1/world`
     /// for mean losses, 1 for losses that sum over the batch).
     dist: Option<(Dist, f64)>,
+    execution: Execution,
+    /// A line for the log about how the step runs, once (see [`Stepper::take_note`]).
+    note: Option<String>,
 }
 
 impl Stepper {
@@ -77,8 +112,14 @@ impl Stepper {
             device,
             transform: transform.on(device),
             divergence,
+            step_index: Tensor::zeros([], (Kind::Int64, device)),
+            inputs: Vec::new(),
+            loss: Tensor::zeros([], (Kind::Double, device)),
+            grad_norm: Tensor::zeros([], (Kind::Float, device)),
             last: None,
             dist: None,
+            execution: Execution::Eager,
+            note: None,
         }
     }
 
@@ -101,53 +142,57 @@ impl Stepper {
         self.dist.as_ref().map(|(d, _)| d)
     }
 
+    /// Chooses how the step runs (`train.cuda_graphs`; call after [`Stepper::distribute`]). With
+    /// `auto`, a CUDA device captures the step unless something prevents it, which the note says;
+    /// with `on`, that is an error. Returns the line to log, if any.
+    pub fn use_cuda_graphs(&mut self, mode: CudaGraphs) -> anyhow::Result<Option<String>> {
+        let why_not = match self.device {
+            _ if mode == CudaGraphs::Off => return Ok(None),
+            Device::Cuda(_) if self.dist.is_some() => {
+                Some("data-parallel steps are not captured yet (the all-reduce runs between graphs)")
+            }
+            Device::Cuda(_) if !crate::native::cuda_graphs_built() => {
+                Some("this plexus was built without CUDA headers (scripts/setup.sh installs them)")
+            }
+            Device::Cuda(_) => None,
+            _ if mode == CudaGraphs::Auto => return Ok(None),
+            _ => Some("the run is on the CPU"),
+        };
+        match (why_not, self.device) {
+            (None, Device::Cuda(i)) => {
+                let graph = crate::native::CudaGraph::new(i)?;
+                self.execution = Execution::Graph { graph, warmup: GRAPH_WARMUP_STEPS, captured: false };
+                Ok(Some(format!(
+                    "CUDA graph: the step is captured after {GRAPH_WARMUP_STEPS} warm-up steps and replayed \
+                     (train.cuda_graphs: off to run it eagerly)"
+                )))
+            }
+            (Some(why), _) if mode == CudaGraphs::On => {
+                anyhow::bail!("train.cuda_graphs: on, but the step cannot be captured: {why}")
+            }
+            (why, _) => Ok(why.map(|w| format!("CUDA graph: off ({w}); eager steps"))),
+        }
+    }
+
+    /// Whether the step is being replayed from a CUDA graph (after its capture).
+    pub fn replaying(&self) -> bool {
+        matches!(self.execution, Execution::Graph { captured: true, .. })
+    }
+
+    /// Whether a CUDA graph is still to be captured (warm-up steps or the capture ahead): a
+    /// benchmark steps until it is not, so that it times replays.
+    pub fn capture_pending(&self) -> bool {
+        matches!(self.execution, Execution::Graph { captured: false, .. })
+    }
+
+    /// A line for the log about how the step runs (a CUDA graph given up, and why), once.
+    pub fn take_note(&mut self) -> Option<String> {
+        self.note.take()
+    }
+
     /// A raw batch input (on the device) as the model sees it.
     pub fn model_input(&self, raw: &Tensor) -> Tensor {
         self.transform.apply(raw)
-    }
-
-    /// One step: forward and backward over `accumulation` micro-batches drawn from `next` (raw
-    /// batches, on the CPU — pinned for a GPU — or resident on the device), the gradient norm,
-    /// and, if `lr` is given, clipping and the update. `step` is recorded if the loss or the
-    /// gradient is non-finite. No read.
-    pub fn step(
-        &mut self,
-        step: u64,
-        mut next: impl FnMut() -> anyhow::Result<Batch>,
-        lr: Option<f64>,
-    ) -> anyhow::Result<StepStats> {
-        self.optim.zero_grad();
-        let (mut samples, mut tokens) = (0u64, 0u64);
-        let mut loss_sum: Option<Tensor> = None;
-        for _ in 0..self.accumulation {
-            let raw = next()?.to_device_async(self.device);
-            let batch = self.task.prepare(Batch { input: self.transform.apply(&raw.input), target: raw.target });
-            samples += batch.input.size()[0] as u64;
-            if self.task == Task::LanguageModel {
-                tokens += batch.input.numel() as u64;
-            }
-            let loss = self.loss(&batch);
-            (&loss / self.accumulation as f64).backward();
-            let value = loss.detach().to_kind(Kind::Double);
-            loss_sum = Some(match loss_sum {
-                None => value,
-                Some(s) => s + value,
-            });
-            self.last = Some(batch);
-        }
-        let loss = loss_sum.expect("at least one micro-batch") / self.accumulation as f64;
-        if let Some((dist, scale)) = &self.dist {
-            dist.reduce_gradients(&self.optim.parameters(), *scale)?;
-        }
-        let grad_norm = self.optim.grad_norm();
-        self.record_divergence(step, &loss, &grad_norm);
-        if let Some(lr) = lr {
-            if let Some(max) = self.clip {
-                self.optim.clip(&grad_norm, max);
-            }
-            self.optim.step(lr);
-        }
-        Ok(StepStats { loss, grad_norm, samples, tokens })
     }
 
     /// The training loss of a prepared batch (model input, target): forward, the task's loss and
@@ -168,15 +213,206 @@ impl Stepper {
         }
     }
 
-    /// Keeps the first step whose loss (1) or gradient norm (2) is non-finite, on the device.
-    fn record_divergence(&mut self, step: u64, loss: &Tensor, grad_norm: &Tensor) {
+    /// One step: forward and backward over `accumulation` micro-batches drawn from `next` (raw
+    /// batches, on the CPU — pinned for a GPU — or resident on the device), the gradient norm,
+    /// and, if `lr` is given, clipping and the update. `step` is recorded if the loss or the
+    /// gradient is non-finite. No read. The returned tensors are the stepper's own: read them
+    /// before the next step.
+    pub fn step(
+        &mut self,
+        step: u64,
+        next: impl FnMut() -> anyhow::Result<Batch>,
+        lr: Option<f64>,
+    ) -> anyhow::Result<StepStats> {
+        self.step_with(step, next, lr, false).map(|(stats, _)| stats)
+    }
+
+    /// An eager [`Stepper::step`] with an update that also returns the trace of the part a CUDA
+    /// graph captures ([`crate::native::trace_ops`]): every operator with its host arguments. Two
+    /// steps must give the same trace for a replay to compute what an eager step would.
+    pub fn step_traced(
+        &mut self,
+        step: u64,
+        next: impl FnMut() -> anyhow::Result<Batch>,
+        lr: f64,
+    ) -> anyhow::Result<(StepStats, Vec<String>)> {
+        anyhow::ensure!(matches!(self.execution, Execution::Eager), "a traced step runs eagerly");
+        let (stats, trace) = self.step_with(step, next, Some(lr), true)?;
+        Ok((stats, trace.expect("traced")))
+    }
+
+    fn step_with(
+        &mut self,
+        step: u64,
+        mut next: impl FnMut() -> anyhow::Result<Batch>,
+        lr: Option<f64>,
+        trace: bool,
+    ) -> anyhow::Result<(StepStats, Option<Vec<String>>)> {
+        // Outside any graph: the micro-batches into the static buffers, the step index and the
+        // learning rate into device tensors.
+        let (mut samples, mut tokens) = (0u64, 0u64);
+        let mut reshaped = false;
+        for i in 0..self.accumulation as usize {
+            let raw = next()?.to_device_async(self.device);
+            samples += raw.input.size()[0] as u64;
+            if self.task == Task::LanguageModel {
+                tokens += raw.input.numel() as u64;
+            }
+            let fits = |buf: &Tensor, t: &Tensor| buf.size() == t.size() && buf.kind() == t.kind();
+            match self.inputs.get(i) {
+                Some(b) if fits(&b.input, &raw.input) && fits(&b.target, &raw.target) => tch::no_grad(|| {
+                    b.input.shallow_clone().copy_(&raw.input);
+                    b.target.shallow_clone().copy_(&raw.target);
+                }),
+                _ => {
+                    reshaped |= i < self.inputs.len();
+                    let fresh = tch::no_grad(|| Batch { input: raw.input.copy(), target: raw.target.copy() });
+                    if i < self.inputs.len() {
+                        self.inputs[i] = fresh;
+                    } else {
+                        self.inputs.push(fresh);
+                    }
+                }
+            }
+        }
+        if reshaped && !matches!(self.execution, Execution::Eager) {
+            // A captured step reads the old buffers: from here on, eager steps.
+            self.execution = Execution::Eager;
+            self.note = Some(format!("CUDA graph: off from step {step} (the batch shape changed); eager steps"));
+        }
+        tch::no_grad(|| {
+            let _ = self.step_index.fill_(step as i64);
+        });
+        let Some(lr) = lr else {
+            // A measuring step (the last one): no update, eager.
+            self.run(false)?;
+            return Ok((self.stats(samples, tokens), None));
+        };
+        self.optim.stage(lr);
+        if trace {
+            let (ran, lines) = crate::native::trace_ops(|| self.run(true))?;
+            ran?;
+            return Ok((self.stats(samples, tokens), Some(lines)));
+        }
+        let execution = std::mem::replace(&mut self.execution, Execution::Eager);
+        self.execution = match execution {
+            Execution::Eager => {
+                self.run(true)?;
+                Execution::Eager
+            }
+            Execution::Graph { graph, warmup, captured: false } if warmup > 0 => {
+                graph.enter()?;
+                let ran = self.run(true);
+                graph.leave()?;
+                ran?;
+                Execution::Graph { graph, warmup: warmup - 1, captured: false }
+            }
+            Execution::Graph { graph, captured: false, .. } => match self.capture(&graph) {
+                Ok(()) => {
+                    graph.replay()?;
+                    Execution::Graph { graph, warmup: 0, captured: true }
+                }
+                Err(e) => {
+                    drop(graph);
+                    self.note = Some(format!("CUDA graph: the capture failed at step {step} ({e:#}); eager steps"));
+                    self.run(true)?;
+                    Execution::Eager
+                }
+            },
+            Execution::Graph { graph, captured: true, warmup } => {
+                graph.replay()?;
+                Execution::Graph { graph, warmup, captured: true }
+            }
+        };
+        Ok((self.stats(samples, tokens), None))
+    }
+
+    /// Records one step into `graph` (on its side stream; nothing runs).
+    fn capture(&mut self, graph: &crate::native::CudaGraph) -> anyhow::Result<()> {
+        graph.enter()?;
+        let recorded = graph.capture_begin().and_then(|()| {
+            let ran = self.run(true);
+            // End the capture whatever happened, so that the side stream leaves capture mode.
+            let ended = graph.capture_end();
+            ran.and(ended)
+        });
+        let left = graph.leave();
+        recorded.and(left)
+    }
+
+    fn stats(&self, samples: u64, tokens: u64) -> StepStats {
+        StepStats { loss: self.loss.shallow_clone(), grad_norm: self.grad_norm.shallow_clone(), samples, tokens }
+    }
+
+    /// The step proper, from the static buffers and the staged tensors: forward and backward of
+    /// every micro-batch, the losses' mean, the data-parallel reduction, the gradient norm, the
+    /// divergence record and, with `update`, clipping and the update. No host number that changes
+    /// between steps enters it, and its results are written in place.
+    fn run(&mut self, update: bool) -> anyhow::Result<()> {
+        self.optim.zero_grad();
+        let mut loss_sum: Option<Tensor> = None;
+        for b in &self.inputs {
+            let batch =
+                self.task.prepare(Batch { input: self.transform.apply(&b.input), target: b.target.shallow_clone() });
+            let loss = self.loss(&batch);
+            (&loss / self.accumulation as f64).backward();
+            let value = loss.detach().to_kind(Kind::Double);
+            loss_sum = Some(match loss_sum {
+                None => value,
+                Some(s) => s + value,
+            });
+            self.last = Some(batch);
+        }
+        let loss = loss_sum.expect("at least one micro-batch") / self.accumulation as f64;
+        if let Some((dist, scale)) = &self.dist {
+            dist.reduce_gradients(&self.optim.parameters(), *scale)?;
+        }
+        let grad_norm = self.optim.grad_norm();
+        tch::no_grad(|| {
+            self.loss.copy_(&loss);
+            self.grad_norm.copy_(&grad_norm);
+        });
+        self.record_divergence(&loss, &grad_norm);
+        if update {
+            if let Some(max) = self.clip {
+                self.optim.clip(&grad_norm, max);
+            }
+            self.optim.update();
+        }
+        Ok(())
+    }
+
+    /// Every tensor that lives across steps and that a step reads or writes: the static input
+    /// buffers, the step index, the outputs, the divergence record, and the optimizer's
+    /// ([`Optim::persistent_tensors`]). A captured graph keeps using their addresses.
+    pub fn persistent_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out = self.optim.persistent_tensors();
+        for (i, b) in self.inputs.iter().enumerate() {
+            out.push((format!("input{i}"), b.input.shallow_clone()));
+            out.push((format!("target{i}"), b.target.shallow_clone()));
+        }
+        for (name, t) in [
+            ("step_index", &self.step_index),
+            ("loss", &self.loss),
+            ("grad_norm", &self.grad_norm),
+            ("divergence", &self.divergence),
+        ] {
+            out.push((name.to_string(), t.shallow_clone()));
+        }
+        out
+    }
+
+    /// Keeps the first step whose loss (1) or gradient norm (2) is non-finite, on the device, in
+    /// place.
+    fn record_divergence(&mut self, loss: &Tensor, grad_norm: &Tensor) {
         tch::no_grad(|| {
             let code =
                 Tensor::where_scalar(&grad_norm.isfinite(), 0i64, 2i64).where_scalarother(&loss.isfinite(), 1i64);
-            let bad_step = Tensor::where_scalar(&code.gt(0), step as i64, -1i64);
+            let bad_step = self.step_index.where_scalarother(&code.gt(0), -1i64);
             let now = Tensor::stack(&[bad_step, code], 0);
             let seen = self.divergence.get(0).ge(0);
-            self.divergence = self.divergence.where_self(&seen, &now);
+            let kept = self.divergence.where_self(&seen, &now);
+            self.divergence.copy_(&kept);
         })
     }
 

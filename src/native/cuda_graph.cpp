@@ -1,0 +1,189 @@
+// Whole-step CUDA graphs: libtorch's at::cuda::CUDAGraph behind a C ABI (src/native.rs wraps it in
+// `CudaGraph`; src/train/step.rs drives it).
+//
+// Why: a training step of plexus on a GPU is hundreds to thousands of kernels; for the multi-stream
+// and dense topologies most are small, and the step is bound by launching them (bench/gpu). A
+// captured graph replays the whole step — forward, backward, clipping, AdamW — as one launch.
+//
+// The protocol (as torch.cuda.graph's):
+// * warm-up steps run eagerly on a side stream (`enter_side_stream` / `leave_side_stream`): cuBLAS
+//   workspaces, NVRTC kernels and autograd's per-stream state are created there, outside capture;
+// * `capture_begin` (on the side stream) → the step's operators are recorded, not run →
+//   `capture_end`; then `replay` runs the recorded step, on the current stream, once per step;
+// * capture mode is thread-local: the data thread may pin memory and copy meanwhile;
+// * every graph of the process records into one memory pool (`shared_pool`);
+// * the default CUDA generator is registered by libtorch at capture_begin, so dropout and diffusion
+//   noise in a replay draw from the generator's seed at replay time (`manual_seed(step_seed)`
+//   before each replay keeps them a function of (seed, step)).
+// What a replay reads and writes must keep its storage (src/train/step.rs keeps it so), and nothing
+// that changes between steps may enter the step as a host number.
+//
+// Built with PLEXUS_WITH_CUDA_GRAPHS (CUDA headers that compile were found, as for NCCL); else every
+// entry point returns an error saying so.
+
+#include "guarded.h"
+
+#include <ATen/ATen.h>
+
+#ifdef PLEXUS_WITH_CUDA_GRAPHS
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#endif
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+
+using plexus_native::guarded;
+
+#ifdef PLEXUS_WITH_CUDA_GRAPHS
+namespace {
+
+// Streams and events through libtorch's device-generic interface (implemented in libc10_cuda), as
+// cuda_kernels.cpp does: the c10/cuda stream and event classes are header code that calls the
+// CUDA runtime itself, which this library does not link.
+const c10::impl::DeviceGuardImplInterface& cuda() { return *c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA); }
+
+struct Graph {
+  c10::Device device;
+  c10::Stream side;
+  std::optional<c10::Stream> previous;  // set while the side stream is current
+  at::cuda::CUDAGraph graph;
+  bool capturing = false;
+  bool captured = false;
+
+  explicit Graph(c10::DeviceIndex d)
+      : device(c10::DeviceType::CUDA, d), side(cuda().getStreamFromGlobalPool(device, /*isHighPriority=*/false)) {}
+};
+
+// One memory pool for every graph of the process: the temporaries of one step are reused by the
+// next graph's (`bench --compare` holds a graph per topology; separate pools would each keep a
+// step's peak). Safe because plexus replays its graphs one after another on one stream, and what
+// outlives a replay (gradients, outputs) stays allocated.
+c10::MempoolId_t shared_pool() {
+  static const c10::MempoolId_t pool = at::cuda::graph_pool_handle();
+  return pool;
+}
+
+// `waiter` waits for the work queued so far on `done`.
+void order(const c10::Stream& done, const c10::Stream& waiter) {
+  c10::Event event(c10::DeviceType::CUDA);
+  event.record(done);
+  event.block(waiter);
+}
+
+}  // namespace
+#endif
+
+extern "C" {
+
+int plexus_cuda_graphs_built() {
+#ifdef PLEXUS_WITH_CUDA_GRAPHS
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+char* plexus_cuda_graph_new(int64_t device, void** out) {
+  return guarded([&] {
+#ifdef PLEXUS_WITH_CUDA_GRAPHS
+    *out = new Graph(static_cast<c10::DeviceIndex>(device));
+#else
+    (void)device;
+    (void)out;
+    throw std::runtime_error("plexus was built without CUDA headers: no CUDA graphs (scripts/setup.sh installs them)");
+#endif
+  });
+}
+
+void plexus_cuda_graph_free(void* g) {
+#ifdef PLEXUS_WITH_CUDA_GRAPHS
+  delete static_cast<Graph*>(g);
+#else
+  (void)g;
+#endif
+}
+
+// The side stream becomes the current stream of the graph's device, after it waits for the work
+// queued on the stream that was current.
+char* plexus_cuda_graph_enter(void* g) {
+  return guarded([&] {
+#ifdef PLEXUS_WITH_CUDA_GRAPHS
+    auto* graph = static_cast<Graph*>(g);
+    if (graph->previous) throw std::runtime_error("cuda graph: already on the side stream");
+    const c10::Stream current = cuda().getStream(graph->device);
+    order(current, graph->side);
+    graph->previous = cuda().exchangeStream(graph->side);
+#else
+    (void)g;
+    throw std::runtime_error("no CUDA graphs in this build");
+#endif
+  });
+}
+
+// Back to the stream that was current before `enter`, which then waits for the side stream.
+char* plexus_cuda_graph_leave(void* g) {
+  return guarded([&] {
+#ifdef PLEXUS_WITH_CUDA_GRAPHS
+    auto* graph = static_cast<Graph*>(g);
+    if (!graph->previous) throw std::runtime_error("cuda graph: not on the side stream");
+    const c10::Stream previous = *graph->previous;
+    graph->previous.reset();
+    cuda().exchangeStream(previous);
+    order(graph->side, previous);
+#else
+    (void)g;
+    throw std::runtime_error("no CUDA graphs in this build");
+#endif
+  });
+}
+
+// Starts recording on the side stream (`enter` first). Nothing runs until `replay`.
+char* plexus_cuda_graph_capture_begin(void* g) {
+  return guarded([&] {
+#ifdef PLEXUS_WITH_CUDA_GRAPHS
+    auto* graph = static_cast<Graph*>(g);
+    if (!graph->previous) throw std::runtime_error("cuda graph: capture must begin on the side stream");
+    if (graph->captured || graph->capturing) throw std::runtime_error("cuda graph: captured already");
+    graph->capturing = true;
+    graph->graph.capture_begin(shared_pool(), cudaStreamCaptureModeThreadLocal);
+#else
+    (void)g;
+    throw std::runtime_error("no CUDA graphs in this build");
+#endif
+  });
+}
+
+char* plexus_cuda_graph_capture_end(void* g) {
+  return guarded([&] {
+#ifdef PLEXUS_WITH_CUDA_GRAPHS
+    auto* graph = static_cast<Graph*>(g);
+    if (!graph->capturing) throw std::runtime_error("cuda graph: not capturing");
+    graph->capturing = false;
+    graph->graph.capture_end();
+    graph->captured = true;
+#else
+    (void)g;
+    throw std::runtime_error("no CUDA graphs in this build");
+#endif
+  });
+}
+
+// Runs the recorded step on the current stream.
+char* plexus_cuda_graph_replay(void* g) {
+  return guarded([&] {
+#ifdef PLEXUS_WITH_CUDA_GRAPHS
+    auto* graph = static_cast<Graph*>(g);
+    if (!graph->captured) throw std::runtime_error("cuda graph: nothing captured");
+    graph->graph.replay();
+#else
+    (void)g;
+    throw std::runtime_error("no CUDA graphs in this build");
+#endif
+  });
+}
+
+}  // extern "C"
