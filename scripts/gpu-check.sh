@@ -7,7 +7,7 @@
 #
 #   scripts/gpu-check.sh [--out OUTDIR] GROUP...      (OUTDIR default: runs/gpu-check)
 #   scripts/gpu-check.sh --list                       the groups, their steps and time limits
-#   scripts/gpu-check.sh --device cpu --quick kernels a dry run of the plumbing on a CPU (4 steps)
+#   scripts/gpu-check.sh --device cpu --quick kernels graphs   a dry run of the plumbing on a CPU
 #
 # Before the slot, on a machine with cargo: scripts/gpu-slot-pack.sh (the binary and the data into
 # .gpu-slot/, ignored by git). On the GPU machine, from the repository root:
@@ -18,14 +18,17 @@
 #                AdamW's fused CUDA kernel against the f64 rule, the CUDA Sinkhorn and stream kernels
 #                against their CPU reference, every topology × backbone, tiny, fp32 and bf16
 #   kernels      a small GPT (bench/configs/gpu/slot-kernels.yaml) with hyper and mHC in fp32 and
-#                bf16, under PLEXUS_CUDA_SYNC_CHECK=1 (a fault names its kernel) and
+#                bf16, eager, under PLEXUS_CUDA_SYNC_CHECK=1 (a fault names its kernel) and
 #                PLEXUS_COUNT_SYNCS=1 (libtorch's count of host-device syncs; must be 0 on steps that
 #                read nothing), then with PLEXUS_FUSED_KERNELS=0: the fused run's losses must follow
 #                the composite graph's
-#   bench        GPT-2 124M and LLaMA-130M at 16×1024 in bf16: the residual step (ms, MFU against the
-#                GPU's data-sheet peak and the measured matmul rate), the paired overheads of hacn,
-#                ancre, denseformer, hyper, mhc, attnres, and hyper/mHC again with
-#                PLEXUS_FUSED_KERNELS=0 (what the CUDA kernels buy)
+#   graphs       train.cuda_graphs: residual, hyper and mHC captured and eager (their losses must
+#                agree), dropout in a replay, and the paper Mixer's step times both ways
+#   bench        GPT-2 124M at 16×1024 in bf16: the residual step (ms, MFU against the GPU's
+#                data-sheet peak and the measured matmul rate) and the paired overheads of hacn,
+#                ancre, denseformer, hyper, mhc, attnres, each with CUDA graphs and eager
+#   bench-more   hyper/mHC with PLEXUS_FUSED_KERNELS=0 (what the CUDA kernels buy), LLaMA-130M at
+#                16×1024, the paper Mixer with every topology, graphs and eager
 #   parity       `parity --device cuda`: Rust and the PyTorch references, both on the GPU
 #   bench-torch  PyTorch eager and torch.compile on the same GPT and LLaMA steps (parity/bench.py),
 #                for "plexus ≤ torch.compile"
@@ -55,11 +58,25 @@ hyper-fp32-composite 60
 mhc-fp32-composite 60
 fused-follows-composite 20
 syncs 10"
+    [graphs]="residual-graph 50
+residual-eager 50
+hyper-graph 50
+hyper-eager 50
+mhc-graph 50
+mhc-eager 50
+dropout-graph 50
+graphs-follow-eager 10
+bench-mixer-graph 50
+bench-mixer-eager 50"
     [bench]="gpt-residual 90
+gpt-residual-eager 80
 gpt-compare 150
-gpt-composite 80
-llama-residual 60
-llama-compare 90"
+gpt-compare-eager 150"
+    [bench-more]="gpt-composite 100
+llama-residual 80
+llama-compare 150
+mixer-compare 70
+mixer-compare-eager 70"
     [parity]="parity 460"
     [bench-torch]="gpt-eager 90
 gpt-compile 150
@@ -76,7 +93,7 @@ train-dit-ancre 60
 sample-dit 15
 fd-dit 15"
 )
-ORDER=(doctor kernels bench parity bench-torch train)
+ORDER=(doctor kernels graphs bench bench-more parity bench-torch train)
 
 list() {
     for g in "${ORDER[@]}"; do
@@ -179,8 +196,10 @@ group_doctor() {
 
 group_kernels() {
     local cfg=bench/configs/gpu/slot-kernels.yaml
+    # Eager steps here (a fault inside a captured graph would not name its kernel): group `graphs`
+    # checks the capture.
     local k=(env PLEXUS_CUDA_SYNC_CHECK=1 PLEXUS_COUNT_SYNCS=1 "$PLEXUS" train "$cfg" --quiet --overwrite
-        --set "device=$DEV" ${QUICK[@]+"${QUICK[@]}"})
+        --set "device=$DEV" --set train.cuda_graphs=off ${QUICK[@]+"${QUICK[@]}"})
     step hyper-fp32 "${k[@]}" --set topology.kind=hyper --out "$G/runs/hyper-fp32"
     step mhc-fp32 "${k[@]}" --set topology.kind=mhc --out "$G/runs/mhc-fp32"
     # bf16 on a CPU takes minutes for this model (no bf16 matrix units): a CPU dry run skips it.
@@ -189,30 +208,13 @@ group_kernels() {
         step mhc-bf16 "${k[@]}" --set topology.kind=mhc --set precision=bf16 --out "$G/runs/mhc-bf16"
     fi
     local c=(env PLEXUS_FUSED_KERNELS=0 "$PLEXUS" train "$cfg" --quiet --overwrite --set "device=$DEV"
-        ${QUICK[@]+"${QUICK[@]}"})
+        --set train.cuda_graphs=off ${QUICK[@]+"${QUICK[@]}"})
     step hyper-fp32-composite "${c[@]}" --set topology.kind=hyper --out "$G/runs/hyper-fp32-composite"
     step mhc-fp32-composite "${c[@]}" --set topology.kind=mhc --out "$G/runs/mhc-fp32-composite"
     # fp32, same seed and batches: the logged losses agree to 1e-5 at step 0 and 2e-3 after 30
     # AdamW updates (summation order differs between the kernels and the composite graph).
-    step fused-follows-composite "$PY" - "$G/runs" <<'PYEOF'
-import csv, os, sys
-runs = sys.argv[1]
-ok = True
-for t in ("hyper", "mhc"):
-    rows = {}
-    for kind in ("fp32", "fp32-composite"):
-        with open(os.path.join(runs, f"{t}-{kind}", "metrics.csv")) as fh:
-            rows[kind] = {int(r["step"]): float(r["loss"]) for r in csv.DictReader(fh)}
-    for s, fused in sorted(rows["fp32"].items()):
-        comp = rows["fp32-composite"][s]
-        rel = abs(fused - comp) / abs(comp)
-        tol = 1e-5 if s == 0 else 2e-3
-        good = rel <= tol
-        ok &= good
-        print(f"{t} step {s}: fused {fused:.6f} composite {comp:.6f} relative {rel:.1e} (tolerance {tol:.0e}) "
-              f"{'ok' if good else 'DIFFERS'}")
-sys.exit(0 if ok else 1)
-PYEOF
+    step fused-follows-composite "$PY" "$ROOT/scripts/compare-losses.py" "$G/runs" hyper-fp32 hyper-fp32-composite \
+        mhc-fp32 mhc-fp32-composite
     # Every fused run's sync line: 0 syncs on the steps that read nothing.
     step syncs bash -c 'bad=0; for f in "$1"/hyper-*.log "$1"/mhc-*.log; do
         case "$f" in *composite*) continue;; esac
@@ -222,16 +224,54 @@ PYEOF
     done; exit $bad' _ "$G"
 }
 
+group_graphs() {
+    # The same runs captured (train.cuda_graphs: on) and eager, fp32, 30 steps, logged every 5:
+    # the captured runs' losses must follow the eager ones (the same kernels; 1e-5 at step 0,
+    # 1e-3 after 30 updates).
+    local cfg=bench/configs/gpu/slot-kernels.yaml
+    local t=("$PLEXUS" train "$cfg" --quiet --overwrite --set "device=$DEV" --set log.every=5 ${QUICK[@]+"${QUICK[@]}"})
+    local graph=(--set train.cuda_graphs=on) eager=(--set train.cuda_graphs=off)
+    [[ $DEV == cpu ]] && graph=(--set train.cuda_graphs=auto)
+    local topo
+    for topo in residual hyper mhc; do
+        step "$topo-graph" env PLEXUS_COUNT_SYNCS=1 "${t[@]}" --set topology.kind=$topo "${graph[@]}" --out "$G/runs/$topo-graph"
+        step "$topo-eager" "${t[@]}" --set topology.kind=$topo "${eager[@]}" --out "$G/runs/$topo-eager"
+    done
+    # Dropout inside a replay: the generator's state at replay time (trains, finite, close to eager).
+    step dropout-graph "${t[@]}" --set model.dropout=0.1 "${graph[@]}" --out "$G/runs/dropout-graph"
+    step graphs-follow-eager "$PY" "$ROOT/scripts/compare-losses.py" --later 1e-3 "$G/runs" residual-graph residual-eager \
+        hyper-graph hyper-eager mhc-graph mhc-eager
+    # What a replay buys where launches dominate: the paper Mixer's step, captured and eager.
+    [[ $DEV == cpu ]] && return 0  # (a CPU dry run stops here: the paper Mixer is GPU-sized)
+    local mixer=bench/configs/gpu/mixer.yaml
+    step bench-mixer-graph "$PLEXUS" bench "$mixer" --compare residual,hacn,hyper,mhc --steps 10 --warmup 3 \
+        --csv "$G/overhead.csv" --case mixer-graph
+    step bench-mixer-eager "$PLEXUS" bench "$mixer" --compare residual,hacn,hyper,mhc --steps 10 --warmup 3 \
+        --set train.cuda_graphs=off --csv "$G/overhead.csv" --case mixer-eager
+}
+
 group_bench() {
-    local gpt=bench/configs/gpu/gpt.yaml llama=bench/configs/gpu/llama.yaml
+    local gpt=bench/configs/gpu/gpt.yaml
     local all=residual,hacn,ancre,denseformer,hyper,mhc,attnres
     step gpt-residual "$PLEXUS" bench "$gpt" --steps 20 --warmup 5 --csv "$G/raw.csv" --case gpt/residual
+    step gpt-residual-eager "$PLEXUS" bench "$gpt" --steps 20 --warmup 5 --set train.cuda_graphs=off \
+        --csv "$G/raw.csv" --case gpt/residual-eager
     step gpt-compare "$PLEXUS" bench "$gpt" --compare "$all" --steps 10 --warmup 3 --csv "$G/overhead.csv" --case gpt
+    step gpt-compare-eager "$PLEXUS" bench "$gpt" --compare "$all" --steps 10 --warmup 3 --set train.cuda_graphs=off \
+        --csv "$G/overhead.csv" --case gpt-eager
+}
+
+group_bench-more() {
+    local gpt=bench/configs/gpu/gpt.yaml llama=bench/configs/gpu/llama.yaml mixer=bench/configs/gpu/mixer.yaml
     step gpt-composite env PLEXUS_FUSED_KERNELS=0 "$PLEXUS" bench "$gpt" --compare residual,hyper,mhc --steps 10 \
         --warmup 3 --csv "$G/overhead.csv" --case gpt-composite
     step llama-residual "$PLEXUS" bench "$llama" --steps 20 --warmup 5 --csv "$G/raw.csv" --case llama/residual
     step llama-compare "$PLEXUS" bench "$llama" --compare residual,hacn,ancre,hyper,mhc --steps 10 --warmup 3 \
         --csv "$G/overhead.csv" --case llama
+    local all=residual,hacn,ancre,denseformer,hyper,mhc,attnres
+    step mixer-compare "$PLEXUS" bench "$mixer" --compare "$all" --steps 10 --warmup 3 --csv "$G/overhead.csv" --case mixer
+    step mixer-compare-eager "$PLEXUS" bench "$mixer" --compare "$all" --steps 10 --warmup 3 \
+        --set train.cuda_graphs=off --csv "$G/overhead.csv" --case mixer-eager
 }
 
 group_parity() {

@@ -337,11 +337,12 @@ fn every_shipped_config_is_valid() {
 }
 
 /// The GPU slot plan's plumbing, dry-run on the CPU (scripts/gpu-check.sh --device cpu --quick
-/// kernels): from the prebuilt binary alone, hyper and mHC trained with the fused kernels (sync
-/// check and sync count on) and with the composite graph, the losses compared, the sync lines read,
-/// one archive left with every step's log and a summary; an unknown group is refused with the list.
+/// kernels graphs): from the prebuilt binary alone, hyper and mHC trained with the fused kernels
+/// (sync check and sync count on) and with the composite graph, the losses compared, the sync lines
+/// read; the graphs group's runs (eager on a CPU) and their comparison; one archive per group with
+/// every step's log and a summary; an unknown group is refused with the list.
 #[test]
-#[ignore = "slow tier: the GPU slot plan's kernels group, dry-run on the CPU (~30 s)"]
+#[ignore = "slow tier: the GPU slot plan's kernels and graphs groups, dry-run on the CPU (~60 s)"]
 fn the_gpu_slot_plan_runs_its_kernels_group_dry_on_the_cpu() {
     let tmp = tempfile::tempdir().unwrap();
     let script = common::repo().join("scripts/gpu-check.sh");
@@ -355,7 +356,7 @@ fn the_gpu_slot_plan_runs_its_kernels_group_dry_on_the_cpu() {
             .expect("bash runs the script")
     };
     let out = tmp.path().join("out");
-    let o = run(&["--device", "cpu", "--quick", "--out", out.to_str().unwrap(), "kernels"]);
+    let o = run(&["--device", "cpu", "--quick", "--out", out.to_str().unwrap(), "kernels", "graphs"]);
     let (stdout, stderr) = text(&o);
     assert!(o.status.success(), "{stdout}{stderr}");
     for s in
@@ -363,7 +364,12 @@ fn the_gpu_slot_plan_runs_its_kernels_group_dry_on_the_cpu() {
     {
         assert!(stdout.lines().any(|l| l.trim_start().starts_with(s) && l.contains(" ok ")), "{s}:\n{stdout}");
     }
-    assert!(stdout.contains("hyper step 4: fused") && stdout.contains("mhc step 0: fused"), "{stdout}");
+    assert!(stdout.contains("hyper-fp32 step 4: ") && stdout.contains("mhc-fp32 step 0: "), "{stdout}");
+    assert!(
+        stdout.contains("mhc-graph step 4: ")
+            && stdout.lines().any(|l| l.contains("graphs-follow-eager") && l.contains(" ok "))
+    );
+    assert!(out.join("gpu-check-graphs.tar.gz").is_file());
     assert!(stdout.contains("0 on the 2 steps that read nothing"), "{stdout}");
     let archive = out.join("gpu-check-kernels.tar.gz");
     let list = std::process::Command::new("tar").arg("tzf").arg(&archive).output().expect("tar");
@@ -374,5 +380,5 @@ fn the_gpu_slot_plan_runs_its_kernels_group_dry_on_the_cpu() {
     assert!(!names.contains(".safetensors"), "weights are left out of the archive:\n{names}");
     let o = run(&["--out", out.to_str().unwrap(), "kernel"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(text(&o).1.contains("no group 'kernel'; the groups are: doctor kernels bench"), "{}", text(&o).1);
+    assert!(text(&o).1.contains("no group 'kernel'; the groups are: doctor kernels graphs bench"), "{}", text(&o).1);
 }
