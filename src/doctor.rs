@@ -98,7 +98,8 @@ pub fn run() -> bool {
 /// called directly so that a failure is an error here rather than the composite fallback; CPU: the
 /// fused [`crate::native::sinkhorn`]) from the log-domain graph in fp64 on the CPU: values, and gradients
 /// relative to their largest magnitude, for n = 4 (mHC's default) and 3 over 257 tokens (a block
-/// of 128 threads twice, and one more), 20 iterations. The inputs depend on no generator.
+/// of 128 threads twice, and one more), 20 iterations; and on saturated logits (a column that
+/// underflows), against the composite graph on the same device. The inputs depend on no generator.
 /// `plexus doctor --selftest` runs it on the device it tests. (Here, not in the topology: it
 /// reads results back to the CPU.)
 pub fn sinkhorn_error_on(device: tch::Device) -> anyhow::Result<f64> {
@@ -133,6 +134,31 @@ pub fn sinkhorn_error_on(device: tch::Device) -> anyhow::Result<f64> {
         worst = worst.max(dp).max(dg);
         anyhow::ensure!(worst.is_finite(), "n = {n}: a non-finite value or gradient");
     }
+    // Saturated logits (a column ~200 below the rest underflows to 0): the kernel against the
+    // composite graph on the same device, which must leave that column at 0 as the kernel does.
+    let i = Tensor::arange(3 * 16, (Kind::Double, tch::Device::Cpu)).reshape([3, 4, 4]);
+    let col = Tensor::arange(4, (Kind::Double, tch::Device::Cpu)).eq(3).to_kind(Kind::Double);
+    let saturated = ((&i * 0.37).sin() * 3.0 - col * 200.0).to_kind(Kind::Float).to_device(device);
+    let g = (&i * 1.3).cos();
+    let run = |f: &dyn Fn(&Tensor) -> anyhow::Result<Tensor>| -> anyhow::Result<(Tensor, Tensor)> {
+        let l = saturated.detach().set_requires_grad(true);
+        let p = f(&l)?;
+        (&p * g.to_device(device).to_kind(p.kind())).sum(Kind::Double).backward();
+        Ok((
+            p.detach().to_device(tch::Device::Cpu).to_kind(Kind::Double),
+            l.grad().to_device(tch::Device::Cpu).to_kind(Kind::Double),
+        ))
+    };
+    let (p_c, g_c) = run(&|l| Ok(crate::topology::mhc::sinkhorn_composite(l, 20)))?;
+    let (p_k, g_k) = if device.is_cuda() {
+        run(&|l| crate::native::sinkhorn_cuda(l, 20))?
+    } else {
+        run(&|l| crate::native::sinkhorn(l, 20))?
+    };
+    let dp = (&p_k - &p_c).abs().max().double_value(&[]);
+    let dg = (&g_k - &g_c).abs().max().double_value(&[]) / g_c.abs().max().double_value(&[]).max(1.0);
+    worst = worst.max(dp).max(dg);
+    anyhow::ensure!(worst.is_finite(), "saturated logits: a non-finite value or gradient");
     Ok(worst)
 }
 
@@ -193,13 +219,13 @@ pub fn selftest(device: &str) -> anyhow::Result<bool> {
     match sinkhorn_error_on(dev) {
         Ok(err) if err < 1e-4 => {
             passed += 1;
-            println!("mHC Sinkhorn, {kernel}, against the f64 log-domain graph: largest deviation {err:.1e} (tolerance 1e-4)  ok");
+            println!("mHC Sinkhorn, {kernel}, against the f64 log-domain graph (saturated logits: against the composite): largest deviation {err:.1e} (tolerance 1e-4)  ok");
         }
         r => {
             failed += 1;
             let why =
                 r.map(|e| format!("largest deviation {e:.1e} (tolerance 1e-4)")).unwrap_or_else(|e| format!("{e:#}"));
-            println!("mHC Sinkhorn, {kernel}, against the f64 log-domain graph: {why}  FAILED");
+            println!("mHC Sinkhorn, {kernel}, against the f64 log-domain graph (saturated logits: against the composite): {why}  FAILED");
         }
     }
     for m in crate::model::REGISTRY {

@@ -157,18 +157,24 @@ pub fn sinkhorn(logits: &Tensor, iters: usize) -> Tensor {
     sinkhorn_composite(logits, iters)
 }
 
-/// [`sinkhorn`] in libtorch operators, in the log domain: normalising the rows of `exp(L)` is a
-/// softmax over each row of `L`, so each half-iteration is one `log_softmax` — one kernel forward
-/// and one backward — where a sum and a division take two forward and about five backward (the
-/// same values to fp32 rounding, the same unrolled gradient). On a GPU, where these `[.., n, n]`
-/// tensors are tiny and every kernel is a launch, this is most of mHC's cost (`plexus bench
-/// --compare` counts kernels).
+/// [`sinkhorn`] in libtorch operators, with the fused and CUDA kernels' arithmetic (and the
+/// PyTorch reference's, parity/mhc.py): `x = exp(L − rowmax)` (the shift, constant per row, has no
+/// gradient: the result does not depend on it), then `iters` × (rows, columns), each line divided
+/// by its sum, a line whose entries all underflowed (sum 0) left at 0 — so that on saturated
+/// logits (a column far below the rest) the composite, the CPU kernel and the CUDA kernel give the
+/// same matrix and gradient (a log-domain iteration would instead spread such a column to 1/n).
+/// Four small kernels per half-iteration on a GPU, where the CUDA kernel is one for the whole
+/// iteration: this is the fallback and the reference, not the fast path.
 pub fn sinkhorn_composite(logits: &Tensor, iters: usize) -> Tensor {
-    let mut l = logits.to_kind(Kind::Float);
+    let l = logits.to_kind(Kind::Float);
+    let mut x = (&l - l.amax([-1i64], true).detach()).exp();
     for _ in 0..iters {
-        l = l.log_softmax(-1, Kind::Float).log_softmax(-2, Kind::Float);
+        for dim in [-1i64, -2] {
+            let sum = x.sum_dim_intlist(dim, true, Kind::Float);
+            x = &x / sum.where_scalarother(&sum.gt(0.0), 1.0);
+        }
     }
-    l.exp()
+    x
 }
 
 /// The mixing logits `(v @ φ) / r` of the flattened streams `v` `[.., n·D]` (φ `[n·D, n² + 2n]`),
@@ -388,6 +394,49 @@ mod tests {
         assert_eq!((p.size(), gl.unwrap().size()), (vec![0, 4, 4], vec![0, 4, 4]));
         assert!(native::sinkhorn_cuda_host(&Tensor::zeros([2, 9, 9], (Kind::Float, tch::Device::Cpu)), None, 20)
             .is_err_and(|e| e.to_string().contains("1 ≤ n ≤ 8")));
+    }
+
+    /// Saturated logits — a column whose every entry is ~200 below its row's maximum, so that it
+    /// underflows to 0 after the first row normalisation, and a row of equal logits beside rows with
+    /// one dominant entry — give the same matrix and the same gradient from the composite graph,
+    /// the fused CPU kernel and the CUDA kernels' arithmetic (n = 2, 3, 4).
+    #[test]
+    fn the_composite_and_the_kernels_agree_on_saturated_logits() {
+        for n in [2i64, 3, 4] {
+            let mut v = vec![0.0f32; (2 * n * n) as usize];
+            for t in 0..2 {
+                for i in 0..n {
+                    for j in 0..n {
+                        let k = (t * n * n + i * n + j) as usize;
+                        v[k] = if j == n - 1 {
+                            -200.0 - i as f32
+                        } else if t == 1 && i == 0 {
+                            0.0
+                        } else {
+                            (i * j) as f32 * 0.3
+                        };
+                    }
+                }
+            }
+            let logits = Tensor::from_slice(&v).view([2, n, n]);
+            let g = (Tensor::arange(2 * n * n, (Kind::Float, tch::Device::Cpu)) * 0.37).sin().view([2, n, n]);
+            let (p_c, g_c) = value_and_grad(|l| sinkhorn_composite(l, 20), &logits, &g);
+            let (p_f, g_f) = value_and_grad(|l| native::sinkhorn(l, 20).unwrap(), &logits, &g);
+            let (p_k, g_k) = native::sinkhorn_cuda_host(&logits, Some(&g), 20).unwrap();
+            let g_k = g_k.unwrap();
+            let last_col = p_c.narrow(2, n - 1, 1);
+            assert_eq!(max_diff(&last_col, &last_col.zeros_like()), 0.0, "n = {n}: the underflowed column stays 0");
+            assert!([&p_c, &g_c].iter().all(|t| crate::host::all_finite(t)), "n = {n}");
+            for (what, a, b) in [
+                ("fused value", &p_f, &p_c),
+                ("fused grad", &g_f, &g_c),
+                ("cuda value", &p_k, &p_c),
+                ("cuda grad", &g_k, &g_c),
+            ] {
+                let err = max_diff(a, b);
+                assert!(err < 1e-5, "n = {n}: {what} differs from the composite by {err:e}");
+            }
+        }
     }
 
     /// As the CPU kernel: an underflowed line stays 0 and the gradient stays finite.
