@@ -157,8 +157,9 @@ pub fn sinkhorn(logits: &Tensor, iters: usize) -> Tensor {
     sinkhorn_composite(logits, iters)
 }
 
-/// [`sinkhorn`] in libtorch operators, with the fused and CUDA kernels' arithmetic (and the
-/// PyTorch reference's, parity/mhc.py): `x = exp(L − rowmax)` (the shift, constant per row, has no
+/// [`sinkhorn`] in libtorch operators, with the fused and CUDA kernels' arithmetic (the PyTorch
+/// reference, parity/mhc.py, iterates on `exp` too, shifted by the matrix's maximum and without the
+/// guard): `x = exp(L − rowmax)` (the shift, constant per row, has no
 /// gradient: the result does not depend on it), then `iters` × (rows, columns), each line divided
 /// by its sum, a line whose entries all underflowed (sum 0) left at 0 — so that on saturated
 /// logits (a column far below the rest) the composite, the CPU kernel and the CUDA kernel give the
