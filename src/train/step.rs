@@ -40,15 +40,28 @@ pub enum NonFinite {
     Gradient,
 }
 
-/// How the step runs: eagerly, or captured once as a CUDA graph and replayed.
+/// How the step runs: eagerly, or captured once as CUDA graphs and replayed.
 enum Execution {
     Eager,
-    /// `warmup` more eager steps on the graph's side stream, then one capture, then replays.
+    /// `warmup` more eager steps on the graphs' side stream, then one capture, then replays. One
+    /// graph holds the whole step; data-parallel steps have two, forward and backward in the first,
+    /// the update in the second, and the gradients' all-reduce runs eagerly between them.
     Graph {
-        graph: crate::native::CudaGraph,
+        graphs: Vec<crate::native::CudaGraph>,
         warmup: u32,
         captured: bool,
     },
+}
+
+/// A part of the step that one graph holds (see [`Execution::Graph`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Part {
+    /// Everything: one process.
+    Whole,
+    /// Forward and backward of every micro-batch, the loss (data parallel: before the all-reduce).
+    Gradients,
+    /// The gradient norm, divergence record, clipping and update (data parallel: after it).
+    Update,
 }
 
 /// Eager steps on the side stream before the capture (cuBLAS workspaces, the NVRTC kernels'
@@ -148,9 +161,6 @@ impl Stepper {
     pub fn use_cuda_graphs(&mut self, mode: CudaGraphs) -> anyhow::Result<Option<String>> {
         let why_not = match self.device {
             _ if mode == CudaGraphs::Off => return Ok(None),
-            Device::Cuda(_) if self.dist.is_some() => {
-                Some("data-parallel steps are not captured yet (the all-reduce runs between graphs)")
-            }
             Device::Cuda(_) if !crate::native::cuda_graphs_built() => {
                 Some("this plexus was built without CUDA headers (scripts/setup.sh installs them)")
             }
@@ -160,10 +170,13 @@ impl Stepper {
         };
         match (why_not, self.device) {
             (None, Device::Cuda(i)) => {
-                let graph = crate::native::CudaGraph::new(i)?;
-                self.execution = Execution::Graph { graph, warmup: GRAPH_WARMUP_STEPS, captured: false };
+                let n = if self.dist.is_some() { 2 } else { 1 };
+                let graphs = (0..n).map(|_| crate::native::CudaGraph::new(i)).collect::<anyhow::Result<Vec<_>>>()?;
+                self.execution = Execution::Graph { graphs, warmup: GRAPH_WARMUP_STEPS, captured: false };
+                let how =
+                    if n == 2 { "as two graphs with the gradients' all-reduce between them" } else { "and replayed" };
                 Ok(Some(format!(
-                    "CUDA graph: the step is captured after {GRAPH_WARMUP_STEPS} warm-up steps and replayed \
+                    "CUDA graph: the step is captured after {GRAPH_WARMUP_STEPS} warm-up steps {how} \
                      (train.cuda_graphs: off to run it eagerly)"
                 )))
             }
@@ -300,38 +313,65 @@ impl Stepper {
                 self.run(true)?;
                 Execution::Eager
             }
-            Execution::Graph { graph, warmup, captured: false } if warmup > 0 => {
-                graph.enter()?;
-                let ran = self.run(true);
-                graph.leave()?;
-                ran?;
-                Execution::Graph { graph, warmup: warmup - 1, captured: false }
+            Execution::Graph { graphs, warmup, captured: false } if warmup > 0 => {
+                self.by_parts(&graphs, true, |s, graph, part| {
+                    graph.enter()?;
+                    let ran = s.part(part, true);
+                    graph.leave()?;
+                    ran
+                })?;
+                Execution::Graph { graphs, warmup: warmup - 1, captured: false }
             }
-            Execution::Graph { graph, captured: false, .. } => match self.capture(&graph) {
-                Ok(()) => {
-                    graph.replay()?;
-                    Execution::Graph { graph, warmup: 0, captured: true }
+            Execution::Graph { graphs, captured: false, .. } => {
+                // Recorded without the all-reduce between the parts (nothing runs while recording),
+                // then replayed with it.
+                match self.by_parts(&graphs, false, |s, graph, part| s.capture(graph, part)) {
+                    Ok(()) => {
+                        self.by_parts(&graphs, true, |_, graph, _| graph.replay())?;
+                        Execution::Graph { graphs, warmup: 0, captured: true }
+                    }
+                    Err(e) => {
+                        drop(graphs);
+                        self.note = Some(format!("CUDA graph: the capture failed at step {step} ({e:#}); eager steps"));
+                        self.run(true)?;
+                        Execution::Eager
+                    }
                 }
-                Err(e) => {
-                    drop(graph);
-                    self.note = Some(format!("CUDA graph: the capture failed at step {step} ({e:#}); eager steps"));
-                    self.run(true)?;
-                    Execution::Eager
-                }
-            },
-            Execution::Graph { graph, captured: true, warmup } => {
-                graph.replay()?;
-                Execution::Graph { graph, warmup, captured: true }
+            }
+            Execution::Graph { graphs, captured: true, warmup } => {
+                self.by_parts(&graphs, true, |_, graph, _| graph.replay())?;
+                Execution::Graph { graphs, warmup, captured: true }
             }
         };
         Ok((self.stats(samples, tokens), None))
     }
 
-    /// Records one step into `graph` (on its side stream; nothing runs).
-    fn capture(&mut self, graph: &crate::native::CudaGraph) -> anyhow::Result<()> {
+    /// Runs `f` on each part of the step with its graph: the whole step with one graph; with two
+    /// (data parallel), the gradients, then (if `reduce`) their all-reduce, eagerly, then the update.
+    fn by_parts(
+        &mut self,
+        graphs: &[crate::native::CudaGraph],
+        reduce: bool,
+        mut f: impl FnMut(&mut Self, &crate::native::CudaGraph, Part) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        match graphs {
+            [whole] => f(self, whole, Part::Whole),
+            [gradients, update] => {
+                f(self, gradients, Part::Gradients)?;
+                if reduce {
+                    self.all_reduce()?;
+                }
+                f(self, update, Part::Update)
+            }
+            _ => anyhow::bail!("a step is captured as one or two graphs, not {}", graphs.len()),
+        }
+    }
+
+    /// Records one part of the step into `graph` (on its side stream; nothing runs).
+    fn capture(&mut self, graph: &crate::native::CudaGraph, part: Part) -> anyhow::Result<()> {
         graph.enter()?;
         let recorded = graph.capture_begin().and_then(|()| {
-            let ran = self.run(true);
+            let ran = self.part(part, true);
             // End the capture whatever happened, so that the side stream leaves capture mode.
             let ended = graph.capture_end();
             ran.and(ended)
@@ -349,6 +389,28 @@ impl Stepper {
     /// divergence record and, with `update`, clipping and the update. No host number that changes
     /// between steps enters it, and its results are written in place.
     fn run(&mut self, update: bool) -> anyhow::Result<()> {
+        self.gradients();
+        self.all_reduce()?;
+        self.finish(update);
+        Ok(())
+    }
+
+    fn part(&mut self, part: Part, update: bool) -> anyhow::Result<()> {
+        match part {
+            Part::Whole => self.run(update),
+            Part::Gradients => {
+                self.gradients();
+                Ok(())
+            }
+            Part::Update => {
+                self.finish(update);
+                Ok(())
+            }
+        }
+    }
+
+    /// Forward and backward of every micro-batch; their mean loss into `self.loss`.
+    fn gradients(&mut self) {
         self.optim.zero_grad();
         let mut loss_sum: Option<Tensor> = None;
         for b in &self.inputs {
@@ -364,14 +426,22 @@ impl Stepper {
             self.last = Some(batch);
         }
         let loss = loss_sum.expect("at least one micro-batch") / self.accumulation as f64;
+        tch::no_grad(|| self.loss.copy_(&loss));
+    }
+
+    /// Data parallel: the gradients summed over the ranks and scaled (eager: NCCL between graphs).
+    fn all_reduce(&mut self) -> anyhow::Result<()> {
         if let Some((dist, scale)) = &self.dist {
             dist.reduce_gradients(&self.optim.parameters(), *scale)?;
         }
+        Ok(())
+    }
+
+    /// The gradient norm, the divergence record and, with `update`, clipping and the update.
+    fn finish(&mut self, update: bool) {
         let grad_norm = self.optim.grad_norm();
-        tch::no_grad(|| {
-            self.loss.copy_(&loss);
-            self.grad_norm.copy_(&grad_norm);
-        });
+        tch::no_grad(|| self.grad_norm.copy_(&grad_norm));
+        let loss = self.loss.shallow_clone();
         self.record_divergence(&loss, &grad_norm);
         if update {
             if let Some(max) = self.clip {
@@ -379,7 +449,6 @@ impl Stepper {
             }
             self.optim.update();
         }
-        Ok(())
     }
 
     /// Every tensor that lives across steps and that a step reads or writes: the static input
