@@ -157,25 +157,28 @@ pub fn sinkhorn(logits: &Tensor, iters: usize) -> Tensor {
     sinkhorn_composite(logits, iters)
 }
 
-/// [`sinkhorn`] in libtorch operators, with the fused and CUDA kernels' arithmetic (the PyTorch
-/// reference, parity/mhc.py, iterates on `exp` too, shifted by the matrix's maximum and without the
-/// guard): `x = exp(L − rowmax)` (the shift, constant per row, has no
-/// gradient: the result does not depend on it), then `iters` × (rows, columns), each line divided
-/// by its sum, a line whose entries all underflowed (sum 0) left at 0 — so that on saturated
-/// logits (a column far below the rest) the composite, the CPU kernel and the CUDA kernel give the
-/// same matrix and gradient (a log-domain iteration would instead spread such a column to 1/n).
-/// Four small kernels per half-iteration on a GPU, where the CUDA kernel is one for the whole
-/// iteration: this is the fallback and the reference, not the fast path.
+/// [`sinkhorn`] in libtorch operators, in the log domain: normalising the rows of `exp(L)` is a
+/// softmax over each row of `L`, so each half-iteration is one `log_softmax` — one kernel forward
+/// and one backward — where a sum and a division take two forward and about five backward. On a
+/// GPU, where these `[.., n, n]` tensors are tiny and every kernel is a launch, that matters when
+/// the CUDA kernel cannot run.
+///
+/// The kernels iterate on `exp(L − rowmax)` instead, where a column whose every entry underflows
+/// is 0 and stays 0 (a log-domain iteration would spread it to 1/n): such columns are found once
+/// (`exp(L − rowmax)` summing to 0 over the column) and held at `−10³⁰` after every column
+/// normalisation, so that they carry no mass into the row sums and end at exactly 0. Composite,
+/// CPU kernel and CUDA kernel then give the same matrix and gradient on saturated logits too
+/// (tested), at one more kernel per iteration (an addition, whose backward is free).
 pub fn sinkhorn_composite(logits: &Tensor, iters: usize) -> Tensor {
-    let l = logits.to_kind(Kind::Float);
-    let mut x = (&l - l.amax([-1i64], true).detach()).exp();
+    let mut l = logits.to_kind(Kind::Float);
+    let dead = tch::no_grad(|| {
+        let x = (&l - l.amax([-1i64], true)).exp();
+        x.sum_dim_intlist(-2, true, Kind::Float).eq(0.0).to_kind(Kind::Float) * -1e30
+    });
     for _ in 0..iters {
-        for dim in [-1i64, -2] {
-            let sum = x.sum_dim_intlist(dim, true, Kind::Float);
-            x = &x / sum.where_scalarother(&sum.gt(0.0), 1.0);
-        }
+        l = l.log_softmax(-1, Kind::Float).log_softmax(-2, Kind::Float) + &dead;
     }
-    x
+    l.exp()
 }
 
 /// The mixing logits `(v @ φ) / r` of the flattened streams `v` `[.., n·D]` (φ `[n·D, n² + 2n]`),
