@@ -86,7 +86,7 @@ fn the_parity_bench_writes_the_same_columns() {
 /// Kernels per step (operators that do work, counted exactly on the CPU): what each topology adds
 /// per unit over residual stays within what its update rule needs. Counts, not timings: they do
 /// not depend on the machine's load. The bounds guard the changes that cut them — mHC's Sinkhorn
-/// was ~450 kernels per unit before it ran in the log domain (~150 now), and every per-unit
+/// was ~450 kernels per unit before it ran in the log domain (~170 now, with the guard for columns that underflow), and every per-unit
 /// `get(k)` of a topology parameter costs ~3 more in backward. Counted with the fused CPU kernels
 /// off: the composite code is what a GPU runs, and what the count stands for.
 #[test]
