@@ -342,7 +342,7 @@ fn every_shipped_config_is_valid() {
 /// read; the graphs group's runs (eager on a CPU) and their comparison; one archive per group with
 /// every step's log and a summary; an unknown group is refused with the list.
 #[test]
-#[ignore = "slow tier: the GPU slot plan's kernels and graphs groups, dry-run on the CPU (~60 s)"]
+#[ignore = "slow tier: the GPU slot plan's kernels and graphs groups, dry-run on the CPU (~15 s)"]
 fn the_gpu_slot_plan_runs_its_kernels_group_dry_on_the_cpu() {
     let tmp = tempfile::tempdir().unwrap();
     let script = common::repo().join("scripts/gpu-check.sh");
