@@ -203,18 +203,29 @@ fn the_training_step_keeps_its_storage_and_takes_no_changing_host_number() {
             let cfg = e.config();
             let data = e.data.load().unwrap();
             let batch = data.train_batch(0).unwrap();
-            let model = Model::new(e.model.as_ref(), e.topology.as_ref(), tch::Device::Cpu, tch::Kind::Float);
+            // Every draw from the global generator under the process-wide seed lock, as the trainer
+            // does: tests running beside this one draw from it too.
+            let model = plexus::device::with_seed(0, || {
+                Model::new(e.model.as_ref(), e.topology.as_ref(), tch::Device::Cpu, tch::Kind::Float)
+            });
             let optim = Optim::new(&cfg.train, model.trainable());
             let mut s = Stepper::new(model, optim, e.task(), 2, Some(1.0), &data.input_transform());
             let next = || Ok(Batch { input: batch.input.shallow_clone(), target: batch.target.shallow_clone() });
             let lr = |step| plexus::train::schedule::lr_at(&cfg.train, step);
+            let seeded = |step| plexus::device::seed_guard(step);
+            let guard = seeded(0);
             s.step(0, next, Some(lr(0))).unwrap();
+            drop(guard);
             let storage = |s: &Stepper| -> Vec<(String, usize)> {
                 s.persistent_tensors().iter().map(|(n, t)| (n.clone(), t.data_ptr() as usize)).collect()
             };
             let before = storage(&s);
+            let guard = seeded(1);
             let (_, first) = s.step_traced(1, next, lr(1)).unwrap();
+            drop(guard);
+            let guard = seeded(2);
             let (_, second) = s.step_traced(2, next, lr(2)).unwrap();
+            drop(guard);
             let after = storage(&s);
             let what = format!("{} on {}", t.name, m.name);
             assert!(lr(1) != lr(2), "the schedule must change the learning rate between the traced steps");
