@@ -77,113 +77,94 @@ void order(const c10::Stream& done, const c10::Stream& waiter) {
 }  // namespace
 #endif
 
+#ifdef PLEXUS_WITH_CUDA_GRAPHS
+namespace {
+// An entry point's body on its graph, under `guarded`.
+template <typename F>
+char* on_graph(void* g, F&& f) {
+  return guarded([&] { f(*static_cast<Graph*>(g)); });
+}
+}  // namespace
+
 extern "C" {
 
-int plexus_cuda_graphs_built() {
-#ifdef PLEXUS_WITH_CUDA_GRAPHS
-  return 1;
-#else
-  return 0;
-#endif
-}
+int plexus_cuda_graphs_built() { return 1; }
 
 char* plexus_cuda_graph_new(int64_t device, void** out) {
-  return guarded([&] {
-#ifdef PLEXUS_WITH_CUDA_GRAPHS
-    *out = new Graph(static_cast<c10::DeviceIndex>(device));
-#else
-    (void)device;
-    (void)out;
-    throw std::runtime_error("plexus was built without CUDA headers: no CUDA graphs (scripts/setup.sh installs them)");
-#endif
-  });
+  return guarded([&] { *out = new Graph(static_cast<c10::DeviceIndex>(device)); });
 }
 
-void plexus_cuda_graph_free(void* g) {
-#ifdef PLEXUS_WITH_CUDA_GRAPHS
-  delete static_cast<Graph*>(g);
-#else
-  (void)g;
-#endif
-}
+void plexus_cuda_graph_free(void* g) { delete static_cast<Graph*>(g); }
 
 // The side stream becomes the current stream of the graph's device, after it waits for the work
 // queued on the stream that was current.
 char* plexus_cuda_graph_enter(void* g) {
-  return guarded([&] {
-#ifdef PLEXUS_WITH_CUDA_GRAPHS
-    auto* graph = static_cast<Graph*>(g);
-    if (graph->previous) throw std::runtime_error("cuda graph: already on the side stream");
-    const c10::Stream current = cuda().getStream(graph->device);
-    order(current, graph->side);
-    graph->previous = cuda().exchangeStream(graph->side);
-#else
-    (void)g;
-    throw std::runtime_error("no CUDA graphs in this build");
-#endif
+  return on_graph(g, [](Graph& graph) {
+    if (graph.previous) throw std::runtime_error("cuda graph: already on the side stream");
+    const c10::Stream current = cuda().getStream(graph.device);
+    order(current, graph.side);
+    graph.previous = cuda().exchangeStream(graph.side);
   });
 }
 
 // Back to the stream that was current before `enter`, which then waits for the side stream.
 char* plexus_cuda_graph_leave(void* g) {
-  return guarded([&] {
-#ifdef PLEXUS_WITH_CUDA_GRAPHS
-    auto* graph = static_cast<Graph*>(g);
-    if (!graph->previous) throw std::runtime_error("cuda graph: not on the side stream");
-    const c10::Stream previous = *graph->previous;
-    graph->previous.reset();
+  return on_graph(g, [](Graph& graph) {
+    if (!graph.previous) throw std::runtime_error("cuda graph: not on the side stream");
+    const c10::Stream previous = *graph.previous;
+    graph.previous.reset();
     cuda().exchangeStream(previous);
-    order(graph->side, previous);
-#else
-    (void)g;
-    throw std::runtime_error("no CUDA graphs in this build");
-#endif
+    order(graph.side, previous);
   });
 }
 
 // Starts recording on the side stream (`enter` first). Nothing runs until `replay`.
 char* plexus_cuda_graph_capture_begin(void* g) {
-  return guarded([&] {
-#ifdef PLEXUS_WITH_CUDA_GRAPHS
-    auto* graph = static_cast<Graph*>(g);
-    if (!graph->previous) throw std::runtime_error("cuda graph: capture must begin on the side stream");
-    if (graph->captured || graph->capturing) throw std::runtime_error("cuda graph: captured already");
-    graph->capturing = true;
-    graph->graph.capture_begin(shared_pool(), cudaStreamCaptureModeThreadLocal);
-#else
-    (void)g;
-    throw std::runtime_error("no CUDA graphs in this build");
-#endif
+  return on_graph(g, [](Graph& graph) {
+    if (!graph.previous) throw std::runtime_error("cuda graph: capture must begin on the side stream");
+    if (graph.captured || graph.capturing) throw std::runtime_error("cuda graph: captured already");
+    graph.capturing = true;
+    graph.graph.capture_begin(shared_pool(), cudaStreamCaptureModeThreadLocal);
   });
 }
 
 char* plexus_cuda_graph_capture_end(void* g) {
-  return guarded([&] {
-#ifdef PLEXUS_WITH_CUDA_GRAPHS
-    auto* graph = static_cast<Graph*>(g);
-    if (!graph->capturing) throw std::runtime_error("cuda graph: not capturing");
-    graph->capturing = false;
-    graph->graph.capture_end();
-    graph->captured = true;
-#else
-    (void)g;
-    throw std::runtime_error("no CUDA graphs in this build");
-#endif
+  return on_graph(g, [](Graph& graph) {
+    if (!graph.capturing) throw std::runtime_error("cuda graph: not capturing");
+    graph.capturing = false;
+    graph.graph.capture_end();
+    graph.captured = true;
   });
 }
 
 // Runs the recorded step on the current stream.
 char* plexus_cuda_graph_replay(void* g) {
-  return guarded([&] {
-#ifdef PLEXUS_WITH_CUDA_GRAPHS
-    auto* graph = static_cast<Graph*>(g);
-    if (!graph->captured) throw std::runtime_error("cuda graph: nothing captured");
-    graph->graph.replay();
-#else
-    (void)g;
-    throw std::runtime_error("no CUDA graphs in this build");
-#endif
+  return on_graph(g, [](Graph& graph) {
+    if (!graph.captured) throw std::runtime_error("cuda graph: nothing captured");
+    graph.graph.replay();
   });
 }
 
 }  // extern "C"
+
+#else  // no CUDA headers: every entry point says so.
+
+namespace {
+char* not_built() {
+  return plexus_native::dup_string(
+      "plexus was built without CUDA headers: no CUDA graphs (scripts/setup.sh installs them)");
+}
+}  // namespace
+
+extern "C" {
+int plexus_cuda_graphs_built() { return 0; }
+char* plexus_cuda_graph_new(int64_t, void**) { return not_built(); }
+void plexus_cuda_graph_free(void*) {}
+char* plexus_cuda_graph_enter(void*) { return not_built(); }
+char* plexus_cuda_graph_leave(void*) { return not_built(); }
+char* plexus_cuda_graph_capture_begin(void*) { return not_built(); }
+char* plexus_cuda_graph_capture_end(void*) { return not_built(); }
+char* plexus_cuda_graph_replay(void*) { return not_built(); }
+}  // extern "C"
+
+#endif
