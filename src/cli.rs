@@ -329,6 +329,7 @@ pub fn run(cli: Cli) -> Result<()> {
             let progress = main && !quiet && std::io::stderr().is_terminal();
             let opts = TrainOptions {
                 progress,
+                log_lines: main && !quiet && !progress,
                 resume: true,
                 crash_after: crate::commands::crash_after()?,
                 dist,
@@ -349,8 +350,13 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             let progress = main && !quiet && std::io::stderr().is_terminal();
             let dirs = crate::commands::run_dirs(&exps, out.as_deref())?;
-            let opts =
-                TrainOptions { progress, crash_after: crate::commands::crash_after()?, dist, ..Default::default() };
+            let opts = TrainOptions {
+                progress,
+                log_lines: main && !quiet && !progress,
+                crash_after: crate::commands::crash_after()?,
+                dist,
+                ..Default::default()
+            };
             let summaries = crate::commands::train_all(&exps, &dirs, &opts, &vec![overwrite; dirs.len()])?;
             if main {
                 crate::report::print_table(&summaries);

@@ -382,3 +382,31 @@ fn the_gpu_slot_plan_runs_its_kernels_group_dry_on_the_cpu() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).1.contains("no group 'kernel'; the groups are: doctor kernels graphs bench"), "{}", text(&o).1);
 }
+
+/// Without a terminal (nohup, Slurm, `> log`), `plexus train` prints the device it resolved to and
+/// one plain line per logged step — step, loss, lr, throughput, ms/step, ETA — as nanoGPT does;
+/// `--quiet` prints neither.
+#[test]
+fn without_a_terminal_train_prints_the_device_and_a_line_per_logged_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        "name: lines\nmodel: {kind: lnn, depth: 3}\ndata: {kind: whitened_regression, dim: 6, samples: 8}\n\
+         topology: {kind: plain}\ntrain: {optimizer: adamw, lr: 0.01, steps: 6}\nlog: {every: 3}\n",
+    )
+    .unwrap();
+    let o = plexus(&["train", cfg.to_str().unwrap(), "--out", "r"], tmp.path());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}{err}");
+    assert!(err.lines().any(|l| l.starts_with("lines: training on cpu (")), "{err}");
+    let steps: Vec<&str> = err.lines().filter(|l| l.starts_with("lines step ")).collect();
+    assert_eq!(steps.len(), 3, "steps 0, 3 and 6:\n{err}");
+    assert!(steps[0].starts_with("lines step 0/6: loss ") && steps[0].contains(", lr 1.000e-2"), "{err}");
+    for l in &steps[1..] {
+        assert!(l.contains("examples/s, ") && l.contains(" ms/step, ETA "), "{l}");
+    }
+    let o = plexus(&["train", cfg.to_str().unwrap(), "--out", "q", "--quiet"], tmp.path());
+    let (_, err) = text(&o);
+    assert!(o.status.success() && !err.contains("training on") && !err.contains("lines step"), "{err}");
+}

@@ -32,6 +32,9 @@ use step::Stepper;
 pub struct TrainOptions {
     /// Show a progress bar (on stderr).
     pub progress: bool,
+    /// Without a terminal (nohup, Slurm, `> log`): the device line, and a plain line per logged
+    /// step (step, loss, lr, throughput, ms/step, MFU on a GPU whose peak is known, ETA), on stderr.
+    pub log_lines: bool,
     /// Continue from the run directory's latest checkpoint instead of starting afresh. The config
     /// may differ from the run's `config.yaml` only in a larger `train.steps` and in `log.*`
     /// (which `config.yaml` then records).
@@ -106,7 +109,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         None => dev,
     };
     device::apply_matmul_precision(cfg, dev)?;
-    if opts.progress {
+    if opts.progress || opts.log_lines {
         eprintln!("{}: training on {}", cfg.name, device::describe(dev));
     }
     let compute = device::compute_kind(cfg.precision);
@@ -182,7 +185,16 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     let accum = tc.accumulation;
     let mut batches = Prefetcher::new(data, start * accum, 4, dev, (rank, world));
     let bar = progress_bar(steps, start, &cfg.name, opts.progress);
+    // A line above the bar, or a plain line without a terminal.
+    let say = |line: String| {
+        if opts.log_lines {
+            eprintln!("{line}");
+        } else {
+            bar.println(line);
+        }
+    };
     let clock = Instant::now();
+    let mut log_line = opts.log_lines.then(|| LogLine::new(exp, dev, start));
     let (mut samples, mut tokens) = (0u64, 0u64);
     let mut host_reads = Vec::new();
     let mut device_syncs = Vec::new();
@@ -198,13 +210,13 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         if main && every(cfg.log.eval_every, step) {
             if let crate::data::Task::Diffusion(d) = task {
                 if let Some((e, buckets)) = d.evaluate(&eval_set, step, |x| t.model.forward(x, false)) {
-                    bar.println(format!("{} step {step}: eval ε-MSE {:.4}", cfg.name, e.loss));
+                    say(format!("{} step {step}: eval ε-MSE {:.4}", cfg.name, e.loss));
                     evals.push(e);
                     eps_by_t.push((step, buckets));
                     dir.write_eps_by_t(&eps_by_t)?;
                 }
             } else if let Some(e) = eval::evaluate(&t.model, task, &eval_set, step) {
-                bar.println(format!("{} step {step}: eval {e}", cfg.name));
+                say(format!("{} step {step}: eval {e}", cfg.name));
                 evals.push(e);
             }
         }
@@ -229,7 +241,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         drop(rng);
         if let Some(note) = t.take_note() {
             if main {
-                bar.println(format!("{}: {note}", cfg.name));
+                say(format!("{}: {note}", cfg.name));
             }
         }
         samples += stats.samples;
@@ -261,6 +273,9 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
                 let (loss, grad_norm, gamma) = (logged.loss, logged.grad_norm, logged.gamma);
                 rows.push(MetricsRow { step, epoch, loss, lr, grad_norm, gamma });
                 bar.set_message(format!("{loss:.3e}"));
+                if let (Some(l), Some(row), true) = (log_line.as_mut(), rows.last(), main) {
+                    eprintln!("{}", l.line(row, samples, tokens));
+                }
             }
         }
         host_reads.push(host::reads() - reads_before);
@@ -338,6 +353,70 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         atomic_write(&dir.summary_file(), serde_json::to_string_pretty(&summary)?.as_bytes())?;
     }
     Ok(summary)
+}
+
+/// The plain progress line of a run without a terminal, one per logged step (nanoGPT's `iter …:
+/// loss …, time … ms, mfu …`): throughput and ms/step since the previous logged step (a logged
+/// step reads from the device, so the interval's time is the device's too), MFU against the GPU's
+/// data-sheet peak where it is known ([`device::spec_peak_flops`]), ETA from the mean so far.
+struct LogLine {
+    name: String,
+    steps: u64,
+    /// Training FLOPs per example (3 × the forward's), and the device's dense peak.
+    flops_per_sample: f64,
+    peak: Option<f64>,
+    first_step: u64,
+    started: Instant,
+    last: (Instant, u64, u64, u64),
+}
+
+impl LogLine {
+    fn new(exp: &Experiment, dev: tch::Device, start: u64) -> Self {
+        let cfg = exp.config();
+        let peak = match dev {
+            tch::Device::Cuda(i) => crate::native::cuda_device_info(i)
+                .ok()
+                .and_then(|d| device::spec_peak_flops(&d.name, device::compute_kind(cfg.precision))),
+            _ => None,
+        };
+        let now = Instant::now();
+        Self {
+            name: cfg.name.clone(),
+            steps: cfg.train.steps,
+            flops_per_sample: 3.0 * exp.model.forward_flops(),
+            peak,
+            first_step: start,
+            started: now,
+            last: (now, start, 0, 0),
+        }
+    }
+
+    /// The line of a logged `row`; `samples`, `tokens`: counted since this process started.
+    fn line(&mut self, row: &MetricsRow, samples: u64, tokens: u64) -> String {
+        let (name, steps, step, loss, lr) = (&self.name, self.steps, row.step, row.loss, row.lr);
+        let now = Instant::now();
+        let (then, last_step, last_samples, last_tokens) = self.last;
+        self.last = (now, step, samples, tokens);
+        let secs = (now - then).as_secs_f64().max(1e-9);
+        let done = step.saturating_sub(last_step);
+        let mut text = format!("{name} step {step}/{steps}: loss {loss:.4}, lr {lr:.3e}");
+        if done > 0 {
+            if tokens > 0 {
+                text += &format!(", {:.0} tokens/s", (tokens - last_tokens) as f64 / secs);
+            } else {
+                text += &format!(", {:.1} examples/s", (samples - last_samples) as f64 / secs);
+            }
+            text += &format!(", {:.1} ms/step", 1e3 * secs / done as f64);
+            if let Some(peak) = self.peak {
+                let flops = self.flops_per_sample * (samples - last_samples) as f64 / secs;
+                text += &format!(", MFU {:.1} %", 100.0 * flops / peak);
+            }
+            let per_step = (now - self.started).as_secs_f64() / step.saturating_sub(self.first_step).max(1) as f64;
+            let eta = per_step * steps.saturating_sub(step) as f64;
+            text += &format!(", ETA {}", indicatif::HumanDuration(std::time::Duration::from_secs_f64(eta)));
+        }
+        text
+    }
 }
 
 /// The line `PLEXUS_COUNT_SYNCS=1` prints at the end of a run: the syncs libtorch ran on steps that
