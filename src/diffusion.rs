@@ -321,6 +321,28 @@ pub struct SampleOptions {
     pub weights: Weights,
 }
 
+/// The largest classifier-free guidance scale the sampling commands take (papers use 1.5–10; far
+/// beyond, ε̂ overflows and the images are not finite).
+pub const MAX_CFG: f64 = 100.0;
+
+impl SampleOptions {
+    /// The flags `plexus sample` and `plexus fd` share, checked once for both: `--cfg` a finite
+    /// scale in 0..=[`MAX_CFG`], `--steps` in 1..=1000.
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.cfg.is_finite() && (0.0..=MAX_CFG).contains(&self.cfg),
+            "--cfg must be a finite guidance scale in 0..={MAX_CFG} (1 = no guidance), got {}",
+            self.cfg
+        );
+        anyhow::ensure!(
+            (1..=STEPS as usize).contains(&self.steps),
+            "--steps must be in 1..={STEPS}, got {}",
+            self.steps
+        );
+        Ok(())
+    }
+}
+
 /// The timesteps a sampler visits, descending: every `t` for DDPM; for DDIM `steps` timesteps
 /// `⌊i·T/steps⌋`, `i = steps−1..0`.
 pub fn timesteps(sampler: Sampler, steps: usize) -> Vec<i64> {
@@ -425,12 +447,7 @@ pub fn sample_run(
         anyhow::bail!("{}: not a diffusion run (model.kind is `{}`, not `dit`)", run.display(), exp.model.kind());
     };
     anyhow::ensure!(per_class >= 1, "--per-class must be at least 1");
-    anyhow::ensure!(
-        o.cfg.is_finite() && o.cfg >= 0.0,
-        "--cfg must be a finite scale ≥ 0 (1 = no guidance), got {}",
-        o.cfg
-    );
-    anyhow::ensure!((1..=STEPS as usize).contains(&o.steps), "--steps must be in 1..={STEPS}, got {}", o.steps);
+    o.check()?;
     let dev = crate::device::resolve(crate::device::parse_device(device).map_err(anyhow::Error::msg)?)?;
     let mut model = crate::device::with_seed(exp.config().seed, || {
         crate::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, Kind::Float)

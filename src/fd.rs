@@ -60,6 +60,7 @@ pub fn fd_command(
     use crate::experiment::Experiment;
     use crate::run_dir::RunDir;
     anyhow::ensure!(samples >= 2, "--samples must be at least 2");
+    o.check()?;
     let dev = crate::device::resolve(crate::device::parse_device(device).map_err(anyhow::Error::msg)?)?;
     // The diffusion run's weights as `o.weights` says; the extractor's as trained.
     let load = |dir: &std::path::Path,
@@ -131,5 +132,19 @@ pub fn fd_command(
         gen_f.push(feats(&x));
         done += n as usize;
     }
-    Ok(frechet_of(&Tensor::cat(&gen_f, 0), &Tensor::cat(&real_f, 0)))
+    let (gen_f, real_f) = (Tensor::cat(&gen_f, 0), Tensor::cat(&real_f, 0));
+    // Non-finite features (weights that hold NaN, sampling that overflowed) would reach the
+    // eigendecomposition, which fails without saying why.
+    anyhow::ensure!(
+        crate::host::all_finite(&gen_f),
+        "{}: the generated images' features are not finite (weights that are not finite, or sampling that \
+         overflowed: try --weights raw, a smaller --cfg)",
+        run.display()
+    );
+    anyhow::ensure!(
+        crate::host::all_finite(&real_f),
+        "--extractor {}: the real images' features are not finite (its weights are not finite)",
+        extractor.display()
+    );
+    Ok(frechet_of(&gen_f, &real_f))
 }

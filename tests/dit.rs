@@ -579,4 +579,20 @@ fn plexus_sample_and_fd_run_from_the_command_line() {
     assert!(!ok && text.contains("train.ema"), "{text}");
     let (ok, text) = run(&["fd", "d", "--extractor", "c", "--samples", "8", "--steps", "2"]);
     assert!(ok && text.contains("Fréchet distance") && text.contains("NOT FID-50K"), "{text}");
+    // One check of the sampling flags for both commands: no panic, the flag and what is allowed.
+    for cmd in [&["sample", "d"][..], &["fd", "d", "--extractor", "c", "--samples", "8"][..]] {
+        for (flag, value, allowed) in [
+            ("--cfg", "inf", "0..=100"),
+            ("--cfg", "nan", "0..=100"),
+            ("--cfg", "1e30", "0..=100"),
+            ("--steps", "0", "1..=1000"),
+            ("--steps", "5000", "1..=1000"),
+        ] {
+            let (ok, text) = run(&[cmd, &[flag, value]].concat());
+            assert!(
+                !ok && text.contains(flag) && text.contains(allowed) && !text.contains("panicked"),
+                "{cmd:?} {flag} {value}: {text}"
+            );
+        }
+    }
 }
