@@ -369,13 +369,7 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
         params: model.num_params(),
         flops_per_step: 3.0 * exp.model.forward_flops() * samples as f64,
         peak_gflops: peak_matmul_flops(dev, compute) / 1e9,
-        spec_gflops: match dev {
-            Device::Cuda(i) => crate::native::cuda_device_info(i)
-                .ok()
-                .and_then(|d| device::spec_peak_flops(&d.name, compute))
-                .map(|f| f / 1e9),
-            _ => None,
-        },
+        spec_gflops: device::spec_peak_of(dev, compute).map(|f| f / 1e9),
         peak_gpu_mb,
         phase_ms,
         page_faults_per_step,

@@ -135,6 +135,15 @@ pub fn spec_peak_flops(gpu_name: &str, kind: Kind) -> Option<f64> {
     Some(tflops * 1e12)
 }
 
+/// [`spec_peak_flops`] of the GPU `dev` is (by the name CUDA reports), for matmuls in `kind`;
+/// `None` on the CPU or for a GPU not listed.
+pub fn spec_peak_of(dev: Device, kind: Kind) -> Option<f64> {
+    match dev {
+        Device::Cuda(i) => crate::native::cuda_device_info(i).ok().and_then(|d| spec_peak_flops(&d.name, kind)),
+        _ => None,
+    }
+}
+
 /// Applies the config's `tf32` switch to fp32 matmuls (cuBLAS and cuDNN on Ampere and later):
 /// `tf32: true` trades fp32's 23-bit mantissa for TF32's 10 bits in matmul inputs, several times
 /// faster on tensor cores. Off by default, so that fp32 runs match their PyTorch references.

@@ -175,6 +175,23 @@ fn every_topology_trains_a_few_steps_on_every_backbone() {
     }
 }
 
+/// Backbone `m` at tiny size with topology `t` and the `train` section `train` (flow style, no
+/// braces), for the graph-safety tests.
+fn tiny_case(m: &str, t: &str, train: &str) -> Experiment {
+    let yaml = format!("name: x\n{}topology: {{kind: {t}}}\ntrain: {{{train}}}\n", common::tiny_backbone(m));
+    Experiment::from_str(&yaml, "graph-safe.yaml", &[]).unwrap()
+}
+
+/// The model of `e` initialised from `seed` (under the seed lock: tests beside this one draw from
+/// the global generator too) and its optimizer.
+fn seeded(e: &Experiment, seed: u64) -> (plexus::model::Model, plexus::train::optim::Optim) {
+    let model = plexus::device::with_seed(seed, || {
+        plexus::model::Model::new(e.model.as_ref(), e.topology.as_ref(), tch::Device::Cpu, tch::Kind::Float)
+    });
+    let optim = plexus::train::optim::Optim::new(&e.config().train, model.trainable());
+    (model, optim)
+}
+
 /// The training step is one that a CUDA graph can capture and replay (`train.cuda_graphs`), checked
 /// on the CPU for every topology on every backbone, with AdamW, a warm-up schedule (the learning
 /// rate changes every step), a topology learning-rate multiplier, EMA, clipping and two
@@ -188,42 +205,34 @@ fn every_topology_trains_a_few_steps_on_every_backbone() {
 #[test]
 fn the_training_step_keeps_its_storage_and_takes_no_changing_host_number() {
     use plexus::data::Batch;
-    use plexus::model::Model;
-    use plexus::train::optim::Optim;
     use plexus::train::step::Stepper;
     for m in plexus::model::REGISTRY {
         for t in plexus::topology::REGISTRY {
-            let yaml = format!(
-                "name: x\n{}topology: {{kind: {}}}\ntrain: {{optimizer: adamw, lr: 0.01, steps: 8, warmup_steps: 4, \
-                 schedule: cosine, accumulation: 2, clip_grad_norm: 1.0, ema: 0.9, topology_lr_mult: 2.0}}\n",
-                common::tiny_backbone(m.name),
-                t.name
+            let e = tiny_case(
+                m.name,
+                t.name,
+                "optimizer: adamw, lr: 0.01, steps: 8, warmup_steps: 4, schedule: cosine, accumulation: 2, \
+                 clip_grad_norm: 1.0, ema: 0.9, topology_lr_mult: 2.0",
             );
-            let e = Experiment::from_str(&yaml, "graph-safe.yaml", &[]).unwrap();
             let cfg = e.config();
             let data = e.data.load().unwrap();
             let batch = data.train_batch(0).unwrap();
-            // Every draw from the global generator under the process-wide seed lock, as the trainer
-            // does: tests running beside this one draw from it too.
-            let model = plexus::device::with_seed(0, || {
-                Model::new(e.model.as_ref(), e.topology.as_ref(), tch::Device::Cpu, tch::Kind::Float)
-            });
-            let optim = Optim::new(&cfg.train, model.trainable());
+            let (model, optim) = seeded(&e, 0);
             let mut s = Stepper::new(model, optim, e.task(), 2, Some(1.0), &data.input_transform());
             let next = || Ok(Batch { input: batch.input.shallow_clone(), target: batch.target.shallow_clone() });
             let lr = |step| plexus::train::schedule::lr_at(&cfg.train, step);
-            let seeded = |step| plexus::device::seed_guard(step);
-            let guard = seeded(0);
+            let lock = |step| plexus::device::seed_guard(step);
+            let guard = lock(0);
             s.step(0, next, Some(lr(0))).unwrap();
             drop(guard);
             let storage = |s: &Stepper| -> Vec<(String, usize)> {
                 s.persistent_tensors().iter().map(|(n, t)| (n.clone(), t.data_ptr() as usize)).collect()
             };
             let before = storage(&s);
-            let guard = seeded(1);
+            let guard = lock(1);
             let (_, first) = s.step_traced(1, next, lr(1)).unwrap();
             drop(guard);
-            let guard = seeded(2);
+            let guard = lock(2);
             let (_, second) = s.step_traced(2, next, lr(2)).unwrap();
             drop(guard);
             let after = storage(&s);
@@ -251,28 +260,19 @@ fn the_training_step_keeps_its_storage_and_takes_no_changing_host_number() {
 #[test]
 fn the_graph_safe_step_equals_a_plain_eager_loop_bit_for_bit() {
     use plexus::data::Batch;
-    use plexus::model::Model;
-    use plexus::train::optim::Optim;
     use plexus::train::step::Stepper;
     for m in plexus::model::REGISTRY {
         for t in plexus::topology::REGISTRY {
-            let yaml = format!(
-                "name: x\n{}topology: {{kind: {}}}\ntrain: {{optimizer: adamw, lr: 0.01, steps: 8, warmup_steps: 4, \
-                 accumulation: 2, clip_grad_norm: 1.0, topology_lr_mult: 2.0}}\n",
-                common::tiny_backbone(m.name),
-                t.name
+            let e = tiny_case(
+                m.name,
+                t.name,
+                "optimizer: adamw, lr: 0.01, steps: 8, warmup_steps: 4, accumulation: 2, clip_grad_norm: 1.0, \
+                 topology_lr_mult: 2.0",
             );
-            let e = Experiment::from_str(&yaml, "bitwise.yaml", &[]).unwrap();
             let cfg = e.config();
             let data = e.data.load().unwrap();
             let raw = data.train_batch(0).unwrap();
-            let build = || {
-                let model = plexus::device::with_seed(3, || {
-                    Model::new(e.model.as_ref(), e.topology.as_ref(), tch::Device::Cpu, tch::Kind::Float)
-                });
-                let optim = Optim::new(&cfg.train, model.trainable());
-                (model, optim)
-            };
+            let build = || seeded(&e, 3);
             let lr = |step| plexus::train::schedule::lr_at(&cfg.train, step);
             let (model, optim) = build();
             let mut s = Stepper::new(model, optim, e.task(), 2, Some(1.0), &data.input_transform());

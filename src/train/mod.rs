@@ -373,12 +373,7 @@ struct LogLine {
 impl LogLine {
     fn new(exp: &Experiment, dev: tch::Device, start: u64) -> Self {
         let cfg = exp.config();
-        let peak = match dev {
-            tch::Device::Cuda(i) => crate::native::cuda_device_info(i)
-                .ok()
-                .and_then(|d| device::spec_peak_flops(&d.name, device::compute_kind(cfg.precision))),
-            _ => None,
-        };
+        let peak = device::spec_peak_of(dev, device::compute_kind(cfg.precision));
         let now = Instant::now();
         Self {
             name: cfg.name.clone(),

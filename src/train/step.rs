@@ -187,11 +187,6 @@ impl Stepper {
         }
     }
 
-    /// Whether the step is being replayed from a CUDA graph (after its capture).
-    pub fn replaying(&self) -> bool {
-        matches!(self.execution, Execution::Graph { captured: true, .. })
-    }
-
     /// Whether a CUDA graph is still to be captured (warm-up steps or the capture ahead): a
     /// benchmark steps until it is not, so that it times replays.
     pub fn capture_pending(&self) -> bool {
