@@ -114,44 +114,7 @@ impl RunDir {
     /// Takes the exclusive lock of this run directory (creating the directory if needed), or fails
     /// naming the process that holds it. The lock file records the holder's pid.
     pub fn lock(&self) -> Result<RunLock> {
-        std::fs::create_dir_all(&self.path)
-            .with_context(|| format!("creating run directory {}", self.path.display()))?;
-        let path = self.path.join(LOCK_FILE);
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .with_context(|| format!("opening the lock file {}", path.display()))?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
-                let holder = match holder.trim().parse::<u32>() {
-                    Ok(pid) => format!("pid {pid}"),
-                    Err(_) => "a process that has not written its pid yet".to_string(),
-                };
-                bail!(
-                    "run directory {} is in use by another plexus process ({holder}, which holds {}); wait \
-                     for it to finish or stop it, or train into another directory",
-                    self.path.display(),
-                    path.display()
-                );
-            }
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(e).with_context(|| format!("locking {}", path.display()));
-            }
-        }
-        (|| -> std::io::Result<()> {
-            file.set_len(0)?;
-            file.rewind()?;
-            writeln!(file, "{}", std::process::id())?;
-            file.sync_all()
-        })()
-        .with_context(|| format!("writing the lock file {}", path.display()))?;
-        Ok(RunLock { _file: file })
+        lock_dir(&self.path, "run directory", "train into another directory")
     }
 
     /// Removes what a killed or failed run leaves behind: temporary files (`.tmp-*`) anywhere in
@@ -195,6 +158,50 @@ impl RunDir {
         removed.sort();
         Ok(removed)
     }
+}
+
+/// Takes the exclusive lock of `dir` (its `.lock` file; the directory is created if needed), or
+/// fails naming the process that holds it. `what` names the directory in the message ("run
+/// directory", "token folder") and `instead` says what else to do. The lock file records the
+/// holder's pid.
+pub fn lock_dir(dir: &Path, what: &str, instead: &str) -> Result<RunLock> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {what} {}", dir.display()))?;
+    let path = dir.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("opening the lock file {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = match holder.trim().parse::<u32>() {
+                Ok(pid) => format!("pid {pid}"),
+                Err(_) => "a process that has not written its pid yet".to_string(),
+            };
+            bail!(
+                "{what} {} is in use by another plexus process ({holder}, which holds {}); wait for it \
+                     to finish or stop it, or {instead}",
+                dir.display(),
+                path.display()
+            );
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("locking {}", path.display()));
+        }
+    }
+    (|| -> std::io::Result<()> {
+        file.set_len(0)?;
+        file.rewind()?;
+        writeln!(file, "{}", std::process::id())?;
+        file.sync_all()
+    })()
+    .with_context(|| format!("writing the lock file {}", path.display()))?;
+    Ok(RunLock { _file: file })
 }
 
 /// The files of `dir` that make it "not empty" for a new run: anything but the lock file and

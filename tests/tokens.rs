@@ -304,3 +304,70 @@ fn the_tokenize_command_writes_a_dataset() {
     let o = common::plexus(&["tokenize", "a.txt", "--out", "tok", "--encoding", "bpe"], tmp.path());
     assert!(!o.status.success() && common::text(&o).1.contains("gpt2"), "{:?}", common::text(&o));
 }
+
+/// A training shard truncated in place during a run (as re-running a prepare script over the
+/// folder does) is an error naming the file at the next batch, not SIGBUS; so is one that grew.
+/// A `train.bin` that is a directory is named as such.
+#[test]
+fn a_shard_that_changes_under_a_run_is_an_error_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let dir = root.join("t");
+    std::fs::create_dir(&dir).unwrap();
+    let tokens: Vec<u8> = (0..4000u16).map(|t| t % 50).flat_map(|t| t.to_le_bytes()).collect();
+    std::fs::write(dir.join("train.bin"), &tokens).unwrap();
+    let src = load(root, "{dir: t, seq_len: 16, batch_size: 4, vocab: 50, eval_batches: 0}");
+    let first = src.train_batch(0).unwrap();
+    assert_eq!(first.input.size(), vec![4, 16]);
+    // Truncated in place (same inode), as `open(..., "w")` does.
+    std::fs::OpenOptions::new().write(true).open(dir.join("train.bin")).unwrap().set_len(100).unwrap();
+    let e = format!("{:#}", src.train_batch(1).unwrap_err());
+    let path = dir.join("train.bin").display().to_string();
+    assert!(e.contains(&path) && e.contains("changed while this run read it") && e.contains("100 now"), "{e}");
+    // Longer than at open: also a rewrite.
+    std::fs::write(dir.join("train.bin"), [tokens.clone(), tokens].concat()).unwrap();
+    let e = format!("{:#}", src.train_batch(2).unwrap_err());
+    assert!(e.contains(&path) && e.contains("changed"), "{e}");
+
+    std::fs::remove_file(dir.join("train.bin")).unwrap();
+    std::fs::create_dir(dir.join("train.bin")).unwrap();
+    let e = load_err(root, "{dir: t, seq_len: 16, eval_batches: 0}");
+    assert!(e.contains(&path) && e.contains("is a directory, not a token file"), "{e}");
+}
+
+/// Text that gives no tokens is an error and writes nothing; a killed tokenize's temporary files
+/// are removed by the next run into the folder, and two runs into one folder cannot overlap.
+#[test]
+fn tokenize_refuses_empty_input_and_cleans_what_a_killed_run_left() {
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = tmp.path().join("empty.txt");
+    std::fs::write(&empty, b"").unwrap();
+    let out = tmp.path().join("o");
+    let e = format!(
+        "{:#}",
+        tokenize::tokenize(std::slice::from_ref(&empty), &out, &opts(Tokenizer::Char, 1, 1)).unwrap_err()
+    );
+    assert!(e.contains("empty.txt") && e.contains("0 tokens") && e.contains("nothing was written"), "{e}");
+    for f in ["train.bin", "val.bin", "meta.json"] {
+        assert!(!out.join(f).exists(), "{f} was written");
+    }
+    // What `kill -9` during the encoding leaves: the temporary train.bin.
+    let leftover = out.join(".tmp-Ab12Cd.bin");
+    std::fs::write(&leftover, [0u8; 64]).unwrap();
+    let text = tmp.path().join("a.txt");
+    std::fs::write(&text, "some text to tokenise\n".repeat(20)).unwrap();
+    tokenize::tokenize(std::slice::from_ref(&text), &out, &opts(Tokenizer::Char, 1, 1)).unwrap();
+    assert!(!leftover.exists(), "the leftover temporary file was removed");
+    let names: Vec<String> =
+        std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(names.iter().all(|n| !n.starts_with(".tmp-")), "{names:?}");
+    // A second tokenize into the folder while one holds it is refused, naming the holder.
+    let _held = plexus::run_dir::lock_dir(&out, "token folder", "x").unwrap();
+    let e = std::process::Command::new(env!("CARGO_BIN_EXE_plexus"))
+        .args(["tokenize", text.to_str().unwrap(), "--out", out.to_str().unwrap(), "--encoding", "char"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&e.stderr);
+    assert_eq!(e.status.code(), Some(1), "{err}");
+    assert!(err.contains("token folder") && err.contains("in use by another plexus process"), "{err}");
+}

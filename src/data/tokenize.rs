@@ -119,6 +119,10 @@ pub fn tokenize(files: &[PathBuf], out: &Path, opts: &TokenizeOptions) -> Result
         indicatif::ProgressBar::hidden()
     };
 
+    // One tokenize per folder at a time; holding the lock, the temporary files in it are what a
+    // killed run left behind.
+    let _lock = crate::run_dir::lock_dir(out, "token folder", "write into another --out")?;
+    remove_leftovers(out)?;
     let (train_path, val_path) = (out.join("train.bin"), out.join("val.bin"));
     let (mut n_train, mut n_val) = (0u64, 0u64);
     atomic_write_with(&train_path, |tmp| {
@@ -130,6 +134,18 @@ pub fn tokenize(files: &[PathBuf], out: &Path, opts: &TokenizeOptions) -> Result
             n += encode_file(f, opts, &mut w, &bar)?;
         }
         let mut file = w.into_inner().map_err(|e| e.into_error())?;
+        if n < 2 {
+            bail!(
+                "the input{} ({total} bytes) gave {n} token{}: nothing to train on (a token stream needs at least \
+                 seq_len + 1 tokens); nothing was written",
+                if files.len() == 1 {
+                    format!(" {}", files[0].display())
+                } else {
+                    format!("s ({} files)", files.len())
+                },
+                if n == 1 { "" } else { "s" }
+            );
+        }
         n_val = (n as f64 * opts.val_fraction).round() as u64;
         n_train = n - n_val;
         // The tail (small: a fraction of a percent for real corpora) becomes val.bin.
@@ -168,6 +184,18 @@ pub fn tokenize(files: &[PathBuf], out: &Path, opts: &TokenizeOptions) -> Result
         bytes: total,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Removes the temporary files (`.tmp-*`) directly in `out`: those of a killed `plexus tokenize`
+/// (call it holding the folder's lock).
+fn remove_leftovers(out: &Path) -> Result<()> {
+    for e in std::fs::read_dir(out).with_context(|| format!("listing {}", out.display()))? {
+        let e = e.with_context(|| format!("listing {}", out.display()))?;
+        if e.file_name().to_string_lossy().starts_with(".tmp-") && e.file_type().is_ok_and(|t| t.is_file()) {
+            std::fs::remove_file(e.path()).with_context(|| format!("removing the leftover {}", e.path().display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// Encodes one file into `w` (uint16 LE); returns the number of tokens written.

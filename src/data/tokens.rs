@@ -1,12 +1,13 @@
-//! `tokens`: pre-tokenised corpora in nanoGPT's format, memory-mapped, for corpora that do not fit
-//! in memory (OpenWebText: ~9 B GPT-2 tokens, 18 GB).
+//! `tokens`: pre-tokenised corpora in nanoGPT's format, read window by window, for corpora that do
+//! not fit in memory (OpenWebText: ~9 B GPT-2 tokens, 18 GB).
 //!
 //! Layout: `<root>/<dir>/train.bin` and `<root>/<dir>/val.bin`, each a flat array of token ids as
 //! **uint16 little-endian** (what nanoGPT's `prepare.py` scripts write with `np.memmap(...,
 //! dtype=np.uint16)`), so existing nanoGPT data works as is; `plexus tokenize` writes the same
-//! (see [`super::tokenize`]). The files are mapped, not read: a training batch touches only the
-//! pages of its windows, and the page cache is shared between processes (every rank of a
-//! multi-GPU run maps the same file). An optional `meta.json` next to them (written by `plexus
+//! (see [`super::tokenize`]). A training batch reads only its windows (positional reads, through
+//! the page cache that every rank of a multi-GPU run shares); the small validation split is read
+//! whole. The files are not memory-mapped: a mapped file truncated under a run kills it with
+//! SIGBUS, where a short read is an error naming the file. An optional `meta.json` next to them (written by `plexus
 //! tokenize`) is checked against `vocab` when present.
 //!
 //! Batches (as nanoGPT's `get_batch`): training batch `index` is `batch_size` windows of
@@ -38,7 +39,7 @@ use tch::Tensor;
 
 pub const TOKENS: DataEntry = DataEntry {
     name: "tokens",
-    about: "pre-tokenised uint16 train.bin/val.bin (nanoGPT's format, `plexus tokenize`), memory-mapped",
+    about: "pre-tokenised uint16 train.bin/val.bin (nanoGPT's format, `plexus tokenize`), read window by window",
     parse,
 };
 
@@ -153,16 +154,23 @@ fn check_meta(dir: &Path, vocab: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One memory-mapped file of uint16 little-endian token ids.
+/// One file of uint16 little-endian token ids, read with positional reads (`pread`): a training
+/// batch reads only its windows. Not memory-mapped: a file truncated while mapped kills the
+/// process with SIGBUS (re-running nanoGPT's `prepare.py` over a folder in use does it), where a
+/// read that comes up short is an error naming the file. `resident` holds the whole file when it
+/// was read whole at open (the validation split: checked whole, so evaluation cannot fail later).
 struct TokenFile {
     path: PathBuf,
-    map: memmap2::Mmap,
+    file: std::fs::File,
+    /// Token ids in the file when it was opened.
+    tokens: usize,
     vocab: usize,
+    resident: Option<Vec<u16>>,
 }
 
 impl TokenFile {
-    /// Maps `path`, checks its length (even, at least `need` tokens) and its ids: all of them when
-    /// `full`, else a spread sample.
+    /// Opens `path`, checks its length (even, at least `need` tokens) and its ids: all of them
+    /// when `full` (then kept in memory), else a spread sample.
     fn open(path: &Path, need: usize, vocab: usize, full: bool) -> anyhow::Result<TokenFile> {
         let file = std::fs::File::open(path).map_err(|e| {
             let dir = path.parent().unwrap_or(Path::new("."));
@@ -175,13 +183,15 @@ impl TokenFile {
                 dir.display()
             )
         })?;
-        // SAFETY: the map is read-only and private to this process; the one hazard is another
-        // process truncating or rewriting the file while it is mapped (plexus tokenize replaces
-        // files by renaming a new one into place, which leaves an existing map intact).
-        let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("cannot map {}", path.display()))?;
-        #[cfg(unix)]
-        let _ = map.advise(memmap2::Advice::Random);
-        let bytes = map.len();
+        let meta = file.metadata().with_context(|| format!("reading {}", path.display()))?;
+        if !meta.is_file() {
+            bail!(
+                "{} is a directory, not a token file: a `tokens` dataset folder holds train.bin and val.bin as \
+                 files of uint16 little-endian token ids",
+                path.display()
+            );
+        }
+        let bytes = meta.len() as usize;
         if bytes % TOKEN_BYTES != 0 {
             bail!(
                 "{}: {bytes} bytes, an odd length: a token file holds 2-byte (uint16 little-endian) token ids, so its \
@@ -196,9 +206,10 @@ impl TokenFile {
                 path.display()
             );
         }
-        let f = TokenFile { path: path.to_path_buf(), map, vocab };
+        let mut f = TokenFile { path: path.to_path_buf(), file, tokens, vocab, resident: None };
         if full {
-            f.check_range(0, tokens)?;
+            let all = f.read(0, tokens)?;
+            f.resident = Some(all);
         } else {
             f.spot_check()?;
         }
@@ -206,25 +217,54 @@ impl TokenFile {
     }
 
     fn len(&self) -> usize {
-        self.map.len() / TOKEN_BYTES
+        self.tokens
     }
 
-    fn token(&self, i: usize) -> u16 {
-        u16::from_le_bytes([self.map[2 * i], self.map[2 * i + 1]])
-    }
-
-    /// Checks the ids in `[start, end)`, naming the first one `≥ vocab`.
-    fn check_range(&self, start: usize, end: usize) -> anyhow::Result<()> {
-        match (start..end).find(|&i| self.token(i) as usize >= self.vocab) {
-            None => Ok(()),
-            Some(i) => Err(anyhow!(
-                "{}: token {} at token offset {i} (byte offset {}) is not below the vocabulary size {} (data.vocab); \
-                 the file was written with a larger vocabulary, or is not a uint16 token file",
-                self.path.display(),
-                self.token(i),
-                TOKEN_BYTES * i,
-                self.vocab
-            )),
+    /// The ids in `[start, end)`, each checked `< vocab` (an error names the first that is not).
+    /// A file that changed size since it was opened, or a read that comes up short, is an error
+    /// naming the file.
+    fn read(&self, start: usize, end: usize) -> anyhow::Result<Vec<u16>> {
+        let ids: Vec<u16> = match &self.resident {
+            Some(all) => all[start..end].to_vec(),
+            None => {
+                use std::os::unix::fs::FileExt;
+                let changed = |now: u64| {
+                    anyhow!(
+                        "{}: the file changed while this run read it ({} bytes when opened, {now} now): a token file \
+                         must not be rewritten during a run (re-running a prepare script or `plexus tokenize` over a \
+                         folder in use truncates it); write new tokens into another folder",
+                        self.path.display(),
+                        TOKEN_BYTES * self.tokens
+                    )
+                };
+                let now = self.file.metadata().with_context(|| format!("reading {}", self.path.display()))?.len();
+                if now != (TOKEN_BYTES * self.tokens) as u64 {
+                    return Err(changed(now));
+                }
+                let mut buf = vec![0u8; TOKEN_BYTES * (end - start)];
+                match self.file.read_exact_at(&mut buf, (TOKEN_BYTES * start) as u64) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        return Err(changed(self.file.metadata().map(|m| m.len()).unwrap_or(0)));
+                    }
+                    Err(e) => return Err(e).with_context(|| format!("reading {}", self.path.display())),
+                }
+                buf.chunks_exact(TOKEN_BYTES).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()
+            }
+        };
+        match ids.iter().position(|&t| t as usize >= self.vocab) {
+            None => Ok(ids),
+            Some(k) => {
+                let i = start + k;
+                Err(anyhow!(
+                    "{}: token {} at token offset {i} (byte offset {}) is not below the vocabulary size {} \
+                     (data.vocab); the file was written with a larger vocabulary, or is not a uint16 token file",
+                    self.path.display(),
+                    ids[k],
+                    TOKEN_BYTES * i,
+                    self.vocab
+                ))
+            }
         }
     }
 
@@ -232,12 +272,12 @@ impl TokenFile {
     fn spot_check(&self) -> anyhow::Result<()> {
         let n = self.len();
         if n <= CHECK_BLOCK * CHECK_BLOCKS {
-            return self.check_range(0, n);
+            return self.read(0, n).map(drop);
         }
         let last = (n - CHECK_BLOCK) as u128;
         for b in 0..CHECK_BLOCKS {
             let start = (b as u128 * last / (CHECK_BLOCKS as u128 - 1)) as usize;
-            self.check_range(start, start + CHECK_BLOCK)?;
+            self.read(start, start + CHECK_BLOCK)?;
         }
         Ok(())
     }
@@ -246,12 +286,7 @@ impl TokenFile {
     fn windows(&self, starts: &[usize], t: usize) -> anyhow::Result<Batch> {
         let mut data: Vec<i64> = Vec::with_capacity(starts.len() * (t + 1));
         for &s in starts {
-            self.check_range(s, s + t + 1)?;
-            data.extend(
-                self.map[TOKEN_BYTES * s..TOKEN_BYTES * (s + t + 1)]
-                    .chunks_exact(2)
-                    .map(|c| u16::from_le_bytes([c[0], c[1]]) as i64),
-            );
+            data.extend(self.read(s, s + t + 1)?.into_iter().map(i64::from));
         }
         let all = Tensor::from_slice(&data).reshape([starts.len() as i64, t as i64 + 1]);
         Ok(Batch { input: all.narrow(1, 0, t as i64).contiguous(), target: all.narrow(1, 1, t as i64).contiguous() })
@@ -296,6 +331,7 @@ impl DataSource for TokenSource {
         (0..self.eval_batches)
             .map(|b| {
                 let starts: Vec<usize> = (b * self.batch..(b + 1) * self.batch).map(start).collect();
+                // In memory and checked whole at open: cannot fail.
                 val.windows(&starts, self.seq_len).unwrap_or_else(|e| panic!("tokens evaluation batch {b}: {e:#}"))
             })
             .collect()
@@ -306,12 +342,12 @@ impl DataSource for TokenSource {
 mod tests {
     use super::*;
 
-    /// A mapped file of `tokens`, unchecked (as a large file's unsampled regions are).
+    /// A file of `tokens`, unchecked (as a large file's unsampled regions are).
     fn unchecked(dir: &Path, tokens: &[u16], vocab: usize) -> TokenFile {
         let path = dir.join("train.bin");
         std::fs::write(&path, tokens.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
-        let map = unsafe { memmap2::Mmap::map(&std::fs::File::open(&path).unwrap()) }.unwrap();
-        TokenFile { path, map, vocab }
+        let file = std::fs::File::open(&path).unwrap();
+        TokenFile { path, file, tokens: tokens.len(), vocab, resident: None }
     }
 
     #[test]
