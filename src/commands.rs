@@ -222,7 +222,7 @@ pub fn connectivity_csv(path: &Path, step: Option<u64>, overrides: &[String]) ->
             return std::fs::read_to_string(&f)
                 .with_context(|| format!("no C saved at step {step}: {} (see log.connectivity_every)", f.display()));
         }
-        (Experiment::from_file(&run.config_file(), overrides)?, Some(run.final_checkpoint()))
+        (Experiment::from_file(&run.config_file(), overrides)?, Some(run))
     } else {
         anyhow::ensure!(step.is_none(), "--step needs a run directory, not a config");
         (Experiment::from_file(path, overrides)?, None)
@@ -232,8 +232,8 @@ pub fn connectivity_csv(path: &Path, step: Option<u64>, overrides: &[String]) ->
     let mut model = crate::device::with_seed(cfg.seed, || {
         crate::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, tch::Kind::Float)
     });
-    if let Some(ck) = checkpoint {
-        crate::train::checkpoint::load_weights(&mut model.vs, &ck)?;
+    if let Some(run) = checkpoint {
+        crate::train::checkpoint::load_final(&mut model.vs, &run, &run.final_checkpoint())?;
     }
     let data = exp.data.load()?;
     let batch = data.train_batch(0)?;

@@ -321,6 +321,11 @@ pub struct SampleOptions {
     pub weights: Weights,
 }
 
+/// The most images per class `plexus sample` draws into its grid.
+pub const MAX_PER_CLASS: usize = 100;
+/// The most images sampled at once (`plexus sample`, `plexus fd`).
+pub const SAMPLE_CHUNK: i64 = 256;
+
 /// The largest classifier-free guidance scale the sampling commands take (papers use 1.5–10; far
 /// beyond, ε̂ overflows and the images are not finite).
 pub const MAX_CFG: f64 = 100.0;
@@ -446,20 +451,36 @@ pub fn sample_run(
     let crate::data::Task::Diffusion(d) = exp.task() else {
         anyhow::bail!("{}: not a diffusion run (model.kind is `{}`, not `dit`)", run.display(), exp.model.kind());
     };
-    anyhow::ensure!(per_class >= 1, "--per-class must be at least 1");
+    anyhow::ensure!(
+        (1..=MAX_PER_CLASS).contains(&per_class),
+        "--per-class {per_class}: expected an integer in 1..={MAX_PER_CLASS} (images per class in the PNG grid; \
+         to score many samples, use plexus fd --samples)"
+    );
     o.check()?;
     let dev = crate::device::resolve(crate::device::parse_device(device).map_err(anyhow::Error::msg)?)?;
     let mut model = crate::device::with_seed(exp.config().seed, || {
         crate::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, Kind::Float)
     });
     let ck = weights_file(&dir, o.weights)?;
-    crate::train::checkpoint::load_weights(&mut model.vs, &ck).with_context(|| format!("loading {}", ck.display()))?;
+    crate::train::checkpoint::load_final(&mut model.vs, &dir, &ck)?;
     let info = exp.data.info();
     let (c, s) = (info.input_shape[0] as i64, info.input_shape[1] as i64);
     let k = d.num_classes;
     let labels = Tensor::arange(k, (Kind::Int64, dev)).repeat_interleave_self_int(per_class as i64, 0, None);
     let n = labels.size()[0];
-    let x = sample(|x| model.forward(x, false), &d, [n, c, s, s], &labels, o);
+    // In chunks of at most SAMPLE_CHUNK images, so memory does not grow with the grid (chunk i
+    // draws its noise from seed + its first image's index, as `plexus fd` does).
+    let x = Tensor::cat(
+        &(0..n)
+            .step_by(SAMPLE_CHUNK as usize)
+            .map(|at| {
+                let m = (n - at).min(SAMPLE_CHUNK);
+                let chunk = SampleOptions { seed: o.seed.wrapping_add(at as u64), ..*o };
+                sample(|x| model.forward(x, false), &d, [m, c, s, s], &labels.narrow(0, at, m), &chunk)
+            })
+            .collect::<Vec<_>>(),
+        0,
+    );
     let transform = exp.data.load()?.input_transform();
     let x = match transform {
         crate::data::InputTransform::Pixels { mean, std } => {
@@ -493,7 +514,6 @@ pub fn sample_run(
         }
     }
     let out = dir.samples_file(o.sampler, o.steps, o.cfg);
-    std::fs::create_dir_all(out.parent().expect("a figures directory"))?;
-    img.save(&out).with_context(|| format!("writing {}", out.display()))?;
+    crate::run_dir::atomic_write_with(&out, |p| img.save(p).context("encoding the PNG"))?;
     Ok(out)
 }

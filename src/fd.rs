@@ -8,7 +8,7 @@
 //! to 0). Features: the representation the classifier's readout reads (the topology's output),
 //! mean-pooled over tokens ([`crate::model::Model::features`]).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use tch::{Device, Kind, Tensor};
 
 /// Mean `[F]` and unbiased covariance `[F, F]` of features `[N, F]`, f64 on the CPU.
@@ -63,18 +63,17 @@ pub fn fd_command(
     o.check()?;
     let dev = crate::device::resolve(crate::device::parse_device(device).map_err(anyhow::Error::msg)?)?;
     // The diffusion run's weights as `o.weights` says; the extractor's as trained.
-    let load = |dir: &std::path::Path,
-                weights: crate::diffusion::Weights|
-     -> Result<(Experiment, crate::model::Model)> {
-        let rd = RunDir::open(dir)?;
-        let exp = Experiment::from_file(&rd.config_file(), &[])?;
-        let mut m = crate::device::with_seed(exp.config().seed, || {
-            crate::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, Kind::Float)
-        });
-        let ck = crate::diffusion::weights_file(&rd, weights)?;
-        crate::train::checkpoint::load_weights(&mut m.vs, &ck).with_context(|| format!("loading {}", ck.display()))?;
-        Ok((exp, m))
-    };
+    let load =
+        |dir: &std::path::Path, weights: crate::diffusion::Weights| -> Result<(Experiment, crate::model::Model)> {
+            let rd = RunDir::open(dir)?;
+            let exp = Experiment::from_file(&rd.config_file(), &[])?;
+            let mut m = crate::device::with_seed(exp.config().seed, || {
+                crate::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, Kind::Float)
+            });
+            let ck = crate::diffusion::weights_file(&rd, weights)?;
+            crate::train::checkpoint::load_final(&mut m.vs, &rd, &ck)?;
+            Ok((exp, m))
+        };
     let (gen_exp, gen) = load(run, o.weights)?;
     let Task::Diffusion(d) = gen_exp.task() else {
         bail!("{}: not a diffusion run (model.kind `{}`)", run.display(), gen_exp.model.kind());
@@ -117,7 +116,7 @@ pub fn fd_command(
     let mut gen_f = Vec::new();
     let mut done = 0usize;
     while done < samples {
-        let n = (samples - done).min(256) as i64;
+        let n = (samples - done).min(crate::diffusion::SAMPLE_CHUNK as usize) as i64;
         let labels = (Tensor::arange(n, (Kind::Int64, dev)) + done as i64).remainder(d.num_classes);
         let chunk = crate::diffusion::SampleOptions { seed: o.seed.wrapping_add(done as u64), ..*o };
         let x = crate::diffusion::sample(|x| gen.forward(x, false), &d, [n, c, s, s], &labels, &chunk);

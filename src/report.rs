@@ -78,7 +78,6 @@ pub fn print_bench(rows: &[crate::bench::BenchRow]) {
 /// Appends `rows` (CSV lines, each ending in a newline) to the CSV at `path`, writing `header`
 /// first when the file is new.
 pub fn append_csv(path: &Path, header: &str, rows: &str) -> Result<()> {
-    use std::io::Write;
     let result = (|| -> std::io::Result<()> {
         if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(d)?;
@@ -94,11 +93,13 @@ pub fn append_csv(path: &Path, header: &str, rows: &str) -> Result<()> {
                 )));
             }
         }
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
-        if new {
-            writeln!(f, "{header}")?;
+        // The whole file rewritten atomically, not appended to: a full disk leaves it as it was.
+        let mut text = if new { format!("{header}\n") } else { std::fs::read_to_string(path)? };
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
         }
-        f.write_all(rows.as_bytes())
+        text.push_str(rows);
+        crate::run_dir::atomic_write(path, text.as_bytes()).map_err(std::io::Error::other)
     })();
     result.with_context(|| format!("appending to the CSV {}", path.display()))
 }

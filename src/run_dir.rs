@@ -51,6 +51,9 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
 pub fn atomic_write_with(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let result = (|| -> Result<()> {
         let dir = parent_dir(path);
+        if let Some(file) = dir.ancestors().find(|a| a.exists() && !a.is_dir()) {
+            bail!("{} exists and is not a directory (the file goes inside it)", file.display());
+        }
         std::fs::create_dir_all(dir).with_context(|| format!("creating the directory {}", dir.display()))?;
         // Keep the extension: some writers pick the format from it (tch: `.safetensors`).
         let suffix = path.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();

@@ -595,4 +595,38 @@ fn plexus_sample_and_fd_run_from_the_command_line() {
             );
         }
     }
+    // A grid too large to draw is refused before anything is allocated (it was a 31 GB panic).
+    let (ok, text) = run(&["sample", "d", "--per-class", "1000000", "--steps", "1"]);
+    assert!(!ok && text.contains("--per-class 1000000") && text.contains("1..=100"), "{text}");
+    // figures/ that is a file: named.
+    std::fs::rename(tmp.path().join("d/figures"), tmp.path().join("figures-away")).unwrap();
+    std::fs::write(tmp.path().join("d/figures"), b"").unwrap();
+    let (ok, text) = run(&["sample", "d", "--steps", "2"]);
+    assert!(!ok && text.contains("d/figures exists and is not a directory"), "{text}");
+    std::fs::remove_file(tmp.path().join("d/figures")).unwrap();
+    // Weights that hold NaN (a run from before checksums: no weights.json) and a flipped bit: both
+    // commands refuse them, naming the file; neither panics in the eigendecomposition.
+    let fin = tmp.path().join("d/checkpoints/final.safetensors");
+    let good = std::fs::read(&fin).unwrap();
+    let mut flipped = good.clone();
+    *flipped.last_mut().unwrap() ^= 0x01;
+    std::fs::write(&fin, &flipped).unwrap();
+    let fd = ["fd", "d", "--extractor", "c", "--samples", "8", "--steps", "2"];
+    for args in [&["sample", "d", "--steps", "2"][..], &fd[..]] {
+        let (ok, text) = run(args);
+        assert!(!ok && text.contains("is corrupt") && text.contains("final.safetensors"), "{args:?}: {text}");
+    }
+    let mut t = Tensor::read_safetensors(&fin.with_file_name("step_4.safetensors")).unwrap();
+    t.sort_by(|a, b| a.0.cmp(&b.0));
+    let _ = t[0].1.fill_(f64::NAN);
+    let named: Vec<(&str, &Tensor)> = t.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    Tensor::write_safetensors(&named, &fin).unwrap();
+    std::fs::remove_file(tmp.path().join("d/checkpoints/weights.json")).unwrap();
+    for args in [&["sample", "d", "--steps", "2"][..], &fd[..]] {
+        let (ok, text) = run(args);
+        assert!(
+            !ok && text.contains(&format!("`{}`", t[0].0)) && text.contains("not finite") && !text.contains("panicked"),
+            "{args:?}: {text}"
+        );
+    }
 }

@@ -263,3 +263,106 @@ fn outputs_follow_the_umask_and_errors_name_the_path() {
         fails(&plexus(&["bench", s(&cfg), "--steps", "1", "--warmup", "0", "--csv", "/dev/null/x.csv"], tmp.path()));
     assert!(err.contains("/dev/null/x.csv"), "{err}");
 }
+
+/// `final.safetensors` is checked by every command that loads it: a flipped bit is an error naming
+/// the file and `weights.json`; weights that are not finite are refused naming the parameter; a
+/// missing file says how far the run got and how to finish it. Never a number measured on them.
+#[test]
+fn final_weights_are_checksummed_finite_and_present_or_refused() {
+    let (tmp, cfg) = setup();
+    let run = tmp.path().join("r");
+    ok(&plexus(&["train", s(&cfg), "--out", s(&run), "--quiet"], tmp.path()));
+    let fin = run.join("checkpoints/final.safetensors");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("checkpoints/weights.json")).unwrap()).unwrap();
+    let good = std::fs::read(&fin).unwrap();
+    assert_eq!(manifest["final.safetensors"]["bytes"], good.len() as u64);
+    ok(&plexus(&["analyze", s(&run), "--repeats", "1"], tmp.path()));
+    let verbs: [&[&str]; 2] = [&["analyze", s(&run), "--repeats", "1"], &["connectivity", s(&run)]];
+
+    // One flipped bit in the last tensor's data.
+    let mut flipped = good.clone();
+    *flipped.last_mut().unwrap() ^= 0x10;
+    std::fs::write(&fin, &flipped).unwrap();
+    for args in verbs {
+        let err = fails(&plexus(args, tmp.path()));
+        assert!(err.contains(s(&fin)) && err.contains("is corrupt") && err.contains("weights.json"), "{err}");
+    }
+
+    // NaN weights in a run without a manifest (written before checksums): refused by name.
+    let mut tensors = tch::Tensor::read_safetensors(&fin.with_file_name("step_4.safetensors")).unwrap();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let _ = tensors[1].1.get(0).fill_(f64::NAN);
+    let named: Vec<(&str, &tch::Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    tch::Tensor::write_safetensors(&named, &fin).unwrap();
+    std::fs::remove_file(run.join("checkpoints/weights.json")).unwrap();
+    for args in verbs {
+        let err = fails(&plexus(args, tmp.path()));
+        assert!(err.contains(&format!("parameter `{}`", tensors[1].0)) && err.contains("not finite"), "{err}");
+    }
+
+    std::fs::remove_file(&fin).unwrap();
+    for args in verbs {
+        let err = fails(&plexus(args, tmp.path()));
+        assert!(
+            err.contains(s(&fin))
+                && err.contains("has not finished")
+                && err.contains("step 4")
+                && err.contains(&format!("--resume {}", run.display())),
+            "{err}"
+        );
+    }
+}
+
+/// Figures and CSVs are replaced whole or not at all: with writes failing part-way (a file-size
+/// limit, as a full disk fails them), `plexus plot` and `plexus bench --csv` exit with an error
+/// and leave the previous files byte for byte, and no temporary file.
+#[test]
+fn a_failing_write_leaves_the_previous_figure_and_csv_intact() {
+    let (tmp, cfg) = setup();
+    let run = tmp.path().join("r");
+    ok(&plexus(&["train", s(&cfg), "--out", s(&run), "--quiet"], tmp.path()));
+    ok(&plexus(&["plot", s(&run)], tmp.path()));
+    let csv = tmp.path().join("bench.csv");
+    let bench = ["bench", s(&cfg), "--steps", "1", "--warmup", "0", "--csv", s(&csv)];
+    ok(&plexus(&bench, tmp.path()));
+    // (path, size, hash of the bytes) of every file in `dir`.
+    let snapshot = |dir: &Path| -> Vec<(PathBuf, usize, u64)> {
+        use std::hash::{Hash, Hasher};
+        let mut v: Vec<(PathBuf, usize, u64)> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.is_file())
+            .map(|p| {
+                let bytes = std::fs::read(&p).unwrap();
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                bytes.hash(&mut h);
+                (p.clone(), bytes.len(), h.finish())
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let figures = snapshot(&run.join("figures"));
+    assert!(figures.iter().any(|(p, len, _)| p.extension().is_some_and(|e| e == "png") && *len > 8192));
+    let csv_before = std::fs::read(&csv).unwrap();
+    // Writes beyond 8 KiB fail with EFBIG (SIGXFSZ ignored): the PNGs are larger, the CSV's rewrite
+    // is not, so pad the CSV past the limit first.
+    let limited = |args: &[&str]| {
+        let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+        std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("ulimit -f 8; trap '' XFSZ; exec '{}' {}", env!("CARGO_BIN_EXE_plexus"), quoted.join(" ")))
+            .current_dir(tmp.path())
+            .output()
+            .unwrap()
+    };
+    let err = fails(&limited(&["plot", s(&run)]));
+    assert!(err.contains("figures") && err.contains(".png"), "{err}");
+    assert_eq!(snapshot(&run.join("figures")), figures, "a figure was changed or a temporary file left");
+    let padded = [csv_before.clone(), format!("# {}\n", "x".repeat(9000)).into_bytes()].concat();
+    std::fs::write(&csv, &padded).unwrap();
+    fails(&limited(&bench));
+    assert_eq!(std::fs::read(&csv).unwrap(), padded, "the CSV was changed");
+    assert!(snapshot(tmp.path()).iter().all(|(p, _, _)| !p.to_string_lossy().contains(".tmp-")));
+}

@@ -49,9 +49,7 @@ impl Run {
             exp.model.kind()
         );
         let mut model = Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute);
-        let ck = dir.final_checkpoint();
-        anyhow::ensure!(ck.is_file(), "{} is missing (has the run finished?)", ck.display());
-        crate::train::checkpoint::load_weights(&mut model.vs, &ck)?;
+        crate::train::checkpoint::load_final(&mut model.vs, &dir, &dir.final_checkpoint())?;
         let data = exp.data.load()?;
         let mut eval = data.eval_batches();
         if eval.is_empty() {

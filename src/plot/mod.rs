@@ -71,20 +71,19 @@ macro_rules! render_png_and_svg {
     ($out_base:expr, $size:expr, $draw:ident($($arg:expr),*)) => {{
         register_fonts();
         let out_base: &Path = $out_base;
-        if let Some(dir) = out_base.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| anyhow!("creating the figure directory {}: {e}", dir.display()))?;
-        }
         let (png, svg) = (out_base.with_extension("png"), out_base.with_extension("svg"));
-        {
-            let root = BitMapBackend::new(&png, $size).into_drawing_area();
+        // Each file drawn into a temporary file and renamed into place: a full disk or a crash
+        // leaves the previous figure, never a truncated one.
+        crate::run_dir::atomic_write_with(&png, |p| {
+            let root = BitMapBackend::new(p, $size).into_drawing_area();
             $draw(&root, $($arg),*)?;
-            root.present().map_err(|e| anyhow!("writing {}: {e}", png.display()))?;
-        }
-        {
-            let root = SVGBackend::new(&svg, $size).into_drawing_area();
+            root.present().map_err(|e| anyhow!("{e}"))
+        })?;
+        crate::run_dir::atomic_write_with(&svg, |p| {
+            let root = SVGBackend::new(p, $size).into_drawing_area();
             $draw(&root, $($arg),*)?;
-            root.present().map_err(|e| anyhow!("writing {}: {e}", svg.display()))?;
-        }
+            root.present().map_err(|e| anyhow!("{e}"))
+        })?;
         Ok(vec![png, svg])
     }};
 }

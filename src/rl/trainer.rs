@@ -384,7 +384,7 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
             anyhow::bail!("{}: simulated crash after {env_steps} environment steps", cfg.name);
         }
     }
-    atomic_write_with(&run.file("final.safetensors"), |p| Ok(agent.vs.save(p)?))?;
+    checkpoint::save_weights(&run.file("final.safetensors"), |p| Ok(agent.vs.save(p)?))?;
     let summary = RlSummary {
         name: cfg.name.clone(),
         topology: exp.topology.kind().to_string(),

@@ -8,6 +8,11 @@
 //! The marker records the CRC-32 of both safetensors files, checked when the checkpoint is loaded:
 //! a flipped bit or a truncated file is an error naming the file, not a silently different model.
 //! Weights are checked against the model's parameter names and shapes before they are copied in.
+//!
+//! The weights a finished run leaves (`final.safetensors`, `final_ema.safetensors`) are written
+//! with [`save_weights`], which records each file's CRC-32 in `weights.json` beside it;
+//! [`load_final`] checks it, and refuses weights that are not finite, so `analyze`, `sample`, `fd`
+//! and `connectivity` never report numbers of a damaged or diverged model.
 
 use crate::run_dir::{atomic_write, atomic_write_with, RunDir};
 use anyhow::{bail, Context, Result};
@@ -180,4 +185,103 @@ pub fn load_weights(vs: &mut tch::nn::VarStore, path: &Path) -> Result<()> {
         bail!("{} does not match this model: it has a parameter `{extra}` that the model does not", path.display());
     }
     vs.load(path).map_err(|e| anyhow::anyhow!("loading {}: {}", path.display(), torch_message(&e)))
+}
+
+/// The file beside final weights that records their checksums: `{"<file name>": {"crc32":
+/// "xxxxxxxx", "bytes": N}}`.
+pub const WEIGHTS_MANIFEST: &str = "weights.json";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct Recorded {
+    crc32: String,
+    bytes: u64,
+}
+
+fn manifest_path(weights: &Path) -> PathBuf {
+    weights.parent().unwrap_or(Path::new(".")).join(WEIGHTS_MANIFEST)
+}
+
+fn read_manifest(path: &Path) -> Result<std::collections::BTreeMap<String, Recorded>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not a weights manifest (damaged?)", path.display()))
+}
+
+/// Writes weights to `path` atomically with `write` (given a temporary path), then records the
+/// file's CRC-32 and size in `weights.json` in the same directory (also atomically).
+pub fn save_weights(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let mut recorded = None;
+    atomic_write_with(path, |p| {
+        write(p)?;
+        let bytes = std::fs::metadata(p)?.len();
+        recorded = Some(Recorded { crc32: format!("{:08x}", crc32_of(p)?), bytes });
+        Ok(())
+    })?;
+    let manifest = manifest_path(path);
+    let mut all = if manifest.is_file() { read_manifest(&manifest)? } else { Default::default() };
+    let name = path.file_name().expect("a weights file name").to_string_lossy().into_owned();
+    all.insert(name, recorded.expect("written"));
+    atomic_write(&manifest, (serde_json::to_string_pretty(&all)? + "\n").as_bytes())
+}
+
+/// Loads the final weights `path` of the run `run` into `vs`: the file must exist (a missing one
+/// says how far the run got), match the checksum recorded when it was written (runs written
+/// before checksums have none), hold exactly the model's parameters, and be finite.
+pub fn load_final(vs: &mut tch::nn::VarStore, run: &RunDir, path: &Path) -> Result<()> {
+    if !path.is_file() {
+        let how_far = match latest(run) {
+            Ok(Some(s)) => format!(
+                "the run's latest checkpoint is at step {}; finish it with `plexus train --resume {}`",
+                s.step,
+                run.path.display()
+            ),
+            _ => format!("{} holds no checkpoint: did the run start, or stop with an error?", run.path.display()),
+        };
+        bail!("{} is missing: the run has not finished ({how_far})", path.display());
+    }
+    let manifest = manifest_path(path);
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if manifest.is_file() {
+        if let Some(want) = read_manifest(&manifest)?.get(&name) {
+            let bytes = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?.len();
+            let got = Recorded { crc32: format!("{:08x}", crc32_of(path)?), bytes };
+            if &got != want {
+                bail!(
+                    "{} is corrupt: {} bytes with CRC-32 {}, but {} recorded {} bytes with CRC-32 {} when it was \
+                     written (a flipped bit, a truncated or a replaced file); restore it from a copy, or re-create \
+                     it with `plexus train --resume` from a checkpoint",
+                    path.display(),
+                    got.bytes,
+                    got.crc32,
+                    manifest.display(),
+                    want.bytes,
+                    want.crc32
+                );
+            }
+        }
+    }
+    load_weights(vs, path)?;
+    if let Some(bad) = first_non_finite(&vs.variables()) {
+        bail!(
+            "{}: parameter `{bad}` holds values that are not finite (NaN or inf): these weights come from a run \
+             that diverged, or were damaged after they were written; nothing was measured on them",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// The first tensor (in name order) that holds a NaN or an infinity, if any. One read for all of
+/// them; then one per tensor only when one is not finite.
+pub fn first_non_finite(named: &std::collections::HashMap<String, Tensor>) -> Option<String> {
+    let float: Vec<(&String, &Tensor)> = named.iter().filter(|(_, t)| t.is_floating_point()).collect();
+    if float.is_empty() {
+        return None;
+    }
+    let all: Vec<Tensor> = float.iter().map(|(_, t)| t.detach().isfinite().all().view([1])).collect();
+    if crate::host::scalar(&Tensor::cat(&all, 0).all()) != 0.0 {
+        return None;
+    }
+    let mut names: Vec<&String> = float.iter().map(|(n, _)| *n).collect();
+    names.sort();
+    names.into_iter().find(|n| crate::host::scalar(&named[*n].detach().isfinite().all()) == 0.0).cloned()
 }

@@ -18,7 +18,7 @@ use crate::device;
 use crate::experiment::Experiment;
 use crate::host;
 use crate::model::Model;
-use crate::run_dir::{self, atomic_write, atomic_write_with, MetricsRow, RunDir};
+use crate::run_dir::{self, atomic_write, MetricsRow, RunDir};
 use anyhow::{bail, Context, Result};
 use checkpoint::TrainerState;
 use eval::{EvalResult, EvalSet};
@@ -303,7 +303,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     if main {
         write_logs(dir, &rows, &evals)?;
         save_checkpoint(dir, &t.model, &t.optim, steps, steps * accum, cfg.log.keep_checkpoints)?;
-        atomic_write_with(&dir.final_checkpoint(), |p| {
+        checkpoint::save_weights(&dir.final_checkpoint(), |p| {
             t.model.vs.save(p).with_context(|| format!("saving checkpoint {}", p.display()))
         })?;
         if let Some(ema) = t.optim.ema() {
@@ -316,7 +316,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
                 }
             }
             named.sort_by(|a, b| a.0.cmp(&b.0));
-            atomic_write_with(&dir.final_ema_checkpoint(), |p| {
+            checkpoint::save_weights(&dir.final_ema_checkpoint(), |p| {
                 let refs: Vec<(&str, &tch::Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
                 tch::Tensor::write_safetensors(&refs, p).with_context(|| format!("saving {}", p.display()))
             })?;
