@@ -117,7 +117,7 @@ fn same_seeds_same_trajectories_and_vectorised_equals_sequential() {
 #[test]
 fn hindsight_goals_come_from_the_future_of_the_same_episode() {
     let (t, n) = (6, 3);
-    let mut replay = Replay::new(t, 10);
+    let mut replay = Replay::new(t, 10).unwrap();
     // State k of episode e is (e, k); action k of episode e is (e, k).
     let states: Vec<f32> = (0..=t).flat_map(|k| (0..n).flat_map(move |e| [e as f32, k as f32])).collect();
     let actions: Vec<f32> = (0..t).flat_map(|k| (0..n).flat_map(move |e| [e as f32, k as f32])).collect();
@@ -443,4 +443,84 @@ fn plexus_rl_resume_extends_a_run_from_the_command_line() {
     let steps: Vec<&str> = metrics.lines().skip(1).map(|l| l.split(',').next().unwrap()).collect();
     assert_eq!(steps, ["160", "320", "480", "640"], "{metrics}");
     assert!(std::fs::read_to_string(run.join("config.yaml")).unwrap().contains("env_steps: 640"));
+}
+
+/// A learning rate that blows the networks up stops the run at the end of the rollout where it
+/// happened, naming the update, the losses and the first parameter that are not finite, with no
+/// checkpoint, final weights or summary after it (it used to exit 0 with every weight NaN).
+#[test]
+fn a_diverging_run_stops_naming_the_update_and_what_went_non_finite() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ov = ["train.lr=1e10", "train.env_steps=800", "log.checkpoint_every=160"];
+    let exp = tiny("{kind: residual}", &ov);
+    let dir = tmp.path().join("r");
+    let e = format!("{:#}", trainer::train(&exp, &dir, &RlOptions::default()).unwrap_err());
+    assert!(e.contains("update ") && e.contains("went non-finite") && e.contains("no checkpoint"), "{e}");
+    assert!(e.contains("metrics.csv") && e.contains("train.lr"), "{e}");
+    // The rollout that diverged wrote nothing after it.
+    let at: u64 = e.split("ended at ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    let run = plexus::run_dir::RunDir::new(&dir);
+    for (_, s) in plexus::train::checkpoint::list(&run).unwrap() {
+        assert!(s.step < at, "a checkpoint at {} after the divergence at {at}", s.step);
+    }
+    assert!(!dir.join("final.safetensors").exists() && !dir.join("summary.json").exists());
+}
+
+/// Every file a resume reads is covered by the marker's checksums: a flipped byte in the replay
+/// buffer or the loop state is an error naming the file, not a silently different run.
+#[test]
+fn a_damaged_replay_file_or_loop_state_is_refused_on_resume() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ov = ["train.env_steps=480", "log.checkpoint_every=160", "log.keep_checkpoints=1"];
+    let exp = tiny("{kind: residual}", &ov);
+    let dir = tmp.path().join("r");
+    let crash = RlOptions { crash_after: Some(320), ..Default::default() };
+    assert!(trainer::train(&exp, &dir, &crash).is_err());
+    let ck = dir.join("checkpoints");
+    for name in ["step_320.replay.safetensors", "step_320.rl.json"] {
+        let path = ck.join(name);
+        let good = std::fs::read(&path).unwrap();
+        let mut bad = good.clone();
+        let i = bad.len() - 3;
+        bad[i] ^= 0x04;
+        std::fs::write(&path, &bad).unwrap();
+        let e =
+            format!("{:#}", trainer::train(&exp, &dir, &RlOptions { resume: true, ..Default::default() }).unwrap_err());
+        assert!(e.contains(&path.display().to_string()) && e.contains("is corrupt"), "{name}: {e}");
+        std::fs::write(&path, &good).unwrap();
+    }
+    trainer::train(&exp, &dir, &RlOptions { resume: true, ..Default::default() }).unwrap();
+}
+
+/// Settings that would abort or silently do nothing are refused: a replay buffer larger than
+/// memory (before any directory is created), a prefill that leaves no update, and a resume that
+/// shrinks the run below where it is (config.yaml unchanged).
+#[test]
+fn impossible_rl_settings_are_refused_naming_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("r");
+    let exp = tiny("{kind: residual}", &["train.replay_episodes=1000000000000"]);
+    let e = format!("{:#}", trainer::train(&exp, &dir, &RlOptions::default()).unwrap_err());
+    assert!(e.contains("train.replay_episodes = 1000000000000") && e.contains("GiB"), "{e}");
+    assert!(!dir.exists(), "a run directory was left behind");
+    let yaml = |ov: &[&str]| {
+        let ov: Vec<String> = ov.iter().map(|s| s.to_string()).collect();
+        let src = "name: t\nseed: 1\ndevice: cpu\nenv: {layout: u, num_envs: 8, episode_length: 20}\n\
+                   network: {width: 16, depth: 4, block_size: 4, repr_dim: 8, topology: {kind: residual}}\n\
+                   train: {env_steps: 320, batch_size: 32, updates_per_rollout: 2, replay_episodes: 64}\n";
+        RlExperiment::from_str(src, Path::new("p.yaml"), &ov)
+    };
+    let e = yaml(&["train.prefill_env_steps=100000000000"]).unwrap_err();
+    assert_eq!(e.key, "train.prefill_env_steps", "{e}");
+    assert!(e.allowed.contains("train.env_steps = 320"), "{e}");
+    assert!(yaml(&["train.prefill_env_steps=160"]).is_ok());
+
+    let exp = tiny("{kind: residual}", &["train.env_steps=320"]);
+    trainer::train(&exp, &dir, &RlOptions::default()).unwrap();
+    let before = std::fs::read_to_string(dir.join("config.yaml")).unwrap();
+    let shorter = tiny("{kind: residual}", &["train.env_steps=160"]);
+    let e =
+        format!("{:#}", trainer::train(&shorter, &dir, &RlOptions { resume: true, ..Default::default() }).unwrap_err());
+    assert!(e.contains("train.env_steps = 160") && e.contains("320") && e.contains("not shrink"), "{e}");
+    assert_eq!(std::fs::read_to_string(dir.join("config.yaml")).unwrap(), before);
 }

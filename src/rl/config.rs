@@ -390,6 +390,17 @@ impl RlConfig {
                 format!("at least {min_episodes} (one rollout of env.num_envs episodes)"),
             ));
         }
+        if t.prefill_env_steps >= t.env_steps {
+            return Err(OptionError::new(
+                "train.prefill_env_steps",
+                t.prefill_env_steps,
+                format!(
+                    "fewer than train.env_steps = {} (the first prefill_env_steps act at random with no update; \
+                     at or beyond env_steps the run would never update)",
+                    t.env_steps
+                ),
+            ));
+        }
         if e.episode_length < 2 {
             return Err(OptionError::new(
                 "env.episode_length",

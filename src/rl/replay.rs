@@ -27,15 +27,32 @@ pub struct Batch {
 }
 
 impl Replay {
-    pub fn new(episode_length: usize, capacity: usize) -> Self {
-        Self {
+    /// Bytes of a buffer of `capacity` episodes of `episode_length` steps (`None` if it overflows).
+    pub fn bytes(episode_length: usize, capacity: usize) -> Option<u64> {
+        let per_episode = (episode_length as u64).checked_mul(4)?.checked_add(2)?;
+        (capacity as u64).checked_mul(per_episode)?.checked_mul(std::mem::size_of::<f32>() as u64)
+    }
+
+    /// An empty buffer; an error, not an abort, when the memory cannot be had.
+    pub fn new(episode_length: usize, capacity: usize) -> anyhow::Result<Self> {
+        let zeros = |n: usize| -> anyhow::Result<Vec<f32>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|e| {
+                anyhow::anyhow!(
+                    "allocating the replay buffer ({capacity} episodes of {episode_length} steps, {n} floats): {e}"
+                )
+            })?;
+            v.resize(n, 0.0);
+            Ok(v)
+        };
+        Ok(Self {
             len: episode_length,
             capacity,
-            states: vec![0.0; capacity * (episode_length + 1) * 2],
-            actions: vec![0.0; capacity * episode_length * 2],
+            states: zeros(capacity * (episode_length + 1) * 2)?,
+            actions: zeros(capacity * episode_length * 2)?,
             stored: 0,
             next: 0,
-        }
+        })
     }
 
     pub fn episodes(&self) -> usize {

@@ -23,7 +23,12 @@
 //! Determinism: initialisation is seeded; the environments, exploration noise, replay sampling
 //! and the actor's reparameterisation noise come from host generators seeded by `seed`; so the
 //! same config gives the same `metrics.csv` on the CPU (up to the `seconds` column).
-//! Host reads: one per environment step (the actions) and one per logged row (the losses).
+//! Host reads: one per environment step (the actions), one per rollout (the divergence check: every
+//! update's losses and the parameters) and one per logged row (the losses).
+//!
+//! A run whose losses or parameters go non-finite stops at the end of that rollout, naming the
+//! update, the losses and the first parameter that are not finite; no checkpoint is written after
+//! it. Every file a resume reads is covered by the checkpoint marker's CRC-32s.
 
 use super::config::RlExperiment;
 use super::crl::{normals, Agent, UPDATE_STATS};
@@ -99,6 +104,62 @@ fn replay_file(run: &RunDir, step: u64) -> std::path::PathBuf {
     run.checkpoints_dir().join(format!("step_{step}.replay.safetensors"))
 }
 
+fn file_name(p: &Path) -> String {
+    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// The replay buffer of `exp`, or an error naming `train.replay_episodes` when it would not fit in
+/// this machine's memory (checked before allocating: a buffer larger than memory would be
+/// allocated lazily and kill the process later, mid-run).
+fn new_replay(exp: &RlExperiment) -> Result<Replay> {
+    let cfg = &exp.config;
+    let (t_len, episodes) = (cfg.env.episode_length, cfg.train.replay_episodes);
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let need = Replay::bytes(t_len, episodes).unwrap_or(u64::MAX);
+    if let Some(have) = crate::device::host_memory_available() {
+        if need > have {
+            anyhow::bail!(
+                "{}: train.replay_episodes = {episodes}: the replay buffer would take {:.1} GiB (episodes × \
+                 (4 · env.episode_length + 2) floats), more than the {:.1} GiB of memory available on this machine; \
+                 lower train.replay_episodes",
+                exp.file.display(),
+                gib(need),
+                gib(have)
+            );
+        }
+    }
+    Replay::new(t_len, episodes).with_context(|| format!("{}: train.replay_episodes = {episodes}", exp.file.display()))
+}
+
+/// Whether the updates of a rollout diverged: `stats` holds each update's [`UPDATE_STATS`] `[5]`
+/// (the first is update `first_update`), read once together with a check of the parameters.
+/// Returns what went non-finite, for the error.
+fn divergence(stats: &[tch::Tensor], first_update: u64, agent: &Agent) -> Option<String> {
+    if stats.is_empty() {
+        return None;
+    }
+    let finite = tch::Tensor::stack(stats, 0).isfinite();
+    let params = agent.vs.variables();
+    if crate::host::scalar(&finite.all()) != 0.0 && checkpoint::first_non_finite(&params).is_none() {
+        return None;
+    }
+    let rows = crate::host::rows(&finite.to_kind(tch::Kind::Float));
+    let param = checkpoint::first_non_finite(&params)
+        .map(|p| format!("; the first parameter that is not finite is `{p}`"))
+        .unwrap_or_default();
+    Some(match rows.iter().position(|r| r.iter().any(|&v| v == 0.0)) {
+        Some(i) => {
+            let names: Vec<&str> =
+                rows[i].iter().zip(UPDATE_STATS).filter(|(v, _)| **v == 0.0).map(|(_, n)| n).collect();
+            format!("update {}: {} went non-finite{param}", first_update + i as u64, names.join(", "))
+        }
+        None => format!(
+            "the parameters went non-finite in updates {first_update}..={}{param}",
+            first_update + stats.len() as u64 - 1
+        ),
+    })
+}
+
 /// Keys of the run's config that `--resume` may change: the length of the run and checkpointing.
 const RESUMABLE: &[&str] = &["train.env_steps", "log.checkpoint_every", "log.keep_checkpoints"];
 
@@ -169,6 +230,8 @@ const HEADER: &str =
 /// Trains `exp` into the run directory `dir`.
 pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSummary> {
     let cfg = &exp.config;
+    // Before anything is created: a replay buffer that cannot fit is a config error.
+    let mut replay = new_replay(exp)?;
     let request = crate::device::parse_device(&cfg.device).map_err(anyhow::Error::msg)?;
     let device = crate::device::resolve(request)?;
     let mut agent = crate::device::with_seed(cfg.seed, || Agent::new(cfg, exp.topology.as_ref(), device));
@@ -184,7 +247,6 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
     let (random_success, random_time) = random_policy(&spec, &seeds, cfg.seed);
     let mut env = VecEnv::new(spec.clone(), &VecEnv::seeds(cfg.seed, n));
     let mut rng = RlRng::seed_from_u64(cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1));
-    let mut replay = Replay::new(t_len, cfg.train.replay_episodes);
     let t = &cfg.train;
     let start = Instant::now();
     let (mut env_steps, mut updates) = (0u64, 0u64);
@@ -201,6 +263,15 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
         let mut changed = Vec::new();
         changed_keys(&old, &new, "", &mut changed);
         let refused: Vec<&String> = changed.iter().filter(|k| !RESUMABLE.contains(&k.as_str())).collect();
+        let old_steps = old.get("train").and_then(|t| t.get("env_steps")).and_then(|v| v.as_u64());
+        if let Some(old_steps) = old_steps.filter(|&s| cfg.train.env_steps < s) {
+            anyhow::bail!(
+                "--resume: train.env_steps = {} is less than the run's {old_steps} ({}): a resumed run may grow, \
+                 to extend it, but not shrink",
+                cfg.train.env_steps,
+                run.file("config.yaml").display()
+            );
+        }
         if !refused.is_empty() {
             anyhow::bail!(
                 "--resume: the config differs from the run's ({}) in {}; a resumed run may change only {}",
@@ -295,16 +366,28 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
         let train_success = reached.iter().filter(|&&r| r).count() as f64 / n as f64;
 
         if env_steps >= t.prefill_env_steps {
+            let first_update = updates + 1;
+            let mut rollout_stats = Vec::with_capacity(t.updates_per_rollout);
             for _ in 0..t.updates_per_rollout {
                 let batch = replay.sample(t.batch_size, cfg.crl.discount, &mut rng);
                 let eps = normals(&mut rng, 2 * t.batch_size);
                 let s = agent.update(&batch, &eps, t.lr);
+                rollout_stats.push(s.shallow_clone());
                 stats = Some(match stats.take() {
                     Some(acc) => acc + s,
                     None => s,
                 });
                 updates += 1;
                 stat_updates += 1;
+            }
+            if let Some(what) = divergence(&rollout_stats, first_update, &agent) {
+                anyhow::bail!(
+                    "{}: {what} (in the rollout that ended at {env_steps} environment steps); metrics up to here are \
+                     in {}, and no checkpoint after the divergence was written (lower train.lr, or set \
+                     train.clip_grad_norm)",
+                    cfg.name,
+                    run.file("metrics.csv").display()
+                );
             }
         }
 
@@ -340,9 +423,13 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
             if let Some(s) = &stats {
                 tensors.push(("stats", crate::host::to_cpu(s)));
             }
-            atomic_write_with(&replay_file(&run, env_steps), |p| {
+            let mut files_crc32 = std::collections::BTreeMap::new();
+            let replay_path = replay_file(&run, env_steps);
+            atomic_write_with(&replay_path, |p| {
                 let refs: Vec<(&str, &tch::Tensor)> = tensors.iter().map(|(k, t)| (*k, t)).collect();
-                Ok(tch::Tensor::write_safetensors(&refs, p)?)
+                tch::Tensor::write_safetensors(&refs, p)?;
+                files_crc32.insert(file_name(&replay_path), checkpoint::file_crc32(p)?);
+                Ok(())
             })?;
             let ls = LoopState {
                 env_steps,
@@ -356,7 +443,12 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
                 replay_stored: stored,
                 replay_next: next,
             };
-            atomic_write(&loop_state_file(&run, env_steps), serde_json::to_string(&ls)?.as_bytes())?;
+            let loop_json = serde_json::to_string(&ls)?;
+            let loop_path = loop_state_file(&run, env_steps);
+            atomic_write(&loop_path, loop_json.as_bytes())?;
+            let mut crc = flate2::Crc::new();
+            crc.update(loop_json.as_bytes());
+            files_crc32.insert(file_name(&loop_path), crc.sum());
             let state = TrainerState {
                 step: env_steps,
                 data_index: updates,
@@ -364,6 +456,7 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
                 optim_file: format!("step_{env_steps}.optim.safetensors"),
                 model_crc32: None,
                 optim_crc32: None,
+                files_crc32,
             };
             checkpoint::save(&run, &state, &agent.vs, &agent.optim_state(), cfg.log.keep_checkpoints)?;
             // The loop states of checkpoints that were pruned.

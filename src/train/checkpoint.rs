@@ -5,7 +5,8 @@
 //! the latest loadable one. The RNG needs no saving: the trainer reseeds libtorch from
 //! `(seed, step)` every step, and data batches are addressed by index.
 //!
-//! The marker records the CRC-32 of both safetensors files, checked when the checkpoint is loaded:
+//! The marker records the CRC-32 of both safetensors files (and of any other file the trainer
+//! keeps with the checkpoint, [`TrainerState::files_crc32`]), checked when the checkpoint is loaded:
 //! a flipped bit or a truncated file is an error naming the file, not a silently different model.
 //! Weights are checked against the model's parameter names and shapes before they are copied in.
 //!
@@ -34,9 +35,17 @@ pub struct TrainerState {
     /// CRC-32 of the optimizer file's bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optim_crc32: Option<u32>,
+    /// CRC-32 of every other file of the checkpoint that a resume reads, by name in
+    /// `checkpoints/` (RL: the loop state and the replay buffer); see [`file_crc32`].
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub files_crc32: std::collections::BTreeMap<String, u32>,
 }
 
-/// CRC-32 of a file's bytes.
+/// CRC-32 of a file's bytes (for [`TrainerState::files_crc32`]).
+pub fn file_crc32(path: &Path) -> Result<u32> {
+    crc32_of(path)
+}
+
 fn crc32_of(path: &Path) -> Result<u32> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let mut crc = flate2::Crc::new();
@@ -142,6 +151,9 @@ pub fn load(
     let (model_file, optim_file) = (d.join(&state.model_file), d.join(&state.optim_file));
     verify(&model_file, state.model_crc32, &marker)?;
     verify(&optim_file, state.optim_crc32, &marker)?;
+    for (name, &crc) in &state.files_crc32 {
+        verify(&d.join(name), Some(crc), &marker)?;
+    }
     load_weights(vs, &model_file)?;
     let optim = Tensor::read_safetensors(&optim_file)
         .map_err(|e| anyhow::anyhow!("loading {}: {}", optim_file.display(), torch_message(&e)))?;

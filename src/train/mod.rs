@@ -482,6 +482,7 @@ fn save_checkpoint(dir: &RunDir, model: &Model, optim: &Optim, step: u64, data_i
         optim_file: format!("step_{step}.optim.safetensors"),
         model_crc32: None,
         optim_crc32: None,
+        files_crc32: Default::default(),
     };
     checkpoint::save(dir, &state, &model.vs, &optim.state(), keep)
 }
