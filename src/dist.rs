@@ -179,10 +179,23 @@ pub fn shard(t: &Tensor, rank: usize, world: usize) -> Tensor {
     t.narrow(0, rank as i64 * per, per)
 }
 
+/// Set by [`launch`] in the environment of its ranks.
+pub const LAUNCHED_VAR: &str = "PLEXUS_LAUNCHED";
+
+/// This process's rank when [`launch`] started it (`None` otherwise: a single process, or ranks
+/// started by torchrun or Slurm).
+pub fn launched_rank() -> Option<usize> {
+    std::env::var_os(LAUNCHED_VAR)?;
+    std::env::var("RANK").ok()?.parse().ok()
+}
+
 /// `plexus train … --nproc N`: runs this same command in N processes on this machine, as torchrun
 /// would (RANK = LOCAL_RANK = r, WORLD_SIZE = N, rendezvous on a free loopback port, each with
 /// 1/N of the CPU threads unless OMP_NUM_THREADS is set). If one rank fails the others are
-/// stopped, and the error names it.
+/// stopped, and the error names it; rank 0 speaks for the group (the others print their error
+/// a second later, so an error that every rank meets is printed once: see `main.rs`). The ranks
+/// die with the launcher (`PR_SET_PDEATHSIG`): a launcher killed by SIGTERM, SIGKILL or a closed
+/// terminal leaves no rank training; the run resumes from its last checkpoint.
 pub fn launch(nproc: usize) -> Result<()> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -199,7 +212,9 @@ pub fn launch(nproc: usize) -> Result<()> {
             .env("RANK", rank.to_string())
             .env("LOCAL_RANK", rank.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string());
+            .env("MASTER_PORT", port.to_string())
+            .env(LAUNCHED_VAR, "1");
+        stop_with_parent(&mut cmd);
         if std::env::var_os("OMP_NUM_THREADS").is_none() {
             cmd.env("OMP_NUM_THREADS", threads.to_string());
         }
@@ -235,6 +250,29 @@ pub fn launch(nproc: usize) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
+}
+
+/// Has the child started by `cmd` receive SIGTERM when this process dies, however it dies.
+fn stop_with_parent(cmd: &mut std::process::Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: between fork and exec the closure calls only async-signal-safe functions
+        // (prctl, getppid, raise) and allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The launcher died before the prctl took effect.
+                if libc::getppid() != parent {
+                    libc::raise(libc::SIGTERM);
+                }
+                Ok(())
+            });
+        }
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,16 @@ fn main() -> ExitCode {
     match plexus::cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            match plexus::dist::launched_rank().filter(|&r| r > 0) {
+                // A rank of `--nproc`: rank 0 speaks for the group. An error that every rank meets
+                // (a batch that does not split, missing data) ends rank 0 first, and the launcher
+                // stops this one before it prints; an error of this rank alone is still printed.
+                Some(rank) => {
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                    eprintln!("error (rank {rank}): {e:#}");
+                }
+                None => eprintln!("error: {e:#}"),
+            }
             ExitCode::from(plexus::cli::exit_code(&e))
         }
     }

@@ -196,5 +196,73 @@ fn bad_distributed_settings_are_clear_errors() {
     // A global batch of 8 does not split over 3 processes.
     let e = err(train(&[cfg, "--out", "y", "--nproc", "3", "--dist-timeout", "10"], &[], t));
     assert!(e.contains("multiple of 3"), "{e}");
+    // Every rank meets it; rank 0 speaks for the group.
+    assert_eq!(e.matches("multiple of 3").count(), 1, "printed more than once:\n{e}");
     assert!(!t.join("x").exists() && !t.join("y").exists(), "a failed start left a run directory");
+}
+
+/// The pids of the processes whose parent is `parent` (from /proc).
+fn children_of(parent: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // pid (comm) state ppid …: the fields after the last ')'.
+            stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                == Some(parent)
+        })
+        .collect()
+}
+
+/// A process that exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// Killing the `--nproc` launcher (SIGKILL, or SIGTERM as Slurm's scancel sends) stops its ranks
+/// within seconds instead of leaving them training to the end, and the run resumes from its last
+/// checkpoint to the end.
+#[test]
+#[ignore = "slow tier: multi-process training, killed"]
+fn killing_the_launcher_stops_its_ranks_and_the_run_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    // ~10 s of training on this machine, killed after about 20 steps: ranks left running would
+    // outlive the 5 s allowed.
+    let cfg = config(t, "mixer", "residual", 1000);
+    for signal in ["KILL", "TERM"] {
+        let run = t.join(format!("run-{signal}"));
+        let mut launcher = Command::new(env!("CARGO_BIN_EXE_plexus"))
+            .args(["train", cfg.to_str().unwrap(), "--out", run.to_str().unwrap(), "--nproc", "2", "--quiet"])
+            .env("OMP_NUM_THREADS", "1")
+            .current_dir(t)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while !run.join("checkpoints/step_20.json").exists() {
+            assert!(started.elapsed() < Duration::from_secs(120), "no checkpoint within 2 minutes");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let ranks = children_of(launcher.id());
+        assert_eq!(ranks.len(), 2, "{ranks:?}");
+        let o = Command::new("kill").args([&format!("-{signal}"), &launcher.id().to_string()]).output().unwrap();
+        assert!(o.status.success());
+        launcher.wait().unwrap();
+        let killed = Instant::now();
+        while ranks.iter().any(|&p| alive(p)) {
+            assert!(killed.elapsed() < Duration::from_secs(5), "SIG{signal}: ranks {ranks:?} still running");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // Resumable: the next run continues from the latest checkpoint to the end.
+        let latest = plexus::train::checkpoint::latest(&plexus::run_dir::RunDir::new(&run)).unwrap().unwrap();
+        assert!(latest.step < 1000, "the run had finished before it was killed");
+        ok(&train(&["--resume", run.to_str().unwrap(), "--nproc", "2"], &[], t));
+        let steps: Vec<f64> = common::read_losses(&run).into_iter().map(|(s, _)| s).collect();
+        assert_eq!(steps, (0..=1000).map(f64::from).collect::<Vec<_>>(), "each step once, to the end");
+    }
 }

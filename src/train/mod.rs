@@ -449,15 +449,10 @@ fn resume_config_changes(dir: &RunDir, cfg: &crate::config::Config) -> Result<Ve
     if !diff.refused.is_empty() {
         let list: Vec<String> =
             diff.refused.iter().map(|(k, a, b)| format!("`{k}` is `{a}` in the run but `{b}` here")).collect();
-        let steps_note = if diff.refused.iter().any(|(k, ..)| k == "train.steps") {
-            " (train.steps may grow, to extend the run, but not shrink)"
-        } else {
-            ""
-        };
         bail!(
             "--resume {}: the config differs from the one the run was trained with ({}): {}; resuming would train \
-             something else. Only train.steps (to extend the run){steps_note} and log.* may change on resume; start \
-             a new run (another --out, or --overwrite) for anything else",
+             something else. Only train.steps (which may grow, to extend the run, but not shrink) and log.* may \
+             change on resume; start a new run (another --out, or --overwrite) for anything else",
             dir.path.display(),
             path.display(),
             list.join("; ")
