@@ -343,4 +343,19 @@ fn an_undecodable_training_image_is_an_error_or_skipped_with_a_count() {
     assert!(err.contains("skipping an undecodable training image (1 so far)") && err.contains(&s(&bad)), "{err}");
     assert_eq!(err.matches("skipping an undecodable").count(), 1, "reported once: {err}");
     assert_eq!(read_losses(&tmp.path().join("run")).last().unwrap().0, 6.0);
+    // A corrupt evaluation image is named as one (skip_bad does not apply to it).
+    // (Every one: data.eval_samples picks 4 of the 8.)
+    for class in ["a", "b"] {
+        for k in 0..4 {
+            std::fs::write(root.join(format!("folder/val/{class}/{k}.png")), b"\x89PNG\r\n\x1a\n truncated").unwrap();
+        }
+    }
+    let bad_val = root.join("folder/val/");
+    let o = train(&["--overwrite", "--set", "data.skip_bad=true"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&s(&bad_val)) && err.contains("bad evaluation image") && !err.contains("bad training image"),
+        "{err}"
+    );
 }

@@ -410,3 +410,56 @@ fn without_a_terminal_train_prints_the_device_and_a_line_per_logged_step() {
     let (_, err) = text(&o);
     assert!(o.status.success() && !err.contains("training on") && !err.contains("lines step"), "{err}");
 }
+
+/// `plexus connectivity CONFIG` needs the model, the topology and the data's shape, not the data:
+/// with the dataset absent it computes C on a random batch of that shape and says whether the
+/// topology's C depends on the input; where it does not, C equals C on real data.
+#[test]
+fn connectivity_of_a_config_needs_no_dataset_on_disk() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = |name: &str, data: &str, topology: &str| {
+        let p = tmp.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &p,
+            format!(
+                "name: {name}\nseed: 5\nmodel: {{kind: gpt, width: 16, depth: 4, heads: 2}}\ndata: {data}\n\
+                 topology: {{kind: {topology}}}\n"
+            ),
+        )
+        .unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let absent = "{kind: tokens, dir: not-downloaded, seq_len: 8, vocab: 64}";
+    let present = "{kind: synthetic_tokens, seq_len: 8, vocab: 64}";
+    let run = |c: &str| {
+        let o = plexus(&["connectivity", c], tmp.path());
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{err}");
+        (parse_csv(&out), err)
+    };
+    let (without, note) = run(&cfg("a", absent, "hacn"));
+    assert!(note.contains("not-downloaded") && note.contains("random batch") && note.contains("[8, 8]"), "{note}");
+    assert!(note.contains("does not depend on the input"), "{note}");
+    let (with, _) = run(&cfg("b", present, "hacn"));
+    assert_eq!(without.len(), 10, "8 sublayers, the embedding and the readout");
+    assert_eq!(without, with, "an input-independent C differs without the data");
+    let (c, note) = run(&cfg("c", absent, "mhc"));
+    assert!(c.len() >= 3 && c.iter().all(|row| row.len() == c.len()));
+    assert!(note.contains("depends on the input") && note.contains("PLEXUS_DATA"), "{note}");
+}
+
+/// A config of the other verb names the verb that runs it, not an unknown field.
+#[test]
+fn train_and_rl_configs_given_to_the_other_verb_point_to_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rl = repo().join("configs/crl-maze/cpu/d4.yaml");
+    let o = plexus(&["train", rl.to_str().unwrap(), "--out", "x"], tmp.path());
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("`plexus rl") && err.contains("d4.yaml") && !err.contains("unknown field"), "{err}");
+    let train = repo().join("configs/lnn/fig2a/1-k2.yaml");
+    let o = plexus(&["rl", train.to_str().unwrap(), "--out", "y"], tmp.path());
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("`plexus train") && !err.contains("unknown field"), "{err}");
+    assert!(!tmp.path().join("x").exists() && !tmp.path().join("y").exists());
+}

@@ -178,7 +178,7 @@ impl DataSpec for Spec {
         // Decoded once, here, so that an unreadable evaluation image is an error of the load.
         source.eval = eval
             .chunks(self.o.batch_size)
-            .map(|c| source.decode(&c.iter().collect::<Vec<_>>(), None, 0))
+            .map(|c| source.decode(&c.iter().collect::<Vec<_>>(), None, 0, "evaluation"))
             .collect::<anyhow::Result<_>>()?;
         Ok(Box::new(source))
     }
@@ -289,13 +289,20 @@ struct FolderSource {
     skipped: std::sync::Mutex<std::collections::HashSet<PathBuf>>,
 }
 
-/// The image a decoding error is about (attached as context, for `skip_bad`).
+/// The image a decoding error is about, and its split (attached as context, for `skip_bad`).
 #[derive(Debug)]
-struct BadImage(PathBuf);
+struct BadImage(PathBuf, &'static str);
 
 impl std::fmt::Display for BadImage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "bad training image")
+        match self.1 {
+            "training" => write!(f, "bad training image"),
+            split => write!(
+                f,
+                "bad {split} image (decoded when the data loads; data.skip_bad skips training images only: \
+                 remove or replace it)"
+            ),
+        }
     }
 }
 
@@ -304,7 +311,14 @@ impl FolderSource {
     /// `augment_tag`: `Some(batch index)` draws the random crops and flips from `(seed, index, i)`,
     /// `i` the image's position in its batch (`first` is that of `files[0]`: a data-parallel rank
     /// decodes a slice of the batch with the crops of the whole).
-    fn decode(&self, files: &[&(PathBuf, i64)], augment_tag: Option<u64>, first: usize) -> anyhow::Result<Batch> {
+    /// `split` names the images in errors ("training", "evaluation").
+    fn decode(
+        &self,
+        files: &[&(PathBuf, i64)],
+        augment_tag: Option<u64>,
+        first: usize,
+        split: &'static str,
+    ) -> anyhow::Result<Batch> {
         let s = self.o.image_size as u32;
         let per_image = 3 * (s * s) as usize;
         let mut pixels = vec![0u8; files.len() * per_image];
@@ -320,7 +334,8 @@ impl FolderSource {
                         for (k, (f, o)) in fs.iter().zip(out.chunks_exact_mut(per_image)).enumerate() {
                             let at = (first + c * chunk + k) as u64;
                             let mut rng = augment_tag.map(|t| rng_for(seed, &[0x1F0, t, at]));
-                            load_image(&f.0, s, rng.as_mut(), o).map_err(|e| e.context(BadImage(f.0.clone())))?;
+                            load_image(&f.0, s, rng.as_mut(), o)
+                                .map_err(|e| e.context(BadImage(f.0.clone(), split)))?;
                         }
                         Ok(())
                     })
@@ -358,7 +373,7 @@ impl DataSource for FolderSource {
         if world > 1 {
             let (files, tag, _, _) = self.batch_files(index);
             let per = files.len() / world;
-            if let Ok(b) = self.decode(&files[rank * per..(rank + 1) * per], tag, rank * per) {
+            if let Ok(b) = self.decode(&files[rank * per..(rank + 1) * per], tag, rank * per, "training") {
                 return Ok(b);
             }
         }
@@ -369,7 +384,7 @@ impl DataSource for FolderSource {
         let (mut files, tag, perm, mut next) = self.batch_files(index);
         let bs = self.o.batch_size;
         loop {
-            let e = match self.decode(&files, tag, 0) {
+            let e = match self.decode(&files, tag, 0, "training") {
                 Ok(batch) => return Ok(batch),
                 Err(e) => e,
             };
