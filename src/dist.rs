@@ -197,6 +197,16 @@ pub fn launched_rank() -> Option<usize> {
 /// die with the launcher (`PR_SET_PDEATHSIG`): a launcher killed by SIGTERM, SIGKILL or a closed
 /// terminal leaves no rank training; the run resumes from its last checkpoint.
 pub fn launch(nproc: usize) -> Result<()> {
+    // One process per GPU or core is the point; a typo of 65535 must not fork 65535 processes.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let gpus = tch::Cuda::device_count().max(0) as usize;
+    let most = (2 * cores).max(gpus).max(8);
+    if nproc > most {
+        bail!(
+            "--nproc {nproc}: at most {most} processes on this machine ({cores} CPU cores, {gpus} CUDA devices): \
+             data parallelism runs one process per GPU, or per core on the CPU"
+        );
+    }
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .context("finding a free port for the rendezvous")?

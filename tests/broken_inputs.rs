@@ -359,3 +359,239 @@ fn an_undecodable_training_image_is_an_error_or_skipped_with_a_count() {
         "{err}"
     );
 }
+
+/// A tiny DiT (diffusion) config.
+const TINY_DIT: &str = "name: dit\nseed: 3\ndevice: cpu\nmodel: {kind: dit, patch: 2, width: 16, depth: 2, heads: 2}\n\
+topology: {kind: residual}\n\
+data: {kind: synthetic_images, image_size: 8, channels: 3, classes: 4, samples: 32, batch_size: 8}\n\
+train: {optimizer: adamw, lr: 3.0e-3, steps: 4}\nlog: {every: 1, checkpoint_every: 2}\n";
+
+/// A tiny classifier on the same images (the `fd` feature extractor).
+const TINY_CLS: &str = "name: cls\ndevice: cpu\n\
+model: {kind: mixer, patch: 4, width: 8, token_hidden: 8, channel_hidden: 8, depth: 1}\ntopology: {kind: residual}\n\
+data: {kind: synthetic_images, image_size: 8, channels: 3, classes: 4, samples: 32, batch_size: 8}\n\
+train: {optimizer: adamw, lr: 1.0e-3, steps: 4}\n";
+
+/// A tiny `plexus rl` config (two rollouts, a checkpoint after each).
+const TINY_RL: &str = "name: rl\nseed: 1\ndevice: cpu\nenv: {layout: u, num_envs: 8, episode_length: 20}\n\
+network: {width: 16, depth: 4, block_size: 4, repr_dim: 8, topology: {kind: residual}}\n\
+train: {env_steps: 320, batch_size: 32, updates_per_rollout: 2, replay_episodes: 64}\n\
+log: {eval_every: 160, eval_envs: 8, checkpoint_every: 160}\n";
+
+/// `copy` of the run `good` into `dir/name`, with `file` replaced by `bytes` (or removed if `None`).
+fn damaged(good: &Path, dir: &Path, name: &str, file: &str, bytes: Option<&[u8]>) -> PathBuf {
+    let to = dir.join(name);
+    std::fs::create_dir_all(dir).unwrap();
+    let o = Command::new("cp").args(["-r", &s(good), &s(&to)]).output().unwrap();
+    assert!(o.status.success());
+    match bytes {
+        Some(b) => {
+            write(&to.join(file), b);
+        }
+        None => {
+            let p = to.join(file);
+            if p.is_dir() {
+                std::fs::remove_dir_all(p).unwrap();
+            } else {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
+    }
+    to
+}
+
+/// The verbs the first corpus did not reach: `sample`, `fd`, `rl` (configs, flags, damaged runs
+/// and resumes), `tokenize` and `--nproc`. Each ends in a clear error or success, never a panic or
+/// a signal.
+#[test]
+#[ignore = "slow tier: the broken-input corpus of sample, fd, rl, tokenize and --nproc"]
+fn sample_fd_rl_tokenize_and_nproc_never_panic_on_broken_inputs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let trained = |verb: &str, yaml: &str, name: &str| -> PathBuf {
+        let cfg = write(&t.join(format!("{name}.yaml")), yaml);
+        let out = t.join(name);
+        let o = plexus(&[verb, &s(&cfg), "--out", &s(&out), "--quiet"], t);
+        assert!(o.status.success(), "{:?}", text(&o));
+        out
+    };
+    let (dit, cls, rl) =
+        (trained("train", TINY_DIT, "dit"), trained("train", TINY_CLS, "cls"), trained("rl", TINY_RL, "rl"));
+    let lnn = trained("train", TINY, "lnn");
+    let (d, c, r, l) = (s(&dit), s(&cls), s(&rl), s(&lnn));
+    let mut cases: Vec<Case> = Vec::new();
+    let mut add = |args: &[&str]| cases.push(case(args));
+
+    // sample: flags, the wrong kind of run, damaged runs.
+    for flags in [
+        &["--per-class", "0"][..],
+        &["--per-class", "1000000", "--steps", "1"],
+        &["--per-class", "-3"],
+        &["--steps", "0"],
+        &["--steps", "5000"],
+        &["--cfg", "nan"],
+        &["--cfg", "inf"],
+        &["--cfg", "-1"],
+        &["--cfg", "1e30"],
+        &["--weights", "ema"],
+        &["--weights", "best"],
+        &["--sampler", "euler"],
+        &["--device", "cuda:9"],
+        &["--device", "tpu"],
+        &["--seed", "-1"],
+    ] {
+        add(&[&["sample", d.as_str()][..], flags].concat());
+    }
+    for run in [l.as_str(), c.as_str(), "nonexistent", "/dev/null"] {
+        add(&["sample", run, "--steps", "2"]);
+    }
+    let runs = t.join("damaged");
+    let mut dit_damaged = Vec::new();
+    for (name, file, bytes) in [
+        ("final-empty", "checkpoints/final.safetensors", Some(&b""[..])),
+        ("final-garbage", "checkpoints/final.safetensors", Some(&b"\xff\xff\xff\xff\xff\xff\xff\x7f{}"[..])),
+        ("final-missing", "checkpoints/final.safetensors", None),
+        ("manifest-garbage", "checkpoints/weights.json", Some(&b"{\"final.safetensors\": 3"[..])),
+        ("config-garbage", "config.yaml", Some(&b"\x00\x01"[..])),
+        ("config-classifier", "config.yaml", Some(TINY_CLS.as_bytes())),
+        ("figures-file", "figures", None),
+    ] {
+        dit_damaged.push(damaged(&dit, &runs, name, file, bytes));
+    }
+    write(&runs.join("figures-file/figures"), b"a file where the figures folder was");
+    for run in &dit_damaged {
+        add(&["sample", &s(run), "--steps", "2", "--per-class", "1"]);
+        add(&["fd", &s(run), "--extractor", &c, "--samples", "4", "--steps", "2"]);
+    }
+
+    // fd: extractors of the wrong kind or shape, sample counts, damaged extractors.
+    for args in [
+        &["--extractor", d.as_str()][..],
+        &["--extractor", l.as_str()],
+        &["--extractor", "nonexistent"],
+        &["--extractor", c.as_str(), "--samples", "0"],
+        &["--extractor", c.as_str(), "--samples", "1"],
+        &["--extractor", c.as_str(), "--samples", "1000000000"],
+        &["--extractor", c.as_str(), "--samples", "4", "--steps", "0"],
+        &["--extractor", c.as_str(), "--samples", "4", "--cfg", "nan"],
+    ] {
+        add(&[&["fd", d.as_str()][..], args].concat());
+    }
+    add(&["fd", &c, "--extractor", &c, "--samples", "4"]);
+    let cls_damaged = damaged(&cls, &runs, "cls-final-garbage", "checkpoints/final.safetensors", Some(b"\x00"));
+    add(&["fd", &d, "--extractor", &s(&cls_damaged), "--samples", "4", "--steps", "2"]);
+
+    // rl: broken configs.
+    let rl_cfgs = t.join("rl-configs");
+    for (i, (from, to)) in [
+        ("env_steps: 320", "env_steps: 0"),
+        ("env_steps: 320", "env_steps: 18446744073709551616"),
+        ("num_envs: 8", "num_envs: 0"),
+        ("num_envs: 8", "num_envs: 99999999"),
+        ("episode_length: 20", "episode_length: 1"),
+        ("replay_episodes: 64", "replay_episodes: 1000000000000"),
+        ("replay_episodes: 64", "replay_episodes: 1"),
+        ("updates_per_rollout: 2", "updates_per_rollout: 2, prefill_env_steps: 100000000000"),
+        ("updates_per_rollout: 2", "updates_per_rollout: 2, lr: .nan"),
+        ("updates_per_rollout: 2", "updates_per_rollout: 2, lr: 1e10"),
+        ("updates_per_rollout: 2", "updates_per_rollout: 0"),
+        ("depth: 4", "depth: 0"),
+        ("block_size: 4", "block_size: 3"),
+        ("kind: residual", "kind: resnet"),
+        ("layout: u", "layout: maze"),
+        ("device: cpu", "device: cuda:99"),
+        ("name: rl", "name: ../../x"),
+        ("eval_envs: 8", "eval_envs: 0"),
+        ("seed: 1", "seed: -1"),
+        ("train:", "trian:"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let cfg = write(&rl_cfgs.join(format!("rl-{i}.yaml")), TINY_RL.replace(from, to));
+        add(&["rl", &s(&cfg), "--out", &s(&t.join(format!("rl-out-{i}"))), "--quiet"]);
+    }
+    add(&["rl", &s(&t.join("tiny.yaml")), "--out", &s(&t.join("rl-from-train"))]);
+    add(&["rl", "nonexistent.yaml"]);
+    add(&["rl", &r, "--plot", "--out", "/dev/null/x"]);
+    add(&["rl", "nonexistent", "--plot"]);
+    // rl: damaged runs, resumed and plotted.
+    for (name, file, bytes) in [
+        (
+            "rl-replay-garbage",
+            "checkpoints/step_320.replay.safetensors",
+            Some(&b"\x08\x00\x00\x00\x00\x00\x00\x00{}"[..]),
+        ),
+        ("rl-loop-garbage", "checkpoints/step_320.rl.json", Some(&b"{\"env_steps\": "[..])),
+        ("rl-loop-missing", "checkpoints/step_320.rl.json", None),
+        ("rl-marker-garbage", "checkpoints/step_320.json", Some(&b"[1"[..])),
+        ("rl-model-truncated", "checkpoints/step_320.safetensors", Some(&b"\x08\x00"[..])),
+        ("rl-config-garbage", "config.yaml", Some(&b"\xff\xfe"[..])),
+        ("rl-config-train", "config.yaml", Some(TINY.as_bytes())),
+        ("rl-metrics-garbage", "metrics.csv", Some(&b"env_steps,success\nx,y\n,\n"[..])),
+        ("rl-no-checkpoints", "checkpoints", None),
+    ] {
+        let run = s(&damaged(&rl, &runs, name, file, bytes));
+        add(&["rl", "--resume", &run, "--set", "train.env_steps=480", "--quiet"]);
+        add(&["rl", &run, "--plot"]);
+    }
+    for ov in ["train.env_steps=160", "network.width=32", "garbage", "train.env_steps=1e99"] {
+        add(&["rl", "--resume", &r, "--set", ov]);
+    }
+
+    // tokenize: inputs that are not text files, flags out of range, outputs that cannot be written.
+    let text_file = write(&t.join("text/a.txt"), "some text\n".repeat(50));
+    let empty = write(&t.join("text/empty.txt"), "");
+    let binary = write(&t.join("text/binary.bin"), [0xffu8, 0xfe, 0x00, 0x80].repeat(64));
+    let a = s(&text_file);
+    let tok = s(&t.join("tok"));
+    for args in [
+        vec!["tokenize", &s(&empty), "--out", &tok, "--encoding", "char"],
+        vec!["tokenize", &s(&empty), "--out", &tok],
+        vec!["tokenize", &s(&binary), "--out", &tok],
+        vec!["tokenize", &s(&t.join("text")), "--out", &tok],
+        vec!["tokenize", "nonexistent.txt", "--out", &tok],
+        vec!["tokenize", "/dev/null", "--out", &tok],
+        vec!["tokenize", &a, "--out", &tok, "--val-fraction", "1"],
+        vec!["tokenize", &a, "--out", &tok, "--val-fraction", "nan"],
+        vec!["tokenize", &a, "--out", &tok, "--val-fraction", "-0.5"],
+        vec!["tokenize", &a, "--out", &tok, "--threads", "0"],
+        vec!["tokenize", &a, "--out", &tok, "--encoding", "bpe"],
+        vec!["tokenize", &a, "--out", &a],
+        vec!["tokenize", &a, "--out", "/dev/null/x"],
+    ] {
+        add(&args);
+    }
+
+    // --nproc: too many, a batch that does not split, broken configs and runs under the launcher.
+    let tiny = s(&t.join("tiny.yaml"));
+    let broken = s(&write(&t.join("broken.yaml"), TINY.replace("depth: 3", "depth: 0")));
+    for args in [
+        vec!["train", tiny.as_str(), "--nproc", "65535", "--out", "n1"],
+        vec!["train", tiny.as_str(), "--nproc", "0", "--out", "n2"],
+        vec!["train", tiny.as_str(), "--nproc", "3", "--out", "n3", "--dist-timeout", "20"],
+        vec!["train", broken.as_str(), "--nproc", "2", "--out", "n4", "--dist-timeout", "20"],
+        vec!["train", "nonexistent.yaml", "--nproc", "2", "--out", "n5", "--dist-timeout", "20"],
+        vec!["train", "--resume", "nonexistent", "--nproc", "2", "--dist-timeout", "20"],
+        vec!["train", "--resume", l.as_str(), "--nproc", "2", "--set", "model.depth=4", "--dist-timeout", "20"],
+        vec!["bench", tiny.as_str(), "--nproc", "65535"],
+        vec!["bench", broken.as_str(), "--nproc", "2", "--steps", "1", "--warmup", "0", "--dist-timeout", "20"],
+    ] {
+        add(&args);
+    }
+
+    let (a, b) = cases.split_at(cases.len() / 2);
+    let failures: Vec<String> = std::thread::scope(|sc| {
+        let h = sc.spawn(|| a.iter().filter_map(|c| run_case(c, t)).collect::<Vec<_>>());
+        let mut f: Vec<String> = b.iter().filter_map(|c| run_case(c, t)).collect();
+        f.extend(h.join().unwrap());
+        f
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} invocations panicked or crashed:\n\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n\n")
+    );
+}

@@ -391,13 +391,13 @@ impl RlConfig {
                 format!("at least {min_episodes} (one rollout of env.num_envs episodes)"),
             ));
         }
-        if t.prefill_env_steps >= t.env_steps {
+        if t.prefill_env_steps > t.env_steps {
             return Err(OptionError::new(
                 "train.prefill_env_steps",
                 t.prefill_env_steps,
                 format!(
-                    "fewer than train.env_steps = {} (the first prefill_env_steps act at random with no update; \
-                     at or beyond env_steps the run would never update)",
+                    "at most train.env_steps = {} (the first prefill_env_steps act at random and the updates start \
+                     after them: beyond env_steps the run would never update)",
                     t.env_steps
                 ),
             ));

@@ -17,10 +17,16 @@ fn success_curve(dir: &Path) -> Result<Vec<(f64, f64)>> {
     let col = |n: &str| h.iter().position(|c| c == n).with_context(|| format!("{}: no `{n}` column", path.display()));
     let (x, y) = (col("env_steps")?, col("success")?);
     let mut out = Vec::new();
-    for rec in r.records() {
+    for (i, rec) in r.records().enumerate() {
         let rec = rec.with_context(|| format!("reading {}", path.display()))?;
-        if let (Some(Ok(a)), Some(Ok(b))) = (rec.get(x).map(str::parse::<f64>), rec.get(y).map(str::parse::<f64>)) {
-            out.push((a, b));
+        match (rec.get(x).map(str::parse::<f64>), rec.get(y).map(str::parse::<f64>)) {
+            (Some(Ok(a)), Some(Ok(b))) => out.push((a, b)),
+            _ => anyhow::bail!(
+                "{} line {}: `{}` is not a row of numbers (env_steps, success); the file is damaged",
+                path.display(),
+                i + 2,
+                rec.iter().collect::<Vec<_>>().join(",")
+            ),
         }
     }
     Ok(out)

@@ -55,6 +55,14 @@ fn crc32_of(path: &Path) -> Result<u32> {
 
 /// Checks `path` against the checksum recorded in its marker.
 fn verify(path: &Path, expected: Option<u32>, marker: &Path) -> Result<()> {
+    if expected.is_some() && !path.is_file() {
+        bail!(
+            "checkpoint file {} is missing, though {} lists it; delete {} to resume from the checkpoint before it",
+            path.display(),
+            marker.display(),
+            marker.display()
+        );
+    }
     if let Some(want) = expected {
         let got = crc32_of(path)?;
         if got != want {
