@@ -178,6 +178,15 @@ pub fn with_seed<R>(seed: u64, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Memory this machine can give a new allocation now (`MemAvailable` of `/proc/meminfo`, bytes);
+/// `None` where it cannot be read (not Linux).
+pub fn host_memory_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,13 +225,4 @@ mod tests {
         let e = resolve_on(DeviceRequest::Cuda(1), GPU_BOX).unwrap_err().to_string();
         assert!(e.contains("cuda:1") && e.contains("1 CUDA device"), "{e}");
     }
-}
-
-/// Memory this machine can give a new allocation now (`MemAvailable` of `/proc/meminfo`, bytes);
-/// `None` where it cannot be read (not Linux).
-pub fn host_memory_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kb.checked_mul(1024)
 }

@@ -616,7 +616,7 @@ fn plexus_sample_and_fd_run_from_the_command_line() {
         let (ok, text) = run(args);
         assert!(!ok && text.contains("is corrupt") && text.contains("final.safetensors"), "{args:?}: {text}");
     }
-    let mut t = Tensor::read_safetensors(&fin.with_file_name("step_4.safetensors")).unwrap();
+    let mut t = Tensor::read_safetensors(fin.with_file_name("step_4.safetensors")).unwrap();
     t.sort_by(|a, b| a.0.cmp(&b.0));
     let _ = t[0].1.fill_(f64::NAN);
     let named: Vec<(&str, &Tensor)> = t.iter().map(|(n, t)| (n.as_str(), t)).collect();

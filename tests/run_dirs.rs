@@ -290,7 +290,7 @@ fn final_weights_are_checksummed_finite_and_present_or_refused() {
     }
 
     // NaN weights in a run without a manifest (written before checksums): refused by name.
-    let mut tensors = tch::Tensor::read_safetensors(&fin.with_file_name("step_4.safetensors")).unwrap();
+    let mut tensors = tch::Tensor::read_safetensors(fin.with_file_name("step_4.safetensors")).unwrap();
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     let _ = tensors[1].1.get(0).fill_(f64::NAN);
     let named: Vec<(&str, &tch::Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();

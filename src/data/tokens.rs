@@ -192,7 +192,7 @@ impl TokenFile {
             );
         }
         let bytes = meta.len() as usize;
-        if bytes % TOKEN_BYTES != 0 {
+        if !bytes.is_multiple_of(TOKEN_BYTES) {
             bail!(
                 "{}: {bytes} bytes, an odd length: a token file holds 2-byte (uint16 little-endian) token ids, so its \
                  length is even; the file is truncated or not a token file",

@@ -147,7 +147,7 @@ fn divergence(stats: &[tch::Tensor], first_update: u64, agent: &Agent) -> Option
     let param = checkpoint::first_non_finite(&params)
         .map(|p| format!("; the first parameter that is not finite is `{p}`"))
         .unwrap_or_default();
-    Some(match rows.iter().position(|r| r.iter().any(|&v| v == 0.0)) {
+    Some(match rows.iter().position(|r| r.contains(&0.0)) {
         Some(i) => {
             let names: Vec<&str> =
                 rows[i].iter().zip(UPDATE_STATS).filter(|(v, _)| **v == 0.0).map(|(_, n)| n).collect();
