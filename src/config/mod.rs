@@ -310,9 +310,17 @@ pub enum Verb {
     Rl,
 }
 
-/// A config of the other verb is refused by naming the verb to run it with (rather than as an
-/// unknown field). Text that is not a YAML mapping is left to the parser's own messages.
-pub fn check_verb(source: &str, file: &Path, verb: Verb) -> Result<(), ConfigError> {
+/// Where parsing `source` for `verb` failed with `e`: if `e` is an unknown field and the text is
+/// a config of the other verb, an error naming the verb to run it with instead; else `e`. (Called
+/// only on that error, after the size and depth bounds have passed.)
+pub fn other_verb(e: ConfigError, source: &str, file: &Path, verb: Verb) -> ConfigError {
+    if !e.allowed.contains("unknown field") {
+        return e;
+    }
+    check_verb(source, file, verb).err().unwrap_or(e)
+}
+
+fn check_verb(source: &str, file: &Path, verb: Verb) -> Result<(), ConfigError> {
     let Ok(serde_yaml::Value::Mapping(m)) = serde_yaml::from_str::<serde_yaml::Value>(source) else { return Ok(()) };
     let has = |k: &str| m.contains_key(k);
     let (rl, train) = (has("env") || has("network") || has("crl"), has("model") || has("data"));
@@ -346,8 +354,8 @@ pub fn check_verb(source: &str, file: &Path, verb: Verb) -> Result<(), ConfigErr
 
 /// Parses YAML text as a config (`file` is only used in messages).
 pub fn load_str(source: &str, file: &Path, overrides: &[String]) -> Result<LoadedConfig, ConfigError> {
-    check_verb(source, file, Verb::Train)?;
-    let (config, source) = parse_document::<Config>(source, file, overrides)?;
+    let (config, source) = parse_document::<Config>(source, file, overrides)
+        .map_err(|e| other_verb(e, source, file, Verb::Train))?;
     let loaded = LoadedConfig { config, file: file.to_path_buf(), source, overrides: overrides.to_vec() };
     loaded.config.validate().map_err(|e| loaded.error("", e))?;
     Ok(loaded)

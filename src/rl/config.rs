@@ -296,8 +296,8 @@ impl RlExperiment {
     }
 
     pub fn from_str(source: &str, file: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
-        crate::config::check_verb(source, file, crate::config::Verb::Rl)?;
-        let (config, source) = parse_document::<RlConfig>(source, file, overrides)?;
+        let (config, source) = parse_document::<RlConfig>(source, file, overrides)
+            .map_err(|e| crate::config::other_verb(e, source, file, crate::config::Verb::Rl))?;
         let at = |e: OptionError| locate_error(file, &source, overrides, "", e);
         config.validate().map_err(at)?;
         let n = &config.network;
