@@ -20,11 +20,9 @@ use crate::config::Precision;
 use crate::device;
 use crate::experiment::Experiment;
 use crate::model::Model;
-use crate::run_dir::atomic_write;
 use crate::train::optim::Optim;
 use crate::train::step::Stepper;
 use anyhow::{Context, Result};
-use std::path::Path;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
@@ -196,8 +194,8 @@ impl Trainee {
     fn new(exp: &Experiment) -> Result<Self> {
         let cfg = exp.config();
         let dev = device::resolve(cfg.device_request())?;
-        device::apply_matmul_precision(cfg, dev)?;
-        let compute = device::compute_kind(cfg.precision);
+        device::apply_matmul_precision(cfg.tf32)?;
+        let compute = cfg.precision.compute_kind();
         let data = exp.data.load().with_context(|| format!("{}: loading the benchmark batch", cfg.name))?;
         let batch = data.train_batch(0)?.to_device(dev);
         let model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
@@ -311,7 +309,7 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
     let info = exp.data.info();
     let mut t = Trainee::new(exp)?;
     let dev = t.dev;
-    let compute = device::compute_kind(cfg.precision);
+    let compute = cfg.precision.compute_kind();
     let _seed = device::seed_guard(cfg.seed);
     for _ in 0..opts.warmup {
         t.step();
@@ -635,154 +633,6 @@ pub fn growth_exponent(points: &[(f64, f64)]) -> f64 {
     let cov: f64 = pts.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
     let var: f64 = pts.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
     cov / var
-}
-
-// ------------------------------------------------------------------------------------------------
-// `plexus bench --compare` and `--depths`.
-
-/// `--set` overrides selecting a topology written `kind` or `kind+key=value+…`.
-fn topology_overrides(entry: &str) -> Vec<String> {
-    let mut parts = entry.split('+');
-    let kind = parts.next().unwrap_or_default();
-    std::iter::once(format!("topology.kind={kind}")).chain(parts.map(|p| format!("topology.{p}"))).collect()
-}
-
-pub fn compare_topologies(
-    config: &Path,
-    overrides: &[String],
-    opts: &crate::bench::BenchOptions,
-    entries: &[String],
-    csv: Option<&Path>,
-) -> Result<()> {
-    let exps = entries
-        .iter()
-        .map(|t| {
-            let ov: Vec<String> = overrides.iter().cloned().chain(topology_overrides(t)).collect();
-            Ok((t.clone(), Experiment::from_file(config, &ov)?))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let case = opts.case.clone().unwrap_or_else(|| exps[0].1.config().name.clone());
-    eprintln!("{case}: {} topologies, {} paired rounds…", exps.len(), opts.steps);
-    let rows = crate::bench::compare(&exps, opts)?;
-    println!(
-        "{:<24} {:>10} {:>14} {:>20} {:>9} {:>14} {:>11} {:>14}",
-        "topology", "ms/step", "overhead", "(p10 … p90)", "act MB", "traffic bound", "FLOP bound", "kernels/step"
-    );
-    let mut text = String::new();
-    for r in &rows {
-        let [m, lo, hi] = r.overhead_pct;
-        // The bounds: the least overhead a fully fused n-stream update could have, from the bytes it
-        // must move and from the FLOPs it must compute.
-        let bound = r.traffic_bound_pct.map(|b| format!("≥ {b:+.1}%")).unwrap_or_default();
-        let flop_bound = r.flop_bound_pct.map(|b| format!("≥ {b:+.1}%")).unwrap_or_default();
-        let kernels = r.kernels.map(|k| k.to_string()).unwrap_or_default();
-        println!(
-            "{:<24} {:>10.2} {:>13.1}% {:>20} {:>9.1} {:>14} {:>11} {:>14}",
-            r.label,
-            r.ms,
-            m,
-            format!("({lo:+.1}% … {hi:+.1}%)"),
-            r.act_mem_mb,
-            bound,
-            flop_bound,
-            kernels
-        );
-        let bound_csv = r.traffic_bound_pct.map(|b| format!("{b:.3}")).unwrap_or_default();
-        let flop_bound_csv = r.flop_bound_pct.map(|b| format!("{b:.3}")).unwrap_or_default();
-        text += &format!(
-            "{case},{},{:.4},{m:.3},{lo:.3},{hi:.3},{:.2},{bound_csv},{flop_bound_csv},{kernels}\n",
-            r.label, r.ms, r.act_mem_mb
-        );
-    }
-    if let Some(path) = csv {
-        crate::report::append_csv(
-            path,
-            "case,topology,ms_median,overhead_pct,overhead_p10,overhead_p90,act_mem_mb,traffic_bound_pct,flop_bound_pct,\
-             kernels_per_step",
-            &text,
-        )?;
-    }
-    Ok(())
-}
-
-/// Cost versus depth: every topology at every depth, `depth.csv`, log-log figures of step time and
-/// step memory, and the fitted exponent k of `cost ∝ L^k` per topology.
-pub fn depth_sweep(
-    config: &Path,
-    overrides: &[String],
-    opts: &crate::bench::BenchOptions,
-    depths: &[usize],
-    topologies: &[String],
-    out: &Path,
-) -> Result<()> {
-    use crate::plot::{loglog_chart, topology_color, LineChart, Series};
-    std::fs::create_dir_all(out).with_context(|| format!("creating the output directory {}", out.display()))?;
-    let mut rows = Vec::new();
-    for t in topologies {
-        let kind = t.split('+').next().unwrap_or_default();
-        for &l in depths {
-            let mut ov = overrides.to_vec();
-            ov.extend(topology_overrides(t));
-            ov.push(format!("model.depth={l}"));
-            let exp = Experiment::from_file(config, &ov)?;
-            let o = crate::bench::BenchOptions { case: Some(format!("{t}@L{l}")), ..opts.clone() };
-            eprintln!("bench {t} at depth {l}…");
-            let row = crate::bench::bench(&exp, &o)?;
-            crate::report::print_bench(std::slice::from_ref(&row));
-            rows.push((t.clone(), kind.to_string(), l, row));
-        }
-    }
-    let mut csv = String::from(crate::bench::CSV_HEADER);
-    csv.push('\n');
-    for (_, _, _, r) in &rows {
-        csv += &r.csv();
-        csv.push('\n');
-    }
-    atomic_write(&out.join("depth.csv"), csv.as_bytes())?;
-    let mut summary = String::from("topology,time_exponent,memory_exponent\n");
-    println!("\n{:<24} {:>16} {:>18}", "topology", "time ∝ L^k, k =", "act. mem ∝ L^k, k =");
-    let mut time_series = Vec::new();
-    let mut mem_series = Vec::new();
-    for (i, t) in topologies.iter().enumerate() {
-        let mine: Vec<&(String, String, usize, crate::bench::BenchRow)> = rows.iter().filter(|r| &r.0 == t).collect();
-        let time: Vec<(f64, f64)> = mine.iter().map(|r| (r.2 as f64, r.3.ms[0])).collect();
-        let mem: Vec<(f64, f64)> = mine.iter().map(|r| (r.2 as f64, r.3.act_mem_mb)).collect();
-        let (kt, km) = (crate::bench::growth_exponent(&time), crate::bench::growth_exponent(&mem));
-        println!("{t:<24} {kt:>16.2} {km:>18.2}");
-        summary += &format!("{t},{kt:.3},{km:.3}\n");
-        let kind = mine.first().map(|r| r.1.clone()).unwrap_or_default();
-        let color =
-            Some(topology_color(&kind, topologies[..i].iter().filter(|o| o.split('+').next() == Some(&kind)).count()));
-        time_series.push(Series { label: format!("{t} (k = {kt:.2})"), points: time, color });
-        mem_series.push(Series { label: format!("{t} (k = {km:.2})"), points: mem, color });
-    }
-    atomic_write(&out.join("growth.csv"), summary.as_bytes())?;
-    let name = config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut files = loglog_chart(
-        &LineChart {
-            title: format!("Step time versus depth — {name}"),
-            x_label: "model.depth L (log scale)".into(),
-            y_label: "ms per training step (log scale)".into(),
-            log_y: true,
-            series: time_series,
-        },
-        &out.join("depth_time"),
-    )?;
-    files.extend(loglog_chart(
-        &LineChart {
-            title: format!("Activation memory versus depth — {name}"),
-            x_label: "model.depth L (log scale)".into(),
-            y_label: "activation memory (held for backward), MiB (log scale)".into(),
-            log_y: true,
-            series: mem_series,
-        },
-        &out.join("depth_memory"),
-    )?);
-    for f in files.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
-        println!("figure: {}", f.display());
-    }
-    println!("csv: {}", out.join("depth.csv").display());
-    Ok(())
 }
 
 #[cfg(test)]

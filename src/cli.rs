@@ -1,15 +1,9 @@
 //! The command line: `plexus train | demo | analyze | plot | bench | connectivity | parity | sample | fd | doctor | tokenize | rl | list`.
 
-use crate::analysis::{self, AnalyzeOptions};
+use crate::commands;
 use crate::config::ConfigError;
-use crate::dist::DistInfo;
-use crate::experiment::Experiment;
-use crate::run_dir::{atomic_write, RunDir};
-use crate::train::{self, TrainOptions};
-use crate::{data, doctor, model, sets, topology};
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::{Parser, Subcommand};
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -307,66 +301,24 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
 
 pub fn run(cli: Cli) -> Result<()> {
     crate::native::check_fused_kernels_setting()?;
+    let launched = std::env::var_os("WORLD_SIZE").is_none();
     match cli.cmd {
-        Cmd::Train { nproc, .. } if nproc > 1 && std::env::var_os("WORLD_SIZE").is_none() => {
-            crate::dist::launch(nproc as usize)
-        }
+        Cmd::Train { nproc, .. } if nproc > 1 && launched => crate::dist::launch(nproc as usize),
         Cmd::Train { configs, resume: Some(run), overrides, quiet, dist_timeout, .. } => {
-            let dist = DistInfo::from_env(Duration::from_secs(dist_timeout))?;
-            let main = DistInfo::is_main(dist.as_ref());
-            let dir = RunDir::open(&run)?;
-            let config = match configs.as_slice() {
-                [] => dir.config_file(),
-                [one] if !one.is_dir() => one.clone(),
-                _ => bail!(
-                    "--resume {} continues one run: give at most one config file (its config.yaml is used when none \
-                     is given), not {}",
-                    run.display(),
-                    configs.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
-                ),
-            };
-            let exp = Experiment::from_file(&config, &overrides)?;
-            let progress = main && !quiet && std::io::stderr().is_terminal();
-            let opts = TrainOptions {
-                progress,
-                log_lines: main && !quiet && !progress,
-                resume: true,
-                crash_after: crate::commands::crash_after()?,
-                dist,
-                ..Default::default()
-            };
-            let s = train::train(&exp, &dir, &opts)?;
-            if main {
-                crate::report::print_table(&[s]);
-            }
-            Ok(())
+            commands::train_resume(&run, &configs, &overrides, quiet, Duration::from_secs(dist_timeout))
         }
         Cmd::Train { configs, resume: None, out, overrides, quiet, overwrite, dist_timeout, .. } => {
-            let dist = DistInfo::from_env(Duration::from_secs(dist_timeout))?;
-            let main = DistInfo::is_main(dist.as_ref());
-            let exps = crate::commands::resolve_paths(&configs, &overrides)?;
-            if dist.is_some() && exps.len() != 1 {
-                bail!("a data-parallel run trains one config; {} were given", exps.len());
-            }
-            let progress = main && !quiet && std::io::stderr().is_terminal();
-            let dirs = crate::commands::run_dirs(&exps, out.as_deref())?;
-            let opts = TrainOptions {
-                progress,
-                log_lines: main && !quiet && !progress,
-                crash_after: crate::commands::crash_after()?,
-                dist,
-                ..Default::default()
-            };
-            let summaries = crate::commands::train_all(&exps, &dirs, &opts, &vec![overwrite; dirs.len()])?;
-            if main {
-                crate::report::print_table(&summaries);
-            }
-            Ok(())
+            commands::train_new(
+                &configs,
+                out.as_deref(),
+                &overrides,
+                quiet,
+                overwrite,
+                Duration::from_secs(dist_timeout),
+            )
         }
-        Cmd::Demo { figure, out, overrides } => crate::commands::demo(&figure, &out, &overrides),
-        Cmd::Bench { nproc, .. } if nproc > 1 && std::env::var_os("WORLD_SIZE").is_none() => {
-            crate::dist::launch(nproc as usize)
-        }
+        Cmd::Demo { figure, out, overrides } => commands::demo(&figure, &out, &overrides),
+        Cmd::Bench { nproc, .. } if nproc > 1 && launched => crate::dist::launch(nproc as usize),
         Cmd::Bench {
             config,
             steps,
@@ -381,189 +333,42 @@ pub fn run(cli: Cli) -> Result<()> {
             out,
             dist_timeout,
             ..
-        } => {
-            let opts = crate::bench::BenchOptions { steps, warmup, case, profile };
-            if let Some(info) = DistInfo::from_env(Duration::from_secs(dist_timeout))? {
-                anyhow::ensure!(
-                    compare.is_empty() && depths.is_empty() && !profile && csv.is_none(),
-                    "a data-parallel benchmark (--nproc) times one config: --compare, --depths, --profile and \
-                     --csv are for single-process benchmarks"
-                );
-                let exp = Experiment::from_file(&config, &overrides)?;
-                if let Some(r) = crate::bench::bench_distributed(&exp, &opts, info)? {
-                    println!(
-                        "{:<24} {:>5} {:>7} {:>6} {:>10} {:>10} {:>10} {:>12} {:>12} {:>9}",
-                        "case",
-                        "procs",
-                        "backend",
-                        "batch",
-                        "ms/step",
-                        "p10",
-                        "p90",
-                        "samples/s",
-                        "all-reduce",
-                        "share"
-                    );
-                    println!(
-                        "{:<24} {:>5} {:>7} {:>6} {:>10.2} {:>10.2} {:>10.2} {:>12.1} {:>9.2} ms {:>8.1}%",
-                        r.case,
-                        r.world_size,
-                        r.backend,
-                        r.batch,
-                        r.ms[0],
-                        r.ms[1],
-                        r.ms[2],
-                        r.samples_per_s,
-                        r.allreduce_ms,
-                        100.0 * r.allreduce_share()
-                    );
-                    println!(
-                        "gradient all-reduced per step and rank: {:.2} MiB",
-                        r.gradient_bytes as f64 / (1u64 << 20) as f64
-                    );
-                }
-                return Ok(());
-            }
-            if !compare.is_empty() {
-                crate::bench::compare_topologies(&config, &overrides, &opts, &compare, csv.as_deref())
-            } else if depths.is_empty() {
-                let exp = Experiment::from_file(&config, &overrides)?;
-                let row = crate::bench::bench(&exp, &opts)?;
-                crate::report::print_bench(std::slice::from_ref(&row));
-                if let Some(path) = csv {
-                    crate::report::append_csv(&path, crate::bench::CSV_HEADER, &format!("{}\n", row.csv()))?;
-                }
-                Ok(())
-            } else {
-                crate::bench::depth_sweep(&config, &overrides, &opts, &depths, &topologies, &out)
-            }
-        }
-        Cmd::Plot { runs, out, title, step } => {
-            let out = out.unwrap_or_else(|| crate::commands::default_figure_dir(&runs));
-            for p in crate::plot::figures::all(&runs, &out, title.as_deref(), step)? {
-                println!("{}", p.display());
-            }
-            Ok(())
-        }
+        } => commands::bench(&commands::BenchRequest {
+            config,
+            overrides,
+            options: crate::bench::BenchOptions { steps, warmup, case, profile },
+            csv,
+            compare,
+            depths,
+            topologies,
+            out,
+            dist_timeout: Duration::from_secs(dist_timeout),
+        }),
+        Cmd::Plot { runs, out, title, step } => commands::plot(&runs, out.as_deref(), title.as_deref(), step),
         Cmd::Analyze { runs, sigmas, probs, repeats, correlate, device } => {
-            let device = match device {
-                Some(d) => Some(crate::device::resolve(
-                    crate::device::parse_device(&d)
-                        .map_err(|allowed| anyhow::anyhow!("--device {d}: expected {allowed}"))?,
-                )?),
-                None => None,
-            };
-            let opts = AnalyzeOptions { sigmas, char_probs: probs, repeats, seed: 0, device };
-            let summaries = runs.iter().map(|r| analysis::analyze(r, &opts)).collect::<Result<Vec<_>>>()?;
-            crate::report::print_analysis(&summaries);
-            if correlate {
-                let m = analysis::correlate(&runs)?;
-                let path = crate::commands::default_figure_dir(&runs)
-                    .parent()
-                    .map(|p| p.join("correlation.csv"))
-                    .unwrap_or_default();
-                let mut s = String::from("run");
-                for r in &runs {
-                    s += &format!(",{}", r.display());
-                }
-                s.push('\n');
-                for (r, row) in runs.iter().zip(&m) {
-                    s += &r.display().to_string();
-                    for v in row {
-                        s += &format!(",{v}");
-                    }
-                    s.push('\n');
-                }
-                atomic_write(&path, s.as_bytes())?;
-                println!("\nPearson correlation of the converged residual weights a:\n{s}→ {}", path.display());
-            }
-            Ok(())
+            commands::analyze(&runs, sigmas, probs, repeats, correlate, device.as_deref())
         }
         Cmd::Sample { run, per_class, sampling } => {
-            let o = sampling.options();
-            let out = crate::diffusion::sample_run(&run, per_class, &o, &sampling.device)?;
-            println!(
-                "samples ({:?}, {} steps, cfg {}): {}",
-                o.sampler,
-                if o.sampler == crate::diffusion::Sampler::Ddim { o.steps } else { 1000 },
-                o.cfg,
-                out.display()
-            );
-            Ok(())
+            commands::sample(&run, per_class, &sampling.options(), &sampling.device)
         }
         Cmd::Fd { run, extractor, samples, sampling } => {
-            let fd = crate::fd::fd_command(&run, &extractor, samples, &sampling.options(), &sampling.device)?;
-            println!(
-                "Fréchet distance {fd:.4} ({samples} generated vs {samples} real test images, features of the \
-                 plexus-trained classifier {}; NOT FID-50K: no Inception network, not comparable with published FIDs)",
-                extractor.display()
-            );
-            Ok(())
+            commands::fd(&run, &extractor, samples, &sampling.options(), &sampling.device)
         }
-        Cmd::Parity { only, dir, keep, device } => {
-            crate::commands::parity(&dir, only.as_deref(), keep.as_deref(), &device)
-        }
+        Cmd::Parity { only, dir, keep, device } => commands::parity(&dir, only.as_deref(), keep.as_deref(), &device),
         Cmd::Connectivity { config_or_run, step, overrides } => {
-            print!("{}", crate::commands::connectivity_csv(&config_or_run, step, &overrides)?);
+            print!("{}", commands::connectivity_csv(&config_or_run, step, &overrides)?);
             Ok(())
         }
-        Cmd::Doctor { selftest, device } => {
-            if !doctor::run() {
-                bail!("libtorch is not fully usable (see above)")
-            }
-            if selftest {
-                println!();
-                if !doctor::selftest(&device)? {
-                    bail!("the self-test failed (see the table above)")
-                }
-            }
-            Ok(())
-        }
+        Cmd::Doctor { selftest, device } => commands::doctor(selftest, &device),
         Cmd::Tokenize { files, out, encoding, val_fraction, threads, quiet } => {
-            use crate::data::{text::Tokenizer, tokenize};
-            let encoding = if encoding == "char" { Tokenizer::Char } else { Tokenizer::Gpt2 };
-            let defaults = tokenize::TokenizeOptions::default();
-            let opts = tokenize::TokenizeOptions {
-                encoding,
-                val_fraction,
-                threads: threads.unwrap_or(defaults.threads),
-                progress: !quiet && std::io::stderr().is_terminal(),
-                ..defaults
-            };
-            let r = tokenize::tokenize(&files, &out, &opts)?;
-            println!(
-                "{}: train.bin {} tokens, val.bin {} tokens ({} MB of text in {:.1}s, {:.1} MB/s, {} threads)",
-                out.display(),
-                r.train_tokens,
-                r.val_tokens,
-                r.bytes / 1_000_000,
-                r.seconds,
-                r.bytes as f64 / 1e6 / r.seconds.max(1e-9),
-                opts.threads
-            );
-            Ok(())
+            commands::tokenize(&files, &out, &encoding, val_fraction, threads, quiet)
         }
-        Cmd::Rl { resume: Some(run), overrides, quiet, .. } => crate::rl::cli::resume(&run, &overrides, quiet),
+        Cmd::Rl { resume: Some(run), overrides, quiet, .. } => commands::rl_resume(&run, &overrides, quiet),
         Cmd::Rl { inputs, out, overrides, overwrite, plot, quiet, resume: None } => {
-            crate::rl::cli::run(&inputs, out.as_deref(), &overrides, overwrite, plot, quiet)
+            commands::rl_run(&inputs, out.as_deref(), &overrides, overwrite, plot, quiet)
         }
         Cmd::List => {
-            println!("topologies (topology.kind):");
-            for e in topology::REGISTRY {
-                println!("  {:<12} {}", e.name, e.about);
-            }
-            println!("backbones (model.kind):");
-            for e in model::REGISTRY {
-                println!("  {:<12} {}", e.name, e.about);
-            }
-            println!("datasets (data.kind):");
-            for e in data::REGISTRY {
-                println!("  {:<20} {}", e.name, e.about);
-            }
-            println!("embedded config sets (plexus demo --figure NAME):");
-            for s in sets::SETS {
-                println!("  {:<12} {}", s.name, s.about);
-            }
+            crate::report::print_registries();
             Ok(())
         }
     }

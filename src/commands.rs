@@ -1,5 +1,7 @@
-//! What the verbs of the command line do, beyond parsing them (`crate::cli`): resolving configs
-//! and run directories, training sets of runs, the demo, parity and connectivity reports.
+//! What the verbs of the command line do, one function per verb (`crate::cli` parses the command
+//! line and calls them): resolving configs and run directories, training sets of runs, the demo,
+//! benchmarks, analysis, sampling, parity and connectivity reports, `plexus rl`. Tables and CSVs
+//! are formatted in `crate::report`.
 
 use crate::analysis::{self, AnalyzeOptions};
 use crate::experiment::Experiment;
@@ -306,4 +308,449 @@ fn random_batch(info: &crate::data::DataInfo, seed: u64) -> crate::data::Batch {
             target: tch::Tensor::randn([b, info.output_dim as i64], opts),
         },
     })
+}
+
+/// `plexus rl CONFIG_OR_DIR... [--out DIR] [--set k=v ...] [--overwrite] [--quiet]` trains each
+/// config (a directory stands for its `*.yaml` files) and draws the success figure;
+/// `plexus rl --plot RUN_DIR... [--out DIR]` only draws it for finished runs.
+pub fn rl_run(
+    inputs: &[PathBuf],
+    out: Option<&Path>,
+    overrides: &[String],
+    overwrite: bool,
+    plot_only: bool,
+    quiet: bool,
+) -> Result<()> {
+    if plot_only {
+        let dir = out.map(Path::to_path_buf).unwrap_or_else(|| default_figure_dir(inputs));
+        for p in crate::plot::rl::success(inputs, &dir)? {
+            println!("{}", p.display());
+        }
+        return Ok(());
+    }
+    // Every config is checked, and every run directory, before the first run starts.
+    let mut exps = Vec::new();
+    for f in config_files(inputs)? {
+        exps.push(crate::rl::config::RlExperiment::from_file(&f, overrides)?);
+    }
+    let mut names = std::collections::HashSet::new();
+    for e in &exps {
+        if !names.insert(e.config.name.clone()) {
+            bail!("two configs share the name `{}`; run names must be unique within one command", e.config.name);
+        }
+    }
+    let dirs: Vec<PathBuf> = exps
+        .iter()
+        .map(|e| match (out, exps.len()) {
+            (Some(o), 1) => o.to_path_buf(),
+            (Some(o), _) => o.join(&e.config.name),
+            (None, _) => Path::new("runs").join(&e.config.name),
+        })
+        .collect();
+    for d in &dirs {
+        crate::run_dir::check_new(d, overwrite)?;
+    }
+    let mut summaries = Vec::new();
+    for (e, d) in exps.iter().zip(&dirs) {
+        eprintln!("rl {} → {}", e.config.name, d.display());
+        summaries.push(crate::rl::trainer::train(
+            e,
+            d,
+            &crate::rl::trainer::RlOptions { overwrite, verbose: !quiet, ..Default::default() },
+        )?);
+        crate::plot::rl::success(std::slice::from_ref(d), &d.join("figures"))?;
+    }
+    crate::report::print_rl(&summaries);
+    if dirs.len() > 1 {
+        for p in crate::plot::rl::success(&dirs, &default_figure_dir(&dirs))? {
+            println!("figure: {}", p.display());
+        }
+    } else {
+        println!("figure: {}", dirs[0].join("figures/success.png").display());
+    }
+    Ok(())
+}
+
+/// `plexus rl --resume RUN_DIR [--set train.env_steps=N]`: continues a run from its latest
+/// checkpoint with the config it was trained with (plus the overrides the trainer accepts).
+pub fn rl_resume(run: &Path, overrides: &[String], quiet: bool) -> Result<()> {
+    let file = run.join("config.yaml");
+    if !file.is_file() {
+        bail!("--resume: {} is not a `plexus rl` run directory (no config.yaml)", run.display());
+    }
+    let exp = crate::rl::config::RlExperiment::from_file(&file, overrides)?;
+    eprintln!("rl {} → {} (resuming)", exp.config.name, run.display());
+    let s = crate::rl::trainer::train(
+        &exp,
+        run,
+        &crate::rl::trainer::RlOptions { resume: true, verbose: !quiet, ..Default::default() },
+    )?;
+    crate::plot::rl::success(&[run.to_path_buf()], &run.join("figures"))?;
+    crate::report::print_rl(std::slice::from_ref(&s));
+    println!("figure: {}", run.join("figures/success.png").display());
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------------
+// `plexus bench --compare` and `--depths`.
+
+/// `--set` overrides selecting a topology written `kind` or `kind+key=value+…`.
+fn topology_overrides(entry: &str) -> Vec<String> {
+    let mut parts = entry.split('+');
+    let kind = parts.next().unwrap_or_default();
+    std::iter::once(format!("topology.kind={kind}")).chain(parts.map(|p| format!("topology.{p}"))).collect()
+}
+
+pub fn compare_topologies(
+    config: &Path,
+    overrides: &[String],
+    opts: &crate::bench::BenchOptions,
+    entries: &[String],
+    csv: Option<&Path>,
+) -> Result<()> {
+    let exps = entries
+        .iter()
+        .map(|t| {
+            let ov: Vec<String> = overrides.iter().cloned().chain(topology_overrides(t)).collect();
+            Ok((t.clone(), Experiment::from_file(config, &ov)?))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let case = opts.case.clone().unwrap_or_else(|| exps[0].1.config().name.clone());
+    eprintln!("{case}: {} topologies, {} paired rounds…", exps.len(), opts.steps);
+    let rows = crate::bench::compare(&exps, opts)?;
+    println!(
+        "{:<24} {:>10} {:>14} {:>20} {:>9} {:>14} {:>11} {:>14}",
+        "topology", "ms/step", "overhead", "(p10 … p90)", "act MB", "traffic bound", "FLOP bound", "kernels/step"
+    );
+    let mut text = String::new();
+    for r in &rows {
+        let [m, lo, hi] = r.overhead_pct;
+        // The bounds: the least overhead a fully fused n-stream update could have, from the bytes it
+        // must move and from the FLOPs it must compute.
+        let bound = r.traffic_bound_pct.map(|b| format!("≥ {b:+.1}%")).unwrap_or_default();
+        let flop_bound = r.flop_bound_pct.map(|b| format!("≥ {b:+.1}%")).unwrap_or_default();
+        let kernels = r.kernels.map(|k| k.to_string()).unwrap_or_default();
+        println!(
+            "{:<24} {:>10.2} {:>13.1}% {:>20} {:>9.1} {:>14} {:>11} {:>14}",
+            r.label,
+            r.ms,
+            m,
+            format!("({lo:+.1}% … {hi:+.1}%)"),
+            r.act_mem_mb,
+            bound,
+            flop_bound,
+            kernels
+        );
+        let bound_csv = r.traffic_bound_pct.map(|b| format!("{b:.3}")).unwrap_or_default();
+        let flop_bound_csv = r.flop_bound_pct.map(|b| format!("{b:.3}")).unwrap_or_default();
+        text += &format!(
+            "{case},{},{:.4},{m:.3},{lo:.3},{hi:.3},{:.2},{bound_csv},{flop_bound_csv},{kernels}\n",
+            r.label, r.ms, r.act_mem_mb
+        );
+    }
+    if let Some(path) = csv {
+        crate::report::append_csv(
+            path,
+            "case,topology,ms_median,overhead_pct,overhead_p10,overhead_p90,act_mem_mb,traffic_bound_pct,flop_bound_pct,\
+             kernels_per_step",
+            &text,
+        )?;
+    }
+    Ok(())
+}
+
+/// Cost versus depth: every topology at every depth, `depth.csv`, log-log figures of step time and
+/// step memory, and the fitted exponent k of `cost ∝ L^k` per topology.
+pub fn depth_sweep(
+    config: &Path,
+    overrides: &[String],
+    opts: &crate::bench::BenchOptions,
+    depths: &[usize],
+    topologies: &[String],
+    out: &Path,
+) -> Result<()> {
+    use crate::plot::{loglog_chart, topology_color, LineChart, Series};
+    std::fs::create_dir_all(out).with_context(|| format!("creating the output directory {}", out.display()))?;
+    let mut rows = Vec::new();
+    for t in topologies {
+        let kind = t.split('+').next().unwrap_or_default();
+        for &l in depths {
+            let mut ov = overrides.to_vec();
+            ov.extend(topology_overrides(t));
+            ov.push(format!("model.depth={l}"));
+            let exp = Experiment::from_file(config, &ov)?;
+            let o = crate::bench::BenchOptions { case: Some(format!("{t}@L{l}")), ..opts.clone() };
+            eprintln!("bench {t} at depth {l}…");
+            let row = crate::bench::bench(&exp, &o)?;
+            crate::report::print_bench(std::slice::from_ref(&row));
+            rows.push((t.clone(), kind.to_string(), l, row));
+        }
+    }
+    let mut csv = String::from(crate::bench::CSV_HEADER);
+    csv.push('\n');
+    for (_, _, _, r) in &rows {
+        csv += &r.csv();
+        csv.push('\n');
+    }
+    atomic_write(&out.join("depth.csv"), csv.as_bytes())?;
+    let mut summary = String::from("topology,time_exponent,memory_exponent\n");
+    println!("\n{:<24} {:>16} {:>18}", "topology", "time ∝ L^k, k =", "act. mem ∝ L^k, k =");
+    let mut time_series = Vec::new();
+    let mut mem_series = Vec::new();
+    for (i, t) in topologies.iter().enumerate() {
+        let mine: Vec<&(String, String, usize, crate::bench::BenchRow)> = rows.iter().filter(|r| &r.0 == t).collect();
+        let time: Vec<(f64, f64)> = mine.iter().map(|r| (r.2 as f64, r.3.ms[0])).collect();
+        let mem: Vec<(f64, f64)> = mine.iter().map(|r| (r.2 as f64, r.3.act_mem_mb)).collect();
+        let (kt, km) = (crate::bench::growth_exponent(&time), crate::bench::growth_exponent(&mem));
+        println!("{t:<24} {kt:>16.2} {km:>18.2}");
+        summary += &format!("{t},{kt:.3},{km:.3}\n");
+        let kind = mine.first().map(|r| r.1.clone()).unwrap_or_default();
+        let color =
+            Some(topology_color(&kind, topologies[..i].iter().filter(|o| o.split('+').next() == Some(&kind)).count()));
+        time_series.push(Series { label: format!("{t} (k = {kt:.2})"), points: time, color });
+        mem_series.push(Series { label: format!("{t} (k = {km:.2})"), points: mem, color });
+    }
+    atomic_write(&out.join("growth.csv"), summary.as_bytes())?;
+    let name = config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut files = loglog_chart(
+        &LineChart {
+            title: format!("Step time versus depth — {name}"),
+            x_label: "model.depth L (log scale)".into(),
+            y_label: "ms per training step (log scale)".into(),
+            log_y: true,
+            series: time_series,
+        },
+        &out.join("depth_time"),
+    )?;
+    files.extend(loglog_chart(
+        &LineChart {
+            title: format!("Activation memory versus depth — {name}"),
+            x_label: "model.depth L (log scale)".into(),
+            y_label: "activation memory (held for backward), MiB (log scale)".into(),
+            log_y: true,
+            series: mem_series,
+        },
+        &out.join("depth_memory"),
+    )?);
+    for f in files.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
+        println!("figure: {}", f.display());
+    }
+    println!("csv: {}", out.join("depth.csv").display());
+    Ok(())
+}
+
+// ---- The verbs, one function each (`crate::cli` parses and calls them).
+
+/// `plexus train --resume RUN [CONFIG]`: continues a run (its config.yaml, or the one CONFIG).
+pub fn train_resume(
+    run: &Path,
+    configs: &[PathBuf],
+    overrides: &[String],
+    quiet: bool,
+    dist_timeout: std::time::Duration,
+) -> Result<()> {
+    let dist = crate::dist::DistInfo::from_env(dist_timeout)?;
+    let main = crate::dist::DistInfo::is_main(dist.as_ref());
+    let dir = RunDir::open(run)?;
+    let config = match configs {
+        [] => dir.config_file(),
+        [one] if !one.is_dir() => one.clone(),
+        _ => bail!(
+            "--resume {} continues one run: give at most one config file (its config.yaml is used when none is \
+             given), not {}",
+            run.display(),
+            configs.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
+        ),
+    };
+    let exp = Experiment::from_file(&config, overrides)?;
+    let progress = main && !quiet && std::io::stderr().is_terminal();
+    let opts = TrainOptions {
+        progress,
+        log_lines: main && !quiet && !progress,
+        resume: true,
+        crash_after: crash_after()?,
+        dist,
+        ..Default::default()
+    };
+    let s = train::train(&exp, &dir, &opts)?;
+    if main {
+        crate::report::print_table(&[s]);
+    }
+    Ok(())
+}
+
+/// `plexus train CONFIG...`: new runs (one per config; a directory is a set).
+pub fn train_new(
+    configs: &[PathBuf],
+    out: Option<&Path>,
+    overrides: &[String],
+    quiet: bool,
+    overwrite: bool,
+    dist_timeout: std::time::Duration,
+) -> Result<()> {
+    let dist = crate::dist::DistInfo::from_env(dist_timeout)?;
+    let main = crate::dist::DistInfo::is_main(dist.as_ref());
+    let exps = resolve_paths(configs, overrides)?;
+    if dist.is_some() && exps.len() != 1 {
+        bail!("a data-parallel run trains one config; {} were given", exps.len());
+    }
+    let progress = main && !quiet && std::io::stderr().is_terminal();
+    let dirs = run_dirs(&exps, out)?;
+    let opts = TrainOptions {
+        progress,
+        log_lines: main && !quiet && !progress,
+        crash_after: crash_after()?,
+        dist,
+        ..Default::default()
+    };
+    let summaries = train_all(&exps, &dirs, &opts, &vec![overwrite; dirs.len()])?;
+    if main {
+        crate::report::print_table(&summaries);
+    }
+    Ok(())
+}
+
+/// What `plexus bench` was asked.
+pub struct BenchRequest {
+    pub config: PathBuf,
+    pub overrides: Vec<String>,
+    pub options: crate::bench::BenchOptions,
+    pub csv: Option<PathBuf>,
+    pub compare: Vec<String>,
+    pub depths: Vec<usize>,
+    pub topologies: Vec<String>,
+    pub out: PathBuf,
+    pub dist_timeout: std::time::Duration,
+}
+
+/// `plexus bench`: one config, a paired topology comparison, a depth sweep, or (as a rank of
+/// `--nproc`) the data-parallel step.
+pub fn bench(r: &BenchRequest) -> Result<()> {
+    let opts = &r.options;
+    if let Some(info) = crate::dist::DistInfo::from_env(r.dist_timeout)? {
+        anyhow::ensure!(
+            r.compare.is_empty() && r.depths.is_empty() && !opts.profile && r.csv.is_none(),
+            "a data-parallel benchmark (--nproc) times one config: --compare, --depths, --profile and --csv are \
+             for single-process benchmarks"
+        );
+        let exp = Experiment::from_file(&r.config, &r.overrides)?;
+        if let Some(row) = crate::bench::bench_distributed(&exp, opts, info)? {
+            crate::report::print_dist_bench(&row);
+        }
+        return Ok(());
+    }
+    if !r.compare.is_empty() {
+        compare_topologies(&r.config, &r.overrides, opts, &r.compare, r.csv.as_deref())
+    } else if r.depths.is_empty() {
+        let exp = Experiment::from_file(&r.config, &r.overrides)?;
+        let row = crate::bench::bench(&exp, opts)?;
+        crate::report::print_bench(std::slice::from_ref(&row));
+        if let Some(path) = &r.csv {
+            crate::report::append_csv(path, crate::bench::CSV_HEADER, &format!("{}\n", row.csv()))?;
+        }
+        Ok(())
+    } else {
+        depth_sweep(&r.config, &r.overrides, opts, &r.depths, &r.topologies, &r.out)
+    }
+}
+
+/// `plexus plot RUN...`: the paper figures of runs.
+pub fn plot(runs: &[PathBuf], out: Option<&Path>, title: Option<&str>, step: Option<u64>) -> Result<()> {
+    let out = out.map(Path::to_path_buf).unwrap_or_else(|| default_figure_dir(runs));
+    for p in crate::plot::figures::all(runs, &out, title, step)? {
+        println!("{}", p.display());
+    }
+    Ok(())
+}
+
+/// `plexus analyze RUN...`: layer-wise exits, pruning, noise; with `correlate`, the Pearson
+/// correlation of the runs' converged residual weights (`correlation.csv`).
+pub fn analyze(
+    runs: &[PathBuf],
+    sigmas: Vec<f64>,
+    probs: Vec<f64>,
+    repeats: usize,
+    correlate: bool,
+    device: Option<&str>,
+) -> Result<()> {
+    let device = match device {
+        Some(d) => Some(crate::device::resolve(
+            crate::device::parse_device(d).map_err(|allowed| anyhow::anyhow!("--device {d}: expected {allowed}"))?,
+        )?),
+        None => None,
+    };
+    let opts = AnalyzeOptions { sigmas, char_probs: probs, repeats, seed: 0, device };
+    let summaries = runs.iter().map(|r| analysis::analyze(r, &opts)).collect::<Result<Vec<_>>>()?;
+    crate::report::print_analysis(&summaries);
+    if correlate {
+        let m = analysis::correlate(runs)?;
+        let path = default_figure_dir(runs).parent().map(|p| p.join("correlation.csv")).unwrap_or_default();
+        let csv = crate::report::correlation_csv(runs, &m);
+        atomic_write(&path, csv.as_bytes())?;
+        println!("\nPearson correlation of the converged residual weights a:\n{csv}→ {}", path.display());
+    }
+    Ok(())
+}
+
+/// `plexus sample RUN`: a grid of samples of a diffusion run.
+pub fn sample(run: &Path, per_class: usize, o: &crate::diffusion::SampleOptions, device: &str) -> Result<()> {
+    let out = crate::diffusion::sample_run(run, per_class, o, device)?;
+    let steps = if o.sampler == crate::diffusion::Sampler::Ddim { o.steps } else { 1000 };
+    println!("samples ({:?}, {steps} steps, cfg {}): {}", o.sampler, o.cfg, out.display());
+    Ok(())
+}
+
+/// `plexus fd RUN --extractor CLASSIFIER_RUN`: a Fréchet distance of generated against real images.
+pub fn fd(
+    run: &Path,
+    extractor: &Path,
+    samples: usize,
+    o: &crate::diffusion::SampleOptions,
+    device: &str,
+) -> Result<()> {
+    let fd = crate::fd::fd_command(run, extractor, samples, o, device)?;
+    println!(
+        "Fréchet distance {fd:.4} ({samples} generated vs {samples} real test images, features of the plexus-trained \
+         classifier {}; NOT FID-50K: no Inception network, not comparable with published FIDs)",
+        extractor.display()
+    );
+    Ok(())
+}
+
+/// `plexus doctor [--selftest]`.
+pub fn doctor(selftest: bool, device: &str) -> Result<()> {
+    if !crate::doctor::run() {
+        bail!("libtorch is not fully usable (see above)")
+    }
+    if selftest {
+        println!();
+        if !crate::doctor::selftest(device)? {
+            bail!("the self-test failed (see the table above)")
+        }
+    }
+    Ok(())
+}
+
+/// `plexus tokenize FILE... --out DIR`.
+pub fn tokenize(
+    files: &[PathBuf],
+    out: &Path,
+    encoding: &str,
+    val_fraction: f64,
+    threads: Option<usize>,
+    quiet: bool,
+) -> Result<()> {
+    use crate::data::{text::Tokenizer, tokenize};
+    let encoding = if encoding == "char" { Tokenizer::Char } else { Tokenizer::Gpt2 };
+    let defaults = tokenize::TokenizeOptions::default();
+    let opts = tokenize::TokenizeOptions {
+        encoding,
+        val_fraction,
+        threads: threads.unwrap_or(defaults.threads),
+        progress: !quiet && std::io::stderr().is_terminal(),
+        ..defaults
+    };
+    let r = tokenize::tokenize(files, out, &opts)?;
+    crate::report::print_tokenize(out, &r, opts.threads);
+    Ok(())
 }

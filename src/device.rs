@@ -147,17 +147,8 @@ pub fn spec_peak_of(dev: Device, kind: Kind) -> Option<f64> {
 /// Applies the config's `tf32` switch to fp32 matmuls (cuBLAS and cuDNN on Ampere and later):
 /// `tf32: true` trades fp32's 23-bit mantissa for TF32's 10 bits in matmul inputs, several times
 /// faster on tensor cores. Off by default, so that fp32 runs match their PyTorch references.
-pub fn apply_matmul_precision(cfg: &crate::config::Config, dev: Device) -> anyhow::Result<()> {
-    let _ = dev;
-    crate::native::set_float32_matmul_precision(if cfg.tf32 { "high" } else { "highest" })
-}
-
-/// The dtype that matmuls run in for a precision setting.
-pub fn compute_kind(p: crate::config::Precision) -> Kind {
-    match p {
-        crate::config::Precision::Fp32 => Kind::Float,
-        crate::config::Precision::Bf16 => Kind::BFloat16,
-    }
+pub fn apply_matmul_precision(tf32: bool) -> anyhow::Result<()> {
+    crate::native::set_float32_matmul_precision(if tf32 { "high" } else { "highest" })
 }
 
 static SEED_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());

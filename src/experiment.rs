@@ -57,7 +57,7 @@ impl Experiment {
     /// The training objective: the dataset's, or DDPM for a diffusion backbone.
     pub fn task(&self) -> data::Task {
         match self.model.diffusion() {
-            Some((channels, classes, learn_sigma)) => data::Task::Diffusion(crate::diffusion::Diffusion {
+            Some((channels, classes, learn_sigma)) => data::Task::Diffusion(crate::task::ddpm::Diffusion {
                 channels: channels as i64,
                 num_classes: classes as i64,
                 learn_sigma,

@@ -7,7 +7,6 @@
 //! check), run forward and backward, and compare the output and every gradient.
 
 use crate::config::Precision;
-use crate::device::compute_kind;
 use crate::experiment::Experiment;
 use crate::model::Model;
 use anyhow::{bail, Context, Result};
@@ -111,7 +110,7 @@ pub fn check_case(case: &Path, reference: &Path, device: Device) -> Result<CaseR
     let get = |k: &str| file.get(k).with_context(|| format!("{}: no `{k}` in the reference file", reference.display()));
 
     let model = crate::device::with_seed(0, || {
-        Model::new(exp.model.as_ref(), exp.topology.as_ref(), device, compute_kind(cfg.precision))
+        Model::new(exp.model.as_ref(), exp.topology.as_ref(), device, cfg.precision.compute_kind())
     });
     let vars = model.vs.variables();
     let mut names: Vec<&String> = vars.keys().collect();

@@ -218,6 +218,93 @@ pub fn read_losses(run: &Path) -> Result<Vec<(f64, f64)>> {
     Ok(dir.metrics()?.iter().map(|m| (m.step as f64, m.loss)).collect())
 }
 
+/// The `plexus rl` table: one row per run.
+pub fn print_rl(rows: &[crate::rl::trainer::RlSummary]) {
+    println!(
+        "{:<24} {:<12} {:>5} {:>6} {:>10} {:>9} {:>9} {:>8} {:>9}",
+        "run", "topology", "depth", "units", "env steps", "success", "at goal", "random", "time"
+    );
+    for s in rows {
+        println!(
+            "{:<24} {:<12} {:>5} {:>6} {:>10} {:>9.3} {:>9.3} {:>8.3} {:>8.1}s",
+            s.name, s.topology, s.depth, s.units, s.env_steps, s.success, s.time_at_goal, s.random_success, s.seconds
+        );
+    }
+}
+
+/// The `plexus bench --nproc` table: the data-parallel step and its all-reduce.
+pub fn print_dist_bench(r: &crate::bench::DistBenchRow) {
+    println!(
+        "{:<24} {:>5} {:>7} {:>6} {:>10} {:>10} {:>10} {:>12} {:>12} {:>9}",
+        "case", "procs", "backend", "batch", "ms/step", "p10", "p90", "samples/s", "all-reduce", "share"
+    );
+    println!(
+        "{:<24} {:>5} {:>7} {:>6} {:>10.2} {:>10.2} {:>10.2} {:>12.1} {:>9.2} ms {:>8.1}%",
+        r.case,
+        r.world_size,
+        r.backend,
+        r.batch,
+        r.ms[0],
+        r.ms[1],
+        r.ms[2],
+        r.samples_per_s,
+        r.allreduce_ms,
+        100.0 * r.allreduce_share()
+    );
+    println!("gradient all-reduced per step and rank: {:.2} MiB", r.gradient_bytes as f64 / (1u64 << 20) as f64);
+}
+
+/// The correlation matrix of `plexus analyze --correlate` as CSV (`run,<run>,…` header, one row
+/// per run).
+pub fn correlation_csv(runs: &[std::path::PathBuf], m: &[Vec<f64>]) -> String {
+    let mut s = String::from("run");
+    for r in runs {
+        s += &format!(",{}", r.display());
+    }
+    s.push('\n');
+    for (r, row) in runs.iter().zip(m) {
+        s += &r.display().to_string();
+        for v in row {
+            s += &format!(",{v}");
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// What `plexus tokenize` wrote.
+pub fn print_tokenize(out: &Path, r: &crate::data::tokenize::TokenizeReport, threads: usize) {
+    println!(
+        "{}: train.bin {} tokens, val.bin {} tokens ({} MB of text in {:.1}s, {:.1} MB/s, {threads} threads)",
+        out.display(),
+        r.train_tokens,
+        r.val_tokens,
+        r.bytes / 1_000_000,
+        r.seconds,
+        r.bytes as f64 / 1e6 / r.seconds.max(1e-9)
+    );
+}
+
+/// `plexus list`: what the registries hold.
+pub fn print_registries() {
+    println!("topologies (topology.kind):");
+    for e in crate::topology::REGISTRY {
+        println!("  {:<12} {}", e.name, e.about);
+    }
+    println!("backbones (model.kind):");
+    for e in crate::model::REGISTRY {
+        println!("  {:<12} {}", e.name, e.about);
+    }
+    println!("datasets (data.kind):");
+    for e in crate::data::REGISTRY {
+        println!("  {:<20} {}", e.name, e.about);
+    }
+    println!("embedded config sets (plexus demo --figure NAME):");
+    for s in crate::sets::SETS {
+        println!("  {:<12} {}", s.name, s.about);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

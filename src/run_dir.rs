@@ -305,6 +305,32 @@ pub struct MetricsRow {
     pub gamma: Option<f64>,
 }
 
+/// One `eval.csv` row: the held-out metrics after step `step`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EvalResult {
+    pub step: u64,
+    /// Mean loss per example (classification) or per token (language model).
+    pub loss: f64,
+    /// Top-1 accuracy (classification, and next-token accuracy for language models).
+    pub accuracy: Option<f64>,
+    /// `exp(loss)` for language models.
+    pub perplexity: Option<f64>,
+}
+
+impl std::fmt::Display for EvalResult {
+    /// `loss 0.4178, accuracy 84.00%` / `…, perplexity 7.15`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "loss {:.4}", self.loss)?;
+        if let Some(a) = self.accuracy {
+            write!(f, ", accuracy {:.2}%", 100.0 * a)?;
+        }
+        if let Some(p) = self.perplexity {
+            write!(f, ", perplexity {p:.2}")?;
+        }
+        Ok(())
+    }
+}
+
 const METRICS_COLUMNS: [&str; 6] = ["step", "epoch", "loss", "lr", "grad_norm", "gamma"];
 const EVAL_COLUMNS: [&str; 4] = ["step", "loss", "accuracy", "perplexity"];
 
@@ -321,14 +347,6 @@ impl RunDir {
     }
     pub fn eval_file(&self) -> PathBuf {
         self.path.join("eval.csv")
-    }
-    /// Diffusion runs: a grid of samples, `figures/samples-{ddim50|ddpm}-cfg{scale}.png`.
-    pub fn samples_file(&self, sampler: crate::diffusion::Sampler, steps: usize, cfg: f64) -> PathBuf {
-        let s = match sampler {
-            crate::diffusion::Sampler::Ddim => format!("ddim{steps}"),
-            crate::diffusion::Sampler::Ddpm => "ddpm".to_string(),
-        };
-        self.figures_dir().join(format!("samples-{s}-cfg{cfg}.png"))
     }
     /// Diffusion runs: the validation ε-MSE per bucket of timesteps, one row per evaluation.
     pub fn eps_by_t_file(&self) -> PathBuf {
@@ -381,24 +399,13 @@ impl RunDir {
         self.path.join("analysis.json")
     }
 
-    /// `layerwise.csv` (none before `plexus analyze`).
-    pub fn layerwise(&self) -> Result<Vec<crate::analysis::ExitRow>> {
-        read_rows(&self.layerwise_file())
-    }
-    pub fn pruning(&self) -> Result<Vec<crate::analysis::PruneRow>> {
-        read_rows(&self.pruning_file())
-    }
-    pub fn noise(&self) -> Result<Vec<crate::analysis::noise::NoiseRow>> {
-        read_rows(&self.noise_file())
-    }
-
     /// The rows of `metrics.csv` (none if the run has not written it yet).
     pub fn metrics(&self) -> Result<Vec<MetricsRow>> {
         read_rows(&self.metrics_file())
     }
 
     /// The rows of `eval.csv` (none if the dataset has no held-out set).
-    pub fn evals(&self) -> Result<Vec<crate::train::eval::EvalResult>> {
+    pub fn evals(&self) -> Result<Vec<EvalResult>> {
         read_rows(&self.eval_file())
     }
 
@@ -407,7 +414,7 @@ impl RunDir {
     }
 
     /// Writes `eval.csv` (nothing when there are no evaluations).
-    pub fn write_evals(&self, rows: &[crate::train::eval::EvalResult]) -> Result<()> {
+    pub fn write_evals(&self, rows: &[EvalResult]) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
         }
@@ -415,10 +422,11 @@ impl RunDir {
     }
 
     /// Writes `eps_by_t.csv`: `step` then one column per bucket of timesteps `t{lo}_{hi}`
-    /// (inclusive), the ε-MSE of the validation set there (see [`crate::diffusion::Diffusion::evaluate`]).
-    pub fn write_eps_by_t(&self, rows: &[(u64, Vec<f64>)]) -> Result<()> {
+    /// (inclusive), the ε-MSE of the validation set there (see `crate::train::eval::evaluate_diffusion`).
+    /// `timesteps` is the number of diffusion steps the buckets split evenly.
+    pub fn write_eps_by_t(&self, rows: &[(u64, Vec<f64>)], timesteps: usize) -> Result<()> {
         let Some((_, first)) = rows.first() else { return Ok(()) };
-        let width = crate::diffusion::STEPS as usize / first.len();
+        let width = timesteps / first.len();
         let mut text = String::from("step");
         for k in 0..first.len() {
             text += &format!(",t{}_{}", k * width, (k + 1) * width - 1);
@@ -506,7 +514,9 @@ fn steps_in(dir: &Path, prefix: &str) -> Result<Vec<u64>> {
     Ok(out)
 }
 
-fn read_rows<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
+/// The rows of the CSV at `path` as `T` (none if the file does not exist); errors name the file
+/// and the row.
+pub fn read_rows<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
     if !path.exists() {
         return Ok(Vec::new());
     }
@@ -574,7 +584,7 @@ pub fn read_square_matrix(path: &Path) -> Result<Matrix> {
 /// A square matrix as CSV: a header row `node,0,1,…` and the node index as first column
 /// (row = source, column = target for connectivity matrices).
 pub fn matrix_csv(m: &tch::Tensor) -> String {
-    let rows = crate::topology::common::to_rows(m);
+    let rows = crate::host::rows(m);
     let mut out = String::from("node");
     for j in 0..rows.first().map_or(0, |r| r.len()) {
         out.push_str(&format!(",{j}"));

@@ -83,24 +83,25 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "DiT's sin-cos position table computed in f64 on the CPU once, at build time, then moved",
     ),
     (
-        "src/diffusion.rs",
+        "src/task/ddpm.rs",
         "(Kind::Double, Device::Cpu)",
         "the β schedule's tables in f64 on the CPU; Schedule::on moves them to a device once and caches them",
     ),
     (
-        "src/diffusion.rs",
+        "src/task/ddpm.rs",
         "let put = |t: Tensor| t.to_kind(Kind::Float).to_device(device);",
         "the one upload of those tables",
     ),
     (
-        "src/diffusion.rs",
-        "Tensor::from_slice(&v).view([1, c, 1, 1]).to_device(dev)",
-        "plexus sample: the data's mean and std, once per call, after sampling",
+        "src/task/ddpm.rs",
+        "t.to_kind(Kind::Float).reshape([b, 1]).to_device(x.device()),",
+        "DiT input packing: in the step t and y are drawn on x's device (no copy); other callers may pass CPU ones",
     ),
+    ("src/task/ddpm.rs", "y.to_kind(Kind::Float).reshape([b, 1]).to_device(x.device()),", "as above, for the labels"),
 ];
 
 /// Files outside the scanned directories that run inside the training step, scanned as well.
-const STEP_FILES: &[&str] = &["src/diffusion.rs"];
+const STEP_FILES: &[&str] = &["src/task/ddpm.rs"];
 
 /// In [`STEP_FILES`], copies to a device are flagged too: a CPU-made tensor moved to the GPU in
 /// every step is a blocking copy that waits for the GPU's queue (the diffusion task once copied its
@@ -193,8 +194,9 @@ fn the_scan_catches_the_defects_it_guards_against() {
     .unwrap();
     std::fs::write(root.join("src/model/ok.rs"), "fn f(x: &Tensor) -> Tensor { x.zeros_like() }\n").unwrap();
     // The diffusion task's first version: the schedule table uploaded in every step.
+    std::fs::create_dir_all(root.join("src/task")).unwrap();
     std::fs::write(
-        root.join("src/diffusion.rs"),
+        root.join("src/task/ddpm.rs"),
         "pub fn noisy(x0: &Tensor, t: &Tensor) -> Tensor {\n    \
          let ab = alpha_bar().to_kind(Kind::Float).to_device(x0.device()).index_select(0, t);\n}\n",
     )
@@ -206,7 +208,7 @@ fn the_scan_catches_the_defects_it_guards_against() {
         vec![
             ("src/topology/common.rs".to_string(), 2),
             ("src/train/optim.rs".to_string(), 1),
-            ("src/diffusion.rs".to_string(), 2)
+            ("src/task/ddpm.rs".to_string(), 2)
         ]
     );
 }

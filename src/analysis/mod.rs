@@ -39,8 +39,8 @@ impl Run {
             Some(d) => d,
             None => crate::device::resolve(cfg.device_request())?,
         };
-        crate::device::apply_matmul_precision(cfg, dev)?;
-        let compute = crate::device::compute_kind(cfg.precision);
+        crate::device::apply_matmul_precision(cfg.tf32)?;
+        let compute = cfg.precision.compute_kind();
         anyhow::ensure!(
             exp.model.diffusion().is_none(),
             "{}: a diffusion run (model.kind `{}`): plexus analyze measures classifiers and language models \
@@ -262,4 +262,19 @@ fn write_pairs(path: &Path, name: &str, rows: &[(u64, f64)]) -> Result<()> {
         s += &format!("{a},{b}\n");
     }
     atomic_write(path, s.as_bytes())
+}
+
+/// `layerwise.csv` of a run (none before `plexus analyze`).
+pub fn read_layerwise(run: &RunDir) -> Result<Vec<ExitRow>> {
+    crate::run_dir::read_rows(&run.layerwise_file())
+}
+
+/// `pruning.csv` of a run (none before `plexus analyze`).
+pub fn read_pruning(run: &RunDir) -> Result<Vec<PruneRow>> {
+    crate::run_dir::read_rows(&run.pruning_file())
+}
+
+/// `noise.csv` of a run (none before `plexus analyze`).
+pub fn read_noise(run: &RunDir) -> Result<Vec<noise::NoiseRow>> {
+    crate::run_dir::read_rows(&run.noise_file())
 }

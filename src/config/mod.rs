@@ -40,7 +40,7 @@ pub struct Config {
     pub log: LogConfig,
     /// DDPM options of diffusion backbones (`model.kind: dit`); defaults when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub diffusion: Option<crate::diffusion::DiffusionConfig>,
+    pub diffusion: Option<DiffusionConfig>,
 }
 
 fn default_device() -> String {
@@ -55,6 +55,30 @@ pub enum Precision {
     Fp32,
     /// fp32 master weights, bf16 compute; norms, softmax and loss in fp32.
     Bf16,
+}
+
+impl Precision {
+    /// The dtype that matmuls run in.
+    pub fn compute_kind(self) -> tch::Kind {
+        match self {
+            Precision::Fp32 => tch::Kind::Float,
+            Precision::Bf16 => tch::Kind::BFloat16,
+        }
+    }
+}
+
+/// `diffusion:` config section (DDPM training of `model.kind: dit`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiffusionConfig {
+    /// Probability that a training label is replaced by the null class (classifier-free guidance).
+    pub label_dropout: f64,
+}
+
+impl Default for DiffusionConfig {
+    fn default() -> Self {
+        DiffusionConfig { label_dropout: 0.1 }
+    }
 }
 
 /// `kind` selects a registry entry; every other key is that entry's option.
@@ -354,8 +378,8 @@ fn check_verb(source: &str, file: &Path, verb: Verb) -> Result<(), ConfigError> 
 
 /// Parses YAML text as a config (`file` is only used in messages).
 pub fn load_str(source: &str, file: &Path, overrides: &[String]) -> Result<LoadedConfig, ConfigError> {
-    let (config, source) = parse_document::<Config>(source, file, overrides)
-        .map_err(|e| other_verb(e, source, file, Verb::Train))?;
+    let (config, source) =
+        parse_document::<Config>(source, file, overrides).map_err(|e| other_verb(e, source, file, Verb::Train))?;
     let loaded = LoadedConfig { config, file: file.to_path_buf(), source, overrides: overrides.to_vec() };
     loaded.config.validate().map_err(|e| loaded.error("", e))?;
     Ok(loaded)

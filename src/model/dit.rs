@@ -239,19 +239,7 @@ impl ModelSpec for Spec {
     }
 }
 
-/// Packs a DiT model input: `x` `[B, C, S, S]`, `t` `[B]` (any numeric kind, `0 ≤ t < 1000`),
-/// `y` `[B]` int64 labels (`num_classes` = null) → `[B, C·S·S + 2]` fp32 on `x`'s device.
-pub fn pack(x: &Tensor, t: &Tensor, y: &Tensor) -> Tensor {
-    let b = x.size()[0];
-    Tensor::cat(
-        &[
-            x.to_kind(Kind::Float).reshape([b, -1]),
-            t.to_kind(Kind::Float).reshape([b, 1]).to_device(x.device()),
-            y.to_kind(Kind::Float).reshape([b, 1]).to_device(x.device()),
-        ],
-        1,
-    )
-}
+pub use crate::task::ddpm::pack;
 
 /// DiT's `TimestepEmbedder.timestep_embedding`: `t` `[B]` → `[B, dim]` fp32 =
 /// `[cos(t·f), sin(t·f)]`, `f_i = exp(−ln(10⁴)·i/(dim/2))`, `i < dim/2`.

@@ -145,7 +145,7 @@ pub fn gamma_delta(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
 pub fn analysis_curves(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
     let mut lm = false;
     for r in runs {
-        lm |= RunDir::new(&r.dir).layerwise()?.iter().any(|e| e.perplexity.is_some());
+        lm |= analysis::read_layerwise(&RunDir::new(&r.dir))?.iter().any(|e| e.perplexity.is_some());
     }
     let (ylab, log_y) = if lm { ("perplexity (log scale)", true) } else { ("accuracy", false) };
     // The metric of a row: perplexity for language models, accuracy otherwise.
@@ -156,7 +156,7 @@ pub fn analysis_curves(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
         ylab,
         log_y,
         curves(runs, |d| {
-            Ok(d.layerwise()?
+            Ok(analysis::read_layerwise(d)?
                 .iter()
                 .filter_map(|e| Some((e.units as f64, metric(e.accuracy, e.perplexity)?)))
                 .collect())
@@ -169,7 +169,7 @@ pub fn analysis_curves(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
         ylab,
         log_y,
         curves(runs, |d| {
-            Ok(d.pruning()?
+            Ok(analysis::read_pruning(d)?
                 .iter()
                 .filter_map(|e| Some((e.removed as f64, metric(e.accuracy, e.perplexity)?)))
                 .collect())
@@ -179,8 +179,7 @@ pub fn analysis_curves(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
     // Noise: mean over repeats per level.
     let mut noise = Vec::new();
     for r in runs {
-        let pts: Vec<(f64, f64)> = RunDir::new(&r.dir)
-            .noise()?
+        let pts: Vec<(f64, f64)> = analysis::read_noise(&RunDir::new(&r.dir))?
             .iter()
             .filter_map(|n| Some((n.level, metric(n.accuracy, n.perplexity)?)))
             .collect();

@@ -2,6 +2,7 @@
 //! binary (the `dejavu` crate), so figures render on machines without system fonts.
 
 pub mod figures;
+pub mod rl;
 
 use anyhow::{anyhow, Result};
 use plotters::coord::Shift;

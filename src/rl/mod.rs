@@ -1,13 +1,13 @@
 //! Goal-conditioned reinforcement learning with deep residual encoders: contrastive RL
 //! (Eysenbach et al. 2022) on a vectorised point-mass maze, with the encoders' depth wired by any
 //! registered topology (ANCRe §5.3, after Wang et al. 2025, "1000-layer networks for
-//! self-supervised RL"). `plexus rl CONFIG` runs it ([`cli`]).
+//! self-supervised RL"). `plexus rl CONFIG` runs it (`crate::commands::rl_run`).
 //!
 //! * [`env`](mod@env): the maze, `N` environments stepped in one call on the host.
 //! * [`replay`]: episode replay with discounted hindsight goals.
 //! * [`net`]: Linear → LayerNorm → Swish encoders wired by a topology (sublayer or 4-layer blocks).
 //! * [`crl`]: the InfoNCE critic, the tanh-Gaussian actor and the update.
-//! * [`trainer`]: the loop, evaluation, `metrics.csv`, checkpoints; [`plot`]: the figure.
+//! * [`trainer`]: the loop, evaluation, `metrics.csv`, checkpoints; the figure is `crate::plot::rl`.
 //! * [`config`]: the strict YAML schema.
 //!
 //! Networks are built on the configured device and every tensor is made on the VarStore's device;
@@ -19,11 +19,9 @@
 /// an uninterrupted one would.
 pub type RlRng = rand_chacha::ChaCha12Rng;
 
-pub mod cli;
 pub mod config;
 pub mod crl;
 pub mod env;
 pub mod net;
-pub mod plot;
 pub mod replay;
 pub mod trainer;

@@ -2,33 +2,11 @@
 
 use crate::data::{Batch, DeviceTransform, InputTransform, Task};
 use crate::model::Model;
-use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
-pub struct EvalResult {
-    pub step: u64,
-    /// Mean loss per example (classification) or per token (language model).
-    pub loss: f64,
-    /// Top-1 accuracy (classification, and next-token accuracy for language models).
-    pub accuracy: Option<f64>,
-    /// `exp(loss)` for language models.
-    pub perplexity: Option<f64>,
-}
-
-impl std::fmt::Display for EvalResult {
-    /// `loss 0.4178, accuracy 84.00%` / `…, perplexity 7.15`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "loss {:.4}", self.loss)?;
-        if let Some(a) = self.accuracy {
-            write!(f, ", accuracy {:.2}%", 100.0 * a)?;
-        }
-        if let Some(p) = self.perplexity {
-            write!(f, ", perplexity {p:.2}")?;
-        }
-        Ok(())
-    }
-}
+/// An `eval.csv` row (the type lives with the run-directory format).
+pub use crate::run_dir::EvalResult;
+use crate::task::ddpm::{Diffusion, BUCKETS, EVAL_SEED, STEPS};
 
 /// Evaluation sets up to this size (as model inputs) stay on the device for the whole run; larger
 /// ones (ImageNet's 50,000 validation images are 30 GB in fp32) are moved batch by batch.
@@ -143,4 +121,41 @@ pub fn evaluate_with(
         accuracy: (task != Task::HalfSumSquares).then_some(sums[1] / count),
         perplexity: (task == Task::LanguageModel).then(|| loss.exp()),
     })
+}
+
+/// Validation: the ε-MSE over the held-out images at timesteps and noise drawn from
+/// [`EVAL_SEED`] (diffusion validation) (the same at every evaluation), in total and per bucket of `STEPS/BUCKETS`
+/// timesteps (`[BUCKETS]`, bucket `k` = `t ∈ [100k, 100k+100)`). One read. `None` if the set
+/// is empty. Labels are kept (no dropout).
+pub fn evaluate_diffusion(
+    d: &Diffusion,
+    set: &EvalSet,
+    step: u64,
+    mut forward: impl FnMut(&Tensor) -> Tensor,
+) -> Option<(EvalResult, Vec<f64>)> {
+    if set.is_empty() {
+        return None;
+    }
+    let dev = set.device();
+    let (mut sums, mut counts) =
+        (Tensor::zeros([BUCKETS], (Kind::Double, dev)), Tensor::zeros([BUCKETS], (Kind::Double, dev)));
+    let _seed = crate::device::seed_guard(EVAL_SEED);
+    tch::no_grad(|| {
+        set.for_each(|b| {
+            let batch = d.prepare(&b.input, &b.target, false);
+            let out = forward(&batch.input);
+            let e = out.to_kind(Kind::Float).narrow(1, 0, d.channels);
+            let per =
+                (e - batch.target.narrow(1, 0, d.channels)).square().flatten(1, -1).mean_dim(1, false, Kind::Double);
+            let t = batch.input.select(1, batch.input.size()[1] - 2).to_kind(Kind::Int64);
+            let k = t.divide_scalar_mode(STEPS / BUCKETS, "floor");
+            sums = sums.scatter_add(0, &k, &per);
+            counts = counts.scatter_add(0, &k, &per.ones_like());
+        })
+    });
+    let v = crate::host::values(&Tensor::cat(&[&sums, &counts], 0));
+    let (s, c) = v.split_at(BUCKETS as usize);
+    let total: f64 = s.iter().sum::<f64>() / c.iter().sum::<f64>();
+    let buckets = s.iter().zip(c).map(|(s, c)| if *c > 0.0 { s / c } else { f64::NAN }).collect();
+    Some((EvalResult { step, loss: total, accuracy: None, perplexity: None }, buckets))
 }

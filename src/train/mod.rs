@@ -108,11 +108,11 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         Some(d) => d.device(dev, device::Machine::current().cuda_devices)?,
         None => dev,
     };
-    device::apply_matmul_precision(cfg, dev)?;
+    device::apply_matmul_precision(cfg.tf32)?;
     if opts.progress || opts.log_lines {
         eprintln!("{}: training on {}", cfg.name, device::describe(dev));
     }
-    let compute = device::compute_kind(cfg.precision);
+    let compute = cfg.precision.compute_kind();
     let mut data = exp.data.load()?;
     let transform = data.input_transform();
     let eval_set = EvalSet::new(data.eval_batches(), &transform, dev);
@@ -209,11 +209,12 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         // Rank 0 alone evaluates and saves C (the others wait at the next all-reduce).
         if main && every(cfg.log.eval_every, step) {
             if let crate::data::Task::Diffusion(d) = task {
-                if let Some((e, buckets)) = d.evaluate(&eval_set, step, |x| t.model.forward(x, false)) {
+                if let Some((e, buckets)) = eval::evaluate_diffusion(&d, &eval_set, step, |x| t.model.forward(x, false))
+                {
                     say(format!("{} step {step}: eval ε-MSE {:.4}", cfg.name, e.loss));
                     evals.push(e);
                     eps_by_t.push((step, buckets));
-                    dir.write_eps_by_t(&eps_by_t)?;
+                    dir.write_eps_by_t(&eps_by_t, crate::task::ddpm::STEPS as usize)?;
                 }
             } else if let Some(e) = eval::evaluate(&t.model, task, &eval_set, step) {
                 say(format!("{} step {step}: eval {e}", cfg.name));
@@ -373,7 +374,7 @@ struct LogLine {
 impl LogLine {
     fn new(exp: &Experiment, dev: tch::Device, start: u64) -> Self {
         let cfg = exp.config();
-        let peak = device::spec_peak_of(dev, device::compute_kind(cfg.precision));
+        let peak = device::spec_peak_of(dev, cfg.precision.compute_kind());
         let now = Instant::now();
         Self {
             name: cfg.name.clone(),

@@ -2,9 +2,9 @@
 //! run (colours by topology, as in every plexus figure), and the random policy's success on the
 //! same tasks as a grey line.
 
-use super::config::RlExperiment;
-use super::trainer::RlSummary;
-use crate::plot::{line_chart, topology_color, LineChart, Series};
+use super::{line_chart, topology_color, LineChart, Series};
+use crate::rl::config::RlExperiment;
+use crate::rl::trainer::RlSummary;
 use anyhow::{Context, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,203 @@
+//! The crate's modules sit in layers, and a module imports only from its own layer or below, with
+//! no cycle among modules, so that the code reads top-down (cli → commands → … → config →
+//! foundation). This test reads `src/` and fails on any import (a `crate::` path outside comments
+//! and test modules) from a lower layer into a higher one, or any cycle, naming the file, the line
+//! and the path. A new top-level module must be given a layer here.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Bottom to top. Within a layer, imports are allowed as long as they form no cycle.
+const LAYERS: &[(&str, &[&str])] = &[
+    // No domain knowledge: host reads, allocator, libtorch FFI, processes, devices, files.
+    ("foundation", &["host", "malloc", "torch_panic", "sets", "native", "dist", "device", "run_dir"]),
+    // Plain data types of the YAML schema.
+    ("config", &["config"]),
+    // What a model learns from a batch (losses, DDPM noising), and the batch.
+    ("task", &["task"]),
+    ("data and topologies", &["data", "topology"]),
+    ("models", &["model"]),
+    ("experiment", &["experiment"]),
+    ("trainers", &["train", "rl"]),
+    ("uses of trained runs", &["analysis", "diffusion", "fd"]),
+    ("outputs", &["bench", "plot", "report", "parity", "doctor"]),
+    ("commands", &["commands"]),
+    ("command line", &["cli"]),
+];
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The top-level module a file belongs to (`src/data/tokens.rs` → `data`).
+fn module_of(file: &Path) -> String {
+    let rel = file.strip_prefix(src()).unwrap();
+    let first = rel.components().next().unwrap().as_os_str().to_string_lossy().into_owned();
+    first.strip_suffix(".rs").map(str::to_string).unwrap_or(first)
+}
+
+/// `(line, module)` of every `crate::module` a file names, outside comments and `#[cfg(test)]`
+/// modules. `use crate::{a, b::c}` names `a` and `b`.
+fn imports(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    // The test module comes last (clippy's items_after_test_module): from `#[cfg(test)]` followed
+    // by `mod` to the end of the file.
+    let lines: Vec<&str> = text.lines().collect();
+    let mut in_tests = false;
+    for (n, line) in lines.iter().enumerate() {
+        let t = line.trim_start();
+        if t.starts_with("#[cfg(test)]") && lines.get(n + 1).is_some_and(|l| l.trim_start().starts_with("mod ")) {
+            in_tests = true;
+        }
+        if in_tests || t.starts_with("//") {
+            continue;
+        }
+        let mut rest: &str = line;
+        while let Some(i) = rest.find("crate::") {
+            let after = &rest[i + "crate::".len()..];
+            // Skip `plexus_crate::` and the like: `crate` must start an identifier.
+            let ok = rest[..i].chars().last().is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
+            if ok {
+                if let Some(group) = after.strip_prefix('{') {
+                    let mut depth = 1;
+                    let mut token = String::new();
+                    let mut expect_name = true;
+                    for c in group.chars() {
+                        match c {
+                            '{' => depth += 1,
+                            '}' => depth -= 1,
+                            ',' if depth == 1 => expect_name = true,
+                            c if depth == 1 && expect_name && (c.is_alphanumeric() || c == '_') => token.push(c),
+                            _ if depth == 1 && expect_name && !token.is_empty() => {
+                                out.push((n + 1, std::mem::take(&mut token)));
+                                expect_name = false;
+                            }
+                            _ => {}
+                        }
+                        if depth == 0 {
+                            break;
+                        }
+                    }
+                    if !token.is_empty() {
+                        out.push((n + 1, token));
+                    }
+                } else {
+                    let name: String = after.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                    if !name.is_empty() {
+                        out.push((n + 1, name));
+                    }
+                }
+            }
+            rest = after;
+        }
+    }
+    out
+}
+
+#[test]
+fn modules_import_only_from_their_layer_or_below_and_form_no_cycle() {
+    let layer_of: BTreeMap<&str, (usize, &str)> =
+        LAYERS.iter().enumerate().flat_map(|(i, (name, mods))| mods.iter().map(move |m| (*m, (i, *name)))).collect();
+    // Every module of lib.rs has a layer, and every layer entry is a module.
+    let lib = std::fs::read_to_string(src().join("lib.rs")).unwrap();
+    let declared: BTreeSet<String> = lib
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub mod ").map(|m| m.trim_end_matches(';').to_string()))
+        .collect();
+    for m in &declared {
+        assert!(layer_of.contains_key(m.as_str()), "src/lib.rs declares `{m}`, which has no layer in tests/layers.rs");
+    }
+    for m in layer_of.keys() {
+        assert!(declared.contains(*m), "tests/layers.rs places `{m}`, which src/lib.rs does not declare");
+    }
+
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    files.sort();
+    let mut violations = Vec::new();
+    let mut edges: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for f in &files {
+        let name = f.file_name().unwrap();
+        if name == "lib.rs" || name == "main.rs" {
+            continue;
+        }
+        let me = module_of(f);
+        let (mine, my_layer) = layer_of[me.as_str()];
+        let text = std::fs::read_to_string(f).unwrap();
+        for (line, target) in imports(&text) {
+            let Some(&(theirs, their_layer)) = layer_of.get(target.as_str()) else { continue };
+            if target == me {
+                continue;
+            }
+            let at = format!("src/{}:{line}", f.strip_prefix(src()).unwrap().display());
+            if theirs > mine {
+                violations.push(format!(
+                    "{at}: `{me}` ({my_layer}) imports `crate::{target}` ({their_layer}), a layer above it"
+                ));
+            }
+            edges.entry(me.clone()).or_default().entry(target).or_insert(at);
+        }
+    }
+    assert!(violations.is_empty(), "{} upward import(s):\n{}", violations.len(), violations.join("\n"));
+
+    // No cycle, within a layer either: depth-first search for a back edge.
+    fn visit(
+        m: &str,
+        edges: &BTreeMap<String, BTreeMap<String, String>>,
+        state: &mut BTreeMap<String, u8>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        state.insert(m.to_string(), 1);
+        path.push(m.to_string());
+        for next in edges.get(m).map(|e| e.keys().cloned().collect::<Vec<_>>()).unwrap_or_default() {
+            match state.get(&next).copied().unwrap_or(0) {
+                1 => {
+                    let from = path.iter().position(|p| *p == next).unwrap();
+                    let mut cycle = path[from..].to_vec();
+                    cycle.push(next);
+                    return Some(cycle);
+                }
+                0 => {
+                    if let Some(c) = visit(&next, edges, state, path) {
+                        return Some(c);
+                    }
+                }
+                _ => {}
+            }
+        }
+        path.pop();
+        state.insert(m.to_string(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for m in layer_of.keys() {
+        if state.get(*m).copied().unwrap_or(0) == 0 {
+            if let Some(cycle) = visit(m, &edges, &mut state, &mut Vec::new()) {
+                let hops: Vec<String> =
+                    cycle.windows(2).map(|w| format!("  {} → {} ({})", w[0], w[1], edges[&w[0]][&w[1]])).collect();
+                panic!("an import cycle among modules:\n{}", hops.join("\n"));
+            }
+        }
+    }
+}
+
+/// The parser of the test itself: groups, nested paths, comments and test modules.
+#[test]
+fn imports_are_read_from_paths_and_groups_but_not_comments_or_tests() {
+    let text = "use crate::data::Batch;\n// crate::cli in a comment\nuse crate::{config::{A, B}, host};\n\
+                let x = crate::device::resolve(y);\n#[cfg(test)]\nfn helper() { crate::model::f() }\n\
+                #[cfg(test)]\nmod tests { use crate::bench; }\n";
+    let got: Vec<String> = imports(text).into_iter().map(|(_, m)| m).collect();
+    assert_eq!(got, ["data", "config", "host", "device", "model"]);
+}
