@@ -38,14 +38,8 @@ pub enum Cmd {
         /// Hide the progress bar.
         #[arg(long)]
         quiet: bool,
-        /// Data-parallel training in N processes on this machine (Gloo on CPUs, NCCL on GPUs,
-        /// rank r on cuda:r). The config's batch is the global batch. Under torchrun or srun
-        /// (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set) leave this at 1.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
-        nproc: u16,
-        /// Seconds a rank waits for the others (rendezvous, each all-reduce) before failing.
-        #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
-        dist_timeout: u64,
+        #[command(flatten)]
+        dist: DistArgs,
     },
     /// The main job on an embedded default. `showcase` (default): train residual, ACN and H-ACN
     /// Mixers on Fashion-MNIST, analyse them, draw every figure, then the ANCRe Fig. 2b case study.
@@ -153,13 +147,8 @@ pub enum Cmd {
         /// Timed steps.
         #[arg(long, default_value_t = 20)]
         steps: usize,
-        /// Time the data-parallel step in N processes (as `train --nproc N`) and the share of
-        /// the gradient all-reduce in it.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
-        nproc: u16,
-        /// Seconds a rank waits for the others before failing (data-parallel benchmark).
-        #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
-        dist_timeout: u64,
+        #[command(flatten)]
+        dist: DistArgs,
         /// Untimed warm-up steps.
         #[arg(long, default_value_t = 5)]
         warmup: usize,
@@ -255,6 +244,30 @@ pub enum Cmd {
     },
 }
 
+/// Data parallelism of `plexus train` and `plexus bench` (which times the data-parallel step and
+/// the share of the gradient all-reduce in it).
+#[derive(Debug, Clone, clap::Args)]
+pub struct DistArgs {
+    /// Data-parallel training in N processes on this machine (Gloo on CPUs, NCCL on GPUs, rank r
+    /// on cuda:r). The config's batch is the global batch. Under torchrun or srun (RANK,
+    /// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set) leave this at 1.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub nproc: u16,
+    /// Seconds a rank waits for the others (rendezvous, each all-reduce) before failing.
+    #[arg(long = "dist-timeout", value_name = "SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout: u64,
+}
+
+impl DistArgs {
+    /// `--nproc N > 1` typed by a user (not inside a rank, which has WORLD_SIZE set): launch.
+    fn launches(&self) -> bool {
+        self.nproc > 1 && std::env::var_os("WORLD_SIZE").is_none()
+    }
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout)
+    }
+}
+
 /// How `plexus sample` and `plexus fd` draw from a diffusion run.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SamplingArgs {
@@ -301,49 +314,29 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
 
 pub fn run(cli: Cli) -> Result<()> {
     crate::native::check_fused_kernels_setting()?;
-    let launched = std::env::var_os("WORLD_SIZE").is_none();
     match cli.cmd {
-        Cmd::Train { nproc, .. } if nproc > 1 && launched => crate::dist::launch(nproc as usize),
-        Cmd::Train { configs, resume: Some(run), overrides, quiet, dist_timeout, .. } => {
-            commands::train_resume(&run, &configs, &overrides, quiet, Duration::from_secs(dist_timeout))
+        Cmd::Train { dist, .. } if dist.launches() => crate::dist::launch(dist.nproc as usize),
+        Cmd::Train { configs, resume: Some(run), overrides, quiet, dist, .. } => {
+            commands::train_resume(&run, &configs, &overrides, quiet, dist.timeout())
         }
-        Cmd::Train { configs, resume: None, out, overrides, quiet, overwrite, dist_timeout, .. } => {
-            commands::train_new(
-                &configs,
-                out.as_deref(),
-                &overrides,
-                quiet,
-                overwrite,
-                Duration::from_secs(dist_timeout),
-            )
+        Cmd::Train { configs, resume: None, out, overrides, quiet, overwrite, dist, .. } => {
+            commands::train_new(&configs, out.as_deref(), &overrides, quiet, overwrite, dist.timeout())
         }
         Cmd::Demo { figure, out, overrides } => commands::demo(&figure, &out, &overrides),
-        Cmd::Bench { nproc, .. } if nproc > 1 && launched => crate::dist::launch(nproc as usize),
-        Cmd::Bench {
-            config,
-            steps,
-            warmup,
-            overrides,
-            csv,
-            case,
-            profile,
-            compare,
-            depths,
-            topologies,
-            out,
-            dist_timeout,
-            ..
-        } => commands::bench(&commands::BenchRequest {
-            config,
-            overrides,
-            options: crate::bench::BenchOptions { steps, warmup, case, profile },
-            csv,
-            compare,
-            depths,
-            topologies,
-            out,
-            dist_timeout: Duration::from_secs(dist_timeout),
-        }),
+        Cmd::Bench { dist, .. } if dist.launches() => crate::dist::launch(dist.nproc as usize),
+        Cmd::Bench { config, steps, warmup, overrides, csv, case, profile, compare, depths, topologies, out, dist } => {
+            commands::bench(&commands::BenchRequest {
+                config,
+                overrides,
+                options: crate::bench::BenchOptions { steps, warmup, case, profile },
+                csv,
+                compare,
+                depths,
+                topologies,
+                out,
+                dist_timeout: dist.timeout(),
+            })
+        }
         Cmd::Plot { runs, out, title, step } => commands::plot(&runs, out.as_deref(), title.as_deref(), step),
         Cmd::Analyze { runs, sigmas, probs, repeats, correlate, device } => {
             commands::analyze(&runs, sigmas, probs, repeats, correlate, device.as_deref())
