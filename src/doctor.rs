@@ -162,19 +162,9 @@ pub fn sinkhorn_error_on(device: tch::Device) -> anyhow::Result<f64> {
     Ok(worst)
 }
 
-/// A tiny config (model and data sections) per backbone, for the self-test and the tests that
-/// run every topology on every backbone; a new backbone must add one here.
+/// The tiny config (model and data sections) of a backbone: its registry entry's.
 pub fn tiny_backbone(name: &str) -> Option<&'static str> {
-    Some(match name {
-        "lnn" => "model: {kind: lnn, depth: 3}\ndata: {kind: whitened_regression, dim: 6, samples: 8}\n",
-        "mlp" => "model: {kind: mlp, width: 8, depth: 3}\ndata: {kind: whitened_regression, dim: 6, samples: 8}\n",
-        "mixer" => "model: {kind: mixer, patch: 4, width: 8, token_hidden: 4, channel_hidden: 8, depth: 2}\ndata: {kind: synthetic_images, image_size: 8, channels: 3, classes: 3, samples: 16, batch_size: 4}\n",
-        "vit" => "model: {kind: vit, patch: 4, width: 8, depth: 2, heads: 2}\ndata: {kind: synthetic_images, image_size: 8, channels: 3, classes: 3, samples: 16, batch_size: 4}\n",
-        "gpt" => "model: {kind: gpt, width: 8, depth: 2, heads: 2}\ndata: {kind: synthetic_tokens, vocab: 16, seq_len: 6, batch_size: 2}\n",
-        "llama" => "model: {kind: llama, width: 8, depth: 2, heads: 2}\ndata: {kind: synthetic_tokens, vocab: 16, seq_len: 6, batch_size: 2}\n",
-        "dit" => "model: {kind: dit, patch: 4, width: 8, depth: 2, heads: 2}\ndata: {kind: synthetic_images, image_size: 8, channels: 3, classes: 3, samples: 16, batch_size: 4}\n",
-        _ => return None,
-    })
+    crate::model::REGISTRY.iter().find(|e| e.name == name).map(|e| e.tiny)
 }
 
 /// bf16 against fp32: the initial losses (same weights, same batch) may differ by this fraction.

@@ -78,6 +78,39 @@ fn every_topology_is_complete_and_nothing_else_lists_them() {
     }
 }
 
+/// Adding a backbone is its Rust file (with a tiny config in its registry entry), its registry
+/// line, its PyTorch reference in `parity/backbones.py`, fp32 and bf16 parity cases and a row in
+/// the README's backbone table. This fails when one of those is missing.
+#[test]
+fn every_backbone_is_complete() {
+    let cases = case_kinds();
+    let references = std::fs::read_to_string(parity_dir().join("backbones.py")).unwrap();
+    let readme = std::fs::read_to_string(parity_dir().join("../README.md")).unwrap();
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/model");
+    // The deep linear network is checked against its closed form instead (tests/lnn_case_study.rs).
+    let without_reference = ["lnn"];
+    for e in plexus::model::REGISTRY {
+        let name = e.name;
+        assert!(src.join(format!("{name}.rs")).is_file(), "src/model/{name}.rs missing");
+        assert!(readme.contains(&format!("| `{name}` |")), "README's backbone table has no row for `{name}`");
+        let yaml = format!("name: t\n{}topology: {{kind: residual}}\n", e.tiny);
+        let exp = plexus::experiment::Experiment::from_str(&yaml, "<tiny>", &[])
+            .unwrap_or_else(|err| panic!("the tiny config of `{name}` does not load: {err}"));
+        assert_eq!(exp.model.kind(), name, "the tiny config of `{name}` builds another backbone");
+        if without_reference.contains(&name) {
+            continue;
+        }
+        assert!(
+            references.contains(&format!("\n    \"{name}\": (")),
+            "parity/backbones.py: no MODELS entry for `{name}`"
+        );
+        for precision in ["fp32", "bf16"] {
+            let on = format!("{name}/{precision}");
+            assert!(cases.iter().any(|c| c.2 == on), "parity/cases: no {precision} case on backbone `{name}`");
+        }
+    }
+}
+
 #[test]
 #[ignore = "slow tier: PyTorch parity, every case"]
 fn all_parity_cases_pass_and_parameter_counts_match_the_references() {

@@ -51,6 +51,8 @@ pub const ENTRY: ModelEntry = ModelEntry {
     name: "dit",
     about: "class-conditional diffusion transformer (Peebles & Xie 2023; adaLN-Zero attention + MLP units)",
     parse,
+    tiny: "model: {kind: dit, patch: 4, width: 8, depth: 2, heads: 2}\n\
+           data: {kind: synthetic_images, image_size: 8, channels: 3, classes: 3, samples: 16, batch_size: 4}\n",
 };
 
 /// Width of the sinusoidal timestep embedding (DiT's `frequency_embedding_size`).

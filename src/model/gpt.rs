@@ -19,8 +19,13 @@ use crate::topology::{Norm, StackInfo, Unit};
 use serde::Deserialize;
 use tch::{nn, nn::Module, Kind, Tensor};
 
-pub const ENTRY: ModelEntry =
-    ModelEntry { name: "gpt", about: "GPT-2 decoder with RoPE and a tied head (language data)", parse };
+pub const ENTRY: ModelEntry = ModelEntry {
+    name: "gpt",
+    about: "GPT-2 decoder with RoPE and a tied head (language data)",
+    parse,
+    tiny: "model: {kind: gpt, width: 8, depth: 2, heads: 2}\n\
+           data: {kind: synthetic_tokens, vocab: 16, seq_len: 6, batch_size: 2}\n",
+};
 
 /// RoPE base (GPT-NeoX / LLaMA).
 pub const ROPE_BASE: f64 = 10_000.0;

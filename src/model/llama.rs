@@ -21,8 +21,13 @@ use crate::topology::{Norm, StackInfo, Unit};
 use serde::Deserialize;
 use tch::{nn, nn::Module, Kind, Tensor};
 
-pub const ENTRY: ModelEntry =
-    ModelEntry { name: "llama", about: "LLaMA decoder: RMSNorm, RoPE, SwiGLU (language data)", parse };
+pub const ENTRY: ModelEntry = ModelEntry {
+    name: "llama",
+    about: "LLaMA decoder: RMSNorm, RoPE, SwiGLU (language data)",
+    parse,
+    tiny: "model: {kind: llama, width: 8, depth: 2, heads: 2}\n\
+           data: {kind: synthetic_tokens, vocab: 16, seq_len: 6, batch_size: 2}\n",
+};
 
 /// RMSNorm epsilon.
 pub const RMS_EPS: f64 = 1e-6;

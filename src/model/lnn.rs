@@ -12,8 +12,12 @@ use crate::topology::{Norm, StackInfo, Unit};
 use serde::Deserialize;
 use tch::{nn, Kind, Tensor};
 
-pub const ENTRY: ModelEntry =
-    ModelEntry { name: "lnn", about: "deep linear network W_K … W_1 x (ANCRe §3 case study)", parse };
+pub const ENTRY: ModelEntry = ModelEntry {
+    name: "lnn",
+    about: "deep linear network W_K … W_1 x (ANCRe §3 case study)",
+    parse,
+    tiny: "model: {kind: lnn, depth: 3}\ndata: {kind: whitened_regression, dim: 6, samples: 8}\n",
+};
 
 #[derive(Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]

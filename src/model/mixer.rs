@@ -16,8 +16,13 @@ use crate::topology::{Norm, StackInfo, Unit};
 use serde::Deserialize;
 use tch::{nn, nn::Module, Kind, Tensor};
 
-pub const ENTRY: ModelEntry =
-    ModelEntry { name: "mixer", about: "MLP-Mixer on images (token + channel mixing units)", parse };
+pub const ENTRY: ModelEntry = ModelEntry {
+    name: "mixer",
+    about: "MLP-Mixer on images (token + channel mixing units)",
+    parse,
+    tiny: "model: {kind: mixer, patch: 4, width: 8, token_hidden: 4, channel_hidden: 8, depth: 2}\n\
+           data: {kind: synthetic_images, image_size: 8, channels: 3, classes: 3, samples: 16, batch_size: 4}\n",
+};
 
 #[derive(Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]

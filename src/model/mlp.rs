@@ -11,8 +11,12 @@ use crate::topology::{Norm, StackInfo, Unit};
 use serde::Deserialize;
 use tch::{nn, nn::Module, Kind, Tensor};
 
-pub const ENTRY: ModelEntry =
-    ModelEntry { name: "mlp", about: "pre-norm MLP stack (test backbone, vector data)", parse };
+pub const ENTRY: ModelEntry = ModelEntry {
+    name: "mlp",
+    about: "pre-norm MLP stack (test backbone, vector data)",
+    parse,
+    tiny: "model: {kind: mlp, width: 8, depth: 3}\ndata: {kind: whitened_regression, dim: 6, samples: 8}\n",
+};
 
 #[derive(Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -57,6 +57,10 @@ pub struct ModelEntry {
     pub about: &'static str,
     /// Parses and validates `model.*` options for a dataset.
     pub parse: ParseFn,
+    /// The `model:` and `data:` sections of a tiny config (seconds to train on a CPU): the
+    /// self-test (`plexus doctor --selftest`) and the tests that run every topology on every
+    /// backbone use it.
+    pub tiny: &'static str,
 }
 
 /// Every backbone plexus knows, by `model.kind`.

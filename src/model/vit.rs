@@ -22,8 +22,13 @@ use crate::topology::{Norm, StackInfo, Unit};
 use serde::Deserialize;
 use tch::{nn, nn::Module, Device, Kind, Tensor};
 
-pub const ENTRY: ModelEntry =
-    ModelEntry { name: "vit", about: "simple ViT on images (Beyer et al. 2022; attention + MLP units)", parse };
+pub const ENTRY: ModelEntry = ModelEntry {
+    name: "vit",
+    about: "simple ViT on images (Beyer et al. 2022; attention + MLP units)",
+    parse,
+    tiny: "model: {kind: vit, patch: 4, width: 8, depth: 2, heads: 2}\n\
+           data: {kind: synthetic_images, image_size: 8, channels: 3, classes: 3, samples: 16, batch_size: 4}\n",
+};
 
 /// Defaults are ViT-S/16 except `depth`, which is required.
 #[derive(Debug, Deserialize)]

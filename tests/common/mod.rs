@@ -32,8 +32,7 @@ pub fn read_losses(run: &Path) -> Vec<(f64, f64)> {
     plexus::report::read_losses(run).unwrap()
 }
 
-/// A tiny config (model and data sections) per backbone (`plexus::doctor::tiny_backbone`).
+/// The tiny config (model and data sections) of a backbone: its registry entry's `tiny`.
 pub fn tiny_backbone(name: &str) -> &'static str {
-    plexus::doctor::tiny_backbone(name)
-        .unwrap_or_else(|| panic!("backbone `{name}` has no tiny config in src/doctor.rs::tiny_backbone: add one"))
+    plexus::doctor::tiny_backbone(name).unwrap_or_else(|| panic!("no backbone `{name}` in plexus::model::REGISTRY"))
 }
