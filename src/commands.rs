@@ -167,10 +167,7 @@ pub fn default_figure_dir(runs: &[PathBuf]) -> PathBuf {
 }
 
 pub fn parity(dir: &Path, only: Option<&str>, keep: Option<&Path>, device: &str) -> Result<()> {
-    let device = crate::device::resolve(
-        crate::device::parse_device(device)
-            .map_err(|allowed| anyhow::anyhow!("--device {device}: expected {allowed}"))?,
-    )?;
+    let device = crate::device::from_flag("--device", device)?;
     let cases = crate::parity::cases(&dir.join("cases"), only)?;
     if cases.is_empty() {
         bail!("no parity case in {} matches {:?}", dir.join("cases").display(), only.unwrap_or(""));
@@ -217,26 +214,30 @@ pub fn parity(dir: &Path, only: Option<&str>, keep: Option<&Path>, device: &str)
 
 /// C as CSV for a config (initialised model) or a run directory (final checkpoint, or a saved step).
 pub fn connectivity_csv(path: &Path, step: Option<u64>, overrides: &[String]) -> Result<String> {
-    let (exp, checkpoint) = if path.is_dir() {
-        let run = RunDir::open(path)?;
+    let dev = tch::Device::Cpu;
+    let (exp, model) = if path.is_dir() {
         if let Some(step) = step {
-            let f = run.connectivity_file(step);
+            let f = RunDir::open(path)?.connectivity_file(step);
             return std::fs::read_to_string(&f)
                 .with_context(|| format!("no C saved at step {step}: {} (see log.connectivity_every)", f.display()));
         }
-        (Experiment::from_file(&run.config_file(), overrides)?, Some(run))
+        let open = crate::train::trained::OpenOptions {
+            device: Some(dev),
+            compute: Some(tch::Kind::Float),
+            overrides,
+            ..Default::default()
+        };
+        let run = crate::train::trained::open(path, &open)?;
+        (run.exp, run.model)
     } else {
         anyhow::ensure!(step.is_none(), "--step needs a run directory, not a config");
-        (Experiment::from_file(path, overrides)?, None)
+        let exp = Experiment::from_file(path, overrides)?;
+        let model = crate::device::with_seed(exp.config().seed, || {
+            crate::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, tch::Kind::Float)
+        });
+        (exp, model)
     };
     let cfg = exp.config();
-    let dev = tch::Device::Cpu;
-    let mut model = crate::device::with_seed(cfg.seed, || {
-        crate::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, tch::Kind::Float)
-    });
-    if let Some(run) = checkpoint {
-        crate::train::checkpoint::load_final(&mut model.vs, &run, &run.final_checkpoint())?;
-    }
     // The model's input for a batch (the trainer's probe: transformed, and for diffusion models
     // noised and packed as training does, from the seed).
     let model_input = |batch: crate::data::Batch| match exp.task() {
@@ -674,9 +675,7 @@ pub fn analyze(
     device: Option<&str>,
 ) -> Result<()> {
     let device = match device {
-        Some(d) => Some(crate::device::resolve(
-            crate::device::parse_device(d).map_err(|allowed| anyhow::anyhow!("--device {d}: expected {allowed}"))?,
-        )?),
+        Some(d) => Some(crate::device::from_flag("--device", d)?),
         None => None,
     };
     let opts = AnalyzeOptions { sigmas, char_probs: probs, repeats, seed: 0, device };

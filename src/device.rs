@@ -52,6 +52,12 @@ pub fn cuda_linked() -> bool {
 
 /// Resolves a request against what libtorch sees; asking for a GPU that is not there is an error,
 /// not a silent fall-back to the CPU.
+/// The device a command-line flag names (`--device cuda:1`), resolved: the one parse of a device
+/// string given on the command line; errors name the flag, the value and what is allowed.
+pub fn from_flag(flag: &str, value: &str) -> anyhow::Result<Device> {
+    resolve(parse_device(value).map_err(|allowed| anyhow::anyhow!("{flag} {value}: expected {allowed}"))?)
+}
+
 pub fn resolve(req: DeviceRequest) -> anyhow::Result<Device> {
     resolve_on(req, Machine::current())
 }

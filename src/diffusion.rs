@@ -202,12 +202,15 @@ pub fn sample_run(
          to score many samples, use plexus fd --samples)"
     );
     o.check()?;
-    let dev = crate::device::resolve(crate::device::parse_device(device).map_err(anyhow::Error::msg)?)?;
-    let mut model = crate::device::with_seed(exp.config().seed, || {
-        crate::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, Kind::Float)
-    });
-    let ck = weights_file(&dir, o.weights)?;
-    crate::train::checkpoint::load_final(&mut model.vs, &dir, &ck)?;
+    let dev = crate::device::from_flag("--device", device)?;
+    let choose = |d: &crate::run_dir::RunDir| weights_file(d, o.weights);
+    let open = crate::train::trained::OpenOptions {
+        device: Some(dev),
+        compute: Some(Kind::Float),
+        weights: &choose,
+        ..Default::default()
+    };
+    let model = crate::train::trained::open(run, &open)?.model;
     let info = exp.data.info();
     let (c, s) = (info.input_shape[0] as i64, info.input_shape[1] as i64);
     let k = d.num_classes;

@@ -177,7 +177,7 @@ pub const BF16_TOLERANCE: f64 = 0.02;
 /// `analyze`, and bf16 against fp32. Prints a table; returns whether every case passed.
 pub fn selftest(device: &str) -> anyhow::Result<bool> {
     let tmp = tempfile::tempdir()?;
-    let dev = crate::device::resolve(crate::device::parse_device(device).map_err(anyhow::Error::msg)?)?;
+    let dev = crate::device::from_flag("--device", device)?;
     println!("self-test on {}", crate::device::describe(dev));
     println!(
         "{:<8} {:<12} {:>11} {:>11} {:>11} {:>8}  result",

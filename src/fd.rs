@@ -61,18 +61,19 @@ pub fn fd_command(
     use crate::run_dir::RunDir;
     anyhow::ensure!(samples >= 2, "--samples must be at least 2");
     o.check()?;
-    let dev = crate::device::resolve(crate::device::parse_device(device).map_err(anyhow::Error::msg)?)?;
+    let dev = crate::device::from_flag("--device", device)?;
     // The diffusion run's weights as `o.weights` says; the extractor's as trained.
     let load =
         |dir: &std::path::Path, weights: crate::diffusion::Weights| -> Result<(Experiment, crate::model::Model)> {
-            let rd = RunDir::open(dir)?;
-            let exp = Experiment::from_file(&rd.config_file(), &[])?;
-            let mut m = crate::device::with_seed(exp.config().seed, || {
-                crate::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, Kind::Float)
-            });
-            let ck = crate::diffusion::weights_file(&rd, weights)?;
-            crate::train::checkpoint::load_final(&mut m.vs, &rd, &ck)?;
-            Ok((exp, m))
+            let choose = |d: &RunDir| crate::diffusion::weights_file(d, weights);
+            let open = crate::train::trained::OpenOptions {
+                device: Some(dev),
+                compute: Some(Kind::Float),
+                weights: &choose,
+                ..Default::default()
+            };
+            let run = crate::train::trained::open(dir, &open)?;
+            Ok((run.exp, run.model))
         };
     let (gen_exp, gen) = load(run, o.weights)?;
     let Task::Diffusion(d) = gen_exp.task() else {

@@ -32,24 +32,17 @@ impl Run {
 
     /// Loads the run onto `device`, or the config's device if `None`.
     pub fn load_on(path: &Path, device: Option<Device>) -> Result<Run> {
-        let dir = RunDir::open(path)?;
-        let exp = Experiment::from_file(&dir.config_file(), &[])?;
-        let cfg = exp.config();
-        let dev = match device {
-            Some(d) => d,
-            None => crate::device::resolve(cfg.device_request())?,
-        };
-        crate::device::apply_matmul_precision(cfg.tf32)?;
-        let compute = cfg.precision.compute_kind();
+        let exp = Experiment::from_file(&RunDir::open(path)?.config_file(), &[])?;
         anyhow::ensure!(
             exp.model.diffusion().is_none(),
             "{}: a diffusion run (model.kind `{}`): plexus analyze measures classifiers and language models \
              (layer-wise exits, pruning, input noise); for diffusion see eps_by_t.csv, plexus sample and plexus fd",
-            dir.path.display(),
+            path.display(),
             exp.model.kind()
         );
-        let mut model = Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute);
-        crate::train::checkpoint::load_final(&mut model.vs, &dir, &dir.final_checkpoint())?;
+        let open = crate::train::trained::OpenOptions { device, ..Default::default() };
+        let crate::train::trained::TrainedRun { dir, exp, model } = crate::train::trained::open(path, &open)?;
+        let dev = model.vs.device();
         let data = exp.data.load()?;
         let mut eval = data.eval_batches();
         if eval.is_empty() {

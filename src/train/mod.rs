@@ -12,6 +12,7 @@ pub mod eval;
 pub mod optim;
 pub mod schedule;
 pub mod step;
+pub mod trained;
 
 use crate::data::prefetch::Prefetcher;
 use crate::device;
