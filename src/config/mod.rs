@@ -560,15 +560,28 @@ impl ResumeDiff {
     /// `train.steps` (growing: the run is extended) and the logging intervals (`log.*`) may change.
     pub fn between(old: &Config, new: &Config) -> Self {
         let to_value = |c: &Config| serde_yaml::to_value(c).expect("a Config always serialises");
+        // How the step is executed (captured or not) changes no number it computes.
+        Self::of_values(&to_value(old), &to_value(new), "train.steps", &|k| {
+            k.starts_with("log.") || k == "train.cuda_graphs"
+        })
+    }
+
+    /// The same for any two YAML documents: `length` (a number) may grow, keys for which
+    /// `may_change` holds may change, every other change is refused.
+    pub fn of_values(
+        old: &serde_yaml::Value,
+        new: &serde_yaml::Value,
+        length: &str,
+        may_change: &dyn Fn(&str) -> bool,
+    ) -> Self {
         let mut changed = Vec::new();
-        diff_values("", &to_value(old), &to_value(new), &mut changed);
+        diff_values("", old, new, &mut changed);
+        let at = |v: &serde_yaml::Value| {
+            length.split('.').try_fold(v, |v, k| v.get(k)).and_then(|v| v.as_f64()).unwrap_or(f64::NAN)
+        };
         let mut d = ResumeDiff::default();
         for (key, a, b) in changed {
-            // How the step is executed (captured or not) changes no number it computes.
-            let ok = key.starts_with("log.")
-                || key == "train.cuda_graphs"
-                || (key == "train.steps" && new.train.steps >= old.train.steps);
-            if ok {
+            if may_change(&key) || (key == length && at(new) >= at(old)) {
                 d.allowed.push(key);
             } else {
                 d.refused.push((key, a, b));

@@ -37,6 +37,7 @@ use super::replay::Replay;
 use super::RlRng;
 use crate::run_dir::{atomic_write, atomic_write_with, RunDir};
 use crate::train::checkpoint::{self, TrainerState};
+use crate::train::lifecycle;
 use anyhow::{Context, Result};
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -160,33 +161,12 @@ fn divergence(stats: &[tch::Tensor], first_update: u64, agent: &Agent) -> Option
     })
 }
 
-/// Keys of the run's config that `--resume` may change: the length of the run and checkpointing.
-const RESUMABLE: &[&str] = &["train.env_steps", "log.checkpoint_every", "log.keep_checkpoints"];
-
-/// Dotted keys whose values differ between two configs (as YAML).
-fn changed_keys(a: &serde_yaml::Value, b: &serde_yaml::Value, prefix: &str, out: &mut Vec<String>) {
-    use serde_yaml::Value;
-    match (a, b) {
-        (Value::Mapping(ma), Value::Mapping(mb)) => {
-            let mut keys: Vec<&Value> = Vec::new();
-            for k in ma.keys().chain(mb.keys()) {
-                if !keys.contains(&k) {
-                    keys.push(k);
-                }
-            }
-            for k in keys {
-                let name = k.as_str().map(str::to_string).unwrap_or_else(|| format!("{k:?}"));
-                let key = if prefix.is_empty() { name } else { format!("{prefix}.{name}") };
-                match (ma.get(k), mb.get(k)) {
-                    (Some(x), Some(y)) => changed_keys(x, y, &key, out),
-                    _ => out.push(key),
-                }
-            }
-        }
-        _ if a != b => out.push(prefix.to_string()),
-        _ => {}
-    }
-}
+/// What a resumed `plexus rl` run may change: `train.env_steps` (growing) and checkpointing.
+const RESUME_POLICY: lifecycle::ResumePolicy = lifecycle::ResumePolicy {
+    length: "train.env_steps",
+    may_change: |k| k == "log.checkpoint_every" || k == "log.keep_checkpoints",
+    describe: "log.checkpoint_every, log.keep_checkpoints",
+};
 
 /// Seeds of the evaluation environments: the same tasks at every evaluation and for every run
 /// with the same `seed` and `eval_envs`.
@@ -237,10 +217,8 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
     let mut agent = crate::device::with_seed(cfg.seed, || Agent::new(cfg, exp.topology.as_ref(), device));
 
     let run = RunDir::new(dir);
-    if !opts.resume {
-        crate::run_dir::check_new(dir, opts.overwrite)?;
-    }
-    let _lock = run.lock()?;
+    let config_yaml = cfg.to_yaml();
+    let mut opened = lifecycle::open(&run, &config_yaml, opts.resume, opts.overwrite, &RESUME_POLICY, true)?;
     let spec = cfg.env.spec();
     let (n, t_len) = (cfg.env.num_envs, cfg.env.episode_length);
     let seeds = eval_seeds(cfg.seed, cfg.log.eval_envs);
@@ -255,34 +233,7 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
     let mut stat_updates = 0u64;
     let mut csv = String::from(HEADER);
     let mut last = (0.0, 0.0);
-    if opts.resume {
-        let saved = std::fs::read_to_string(run.file("config.yaml"))
-            .with_context(|| format!("--resume: {} is not an `plexus rl` run directory", dir.display()))?;
-        let (old, new): (serde_yaml::Value, serde_yaml::Value) =
-            (serde_yaml::from_str(&saved)?, serde_yaml::from_str(&cfg.to_yaml())?);
-        let mut changed = Vec::new();
-        changed_keys(&old, &new, "", &mut changed);
-        let refused: Vec<&String> = changed.iter().filter(|k| !RESUMABLE.contains(&k.as_str())).collect();
-        let old_steps = old.get("train").and_then(|t| t.get("env_steps")).and_then(|v| v.as_u64());
-        if let Some(old_steps) = old_steps.filter(|&s| cfg.train.env_steps < s) {
-            anyhow::bail!(
-                "--resume: train.env_steps = {} is less than the run's {old_steps} ({}): a resumed run may grow, \
-                 to extend it, but not shrink",
-                cfg.train.env_steps,
-                run.file("config.yaml").display()
-            );
-        }
-        if !refused.is_empty() {
-            anyhow::bail!(
-                "--resume: the config differs from the run's ({}) in {}; a resumed run may change only {}",
-                run.file("config.yaml").display(),
-                refused.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", "),
-                RESUMABLE.join(", ")
-            );
-        }
-        run.clean_leftovers()?;
-        let state = checkpoint::latest(&run)?
-            .with_context(|| format!("--resume: no complete checkpoint in {}", run.checkpoints_dir().display()))?;
+    if let Some(state) = opened.checkpoint.clone() {
         let optim = checkpoint::load(&run, &state, &mut agent.vs)?;
         let loop_file = loop_state_file(&run, state.step);
         let text = std::fs::read_to_string(&loop_file).with_context(|| {
@@ -317,16 +268,7 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
                 csv.push('\n');
             }
         }
-        if !changed.is_empty() {
-            atomic_write(&run.file("config.yaml"), cfg.to_yaml().as_bytes())?;
-        }
-    } else {
-        if opts.overwrite {
-            crate::run_dir::clear(dir)?;
-        }
-        run.clean_leftovers()?;
-        std::fs::create_dir_all(dir.join("figures")).with_context(|| format!("creating {}", dir.display()))?;
-        atomic_write(&run.file("config.yaml"), cfg.to_yaml().as_bytes())?;
+        opened.resumed(&run)?;
     }
     if opts.verbose {
         eprintln!(
@@ -494,6 +436,6 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
         seconds: start.elapsed().as_secs_f64(),
         device: crate::device::describe(device),
     };
-    atomic_write(&run.file("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
+    lifecycle::finish(&run, &summary)?;
     Ok(summary)
 }

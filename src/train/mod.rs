@@ -9,6 +9,7 @@
 
 pub mod checkpoint;
 pub mod eval;
+pub mod lifecycle;
 pub mod optim;
 pub mod schedule;
 pub mod step;
@@ -19,7 +20,7 @@ use crate::device;
 use crate::experiment::Experiment;
 use crate::host;
 use crate::model::Model;
-use crate::run_dir::{self, atomic_write, MetricsRow, RunDir};
+use crate::run_dir::{MetricsRow, RunDir};
 use anyhow::{bail, Context, Result};
 use checkpoint::TrainerState;
 use eval::{EvalResult, EvalSet};
@@ -99,10 +100,9 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     let main = crate::dist::DistInfo::is_main(opts.dist.as_ref());
     // The run directory is checked first (cheap, and the most likely mistake), but nothing is
     // created until data and model are built: a data or device error leaves no directory behind.
-    if opts.resume {
-        resume_config_changes(dir, cfg)?;
-    } else if main {
-        run_dir::check_new(&dir.path, opts.overwrite)?;
+    let config_yaml = cfg.to_yaml();
+    if main || opts.resume {
+        lifecycle::precheck(dir, &config_yaml, opts.resume, opts.overwrite, &RESUME_POLICY)?;
     }
     let dev = device::resolve(cfg.device_request())?;
     let dev = match opts.dist.as_ref() {
@@ -142,33 +142,17 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     let optim = Optim::new(tc, model.trainable());
     let mut t = Stepper::new(model, optim, task, tc.accumulation, tc.clip_grad_norm, &transform);
     // One writer per run directory, until this function returns (or the process dies).
-    let _lock = if main { Some(dir.lock()?) } else { None };
-    let (mut rows, mut evals, start) = if opts.resume {
-        let changed = resume_config_changes(dir, cfg)?;
-        dir.clean_leftovers()?;
-        let state = checkpoint::latest(dir)?
-            .with_context(|| format!("--resume: no complete checkpoint in {}", dir.checkpoints_dir().display()))?;
-        let optim_state = checkpoint::load(dir, &state, &mut t.model.vs)?;
-        t.optim.load_state(&optim_state, state.step)?;
-        if !changed.is_empty() && main {
-            atomic_write(&dir.config_file(), cfg.to_yaml().as_bytes())?;
+    let mut run = lifecycle::open(dir, &config_yaml, opts.resume, opts.overwrite, &RESUME_POLICY, main)?;
+    let (mut rows, mut evals, start) = match run.checkpoint.clone() {
+        Some(state) => {
+            let optim_state = checkpoint::load(dir, &state, &mut t.model.vs)?;
+            t.optim.load_state(&optim_state, state.step)?;
+            run.resumed(dir)?;
+            let rows: Vec<MetricsRow> = dir.metrics()?.into_iter().filter(|r| r.step < state.step).collect();
+            let evals: Vec<EvalResult> = dir.evals()?.into_iter().filter(|e| e.step < state.step).collect();
+            (rows, evals, state.step)
         }
-        let rows: Vec<MetricsRow> = dir.metrics()?.into_iter().filter(|r| r.step < state.step).collect();
-        let evals: Vec<EvalResult> = dir.evals()?.into_iter().filter(|e| e.step < state.step).collect();
-        (rows, evals, state.step)
-    } else if !main {
-        (Vec::new(), Vec::new(), 0)
-    } else {
-        // Checked again under the lock: another process may have written there meanwhile.
-        run_dir::check_new(&dir.path, opts.overwrite)?;
-        if opts.overwrite {
-            run_dir::clear(&dir.path)?;
-        }
-        dir.clean_leftovers()?;
-        let figures = dir.figures_dir();
-        std::fs::create_dir_all(&figures).with_context(|| format!("creating {}", figures.display()))?;
-        atomic_write(&dir.config_file(), cfg.to_yaml().as_bytes())?;
-        (Vec::new(), Vec::new(), 0)
+        None => (Vec::new(), Vec::new(), 0),
     };
 
     if let Some(info) = &opts.dist {
@@ -352,7 +336,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         device_syncs,
     };
     if main {
-        atomic_write(&dir.summary_file(), serde_json::to_string_pretty(&summary)?.as_bytes())?;
+        lifecycle::finish(dir, &summary)?;
     }
     Ok(summary)
 }
@@ -441,27 +425,14 @@ fn sync_report(name: &str, host_reads: &[u64], device_syncs: &[u64]) -> String {
     )
 }
 
-/// Checks that `cfg` may resume the run in `dir` (see [`crate::config::ResumeDiff`]) and returns
-/// the keys that change (extending `train.steps`, `log.*`).
-fn resume_config_changes(dir: &RunDir, cfg: &crate::config::Config) -> Result<Vec<String>> {
-    let path = dir.config_file();
-    let old = crate::config::load_file(&path, &[])
-        .with_context(|| format!("--resume: reading the config the run was trained with, {}", path.display()))?;
-    let diff = crate::config::ResumeDiff::between(&old.config, cfg);
-    if !diff.refused.is_empty() {
-        let list: Vec<String> =
-            diff.refused.iter().map(|(k, a, b)| format!("`{k}` is `{a}` in the run but `{b}` here")).collect();
-        bail!(
-            "--resume {}: the config differs from the one the run was trained with ({}): {}; resuming would train \
-             something else. Only train.steps (which may grow, to extend the run, but not shrink) and log.* may \
-             change on resume; start a new run (another --out, or --overwrite) for anything else",
-            dir.path.display(),
-            path.display(),
-            list.join("; ")
-        );
-    }
-    Ok(diff.allowed)
-}
+/// What a resumed `plexus train` run may change: `train.steps` (growing), the logging and
+/// checkpoint intervals, and whether the step is captured as a CUDA graph (which changes no number
+/// it computes).
+const RESUME_POLICY: lifecycle::ResumePolicy = lifecycle::ResumePolicy {
+    length: "train.steps",
+    may_change: |k| k.starts_with("log.") || k == "train.cuda_graphs",
+    describe: "log.* (and train.cuda_graphs)",
+};
 
 /// The libtorch seed of one step: a mix of the run seed and the step (SplitMix64 finaliser).
 fn step_seed(seed: u64, step: u64) -> u64 {
