@@ -9,7 +9,7 @@
 #        shared data folder next to the clone (../shared/data), else the Debian package downloaded with
 #        `apt-get download` and unpacked with `dpkg -x` (no root needed), else the official files
 #        from Zalando's mirror with curl;
-#      - cifar10/ and text/: the shared data folder when present (users: see README "Data").
+#      - cifar10/ and text/: the shared data folder when present (users: see docs/setup-and-data.md, "Data").
 #
 # Usage: PLEXUS_DATA="$(scripts/fetch-data.sh)"   (progress goes to stderr, the root to stdout)
 #
@@ -160,7 +160,7 @@ if ! has_fmnist "$DATA/fashion-mnist"; then
     fi
 fi
 has_fmnist "$DATA/fashion-mnist" || {
-    echo "could not fetch Fashion-MNIST into $DATA/fashion-mnist (see README, Data)" >&2
+    echo "could not fetch Fashion-MNIST into $DATA/fashion-mnist (see docs/setup-and-data.md, Data)" >&2
     exit 1
 }
 for d in cifar10 text; do

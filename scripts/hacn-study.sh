@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H-ACN findings at small scale (README "H-ACN findings at small scale"): the paper's Table 2
+# H-ACN findings at small scale (docs/results.md, "H-ACN findings at small scale"): the paper's Table 2
 # initialisations μ ∈ {0.25, 0.75, 1} × seeds 0–2 on the CPU-size Mixer on CIFAR-10, and the same
 # μ = 0.25 model on CIFAR-2, with the residual weights' learning rate ×10 so that they move. Prints
 # mean ± std of accuracy and Γ per setting. About 10 minutes on 2 cores.

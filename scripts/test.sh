@@ -57,7 +57,7 @@ skips=()
 if [ ! -d "$ROOT/../shared/data" ]; then
   while read -r name dataset; do
     if [ ! -d "$PLEXUS_DATA/$dataset" ]; then
-      echo "[test] skipped $name: needs $dataset/ under the data root $PLEXUS_DATA (README, Data)" >&2
+      echo "[test] skipped $name: needs $dataset/ under the data root $PLEXUS_DATA (docs/setup-and-data.md, Data)" >&2
       skips+=(--skip "$name")
     fi
   done < <(real_data_tests)

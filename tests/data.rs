@@ -30,7 +30,7 @@ fn shared(dataset: &str) -> Option<PathBuf> {
         return Some(dir);
     }
     let msg = format!(
-        "this real-data test needs {dataset}/ under the data root {} (set {} to a folder holding it; README, Data)",
+        "this real-data test needs {dataset}/ under the data root {} (set {} to a folder holding it; docs/setup-and-data.md, Data)",
         dir.display(),
         data::DATA_ENV
     );

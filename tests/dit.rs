@@ -216,7 +216,11 @@ fn the_eps_loss_falls_clearly_on_fashion_mnist() {
         Some(v) if !v.is_empty() => PathBuf::from(v),
         _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data"),
     };
-    assert!(root.join("fashion-mnist").is_dir(), "needs fashion-mnist/ under {} (README, Data)", root.display());
+    assert!(
+        root.join("fashion-mnist").is_dir(),
+        "needs fashion-mnist/ under {} (docs/setup-and-data.md, Data)",
+        root.display()
+    );
     let tmp = tempfile::tempdir().unwrap();
     let cfg = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("configs/dit-fmnist/cpu/res.yaml");
     let root = root.to_string_lossy().into_owned();

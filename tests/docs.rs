@@ -1,0 +1,124 @@
+//! The documentation holds together: every relative link in README.md and docs/*.md points to a
+//! file of the repository, and every `#anchor` to a heading of its target (GitHub's slugs). The
+//! README stays a front page (what plexus is, the two commands, a first run, the tables, links).
+
+use std::path::{Path, PathBuf};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// GitHub's anchor of a heading: lower case, punctuation dropped (but `-` and `_`), spaces → `-`.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings (outside code blocks).
+fn anchors(text: &str) -> Vec<String> {
+    let mut fence = false;
+    let mut out = Vec::new();
+    for l in text.lines() {
+        if l.starts_with("```") {
+            fence = !fence;
+        }
+        if !fence && l.starts_with('#') {
+            out.push(slug(l.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+/// `(line, target)` of every inline link `[text](target)` outside code blocks.
+fn links(text: &str) -> Vec<(usize, String)> {
+    let mut fence = false;
+    let mut out = Vec::new();
+    for (n, l) in text.lines().enumerate() {
+        if l.starts_with("```") {
+            fence = !fence;
+        }
+        if fence {
+            continue;
+        }
+        let mut rest = l;
+        while let Some(i) = rest.find("](") {
+            let after = &rest[i + 2..];
+            let Some(end) = after.find(')') else { break };
+            out.push((n + 1, after[..end].to_string()));
+            rest = &after[end..];
+        }
+    }
+    out
+}
+
+fn markdown_files() -> Vec<PathBuf> {
+    let mut files = vec![repo().join("README.md")];
+    for e in std::fs::read_dir(repo().join("docs")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "md") {
+            files.push(p);
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn every_relative_link_and_anchor_resolves() {
+    let mut broken = Vec::new();
+    for file in markdown_files() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let dir = file.parent().unwrap();
+        for (line, target) in links(&text) {
+            if target.starts_with("http://") || target.starts_with("https://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (path, anchor) = match target.split_once('#') {
+                Some((p, a)) => (p, Some(a)),
+                None => (target.as_str(), None),
+            };
+            let resolved: PathBuf = if path.is_empty() { file.clone() } else { dir.join(path) };
+            let at = format!("{}:{line}: ({target})", file.strip_prefix(repo()).unwrap().display());
+            if !resolved.exists() {
+                broken.push(format!("{at}: no file {}", resolved.display()));
+                continue;
+            }
+            if let Some(a) = anchor {
+                let is_md = resolved.extension().is_some_and(|x| x == "md");
+                if is_md && !anchors(&std::fs::read_to_string(&resolved).unwrap()).iter().any(|h| h == a) {
+                    broken.push(format!("{at}: no heading with the anchor #{a} in {}", resolved.display()));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "{} broken link(s):\n{}", broken.len(), broken.join("\n"));
+}
+
+/// The README is the front page: the two commands first, then what plexus is, the tables and a
+/// link to every page of docs/ (a page no one links to is lost).
+#[test]
+fn the_readme_opens_with_the_two_commands_and_links_every_docs_page() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let first_block = readme.split("```").nth(1).unwrap_or_default();
+    assert!(first_block.contains("scripts/run.sh") && first_block.contains("scripts/test.sh"), "{first_block}");
+    for file in markdown_files().iter().filter(|f| f.parent() == Some(Path::new(&repo().join("docs")))) {
+        let name = file.file_name().unwrap().to_string_lossy();
+        assert!(readme.contains(&format!("(docs/{name})")), "README.md does not link docs/{name}");
+    }
+    assert!(readme.lines().count() < 250, "README.md has {} lines: move manual pages to docs/", readme.lines().count());
+}
+
+#[test]
+fn slugs_follow_github() {
+    assert_eq!(slug(" Diffusion transformers (`model.kind: dit`)"), "diffusion-transformers-modelkind-dit");
+    assert_eq!(slug(" The ANCRe case study (§3, Fig. 2)"), "the-ancre-case-study-3-fig-2");
+    assert_eq!(
+        links("see [a](docs/x.md#y) and [b](#z)\n```\n[c](nope)\n```\n"),
+        [(1, "docs/x.md#y".into()), (1, "#z".into())]
+    );
+}
