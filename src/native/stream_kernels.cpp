@@ -25,9 +25,10 @@
 // block of tokens and differentiates through them by hand, saving only the logits for backward
 // where autograd would keep 2·iters [M, n, n] tensors.
 //
-// The row loops of the stream read, write and norm_project live in stream_rows.inc, built twice:
-// for baseline x86-64 and for AVX2 + FMA (GCC on x86-64). The Rust side passes which to use (`isa`,
-// the widest the CPU has unless PLEXUS_FUSED_KERNELS=baseline), and the backward uses the forward's.
+// The row loops of the stream read, write and norm_project live in stream_rows.inc, built three
+// times: for baseline x86-64, for AVX2 + FMA and for AVX-512 (the last two with GCC on x86-64).
+// The Rust side passes which to use (`isa`, the widest the CPU has unless
+// PLEXUS_FUSED_KERNELS=baseline), and the backward uses the forward's.
 // Sinkhorn for n = 2, 4, 8 is there too (register-resident, a vector of tokens at a time); any other
 // n runs the block loops below, baseline only.
 //

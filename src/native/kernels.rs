@@ -1,0 +1,536 @@
+//! The fused kernels of the topologies (CPU autograd functions, CUDA kernels compiled with NVRTC),
+//! the chunked language-model loss and the dense topologies' history buffer; `PLEXUS_FUSED_KERNELS`
+//! and the CPU instruction set they run with.
+
+use super::{check, ffi, take_string};
+use anyhow::{bail, Result};
+use std::ffi::{c_char, c_int};
+use tch::Tensor;
+
+/// The environment variable that sets the fused CPU kernels: `1`/`true` or unset: on, with the
+/// widest instruction set the CPU has ([`KernelIsa::best`]); `avx2`: on, with the AVX2 loops even
+/// where AVX-512 exists; `baseline`: on, with the baseline x86-64 loops (what a CPU without AVX2
+/// runs; to compare, or to rule the wider loops out);
+/// `0`/`false`: off, the composite libtorch code everywhere, as a GPU runs (an escape hatch, and
+/// what makes `bench --compare`'s kernels per step stand for a GPU on hyper and mHC).
+pub const FUSED_KERNELS_VAR: &str = "PLEXUS_FUSED_KERNELS";
+
+/// A value of [`FUSED_KERNELS_VAR`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusedKernels {
+    /// The composite libtorch code.
+    Off,
+    /// The fused kernels with the baseline loops.
+    Baseline,
+    /// The fused kernels with the AVX2 loops at most (baseline on a CPU without AVX2).
+    Avx2,
+    /// The fused kernels with the widest loops the CPU has (the default).
+    Best,
+}
+
+/// The instruction set of the fused kernels' row loops (`src/native/stream_rows.inc`, built once
+/// per set): libtorch dispatches its own CPU kernels by the CPU's vector width, and so do these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum KernelIsa {
+    /// Baseline x86-64 (SSE2), or whatever the target's default is elsewhere.
+    Baseline,
+    /// AVX2 with fused multiply-add (x86-64 CPUs since 2013, in a GCC build).
+    Avx2Fma,
+    /// AVX-512 F/VL/BW/DQ: 16 floats per instruction, 32 registers (server x86-64 CPUs; in a GCC build).
+    Avx512,
+}
+
+impl KernelIsa {
+    /// Every set, narrowest first.
+    pub(super) const ALL: [KernelIsa; 3] = [KernelIsa::Baseline, KernelIsa::Avx2Fma, KernelIsa::Avx512];
+
+    /// The widest set this build and this CPU have, and no wider than libtorch's own CPU kernels
+    /// use (`torch.backends.cpu.get_cpu_capability()`, which `ATEN_CPU_CAPABILITY` lowers): where
+    /// libtorch keeps off AVX-512, so do these.
+    pub fn best() -> KernelIsa {
+        // SAFETY: a pure query of the CPU and of libtorch (cached on the C++ side).
+        let code = unsafe { ffi::plexus_stream_kernels_best_isa() };
+        KernelIsa::ALL.into_iter().find(|i| i.code() == code).unwrap_or(KernelIsa::Baseline)
+    }
+
+    /// Whether this build and this CPU run the set (whatever libtorch uses).
+    pub fn runs_here(self) -> bool {
+        // SAFETY: a pure query of the CPU.
+        unsafe { ffi::plexus_stream_kernels_cpu_runs(self.code()) != 0 }
+    }
+
+    /// The `isa` argument of the C++ entry points.
+    fn code(self) -> i64 {
+        match self {
+            KernelIsa::Baseline => 0,
+            KernelIsa::Avx2Fma => 1,
+            KernelIsa::Avx512 => 2,
+        }
+    }
+
+    /// How reports name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelIsa::Baseline => "baseline",
+            KernelIsa::Avx2Fma => "avx2+fma",
+            KernelIsa::Avx512 => "avx512",
+        }
+    }
+}
+
+/// Parses a value of [`FUSED_KERNELS_VAR`] (`None`: unset).
+pub fn parse_fused_kernels(value: Option<&str>) -> Result<FusedKernels> {
+    match value.map(|v| v.trim().to_ascii_lowercase()) {
+        None => Ok(FusedKernels::Best),
+        Some(v) if v == "1" || v == "true" => Ok(FusedKernels::Best),
+        Some(v) if v == "baseline" => Ok(FusedKernels::Baseline),
+        Some(v) if v == "avx2" => Ok(FusedKernels::Avx2),
+        Some(v) if v == "0" || v == "false" => Ok(FusedKernels::Off),
+        Some(v) => bail!(
+            "environment variable {FUSED_KERNELS_VAR}={v:?}: expected 1/true (the default), avx2 (on, at most \
+             AVX2), baseline (on, without AVX2) or 0/false (off)"
+        ),
+    }
+}
+
+/// [`FUSED_KERNELS_VAR`]'s setting, read once; an unreadable value counts as the default (the CLI
+/// checks the value at start: [`check_fused_kernels_setting`]).
+fn fused_kernels_env() -> FusedKernels {
+    static SETTING: std::sync::OnceLock<FusedKernels> = std::sync::OnceLock::new();
+    *SETTING.get_or_init(|| {
+        parse_fused_kernels(std::env::var(FUSED_KERNELS_VAR).ok().as_deref()).unwrap_or(FusedKernels::Best)
+    })
+}
+
+thread_local! {
+    /// [`with_fused_kernels`]'s setting for this thread, over the environment's.
+    static FUSED_OVERRIDE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    /// [`with_kernel_isa`]'s setting for this thread, over the environment's.
+    static ISA_OVERRIDE: std::cell::Cell<Option<KernelIsa>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with a thread-local cell set to `value`, restoring it afterwards (also on panic).
+fn with_override<V: Copy + 'static, T>(
+    cell: &'static std::thread::LocalKey<std::cell::Cell<Option<V>>>,
+    value: V,
+    f: impl FnOnce() -> T,
+) -> T {
+    struct Restore<V: Copy + 'static>(&'static std::thread::LocalKey<std::cell::Cell<Option<V>>>, Option<V>);
+    impl<V: Copy + 'static> Drop for Restore<V> {
+        fn drop(&mut self) {
+            self.0.with(|c| c.set(self.1));
+        }
+    }
+    let _restore = Restore(cell, cell.with(|c| c.replace(Some(value))));
+    f()
+}
+
+/// Whether the fused CPU kernels are on for this thread: [`with_fused_kernels`]'s setting if inside
+/// one, else [`FUSED_KERNELS_VAR`]'s.
+pub fn fused_kernels_on() -> bool {
+    FUSED_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| fused_kernels_env() != FusedKernels::Off)
+}
+
+/// Runs `f` with the fused CPU kernels on or off on this thread (where a CPU forward and its
+/// backward run), e.g. to count the kernels of the composite code a GPU runs.
+pub fn with_fused_kernels<T>(on: bool, f: impl FnOnce() -> T) -> T {
+    with_override(&FUSED_OVERRIDE, on, f)
+}
+
+/// The instruction set the fused kernels use on this thread: [`with_kernel_isa`]'s if inside one,
+/// else [`KernelIsa::Baseline`] under `PLEXUS_FUSED_KERNELS=baseline`, at most
+/// [`KernelIsa::Avx2Fma`] under `avx2`, and [`KernelIsa::best`] otherwise.
+pub fn kernel_isa() -> KernelIsa {
+    ISA_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| match fused_kernels_env() {
+        FusedKernels::Baseline => KernelIsa::Baseline,
+        FusedKernels::Avx2 => KernelIsa::best().min(KernelIsa::Avx2Fma),
+        _ => KernelIsa::best(),
+    })
+}
+
+/// How many threads the fused kernels' parallel loops (`at::parallel_for` in the native layer) run
+/// on, measured with `tasks` tasks: libtorch's intra-op threads ([`tch::get_num_threads`], at most
+/// `tasks`) when the native layer is built with OpenMP against libtorch's own runtime (build.rs),
+/// 1 when not.
+pub fn parallel_for_threads(tasks: usize) -> usize {
+    // SAFETY: no pointers; the function only runs a parallel loop.
+    unsafe { ffi::plexus_parallel_for_threads(tasks as i64) as usize }
+}
+
+/// Every instruction set this build and CPU can run the fused kernels' row loops with, narrowest
+/// first (the tests run each: they are separate copies of the loops).
+pub fn kernel_isas() -> Vec<KernelIsa> {
+    KernelIsa::ALL.into_iter().filter(|i| i.runs_here()).collect()
+}
+
+/// Runs `f` with the fused kernels' row loops of `isa` on this thread — the tests run every set the
+/// machine has. A set the CPU lacks makes the kernels fail with an error naming it.
+pub fn with_kernel_isa<T>(isa: KernelIsa, f: impl FnOnce() -> T) -> T {
+    with_override(&ISA_OVERRIDE, isa, f)
+}
+
+/// Fails with a clear message when [`FUSED_KERNELS_VAR`] holds a value other than
+/// 0/1/true/false/avx2/baseline.
+pub fn check_fused_kernels_setting() -> Result<()> {
+    parse_fused_kernels(std::env::var(FUSED_KERNELS_VAR).ok().as_deref()).map(|_| ())
+}
+
+/// Whether the fused kernels take tensors of this device and dtype: fp32 or fp64 on the CPU, and
+/// [`fused_kernels_on`]. Elsewhere (CUDA, bf16) the topologies use their composite libtorch code.
+pub fn fused_streams_take(t: &Tensor) -> bool {
+    t.device() == tch::Device::Cpu && matches!(t.kind(), tch::Kind::Float | tch::Kind::Double) && fused_kernels_on()
+}
+
+/// A tensor returned through an out-parameter of a fused kernel.
+pub(super) fn fused_result(err: *mut c_char, out: *mut torch_sys::C_tensor) -> Result<Tensor> {
+    check(err)?;
+    // SAFETY: on success `out` is a fresh tensor handle that nothing else owns.
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
+
+/// The read of a multi-stream unit, `u = Σ_s pre[s] H[s]`, as one fused pass forward and one
+/// backward (an autograd function): `h` `[.., n, D]`, `pre` `[.., n]` (per token) or `[n]`
+/// (static) → `u` `[.., D]`. CPU fp32/fp64 tensors of one dtype ([`fused_streams_take`]), or fp32
+/// tensors on one CUDA device with n ≤ [`CUDA_KERNELS_MAX_STREAMS`] (the CUDA kernels; an error if
+/// they cannot run there).
+pub fn stream_read(h: &Tensor, pre: &Tensor) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: the inputs are live `at::Tensor*` for the call; the C++ side only reads them and
+    // writes a new, caller-owned handle to `out` when it returns no error.
+    let err =
+        unsafe { ffi::plexus_stream_read(h.as_ptr() as *mut _, pre.as_ptr() as *mut _, kernel_isa().code(), &mut out) };
+    fused_result(err, out)
+}
+
+/// The write of a multi-stream unit, `H'[t] = Σ_s res[s,t] H[s] + post[t] · o`, as one fused
+/// pass forward and one backward: `h` `[.., n, D]`, `res` `[.., n, n]` or `[n, n]`, `post`
+/// `[.., n]` or `[n]` (per token or static, as `res`), `o` `[.., D]` → `[.., n, D]`. Devices and
+/// dtypes as [`stream_read`].
+pub fn stream_write(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: as in `stream_read`.
+    let err = unsafe {
+        ffi::plexus_stream_write(
+            h.as_ptr() as *mut _,
+            res.as_ptr() as *mut _,
+            post.as_ptr() as *mut _,
+            o.as_ptr() as *mut _,
+            kernel_isa().code(),
+            &mut out,
+        )
+    };
+    fused_result(err, out)
+}
+
+/// Whether [`sinkhorn`] takes `n` streams and `iters` iterations (its per-token scratch,
+/// `(2·iters + 1)·n²` values, is bounded).
+pub fn sinkhorn_fits(n: usize, iters: usize) -> bool {
+    // SAFETY: a pure function of two integers.
+    unsafe { ffi::plexus_sinkhorn_fits(n as i64, iters as i64) == 1 }
+}
+
+/// Sinkhorn–Knopp of `exp(logits)` (`[.., n, n]`, CPU fp32/fp64): `iters` × (normalise rows,
+/// then columns), one fused pass per group of tokens (for n = 2, 4, 8 a vector's width of tokens
+/// with the matrices in registers, in the instruction set of [`kernel_isa`]); the backward
+/// recomputes the iterates and saves only the logits. Rows and columns of 0 (every entry
+/// underflowed) stay 0.
+pub fn sinkhorn(logits: &Tensor, iters: usize) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: as in `stream_read`.
+    let err = unsafe { ffi::plexus_sinkhorn(logits.as_ptr() as *mut _, iters as i64, kernel_isa().code(), &mut out) };
+    fused_result(err, out)
+}
+
+/// The largest number of streams the CUDA kernels take ([`sinkhorn_cuda`], and [`stream_read`] and
+/// [`stream_write`] on CUDA tensors): a Sinkhorn thread keeps 2·n² values in registers.
+pub const CUDA_KERNELS_MAX_STREAMS: usize = 8;
+
+/// Sinkhorn–Knopp of `exp(logits)` on a CUDA device: `logits` `[.., n, n]` fp32, 1 ≤ n ≤
+/// [`CUDA_KERNELS_MAX_STREAMS`] → `[.., n, n]`, differentiable; one kernel forward and one backward
+/// (the backward recomputes the iterates). The first call for a device and n compiles the kernels
+/// with NVRTC and checks them against [`sinkhorn_cuda_host`] in double; a failure there (no NVRTC,
+/// no driver, a disagreement) is returned by that call and every later one for the device and n.
+pub fn sinkhorn_cuda(logits: &Tensor, iters: usize) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: as in `stream_read`.
+    let err = unsafe { ffi::plexus_sinkhorn_cuda(logits.as_ptr() as *mut _, iters as i64, &mut out) };
+    fused_result(err, out)
+}
+
+/// The per-token arithmetic of [`sinkhorn_cuda`]'s kernels, run on the CPU: `logits` `[.., n, n]`
+/// (contiguous fp32 or fp64 CPU) → P, and with `grad` (P's gradient) the logits' gradient. The
+/// same source as the kernels (`src/native/sinkhorn.cu`), so a CPU test checks their arithmetic.
+pub fn sinkhorn_cuda_host(logits: &Tensor, grad: Option<&Tensor>, iters: usize) -> Result<(Tensor, Option<Tensor>)> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    let mut gl: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    let g = grad.map_or(std::ptr::null_mut(), |g| g.as_ptr() as *mut _);
+    // SAFETY: the inputs are live `at::Tensor*` (or null) for the call; on success the C++ side
+    // writes fresh caller-owned handles to `out` and, with a gradient, `gl`.
+    let err = unsafe { ffi::plexus_sinkhorn_host(logits.as_ptr() as *mut _, g, iters as i64, &mut out, &mut gl) };
+    let p = fused_result(err, out)?;
+    // SAFETY: non-null only when a gradient was given, a fresh handle that nothing else owns.
+    let gl = (!gl.is_null()).then(|| unsafe { Tensor::from_ptr(gl) });
+    Ok((p, gl))
+}
+
+/// The stream kernels' outputs on the CPU ([`streams_host`]): read → `[u, gH, gpre]`, write →
+/// `[H', gH, go, gws]`.
+pub type StreamsHost = Vec<Tensor>;
+
+/// The per-token arithmetic of the CUDA stream kernels (`src/native/streams.cu`), run on the CPU,
+/// for the tests: contiguous fp32 or fp64 CPU tensors of one dtype, `h` `[M, n, D]`.
+/// `weights` = `[pre]` (the read; `[M, n]` or `[n]`) with `grad` = gu `[M, D]` → `[u, gH, gpre
+/// [M, n]]`; `weights` = `[res, post, o]` (the write; `[M, n, n]` or `[n, n]`, `[M, n]` or `[n]`,
+/// `[M, D]`) with `grad` = g `[M, n, D]` → `[H', gH, go, gws [M, n² + n]]` (each token's gres,
+/// row-major `[s, t]`, then its gpost). The weights' gradients are per token, unsummed.
+/// Each token's block runs as `threads` calls of the per-thread function (thread i takes d = i,
+/// i + threads, …), their partial sums added as the GPU's block sum does.
+pub fn streams_host(h: &Tensor, weights: &[&Tensor], grad: &Tensor, threads: usize) -> Result<StreamsHost> {
+    let write = match weights.len() {
+        1 => 0,
+        3 => 1,
+        k => bail!("streams_host takes [pre] or [res, post, o], not {k} weights"),
+    };
+    let mut ins: Vec<*mut torch_sys::C_tensor> = weights.iter().map(|t| t.as_ptr() as *mut _).collect();
+    ins.push(grad.as_ptr() as *mut _);
+    ins.resize(4, std::ptr::null_mut());
+    let mut out: [*mut torch_sys::C_tensor; 4] = [std::ptr::null_mut(); 4];
+    // SAFETY: the inputs are live `at::Tensor*` (null past the ones the operation takes) for the
+    // call; on success the C++ side writes 3 (read) or 4 (write) fresh caller-owned handles.
+    let err = unsafe {
+        ffi::plexus_streams_host(
+            write,
+            threads as i64,
+            h.as_ptr() as *mut _,
+            ins[0],
+            ins[1],
+            ins[2],
+            ins[3],
+            out.as_mut_ptr(),
+        )
+    };
+    check(err)?;
+    // SAFETY: fresh handles that nothing else owns (see above).
+    Ok(out[..3 + write as usize].iter().map(|&p| unsafe { Tensor::from_ptr(p) }).collect())
+}
+
+/// The CUDA kernels as NVRTC compiled them ([`cuda_kernels_compile`]).
+#[derive(Debug, Clone)]
+pub struct CompiledKernels {
+    /// The image's size in bytes.
+    pub bytes: usize,
+    /// `sm_90` for a CUBIN; `compute_<a>` for PTX (a GPU newer than NVRTC knows).
+    pub target: String,
+    /// NVRTC's log: for a CUBIN, ptxas' resource usage of every kernel (`-v`).
+    pub log: String,
+}
+
+impl CompiledKernels {
+    /// Bytes of register spills (stores + loads to local memory) over every kernel, from ptxas'
+    /// "N bytes spill stores, M bytes spill loads" lines; `None` for PTX (ptxas did not run) or
+    /// a log without them.
+    pub fn spill_bytes(&self) -> Option<u64> {
+        let mut total = None;
+        for line in self.log.lines().filter(|l| l.contains("bytes spill stores")) {
+            let numbers: Vec<u64> = line
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|w| !w.is_empty())
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            // "N bytes stack frame, S bytes spill stores, L bytes spill loads"
+            let (s, l) = match numbers.as_slice() {
+                [.., s, l] => (*s, *l),
+                _ => continue,
+            };
+            *total.get_or_insert(0) += s + l;
+        }
+        total
+    }
+
+    /// Each kernel's "Compiling entry function" and its resource lines, for a report.
+    pub fn usage(&self) -> Vec<&str> {
+        self.log.lines().filter(|l| l.contains("ptxas info")).collect()
+    }
+}
+
+/// Compiles the CUDA kernels ([`sinkhorn_cuda`], the stream read and write) for `n` streams and
+/// compute capability `arch` (major·10 + minor, 90 for an H100) with NVRTC, without a GPU.
+pub fn cuda_kernels_compile(n: usize, arch: u32) -> Result<CompiledKernels> {
+    let mut bytes = 0i64;
+    let mut target: *mut c_char = std::ptr::null_mut();
+    let mut log: *mut c_char = std::ptr::null_mut();
+    // SAFETY: out-parameters only; `target` and `log` are malloc'd strings on success.
+    let err = unsafe { ffi::plexus_cuda_kernels_compile(n as i64, i64::from(arch), &mut bytes, &mut target, &mut log) };
+    check(err)?;
+    Ok(CompiledKernels { bytes: bytes as usize, target: take_string(target), log: take_string(log) })
+}
+
+/// NVRTC's version (major·1000 + minor·10) and the path it was opened from.
+pub fn nvrtc_version() -> Result<(i32, String)> {
+    let mut version: c_int = 0;
+    let mut path: *mut c_char = std::ptr::null_mut();
+    // SAFETY: out-parameters only; `path` is a malloc'd string on success.
+    let err = unsafe { ffi::plexus_nvrtc_version(&mut version, &mut path) };
+    check(err)?;
+    Ok((version, take_string(path)))
+}
+
+/// Elements of a chunk of [`cross_entropy_chunked`] (its fp32 temporaries): large on a GPU, where
+/// each chunk is a few kernels (2²⁶ = 268 MB of fp32), cache-sized on a CPU (2²² = 16 MB).
+fn cross_entropy_chunk_elems(device: tch::Device) -> i64 {
+    if device.is_cuda() {
+        1 << 26
+    } else {
+        1 << 22
+    }
+}
+
+/// Mean cross-entropy of `logits` `[N, V]` (any floating dtype) against `target` `[N]` (int64, same
+/// device), computed in fp32 as autocast's `cross_entropy` is, without a full fp32 copy of the
+/// logits: chunks of rows are cast and reduced one at a time, backward recomputes softmax from the
+/// saved logits and the per-row log-sum-exp and writes the gradient in the logits' dtype
+/// (`src/native/losses.cpp`). → 0-dim fp32.
+pub fn cross_entropy_chunked(logits: &Tensor, target: &Tensor) -> Result<Tensor> {
+    let v = logits.size().last().copied().unwrap_or(1).max(1);
+    cross_entropy_in_chunks(logits, target, (cross_entropy_chunk_elems(logits.device()) / v).max(1))
+}
+
+/// [`cross_entropy_chunked`] with `rows` rows per chunk (≥ 1).
+pub fn cross_entropy_in_chunks(logits: &Tensor, target: &Tensor, rows: i64) -> Result<Tensor> {
+    let chunk = rows;
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: both handles are live `at::Tensor*` for the call; the C++ side writes a new,
+    // caller-owned tensor to `out` on success.
+    let err = unsafe {
+        ffi::plexus_cross_entropy_chunked(logits.as_ptr() as *mut _, target.as_ptr() as *mut _, chunk, &mut out)
+    };
+    fused_result(err, out)
+}
+
+/// Pushes state `x` into row `slot` of a history buffer `buf` `[cap, N]` (`x` has N elements, the
+/// buffer's dtype and device) and returns `x` through an autograd function that owns its gradient:
+/// the gradient of its other consumers plus row `slot` of `gbuf`, where every [`history_mix`] that
+/// read the slot put its share (`src/native/history.cpp`). Any device. Use the returned tensor, not
+/// `x`, downstream, and pass it to the sums that read the slot.
+pub fn history_push(buf: &Tensor, gbuf: &Tensor, slot: usize, x: &Tensor) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: as in `stream_read`; the C++ side writes into `buf` (a tensor the caller owns) and
+    // keeps references to `buf` and `gbuf` in the autograd node.
+    let err = unsafe {
+        ffi::plexus_history_push(
+            buf.as_ptr() as *mut _,
+            gbuf.as_ptr() as *mut _,
+            slot as i64,
+            x.as_ptr() as *mut _,
+            &mut out,
+        )
+    };
+    fused_result(err, out)
+}
+
+/// `Σ_i w[i] · state slots[i]` from a history buffer (see [`history_push`]): one matrix-vector
+/// product forward; backward, `dw` (another) and one rank-1 update of the slots' rows of `gbuf`.
+/// `states`: the pushes' outputs of those slots (autograd orders the pushes' backwards after this
+/// one's through them); `w` `[k]` in the buffer's dtype → a tensor shaped like the states.
+pub fn history_mix(buf: &Tensor, gbuf: &Tensor, slots: &[usize], states: &[&Tensor], w: &Tensor) -> Result<Tensor> {
+    let slots: Vec<i64> = slots.iter().map(|&s| s as i64).collect();
+    let mut ptrs: Vec<*mut torch_sys::C_tensor> = states.iter().map(|t| t.as_ptr() as *mut _).collect();
+    if ptrs.len() != slots.len() {
+        bail!("history_mix: {} slots but {} states", slots.len(), ptrs.len());
+    }
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: as in `history_push`; `slots` and `ptrs` hold k live entries for the call.
+    let err = unsafe {
+        ffi::plexus_history_mix(
+            buf.as_ptr() as *mut _,
+            gbuf.as_ptr() as *mut _,
+            slots.as_ptr(),
+            ptrs.as_mut_ptr(),
+            slots.len() as i64,
+            w.as_ptr() as *mut _,
+            &mut out,
+        )
+    };
+    fused_result(err, out)
+}
+
+/// `(v @ phi) / rms(v)` row by row, `rms(v) = ‖v‖₂ / √N` (mHC's mixing logits): `v` `[.., N]`,
+/// `phi` `[N, K]` → `[.., K]`, one autograd function whose backward forms the input gradient in one
+/// pass (the products are libtorch's). CPU fp32/fp64 tensors of one dtype.
+pub fn rms_project(v: &Tensor, phi: &Tensor) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: as in `stream_read`.
+    let err = unsafe { ffi::plexus_rms_project(v.as_ptr() as *mut _, phi.as_ptr() as *mut _, &mut out) };
+    fused_result(err, out)
+}
+
+/// `LayerNorm(x; gamma, beta, eps) @ w` row by row, without materialising the normalised rows
+/// (one pass forward, one backward): `x` `[.., D]`, `gamma`, `beta` `[D]`, `w` `[D, K]` →
+/// `[.., K]`. CPU fp32/fp64 tensors of one dtype.
+pub fn norm_project(x: &Tensor, gamma: &Tensor, beta: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: as in `stream_read`.
+    let err = unsafe {
+        ffi::plexus_norm_project(
+            x.as_ptr() as *mut _,
+            gamma.as_ptr() as *mut _,
+            beta.as_ptr() as *mut _,
+            w.as_ptr() as *mut _,
+            eps,
+            kernel_isa().code(),
+            &mut out,
+        )
+    };
+    fused_result(err, out)
+}
+
+/// The parameters of Hyper-Connections' dynamic mixing weights for [`hyper_pre`].
+pub struct HyperPreParams<'a> {
+    /// The weights' LayerNorm, `[D]` each.
+    pub gamma: &'a Tensor,
+    pub beta: &'a Tensor,
+    /// `W_a` `[D, n+1]` and `w_b` `[D]`.
+    pub w_a: &'a Tensor,
+    pub w_b: &'a Tensor,
+    /// `A_static` `[n, n+1]` and `B_static` `[n]`.
+    pub a_static: &'a Tensor,
+    pub b_static: &'a Tensor,
+    /// The scales `s_a`, `s_b`, one value each.
+    pub s_a: &'a Tensor,
+    pub s_b: &'a Tensor,
+    /// ε of the LayerNorm.
+    pub eps: f64,
+}
+
+impl<'a> HyperPreParams<'a> {
+    /// The parameters from eight tensors in the order of the fields (γ, β, W_a, w_b, A_static,
+    /// B_static, s_a, s_b), as tests and benchmarks hold them.
+    pub fn from_slice(t: &'a [Tensor; 8], eps: f64) -> Self {
+        let [gamma, beta, w_a, w_b, a_static, b_static, s_a, s_b] = t;
+        HyperPreParams { gamma, beta, w_a, w_b, a_static, b_static, s_a, s_b, eps }
+    }
+
+    /// The eight tensors' handles in the order of the fields, as the C++ entry points take them.
+    fn handles(&self) -> [*mut torch_sys::C_tensor; 8] {
+        [self.gamma, self.beta, self.w_a, self.w_b, self.a_static, self.b_static, self.s_a, self.s_b]
+            .map(|t| t.as_ptr() as *mut _)
+    }
+}
+
+/// Everything Hyper-Connections computes from a unit's input streams before the unit runs, as one
+/// autograd function with one pass per token each way: with `Z = LayerNorm(H) [W_a | w_b]`,
+/// `A = A_static + s_a·tanh(Z[.., :n+1])` and `B = B_static + s_b·tanh(Z[.., n+1])`, it returns
+/// `(u, res, post)` = (`Σ_s A[s,0] H_s` `[.., D]`, `A[.., 1:]` `[.., n, n]`, `B` `[.., n]`) for
+/// streams `h` `[.., n, D]` (1 ≤ n ≤ 64). CPU fp32/fp64 tensors of one dtype.
+pub fn hyper_pre(h: &Tensor, p: &HyperPreParams) -> Result<(Tensor, Tensor, Tensor)> {
+    let mut outs: [*mut torch_sys::C_tensor; 3] = [std::ptr::null_mut(); 3];
+    // SAFETY: as in `stream_read`; on success the C++ side writes three fresh, caller-owned
+    // handles to `outs`.
+    let err = unsafe {
+        ffi::plexus_hyper_pre(h.as_ptr() as *mut _, p.handles().as_ptr(), p.eps, kernel_isa().code(), outs.as_mut_ptr())
+    };
+    check(err)?;
+    // SAFETY: on success each handle is a fresh tensor that nothing else owns.
+    let [u, res, post] = outs.map(|t| unsafe { Tensor::from_ptr(t) });
+    Ok((u, res, post))
+}

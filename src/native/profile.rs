@@ -1,0 +1,190 @@
+//! What ran: operators counted per step (`plexus bench`), host-device syncs seen by the
+//! dispatcher, and the operator trace of a closure (the CUDA-graph safety tests).
+
+use super::{check, ffi, take_string};
+use anyhow::{anyhow, bail, Result};
+use std::ffi::{c_char, c_int, c_void};
+use std::ptr::NonNull;
+
+/// Operators libtorch ran on this thread during [`count_ops`], from its dispatcher's own records
+/// (on the CPU a backward runs on the thread that calls it, so it is included).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct OpCount {
+    /// Leaf operator calls that do work (a kernel each, mostly): a CPU-measurable proxy of the
+    /// kernel launches the same code makes on a GPU, where a step of many small operators is
+    /// bound by launches, not by arithmetic.
+    pub kernels: u64,
+    /// Leaf calls that only make views or allocate (`view`, `select`, `expand`, `empty`, …).
+    pub metadata: u64,
+    /// Every operator call, composite ones (`linear`, `reshape`, …) included.
+    pub calls: u64,
+    /// The working leaf operators by name, most frequent first.
+    pub by_name: Vec<(String, u64)>,
+    /// The same operators by wall time in ms, longest first (a product's includes what it calls;
+    /// the counting callback inflates small operators by about a microsecond per call).
+    pub ms_by_name: Vec<(String, f64)>,
+}
+
+impl OpCount {
+    /// Wall time of all the working leaf operators, in ms.
+    pub fn total_ms(&self) -> f64 {
+        self.ms_by_name.iter().map(|(_, ms)| ms).sum()
+    }
+}
+
+/// Runs `f` while counting the operators libtorch executes (see [`OpCount`]). Counting slows
+/// every operator call; time nothing inside. One count at a time per process.
+pub fn count_ops<T>(f: impl FnOnce() -> T) -> Result<(T, OpCount)> {
+    // SAFETY: no arguments; the C++ side registers a global callback.
+    check(unsafe { ffi::plexus_op_count_begin() })?;
+    let value = f();
+    let mut out = [0u64; 3];
+    let mut names: *mut c_char = std::ptr::null_mut();
+    // SAFETY: `out` has the 3 slots the C++ side writes; `names` receives a malloc'd string.
+    check(unsafe { ffi::plexus_op_count_end(out.as_mut_ptr(), &mut names) })?;
+    // "name calls nanoseconds" per line; a name may contain spaces, the two numbers do not.
+    let rows: Vec<(String, u64, u64)> = take_string(names)
+        .lines()
+        .filter_map(|l| {
+            let (rest, ns) = l.rsplit_once(' ')?;
+            let (name, calls) = rest.rsplit_once(' ')?;
+            Some((name.to_string(), calls.parse().ok()?, ns.parse().ok()?))
+        })
+        .collect();
+    let mut by_name: Vec<(String, u64)> = rows.iter().map(|(n, c, _)| (n.clone(), *c)).collect();
+    by_name.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut ms_by_name: Vec<(String, f64)> = rows.iter().map(|(n, _, ns)| (n.clone(), *ns as f64 / 1e6)).collect();
+    ms_by_name.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    Ok((value, OpCount { kernels: out[0], metadata: out[1], calls: out[2], by_name, ms_by_name }))
+}
+
+/// Whether this build has CUDA graphs (CUDA headers that compile were found at build time, as
+/// for NCCL; `scripts/setup.sh` installs them).
+pub fn cuda_graphs_built() -> bool {
+    // SAFETY: no arguments, returns a constant.
+    unsafe { ffi::plexus_cuda_graphs_built() != 0 }
+}
+
+/// A whole-step CUDA graph on one device (`src/native/cuda_graph.cpp`, libtorch's
+/// `at::cuda::CUDAGraph`): warm-up steps run between [`CudaGraph::enter`] and
+/// [`CudaGraph::leave`] on its side stream; one step is recorded between
+/// [`CudaGraph::capture_begin`] and [`CudaGraph::capture_end`] (on the side stream, nothing runs);
+/// [`CudaGraph::replay`] then runs it on the current stream. Drop frees the graph and its memory
+/// pool.
+pub struct CudaGraph {
+    ptr: NonNull<c_void>,
+}
+
+impl CudaGraph {
+    pub fn new(device: usize) -> Result<Self> {
+        let mut out: *mut c_void = std::ptr::null_mut();
+        // SAFETY: out-parameter only; a non-null handle is owned by the returned value.
+        check(unsafe { ffi::plexus_cuda_graph_new(device as i64, &mut out) })?;
+        Ok(Self { ptr: NonNull::new(out).ok_or_else(|| anyhow!("cuda graph: null handle"))? })
+    }
+
+    fn call(&self, f: unsafe extern "C" fn(*mut c_void) -> *mut c_char) -> Result<()> {
+        // SAFETY: `ptr` is the live handle this value owns; the C++ side checks the call order.
+        check(unsafe { f(self.ptr.as_ptr()) })
+    }
+
+    /// Its side stream becomes the current stream (after waiting for the current one's work).
+    pub fn enter(&self) -> Result<()> {
+        self.call(ffi::plexus_cuda_graph_enter)
+    }
+
+    /// Back to the stream that was current, which waits for the side stream's work.
+    pub fn leave(&self) -> Result<()> {
+        self.call(ffi::plexus_cuda_graph_leave)
+    }
+
+    pub fn capture_begin(&self) -> Result<()> {
+        self.call(ffi::plexus_cuda_graph_capture_begin)
+    }
+
+    pub fn capture_end(&self) -> Result<()> {
+        self.call(ffi::plexus_cuda_graph_capture_end)
+    }
+
+    pub fn replay(&self) -> Result<()> {
+        self.call(ffi::plexus_cuda_graph_replay)
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        // SAFETY: the handle is live and dropped once.
+        unsafe { ffi::plexus_cuda_graph_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// Operators that make the host wait for a CUDA device, as libtorch's dispatcher ran them since
+/// [`watch_syncs`] started, process-wide: `_local_scalar_dense` (behind `item`, `is_nonzero` and
+/// tch's `*_value`), `nonzero`, `equal`, the `unique` family, `masked_select`, and a copy from a
+/// CUDA tensor into a CPU one; the outermost of nested ones. Unlike `crate::host`'s count, which
+/// sees the reads plexus makes on purpose, this sees a read hidden inside any operator.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SyncCount {
+    /// Every thread's (on a GPU a backward runs on libtorch's device threads).
+    pub total: u64,
+    /// The calling thread's alone (on the CPU, its backward's too): exact when tests run beside it.
+    pub this_thread: u64,
+    /// By operator name, most frequent first.
+    pub by_name: Vec<(String, u64)>,
+}
+
+/// Starts counting host-device syncs (see [`SyncCount`]); idempotent, stays on for the process.
+/// Every operator call then costs a little more: for tests and `PLEXUS_COUNT_SYNCS=1`.
+pub fn watch_syncs() -> Result<()> {
+    // SAFETY: no arguments; the C++ side registers a global callback once.
+    check(unsafe { ffi::plexus_sync_watch_start() })
+}
+
+/// Whether `PLEXUS_COUNT_SYNCS` asks the trainer to count syncs (`1`/`true` or `0`/`false`,
+/// unset: no); another value is an error that names it.
+pub fn count_syncs_requested() -> Result<bool> {
+    match std::env::var("PLEXUS_COUNT_SYNCS") {
+        Err(_) => Ok(false),
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "" | "0" | "false" => Ok(false),
+            "1" | "true" => Ok(true),
+            _ => bail!("PLEXUS_COUNT_SYNCS={v:?}: allowed are 1 (count host-device syncs per step) and 0"),
+        },
+    }
+}
+
+/// The syncs counted so far, or `None` if [`watch_syncs`] was never called.
+pub fn sync_count() -> Option<SyncCount> {
+    let (mut active, mut total, mut this_thread): (c_int, u64, u64) = (0, 0, 0);
+    let mut names: *mut c_char = std::ptr::null_mut();
+    // SAFETY: the out-pointers are valid for the call; `names` receives a malloc'd string.
+    check(unsafe { ffi::plexus_sync_watch_read(&mut active, &mut total, &mut this_thread, &mut names) }).ok()?;
+    let text = take_string(names);
+    if active == 0 {
+        return None;
+    }
+    let mut by_name: Vec<(String, u64)> = text
+        .lines()
+        .filter_map(|l| {
+            let (name, n) = l.rsplit_once(' ')?;
+            Some((name.to_string(), n.parse().ok()?))
+        })
+        .collect();
+    by_name.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    Some(SyncCount { total, this_thread, by_name })
+}
+
+/// Runs `f` while recording every operator call libtorch's dispatcher runs on this thread, one line
+/// each: the operator's name, its non-tensor arguments (numbers, bools, lists) and its tensors'
+/// dtypes and shapes. Two runs of a step that a CUDA graph can replay give the same trace: a host
+/// number that changes between them (a learning rate, a step index) would be frozen into the
+/// graph. Slow (every input is inspected); one trace at a time per process.
+pub fn trace_ops<T>(f: impl FnOnce() -> T) -> Result<(T, Vec<String>)> {
+    // SAFETY: no arguments; the C++ side registers a global callback.
+    check(unsafe { ffi::plexus_op_trace_begin() })?;
+    let value = f();
+    let mut text: *mut c_char = std::ptr::null_mut();
+    // SAFETY: `text` receives a malloc'd string on success.
+    check(unsafe { ffi::plexus_op_trace_end(&mut text) })?;
+    Ok((value, take_string(text).lines().map(str::to_string).collect()))
+}
