@@ -268,37 +268,14 @@ impl DistArgs {
     }
 }
 
-/// How `plexus sample` and `plexus fd` draw from a diffusion run.
+/// How `plexus sample` and `plexus fd` draw from a diffusion run, and on which device.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SamplingArgs {
-    #[arg(long, value_enum, default_value = "ddim")]
-    pub sampler: crate::diffusion::Sampler,
-    /// DDIM steps (DDPM always runs all 1000).
-    #[arg(long, default_value_t = 50)]
-    pub steps: usize,
-    /// Classifier-free guidance scale (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    pub cfg: f64,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Weights to sample with: the moving average where the run kept one (`auto`), `ema`, or `raw`.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub weights: crate::diffusion::Weights,
+    #[command(flatten)]
+    pub options: crate::diffusion::SampleOptions,
     /// `auto` (a GPU if there is one), `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "auto")]
     pub device: String,
-}
-
-impl SamplingArgs {
-    pub fn options(&self) -> crate::diffusion::SampleOptions {
-        crate::diffusion::SampleOptions {
-            sampler: self.sampler,
-            steps: self.steps,
-            cfg: self.cfg,
-            seed: self.seed,
-            weights: self.weights,
-        }
-    }
 }
 
 /// Exit code for configuration errors (usage errors), as opposed to 1 for failures at run time.
@@ -342,10 +319,10 @@ pub fn run(cli: Cli) -> Result<()> {
             commands::analyze(&runs, sigmas, probs, repeats, correlate, device.as_deref())
         }
         Cmd::Sample { run, per_class, sampling } => {
-            commands::sample(&run, per_class, &sampling.options(), &sampling.device)
+            commands::sample(&run, per_class, &sampling.options, &sampling.device)
         }
         Cmd::Fd { run, extractor, samples, sampling } => {
-            commands::fd(&run, &extractor, samples, &sampling.options(), &sampling.device)
+            commands::fd(&run, &extractor, samples, &sampling.options, &sampling.device)
         }
         Cmd::Parity { only, dir, keep, device } => commands::parity(&dir, only.as_deref(), keep.as_deref(), &device),
         Cmd::Connectivity { config_or_run, step, overrides } => {

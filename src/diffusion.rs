@@ -55,14 +55,23 @@ pub fn weights_file(run: &crate::run_dir::RunDir, which: Weights) -> anyhow::Res
     }
 }
 
-/// How to sample: the sampler, its number of steps (DDIM), the guidance scale and the seed.
-#[derive(Debug, Clone, Copy)]
+/// How to sample: the sampler, its number of steps (DDIM), the guidance scale and the seed; also
+/// the flags of `plexus sample` and `plexus fd`.
+#[derive(Debug, Clone, Copy, clap::Args)]
 pub struct SampleOptions {
+    #[arg(long, value_enum, default_value = "ddim")]
     pub sampler: Sampler,
+    /// DDIM steps (DDPM always runs all 1000).
+    #[arg(long, default_value_t = 50)]
     pub steps: usize,
+    /// Classifier-free guidance scale (1 = off).
+    #[arg(long, default_value_t = 1.0)]
     pub cfg: f64,
+    #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// The weights to sample with ([`sample_run`] and `plexus fd`; [`sample`] takes a model).
+    /// Weights to sample with: the moving average where the run kept one (`auto`), `ema`, or `raw`
+    /// ([`sample_run`] and `plexus fd`; [`sample`] takes a model).
+    #[arg(long, value_enum, default_value = "auto")]
     pub weights: Weights,
 }
 
