@@ -79,13 +79,7 @@ pub fn keep_freed_memory() -> MallocSettings {
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn set_thresholds() -> MallocSettings {
-    // glibc's mallopt parameter numbers (malloc.h).
-    const M_TRIM_THRESHOLD: i32 = -1;
-    const M_TOP_PAD: i32 = -2;
-    const M_MMAP_THRESHOLD: i32 = -3;
-    extern "C" {
-        fn mallopt(param: i32, value: i32) -> i32;
-    }
+    use libc::{mallopt, M_MMAP_THRESHOLD, M_TOP_PAD, M_TRIM_THRESHOLD};
     let settings = [(M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD)];
     // SAFETY: mallopt takes two ints and only changes malloc's parameters; it returns 0 on error.
     let ok = settings.iter().all(|&(param, value)| unsafe { mallopt(param, value as i32) } == 1);
@@ -107,24 +101,8 @@ fn set_thresholds() -> MallocSettings {
 pub fn heap_in_use() -> Option<usize> {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        #[repr(C)]
-        struct Mallinfo2 {
-            arena: usize,
-            ordblks: usize,
-            smblks: usize,
-            hblks: usize,
-            hblkhd: usize,
-            usmblks: usize,
-            fsmblks: usize,
-            uordblks: usize,
-            fordblks: usize,
-            keepcost: usize,
-        }
-        extern "C" {
-            fn mallinfo2() -> Mallinfo2;
-        }
         // SAFETY: mallinfo2 takes no arguments and returns a plain struct (glibc ≥ 2.33).
-        let m = unsafe { mallinfo2() };
+        let m = unsafe { libc::mallinfo2() };
         Some(m.uordblks + m.hblkhd)
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
