@@ -6,7 +6,7 @@
 //! (`[.., n]`); the unit reads `Σ_s A[s,0] H_s`, and `H'_t = Σ_s A[s,1+t] H_s + B[t]·f_k(·)`.
 //! Init: `A_static[:,0] = onehot(k mod n)`, `A_static[:,1:] = I`, `B_static = 1`, `W_a = w_b = 0`,
 //! `s = 0.01` — exactly the pre-norm residual network. `dynamic: false` drops the input-dependent
-//! terms. Parameters under `topology.layers.{k-1}.` (see `parity/SPEC.md`).
+//! terms. Parameters under `topology.layers.{k-1}.` (see `docs/topologies.md`).
 //! Effective C: unit inputs traced as coefficients over `h_0 … h_L`, averaged over batch and tokens.
 
 use super::common::{self, StreamMixing};

@@ -8,7 +8,7 @@
 //!
 //! Notation (docs/topologies.md): `h_0 = x0`, `h_k = f_k(input_k)`, nodes `0 = embedding`, `1..=L = units`,
 //! `L+1 = readout`, and the direct layer connectivity matrix `C` with
-//! `input_k = Σ_{i<k} C[i][k] · h_i`. The exact contract of every topology is `parity/SPEC.md`.
+//! `input_k = Σ_{i<k} C[i][k] · h_i`. The exact contract of every topology is in `docs/topologies.md`.
 //!
 //! Adding a topology: write `src/topology/<name>.rs` with an `ENTRY` and add one line to
 //! [`REGISTRY`]. Every registry-driven test picks it up.
