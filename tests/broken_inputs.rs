@@ -197,6 +197,25 @@ fn run_case(c: &Case, cwd: &Path) -> Option<String> {
     })
 }
 
+/// Runs every case (two at a time: each invocation is mostly libtorch's start-up) and fails
+/// listing those that panicked or crashed.
+fn run_all(cases: &[Case], cwd: &Path) {
+    let (a, b) = cases.split_at(cases.len() / 2);
+    let failures: Vec<String> = std::thread::scope(|sc| {
+        let h = sc.spawn(|| a.iter().filter_map(|c| run_case(c, cwd)).collect::<Vec<_>>());
+        let mut f: Vec<String> = b.iter().filter_map(|c| run_case(c, cwd)).collect();
+        f.extend(h.join().unwrap());
+        f
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} invocations panicked or crashed:\n\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n\n")
+    );
+}
+
 #[test]
 #[ignore = "slow tier: the broken-input corpus, every verb"]
 fn no_verb_panics_on_broken_inputs() {
@@ -281,21 +300,7 @@ fn no_verb_panics_on_broken_inputs() {
     ] {
         cases.push(case(&args));
     }
-    // Two at a time: each invocation is mostly libtorch's start-up.
-    let (a, b) = cases.split_at(cases.len() / 2);
-    let failures: Vec<String> = std::thread::scope(|sc| {
-        let h = sc.spawn(|| a.iter().filter_map(|c| run_case(c, t)).collect::<Vec<_>>());
-        let mut f: Vec<String> = b.iter().filter_map(|c| run_case(c, t)).collect();
-        f.extend(h.join().unwrap());
-        f
-    });
-    assert!(
-        failures.is_empty(),
-        "{} of {} invocations panicked or crashed:\n\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n\n")
-    );
+    run_all(&cases, t);
 }
 
 /// An undecodable training image in an image folder: without `skip_bad` the run stops with a
@@ -580,18 +585,5 @@ fn sample_fd_rl_tokenize_and_nproc_never_panic_on_broken_inputs() {
         add(&args);
     }
 
-    let (a, b) = cases.split_at(cases.len() / 2);
-    let failures: Vec<String> = std::thread::scope(|sc| {
-        let h = sc.spawn(|| a.iter().filter_map(|c| run_case(c, t)).collect::<Vec<_>>());
-        let mut f: Vec<String> = b.iter().filter_map(|c| run_case(c, t)).collect();
-        f.extend(h.join().unwrap());
-        f
-    });
-    assert!(
-        failures.is_empty(),
-        "{} of {} invocations panicked or crashed:\n\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n\n")
-    );
+    run_all(&cases, t);
 }
