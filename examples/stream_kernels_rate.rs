@@ -16,8 +16,6 @@
 //! random `g`, the same for both versions.
 
 use plexus::native;
-use plexus::topology::common;
-use plexus::topology::mhc;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
@@ -80,22 +78,22 @@ fn main() {
     let ops: Vec<Op> = vec![
         (
             "stream read",
-            Box::new(|x| native::stream_read(&x[0], &x[1]).unwrap()),
-            Box::new(|x| common::stream_read_composite(&x[0], &x[1])),
+            Box::new(|x| native::stream_read_fused(&x[0], &x[1]).unwrap()),
+            Box::new(|x| native::stream_read_composite(&x[0], &x[1])),
             vec![h.copy(), pre],
             vec![m, d],
         ),
         (
             "stream write",
-            Box::new(|x| native::stream_write(&x[0], &x[1], &x[2], &x[3]).unwrap()),
-            Box::new(|x| common::stream_write_composite(&x[0], &x[1], &x[2], &x[3])),
+            Box::new(|x| native::stream_write_fused(&x[0], &x[1], &x[2], &x[3]).unwrap()),
+            Box::new(|x| native::stream_write_composite(&x[0], &x[1], &x[2], &x[3])),
             vec![h.copy(), res, post, out],
             vec![m, n, d],
         ),
         (
             "sinkhorn (20 iterations)",
-            Box::new(|x| native::sinkhorn(&x[0], 20).unwrap()),
-            Box::new(|x| mhc::sinkhorn_composite(&x[0], 20)),
+            Box::new(|x| native::sinkhorn_fused(&x[0], 20).unwrap()),
+            Box::new(|x| native::sinkhorn_composite(&x[0], 20)),
             vec![logits],
             vec![m, n, n],
         ),
@@ -130,7 +128,7 @@ fn main() {
                 let b = &x[6] + normed.matmul(&x[4]).tanh() * &x[8];
                 let n = x[0].size()[1];
                 let parts = a.split_with_sizes([1, n], -1);
-                let u = common::stream_read_composite(&x[0], &parts[0].squeeze_dim(-1).contiguous());
+                let u = native::stream_read_composite(&x[0], &parts[0].squeeze_dim(-1).contiguous());
                 flat_cat(&[u, parts[1].contiguous(), b])
             }),
             // h and Hyper-Connections' eight pre-step parameters (γ, β, W_a, w_b, A_static, B_static,

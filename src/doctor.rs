@@ -96,7 +96,7 @@ pub fn run() -> bool {
 
 /// The largest deviation of mHC's Sinkhorn kernel on `device` (CUDA: [`crate::native::sinkhorn_cuda`],
 /// called directly so that a failure is an error here rather than the composite fallback; CPU: the
-/// fused [`crate::native::sinkhorn`]) from the log-domain graph in fp64 on the CPU: values, and gradients
+/// fused [`crate::native::sinkhorn_fused`]) from the log-domain graph in fp64 on the CPU: values, and gradients
 /// relative to their largest magnitude, for n = 4 (mHC's default) and 3 over 257 tokens (a block
 /// of 128 threads twice, and one more), 20 iterations; and on saturated logits (a column that
 /// underflows), against the composite graph on the same device. The inputs depend on no generator.
@@ -126,7 +126,7 @@ pub fn sinkhorn_error_on(device: tch::Device) -> anyhow::Result<f64> {
         let (p, gl) = if device.is_cuda() {
             run(&|l| crate::native::sinkhorn_cuda(l, 20), l32.to_device(device))?
         } else {
-            run(&|l| crate::native::sinkhorn(l, 20), l32)?
+            run(&|l| crate::native::sinkhorn_fused(l, 20), l32)?
         };
         let gl = gl.to_device(tch::Device::Cpu);
         let dp = (&p - &p_ref).abs().max().double_value(&[]);
@@ -149,11 +149,11 @@ pub fn sinkhorn_error_on(device: tch::Device) -> anyhow::Result<f64> {
             l.grad().to_device(tch::Device::Cpu).to_kind(Kind::Double),
         ))
     };
-    let (p_c, g_c) = run(&|l| Ok(crate::topology::mhc::sinkhorn_composite(l, 20)))?;
+    let (p_c, g_c) = run(&|l| Ok(crate::native::sinkhorn_composite(l, 20)))?;
     let (p_k, g_k) = if device.is_cuda() {
         run(&|l| crate::native::sinkhorn_cuda(l, 20))?
     } else {
-        run(&|l| crate::native::sinkhorn(l, 20))?
+        run(&|l| crate::native::sinkhorn_fused(l, 20))?
     };
     let dp = (&p_k - &p_c).abs().max().double_value(&[]);
     let dg = (&g_k - &g_c).abs().max().double_value(&[]) / g_c.abs().max().double_value(&[]).max(1.0);

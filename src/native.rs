@@ -14,7 +14,8 @@
 //! * the training step's tensor-list operations: gradients dropped ([`clear_grads`]) and the fused
 //!   AdamW kernel ([`fused_adamw`]); the operator counter behind `bench`'s kernels per step;
 //! * fused CPU kernels of the multi-stream topologies, autograd functions with hand-written
-//!   backwards (`src/native/stream_kernels.cpp`): [`stream_read`], [`stream_write`], [`sinkhorn`],
+//!   backwards (`src/native/stream_kernels.cpp`): [`stream_read_fused`], [`stream_write_fused`],
+//!   [`sinkhorn_fused`],
 //!   [`norm_project`], [`rms_project`], [`hyper_pre`] (HC's mixing weights and read in one); the
 //!   read's, the write's, `norm_project`'s and `hyper_pre`'s row loops are
 //!   built for baseline x86-64, AVX2 + FMA and AVX-512 and picked by the CPU ([`KernelIsa`],
@@ -25,9 +26,14 @@
 //!   [`history_push`], [`history_mix`] (used through `topology::common::History`);
 //! * CUDA kernels compiled at run time with NVRTC (`src/native/cuda_kernels.cpp`, the kernels in
 //!   `src/native/sinkhorn.cu` and `streams.cu`): mHC's Sinkhorn ([`sinkhorn_cuda`]) and the stream
-//!   read and write, which [`stream_read`] and [`stream_write`] run for fp32 CUDA tensors; for the
+//!   read and write (through [`stream_read_fused`] and [`stream_write_fused`] for fp32 CUDA
+//!   tensors); for the
 //!   tests and `doctor`, [`sinkhorn_cuda_host`], [`streams_host`], [`cuda_kernels_compile`],
 //!   [`nvrtc_version`].
+//!
+//! * the choice between them: [`stream_read`], [`stream_write`] and [`sinkhorn`] run the fused CPU
+//!   kernel, the CUDA kernel or the composite libtorch graph ([`stream_read_composite`], …, the
+//!   same values), whichever applies to their tensors — the topologies call these.
 //!
 //! A CPU-only libtorch builds this module too; the CUDA functions then return an error saying so.
 //!
@@ -310,16 +316,16 @@ mod tests {
         let pre = Tensor::ones([2], (tch::Kind::Float, tch::Device::Cpu));
         let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
         for bad in [3i64, -1] {
-            // SAFETY: as in `stream_read`.
+            // SAFETY: as in `stream_read_fused`.
             let err = unsafe { ffi::plexus_stream_read(h.as_ptr() as *mut _, pre.as_ptr() as *mut _, bad, &mut out) };
             let e = fused_result(err, out).unwrap_err().to_string();
             assert!(e.contains("instruction set") && e.contains(&bad.to_string()), "{e}");
         }
-        let u = with_kernel_isa(KernelIsa::Baseline, || stream_read(&h, &pre)).unwrap();
+        let u = with_kernel_isa(KernelIsa::Baseline, || stream_read_fused(&h, &pre)).unwrap();
         assert_eq!(u.size(), [3, 8]);
         assert_eq!(u.sum(tch::Kind::Float).double_value(&[]), 48.0);
         for isa in KernelIsa::ALL {
-            let result = with_kernel_isa(isa, || stream_read(&h, &pre));
+            let result = with_kernel_isa(isa, || stream_read_fused(&h, &pre));
             if isa.runs_here() {
                 assert_eq!(result.unwrap().sum(tch::Kind::Float).double_value(&[]), 48.0, "{}", isa.name());
             } else {

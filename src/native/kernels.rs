@@ -5,7 +5,7 @@
 use super::{check, ffi, take_string};
 use anyhow::{bail, Result};
 use std::ffi::{c_char, c_int};
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 /// The environment variable that sets the fused CPU kernels: `1`/`true` or unset: on, with the
 /// widest instruction set the CPU has ([`KernelIsa::best`]); `avx2`: on, with the AVX2 loops even
@@ -193,7 +193,7 @@ pub(super) fn fused_result(err: *mut c_char, out: *mut torch_sys::C_tensor) -> R
 /// (static) → `u` `[.., D]`. CPU fp32/fp64 tensors of one dtype ([`fused_streams_take`]), or fp32
 /// tensors on one CUDA device with n ≤ [`CUDA_KERNELS_MAX_STREAMS`] (the CUDA kernels; an error if
 /// they cannot run there).
-pub fn stream_read(h: &Tensor, pre: &Tensor) -> Result<Tensor> {
+pub fn stream_read_fused(h: &Tensor, pre: &Tensor) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
     // SAFETY: the inputs are live `at::Tensor*` for the call; the C++ side only reads them and
     // writes a new, caller-owned handle to `out` when it returns no error.
@@ -206,7 +206,7 @@ pub fn stream_read(h: &Tensor, pre: &Tensor) -> Result<Tensor> {
 /// pass forward and one backward: `h` `[.., n, D]`, `res` `[.., n, n]` or `[n, n]`, `post`
 /// `[.., n]` or `[n]` (per token or static, as `res`), `o` `[.., D]` → `[.., n, D]`. Devices and
 /// dtypes as [`stream_read`].
-pub fn stream_write(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Result<Tensor> {
+pub fn stream_write_fused(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
     // SAFETY: as in `stream_read`.
     let err = unsafe {
@@ -234,7 +234,7 @@ pub fn sinkhorn_fits(n: usize, iters: usize) -> bool {
 /// with the matrices in registers, in the instruction set of [`kernel_isa`]); the backward
 /// recomputes the iterates and saves only the logits. Rows and columns of 0 (every entry
 /// underflowed) stay 0.
-pub fn sinkhorn(logits: &Tensor, iters: usize) -> Result<Tensor> {
+pub fn sinkhorn_fused(logits: &Tensor, iters: usize) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
     // SAFETY: as in `stream_read`.
     let err = unsafe { ffi::plexus_sinkhorn(logits.as_ptr() as *mut _, iters as i64, kernel_isa().code(), &mut out) };
@@ -533,4 +533,162 @@ pub fn hyper_pre(h: &Tensor, p: &HyperPreParams) -> Result<(Tensor, Tensor, Tens
     // SAFETY: on success each handle is a fresh tensor that nothing else owns.
     let [u, res, post] = outs.map(|t| unsafe { Tensor::from_ptr(t) });
     Ok((u, res, post))
+}
+
+// ---- Fused or composite: the dispatching operations the topologies call. Each runs the fused CPU
+// kernel, plexus' CUDA kernel or the composite libtorch graph (same values), whichever applies.
+
+/// Whether the fused CPU kernels take these tensors: all fp32 or all fp64 on the CPU.
+pub fn fused_streams_take_all(ts: &[&Tensor]) -> bool {
+    ts.iter().all(|t| fused_streams_take(t) && t.kind() == ts[0].kind())
+}
+
+/// Whether plexus' CUDA kernels (compiled at run time with NVRTC, `src/native/cuda_kernels.cpp`)
+/// take an operation on these tensors: all fp32 on one CUDA device, `n` streams within what they
+/// are built for, and `PLEXUS_FUSED_KERNELS` not 0.
+pub fn cuda_fused(ts: &[&Tensor], n: i64) -> bool {
+    let dev = ts[0].device();
+    dev.is_cuda()
+        && fused_kernels_on()
+        && (1..=CUDA_KERNELS_MAX_STREAMS as i64).contains(&n)
+        && ts.iter().all(|t| t.device() == dev && t.kind() == Kind::Float)
+}
+
+/// A CUDA kernel's result, or `None` when the kernels cannot run on this machine (no NVRTC, no
+/// driver, their first-use check failed: the same error on every call), after one warning per
+/// process; the caller then runs its composite code, which computes the same values.
+pub fn cuda_result(r: anyhow::Result<Tensor>) -> Option<Tensor> {
+    match r {
+        Ok(t) => Some(t),
+        Err(e) => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                eprintln!(
+                    "warning: plexus' CUDA kernels cannot run here, so Hyper-Connections and mHC run as composite \
+                     libtorch operators (the same values, more kernels; PLEXUS_FUSED_KERNELS=0 chooses that \
+                     without this warning): {e:#}"
+                )
+            });
+            None
+        }
+    }
+}
+
+/// The read of unit k, `u = Σ_s pre[s] H_s`: `h` `[.., n, D]`, `pre` `[.., n]` or `[n]` → `[.., D]`.
+/// On the CPU in fp32/fp64 one fused pass forward and one backward ([`stream_read_fused`]); in
+/// fp32 on a GPU the same through plexus' CUDA kernels ([`cuda_fused`]); elsewhere, and if those
+/// cannot run, [`stream_read_composite`].
+pub fn stream_read(h: &Tensor, pre: &Tensor) -> Tensor {
+    if fused_streams_take_all(&[h, pre]) {
+        return stream_read_fused(h, pre).unwrap_or_else(|e| panic!("fused stream read: {e:#}"));
+    }
+    if cuda_fused(&[h, pre], stream_count(h)) {
+        if let Some(u) = cuda_result(stream_read_fused(h, pre)) {
+            return u;
+        }
+    }
+    stream_read_composite(h, pre)
+}
+
+/// n of streams `[.., n, D]`.
+fn stream_count(h: &Tensor) -> i64 {
+    let s = h.size();
+    if s.len() >= 2 {
+        s[s.len() - 2]
+    } else {
+        0
+    }
+}
+
+/// [`stream_read`] in libtorch operators: `pre [.., 1, n] @ H [.., n, D]`, one (batched) matmul
+/// that reads H once, instead of `(pre ⊗ 1) * H` (an `[.., n, D]` temporary, forward and
+/// backward) and a sum.
+pub fn stream_read_composite(h: &Tensor, pre: &Tensor) -> Tensor {
+    pre.unsqueeze(-2).matmul(h).squeeze_dim(-2)
+}
+
+/// The write of unit k, `H'_t = Σ_s res[s, t] H_s + post[t] · o`: `h` `[.., n, D]`, `res`
+/// `[.., n, n]` or `[n, n]`, `post` `[.., n]` or `[n]`, `o` `[.., D]` → `[.., n, D]`. On the CPU in
+/// fp32/fp64 one fused pass forward and one backward ([`stream_write_fused`]): the composite
+/// version's per-token matrix products and their backwards were most of Hyper-Connections'
+/// overhead over residual there. On a GPU with fp32 streams, one kernel each way through plexus'
+/// CUDA kernels ([`cuda_fused`]). Elsewhere, and if those cannot run, [`stream_write_composite`].
+pub fn stream_write(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Tensor {
+    if fused_streams_take_all(&[h, res, post, o]) {
+        return stream_write_fused(h, res, post, o).unwrap_or_else(|e| panic!("fused stream write: {e:#}"));
+    }
+    // On a GPU the unit output may be bf16 (autocast's rule) where the streams are fp32: the
+    // composite addcmul promotes it, exactly as this conversion does.
+    if h.device().is_cuda() {
+        let o32 =
+            if matches!(o.kind(), Kind::BFloat16 | Kind::Half) { o.to_kind(Kind::Float) } else { o.shallow_clone() };
+        if cuda_fused(&[h, res, post, &o32], stream_count(h)) {
+            if let Some(out) = cuda_result(stream_write_fused(h, res, post, &o32)) {
+                return out;
+            }
+        }
+    }
+    stream_write_composite(h, res, post, o)
+}
+
+/// [`stream_write`] in libtorch operators: `resᵀ H` as a (batched) matmul with the rank-1 term
+/// fused into one addcmul (`post [.., n, 1]` times `o [.., 1, D]` added to the `[.., n, D]` matmul
+/// output), not a materialised outer product and a separate add. (A `baddbmm` with the outer
+/// product as a k = 1 bmm measured slower on CPU: its batch operands are stride-0 expansions for
+/// static mixing.)
+pub fn stream_write_composite(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Tensor {
+    res.transpose(-1, -2).matmul(h).addcmul(&post.unsqueeze(-1), &o.unsqueeze(-2))
+}
+
+/// Sinkhorn–Knopp on `exp(logits)` `[.., n, n]` → `[.., n, n]`: alternate row and column
+/// normalisation; the result is doubly stochastic (columns exactly, rows to the iteration's
+/// accuracy).
+///
+/// On the CPU in fp32/fp64 the fused [`sinkhorn_fused`] runs (the iteration on `exp(logits)`, one
+/// pass per block of tokens, a hand-written backward that recomputes the iterates and saves only
+/// the logits): the composite graph was most of mHC's overhead over Hyper-Connections there.
+/// On a CUDA device, [`sinkhorn_cuda`] (n ≤ 8, any logits dtype, fp32 result): one thread
+/// per token, one kernel each way, where the composite graph launches 4·iters kernels forward.
+/// If it cannot run (no NVRTC, no driver, a failed self-check), one warning and the composite
+/// graph from then on. Elsewhere, and with `PLEXUS_FUSED_KERNELS=0`, [`sinkhorn_composite`].
+pub fn sinkhorn(logits: &Tensor, iters: usize) -> Tensor {
+    let n = logits.size().last().copied().unwrap_or(0) as usize;
+    if fused_streams_take(logits) && sinkhorn_fits(n, iters) {
+        return sinkhorn_fused(logits, iters).unwrap_or_else(|e| panic!("fused sinkhorn: {e:#}"));
+    }
+    if logits.device().is_cuda() {
+        // Both ways in fp32: the conversion made once (the composite's own is then a no-op).
+        let logits32 = logits.to_kind(Kind::Float);
+        if cuda_fused(&[&logits32], n as i64) {
+            if let Some(p) = cuda_result(sinkhorn_cuda(&logits32, iters)) {
+                return p;
+            }
+        }
+        return sinkhorn_composite(&logits32, iters);
+    }
+    sinkhorn_composite(logits, iters)
+}
+
+/// [`sinkhorn`] in libtorch operators, in the log domain: normalising the rows of `exp(L)` is a
+/// softmax over each row of `L`, so each half-iteration is one `log_softmax` — one kernel forward
+/// and one backward — where a sum and a division take two forward and about five backward. On a
+/// GPU, where these `[.., n, n]` tensors are tiny and every kernel is a launch, that matters when
+/// the CUDA kernel cannot run.
+///
+/// The kernels iterate on `exp(L − rowmax)` instead, where a column whose every entry underflows
+/// is 0 and stays 0 (a log-domain iteration would spread it to 1/n): such columns are found once
+/// (`exp(L − rowmax)` summing to 0 over the column) and held at `−10³⁰` after every column
+/// normalisation, so that they carry no mass into the row sums and end at exactly 0. Composite,
+/// CPU kernel and CUDA kernel then give the same matrix and gradient on saturated logits too
+/// (tested), at one more kernel per iteration (an addition, whose backward is free).
+pub fn sinkhorn_composite(logits: &Tensor, iters: usize) -> Tensor {
+    let mut l = logits.to_kind(Kind::Float);
+    let dead = tch::no_grad(|| {
+        let x = (&l - l.amax([-1i64], true)).exp();
+        x.sum_dim_intlist(-2, true, Kind::Float).eq(0.0).to_kind(Kind::Float) * -1e30
+    });
+    for _ in 0..iters {
+        l = l.log_softmax(-1, Kind::Float).log_softmax(-2, Kind::Float) + &dead;
+    }
+    l.exp()
 }

@@ -2,7 +2,7 @@
 
 use super::{Granularity, Norm, StackInfo, Unit};
 use crate::config::OptionError;
-use crate::native;
+use crate::native::{self, stream_read, stream_write};
 use std::cell::RefCell;
 use tch::{nn, Device, Kind, Tensor};
 
@@ -354,108 +354,6 @@ pub fn multi_stream(
     (y, trace)
 }
 
-/// Whether the fused CPU kernels take these tensors: all fp32 or all fp64 on the CPU.
-pub(crate) fn fused(ts: &[&Tensor]) -> bool {
-    ts.iter().all(|t| native::fused_streams_take(t) && t.kind() == ts[0].kind())
-}
-
-/// Whether plexus' CUDA kernels (compiled at run time with NVRTC, `src/native/cuda_kernels.cpp`)
-/// take an operation on these tensors: all fp32 on one CUDA device, `n` streams within what they
-/// are built for, and `PLEXUS_FUSED_KERNELS` not 0.
-pub(crate) fn cuda_fused(ts: &[&Tensor], n: i64) -> bool {
-    let dev = ts[0].device();
-    dev.is_cuda()
-        && native::fused_kernels_on()
-        && (1..=native::CUDA_KERNELS_MAX_STREAMS as i64).contains(&n)
-        && ts.iter().all(|t| t.device() == dev && t.kind() == Kind::Float)
-}
-
-/// A CUDA kernel's result, or `None` when the kernels cannot run on this machine (no NVRTC, no
-/// driver, their first-use check failed: the same error on every call), after one warning per
-/// process; the caller then runs its composite code, which computes the same values.
-pub(crate) fn cuda_result(r: anyhow::Result<Tensor>) -> Option<Tensor> {
-    match r {
-        Ok(t) => Some(t),
-        Err(e) => {
-            static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| {
-                eprintln!(
-                    "warning: plexus' CUDA kernels cannot run here, so Hyper-Connections and mHC run as composite \
-                     libtorch operators (the same values, more kernels; PLEXUS_FUSED_KERNELS=0 chooses that \
-                     without this warning): {e:#}"
-                )
-            });
-            None
-        }
-    }
-}
-
-/// The read of unit k, `u = Σ_s pre[s] H_s`: `h` `[.., n, D]`, `pre` `[.., n]` or `[n]` → `[.., D]`.
-/// On the CPU in fp32/fp64 one fused pass forward and one backward ([`native::stream_read`]); in
-/// fp32 on a GPU the same through plexus' CUDA kernels ([`cuda_fused`]); elsewhere, and if those
-/// cannot run, [`stream_read_composite`].
-pub fn stream_read(h: &Tensor, pre: &Tensor) -> Tensor {
-    if fused(&[h, pre]) {
-        return native::stream_read(h, pre).unwrap_or_else(|e| panic!("fused stream read: {e:#}"));
-    }
-    if cuda_fused(&[h, pre], stream_count(h)) {
-        if let Some(u) = cuda_result(native::stream_read(h, pre)) {
-            return u;
-        }
-    }
-    stream_read_composite(h, pre)
-}
-
-/// n of streams `[.., n, D]`.
-fn stream_count(h: &Tensor) -> i64 {
-    let s = h.size();
-    if s.len() >= 2 {
-        s[s.len() - 2]
-    } else {
-        0
-    }
-}
-
-/// [`stream_read`] in libtorch operators: `pre [.., 1, n] @ H [.., n, D]`, one (batched) matmul
-/// that reads H once, instead of `(pre ⊗ 1) * H` (an `[.., n, D]` temporary, forward and
-/// backward) and a sum.
-pub fn stream_read_composite(h: &Tensor, pre: &Tensor) -> Tensor {
-    pre.unsqueeze(-2).matmul(h).squeeze_dim(-2)
-}
-
-/// The write of unit k, `H'_t = Σ_s res[s, t] H_s + post[t] · o`: `h` `[.., n, D]`, `res`
-/// `[.., n, n]` or `[n, n]`, `post` `[.., n]` or `[n]`, `o` `[.., D]` → `[.., n, D]`. On the CPU in
-/// fp32/fp64 one fused pass forward and one backward ([`native::stream_write`]): the composite
-/// version's per-token matrix products and their backwards were most of Hyper-Connections'
-/// overhead over residual there. On a GPU with fp32 streams, one kernel each way through plexus'
-/// CUDA kernels ([`cuda_fused`]). Elsewhere, and if those cannot run, [`stream_write_composite`].
-pub fn stream_write(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Tensor {
-    if fused(&[h, res, post, o]) {
-        return native::stream_write(h, res, post, o).unwrap_or_else(|e| panic!("fused stream write: {e:#}"));
-    }
-    // On a GPU the unit output may be bf16 (autocast's rule) where the streams are fp32: the
-    // composite addcmul promotes it, exactly as this conversion does.
-    if h.device().is_cuda() {
-        let o32 =
-            if matches!(o.kind(), Kind::BFloat16 | Kind::Half) { o.to_kind(Kind::Float) } else { o.shallow_clone() };
-        if cuda_fused(&[h, res, post, &o32], stream_count(h)) {
-            if let Some(out) = cuda_result(native::stream_write(h, res, post, &o32)) {
-                return out;
-            }
-        }
-    }
-    stream_write_composite(h, res, post, o)
-}
-
-/// [`stream_write`] in libtorch operators: `resᵀ H` as a (batched) matmul with the rank-1 term
-/// fused into one addcmul (`post [.., n, 1]` times `o [.., 1, D]` added to the `[.., n, D]` matmul
-/// output), not a materialised outer product and a separate add. (A `baddbmm` with the outer
-/// product as a k = 1 bmm measured slower on CPU: its batch operands are stride-0 expansions for
-/// static mixing.)
-pub fn stream_write_composite(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Tensor {
-    res.transpose(-1, -2).matmul(h).addcmul(&post.unsqueeze(-1), &o.unsqueeze(-2))
-}
-
 /// What a traced multi-stream run yields.
 pub struct StreamTrace {
     /// Effective C, `[(L+2), (L+2)]`.
@@ -468,6 +366,7 @@ pub struct StreamTrace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::native::{stream_read_composite, stream_write_composite};
 
     #[test]
     fn probing_a_residual_rule_gives_all_ones() {
@@ -584,7 +483,7 @@ mod tests {
                 let pre = Tensor::randn(shape(&[n]), opts);
                 let res = Tensor::randn(shape(&[n, n]), opts);
                 let post = Tensor::randn(shape(&[n]), opts);
-                assert!(fused(&[&h, &res, &post, &o]));
+                assert!(native::fused_streams_take_all(&[&h, &res, &post, &o]));
                 let read_in = [h.copy(), pre.copy()];
                 let write_in = [h.copy(), res.copy(), post.copy(), o.copy()];
                 let pairs = [

@@ -133,7 +133,7 @@ impl Dynamic {
     fn logits(&self, h: &Tensor, compute: Kind) -> (Tensor, Tensor) {
         let (gamma, beta) = (self.norm.ws.as_ref(), self.norm.bs.as_ref());
         if let (Some(gamma), Some(beta), Kind::Float) = (gamma, beta, compute) {
-            if h.kind() == Kind::Float && common::fused(&[h, gamma, beta, &self.alpha]) {
+            if h.kind() == Kind::Float && native::fused_streams_take_all(&[h, gamma, beta, &self.alpha]) {
                 let k = self.alpha.size()[1];
                 let w = Tensor::cat(&[&self.alpha, &self.beta.unsqueeze(1)], 1);
                 let z = native::norm_project(h, gamma, beta, &w, NORM_EPS)
@@ -202,7 +202,7 @@ impl Hyper {
         let d = l.dynamic.as_ref().filter(|_| self.compute == Kind::Float)?;
         let (gamma, beta) = (d.norm.ws.as_ref()?, d.norm.bs.as_ref()?);
         let all = [h, gamma, beta, &d.alpha, &d.beta, &l.static_alpha, &l.static_beta, &d.alpha_scale, &d.beta_scale];
-        common::fused(&all).then_some(native::HyperPreParams {
+        native::fused_streams_take_all(&all).then_some(native::HyperPreParams {
             gamma,
             beta,
             w_a: &d.alpha,

@@ -10,7 +10,7 @@
 use super::common::{self, StreamMixing};
 use super::{Granularity, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
 use crate::config::{parse_options, OptionError};
-use crate::native;
+use crate::native::{self, sinkhorn};
 use serde::Deserialize;
 use tch::{nn, Kind, Tensor};
 
@@ -128,59 +128,6 @@ struct Mhc {
     compute: Kind,
 }
 
-/// Sinkhorn–Knopp on `exp(logits)` `[.., n, n]` → `[.., n, n]`: alternate row and column
-/// normalisation; the result is doubly stochastic (columns exactly, rows to the iteration's
-/// accuracy).
-///
-/// On the CPU in fp32/fp64 the fused [`native::sinkhorn`] runs (the iteration on `exp(logits)`, one
-/// pass per block of tokens, a hand-written backward that recomputes the iterates and saves only
-/// the logits): the composite graph was most of mHC's overhead over Hyper-Connections there.
-/// On a CUDA device, [`native::sinkhorn_cuda`] (n ≤ 8, any logits dtype, fp32 result): one thread
-/// per token, one kernel each way, where the composite graph launches 4·iters kernels forward.
-/// If it cannot run (no NVRTC, no driver, a failed self-check), one warning and the composite
-/// graph from then on. Elsewhere, and with `PLEXUS_FUSED_KERNELS=0`, [`sinkhorn_composite`].
-pub fn sinkhorn(logits: &Tensor, iters: usize) -> Tensor {
-    let n = logits.size().last().copied().unwrap_or(0) as usize;
-    if native::fused_streams_take(logits) && native::sinkhorn_fits(n, iters) {
-        return native::sinkhorn(logits, iters).unwrap_or_else(|e| panic!("fused sinkhorn: {e:#}"));
-    }
-    if logits.device().is_cuda() {
-        // Both ways in fp32: the conversion made once (the composite's own is then a no-op).
-        let logits32 = logits.to_kind(Kind::Float);
-        if common::cuda_fused(&[&logits32], n as i64) {
-            if let Some(p) = common::cuda_result(native::sinkhorn_cuda(&logits32, iters)) {
-                return p;
-            }
-        }
-        return sinkhorn_composite(&logits32, iters);
-    }
-    sinkhorn_composite(logits, iters)
-}
-
-/// [`sinkhorn`] in libtorch operators, in the log domain: normalising the rows of `exp(L)` is a
-/// softmax over each row of `L`, so each half-iteration is one `log_softmax` — one kernel forward
-/// and one backward — where a sum and a division take two forward and about five backward. On a
-/// GPU, where these `[.., n, n]` tensors are tiny and every kernel is a launch, that matters when
-/// the CUDA kernel cannot run.
-///
-/// The kernels iterate on `exp(L − rowmax)` instead, where a column whose every entry underflows
-/// is 0 and stays 0 (a log-domain iteration would spread it to 1/n): such columns are found once
-/// (`exp(L − rowmax)` summing to 0 over the column) and held at `−10³⁰` after every column
-/// normalisation, so that they carry no mass into the row sums and end at exactly 0. Composite,
-/// CPU kernel and CUDA kernel then give the same matrix and gradient on saturated logits too
-/// (tested), at one more kernel per iteration (an addition, whose backward is free).
-pub fn sinkhorn_composite(logits: &Tensor, iters: usize) -> Tensor {
-    let mut l = logits.to_kind(Kind::Float);
-    let dead = tch::no_grad(|| {
-        let x = (&l - l.amax([-1i64], true)).exp();
-        x.sum_dim_intlist(-2, true, Kind::Float).eq(0.0).to_kind(Kind::Float) * -1e30
-    });
-    for _ in 0..iters {
-        l = l.log_softmax(-1, Kind::Float).log_softmax(-2, Kind::Float) + &dead;
-    }
-    l.exp()
-}
-
 /// The mixing logits `(v @ φ) / r` of the flattened streams `v` `[.., n·D]` (φ `[n·D, n² + 2n]`),
 /// `r = ‖v‖₂ / √(n·D)` their RMS → `[.., n² + 2n]`.
 ///
@@ -190,7 +137,7 @@ pub fn sinkhorn_composite(logits: &Tensor, iters: usize) -> Tensor {
 /// square → mean → sqrt with an `[.., n·D]` temporary saved for backward) and the product in the
 /// compute precision.
 fn project(v: &Tensor, phi: &Tensor, compute: Kind) -> Tensor {
-    if v.kind() == compute && common::fused(&[v, phi]) {
+    if v.kind() == compute && native::fused_streams_take_all(&[v, phi]) {
         return native::rms_project(v, phi).unwrap_or_else(|e| panic!("fused rms projection: {e:#}"));
     }
     let nd = v.size()[v.dim() - 1] as f64;
@@ -323,14 +270,14 @@ mod tests {
             let g = Tensor::randn([tokens, n, n], (Kind::Double, tch::Device::Cpu));
             assert!(native::sinkhorn_fits(n as usize, iters));
             let (p_ref, g_ref) = value_and_grad(|l| sinkhorn_f64(l, iters), &logits, &g);
-            let (p64, g64) = value_and_grad(|l| native::sinkhorn(l, iters).unwrap(), &logits, &g);
+            let (p64, g64) = value_and_grad(|l| native::sinkhorn_fused(l, iters).unwrap(), &logits, &g);
             assert_eq!(p64.kind(), Kind::Double);
             let (dp, dg) = (max_diff(&p64, &p_ref), max_diff(&g64, &g_ref));
             let isa = native::kernel_isa().name();
             assert!(dp < 1e-13 && dg < 1e-12, "{isa} fp64 n={n} iters={iters}: value {dp:e}, grad {dg:e}");
             let (l32, g32) = (logits.to_kind(Kind::Float), g.to_kind(Kind::Float));
             let (p_f, g_f) = value_and_grad(|l| sinkhorn(l, iters), &l32, &g32);
-            let (p_c, g_c) = value_and_grad(|l| sinkhorn_composite(l, iters), &l32, &g32);
+            let (p_c, g_c) = value_and_grad(|l| native::sinkhorn_composite(l, iters), &l32, &g32);
             for (what, fused, comp) in [("value", &p_f, &p_c), ("grad", &g_f, &g_c)] {
                 let (to_ref, comp_to_ref) = (
                     max_diff(fused, if what == "value" { &p_ref } else { &g_ref }),
@@ -350,7 +297,7 @@ mod tests {
         for isa in native::kernel_isas() {
             for n in [4, 3] {
                 let logits = Tensor::zeros([0, n, n], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
-                let p = native::with_kernel_isa(isa, || native::sinkhorn(&logits, 20).unwrap());
+                let p = native::with_kernel_isa(isa, || native::sinkhorn_fused(&logits, 20).unwrap());
                 assert_eq!(p.size(), [0, n, n]);
                 p.sum(Kind::Float).backward();
                 assert_eq!(logits.grad().size(), [0, n, n], "{} n = {n}", isa.name());
@@ -363,7 +310,7 @@ mod tests {
     #[test]
     fn the_fused_sinkhorn_stays_finite_on_extreme_logits() {
         let logits = Tensor::from_slice(&[0.0f32, -200.0, 0.0, -300.0]).view([1, 2, 2]).set_requires_grad(true);
-        let p = native::sinkhorn(&logits, 20).unwrap();
+        let p = native::sinkhorn_fused(&logits, 20).unwrap();
         p.sum(Kind::Float).backward();
         let (pv, gv) = (crate::host::values(&p), crate::host::values(&logits.grad()));
         assert!(pv.iter().chain(&gv).all(|v| v.is_finite()), "P {pv:?}, dL {gv:?}");
@@ -424,8 +371,8 @@ mod tests {
             }
             let logits = Tensor::from_slice(&v).view([2, n, n]);
             let g = (Tensor::arange(2 * n * n, (Kind::Float, tch::Device::Cpu)) * 0.37).sin().view([2, n, n]);
-            let (p_c, g_c) = value_and_grad(|l| sinkhorn_composite(l, 20), &logits, &g);
-            let (p_f, g_f) = value_and_grad(|l| native::sinkhorn(l, 20).unwrap(), &logits, &g);
+            let (p_c, g_c) = value_and_grad(|l| native::sinkhorn_composite(l, 20), &logits, &g);
+            let (p_f, g_f) = value_and_grad(|l| native::sinkhorn_fused(l, 20).unwrap(), &logits, &g);
             let (p_k, g_k) = native::sinkhorn_cuda_host(&logits, Some(&g), 20).unwrap();
             let g_k = g_k.unwrap();
             let last_col = p_c.narrow(2, n - 1, 1);
