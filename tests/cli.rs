@@ -463,3 +463,30 @@ fn train_and_rl_configs_given_to_the_other_verb_point_to_it() {
     assert!(!o.status.success() && err.contains("`plexus train") && !err.contains("unknown field"), "{err}");
     assert!(!tmp.path().join("x").exists() && !tmp.path().join("y").exists());
 }
+
+/// `plexus connectivity RUN` computes C as the trainer does, on the first training batch after the
+/// data's input transform: for an input-dependent topology (mHC) on uint8 images it equals the C
+/// the trainer saved at the last step exactly (it once fed the raw pixels and was off by ~0.03).
+#[test]
+#[ignore = "needs real data: fashion-mnist"]
+fn connectivity_of_a_run_is_the_trainers_on_transformed_images() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("mhc.yaml");
+    std::fs::write(
+        &cfg,
+        "name: c\nseed: 3\ndevice: cpu\nmodel: {kind: mixer, patch: 7, width: 16, token_hidden: 16, channel_hidden: 32, depth: 2}\n\
+         topology: {kind: mhc}\ndata: {kind: mnist, dataset: fashion-mnist, batch_size: 16, train_samples: 128, eval_samples: 64}\n\
+         train: {optimizer: adamw, lr: 0.003, steps: 6}\nlog: {every: 1, connectivity_every: 6}\n",
+    )
+    .unwrap();
+    let run = tmp.path().join("run");
+    let o = plexus(&["train", cfg.to_str().unwrap(), "--out", run.to_str().unwrap(), "--quiet"], tmp.path());
+    assert!(o.status.success(), "{:?}", text(&o));
+    let saved = parse_csv(&std::fs::read_to_string(run.join("connectivity/step_6.csv")).unwrap());
+    let o = plexus(&["connectivity", run.to_str().unwrap()], tmp.path());
+    assert!(o.status.success(), "{:?}", text(&o));
+    let from_final = parse_csv(&text(&o).0);
+    assert_eq!(from_final, saved);
+    // Not a fixed 0/1 pattern: mHC's C comes from mixing weights computed from the batch.
+    assert!(saved.iter().flatten().any(|&v| v != 0.0 && v != 1.0), "{saved:?}");
+}
