@@ -419,43 +419,9 @@ pub fn compare_topologies(
     let case = opts.case.clone().unwrap_or_else(|| exps[0].1.config().name.clone());
     eprintln!("{case}: {} topologies, {} paired rounds…", exps.len(), opts.steps);
     let rows = crate::bench::compare(&exps, opts)?;
-    println!(
-        "{:<24} {:>10} {:>14} {:>20} {:>9} {:>14} {:>11} {:>14}",
-        "topology", "ms/step", "overhead", "(p10 … p90)", "act MB", "traffic bound", "FLOP bound", "kernels/step"
-    );
-    let mut text = String::new();
-    for r in &rows {
-        let [m, lo, hi] = r.overhead_pct;
-        // The bounds: the least overhead a fully fused n-stream update could have, from the bytes it
-        // must move and from the FLOPs it must compute.
-        let bound = r.traffic_bound_pct.map(|b| format!("≥ {b:+.1}%")).unwrap_or_default();
-        let flop_bound = r.flop_bound_pct.map(|b| format!("≥ {b:+.1}%")).unwrap_or_default();
-        let kernels = r.kernels.map(|k| k.to_string()).unwrap_or_default();
-        println!(
-            "{:<24} {:>10.2} {:>13.1}% {:>20} {:>9.1} {:>14} {:>11} {:>14}",
-            r.label,
-            r.ms,
-            m,
-            format!("({lo:+.1}% … {hi:+.1}%)"),
-            r.act_mem_mb,
-            bound,
-            flop_bound,
-            kernels
-        );
-        let bound_csv = r.traffic_bound_pct.map(|b| format!("{b:.3}")).unwrap_or_default();
-        let flop_bound_csv = r.flop_bound_pct.map(|b| format!("{b:.3}")).unwrap_or_default();
-        text += &format!(
-            "{case},{},{:.4},{m:.3},{lo:.3},{hi:.3},{:.2},{bound_csv},{flop_bound_csv},{kernels}\n",
-            r.label, r.ms, r.act_mem_mb
-        );
-    }
+    let text = crate::report::print_compare(&case, &rows);
     if let Some(path) = csv {
-        crate::report::append_csv(
-            path,
-            "case,topology,ms_median,overhead_pct,overhead_p10,overhead_p90,act_mem_mb,traffic_bound_pct,flop_bound_pct,\
-             kernels_per_step",
-            &text,
-        )?;
+        crate::report::append_csv(path, crate::report::COMPARE_CSV_HEADER, &text)?;
     }
     Ok(())
 }

@@ -305,6 +305,46 @@ pub fn print_registries() {
     }
 }
 
+/// The header of `plexus bench --compare`'s CSV rows ([`print_compare`]).
+pub const COMPARE_CSV_HEADER: &str = "case,topology,ms_median,overhead_pct,overhead_p10,overhead_p90,act_mem_mb,\
+traffic_bound_pct,flop_bound_pct,kernels_per_step";
+
+/// The `plexus bench --compare` table (paired overhead over the first topology, with the bounds a
+/// fully fused n-stream update could reach); returns the rows as CSV lines for `--csv`.
+pub fn print_compare(case: &str, rows: &[crate::bench::CompareRow]) -> String {
+    println!(
+        "{:<24} {:>10} {:>14} {:>20} {:>9} {:>14} {:>11} {:>14}",
+        "topology", "ms/step", "overhead", "(p10 … p90)", "act MB", "traffic bound", "FLOP bound", "kernels/step"
+    );
+    let mut text = String::new();
+    for r in rows {
+        let [m, lo, hi] = r.overhead_pct;
+        // The bounds: the least overhead a fully fused n-stream update could have, from the bytes it
+        // must move and from the FLOPs it must compute.
+        let bound = r.traffic_bound_pct.map(|b| format!("≥ {b:+.1}%")).unwrap_or_default();
+        let flop_bound = r.flop_bound_pct.map(|b| format!("≥ {b:+.1}%")).unwrap_or_default();
+        let kernels = r.kernels.map(|k| k.to_string()).unwrap_or_default();
+        println!(
+            "{:<24} {:>10.2} {:>13.1}% {:>20} {:>9.1} {:>14} {:>11} {:>14}",
+            r.label,
+            r.ms,
+            m,
+            format!("({lo:+.1}% … {hi:+.1}%)"),
+            r.act_mem_mb,
+            bound,
+            flop_bound,
+            kernels
+        );
+        let bound_csv = r.traffic_bound_pct.map(|b| format!("{b:.3}")).unwrap_or_default();
+        let flop_bound_csv = r.flop_bound_pct.map(|b| format!("{b:.3}")).unwrap_or_default();
+        text += &format!(
+            "{case},{},{:.4},{m:.3},{lo:.3},{hi:.3},{:.2},{bound_csv},{flop_bound_csv},{kernels}\n",
+            r.label, r.ms, r.act_mem_mb
+        );
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
