@@ -221,13 +221,22 @@ pub fn read_losses(run: &Path) -> Result<Vec<(f64, f64)>> {
 /// The `plexus rl` table: one row per run.
 pub fn print_rl(rows: &[crate::rl::trainer::RlSummary]) {
     println!(
-        "{:<24} {:<12} {:>5} {:>6} {:>10} {:>9} {:>9} {:>8} {:>9}",
-        "run", "topology", "depth", "units", "env steps", "success", "at goal", "random", "time"
+        "{:<24} {:<12} {:>5} {:>6} {:>10} {:>9} {:>9} {:>8} {:>9} {:>9}",
+        "run", "topology", "depth", "units", "env steps", "success", "at goal", "random", "straight", "time"
     );
     for s in rows {
         println!(
-            "{:<24} {:<12} {:>5} {:>6} {:>10} {:>9.3} {:>9.3} {:>8.3} {:>8.1}s",
-            s.name, s.topology, s.depth, s.units, s.env_steps, s.success, s.time_at_goal, s.random_success, s.seconds
+            "{:<24} {:<12} {:>5} {:>6} {:>10} {:>9.3} {:>9.3} {:>8.3} {:>9.3} {:>8.1}s",
+            s.name,
+            s.topology,
+            s.depth,
+            s.units,
+            s.env_steps,
+            s.success,
+            s.time_at_goal,
+            s.random_success,
+            s.straight_success,
+            s.seconds
         );
     }
 }

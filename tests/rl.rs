@@ -527,3 +527,25 @@ fn impossible_rl_settings_are_refused_naming_the_key() {
     assert!(e.contains("`train.env_steps` is `320` in the run but `160` here") && e.contains("not shrink"), "{e}");
     assert_eq!(std::fs::read_to_string(dir.join("config.yaml")).unwrap(), before);
 }
+
+/// The straight-line baseline: without walls it reaches every goal (and stays there), in the U
+/// maze the wall stops it on part of the tasks, and it beats the random policy; a run reports it
+/// in summary.json beside the random one.
+#[test]
+fn the_straight_line_baseline_reaches_open_goals_and_is_stopped_by_the_wall() {
+    use plexus::rl::trainer::straight_line_policy;
+    let seeds = eval_seeds(7, 256);
+    let (open, open_time) = straight_line_policy(&spec(Layout::Open), &seeds);
+    assert_eq!(open, 1.0, "every goal of the open arena is on a straight line");
+    assert!(open_time > 0.5, "it stays at the goal once there: {open_time}");
+    let u = spec(Layout::U);
+    let (straight, _) = straight_line_policy(&u, &seeds);
+    let (random, _) = random_policy(&u, &seeds, 7);
+    println!("U maze, 256 tasks: straight line {straight:.3}, random {random:.3}");
+    assert!(straight < 1.0 && straight > random, "straight {straight}, random {random}");
+    let tmp = tempfile::tempdir().unwrap();
+    let s = trainer::train(&tiny("{kind: residual}", &[]), &tmp.path().join("r"), &RlOptions::default()).unwrap();
+    let cfg = &tiny("{kind: residual}", &[]).config;
+    let expected = straight_line_policy(&cfg.env.spec(), &eval_seeds(cfg.seed, cfg.log.eval_envs));
+    assert_eq!((s.straight_success, s.straight_time_at_goal), expected);
+}

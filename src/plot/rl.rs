@@ -1,6 +1,6 @@
 //! The figure of `plexus rl`: evaluation success rate against environment steps, one line per
-//! run (colours by topology, as in every plexus figure), and the random policy's success on the
-//! same tasks as a grey line.
+//! run (colours by topology, as in every plexus figure), and the two baselines on the same tasks as
+//! grey lines: the random policy (light) and the policy that walks straight at the goal (dark).
 
 use super::{line_chart, topology_color, LineChart, Series};
 use crate::rl::config::RlExperiment;
@@ -36,7 +36,7 @@ fn success_curve(dir: &Path) -> Result<Vec<(f64, f64)>> {
 pub fn success(runs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut series = Vec::new();
-    let (mut random, mut x_max) = (Vec::new(), 0.0f64);
+    let (mut random, mut straight, mut x_max) = (Vec::new(), Vec::new(), 0.0f64);
     for dir in runs {
         let exp = RlExperiment::from_file(&dir.join("config.yaml"), &[])
             .with_context(|| format!("{} is not a `plexus rl` run directory", dir.display()))?;
@@ -51,16 +51,23 @@ pub fn success(runs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
         if let Ok(text) = std::fs::read_to_string(dir.join("summary.json")) {
             if let Ok(s) = serde_json::from_str::<RlSummary>(&text) {
                 random.push(s.random_success);
+                // Runs written before the straight-line baseline have none (0 from the default).
+                if s.straight_success > 0.0 {
+                    straight.push(s.straight_success);
+                }
             }
         }
     }
-    if !random.is_empty() {
-        let r = random.iter().sum::<f64>() / random.len() as f64;
-        series.push(Series {
-            label: "random policy".into(),
-            points: vec![(0.0, r), (x_max, r)],
-            color: Some(plotters::style::RGBColor(150, 150, 150)),
-        });
+    // The baselines as horizontal lines: the mean over the runs (the same tasks for one seed).
+    for (values, label, grey) in [(&random, "random policy", 150), (&straight, "straight at the goal", 60)] {
+        if !values.is_empty() {
+            let r = values.iter().sum::<f64>() / values.len() as f64;
+            series.push(Series {
+                label: label.into(),
+                points: vec![(0.0, r), (x_max, r)],
+                color: Some(plotters::style::RGBColor(grey, grey, grey)),
+            });
+        }
     }
     let chart = LineChart {
         title: "Contrastive RL, point maze: evaluation success".into(),

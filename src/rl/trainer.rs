@@ -6,8 +6,10 @@
 //! steps ([`Agent::update`]). Every `log.eval_every` environment steps (and after the first rollout
 //! and at the end) the deterministic policy `tanh(μ)` runs one episode on each of `log.eval_envs`
 //! evaluation environments with fixed seeds (the same tasks every time) and a `metrics.csv` row is
-//! written. The uniformly random policy is measured once on the same evaluation tasks
-//! (`summary.json`: `random_success`).
+//! written. Two baselines are measured once on the same evaluation tasks: the uniformly random
+//! policy (`summary.json`: `random_success`) and the policy that walks straight at the goal
+//! (`straight_success`), which needs no learning and fails only where a wall is in the way: a
+//! trained agent shows what it learned by beating it.
 //!
 //! Run directory: `config.yaml` (resolved), `metrics.csv` (`env_steps, updates, success,
 //! time_at_goal, critic_loss, actor_loss, accuracy, alpha, log_prob, train_success, seconds`),
@@ -62,6 +64,12 @@ pub struct RlSummary {
     /// The uniformly random policy on the same evaluation tasks.
     pub random_success: f64,
     pub random_time_at_goal: f64,
+    /// The straight-line policy on the same evaluation tasks ([`straight_line_policy`]; absent
+    /// from runs written before it was measured).
+    #[serde(default)]
+    pub straight_success: f64,
+    #[serde(default)]
+    pub straight_time_at_goal: f64,
     pub seconds: f64,
     pub device: String,
 }
@@ -204,6 +212,23 @@ pub fn random_policy(spec: &EnvSpec, seeds: &[u64], seed: u64) -> (f64, f64) {
     evaluate(spec, seeds, |s, _| (0..s.len()).map(|_| rng.gen_range(-1.0f32..=1.0)).collect())
 }
 
+/// The policy that walks straight at the goal at full speed (`a = (g − s) / max_step`, scaled
+/// down so that no coordinate exceeds 1) on the evaluation tasks of `seeds`: `(success,
+/// time_at_goal)`. It needs no learning; it fails where a wall stands between start and goal.
+pub fn straight_line_policy(spec: &EnvSpec, seeds: &[u64]) -> (f64, f64) {
+    let m = spec.max_step;
+    evaluate(spec, seeds, |s, g| {
+        s.chunks_exact(2)
+            .zip(g.chunks_exact(2))
+            .flat_map(|(s, g)| {
+                let (ax, ay) = ((g[0] - s[0]) / m, (g[1] - s[1]) / m);
+                let k = ax.abs().max(ay.abs()).max(1.0);
+                [ax / k, ay / k]
+            })
+            .collect()
+    })
+}
+
 const HEADER: &str =
     "env_steps,updates,success,time_at_goal,critic_loss,actor_loss,accuracy,alpha,log_prob,train_success,seconds\n";
 
@@ -223,6 +248,7 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
     let (n, t_len) = (cfg.env.num_envs, cfg.env.episode_length);
     let seeds = eval_seeds(cfg.seed, cfg.log.eval_envs);
     let (random_success, random_time) = random_policy(&spec, &seeds, cfg.seed);
+    let (straight_success, straight_time) = straight_line_policy(&spec, &seeds);
     let mut env = VecEnv::new(spec.clone(), &VecEnv::seeds(cfg.seed, n));
     let mut rng = RlRng::seed_from_u64(cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1));
     let t = &cfg.train;
@@ -272,13 +298,16 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
     }
     if opts.verbose {
         eprintln!(
-            "{}: {} on {} ({} parameters); random policy: success {:.3}, time at goal {:.3}{}",
+            "{}: {} on {} ({} parameters); random policy: success {:.3}, time at goal {:.3}; straight at \
+             the goal: success {:.3}, time at goal {:.3}{}",
             cfg.name,
             exp.topology.kind(),
             crate::device::describe(device),
             agent.num_params(),
             random_success,
             random_time,
+            straight_success,
+            straight_time,
             if opts.resume { format!("; resumed at {env_steps} environment steps") } else { String::new() }
         );
     }
@@ -433,6 +462,8 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
         time_at_goal: last.1,
         random_success,
         random_time_at_goal: random_time,
+        straight_success,
+        straight_time_at_goal: straight_time,
         seconds: start.elapsed().as_secs_f64(),
         device: crate::device::describe(device),
     };
