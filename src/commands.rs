@@ -1,4 +1,4 @@
-//! What the verbs of the command line do, one function per verb (`crate::cli` parses the command
+//! What the verbs of the command line do, one function per verb (`cli.rs` parses the command
 //! line and calls them): resolving configs and run directories, training sets of runs, the demo,
 //! benchmarks, analysis, sampling, parity and connectivity reports, `plexus rl`. Tables and CSVs
 //! are formatted in `crate::report`.
@@ -506,7 +506,7 @@ pub fn depth_sweep(
     Ok(())
 }
 
-// ---- The verbs, one function each (`crate::cli` parses and calls them).
+// ---- The verbs, one function each (cli.rs parses and calls them).
 
 /// `plexus train --resume RUN [CONFIG]`: continues a run (its config.yaml, or the one CONFIG).
 pub fn train_resume(

@@ -422,7 +422,7 @@ impl RunDir {
     }
 
     /// Writes `eps_by_t.csv`: `step` then one column per bucket of timesteps `t{lo}_{hi}`
-    /// (inclusive), the ε-MSE of the validation set there (see `crate::train::eval::evaluate_diffusion`).
+    /// (inclusive), the ε-MSE of the validation set there (see `train::eval::evaluate_diffusion`).
     /// `timesteps` is the number of diffusion steps the buckets split evenly.
     pub fn write_eps_by_t(&self, rows: &[(u64, Vec<f64>)], timesteps: usize) -> Result<()> {
         let Some((_, first)) = rows.first() else { return Ok(()) };

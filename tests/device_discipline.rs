@@ -12,11 +12,12 @@
 //!   and `src/diffusion.rs` (the DiT task, which runs inside the step) for uploads to the device.
 
 mod common;
+use common::rust_files;
 
 use plexus::experiment::Experiment;
 use plexus::run_dir::RunDir;
 use plexus::train::{self, TrainOptions};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 #[test]
 fn only_logging_steps_read_from_the_device_for_every_topology_on_every_backbone() {
@@ -111,17 +112,6 @@ const UPLOADS: &str = ".to_device(";
 /// Reading methods of tch that must go through `plexus::host` in these directories.
 const READS: &[&str] =
     &["double_value(", "int64_value(", "f64_value(", "try_from(", ".to_device(Device::Cpu)", "Device::Cpu"];
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-}
 
 /// `(file, line number, line)` of every forbidden use outside `#[cfg(test)]` modules and the
 /// allowlist.

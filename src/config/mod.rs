@@ -389,7 +389,7 @@ pub fn load_str(source: &str, file: &Path, overrides: &[String]) -> Result<Loade
 /// and messages of [`load_str`]: size and nesting bounds, BOM, no tags, `--set` overrides, and
 /// errors naming the file, key, value, line and what is allowed. Returns `T` and the source text
 /// (without BOM) for locating later validation errors ([`locate_error`]). Used by `Config` and by
-/// the `plexus rl` schema (`crate::rl::config`).
+/// the `plexus rl` schema (`rl/config.rs`).
 pub fn parse_document<T: serde::de::DeserializeOwned>(
     source: &str,
     file: &Path,
@@ -477,7 +477,7 @@ impl Config {
     }
 
     /// Checks values that serde's types cannot express. Sections with a `kind` are checked by
-    /// their registry entries (see `crate::experiment`).
+    /// their registry entries (see experiment.rs).
     pub fn validate(&self) -> Result<(), OptionError> {
         check_name_and_device(&self.name, &self.device)?;
         let t = &self.train;

@@ -43,7 +43,7 @@ pub trait ModelSpec: Debug {
     /// counted. A training step costs 3× this per sample (backward = 2× forward).
     fn forward_flops(&self) -> f64;
     /// `(channels, num_classes, learn_sigma)` of a diffusion backbone, whose task is DDPM training
-    /// ([`crate::diffusion`]) whatever the dataset's; `None` (the default) for the others.
+    /// (the `diffusion` module) whatever the dataset's; `None` (the default) for the others.
     fn diffusion(&self) -> Option<(usize, usize, bool)> {
         None
     }
@@ -197,7 +197,7 @@ impl Model {
         })
     }
 
-    /// Features for Fréchet distances ([`crate::fd`]): the readout representation `y` (what the
+    /// Features for Fréchet distances (`plexus fd`): the readout representation `y` (what the
     /// topology hands the readout), mean-pooled over every dimension between the batch and the
     /// feature dimension: `[B, ..., D]` → `[B, D]` fp32. Evaluation mode.
     pub fn features(&self, input: &Tensor) -> Tensor {

@@ -15,7 +15,7 @@
 //! time_at_goal, critic_loss, actor_loss, accuracy, alpha, log_prob, train_success, seconds`),
 //! `summary.json`, `checkpoints/step_<env steps>.{safetensors,optim.safetensors,json}` (the
 //! `train` checkpoint format: all networks with PyTorch names, every optimizer's moments),
-//! `final.safetensors` (the success figure is drawn by the command, `crate::plot::rl`). A checkpoint also holds what the loop needs
+//! `final.safetensors` (the success figure is drawn by the command, plot/rl.rs). A checkpoint also holds what the loop needs
 //! to go on exactly: `step_N.replay.safetensors` (the replay buffer, and the update statistics
 //! accumulated since the last row) and `step_N.rl.json` (counters, every environment's state and
 //! random stream, the trainer's stream), both written before the marker `step_N.json`.

@@ -15,8 +15,8 @@
 //! bound term `L_vb` added to the ε-MSE (with ε̂ detached in `L_vb`, so the bound trains only the
 //! variance), and DDPM sampling draws with that variance. See [`Diffusion::loss`].
 //!
-//! Sampling, and the commands that sample, are in `crate::diffusion`; validation per bucket of
-//! timesteps in `crate::train::eval::evaluate_diffusion`.
+//! Sampling, and the commands that sample, are in diffusion.rs; validation per bucket of
+//! timesteps in `train::eval::evaluate_diffusion`.
 //!
 //! [`Task::prepare`]: super::Task::prepare
 //! [`Task::loss`]: super::Task::loss

@@ -24,7 +24,7 @@ pub enum Task {
 
 impl Task {
     /// Returns a scalar, computed in fp32 (shapes: see the variants). `output` may come in the
-    /// compute dtype ([`crate::model::Model::forward_compute`]): language-model logits in bf16 go
+    /// compute dtype (`Model::forward_compute`): language-model logits in bf16 go
     /// to [`crate::native::cross_entropy_chunked`], the same fp32 arithmetic without an fp32 copy of
     /// the `[B·T, vocab]` logits.
     pub fn loss(&self, output: &Tensor, target: &Tensor) -> Tensor {
@@ -59,8 +59,8 @@ impl Task {
     }
 }
 
-/// One batch: `input` for the model (raw: see [`crate::data::InputTransform`]), `target` for the loss. On the
-/// CPU unless the source is resident on the training device ([`crate::data::DataSource::make_resident`]).
+/// One batch: `input` for the model (raw: see `data::InputTransform`), `target` for the loss. On the
+/// CPU unless the source is resident on the training device (`DataSource::make_resident`).
 #[derive(Debug)]
 pub struct Batch {
     pub input: Tensor,

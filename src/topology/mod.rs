@@ -1,6 +1,6 @@
 //! Residual topologies: what each unit of the depth stack reads, and what the readout reads.
 //!
-//! A model is `stem → depth stack of L units → readout head` (see `crate::model`). The topology
+//! A model is `stem → depth stack of L units → readout head` (see model/mod.rs). The topology
 //! drives the loop over depth: the backbone hands it the embedding `x0` and its units, and the
 //! topology calls the units in order, keeping whatever state it needs between them (one stream, a
 //! running sum, a history of streams, n parallel streams, …). Topologies know nothing of attention,

@@ -20,7 +20,7 @@ pub struct TrainedRun {
 }
 
 /// Which weights of a run to load: `final.safetensors` by default; diffusion runs may choose their
-/// moving average (`crate::diffusion::weights_file`).
+/// moving average (`diffusion::weights_file`).
 pub type ChooseWeights<'a> = &'a dyn Fn(&RunDir) -> Result<PathBuf>;
 
 /// The run's `final.safetensors`.

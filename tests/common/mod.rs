@@ -36,3 +36,15 @@ pub fn read_losses(run: &Path) -> Vec<(f64, f64)> {
 pub fn tiny_backbone(name: &str) -> &'static str {
     plexus::doctor::tiny_backbone(name).unwrap_or_else(|| panic!("no backbone `{name}` in plexus::model::REGISTRY"))
 }
+
+/// Every `.rs` file below `dir`, recursively, appended to `out`.
+pub fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
