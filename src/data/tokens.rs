@@ -220,32 +220,41 @@ impl TokenFile {
         self.tokens
     }
 
+    /// An error naming the file if it changed size since it was opened (a rewrite under the run).
+    fn check_unchanged(&self) -> anyhow::Result<()> {
+        if self.resident.is_some() {
+            return Ok(());
+        }
+        let now = self.file.metadata().with_context(|| format!("reading {}", self.path.display()))?.len();
+        match now == (TOKEN_BYTES * self.tokens) as u64 {
+            true => Ok(()),
+            false => Err(self.changed(now)),
+        }
+    }
+
+    fn changed(&self, now: u64) -> anyhow::Error {
+        anyhow!(
+            "{}: the file changed while this run read it ({} bytes when opened, {now} now): a token file must \
+             not be rewritten during a run (re-running a prepare script or `plexus tokenize` over a folder in use \
+             truncates it); write new tokens into another folder",
+            self.path.display(),
+            TOKEN_BYTES * self.tokens
+        )
+    }
+
     /// The ids in `[start, end)`, each checked `< vocab` (an error names the first that is not).
-    /// A file that changed size since it was opened, or a read that comes up short, is an error
-    /// naming the file.
+    /// A read that comes up short (the file was truncated) is an error naming the file; callers
+    /// check the size once per batch ([`TokenFile::check_unchanged`]).
     fn read(&self, start: usize, end: usize) -> anyhow::Result<Vec<u16>> {
         let ids: Vec<u16> = match &self.resident {
             Some(all) => all[start..end].to_vec(),
             None => {
                 use std::os::unix::fs::FileExt;
-                let changed = |now: u64| {
-                    anyhow!(
-                        "{}: the file changed while this run read it ({} bytes when opened, {now} now): a token file \
-                         must not be rewritten during a run (re-running a prepare script or `plexus tokenize` over a \
-                         folder in use truncates it); write new tokens into another folder",
-                        self.path.display(),
-                        TOKEN_BYTES * self.tokens
-                    )
-                };
-                let now = self.file.metadata().with_context(|| format!("reading {}", self.path.display()))?.len();
-                if now != (TOKEN_BYTES * self.tokens) as u64 {
-                    return Err(changed(now));
-                }
                 let mut buf = vec![0u8; TOKEN_BYTES * (end - start)];
                 match self.file.read_exact_at(&mut buf, (TOKEN_BYTES * start) as u64) {
                     Ok(()) => {}
                     Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                        return Err(changed(self.file.metadata().map(|m| m.len()).unwrap_or(0)));
+                        return Err(self.changed(self.file.metadata().map(|m| m.len()).unwrap_or(0)));
                     }
                     Err(e) => return Err(e).with_context(|| format!("reading {}", self.path.display())),
                 }
@@ -284,6 +293,7 @@ impl TokenFile {
 
     /// Input `[B, T]` and target (shifted by one) from windows of `T + 1` tokens at `starts`.
     fn windows(&self, starts: &[usize], t: usize) -> anyhow::Result<Batch> {
+        self.check_unchanged()?;
         let mut data: Vec<i64> = Vec::with_capacity(starts.len() * (t + 1));
         for &s in starts {
             data.extend(self.read(s, s + t + 1)?.into_iter().map(i64::from));

@@ -205,10 +205,10 @@ pub fn stream_read_fused(h: &Tensor, pre: &Tensor) -> Result<Tensor> {
 /// The write of a multi-stream unit, `H'[t] = Σ_s res[s,t] H[s] + post[t] · o`, as one fused
 /// pass forward and one backward: `h` `[.., n, D]`, `res` `[.., n, n]` or `[n, n]`, `post`
 /// `[.., n]` or `[n]` (per token or static, as `res`), `o` `[.., D]` → `[.., n, D]`. Devices and
-/// dtypes as [`stream_read`].
+/// dtypes as [`stream_read_fused`].
 pub fn stream_write_fused(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
-    // SAFETY: as in `stream_read`.
+    // SAFETY: as in `stream_read_fused`.
     let err = unsafe {
         ffi::plexus_stream_write(
             h.as_ptr() as *mut _,
@@ -236,7 +236,7 @@ pub fn sinkhorn_fits(n: usize, iters: usize) -> bool {
 /// underflowed) stay 0.
 pub fn sinkhorn_fused(logits: &Tensor, iters: usize) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
-    // SAFETY: as in `stream_read`.
+    // SAFETY: as in `stream_read_fused`.
     let err = unsafe { ffi::plexus_sinkhorn(logits.as_ptr() as *mut _, iters as i64, kernel_isa().code(), &mut out) };
     fused_result(err, out)
 }
@@ -252,7 +252,7 @@ pub const CUDA_KERNELS_MAX_STREAMS: usize = 8;
 /// no driver, a disagreement) is returned by that call and every later one for the device and n.
 pub fn sinkhorn_cuda(logits: &Tensor, iters: usize) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
-    // SAFETY: as in `stream_read`.
+    // SAFETY: as in `stream_read_fused`.
     let err = unsafe { ffi::plexus_sinkhorn_cuda(logits.as_ptr() as *mut _, iters as i64, &mut out) };
     fused_result(err, out)
 }
@@ -414,7 +414,7 @@ pub fn cross_entropy_in_chunks(logits: &Tensor, target: &Tensor, rows: i64) -> R
 /// `x`, downstream, and pass it to the sums that read the slot.
 pub fn history_push(buf: &Tensor, gbuf: &Tensor, slot: usize, x: &Tensor) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
-    // SAFETY: as in `stream_read`; the C++ side writes into `buf` (a tensor the caller owns) and
+    // SAFETY: as in `stream_read_fused`; the C++ side writes into `buf` (a tensor the caller owns) and
     // keeps references to `buf` and `gbuf` in the autograd node.
     let err = unsafe {
         ffi::plexus_history_push(
@@ -459,7 +459,7 @@ pub fn history_mix(buf: &Tensor, gbuf: &Tensor, slots: &[usize], states: &[&Tens
 /// pass (the products are libtorch's). CPU fp32/fp64 tensors of one dtype.
 pub fn rms_project(v: &Tensor, phi: &Tensor) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
-    // SAFETY: as in `stream_read`.
+    // SAFETY: as in `stream_read_fused`.
     let err = unsafe { ffi::plexus_rms_project(v.as_ptr() as *mut _, phi.as_ptr() as *mut _, &mut out) };
     fused_result(err, out)
 }
@@ -469,7 +469,7 @@ pub fn rms_project(v: &Tensor, phi: &Tensor) -> Result<Tensor> {
 /// `[.., K]`. CPU fp32/fp64 tensors of one dtype.
 pub fn norm_project(x: &Tensor, gamma: &Tensor, beta: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
-    // SAFETY: as in `stream_read`.
+    // SAFETY: as in `stream_read_fused`.
     let err = unsafe {
         ffi::plexus_norm_project(
             x.as_ptr() as *mut _,
@@ -524,7 +524,7 @@ impl<'a> HyperPreParams<'a> {
 /// streams `h` `[.., n, D]` (1 ≤ n ≤ 64). CPU fp32/fp64 tensors of one dtype.
 pub fn hyper_pre(h: &Tensor, p: &HyperPreParams) -> Result<(Tensor, Tensor, Tensor)> {
     let mut outs: [*mut torch_sys::C_tensor; 3] = [std::ptr::null_mut(); 3];
-    // SAFETY: as in `stream_read`; on success the C++ side writes three fresh, caller-owned
+    // SAFETY: as in `stream_read_fused`; on success the C++ side writes three fresh, caller-owned
     // handles to `outs`.
     let err = unsafe {
         ffi::plexus_hyper_pre(h.as_ptr() as *mut _, p.handles().as_ptr(), p.eps, kernel_isa().code(), outs.as_mut_ptr())

@@ -399,7 +399,7 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
             atomic_write_with(&replay_path, |p| {
                 let refs: Vec<(&str, &tch::Tensor)> = tensors.iter().map(|(k, t)| (*k, t)).collect();
                 tch::Tensor::write_safetensors(&refs, p)?;
-                files_crc32.insert(file_name(&replay_path), checkpoint::file_crc32(p)?);
+                files_crc32.insert(file_name(&replay_path), checkpoint::crc32_of(p)?);
                 Ok(())
             })?;
             let ls = LoopState {

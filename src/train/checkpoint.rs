@@ -36,17 +36,13 @@ pub struct TrainerState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optim_crc32: Option<u32>,
     /// CRC-32 of every other file of the checkpoint that a resume reads, by name in
-    /// `checkpoints/` (RL: the loop state and the replay buffer); see [`file_crc32`].
+    /// `checkpoints/` (RL: the loop state and the replay buffer); see [`crc32_of`].
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub files_crc32: std::collections::BTreeMap<String, u32>,
 }
 
-/// CRC-32 of a file's bytes (for [`TrainerState::files_crc32`]).
-pub fn file_crc32(path: &Path) -> Result<u32> {
-    crc32_of(path)
-}
-
-fn crc32_of(path: &Path) -> Result<u32> {
+/// CRC-32 of a file's bytes (also for [`TrainerState::files_crc32`]).
+pub fn crc32_of(path: &Path) -> Result<u32> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let mut crc = flate2::Crc::new();
     crc.update(&bytes);
