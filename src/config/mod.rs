@@ -545,6 +545,16 @@ impl Config {
     }
 }
 
+/// The key of a `plexus train` run's length: a resumed run may grow it, not shrink it.
+pub const RUN_LENGTH_KEY: &str = "train.steps";
+
+/// The other keys of a `plexus train` config that a resumed run may change: the logging and
+/// checkpoint intervals, and whether the step is captured as a CUDA graph (which changes no
+/// number it computes).
+pub fn may_change_on_resume(key: &str) -> bool {
+    key.starts_with("log.") || key == "train.cuda_graphs"
+}
+
 /// How a resumed run's config differs from the one it was trained with.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ResumeDiff {
@@ -560,10 +570,7 @@ impl ResumeDiff {
     /// `train.steps` (growing: the run is extended) and the logging intervals (`log.*`) may change.
     pub fn between(old: &Config, new: &Config) -> Self {
         let to_value = |c: &Config| serde_yaml::to_value(c).expect("a Config always serialises");
-        // How the step is executed (captured or not) changes no number it computes.
-        Self::of_values(&to_value(old), &to_value(new), "train.steps", &|k| {
-            k.starts_with("log.") || k == "train.cuda_graphs"
-        })
+        Self::of_values(&to_value(old), &to_value(new), RUN_LENGTH_KEY, &may_change_on_resume)
     }
 
     /// The same for any two YAML documents: `length` (a number) may grow, keys for which

@@ -425,12 +425,12 @@ fn sync_report(name: &str, host_reads: &[u64], device_syncs: &[u64]) -> String {
     )
 }
 
-/// What a resumed `plexus train` run may change: `train.steps` (growing), the logging and
-/// checkpoint intervals, and whether the step is captured as a CUDA graph (which changes no number
-/// it computes).
+/// What a resumed `plexus train` run may change (the config's own rule, [`ResumeDiff::between`]).
+///
+/// [`ResumeDiff::between`]: crate::config::ResumeDiff::between
 const RESUME_POLICY: lifecycle::ResumePolicy = lifecycle::ResumePolicy {
-    length: "train.steps",
-    may_change: |k| k.starts_with("log.") || k == "train.cuda_graphs",
+    length: crate::config::RUN_LENGTH_KEY,
+    may_change: crate::config::may_change_on_resume,
     describe: "log.* (and train.cuda_graphs)",
 };
 
