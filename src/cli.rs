@@ -1,4 +1,4 @@
-//! The command line: `plexus train | demo | analyze | plot | bench | connectivity | parity | sample | fd | doctor | tokenize | rl | list`.
+//! The command line: `plexus train | sweep | report | demo | analyze | plot | bench | connectivity | parity | sample | fd | doctor | tokenize | rl | list`.
 
 use crate::commands;
 use crate::config::ConfigError;
@@ -40,6 +40,40 @@ pub enum Cmd {
         quiet: bool,
         #[command(flatten)]
         dist: DistArgs,
+    },
+    /// Run a study: configs × a grid of --set values × seeds, each an ordinary run directory in
+    /// one sweep folder, on free slots (--jobs N on the CPU, one run per GPU with --gpus) or as a
+    /// Slurm job array. Re-running skips finished runs and resumes killed ones; then prints the
+    /// report. A SPEC file holds configs, set, grid, seeds, out and report (see docs/studies.md).
+    Sweep(SweepArgs),
+    /// Tables and figures over runs or sweep folders: runs grouped by config keys, each metric's
+    /// mean ± sd, n and 95 % interval, the paired difference against a baseline on the same
+    /// seeds; markdown, CSV and LaTeX, and curves with a band over seeds (PNG + SVG).
+    Report {
+        /// Sweep folders, run directories, or folders of run directories.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Config keys to group by, comma-separated (default: the sweep's report.by, else every
+        /// key whose value differs between the runs, except seed).
+        #[arg(long, value_delimiter = ',')]
+        by: Vec<String>,
+        /// Metrics, comma-separated: summary.json's numbers (eval.accuracy, final_loss, gamma,
+        /// success, …) and best.eval.<column> (best over the run's evaluations).
+        #[arg(long = "metric", value_delimiter = ',')]
+        metrics: Vec<String>,
+        /// The setting to compare the others with, paired by seed, e.g. topology.kind=residual.
+        #[arg(long, value_name = "KEY=VALUE")]
+        baseline: Option<String>,
+        /// Curves to draw with a band over seeds, comma-separated (loss, gamma, eval.accuracy, …).
+        #[arg(long, value_delimiter = ',')]
+        curves: Vec<String>,
+        /// What to print: md, csv or latex (all three are written to --out).
+        #[arg(long, default_value = "md", value_parser = ["md", "csv", "latex"])]
+        format: String,
+        /// Folder for report.{md,csv,tex} and the curves. Default: `<folder>/report` for one
+        /// sweep folder or folder of runs; nothing is written for a list of runs without it.
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// The main job on an embedded default. `showcase` (default): train residual, ACN and H-ACN
     /// Mixers on Fashion-MNIST, analyse them, draw every figure, then the ANCRe Fig. 2b case study.
@@ -268,6 +302,48 @@ impl DistArgs {
     }
 }
 
+/// `plexus sweep`'s spec flags and where its runs go.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SweepArgs {
+    /// A sweep spec (YAML: configs, set, grid, seeds, out, report) or config files; flags
+    /// below extend the spec.
+    #[arg(required_unless_present = "resume")]
+    pub inputs: Vec<PathBuf>,
+    /// Continue the sweep in this folder with the spec it recorded (sweep.json).
+    #[arg(long, value_name = "SWEEP_DIR", conflicts_with_all = ["inputs", "out", "grid", "seeds", "overrides"])]
+    pub resume: Option<PathBuf>,
+    /// A grid axis, e.g. --grid topology.init.mu=0.25,0.75,1 (repeatable; replaces the spec's axis of that key).
+    #[arg(long, value_name = "KEY=V1,V2,…")]
+    pub grid: Vec<String>,
+    /// Seeds, comma-separated (replace the spec's; default 0).
+    #[arg(long, value_delimiter = ',')]
+    pub seeds: Vec<u64>,
+    /// Override a config key in every run (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// The sweep folder (default: the spec's `out`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Runs at a time on the CPU (each with its share of the cores).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub jobs: u16,
+    /// One run per GPU: `all` (those in CUDA_VISIBLE_DEVICES) or indices such as 0,1.
+    #[arg(long, conflicts_with = "jobs")]
+    pub gpus: Option<String>,
+    /// Write a Slurm job-array script (one task per run) to this file instead of running.
+    #[arg(long, value_name = "FILE")]
+    pub slurm: Option<PathBuf>,
+    /// Run only these runs of the sweep (names as in the sweep folder; repeatable).
+    #[arg(long, value_name = "RUN")]
+    pub only: Vec<String>,
+    /// Print the plan (each run and whether it is done, to resume or new) and stop.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// No progress bar or per-run lines.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
 /// How `plexus sample` and `plexus fd` draw from a diffusion run, and on which device.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SamplingArgs {
@@ -298,6 +374,24 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Train { configs, resume: None, out, overrides, quiet, overwrite, dist, .. } => {
             commands::train_new(&configs, out.as_deref(), &overrides, quiet, overwrite, dist.timeout())
+        }
+        Cmd::Sweep(a) => commands::sweep(&commands::SweepRequest {
+            inputs: a.inputs,
+            resume: a.resume,
+            grid: a.grid,
+            seeds: a.seeds,
+            overrides: a.overrides,
+            out: a.out,
+            jobs: a.jobs as usize,
+            gpus: a.gpus,
+            slurm: a.slurm,
+            only: a.only,
+            dry_run: a.dry_run,
+            quiet: a.quiet,
+        }),
+        Cmd::Report { paths, by, metrics, baseline, curves, format, out } => {
+            let options = crate::study::ReportOptions { by, metrics, baseline, curves };
+            commands::report(&paths, &options, &format, out.as_deref())
         }
         Cmd::Demo { figure, out, overrides } => commands::demo(&figure, &out, &overrides),
         Cmd::Bench { dist, .. } if dist.launches() => crate::dist::launch(dist.nproc as usize),

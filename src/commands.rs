@@ -474,8 +474,8 @@ pub fn depth_sweep(
         let kind = mine.first().map(|r| r.1.clone()).unwrap_or_default();
         let color =
             Some(topology_color(&kind, topologies[..i].iter().filter(|o| o.split('+').next() == Some(&kind)).count()));
-        time_series.push(Series { label: format!("{t} (k = {kt:.2})"), points: time, color });
-        mem_series.push(Series { label: format!("{t} (k = {km:.2})"), points: mem, color });
+        time_series.push(Series { label: format!("{t} (k = {kt:.2})"), points: time, color, band: None });
+        mem_series.push(Series { label: format!("{t} (k = {km:.2})"), points: mem, color, band: None });
     }
     atomic_write(&out.join("growth.csv"), summary.as_bytes())?;
     let name = config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
@@ -717,5 +717,191 @@ pub fn tokenize(
     };
     let r = tokenize::tokenize(files, out, &opts)?;
     crate::report::print_tokenize(out, &r, opts.threads);
+    Ok(())
+}
+
+/// What `plexus sweep` was asked (see `cli::SweepArgs`).
+pub struct SweepRequest {
+    pub inputs: Vec<PathBuf>,
+    pub resume: Option<PathBuf>,
+    pub grid: Vec<String>,
+    pub seeds: Vec<u64>,
+    pub overrides: Vec<String>,
+    pub out: Option<PathBuf>,
+    pub jobs: usize,
+    pub gpus: Option<String>,
+    pub slurm: Option<PathBuf>,
+    pub only: Vec<String>,
+    pub dry_run: bool,
+    pub quiet: bool,
+}
+
+/// `plexus sweep SPEC|CONFIG... [--grid K=V1,V2] [--seeds 0,1,2] [--set K=V] [--out DIR]
+/// [--jobs N | --gpus all] [--slurm FILE] [--only RUN] [--dry-run]`, or `--resume DIR`.
+pub fn sweep(r: &SweepRequest) -> Result<()> {
+    use crate::study::{runner, spec::SweepSpec, Manifest, MANIFEST};
+    let (spec, out, origin) = match &r.resume {
+        Some(dir) => {
+            let m = Manifest::read(dir).with_context(|| {
+                format!("--resume {}: not a sweep folder (it has no readable {MANIFEST})", dir.display())
+            })?;
+            (m.spec, dir.clone(), dir.join(MANIFEST).display().to_string())
+        }
+        None => {
+            // A YAML file with none of a config's sections is a sweep spec; the rest are configs.
+            let mut spec = SweepSpec::default();
+            let mut origin = "the sweep flags".to_string();
+            let mut configs = Vec::new();
+            for p in &r.inputs {
+                let text = std::fs::read_to_string(p).ok();
+                let is_spec = text
+                    .as_deref()
+                    .and_then(|t| serde_yaml::from_str::<serde_yaml::Mapping>(t).ok())
+                    .is_some_and(|m| ["grid", "seeds", "configs"].iter().any(|k| m.contains_key(*k)));
+                if is_spec {
+                    if origin != "the sweep flags" {
+                        bail!("plexus sweep takes one sweep spec; {} and {} were given", origin, p.display());
+                    }
+                    spec = SweepSpec::from_file(p)?;
+                    origin = p.display().to_string();
+                } else if p.is_dir() {
+                    configs.extend(config_files(std::slice::from_ref(p))?);
+                } else {
+                    configs.push(p.clone());
+                }
+            }
+            spec.extend(&configs, &r.overrides, &r.grid, &r.seeds)?;
+            let Some(out) = r.out.clone().or(spec.out.clone()) else {
+                bail!("{origin}: where should the runs go? Give --out DIR (or `out:` in the sweep spec)");
+            };
+            for c in &mut spec.configs {
+                *c = std::path::absolute(&*c).with_context(|| format!("config {}", c.display()))?;
+            }
+            spec.out = Some(out.clone());
+            (spec, out, origin)
+        }
+    };
+    let runs = spec.plan(&origin)?;
+    let manifest = Manifest { spec, runs };
+    if r.resume.is_none() && !r.dry_run {
+        // The folder holds at most one sweep: a run of the same name must be the same run.
+        if out.join(MANIFEST).is_file() {
+            let old = Manifest::read(&out)?;
+            for o in &old.runs {
+                if let Some(n) = manifest.runs.iter().find(|n| n.name == o.name) {
+                    if n.config != o.config || n.overrides != o.overrides {
+                        bail!(
+                            "{}: run {} was planned as `{} {}` before and is `{} {}` now; use another --out for another sweep",
+                            out.display(),
+                            o.name,
+                            o.config.display(),
+                            o.overrides.join(" "),
+                            n.config.display(),
+                            n.overrides.join(" ")
+                        );
+                    }
+                }
+            }
+        }
+        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+        manifest.write(&out)?;
+    }
+    if let Some(file) = &r.slurm {
+        let exe = std::env::current_exe().context("locating the plexus binary")?;
+        let out_abs = std::path::absolute(&out)?;
+        let script = runner::slurm_script(&exe, &out_abs, &manifest, r.gpus.is_some());
+        crate::run_dir::atomic_write(file, script.as_bytes())?;
+        println!(
+            "{}: a job array of {} tasks (one per run of {}); submit it with `sbatch {}`",
+            file.display(),
+            manifest.runs.len(),
+            out.display(),
+            file.display()
+        );
+        return Ok(());
+    }
+    if r.dry_run {
+        for run in &manifest.runs {
+            let yaml = runner::resolved_yaml(run).with_context(|| format!("sweep run {}", run.name))?;
+            let state = runner::state_of(&out.join(&run.name), run, &yaml)?;
+            println!(
+                "{:<8} {}  ({} {} {})",
+                format!("{state:?}"),
+                run.name,
+                run.verb,
+                run.config.display(),
+                run.overrides.join(" ")
+            );
+        }
+        return Ok(());
+    }
+    let slots = match &r.gpus {
+        Some(g) => runner::Slots::Gpus(runner::gpu_slots(
+            g,
+            std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+            tch::Cuda::device_count().max(0) as usize,
+        )?),
+        None => runner::Slots::Cpu(r.jobs),
+    };
+    let outcome = runner::run(&out, &manifest, &r.only, &slots, r.quiet)?;
+    let n = if r.only.is_empty() { manifest.runs.len() } else { r.only.len() };
+    eprintln!(
+        "sweep {}: {n} runs: {} finished before, {} finished now ({} of them resumed), {} failed",
+        out.display(),
+        outcome.skipped,
+        outcome.finished,
+        outcome.resumed,
+        outcome.failed.len()
+    );
+    if !outcome.failed.is_empty() {
+        let list: Vec<String> =
+            outcome.failed.iter().map(|(name, log, tail)| format!("{name}: {tail} (log: {})", log.display())).collect();
+        bail!(
+            "{} of {n} runs failed; the others are kept, and re-running the sweep retries only these:\n  {}",
+            outcome.failed.len(),
+            list.join("\n  ")
+        );
+    }
+    if r.only.is_empty() {
+        report(std::slice::from_ref(&out), &Default::default(), "md", None)?;
+    }
+    Ok(())
+}
+
+/// `plexus report PATH... [--by K,…] [--metric M,…] [--baseline K=V] [--curves …] [--format md|csv|latex] [--out DIR]`.
+pub fn report(
+    paths: &[PathBuf],
+    options: &crate::study::ReportOptions,
+    format: &str,
+    out: Option<&Path>,
+) -> Result<()> {
+    let r = crate::study::build(paths, options)?;
+    let md = crate::report::study_markdown(&r);
+    let csv = crate::report::study_csv(&r)?;
+    let tex = crate::report::study_latex(&r);
+    print!(
+        "{}",
+        match format {
+            "csv" => &csv,
+            "latex" => &tex,
+            _ => &md,
+        }
+    );
+    let out = out.map(Path::to_path_buf).or_else(|| match paths {
+        [one] if !one.join("config.yaml").is_file() => Some(one.join("report")),
+        _ => None,
+    });
+    if let Some(out) = out {
+        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+        for (name, text) in [("report.md", &md), ("report.csv", &csv), ("report.tex", &tex)] {
+            crate::run_dir::atomic_write(&out.join(name), text.as_bytes())?;
+        }
+        let figures = crate::plot::study::band_curves(&r, &out)?;
+        eprintln!(
+            "report: {} (report.md, report.csv, report.tex){}",
+            out.display(),
+            if figures.is_empty() { String::new() } else { format!(", {} figures (curve-*.png, .svg)", figures.len()) }
+        );
+    }
     Ok(())
 }

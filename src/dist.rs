@@ -263,7 +263,7 @@ pub fn launch(nproc: usize) -> Result<()> {
 }
 
 /// Has the child started by `cmd` receive SIGTERM when this process dies, however it dies.
-fn stop_with_parent(cmd: &mut std::process::Command) {
+pub fn stop_with_parent(cmd: &mut std::process::Command) {
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt;

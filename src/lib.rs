@@ -27,6 +27,7 @@ pub mod report;
 pub mod rl;
 pub mod run_dir;
 pub mod sets;
+pub mod study;
 pub mod task;
 pub mod topology;
 pub mod torch_panic;

@@ -354,6 +354,193 @@ pub fn print_compare(case: &str, rows: &[crate::bench::CompareRow]) -> String {
     text
 }
 
+// ---- `plexus report`: a study's tables (markdown, CSV, LaTeX).
+
+/// A number with four significant digits (an exponent below 10⁻³ and from 10⁶).
+pub fn sig4(x: f64) -> String {
+    if !x.is_finite() {
+        return "—".into();
+    }
+    if x == 0.0 {
+        return "0".into();
+    }
+    if x.abs() < 1e-3 || x.abs() >= 1e6 {
+        return format!("{x:.3e}");
+    }
+    let digits = (3 - x.abs().log10().floor() as i32).clamp(0, 6) as usize;
+    format!("{x:.digits$}")
+}
+
+fn mean_sd(s: &crate::study::stats::Stats) -> String {
+    match s.n {
+        1 => sig4(s.mean),
+        _ => format!("{} ± {}", sig4(s.mean), sig4(s.sd)),
+    }
+}
+
+fn interval(ci: Option<(f64, f64)>) -> String {
+    ci.map_or("—".into(), |(lo, hi)| format!("[{}, {}]", sig4(lo), sig4(hi)))
+}
+
+fn seeds_of(r: &crate::study::StudyReport, g: &crate::study::GroupResult) -> String {
+    let mut s: Vec<u64> = g.runs.iter().filter_map(|&i| r.runs[i].seed()).collect();
+    s.sort();
+    s.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// The report as markdown: a table of mean ± sd per setting and metric, then each metric's
+/// 95 % interval and, with a baseline, the paired difference on shared seeds.
+pub fn study_markdown(r: &crate::study::StudyReport) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let by = if r.by.is_empty() { "all runs".to_string() } else { r.by.join(", ") };
+    let _ = writeln!(
+        s,
+        "{} finished runs, grouped by {by}; cells are mean ± standard deviation over the runs (seeds) of a setting.",
+        r.runs.len()
+    );
+    if !r.unfinished.is_empty() {
+        let _ = writeln!(s, "\n{} runs not finished, left out: {}", r.unfinished.len(), names(&r.unfinished));
+    }
+    let key_cols: Vec<String> = if r.by.is_empty() { vec!["runs".into()] } else { r.by.clone() };
+    let key_of = |g: &crate::study::GroupResult| if r.by.is_empty() { vec!["all".to_string()] } else { g.key.clone() };
+    let _ = writeln!(s, "\n| {} | n | seeds | {} |", key_cols.join(" | "), r.metrics.join(" | "));
+    let _ = writeln!(s, "|{}", "---|".repeat(key_cols.len() + 2 + r.metrics.len()));
+    for g in &r.groups {
+        let cells: Vec<String> = g.stats.iter().map(mean_sd).collect();
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} |",
+            key_of(g).join(" | "),
+            g.runs.len(),
+            seeds_of(r, g),
+            cells.join(" | ")
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n95 % intervals of the mean (Student t over the runs of a setting){}:",
+        match &r.baseline {
+            Some((k, v)) => format!("; Δ: this setting − {k}={v} on the same seeds (paired t-test)"),
+            None => String::new(),
+        }
+    );
+    let mut head = format!("\n| {} | metric | n | mean | 95 % CI |", key_cols.join(" | "));
+    if r.baseline.is_some() {
+        head.push_str(" Δ (pairs) | Δ 95 % CI | p |");
+    }
+    let _ = writeln!(s, "{head}");
+    let _ = writeln!(s, "|{}", "---|".repeat(key_cols.len() + 4 + if r.baseline.is_some() { 3 } else { 0 }));
+    for g in &r.groups {
+        for (m, (st, d)) in r.metrics.iter().zip(g.stats.iter().zip(&g.vs_baseline)) {
+            let mut row =
+                format!("| {} | {m} | {} | {} | {} |", key_of(g).join(" | "), st.n, sig4(st.mean), interval(st.ci95));
+            if r.baseline.is_some() {
+                row.push_str(&match d {
+                    Some(p) => format!(
+                        " {} ({}) | {} | {} |",
+                        sig4(p.diff.mean),
+                        p.diff.n,
+                        interval(p.diff.ci95),
+                        p.p.map_or("—".into(), |p| format!("{p:.3}"))
+                    ),
+                    None if g.baseline_key.is_none() => " baseline | | |".into(),
+                    None => " no shared seeds | | |".into(),
+                });
+            }
+            let _ = writeln!(s, "{row}");
+        }
+    }
+    s
+}
+
+fn names(dirs: &[std::path::PathBuf]) -> String {
+    dirs.iter()
+        .map(|d| d.file_name().map_or(d.display().to_string(), |n| n.to_string_lossy().into_owned()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The report as CSV, one row per setting and metric (machine-readable: full precision, empty
+/// cells where a statistic does not exist).
+pub fn study_csv(r: &crate::study::StudyReport) -> Result<String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let mut head: Vec<String> = r.by.clone();
+    head.extend(
+        [
+            "metric",
+            "n",
+            "mean",
+            "sd",
+            "ci95_low",
+            "ci95_high",
+            "diff_n",
+            "diff_mean",
+            "diff_sd",
+            "diff_ci95_low",
+            "diff_ci95_high",
+            "p",
+        ]
+        .map(String::from),
+    );
+    w.write_record(&head)?;
+    let num = |x: Option<f64>| x.filter(|v| v.is_finite()).map_or(String::new(), |v| v.to_string());
+    for g in &r.groups {
+        for (m, (st, d)) in r.metrics.iter().zip(g.stats.iter().zip(&g.vs_baseline)) {
+            let mut row = g.key.clone();
+            row.push(m.clone());
+            row.push(st.n.to_string());
+            row.extend([Some(st.mean), Some(st.sd), st.ci95.map(|c| c.0), st.ci95.map(|c| c.1)].map(num));
+            match d {
+                Some(p) => {
+                    row.push(p.diff.n.to_string());
+                    row.extend(
+                        [Some(p.diff.mean), Some(p.diff.sd), p.diff.ci95.map(|c| c.0), p.diff.ci95.map(|c| c.1), p.p]
+                            .map(num),
+                    );
+                }
+                None => row.extend(std::iter::repeat_n(String::new(), 6)),
+            }
+            w.write_record(&row)?;
+        }
+    }
+    Ok(String::from_utf8(w.into_inner()?)?)
+}
+
+fn tex(s: &str) -> String {
+    s.replace('\\', "\\textbackslash{}").replace('_', "\\_").replace('%', "\\%").replace('&', "\\&").replace('#', "\\#")
+}
+
+/// The report as a LaTeX (booktabs) table: one row per setting, `mean ± sd` per metric.
+pub fn study_latex(r: &crate::study::StudyReport) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let keys = r.by.len().max(1);
+    let _ = writeln!(s, "% plexus report: mean ± standard deviation over seeds; needs \\usepackage{{booktabs}}");
+    let _ = writeln!(s, "\\begin{{tabular}}{{{}r{}}}", "l".repeat(keys), "c".repeat(r.metrics.len()));
+    let _ = writeln!(s, "\\toprule");
+    let key_cols: Vec<String> =
+        if r.by.is_empty() { vec!["runs".into()] } else { r.by.iter().map(|k| tex(k)).collect() };
+    let metric_cols: Vec<String> = r.metrics.iter().map(|m| tex(m)).collect();
+    let _ = writeln!(s, "{} & $n$ & {} \\\\", key_cols.join(" & "), metric_cols.join(" & "));
+    let _ = writeln!(s, "\\midrule");
+    for g in &r.groups {
+        let key: Vec<String> =
+            if r.by.is_empty() { vec!["all".into()] } else { g.key.iter().map(|k| tex(k)).collect() };
+        let cells: Vec<String> = g
+            .stats
+            .iter()
+            .map(|st| match st.n {
+                1 => format!("${}$", sig4(st.mean)),
+                _ => format!("${} \\pm {}$", sig4(st.mean), sig4(st.sd)),
+            })
+            .collect();
+        let _ = writeln!(s, "{} & {} & {} \\\\", key.join(" & "), g.runs.len(), cells.join(" & "));
+    }
+    let _ = writeln!(s, "\\bottomrule\n\\end{{tabular}}");
+    s
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -22,7 +22,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("models", &["model"]),
     ("experiment", &["experiment"]),
     ("trainers", &["train", "rl"]),
-    ("uses of trained runs", &["analysis", "diffusion", "fd"]),
+    ("uses of trained runs", &["analysis", "diffusion", "fd", "study"]),
     ("outputs", &["bench", "plot", "report", "parity", "doctor"]),
     ("commands", &["commands"]),
     ("command line", &["cli"]),

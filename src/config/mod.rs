@@ -344,6 +344,19 @@ pub fn other_verb(e: ConfigError, source: &str, file: &Path, verb: Verb) -> Conf
     check_verb(source, file, verb).err().unwrap_or(e)
 }
 
+/// The verb a config's text is for: `plexus rl` when it has `env`, `network` or `crl` and neither
+/// `model` nor `data`; else `plexus train` (whose parser then reports what is wrong).
+pub fn verb_of(source: &str) -> Verb {
+    let Ok(serde_yaml::Value::Mapping(m)) = serde_yaml::from_str::<serde_yaml::Value>(source) else {
+        return Verb::Train;
+    };
+    let has = |k: &str| m.contains_key(k);
+    match (has("env") || has("network") || has("crl"), has("model") || has("data")) {
+        (true, false) => Verb::Rl,
+        _ => Verb::Train,
+    }
+}
+
 fn check_verb(source: &str, file: &Path, verb: Verb) -> Result<(), ConfigError> {
     let Ok(serde_yaml::Value::Mapping(m)) = serde_yaml::from_str::<serde_yaml::Value>(source) else { return Ok(()) };
     let has = |k: &str| m.contains_key(k);

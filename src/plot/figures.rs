@@ -48,7 +48,7 @@ fn curves(runs: &[PlotRun], points: impl Fn(&RunDir) -> Result<Vec<(f64, f64)>>)
     for r in runs {
         let pts = points(&RunDir::new(&r.dir))?;
         if !pts.is_empty() {
-            v.push(Series { label: r.label.clone(), points: pts, color: Some(r.color) });
+            v.push(Series { label: r.label.clone(), points: pts, color: Some(r.color), band: None });
         }
     }
     Ok(v)
@@ -120,12 +120,13 @@ pub fn gamma_delta(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
                 label: r.label.clone(),
                 points: g.iter().map(|&(s, v)| (s as f64, v)).collect(),
                 color: Some(r.color),
+                band: None,
             });
         }
         if w.len() > 1 {
             let d = analysis::delta_series(&w);
             let pts = d.iter().filter(|(_, v)| *v > 0.0).map(|&(s, v)| (s as f64, v)).collect();
-            delta.push(Series { label: r.label.clone(), points: pts, color: Some(r.color) });
+            delta.push(Series { label: r.label.clone(), points: pts, color: Some(r.color), band: None });
         }
     }
     let mut files = chart("Total connectivity strength Γ = ‖a‖₂/√L", "step", "Γ", false, gamma, &out.join("gamma"))?;
@@ -195,7 +196,7 @@ pub fn analysis_curves(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
                 (*l, v.iter().sum::<f64>() / v.len() as f64)
             })
             .collect();
-        noise.push(Series { label: r.label.clone(), points: mean, color: Some(r.color) });
+        noise.push(Series { label: r.label.clone(), points: mean, color: Some(r.color), band: None });
     }
     files.extend(chart(
         "Robustness to input noise (mean over repeats)",

@@ -3,6 +3,7 @@
 
 pub mod figures;
 pub mod rl;
+pub mod study;
 
 use anyhow::{anyhow, Result};
 use plotters::coord::Shift;
@@ -43,6 +44,8 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
     /// Line colour; `None` takes the palette in order.
     pub color: Option<RGBColor>,
+    /// A shaded band around the line, `(low, high)` at each point (e.g. mean ± sd over seeds).
+    pub band: Option<Vec<(f64, f64)>>,
 }
 
 /// The colour of a topology, the same in every figure: residual blue, ACN orange, H-ACN green,
@@ -100,8 +103,13 @@ where
 {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing: {e:?}");
     root.fill(&WHITE).map_err(err)?;
-    let all: Vec<(f64, f64)> = chart.series.iter().flat_map(|s| s.points.iter().cloned()).collect();
+    let mut all: Vec<(f64, f64)> = chart.series.iter().flat_map(|s| s.points.iter().cloned()).collect();
     anyhow::ensure!(!all.is_empty(), "nothing to plot: no data points");
+    for s in &chart.series {
+        for (&(x, _), &(lo, hi)) in s.points.iter().zip(s.band.iter().flatten()) {
+            all.extend([(x, lo), (x, hi)]);
+        }
+    }
     let x_max = all.iter().map(|p| p.0).fold(f64::MIN, f64::max).max(1.0);
     let x_min = all.iter().map(|p| p.0).fold(f64::MAX, f64::min).min(0.0);
     let mut builder = ChartBuilder::on(root);
@@ -132,6 +140,10 @@ where
             .map_err(err)?;
         for (i, s) in chart.series.iter().enumerate() {
             let color = s.color.unwrap_or(PALETTE[i % PALETTE.len()]);
+            let clamp = |y: f64| if y > 0.0 { y } else { floor };
+            if let Some(poly) = band_polygon(s, clamp) {
+                ctx.draw_series(std::iter::once(Polygon::new(poly, color.mix(0.2).filled()))).map_err(err)?;
+            }
             let pts = s.points.iter().map(|&(x, y)| (x, if y > 0.0 { y } else { floor }));
             ctx.draw_series(LineSeries::new(pts, color.stroke_width(3)))
                 .map_err(err)?
@@ -154,6 +166,9 @@ where
             .map_err(err)?;
         for (i, s) in chart.series.iter().enumerate() {
             let color = s.color.unwrap_or(PALETTE[i % PALETTE.len()]);
+            if let Some(poly) = band_polygon(s, |y| y) {
+                ctx.draw_series(std::iter::once(Polygon::new(poly, color.mix(0.2).filled()))).map_err(err)?;
+            }
             ctx.draw_series(LineSeries::new(s.points.iter().cloned(), color.stroke_width(3)))
                 .map_err(err)?
                 .label(&s.label)
@@ -162,6 +177,14 @@ where
         legend(&mut ctx).map_err(err)?;
     }
     Ok(())
+}
+
+/// The outline of a series' band: along the upper edge, back along the lower one.
+fn band_polygon(s: &Series, y: impl Fn(f64) -> f64) -> Option<Vec<(f64, f64)>> {
+    let band = s.band.as_ref().filter(|b| b.len() == s.points.len() && b.len() > 1)?;
+    let upper = s.points.iter().zip(band).map(|(&(x, _), &(_, hi))| (x, y(hi)));
+    let lower = s.points.iter().zip(band).rev().map(|(&(x, _), &(lo, _))| (x, y(lo)));
+    Some(upper.chain(lower).collect())
 }
 
 fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(

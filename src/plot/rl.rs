@@ -47,7 +47,7 @@ pub fn success(runs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
         let points = success_curve(dir)?;
         x_max = points.iter().map(|p| p.0).fold(x_max, f64::max);
         let label = format!("{} ({}, depth {})", exp.config.name, kind, exp.config.network.depth);
-        series.push(Series { label, points, color: Some(color) });
+        series.push(Series { label, points, color: Some(color), band: None });
         if let Ok(text) = std::fs::read_to_string(dir.join("summary.json")) {
             if let Ok(s) = serde_json::from_str::<RlSummary>(&text) {
                 random.push(s.random_success);
@@ -66,6 +66,7 @@ pub fn success(runs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
                 label: label.into(),
                 points: vec![(0.0, r), (x_max, r)],
                 color: Some(plotters::style::RGBColor(grey, grey, grey)),
+                band: None,
             });
         }
     }

@@ -170,7 +170,7 @@ fn divergence(stats: &[tch::Tensor], first_update: u64, agent: &Agent) -> Option
 }
 
 /// What a resumed `plexus rl` run may change: `train.env_steps` (growing) and checkpointing.
-const RESUME_POLICY: lifecycle::ResumePolicy = lifecycle::ResumePolicy {
+pub const RESUME_POLICY: lifecycle::ResumePolicy = lifecycle::ResumePolicy {
     length: "train.env_steps",
     may_change: |k| k == "log.checkpoint_every" || k == "log.keep_checkpoints",
     describe: "log.checkpoint_every, log.keep_checkpoints",

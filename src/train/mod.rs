@@ -428,7 +428,7 @@ fn sync_report(name: &str, host_reads: &[u64], device_syncs: &[u64]) -> String {
 /// What a resumed `plexus train` run may change (the config's own rule, [`ResumeDiff::between`]).
 ///
 /// [`ResumeDiff::between`]: crate::config::ResumeDiff::between
-const RESUME_POLICY: lifecycle::ResumePolicy = lifecycle::ResumePolicy {
+pub const RESUME_POLICY: lifecycle::ResumePolicy = lifecycle::ResumePolicy {
     length: crate::config::RUN_LENGTH_KEY,
     may_change: crate::config::may_change_on_resume,
     describe: "log.* (and train.cuda_graphs)",

@@ -1,0 +1,215 @@
+//! Reading finished runs for a report: each run's config (flattened to `a.b.c` keys), its final
+//! and best metrics, and its curves; grouping runs by config keys.
+
+use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// A finished run as a report sees it.
+#[derive(Debug, Clone)]
+pub struct RunRecord {
+    pub dir: PathBuf,
+    /// Every scalar of `config.yaml`, keyed `section.key` (lists as `key[i]`), as text.
+    pub config: BTreeMap<String, String>,
+    /// `summary.json`'s numbers keyed the same way (`final_loss`, `eval.accuracy`, `gamma`,
+    /// `success`, …), and `best.<eval.csv column>`: the best value over the run's evaluations
+    /// (highest for accuracy and success, lowest otherwise).
+    pub metrics: BTreeMap<String, f64>,
+}
+
+impl RunRecord {
+    pub fn seed(&self) -> Option<u64> {
+        self.config.get("seed").and_then(|s| s.parse().ok())
+    }
+}
+
+/// Numbers of a summary that describe the run's bookkeeping or speed, not what it learned: not
+/// shown unless asked for.
+const NOT_RESULTS: &[&str] = &[
+    "steps",
+    "eval.step",
+    "num_params",
+    "params",
+    "wall_seconds",
+    "seconds",
+    "samples_per_second",
+    "tokens_per_second",
+    "resumed_from",
+    "env_steps",
+    "updates",
+    "depth",
+    "units",
+];
+
+/// Whether a larger value of `metric` is better (accuracy, success, time at the goal).
+pub fn higher_is_better(metric: &str) -> bool {
+    ["accuracy", "success", "time_at_goal"].iter().any(|m| metric.ends_with(m))
+}
+
+/// The run directories `paths` stand for, in order: a sweep folder (`sweep.json`) for its runs,
+/// a run directory (`config.yaml`) for itself, any other directory for the run directories
+/// directly inside it (sorted).
+pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for p in paths {
+        if p.join(super::MANIFEST).is_file() {
+            out.extend(super::Manifest::read(p)?.runs.iter().map(|r| p.join(&r.name)));
+        } else if p.join("config.yaml").is_file() {
+            out.push(p.clone());
+        } else if p.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(p)
+                .with_context(|| format!("reading {}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|d| d.join("config.yaml").is_file())
+                .collect();
+            if found.is_empty() {
+                bail!(
+                    "{}: neither a sweep folder (sweep.json), a run directory (config.yaml) nor a folder of runs",
+                    p.display()
+                );
+            }
+            found.sort();
+            out.extend(found);
+        } else {
+            bail!("{}: no such directory (give run directories or sweep folders)", p.display());
+        }
+    }
+    Ok(out)
+}
+
+/// Reads a run; `Ok(None)` when it has not finished (no `summary.json`).
+pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
+    let summary = dir.join("summary.json");
+    if !summary.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(dir.join("config.yaml"))
+        .with_context(|| format!("reading {}", dir.join("config.yaml").display()))?;
+    let yaml: serde_yaml::Value =
+        serde_yaml::from_str(&text).with_context(|| format!("parsing {}", dir.join("config.yaml").display()))?;
+    let mut config = BTreeMap::new();
+    flatten_yaml(&yaml, "", &mut config);
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&summary).with_context(|| format!("reading {}", summary.display()))?,
+    )
+    .with_context(|| format!("parsing {}", summary.display()))?;
+    let mut metrics = BTreeMap::new();
+    flatten_json(&json, "", &mut metrics);
+    metrics.retain(|k, _| !NOT_RESULTS.contains(&k.as_str()));
+    let eval = dir.join("eval.csv");
+    if eval.is_file() {
+        let (cols, rows) = read_csv(&eval)?;
+        for (c, name) in cols.iter().enumerate().filter(|(_, n)| *n != "step") {
+            let vals = rows.iter().filter_map(|r| r[c]);
+            let best =
+                if higher_is_better(name) { vals.fold(f64::NAN, f64::max) } else { vals.fold(f64::NAN, f64::min) };
+            if best.is_finite() {
+                metrics.insert(format!("best.eval.{name}"), best);
+            }
+        }
+    }
+    Ok(Some(RunRecord { dir: dir.to_path_buf(), config, metrics }))
+}
+
+fn flatten_yaml(v: &serde_yaml::Value, prefix: &str, out: &mut BTreeMap<String, String>) {
+    use serde_yaml::Value as V;
+    let join = |k: &str| if prefix.is_empty() { k.to_string() } else { format!("{prefix}.{k}") };
+    match v {
+        V::Mapping(m) => {
+            for (k, v) in m {
+                let key = match k {
+                    V::String(s) => s.clone(),
+                    other => serde_yaml::to_string(other).unwrap_or_default().trim().to_string(),
+                };
+                flatten_yaml(v, &join(&key), out);
+            }
+        }
+        V::Sequence(s) => {
+            for (i, v) in s.iter().enumerate() {
+                flatten_yaml(v, &format!("{prefix}[{i}]"), out);
+            }
+        }
+        V::String(s) => drop(out.insert(prefix.to_string(), s.clone())),
+        V::Number(n) => drop(out.insert(prefix.to_string(), n.to_string())),
+        V::Bool(b) => drop(out.insert(prefix.to_string(), b.to_string())),
+        V::Null => drop(out.insert(prefix.to_string(), "null".into())),
+        V::Tagged(t) => flatten_yaml(&t.value, prefix, out),
+    }
+}
+
+fn flatten_json(v: &serde_json::Value, prefix: &str, out: &mut BTreeMap<String, f64>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                flatten_json(v, &if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") }, out);
+            }
+        }
+        serde_json::Value::Number(n) => {
+            if let Some(x) = n.as_f64() {
+                out.insert(prefix.to_string(), x);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A CSV of numbers: its header, and its rows (an empty or non-numeric cell is `None`).
+type NumberTable = (Vec<String>, Vec<Vec<Option<f64>>>);
+
+fn read_csv(path: &Path) -> Result<NumberTable> {
+    let mut r = csv::Reader::from_path(path).with_context(|| format!("reading {}", path.display()))?;
+    let cols: Vec<String> =
+        r.headers().with_context(|| format!("reading {}", path.display()))?.iter().map(String::from).collect();
+    let mut rows = Vec::new();
+    for rec in r.records() {
+        let rec = rec.with_context(|| format!("reading {}", path.display()))?;
+        rows.push((0..cols.len()).map(|i| rec.get(i).and_then(|c| c.parse::<f64>().ok())).collect());
+    }
+    Ok((cols, rows))
+}
+
+/// The curve `name` of a run, as `(step, value)`: `eval.<column>` from `eval.csv`, any other
+/// name a column of `metrics.csv` (`loss`, `gamma`, `grad_norm`; `success` of RL runs, against
+/// environment steps). Empty when the run does not log it.
+pub fn curve(dir: &Path, name: &str) -> Result<Vec<(f64, f64)>> {
+    let (file, col) = match name.strip_prefix("eval.") {
+        Some(c) => ("eval.csv", c),
+        None => ("metrics.csv", name),
+    };
+    let path = dir.join(file);
+    if !path.is_file() {
+        return Ok(vec![]);
+    }
+    let (cols, rows) = read_csv(&path)?;
+    let (Some(y), Some(x)) = (
+        cols.iter().position(|c| c == col),
+        cols.iter().position(|c| c == "step").or_else(|| cols.iter().position(|c| c == "env_steps")),
+    ) else {
+        return Ok(vec![]);
+    };
+    Ok(rows.iter().filter_map(|r| Some((r[x]?, r[y]?))).collect())
+}
+
+/// The config keys whose values differ between `runs` (a key missing from a run counts as a
+/// value), except `seed`, `name` where configs share one, and the `log.*` keys.
+pub fn varying_keys(runs: &[RunRecord]) -> Vec<String> {
+    let mut keys: Vec<String> = runs.iter().flat_map(|r| r.config.keys().cloned()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.retain(|k| k != "seed" && !k.starts_with("log."));
+    keys.retain(|k| runs.iter().any(|r| r.config.get(k) != runs[0].config.get(k)));
+    keys
+}
+
+/// Runs grouped by the values of `by` (in the order groups first appear).
+pub fn group(runs: &[RunRecord], by: &[String]) -> Vec<(Vec<String>, Vec<usize>)> {
+    let mut groups: Vec<(Vec<String>, Vec<usize>)> = Vec::new();
+    for (i, r) in runs.iter().enumerate() {
+        let key: Vec<String> = by.iter().map(|k| r.config.get(k).cloned().unwrap_or_else(|| "—".into())).collect();
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((key, vec![i])),
+        }
+    }
+    groups
+}

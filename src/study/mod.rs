@@ -1,0 +1,257 @@
+//! Studies over seeds: `plexus sweep` plans a grid of configs × `--set` values × seeds and runs
+//! each point as an ordinary run directory under one sweep folder ([`spec`], [`runner`]);
+//! `plexus report` reads finished runs back, groups them by config keys and gives each metric's
+//! mean, standard deviation, n and 95 % interval, and the paired difference against a baseline
+//! on the same seeds ([`collect`], [`stats`]).
+
+pub mod collect;
+pub mod runner;
+pub mod spec;
+pub mod stats;
+
+use anyhow::{bail, Context, Result};
+use collect::RunRecord;
+use serde::{Deserialize, Serialize};
+use spec::{PlannedRun, ReportSpec, SweepSpec};
+use stats::{Paired, Stats};
+use std::path::{Path, PathBuf};
+
+/// The file in a sweep folder that records its spec and runs.
+pub const MANIFEST: &str = "sweep.json";
+
+/// A sweep folder's record: the spec as resolved (absolute config paths, flags merged) and the
+/// runs it plans, each in `<folder>/<name>`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub spec: SweepSpec,
+    pub runs: Vec<PlannedRun>,
+}
+
+impl Manifest {
+    pub fn read(dir: &Path) -> Result<Self> {
+        let path = dir.join(MANIFEST);
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{}: not a sweep record (damaged?)", path.display()))
+    }
+
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        crate::run_dir::atomic_write(&dir.join(MANIFEST), serde_json::to_string_pretty(self)?.as_bytes())
+    }
+}
+
+/// What to report; `None`/empty fields fall back to the sweep's `report:` section, then to
+/// defaults (see [`ReportSpec`]).
+pub type ReportOptions = ReportSpec;
+
+/// One group of runs (one setting) and its statistics.
+#[derive(Debug, Clone)]
+pub struct GroupResult {
+    /// The values of the grouping keys.
+    pub key: Vec<String>,
+    /// Indices into [`StudyReport::runs`].
+    pub runs: Vec<usize>,
+    /// Per metric: its statistics over the group's runs.
+    pub stats: Vec<Stats>,
+    /// Per metric: the paired difference (this group − the baseline group) on shared seeds;
+    /// `None` for the baseline itself, or without a baseline or shared seeds.
+    pub vs_baseline: Vec<Option<Paired>>,
+    /// The baseline group's key, when this group has one.
+    pub baseline_key: Option<Vec<String>>,
+}
+
+/// A report over runs: groups by config keys, a statistic per metric.
+#[derive(Debug, Clone)]
+pub struct StudyReport {
+    pub by: Vec<String>,
+    pub metrics: Vec<String>,
+    /// `(key, value)` of the baseline setting.
+    pub baseline: Option<(String, String)>,
+    pub groups: Vec<GroupResult>,
+    pub runs: Vec<RunRecord>,
+    /// Runs found but not finished (no `summary.json`): left out.
+    pub unfinished: Vec<PathBuf>,
+    /// Curves to draw with a band over seeds.
+    pub curves: Vec<String>,
+}
+
+/// Metrics a table shows by default, in this order, when every run has them.
+const PREFERRED: &[&str] = &[
+    "eval.accuracy",
+    "best.eval.accuracy",
+    "eval.perplexity",
+    "eval.loss",
+    "best.eval.loss",
+    "final_loss",
+    "steps_to_1e3",
+    "gamma",
+    "success",
+    "time_at_goal",
+    "straight_success",
+    "random_success",
+];
+
+/// Reads the runs `paths` stand for (see [`collect::find_runs`]) and computes the report.
+pub fn build(paths: &[PathBuf], opts: &ReportOptions) -> Result<StudyReport> {
+    // A single sweep folder's own report section fills what the options leave open.
+    let (from_sweep, axes) = match paths {
+        [one] if one.join(MANIFEST).is_file() => {
+            let m = Manifest::read(one)?;
+            // The sweep's axes: its configs (by their `name`) and its grid keys.
+            let mut axes: Vec<String> = if m.spec.configs.len() > 1 { vec!["name".into()] } else { vec![] };
+            axes.extend(m.spec.grid.keys().filter_map(|k| k.as_str().map(String::from)));
+            (m.spec.report, axes)
+        }
+        _ => (ReportSpec::default(), vec![]),
+    };
+    let pick = |a: &Vec<String>, b: &Vec<String>| if a.is_empty() { b.clone() } else { a.clone() };
+    let dirs = collect::find_runs(paths)?;
+    let mut runs = Vec::new();
+    let mut unfinished = Vec::new();
+    for d in dirs {
+        match collect::read_run(&d)? {
+            Some(r) => runs.push(r),
+            None => unfinished.push(d),
+        }
+    }
+    if runs.is_empty() {
+        bail!(
+            "no finished run (with summary.json) among {} run director{}{}",
+            unfinished.len(),
+            if unfinished.len() == 1 { "y" } else { "ies" },
+            unfinished.first().map(|d| format!(", e.g. {}", d.display())).unwrap_or_default()
+        );
+    }
+    let mut by = pick(&opts.by, &pick(&from_sweep.by, &axes));
+    if by.is_empty() {
+        by = collect::varying_keys(&runs);
+    }
+    for k in &by {
+        if !runs.iter().any(|r| r.config.contains_key(k)) {
+            bail!("--by {k}: no run's config has this key (keys are written as in --set, e.g. topology.init.mu)");
+        }
+    }
+    let metrics = match pick(&opts.metrics, &from_sweep.metrics) {
+        m if !m.is_empty() => {
+            for name in &m {
+                if let Some(r) = runs.iter().find(|r| !r.metrics.contains_key(name)) {
+                    let have: Vec<&String> = r.metrics.keys().collect();
+                    bail!(
+                        "--metric {name}: run {} has no such metric; it has: {}",
+                        r.dir.display(),
+                        have.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                    );
+                }
+            }
+            m
+        }
+        _ => {
+            let common = |m: &str| runs.iter().all(|r| r.metrics.contains_key(m));
+            let mut m: Vec<String> = PREFERRED.iter().filter(|m| common(m)).map(|s| s.to_string()).collect();
+            if m.is_empty() {
+                m = runs[0].metrics.keys().filter(|k| common(k)).cloned().collect();
+            }
+            m
+        }
+    };
+    let baseline = match opts.baseline.clone().or(from_sweep.baseline) {
+        None => None,
+        Some(b) => {
+            let Some((k, v)) = b.split_once('=') else {
+                bail!("--baseline {b}: expected KEY=VALUE, e.g. --baseline topology.kind=residual");
+            };
+            let (k, v) = (k.trim().to_string(), v.trim().to_string());
+            let Some(pos) = by.iter().position(|x| *x == k) else {
+                bail!("--baseline {b}: `{k}` is not one of the keys the runs are grouped by ({})", by.join(", "));
+            };
+            if !runs.iter().any(|r| r.config.get(&by[pos]) == Some(&v)) {
+                let mut seen: Vec<&String> = runs.iter().filter_map(|r| r.config.get(&k)).collect();
+                seen.sort();
+                seen.dedup();
+                bail!(
+                    "--baseline {b}: no run has {k} = {v}; the runs have {}",
+                    seen.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                );
+            }
+            Some((k, v))
+        }
+    };
+    let mut curves = pick(&opts.curves, &from_sweep.curves);
+    if curves.is_empty() {
+        curves = ["loss", "gamma", "success"]
+            .into_iter()
+            .filter(|c| runs.iter().all(|r| collect::curve(&r.dir, c).is_ok_and(|p| !p.is_empty())))
+            .map(String::from)
+            .collect();
+    }
+    let grouped = collect::group(&runs, &by);
+    let groups = grouped
+        .iter()
+        .map(|(key, members)| {
+            let stats = metrics
+                .iter()
+                .map(|m| stats::describe(&members.iter().map(|&i| runs[i].metrics[m]).collect::<Vec<_>>()))
+                .collect();
+            let baseline_key = baseline.as_ref().and_then(|(k, v)| {
+                let pos = by.iter().position(|x| x == k)?;
+                if key[pos] == *v {
+                    return None;
+                }
+                let mut bk = key.clone();
+                bk[pos] = v.clone();
+                Some(bk)
+            });
+            let partner = baseline_key.as_ref().and_then(|bk| grouped.iter().find(|(k, _)| k == bk));
+            let vs_baseline = metrics
+                .iter()
+                .map(|m| {
+                    let (_, base) = partner?;
+                    let pairs: Vec<(f64, f64)> = members
+                        .iter()
+                        .filter_map(|&i| {
+                            let s = runs[i].seed()?;
+                            let j = base.iter().find(|&&j| runs[j].seed() == Some(s))?;
+                            Some((runs[i].metrics[m], runs[*j].metrics[m]))
+                        })
+                        .collect();
+                    (!pairs.is_empty()).then(|| stats::paired(&pairs))
+                })
+                .collect();
+            GroupResult { key: key.clone(), runs: members.clone(), stats, vs_baseline, baseline_key }
+        })
+        .collect();
+    Ok(StudyReport { by, metrics, baseline, groups, runs, unfinished, curves })
+}
+
+/// The curve `name` of a group over its runs: at each step every run logged, the mean and the
+/// mean ± one standard deviation, as `(step, mean, low, high)`. With `log`, the same in log space
+/// (geometric mean, × and ÷ the geometric standard deviation), for curves drawn on a log axis
+/// whose values span decades (values ≤ 0 are left out there).
+pub fn band(report: &StudyReport, group: &GroupResult, name: &str, log: bool) -> Result<Vec<(f64, f64, f64, f64)>> {
+    let curves: Vec<std::collections::BTreeMap<u64, f64>> = group
+        .runs
+        .iter()
+        .map(|&i| Ok(collect::curve(&report.runs[i].dir, name)?.into_iter().map(|(x, y)| (x as u64, y)).collect()))
+        .collect::<Result<_>>()?;
+    if curves.iter().any(|c| c.is_empty()) {
+        return Ok(vec![]);
+    }
+    let steps: Vec<u64> = curves[0].keys().filter(|s| curves.iter().all(|c| c.contains_key(s))).cloned().collect();
+    Ok(steps
+        .into_iter()
+        .filter_map(|s| {
+            let ys: Vec<f64> = curves.iter().map(|c| c[&s]).collect();
+            if log {
+                let logs: Vec<f64> = ys.iter().filter(|y| **y > 0.0).map(|y| y.ln()).collect();
+                if logs.is_empty() {
+                    return None;
+                }
+                let st = stats::describe(&logs);
+                let sd = if st.sd.is_finite() { st.sd } else { 0.0 };
+                return Some((s as f64, st.mean.exp(), (st.mean - sd).exp(), (st.mean + sd).exp()));
+            }
+            let st = stats::describe(&ys);
+            let sd = if st.sd.is_finite() { st.sd } else { 0.0 };
+            Some((s as f64, st.mean, st.mean - sd, st.mean + sd))
+        })
+        .collect())
+}

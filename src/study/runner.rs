@@ -1,0 +1,341 @@
+//! Running a sweep: each planned run in its own `plexus train|rl` process, on free slots (CPU
+//! jobs, or one run per GPU), skipping finished runs and resuming killed ones; or a Slurm job
+//! array that runs each one as a task.
+
+use super::spec::PlannedRun;
+use super::Manifest;
+use crate::run_dir::RunDir;
+use crate::train::lifecycle::{self, ResumePolicy};
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where runs go: `n` at a time on the CPU, or one per GPU (the ids CUDA_VISIBLE_DEVICES gets).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Slots {
+    Cpu(usize),
+    Gpus(Vec<String>),
+}
+
+impl Slots {
+    fn count(&self) -> usize {
+        match self {
+            Slots::Cpu(n) => *n,
+            Slots::Gpus(g) => g.len(),
+        }
+    }
+}
+
+/// The GPUs of `--gpus all|0,1,…`: positions in CUDA_VISIBLE_DEVICES when it is set (so `all`
+/// is exactly the GPUs the job was given), else device ordinals; `count` is how many CUDA
+/// devices this process sees.
+pub fn gpu_slots(arg: &str, visible: Option<&str>, count: usize) -> Result<Vec<String>> {
+    let visible: Vec<String> = match visible {
+        Some(v) => v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+        None => (0..count).map(|i| i.to_string()).collect(),
+    };
+    if visible.is_empty() {
+        bail!("--gpus {arg}: no CUDA device is visible (CUDA_VISIBLE_DEVICES is empty or no GPU was found); use --jobs N on the CPU");
+    }
+    if arg.trim() == "all" {
+        return Ok(visible);
+    }
+    let mut out = Vec::new();
+    for p in arg.split(',') {
+        let i: usize = p.trim().parse().map_err(|_| {
+            anyhow::anyhow!("--gpus {arg}: `{p}` is not a GPU index; allowed: `all` or indices such as 0,1")
+        })?;
+        let Some(id) = visible.get(i) else {
+            bail!("--gpus {arg}: GPU {i} does not exist; {} are visible (0–{})", visible.len(), visible.len() - 1);
+        };
+        if out.contains(id) {
+            bail!("--gpus {arg}: GPU {i} is listed twice");
+        }
+        out.push(id.clone());
+    }
+    Ok(out)
+}
+
+/// What a run directory needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    /// `summary.json` is there and the run is as long as planned.
+    Done,
+    /// Killed (or planned longer since): continue from its latest checkpoint.
+    Resume,
+    /// Not started, or killed before its first checkpoint: start it (clearing what is there).
+    Fresh,
+}
+
+fn policy(verb: &str) -> &'static ResumePolicy {
+    match verb {
+        "rl" => &crate::rl::trainer::RESUME_POLICY,
+        _ => &crate::train::RESUME_POLICY,
+    }
+}
+
+/// The resolved config a planned run trains (checks the config and its overrides).
+pub fn resolved_yaml(run: &PlannedRun) -> Result<String> {
+    Ok(match run.verb.as_str() {
+        "rl" => crate::rl::config::RlExperiment::from_file(&run.config, &run.overrides)?.config.to_yaml(),
+        _ => crate::experiment::Experiment::from_file(&run.config, &run.overrides)?.config().to_yaml(),
+    })
+}
+
+/// The state of `run` in `dir`; an error when the directory holds a run of another config.
+pub fn state_of(dir: &Path, run: &PlannedRun, yaml: &str) -> Result<RunState> {
+    let rd = RunDir::new(dir);
+    if !rd.config_file().is_file() {
+        return Ok(RunState::Fresh);
+    }
+    let p = policy(&run.verb);
+    let changed = lifecycle::config_changes(&rd, yaml, p).with_context(|| {
+        format!(
+            "sweep run {}: the directory holds a run of another config (a different sweep in the same folder?)",
+            run.name
+        )
+    })?;
+    if rd.summary_file().is_file() && !changed.iter().any(|k| k == p.length) {
+        return Ok(RunState::Done);
+    }
+    Ok(match crate::train::checkpoint::latest(&rd)? {
+        Some(_) => RunState::Resume,
+        None => RunState::Fresh,
+    })
+}
+
+/// The command line of one attempt at `run`.
+fn command(exe: &Path, dir: &Path, run: &PlannedRun, state: RunState) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.arg(&run.verb);
+    match state {
+        RunState::Resume => {
+            cmd.arg("--resume").arg(dir);
+        }
+        _ => {
+            cmd.arg(&run.config).arg("--out").arg(dir).arg("--overwrite");
+        }
+    }
+    cmd.arg("--quiet");
+    for o in &run.overrides {
+        cmd.arg("--set").arg(o);
+    }
+    cmd
+}
+
+/// How a sweep went.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Runs finished before this invocation.
+    pub skipped: usize,
+    /// Runs this invocation finished (resumed ones included).
+    pub finished: usize,
+    pub resumed: usize,
+    /// `(run, log file, last lines of its log)`.
+    pub failed: Vec<(String, PathBuf, String)>,
+}
+
+struct Running {
+    index: usize,
+    child: Child,
+    started: Instant,
+}
+
+/// Runs `manifest`'s runs (only those named in `only`, when given) in `out`, `slots` at a time.
+/// Each run's output goes to `out/logs/<name>.log`. Finished runs are skipped, killed ones
+/// resumed; a failed run does not stop the others.
+pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quiet: bool) -> Result<Outcome> {
+    let exe = std::env::current_exe().context("locating the plexus binary")?;
+    let logs = out.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    for name in only {
+        if !manifest.runs.iter().any(|r| &r.name == name) {
+            bail!("--only {name}: the sweep in {} has no such run", out.display());
+        }
+    }
+    // Every run's config is checked, and every directory's state read, before the first starts.
+    let mut todo = Vec::new();
+    let mut outcome = Outcome::default();
+    for (i, r) in manifest.runs.iter().enumerate() {
+        if !only.is_empty() && !only.contains(&r.name) {
+            continue;
+        }
+        let yaml = resolved_yaml(r).with_context(|| format!("sweep run {}", r.name))?;
+        match state_of(&out.join(&r.name), r, &yaml)? {
+            RunState::Done => outcome.skipped += 1,
+            s => todo.push((i, s)),
+        }
+    }
+    let total = outcome.skipped + todo.len();
+    let show = !quiet && std::io::stderr().is_terminal();
+    let pb = if show { ProgressBar::new(total as u64) } else { ProgressBar::hidden() };
+    pb.set_style(
+        ProgressStyle::with_template("{bar:30.cyan/blue} {pos}/{len} runs done · {msg}")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    pb.set_position(outcome.skipped as u64);
+    let say = |line: String| {
+        if show {
+            pb.println(line)
+        } else if !quiet {
+            eprintln!("{line}")
+        }
+    };
+    if outcome.skipped > 0 {
+        say(format!("sweep {}: {} of {total} runs already finished, skipped", out.display(), outcome.skipped));
+    }
+    let threads = match slots {
+        Slots::Cpu(n) => (std::thread::available_parallelism().map_or(1, |c| c.get()) / n).max(1),
+        Slots::Gpus(_) => 0,
+    };
+    let mut free: Vec<usize> = (0..slots.count()).rev().collect();
+    let mut running: Vec<(usize, Running)> = Vec::new();
+    let mut queue = todo.into_iter();
+    let mut durations = Vec::new();
+    loop {
+        while let Some(slot) = free.pop() {
+            let Some((i, state)) = queue.next() else {
+                free.push(slot);
+                break;
+            };
+            let r = &manifest.runs[i];
+            let dir = out.join(&r.name);
+            let log_path = logs.join(format!("{}.log", r.name));
+            let mut log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log_path)
+                .with_context(|| format!("opening {}", log_path.display()))?;
+            let mut cmd = command(&exe, &dir, r, state);
+            use std::io::Write;
+            writeln!(log, "=== {cmd:?}").ok();
+            cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+            match slots {
+                Slots::Cpu(_) if std::env::var_os("OMP_NUM_THREADS").is_none() => {
+                    cmd.env("OMP_NUM_THREADS", threads.to_string());
+                }
+                Slots::Gpus(ids) => {
+                    cmd.env("CUDA_VISIBLE_DEVICES", &ids[slot]);
+                }
+                _ => {}
+            }
+            crate::dist::stop_with_parent(&mut cmd);
+            let child = cmd.spawn().with_context(|| format!("starting {}", exe.display()))?;
+            let verb = if state == RunState::Resume { "resumed" } else { "started" };
+            let place = match slots {
+                Slots::Gpus(ids) => format!(" on GPU {}", ids[slot]),
+                Slots::Cpu(_) => String::new(),
+            };
+            say(format!("{verb} {}{place}", r.name));
+            if state == RunState::Resume {
+                outcome.resumed += 1;
+            }
+            running.push((slot, Running { index: i, child, started: Instant::now() }));
+        }
+        if running.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let mut k = 0;
+        while k < running.len() {
+            let status = running[k].1.child.try_wait()?;
+            let Some(status) = status else {
+                k += 1;
+                continue;
+            };
+            let (slot, done) = running.swap_remove(k);
+            free.push(slot);
+            let r = &manifest.runs[done.index];
+            let secs = done.started.elapsed().as_secs_f64();
+            if status.success() {
+                durations.push(secs);
+                outcome.finished += 1;
+                pb.inc(1);
+                say(format!("finished {} ({secs:.0} s)", r.name));
+            } else {
+                let log = logs.join(format!("{}.log", r.name));
+                let tail = last_lines(&log, 3);
+                say(format!("FAILED {} ({status}): {tail} (log: {})", r.name, log.display()));
+                outcome.failed.push((r.name.clone(), log, tail));
+            }
+        }
+        let left = queue.len() + running.len();
+        let eta = match durations.len() {
+            0 => String::new(),
+            n => {
+                let mean = durations.iter().sum::<f64>() / n as f64;
+                let secs = mean * left as f64 / slots.count() as f64;
+                format!(" · ETA {}", indicatif::HumanDuration(Duration::from_secs_f64(secs)))
+            }
+        };
+        pb.set_message(format!("{} running, {} failed{eta}", running.len(), outcome.failed.len()));
+    }
+    pb.finish_and_clear();
+    Ok(outcome)
+}
+
+/// The last `n` non-empty lines of a log, joined by ` | `.
+fn last_lines(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("=== ")).collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
+/// A Slurm batch script that runs the sweep in `out` as a job array: task `i` runs the `i`-th
+/// run (`plexus sweep --resume OUT --only NAME`, so a requeued task skips or resumes). `gpus`:
+/// request one GPU per task.
+pub fn slurm_script(exe: &Path, out: &Path, manifest: &Manifest, gpus: bool) -> String {
+    let name = out.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "sweep".into());
+    let mut s = String::from("#!/bin/bash\n");
+    s.push_str(&format!("#SBATCH --job-name=plexus-{name}\n"));
+    s.push_str(&format!("#SBATCH --array=0-{}\n", manifest.runs.len().saturating_sub(1)));
+    if gpus {
+        s.push_str("#SBATCH --gres=gpu:1\n");
+    }
+    s.push_str(&format!("#SBATCH --output={}/logs/slurm-%A_%a.out\n", out.display()));
+    s.push_str(
+        "# Written by `plexus sweep --slurm`: one array task per run of the sweep. Each task runs\n\
+         # `plexus sweep --resume <folder> --only <run>`, which skips a finished run and resumes a\n\
+         # killed one, so a requeued or re-submitted array continues where it stopped. Add the\n\
+         # partition, time and account lines of your cluster above.\n",
+    );
+    s.push_str("set -euo pipefail\nRUNS=(\n");
+    for r in &manifest.runs {
+        s.push_str(&format!("  {}\n", shell_quote(&r.name)));
+    }
+    s.push_str(")\n");
+    s.push_str(&format!(
+        "exec {} sweep --resume {} --only \"${{RUNS[$SLURM_ARRAY_TASK_ID]}}\" --quiet\n",
+        shell_quote(&exe.display().to_string()),
+        shell_quote(&out.display().to_string())
+    ));
+    s
+}
+
+fn shell_quote(s: &str) -> String {
+    if s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.,=/+:@".contains(c)) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpus_are_positions_in_cuda_visible_devices() {
+        assert_eq!(gpu_slots("all", Some("2,3"), 2).unwrap(), vec!["2", "3"]);
+        assert_eq!(gpu_slots("1", Some("2,3"), 2).unwrap(), vec!["3"]);
+        assert_eq!(gpu_slots("all", None, 2).unwrap(), vec!["0", "1"]);
+        let e = gpu_slots("0,2", Some("5,6"), 2).unwrap_err().to_string();
+        assert!(e.contains("GPU 2 does not exist"), "{e}");
+        assert!(gpu_slots("all", None, 0).unwrap_err().to_string().contains("--jobs"));
+        assert!(gpu_slots("x", None, 1).unwrap_err().to_string().contains("not a GPU index"));
+    }
+}

@@ -1,0 +1,252 @@
+//! A sweep's spec: configs × a grid of `--set` values × seeds, from a YAML file, from flags, or
+//! both (flags extend the file), and the runs it plans.
+//!
+//! ```yaml
+//! # configs/studies/hacn-mu.yaml
+//! configs: [../mixer-cifar10/cpu/hacn.yaml]   # relative to this file
+//! set: {train.topology_lr_mult: 10}           # every run
+//! grid: {topology.init.mu: [0.25, 0.75, 1.0]} # one axis per key; the runs are the product
+//! seeds: [0, 1, 2]
+//! out: runs/studies/hacn-mu                   # default sweep folder (`--out` wins)
+//! report: {by: [topology.init.mu], metrics: [eval.accuracy, gamma], baseline: topology.init.mu=1.0}
+//! ```
+
+use crate::config::{self, Verb};
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// What `plexus report` shows of a sweep unless told otherwise.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportSpec {
+    /// Config keys to group the runs by (default: every key whose value differs between runs,
+    /// except `seed`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by: Vec<String>,
+    /// Metrics of the table (default: the final and best metrics every run has).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub metrics: Vec<String>,
+    /// `KEY=VALUE`: the setting the others are compared with, paired by seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<String>,
+    /// Curves drawn with a band over seeds (default: `loss`, and `gamma` where runs log it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub curves: Vec<String>,
+}
+
+/// A sweep as written in its YAML file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepSpec {
+    /// Config files (relative to the spec file); several form one more axis of the grid.
+    #[serde(default)]
+    pub configs: Vec<PathBuf>,
+    /// `--set` overrides of every run, in order.
+    #[serde(default)]
+    pub set: serde_yaml::Mapping,
+    /// Axes: a config key and its values; the runs are the product of all axes.
+    #[serde(default)]
+    pub grid: serde_yaml::Mapping,
+    /// Seeds (`seed` key) of every grid point; default `[0]`.
+    #[serde(default)]
+    pub seeds: Vec<u64>,
+    /// The sweep folder when `--out` is not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out: Option<PathBuf>,
+    #[serde(default)]
+    pub report: ReportSpec,
+}
+
+/// One run a sweep plans.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedRun {
+    /// Directory name under the sweep folder: `<config stem>-<axis>=<value>…-seed=<s>`.
+    pub name: String,
+    /// Absolute config file.
+    pub config: PathBuf,
+    /// `plexus train` or `plexus rl`.
+    pub verb: String,
+    /// The `--set` overrides: the spec's `set`, the grid point, then `seed=<s>`.
+    pub overrides: Vec<String>,
+    /// The grid point: `(key, value)` of each axis (the config file's stem first when there
+    /// are several configs).
+    pub point: Vec<(String, String)>,
+    pub seed: u64,
+}
+
+impl SweepSpec {
+    /// Reads a spec file; config paths become absolute (relative to the file).
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading the sweep spec {}", path.display()))?;
+        let (mut spec, _): (SweepSpec, String) = config::parse_document(&text, path, &[])?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for c in &mut spec.configs {
+            *c = base.join(&*c);
+        }
+        Ok(spec)
+    }
+
+    /// Adds the flags of `plexus sweep`: more configs, more `--set`, more or replaced axes
+    /// (`KEY=V1,V2,…`), and seeds (replacing the file's).
+    pub fn extend(&mut self, configs: &[PathBuf], set: &[String], grid: &[String], seeds: &[u64]) -> Result<()> {
+        self.configs.extend(configs.iter().cloned());
+        for s in set {
+            let (k, v) = split_kv(s, "--set")?;
+            self.set.insert(k.into(), v.into());
+        }
+        for g in grid {
+            let (k, v) = split_kv(g, "--grid")?;
+            let values: Vec<serde_yaml::Value> = v.split(',').map(|x| x.trim().into()).collect();
+            self.grid.insert(k.into(), values.into());
+        }
+        if !seeds.is_empty() {
+            self.seeds = seeds.to_vec();
+        }
+        Ok(())
+    }
+
+    /// The runs, in order: configs, then axes (first axis outermost), then seeds. `origin` names
+    /// the spec in errors.
+    pub fn plan(&self, origin: &str) -> Result<Vec<PlannedRun>> {
+        if self.configs.is_empty() {
+            bail!("{origin}: `configs` is empty: give at least one config file (`configs:` in the spec, or a CONFIG argument)");
+        }
+        let set: Vec<String> = self
+            .set
+            .iter()
+            .map(|(k, v)| Ok(format!("{}={}", scalar(k, origin, "set")?, scalar(v, origin, "set")?)))
+            .collect::<Result<_>>()?;
+        let mut axes: Vec<(String, Vec<String>)> = Vec::new();
+        for (k, v) in &self.grid {
+            let key = scalar(k, origin, "grid")?;
+            if key == "seed" {
+                bail!("{origin}: `grid.seed`: seeds are given by `seeds:` (or --seeds), not as a grid axis");
+            }
+            let serde_yaml::Value::Sequence(vals) = v else {
+                bail!("{origin}: `grid.{key}` is `{}`: allowed: a list of values, e.g. [0.25, 0.75]", yaml_text(v));
+            };
+            if vals.is_empty() {
+                bail!("{origin}: `grid.{key}` is an empty list: allowed: at least one value");
+            }
+            let vals: Vec<String> =
+                vals.iter().map(|x| scalar(x, origin, &format!("grid.{key}"))).collect::<Result<_>>()?;
+            axes.push((key, vals));
+        }
+        let seeds = if self.seeds.is_empty() { vec![0] } else { self.seeds.clone() };
+        let mut unique = std::collections::BTreeSet::new();
+        if !seeds.iter().all(|s| unique.insert(*s)) {
+            bail!("{origin}: `seeds` lists a seed twice: {seeds:?}");
+        }
+        let shorts = short_names(&axes);
+        let mut runs = Vec::new();
+        for config in &self.configs {
+            let config =
+                std::path::absolute(config).with_context(|| format!("{origin}: config {}", config.display()))?;
+            let text = std::fs::read_to_string(&config)
+                .with_context(|| format!("{origin}: reading the config {}", config.display()))?;
+            let verb = match config::verb_of(&text) {
+                Verb::Train => "train",
+                Verb::Rl => "rl",
+            };
+            let stem = config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            for point in product(&axes) {
+                for &seed in &seeds {
+                    let mut name = stem.clone();
+                    let mut overrides = set.clone();
+                    let mut labelled = Vec::new();
+                    if self.configs.len() > 1 {
+                        labelled.push(("config".to_string(), stem.clone()));
+                    }
+                    for ((key, value), short) in axes.iter().map(|(k, _)| k).zip(&point).zip(&shorts) {
+                        name.push_str(&format!("-{short}={}", dir_safe(value)));
+                        overrides.push(format!("{key}={value}"));
+                        labelled.push((key.clone(), value.clone()));
+                    }
+                    name.push_str(&format!("-seed={seed}"));
+                    overrides.push(format!("seed={seed}"));
+                    runs.push(PlannedRun {
+                        name,
+                        config: config.clone(),
+                        verb: verb.into(),
+                        overrides,
+                        point: labelled,
+                        seed,
+                    });
+                }
+            }
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for r in &runs {
+            if !names.insert(&r.name) {
+                bail!(
+                    "{origin}: two runs would share the directory `{}`: give the configs different file names",
+                    r.name
+                );
+            }
+        }
+        Ok(runs)
+    }
+}
+
+/// `KEY=VALUE` of a flag.
+fn split_kv<'a>(s: &'a str, flag: &str) -> Result<(&'a str, &'a str)> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() && !v.trim().is_empty() => Ok((k.trim(), v.trim())),
+        _ => bail!("{flag} {s}: expected KEY=VALUE, e.g. {flag} topology.init.mu=0.25"),
+    }
+}
+
+fn yaml_text(v: &serde_yaml::Value) -> String {
+    serde_yaml::to_string(v).unwrap_or_default().trim().replace('\n', " ")
+}
+
+/// A scalar YAML value as `--set` writes it.
+fn scalar(v: &serde_yaml::Value, origin: &str, key: &str) -> Result<String> {
+    use serde_yaml::Value as V;
+    Ok(match v {
+        V::String(s) => s.clone(),
+        V::Number(n) => n.to_string(),
+        V::Bool(b) => b.to_string(),
+        _ => bail!("{origin}: `{key}` holds `{}`: allowed: a plain value (number, word, true/false)", yaml_text(v)),
+    })
+}
+
+/// Every combination of the axes' values, first axis outermost (one empty point without axes).
+fn product(axes: &[(String, Vec<String>)]) -> Vec<Vec<String>> {
+    axes.iter().fold(vec![vec![]], |acc, (_, vals)| {
+        acc.iter().flat_map(|p| vals.iter().map(move |v| [p.clone(), vec![v.clone()]].concat())).collect()
+    })
+}
+
+/// The name of each axis in run directory names: the key's last segment (`mu` for
+/// `topology.init.mu`), or the whole key where two axes share it.
+fn short_names(axes: &[(String, Vec<String>)]) -> Vec<String> {
+    let last = |k: &str| k.rsplit('.').next().unwrap_or(k).to_string();
+    axes.iter()
+        .map(|(k, _)| match axes.iter().filter(|(o, _)| last(o) == last(k)).count() {
+            1 => last(k),
+            _ => k.clone(),
+        })
+        .collect()
+}
+
+/// A value as part of a directory name: `/` and whitespace become `_`.
+fn dir_safe(v: &str) -> String {
+    v.chars().map(|c| if c == '/' || c.is_whitespace() { '_' } else { c }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_grid_is_the_product_of_its_axes_first_axis_outermost() {
+        let axes =
+            vec![("a.x".to_string(), vec!["1".into(), "2".into()]), ("b.x".to_string(), vec!["p".into(), "q".into()])];
+        assert_eq!(product(&axes), vec![vec!["1", "p"], vec!["1", "q"], vec!["2", "p"], vec!["2", "q"]]);
+        assert_eq!(short_names(&axes), vec!["a.x", "b.x"]);
+        assert_eq!(product(&[]), vec![Vec::<String>::new()]);
+    }
+}

@@ -1,0 +1,291 @@
+//! `plexus sweep` and `plexus report`: a killed sweep re-run ends with the report of an
+//! uninterrupted one, the report's statistics equal a hand computation, and the Slurm array
+//! names every run once.
+
+mod common;
+
+use common::{plexus, repo, text};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The sweep of these tests: 2 settings (ANCRe §3's deep linear network without and with ANCRe
+/// shortcuts) × 3 seeds, each run long enough to be killed between checkpoints.
+fn sweep_args(out: &Path) -> Vec<String> {
+    let lnn = repo().join("configs/lnn/fig2b");
+    [
+        lnn.join("1-none.yaml").display().to_string(),
+        lnn.join("5-ancre.yaml").display().to_string(),
+        "--seeds".into(),
+        "0,1,2".into(),
+        "--set".into(),
+        "train.steps=6000".into(),
+        "--set".into(),
+        "log.checkpoint_every=250".into(),
+        "--jobs".into(),
+        "2".into(),
+        "--quiet".into(),
+        "--out".into(),
+        out.display().to_string(),
+    ]
+    .into()
+}
+
+fn run_dirs(out: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(out)
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("config.yaml").is_file()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn has_checkpoint(run: &Path) -> bool {
+    std::fs::read_dir(run.join("checkpoints"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .any(|e| e.file_name().to_string_lossy().ends_with(".json") && e.file_name() != "weights.json")
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_killed_sweep_re_run_ends_with_the_report_of_an_uninterrupted_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let whole = tmp.path().join("whole");
+    let args: Vec<String> = sweep_args(&whole);
+    let o = plexus(
+        &["sweep"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(args)
+            .collect::<Vec<_>>()
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+        tmp.path(),
+    );
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.contains("| lnn-fig2b-none | 3 | 0,1,2 |"), "the sweep ends with its report:\n{out}");
+    assert_eq!(run_dirs(&whole).len(), 6);
+
+    // The same sweep, killed (SIGKILL) once one run has finished and another is between checkpoints.
+    let killed = tmp.path().join("killed");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_plexus"))
+        .arg("sweep")
+        .args(sweep_args(&killed))
+        .current_dir(tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        let runs = run_dirs(&killed);
+        let finished = runs.iter().filter(|r| r.join("summary.json").is_file()).count();
+        let partway = runs.iter().filter(|r| !r.join("summary.json").is_file() && has_checkpoint(r)).count();
+        if finished >= 1 && partway >= 1 {
+            break;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the sweep ended before it could be killed partway");
+        assert!(start.elapsed() < Duration::from_secs(120), "no run finished within 2 minutes");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Its runs die with it (they would otherwise go on writing into the folder).
+    std::thread::sleep(Duration::from_millis(500));
+    let unfinished = run_dirs(&killed).iter().filter(|r| !r.join("summary.json").is_file()).count();
+    assert!(unfinished >= 1);
+
+    let again: Vec<String> = ["sweep".to_string()].into_iter().chain(sweep_args(&killed)).collect();
+    let o = plexus(&again.iter().map(String::as_str).collect::<Vec<_>>(), tmp.path());
+    let (out2, err2) = text(&o);
+    assert!(o.status.success(), "{out2}\n{err2}");
+    assert!(err2.contains("finished before") && !err2.contains("0 finished before"), "{err2}");
+    assert!(!err2.contains("(0 of them resumed)"), "a run killed between checkpoints is resumed: {err2}");
+    assert_eq!(out2, out, "the re-run sweep's report differs from the uninterrupted one's");
+    // Full precision too: the CSVs of both reports are byte-identical.
+    let csv = |d: &Path| std::fs::read_to_string(d.join("report/report.csv")).unwrap();
+    assert_eq!(csv(&killed), csv(&whole));
+
+    // Re-running a finished sweep trains nothing.
+    let o = plexus(&again.iter().map(String::as_str).collect::<Vec<_>>(), tmp.path());
+    let (_, err3) = text(&o);
+    assert!(err3.contains("6 finished before, 0 finished now"), "{err3}");
+}
+
+/// A run directory as `plexus report` reads it: config.yaml, summary.json, eval.csv.
+fn fake_run(dir: &Path, kind: &str, seed: u64, acc: f64, evals: &[f64]) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join("config.yaml"),
+        format!("name: fake\nseed: {seed}\ntopology:\n  kind: {kind}\nlog:\n  every: {seed}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("summary.json"),
+        format!(
+            r#"{{"final_loss": {}, "eval": {{"step": 10, "loss": 1.0, "accuracy": {acc}}}, "wall_seconds": {seed}}}"#,
+            1.0 - acc
+        ),
+    )
+    .unwrap();
+    let mut csv = String::from("step,loss,accuracy,perplexity\n");
+    for (i, a) in evals.iter().enumerate() {
+        csv.push_str(&format!("{},{},{a},\n", 10 * (i + 1), 1.0 - a));
+    }
+    std::fs::write(dir.join("eval.csv"), csv).unwrap();
+}
+
+#[test]
+fn report_statistics_equal_a_hand_computation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    let res = [0.80, 0.82, 0.87];
+    let base = [0.78, 0.80, 0.84];
+    for s in 0..3 {
+        fake_run(
+            &runs.join(format!("res-{s}")),
+            "residual",
+            s,
+            res[s as usize],
+            &[0.5, res[s as usize] + 0.01, res[s as usize]],
+        );
+        fake_run(&runs.join(format!("plain-{s}")), "plain", s, base[s as usize], &[base[s as usize]]);
+    }
+    let o = plexus(
+        &[
+            "report",
+            "runs",
+            "--metric",
+            "eval.accuracy,best.eval.accuracy",
+            "--baseline",
+            "topology.kind=plain",
+            "--format",
+            "csv",
+        ],
+        tmp.path(),
+    );
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    let mut rows = csv::Reader::from_reader(out.as_bytes());
+    let head = rows.headers().unwrap().clone();
+    let rows: Vec<csv::StringRecord> = rows.records().map(|r| r.unwrap()).collect();
+    let get = |kind: &str, metric: &str, col: &str| -> f64 {
+        let r =
+            rows.iter().find(|r| &r[0] == kind && &r[1] == metric).unwrap_or_else(|| panic!("no row {kind} {metric}"));
+        r[head.iter().position(|h| h == col).unwrap()].parse().unwrap_or(f64::NAN)
+    };
+    // By hand: mean 0.83; sd = √((0.03² + 0.01² + 0.04²)/2) = √0.0013; half-width t(0.975, 2) · sd/√3
+    // with t(0.975, 2) = 4.302653 (standard table).
+    let sd = 0.0013f64.sqrt();
+    let half = 4.302653 * sd / 3f64.sqrt();
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-5;
+    assert!(close(get("residual", "eval.accuracy", "mean"), 0.83));
+    assert!(close(get("residual", "eval.accuracy", "sd"), sd));
+    assert!(close(get("residual", "eval.accuracy", "ci95_low"), 0.83 - half));
+    assert!(close(get("residual", "eval.accuracy", "ci95_high"), 0.83 + half));
+    assert_eq!(get("residual", "eval.accuracy", "n"), 3.0);
+    // Best over evaluations: 0.01 above the final accuracy in every run.
+    assert!(close(get("residual", "best.eval.accuracy", "mean"), 0.84));
+    // Paired on seeds: differences 0.02, 0.02, 0.03: mean 0.023333, sd 0.0057735, t = 7 with 2
+    // degrees of freedom, whose two-sided p is 1 − 7/√(7² + 2) (the t(2) CDF in closed form).
+    assert!(close(get("residual", "eval.accuracy", "diff_mean"), 0.07 / 3.0));
+    assert!(close(get("residual", "eval.accuracy", "diff_sd"), (0.0001f64 / 3.0).sqrt()));
+    assert!(close(get("residual", "eval.accuracy", "p"), 1.0 - 7.0 / 51f64.sqrt()));
+    assert!(get("plain", "eval.accuracy", "diff_mean").is_nan(), "the baseline has no difference to itself");
+
+    // Markdown and LaTeX carry the same numbers.
+    let o = plexus(&["report", "runs", "--metric", "eval.accuracy", "--format", "latex"], tmp.path());
+    let (tex, _) = text(&o);
+    assert!(tex.contains("residual & 3 & $0.8300 \\pm 0.03606$"), "{tex}");
+    assert!(tmp.path().join("runs/report/report.md").is_file(), "a folder of runs gets report/ written");
+
+    // Bad requests name what is wrong and what exists.
+    for (args, want) in [
+        (vec!["report", "runs", "--metric", "eval.acc"], "run"),
+        (vec!["report", "runs", "--baseline", "seed=0"], "not one of the keys"),
+        (vec!["report", "runs", "--baseline", "topology.kind=hc"], "the runs have plain, residual"),
+        (vec!["report", "runs", "--by", "model.depth"], "no run's config has this key"),
+        (vec!["report", "nowhere"], "no such directory"),
+    ] {
+        let o = plexus(&args, tmp.path());
+        let (_, err) = text(&o);
+        assert!(!o.status.success() && err.contains(want), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn the_slurm_array_names_every_run_once_and_a_task_trains_its_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = tmp.path().join("study.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "configs: [{}]\nset: {{train.steps: 200}}\ngrid:\n  model.init_std: [0.05, 0.1]\n  model.depth: [3, 4]\nseeds: [0, 1, 2]\nout: sw\n",
+            repo().join("configs/lnn/fig2b/1-none.yaml").display()
+        ),
+    )
+    .unwrap();
+    let o = plexus(&["sweep", "study.yaml", "--slurm", "array.sh", "--gpus", "all"], tmp.path());
+    let (out, err) = text(&o);
+    // No GPU here: --gpus only asks for a GPU per task in the script.
+    assert!(o.status.success(), "{out}\n{err}");
+    let script = std::fs::read_to_string(tmp.path().join("array.sh")).unwrap();
+    assert!(script.contains("#SBATCH --array=0-11\n") && script.contains("#SBATCH --gres=gpu:1"), "{script}");
+    let body = script.split("RUNS=(\n").nth(1).unwrap().split(")\n").next().unwrap();
+    let names: Vec<&str> = body.lines().map(str::trim).collect();
+    let mut unique = names.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!((names.len(), unique.len()), (12, 12), "every run once: {names:?}");
+    let dry = plexus(&["sweep", "--resume", "sw", "--dry-run"], tmp.path());
+    let (plan, _) = text(&dry);
+    for n in &names {
+        assert_eq!(plan.matches(&format!(" {n}  (")).count(), 1, "{n} in the plan:\n{plan}");
+    }
+    // Task 5 of the array trains run 5 and nothing else.
+    let o =
+        Command::new("bash").arg("array.sh").env("SLURM_ARRAY_TASK_ID", "5").current_dir(tmp.path()).output().unwrap();
+    assert!(o.status.success(), "{:?}", text(&o));
+    let done: Vec<PathBuf> =
+        run_dirs(&tmp.path().join("sw")).into_iter().filter(|r| r.join("summary.json").is_file()).collect();
+    assert_eq!(done, vec![tmp.path().join("sw").join(names[5])]);
+    assert!(
+        names[5].contains("init_std=0.05") && names[5].contains("depth=4") && names[5].ends_with("seed=2"),
+        "{}",
+        names[5]
+    );
+}
+
+#[test]
+fn a_wrong_sweep_is_refused_before_anything_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = repo().join("configs/lnn/fig2b/1-none.yaml").display().to_string();
+    let write = |name: &str, body: &str| std::fs::write(tmp.path().join(name), body.replace("CFG", &cfg)).unwrap();
+    write("typo.yaml", "configs: [CFG]\nseeds: [0]\ngird: {model.depth: [2]}\n");
+    write("scalar.yaml", "configs: [CFG]\ngrid: {model.depth: 3}\n");
+    write("badvalue.yaml", "configs: [CFG]\ngrid: {model.depth: [3, -1]}\n");
+    for (args, want) in [
+        (vec!["sweep", "typo.yaml", "--out", "o"], "gird"),
+        (vec!["sweep", "scalar.yaml", "--out", "o"], "allowed: a list of values"),
+        (vec!["sweep", "badvalue.yaml", "--out", "o"], "model.depth"),
+        (vec!["sweep", cfg.as_str(), "--seeds", "0,0", "--out", "o"], "lists a seed twice"),
+        (vec!["sweep", cfg.as_str(), "--grid", "model.depth", "--out", "o"], "expected KEY=VALUE"),
+        (vec!["sweep", cfg.as_str()], "Give --out DIR"),
+        (vec!["sweep", "--resume", "nowhere"], "not a sweep folder"),
+    ] {
+        let o = plexus(&args, tmp.path());
+        let (_, err) = text(&o);
+        assert!(!o.status.success() && err.contains(want), "{args:?}: {err}");
+    }
+    assert!(!tmp.path().join("o").join("badvalue-depth=-1-seed=0").exists(), "nothing ran");
+    // A folder holds one sweep: the same run name planned otherwise is refused.
+    let o = plexus(&["sweep", cfg.as_str(), "--set", "train.steps=50", "--out", "o", "--quiet"], tmp.path());
+    assert!(o.status.success(), "{:?}", text(&o));
+    let o =
+        plexus(&["sweep", cfg.as_str(), "--set", "train.steps=60", "--set", "model.depth=3", "--out", "o"], tmp.path());
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("use another --out"), "{err}");
+}
