@@ -863,7 +863,10 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
         );
     }
     if r.only.is_empty() {
-        report(std::slice::from_ref(&out), &Default::default(), "md", None)?;
+        // The runs are done whatever the report makes of them.
+        if let Err(e) = report(std::slice::from_ref(&out), &Default::default(), "md", None) {
+            eprintln!("report: {e:#} (the runs are finished; see `plexus report --help`)");
+        }
     }
     Ok(())
 }

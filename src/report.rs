@@ -218,15 +218,29 @@ pub fn read_losses(run: &Path) -> Result<Vec<(f64, f64)>> {
     Ok(dir.metrics()?.iter().map(|m| (m.step as f64, m.loss)).collect())
 }
 
-/// The `plexus rl` table: one row per run.
+/// The `plexus rl` table: one row per run; success on all evaluation tasks, then on those whose
+/// straight line from start to goal crosses a wall (`blocked`: their share), where a policy must
+/// have learned the maze to succeed.
 pub fn print_rl(rows: &[crate::rl::trainer::RlSummary]) {
     println!(
-        "{:<24} {:<12} {:>5} {:>6} {:>10} {:>9} {:>9} {:>8} {:>9} {:>9}",
-        "run", "topology", "depth", "units", "env steps", "success", "at goal", "random", "straight", "time"
+        "{:<24} {:<12} {:>5} {:>6} {:>10} {:>9} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9} {:>9}",
+        "run",
+        "topology",
+        "depth",
+        "units",
+        "env steps",
+        "success",
+        "at goal",
+        "random",
+        "straight",
+        "blocked",
+        "trained|b",
+        "straight|b",
+        "time"
     );
     for s in rows {
         println!(
-            "{:<24} {:<12} {:>5} {:>6} {:>10} {:>9.3} {:>9.3} {:>8.3} {:>9.3} {:>8.1}s",
+            "{:<24} {:<12} {:>5} {:>6} {:>10} {:>9.3} {:>9.3} {:>8.3} {:>9.3} {:>7.0}% {:>9.3} {:>10.3} {:>8.1}s",
             s.name,
             s.topology,
             s.depth,
@@ -236,9 +250,13 @@ pub fn print_rl(rows: &[crate::rl::trainer::RlSummary]) {
             s.time_at_goal,
             s.random_success,
             s.straight_success,
+            100.0 * s.blocked_share,
+            s.success_blocked,
+            s.straight_success_blocked,
             s.seconds
         );
     }
+    println!("(|b: on the evaluation tasks whose straight line to the goal crosses a wall, `blocked` of them)");
 }
 
 /// The `plexus bench --nproc` table: the data-parallel step and its all-reduce.
@@ -402,6 +420,13 @@ pub fn study_markdown(r: &crate::study::StudyReport) -> String {
     if !r.unfinished.is_empty() {
         let _ = writeln!(s, "\n{} runs not finished, left out: {}", r.unfinished.len(), names(&r.unfinished));
     }
+    if !r.missing.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nNot every run has {} yet (`analysis.*` come from `plexus analyze`): left out.",
+            r.missing.join(", ")
+        );
+    }
     let key_cols: Vec<String> = if r.by.is_empty() { vec!["runs".into()] } else { r.by.clone() };
     let key_of = |g: &crate::study::GroupResult| if r.by.is_empty() { vec!["all".to_string()] } else { g.key.clone() };
     let _ = writeln!(s, "\n| {} | n | seeds | {} |", key_cols.join(" | "), r.metrics.join(" | "));
@@ -442,13 +467,24 @@ pub fn study_markdown(r: &crate::study::StudyReport) -> String {
                         sig4(p.diff.mean),
                         p.diff.n,
                         interval(p.diff.ci95),
-                        p.p.map_or("—".into(), |p| format!("{p:.3}"))
+                        p.p.map_or("—".into(), |p| if p < 0.001 { "<0.001".into() } else { format!("{p:.3}") })
                     ),
                     None if g.baseline_key.is_none() => " baseline | | |".into(),
                     None => " no shared seeds | | |".into(),
                 });
             }
             let _ = writeln!(s, "{row}");
+        }
+    }
+    let _ = writeln!(s, "\nEach run:\n\n| run | seed | {} |", r.metrics.join(" | "));
+    let _ = writeln!(s, "|{}", "---|".repeat(2 + r.metrics.len()));
+    for g in &r.groups {
+        for &i in &g.runs {
+            let run = &r.runs[i];
+            let name = run.dir.file_name().map_or(run.dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+            let cells: Vec<String> = r.metrics.iter().map(|m| sig4(run.metrics[m])).collect();
+            let seed = run.seed().map_or("—".into(), |s| s.to_string());
+            let _ = writeln!(s, "| {name} | {seed} | {} |", cells.join(" | "));
         }
     }
     s

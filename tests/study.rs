@@ -289,3 +289,21 @@ fn a_wrong_sweep_is_refused_before_anything_runs() {
     let (_, err) = text(&o);
     assert!(!o.status.success() && err.contains("use another --out"), "{err}");
 }
+
+/// Every shipped study (configs/studies/) plans, and every run it plans resolves to a valid config.
+#[test]
+fn every_shipped_study_plans_and_its_runs_resolve() {
+    let mut n = 0;
+    for e in std::fs::read_dir(repo().join("configs/studies")).unwrap() {
+        let p = e.unwrap().path();
+        let spec = plexus::study::spec::SweepSpec::from_file(&p).unwrap_or_else(|e| panic!("{e:#}"));
+        let runs = spec.plan(&p.display().to_string()).unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(spec.seeds.len() >= 3, "{}: a study runs at least 3 seeds", p.display());
+        assert!(spec.out.is_some(), "{}: a study names its folder", p.display());
+        for r in &runs {
+            plexus::study::runner::resolved_yaml(r).unwrap_or_else(|e| panic!("{}: {}: {e:#}", p.display(), r.name));
+        }
+        n += 1;
+    }
+    assert!(n >= 8, "{n} studies");
+}

@@ -12,8 +12,11 @@ pub struct RunRecord {
     /// Every scalar of `config.yaml`, keyed `section.key` (lists as `key[i]`), as text.
     pub config: BTreeMap<String, String>,
     /// `summary.json`'s numbers keyed the same way (`final_loss`, `eval.accuracy`, `gamma`,
-    /// `success`, …), and `best.<eval.csv column>`: the best value over the run's evaluations
-    /// (highest for accuracy and success, lowest otherwise).
+    /// `success`, …); `best.eval.<column>`: the best value over the run's evaluations (`eval.csv`;
+    /// highest for accuracy and success, lowest otherwise); `initial.gamma` (the first logged Γ);
+    /// `eps_by_t.<bucket>` (a diffusion run's last validation ε-MSE per timestep bucket); and
+    /// after `plexus analyze`, `analysis.half_depth.<metric>` (the exit after ⌊L/2⌋ units) and
+    /// `analysis.noise[<level>].<metric>` (under input noise of that σ or probability).
     pub metrics: BTreeMap<String, f64>,
 }
 
@@ -107,6 +110,39 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
                 metrics.insert(format!("best.eval.{name}"), best);
             }
         }
+    }
+    if let Some(g) = curve(dir, "gamma")?.first() {
+        metrics.insert("initial.gamma".into(), g.1);
+    }
+    let eps = dir.join("eps_by_t.csv");
+    if eps.is_file() {
+        let (cols, rows) = read_csv(&eps)?;
+        if let Some(last) = rows.last() {
+            for (c, name) in cols.iter().enumerate().filter(|(_, n)| *n != "step") {
+                if let Some(v) = last[c] {
+                    metrics.insert(format!("eps_by_t.{name}"), v);
+                }
+            }
+        }
+    }
+    let analysis = dir.join("analysis.json");
+    if analysis.is_file() {
+        let json: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(&analysis).with_context(|| format!("reading {}", analysis.display()))?,
+        )
+        .with_context(|| format!("parsing {}", analysis.display()))?;
+        let mut flat = BTreeMap::new();
+        flatten_json(&json["half_depth"], "analysis.half_depth", &mut flat);
+        flat.remove("analysis.half_depth.units");
+        for row in json["noise"].as_array().into_iter().flatten() {
+            let Some(level) = row["level"].as_f64() else { continue };
+            for (k, name) in [("mean_accuracy", "accuracy"), ("mean_loss", "loss"), ("mean_perplexity", "perplexity")] {
+                if let Some(v) = row[k].as_f64() {
+                    flat.insert(format!("analysis.noise[{level}].{name}"), v);
+                }
+            }
+        }
+        metrics.extend(flat);
     }
     Ok(Some(RunRecord { dir: dir.to_path_buf(), config, metrics }))
 }

@@ -72,6 +72,9 @@ pub struct StudyReport {
     pub unfinished: Vec<PathBuf>,
     /// Curves to draw with a band over seeds.
     pub curves: Vec<String>,
+    /// Metrics of the sweep's `report:` section that not every run has yet (e.g. `analysis.*`
+    /// before `plexus analyze`): left out of the tables.
+    pub missing: Vec<String>,
 }
 
 /// Metrics a table shows by default, in this order, when every run has them.
@@ -130,29 +133,38 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions) -> Result<StudyReport> {
             bail!("--by {k}: no run's config has this key (keys are written as in --set, e.g. topology.init.mu)");
         }
     }
-    let metrics = match pick(&opts.metrics, &from_sweep.metrics) {
-        m if !m.is_empty() => {
-            for name in &m {
-                if let Some(r) = runs.iter().find(|r| !r.metrics.contains_key(name)) {
-                    let have: Vec<&String> = r.metrics.keys().collect();
-                    bail!(
-                        "--metric {name}: run {} has no such metric; it has: {}",
-                        r.dir.display(),
-                        have.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-                    );
-                }
+    // Metrics asked for on the command line must exist in every run; those of the sweep's spec
+    // may wait for `plexus analyze` and are left out (and named) until every run has them.
+    let common = |m: &str| runs.iter().all(|r| r.metrics.contains_key(m));
+    let mut missing = Vec::new();
+    let metrics = if !opts.metrics.is_empty() {
+        for name in &opts.metrics {
+            if let Some(r) = runs.iter().find(|r| !r.metrics.contains_key(name)) {
+                bail!(
+                    "--metric {name}: run {} has no such metric; it has: {}",
+                    r.dir.display(),
+                    r.metrics.keys().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                );
             }
-            m
         }
-        _ => {
-            let common = |m: &str| runs.iter().all(|r| r.metrics.contains_key(m));
-            let mut m: Vec<String> = PREFERRED.iter().filter(|m| common(m)).map(|s| s.to_string()).collect();
-            if m.is_empty() {
-                m = runs[0].metrics.keys().filter(|k| common(k)).cloned().collect();
-            }
-            m
+        opts.metrics.clone()
+    } else if !from_sweep.metrics.is_empty() {
+        let (have, lack): (Vec<String>, Vec<String>) = from_sweep.metrics.iter().cloned().partition(|m| common(m));
+        missing = lack;
+        have
+    } else {
+        let mut m: Vec<String> = PREFERRED.iter().filter(|m| common(m)).map(|s| s.to_string()).collect();
+        if m.is_empty() {
+            m = runs[0].metrics.keys().filter(|k| common(k)).cloned().collect();
         }
+        m
     };
+    if metrics.is_empty() {
+        bail!(
+            "no metric is in every run{}",
+            if missing.is_empty() { String::new() } else { format!(" (asked for: {})", missing.join(", ")) }
+        );
+    }
     let baseline = match opts.baseline.clone().or(from_sweep.baseline) {
         None => None,
         Some(b) => {
@@ -219,7 +231,7 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions) -> Result<StudyReport> {
             GroupResult { key: key.clone(), runs: members.clone(), stats, vs_baseline, baseline_key }
         })
         .collect();
-    Ok(StudyReport { by, metrics, baseline, groups, runs, unfinished, curves })
+    Ok(StudyReport { by, metrics, baseline, groups, runs, unfinished, curves, missing })
 }
 
 /// The curve `name` of a group over its runs: at each step every run logged, the mean and the

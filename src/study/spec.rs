@@ -140,17 +140,30 @@ impl SweepSpec {
             bail!("{origin}: `seeds` lists a seed twice: {seeds:?}");
         }
         let shorts = short_names(&axes);
-        let mut runs = Vec::new();
+        // Each config's label in run names: its file stem, or its `name` where stems collide
+        // (`mixer-cifar10/cpu/hacn.yaml` and `mixer-cifar2/cpu/hacn.yaml`).
+        let mut configs = Vec::new();
         for config in &self.configs {
             let config =
                 std::path::absolute(config).with_context(|| format!("{origin}: config {}", config.display()))?;
             let text = std::fs::read_to_string(&config)
                 .with_context(|| format!("{origin}: reading the config {}", config.display()))?;
-            let verb = match config::verb_of(&text) {
+            let stem = config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = serde_yaml::from_str::<serde_yaml::Value>(&text)
+                .ok()
+                .and_then(|v| v.get("name").and_then(|n| n.as_str()).map(String::from))
+                .unwrap_or_else(|| stem.clone());
+            configs.push((config, config::verb_of(&text), stem, name));
+        }
+        let stems: std::collections::BTreeSet<&String> = configs.iter().map(|c| &c.2).collect();
+        let by_name = stems.len() < configs.len();
+        let mut runs = Vec::new();
+        for (config, verb, stem, name) in &configs {
+            let verb = match verb {
                 Verb::Train => "train",
                 Verb::Rl => "rl",
             };
-            let stem = config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let stem = if by_name { name.clone() } else { stem.clone() };
             for point in product(&axes) {
                 for &seed in &seeds {
                     let mut name = stem.clone();
@@ -168,7 +181,7 @@ impl SweepSpec {
                     overrides.push(format!("seed={seed}"));
                     runs.push(PlannedRun {
                         name,
-                        config: config.clone(),
+                        config: config.to_path_buf(),
                         verb: verb.into(),
                         overrides,
                         point: labelled,
