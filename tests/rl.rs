@@ -283,7 +283,7 @@ fn config_errors_name_the_file_the_key_the_value_and_what_is_allowed() {
 
 #[test]
 fn shipped_configs_load() {
-    for dir in ["configs/crl-maze", "configs/crl-maze/cpu"] {
+    for (dir, least) in [("configs/crl-maze", 3), ("configs/crl-maze/cpu", 3), ("configs/crl-maze/serpentine", 2)] {
         let mut n = 0;
         for e in std::fs::read_dir(common::repo().join(dir)).unwrap() {
             let p = e.unwrap().path();
@@ -292,7 +292,7 @@ fn shipped_configs_load() {
                 n += 1;
             }
         }
-        assert!(n >= 3, "{dir}: depth 4, 16 and 64");
+        assert!(n >= least, "{dir}: {n} configs (depth 4, 16 and 64; serpentine 4 and 16)");
     }
 }
 
@@ -309,7 +309,7 @@ fn a_short_training_run_beats_the_random_policy() {
     let t = std::time::Instant::now();
     let s = trainer::train(&exp, &dir, &RlOptions::default()).unwrap();
     let cfg = &exp.config;
-    let (random, _) = random_policy(&cfg.env.spec(), &eval_seeds(cfg.seed, cfg.log.eval_envs), cfg.seed);
+    let (random, _) = random_policy(&cfg.env.spec(), &eval_seeds(cfg.seed, cfg.log.eval_envs), cfg.seed).rates();
     assert_eq!(random, s.random_success);
     eprintln!(
         "trained: success {:.3} (time at goal {:.3}); random: {random:.3}; {:.1}s",
@@ -535,17 +535,27 @@ fn impossible_rl_settings_are_refused_naming_the_key() {
 fn the_straight_line_baseline_reaches_open_goals_and_is_stopped_by_the_wall() {
     use plexus::rl::trainer::straight_line_policy;
     let seeds = eval_seeds(7, 256);
-    let (open, open_time) = straight_line_policy(&spec(Layout::Open), &seeds);
+    let (open, open_time) = straight_line_policy(&spec(Layout::Open), &seeds).rates();
     assert_eq!(open, 1.0, "every goal of the open arena is on a straight line");
     assert!(open_time > 0.5, "it stays at the goal once there: {open_time}");
     let u = spec(Layout::U);
-    let (straight, _) = straight_line_policy(&u, &seeds);
-    let (random, _) = random_policy(&u, &seeds, 7);
+    let on_u = straight_line_policy(&u, &seeds);
+    let (straight, _) = on_u.rates();
+    let (random, _) = random_policy(&u, &seeds, 7).rates();
+    // It fails only where the wall is in its way: every task with a clear line is reached.
+    assert_eq!(on_u.success_where(false), 1.0);
+    assert!(on_u.success_where(true) < 0.5 && on_u.blocked_share() > 0.2, "{on_u:?}");
     println!("U maze, 256 tasks: straight line {straight:.3}, random {random:.3}");
     assert!(straight < 1.0 && straight > random, "straight {straight}, random {random}");
     let tmp = tempfile::tempdir().unwrap();
     let s = trainer::train(&tiny("{kind: residual}", &[]), &tmp.path().join("r"), &RlOptions::default()).unwrap();
     let cfg = &tiny("{kind: residual}", &[]).config;
     let expected = straight_line_policy(&cfg.env.spec(), &eval_seeds(cfg.seed, cfg.log.eval_envs));
-    assert_eq!((s.straight_success, s.straight_time_at_goal), expected);
+    assert_eq!((s.straight_success, s.straight_time_at_goal), expected.rates());
+    assert_eq!((s.blocked_share, s.straight_success_blocked), (expected.blocked_share(), expected.success_where(true)));
+    // The split of the trained policy is its last evaluation's: the blocked and clear tasks
+    // together give the success rate in summary.json.
+    let share = s.blocked_share;
+    let clear = (s.success - share * s.success_blocked) / (1.0 - share);
+    assert!((0.0..=1.0 + 1e-9).contains(&clear), "success {} blocked {} share {share}", s.success, s.success_blocked);
 }

@@ -31,6 +31,34 @@ impl Wall {
     pub fn contains(&self, x: f32, y: f32) -> bool {
         x > self.x0 && x < self.x1 && y > self.y0 && y < self.y1
     }
+
+    /// Whether the segment from `a` to `b` passes through the wall's interior (Liang–Barsky
+    /// clipping of the segment against the rectangle; touching a face does not count).
+    pub fn crosses(&self, a: [f32; 2], b: [f32; 2]) -> bool {
+        let d = [b[0] - a[0], b[1] - a[1]];
+        let (mut t0, mut t1) = (0.0f32, 1.0f32);
+        for (p, q) in [(-d[0], a[0] - self.x0), (d[0], self.x1 - a[0]), (-d[1], a[1] - self.y0), (d[1], self.y1 - a[1])]
+        {
+            if p == 0.0 {
+                if q <= 0.0 {
+                    return false;
+                }
+            } else {
+                let r = q / p;
+                if p < 0.0 {
+                    t0 = t0.max(r);
+                } else {
+                    t1 = t1.min(r);
+                }
+            }
+        }
+        t0 < t1
+    }
+}
+
+/// Whether a wall stands on the straight line from `a` to `b`.
+pub fn sight_blocked(walls: &[Wall], a: [f32; 2], b: [f32; 2]) -> bool {
+    walls.iter().any(|w| w.crosses(a, b))
 }
 
 /// The maze layouts.
@@ -42,6 +70,10 @@ pub enum Layout {
     /// A U-maze: a wall from the left edge to `x = 0.7` across the middle (`0.4 < y < 0.6`), so
     /// that the lower-left and upper-left corners are connected only around its right end.
     U,
+    /// A serpentine: three walls, alternately from the left and the right edge, leave four
+    /// corridors joined at alternate ends, so that going from the bottom corridor to the top one
+    /// takes three turns. The straight line to the goal is blocked on most tasks (about 7 in 10).
+    Serpentine,
 }
 
 impl Layout {
@@ -49,6 +81,11 @@ impl Layout {
         match self {
             Layout::Open => Vec::new(),
             Layout::U => vec![Wall { x0: 0.0, y0: 0.4, x1: 0.7, y1: 0.6 }],
+            Layout::Serpentine => vec![
+                Wall { x0: 0.0, y0: 0.2, x1: 0.75, y1: 0.26 },
+                Wall { x0: 0.25, y0: 0.47, x1: 1.0, y1: 0.53 },
+                Wall { x0: 0.0, y0: 0.74, x1: 0.75, y1: 0.8 },
+            ],
         }
     }
 }
@@ -274,5 +311,20 @@ mod tests {
         assert!((x - 0.75).abs() < 1e-6 && (y - 0.45).abs() < 1e-6);
         // The arena bounds.
         assert_eq!(VecEnv::move_point(&walls, 0.95, 0.02, 0.1, -0.1), (1.0, 0.0));
+    }
+
+    #[test]
+    fn a_segment_crosses_a_wall_only_through_its_interior() {
+        let w = Layout::U.walls()[0];
+        assert!(w.crosses([0.3, 0.1], [0.3, 0.9]), "straight up through it");
+        assert!(w.crosses([0.1, 0.1], [0.9, 0.9]), "diagonally through it");
+        assert!(!w.crosses([0.8, 0.1], [0.8, 0.9]), "past its right end");
+        assert!(!w.crosses([0.1, 0.1], [0.6, 0.35]), "below it");
+        assert!(!w.crosses([0.1, 0.4], [0.9, 0.4]), "along its face");
+        assert!(!w.crosses([0.75, 0.1], [0.9, 0.9]), "beside it, vertically");
+        // The serpentine: bottom to top corridor is blocked anywhere; within a corridor it is not.
+        let s = Layout::Serpentine.walls();
+        assert!(sight_blocked(&s, [0.9, 0.1], [0.9, 0.9]) && sight_blocked(&s, [0.1, 0.1], [0.1, 0.9]));
+        assert!(!sight_blocked(&s, [0.1, 0.6], [0.9, 0.7]));
     }
 }

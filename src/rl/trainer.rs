@@ -70,8 +70,24 @@ pub struct RlSummary {
     pub straight_success: f64,
     #[serde(default)]
     pub straight_time_at_goal: f64,
+    /// The share of evaluation tasks whose straight line from start to goal crosses a wall, and
+    /// the success of the trained, straight-line and random policies on those tasks alone (NaN,
+    /// written `null`, without such tasks; absent from runs written before the split).
+    #[serde(default)]
+    pub blocked_share: f64,
+    #[serde(default, deserialize_with = "nan_if_null")]
+    pub success_blocked: f64,
+    #[serde(default, deserialize_with = "nan_if_null")]
+    pub straight_success_blocked: f64,
+    #[serde(default, deserialize_with = "nan_if_null")]
+    pub random_success_blocked: f64,
     pub seconds: f64,
     pub device: String,
+}
+
+/// serde_json writes NaN as `null`; read it back as NaN.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// Options of a run.
@@ -182,13 +198,55 @@ pub fn eval_seeds(seed: u64, n: usize) -> Vec<u64> {
     VecEnv::seeds(seed.wrapping_add(0x5eed_0000_0000), n)
 }
 
+/// One evaluation episode on each of `N` tasks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Episodes {
+    /// Whether the goal radius was reached at some step, `[N]`.
+    pub reached: Vec<bool>,
+    /// Steps spent within the goal radius, `[N]`.
+    pub steps_at_goal: Vec<usize>,
+    /// Whether a wall stands on the straight line from the task's start to its goal, `[N]`.
+    pub blocked: Vec<bool>,
+    pub episode_length: usize,
+}
+
+impl Episodes {
+    /// `(success, time_at_goal)`: the share of tasks whose goal was reached, and the mean share
+    /// of steps spent at the goal.
+    pub fn rates(&self) -> (f64, f64) {
+        let n = self.reached.len();
+        let success = self.reached.iter().filter(|&&r| r).count() as f64 / n as f64;
+        let time = self.steps_at_goal.iter().sum::<usize>() as f64 / (n * self.episode_length) as f64;
+        (success, time)
+    }
+
+    /// The success rate on the tasks whose straight line is blocked (`blocked`) or clear; NaN
+    /// when there are none.
+    pub fn success_where(&self, blocked: bool) -> f64 {
+        let hits: Vec<bool> =
+            self.reached.iter().zip(&self.blocked).filter(|(_, b)| **b == blocked).map(|(r, _)| *r).collect();
+        hits.iter().filter(|&&r| r).count() as f64 / hits.len() as f64
+    }
+
+    /// The share of tasks whose straight line is blocked.
+    pub fn blocked_share(&self) -> f64 {
+        self.blocked.iter().filter(|&&b| b).count() as f64 / self.blocked.len() as f64
+    }
+}
+
 /// Runs one episode of `policy` on environments seeded by `seeds`. `policy(states, goals)` maps
-/// `[N, 2]` states and goals to `[N, 2]` actions. Returns `(success, time_at_goal)`: the share of
-/// environments within the goal radius at some step, and the mean share of steps they spend there.
-pub fn evaluate(spec: &EnvSpec, seeds: &[u64], mut policy: impl FnMut(&[f32], &[f32]) -> Vec<f32>) -> (f64, f64) {
+/// `[N, 2]` states and goals to `[N, 2]` actions.
+pub fn evaluate(spec: &EnvSpec, seeds: &[u64], mut policy: impl FnMut(&[f32], &[f32]) -> Vec<f32>) -> Episodes {
     let mut env = VecEnv::new(spec.clone(), seeds);
     let n = seeds.len();
     let goals = env.goals().to_vec();
+    let walls = spec.layout.walls();
+    let blocked = (0..n)
+        .map(|i| {
+            let (s, g) = (&env.obs()[2 * i..2 * i + 2], &goals[2 * i..2 * i + 2]);
+            super::env::sight_blocked(&walls, [s[0], s[1]], [g[0], g[1]])
+        })
+        .collect();
     let (mut reached, mut at_goal) = (vec![false; n], vec![0usize; n]);
     for _ in 0..spec.episode_length {
         let a = policy(env.obs(), &goals);
@@ -200,22 +258,20 @@ pub fn evaluate(spec: &EnvSpec, seeds: &[u64], mut policy: impl FnMut(&[f32], &[
             }
         }
     }
-    let success = reached.iter().filter(|&&r| r).count() as f64 / n as f64;
-    let time = at_goal.iter().sum::<usize>() as f64 / (n * spec.episode_length) as f64;
-    (success, time)
+    Episodes { reached, steps_at_goal: at_goal, blocked, episode_length: spec.episode_length }
 }
 
-/// The uniformly random policy's `(success, time_at_goal)` on the evaluation tasks of `seeds`
-/// (actions drawn from a generator seeded by `seed`).
-pub fn random_policy(spec: &EnvSpec, seeds: &[u64], seed: u64) -> (f64, f64) {
+/// The uniformly random policy on the evaluation tasks of `seeds` (actions drawn from a
+/// generator seeded by `seed`).
+pub fn random_policy(spec: &EnvSpec, seeds: &[u64], seed: u64) -> Episodes {
     let mut rng = RlRng::seed_from_u64(seed.wrapping_add(0xdead_beef));
     evaluate(spec, seeds, |s, _| (0..s.len()).map(|_| rng.gen_range(-1.0f32..=1.0)).collect())
 }
 
 /// The policy that walks straight at the goal at full speed (`a = (g − s) / max_step`, scaled
-/// down so that no coordinate exceeds 1) on the evaluation tasks of `seeds`: `(success,
-/// time_at_goal)`. It needs no learning; it fails where a wall stands between start and goal.
-pub fn straight_line_policy(spec: &EnvSpec, seeds: &[u64]) -> (f64, f64) {
+/// down so that no coordinate exceeds 1) on the evaluation tasks of `seeds`. It needs no
+/// learning; it fails where a wall stands between start and goal.
+pub fn straight_line_policy(spec: &EnvSpec, seeds: &[u64]) -> Episodes {
     let m = spec.max_step;
     evaluate(spec, seeds, |s, g| {
         s.chunks_exact(2)
@@ -247,8 +303,10 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
     let spec = cfg.env.spec();
     let (n, t_len) = (cfg.env.num_envs, cfg.env.episode_length);
     let seeds = eval_seeds(cfg.seed, cfg.log.eval_envs);
-    let (random_success, random_time) = random_policy(&spec, &seeds, cfg.seed);
-    let (straight_success, straight_time) = straight_line_policy(&spec, &seeds);
+    let random_eval = random_policy(&spec, &seeds, cfg.seed);
+    let straight_eval = straight_line_policy(&spec, &seeds);
+    let (random_success, random_time) = random_eval.rates();
+    let (straight_success, straight_time) = straight_eval.rates();
     let mut env = VecEnv::new(spec.clone(), &VecEnv::seeds(cfg.seed, n));
     let mut rng = RlRng::seed_from_u64(cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1));
     let t = &cfg.train;
@@ -365,7 +423,7 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
         let done = env_steps >= t.env_steps;
         if env_steps >= next_eval || done {
             next_eval = env_steps + cfg.log.eval_every;
-            let (success, time) = evaluate(&spec, &seeds, |s, g| agent.act(s, g, None));
+            let (success, time) = evaluate(&spec, &seeds, |s, g| agent.act(s, g, None)).rates();
             last = (success, time);
             let means: Vec<f64> = match stats.take() {
                 Some(acc) => crate::host::values(&(acc / stat_updates as f64)),
@@ -449,6 +507,8 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
         }
     }
     checkpoint::save_weights(&run.file("final.safetensors"), |p| Ok(agent.vs.save(p)?))?;
+    // The final policy is deterministic: this episode is the last evaluation's, split by task.
+    let trained = evaluate(&spec, &seeds, |s, g| agent.act(s, g, None));
     let summary = RlSummary {
         name: cfg.name.clone(),
         topology: exp.topology.kind().to_string(),
@@ -464,6 +524,10 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
         random_time_at_goal: random_time,
         straight_success,
         straight_time_at_goal: straight_time,
+        blocked_share: trained.blocked_share(),
+        success_blocked: trained.success_where(true),
+        straight_success_blocked: straight_eval.success_where(true),
+        random_success_blocked: random_eval.success_where(true),
         seconds: start.elapsed().as_secs_f64(),
         device: crate::device::describe(device),
     };
