@@ -673,12 +673,32 @@ pub fn fd(
     o: &crate::diffusion::SampleOptions,
     device: &str,
 ) -> Result<()> {
-    let fd = crate::fd::fd_command(run, extractor, samples, o, device)?;
+    let r = crate::fd::fd_command(run, extractor, samples, o, device)?;
+    // The latest measurement stays with the run, for `plexus report` (metrics `fd.*`).
+    let file = run.join("fd.json");
+    crate::run_dir::atomic_write(&file, serde_json::to_string_pretty(&r)?.as_bytes())?;
+    let at = o.step.map_or("the final weights".to_string(), |s| format!("the checkpoint of step {s}"));
     println!(
-        "Fréchet distance {fd:.4} ({samples} generated vs {samples} real test images, features of the plexus-trained \
-         classifier {}; NOT FID-50K: no Inception network, not comparable with published FIDs)",
+        "Fréchet distance {:.4} ({samples} generated from {at} vs {samples} real test images, features of the \
+         plexus-trained classifier {}; NOT FID-50K: no Inception network, not comparable with published FIDs)",
+        r.fd,
         extractor.display()
     );
+    match r.real_floor {
+        Some(f) => println!(
+            "real-vs-real floor {f:.4} (two disjoint sets of {samples} real test images: the distance sampling alone \
+             gives at this count; read the distance above against it)"
+        ),
+        None => println!("real-vs-real floor: not measured (needs {} held-out images, data.eval_samples)", 2 * samples),
+    }
+    println!(
+        "class agreement {:.1} % (generated images the extractor classifies as the label they were drawn for; \
+         chance {:.1} %, the extractor's accuracy on real test images {:.1} %)",
+        100.0 * r.class_agreement,
+        100.0 / r.classes as f64,
+        100.0 * r.extractor_accuracy
+    );
+    println!("written: {}", file.display());
     Ok(())
 }
 

@@ -31,16 +31,29 @@ pub enum Weights {
 }
 
 /// Where `plexus sample` writes its grid: `figures/samples-{ddim50|ddpm}-cfg{scale}.png`.
-pub fn samples_file(run: &crate::run_dir::RunDir, sampler: Sampler, steps: usize, cfg: f64) -> std::path::PathBuf {
-    let s = match sampler {
-        Sampler::Ddim => format!("ddim{steps}"),
+pub fn samples_file(run: &crate::run_dir::RunDir, o: &SampleOptions) -> std::path::PathBuf {
+    let s = match o.sampler {
+        Sampler::Ddim => format!("ddim{}", o.steps),
         Sampler::Ddpm => "ddpm".to_string(),
     };
-    run.figures_dir().join(format!("samples-{s}-cfg{cfg}.png"))
+    let at = o.step.map_or(String::new(), |n| format!("-step{n}"));
+    run.figures_dir().join(format!("samples-{s}-cfg{}{at}.png", o.cfg))
 }
 
-/// The weights file of `run` for `which`: `final_ema.safetensors` or `final.safetensors`.
-pub fn weights_file(run: &crate::run_dir::RunDir, which: Weights) -> anyhow::Result<std::path::PathBuf> {
+/// The weights file of `run` for `which`: `final_ema.safetensors` or `final.safetensors`; with
+/// `step`, the raw weights of the checkpoint at that step.
+pub fn weights_file(
+    run: &crate::run_dir::RunDir,
+    which: Weights,
+    step: Option<u64>,
+) -> anyhow::Result<std::path::PathBuf> {
+    if let Some(step) = step {
+        anyhow::ensure!(
+            which != Weights::Ema,
+            "--step {step} --weights ema: checkpoints hold the raw weights only (the moving average is kept at the end)"
+        );
+        return crate::train::checkpoint::weights_at_step(run, step);
+    }
     let ema = run.final_ema_checkpoint();
     match which {
         Weights::Raw => Ok(run.final_checkpoint()),
@@ -73,6 +86,10 @@ pub struct SampleOptions {
     /// ([`sample_run`] and `plexus fd`; [`sample`] takes a model).
     #[arg(long, value_enum, default_value = "auto")]
     pub weights: Weights,
+    /// Use the checkpoint of this training step (its raw weights) instead of the final weights,
+    /// e.g. to pick the best step by FD; a run keeps its last `log.keep_checkpoints` checkpoints.
+    #[arg(long)]
+    pub step: Option<u64>,
 }
 
 /// The most images per class `plexus sample` draws into its grid.
@@ -212,7 +229,7 @@ pub fn sample_run(
     );
     o.check()?;
     let dev = crate::device::from_flag("--device", device)?;
-    let choose = |d: &crate::run_dir::RunDir| weights_file(d, o.weights);
+    let choose = |d: &crate::run_dir::RunDir| weights_file(d, o.weights, o.step);
     let open = crate::train::trained::OpenOptions {
         device: Some(dev),
         compute: Some(Kind::Float),
@@ -270,7 +287,7 @@ pub fn sample_run(
             }
         }
     }
-    let out = samples_file(&dir, o.sampler, o.steps, o.cfg);
+    let out = samples_file(&dir, o);
     crate::run_dir::atomic_write_with(&out, |p| img.save(p).context("encoding the PNG"))?;
     Ok(out)
 }

@@ -45,17 +45,40 @@ pub fn frechet_of(a: &Tensor, b: &Tensor) -> f64 {
     frechet(&m1, &s1, &m2, &s2)
 }
 
+/// What `plexus fd` measured.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FdResult {
+    /// Fréchet distance of the generated images to the first `samples` held-out images.
+    pub fd: f64,
+    /// The same distance between two disjoint sets of `samples` held-out images: the floor that
+    /// `fd` should be read against (what sampling noise alone gives at this sample count); `None`
+    /// when the held-out set has fewer than `2 × samples` images.
+    pub real_floor: Option<f64>,
+    /// The share of generated images the extractor classifies as the label they were drawn for:
+    /// whether the model uses its label (chance is 1 / classes).
+    pub class_agreement: f64,
+    /// The extractor's accuracy on the real images compared (what `class_agreement` can reach).
+    pub extractor_accuracy: f64,
+    pub classes: i64,
+    pub samples: usize,
+    /// How the images were drawn: sampler, steps, guidance scale, seed, weights, checkpoint step.
+    pub sampling: String,
+    /// The extractor run.
+    pub extractor: std::path::PathBuf,
+}
+
 /// `plexus fd`: `samples` images drawn from the DiT run `run` (labels cycling over the classes)
 /// against the first `samples` held-out images, in the features of the classifier run
-/// `extractor` (same image shape). Generated images are mapped to pixels through the DiT data's
-/// input transform (clamped to [0, 1]) and then through the classifier's. Returns the distance.
+/// `extractor` (same image shape and classes). Generated images are mapped to pixels through the
+/// DiT data's input transform (clamped to [0, 1]) and then through the classifier's. Also the
+/// real-vs-real floor and how often the extractor agrees with the generated images' labels.
 pub fn fd_command(
     run: &std::path::Path,
     extractor: &std::path::Path,
     samples: usize,
     o: &crate::diffusion::SampleOptions,
     device: &str,
-) -> Result<f64> {
+) -> Result<FdResult> {
     use crate::data::{InputTransform, Task};
     use crate::experiment::Experiment;
     use crate::run_dir::RunDir;
@@ -63,29 +86,39 @@ pub fn fd_command(
     o.check()?;
     let dev = crate::device::from_flag("--device", device)?;
     // The diffusion run's weights as `o.weights` says; the extractor's as trained.
-    let load =
-        |dir: &std::path::Path, weights: crate::diffusion::Weights| -> Result<(Experiment, crate::model::Model)> {
-            let choose = |d: &RunDir| crate::diffusion::weights_file(d, weights);
-            let open = crate::train::trained::OpenOptions {
-                device: Some(dev),
-                compute: Some(Kind::Float),
-                weights: &choose,
-                ..Default::default()
-            };
-            let run = crate::train::trained::open(dir, &open)?;
-            Ok((run.exp, run.model))
+    let load = |dir: &std::path::Path,
+                weights: crate::diffusion::Weights,
+                step: Option<u64>|
+     -> Result<(Experiment, crate::model::Model)> {
+        let choose = |d: &RunDir| crate::diffusion::weights_file(d, weights, step);
+        let open = crate::train::trained::OpenOptions {
+            device: Some(dev),
+            compute: Some(Kind::Float),
+            weights: &choose,
+            ..Default::default()
         };
-    let (gen_exp, gen) = load(run, o.weights)?;
+        let run = crate::train::trained::open(dir, &open)?;
+        Ok((run.exp, run.model))
+    };
+    let (gen_exp, gen) = load(run, o.weights, o.step)?;
     let Task::Diffusion(d) = gen_exp.task() else {
         bail!("{}: not a diffusion run (model.kind `{}`)", run.display(), gen_exp.model.kind());
     };
-    let (cls_exp, cls) = load(extractor, crate::diffusion::Weights::Raw)?;
+    let (cls_exp, cls) = load(extractor, crate::diffusion::Weights::Raw, None)?;
     if !matches!(cls_exp.task(), Task::Classification) {
         bail!("--extractor {}: not a classifier run (model.kind `{}`)", extractor.display(), cls_exp.model.kind());
     }
     let (gi, ci) = (gen_exp.data.info(), cls_exp.data.info());
     if gi.input_shape != ci.input_shape {
         bail!("--extractor reads images of shape {:?}, the diffusion run makes {:?}", ci.input_shape, gi.input_shape);
+    }
+    if ci.output_dim as i64 != d.num_classes {
+        bail!(
+            "--extractor {}: classifies {} classes, the diffusion run draws {}: use a classifier of the same dataset",
+            extractor.display(),
+            ci.output_dim,
+            d.num_classes
+        );
     }
     let (c, s) = (gi.input_shape[0] as i64, gi.input_shape[1] as i64);
     let gen_transform = gen_exp.data.load()?.input_transform();
@@ -95,26 +128,37 @@ pub fn fd_command(
         let v: Vec<f32> = (0..c as usize).map(|i| v[i.min(v.len() - 1)] as f32).collect();
         Tensor::from_slice(&v).view([1, c, 1, 1]).to_device(dev)
     };
-    // Real: the first `samples` held-out images, through the classifier's transform.
+    // Real: the first `2 × samples` held-out images (or as many as there are, at least
+    // `samples`), through the classifier's transform; the second half is the floor's other set.
     let to_cls = cls_transform.on(dev);
-    let mut real = Vec::new();
+    let (mut real, mut real_labels) = (Vec::new(), Vec::new());
     let mut have = 0usize;
     for b in cls_data.eval_batches() {
-        if have >= samples {
+        if have >= 2 * samples {
             break;
         }
         let x = to_cls.apply(&b.input.to_device(dev));
-        let take = (samples - have).min(x.size()[0] as usize) as i64;
+        let take = (2 * samples - have).min(x.size()[0] as usize) as i64;
         real.push(x.narrow(0, 0, take));
+        real_labels.push(b.target.to_device(dev).narrow(0, 0, take));
         have += take as usize;
     }
     if have < samples {
         bail!("--samples {samples}: the extractor's held-out set has only {have} images (data.eval_samples)");
     }
     let feats = |x: &Tensor| tch::no_grad(|| cls.features(x));
-    let real_f: Vec<Tensor> = real.iter().map(feats).collect();
+    let all_real = Tensor::cat(&real, 0);
+    let all_real_f = feats(&all_real);
+    let extractor_accuracy = {
+        let pred = tch::no_grad(|| cls.forward(&all_real.narrow(0, 0, samples as i64), false)).argmax(-1, false);
+        let hits = pred.eq_tensor(&Tensor::cat(&real_labels, 0).narrow(0, 0, samples as i64));
+        crate::host::scalar(&hits.to_kind(Kind::Float).mean(Kind::Float))
+    };
+    let real_f = vec![all_real_f.narrow(0, 0, samples as i64)];
+    let floor_f = (have >= 2 * samples).then(|| all_real_f.narrow(0, samples as i64, samples as i64));
     // Generated: in chunks of 256, labels cycling over the classes.
     let mut gen_f = Vec::new();
+    let mut agree = 0i64;
     let mut done = 0usize;
     while done < samples {
         let n = (samples - done).min(crate::diffusion::SAMPLE_CHUNK as usize) as i64;
@@ -130,6 +174,8 @@ pub fn fd_command(
             InputTransform::Identity => pixels,
         };
         gen_f.push(feats(&x));
+        let pred = tch::no_grad(|| cls.forward(&x, false)).argmax(-1, false);
+        agree += crate::host::scalar(&pred.eq_tensor(&labels).sum(Kind::Int64)) as i64;
         done += n as usize;
     }
     let (gen_f, real_f) = (Tensor::cat(&gen_f, 0), Tensor::cat(&real_f, 0));
@@ -146,5 +192,14 @@ pub fn fd_command(
         "--extractor {}: the real images' features are not finite (its weights are not finite)",
         extractor.display()
     );
-    Ok(frechet_of(&gen_f, &real_f))
+    Ok(FdResult {
+        fd: frechet_of(&gen_f, &real_f),
+        real_floor: floor_f.map(|f| frechet_of(&f, &real_f)),
+        class_agreement: agree as f64 / samples as f64,
+        extractor_accuracy,
+        classes: d.num_classes,
+        samples,
+        sampling: format!("{o:?}"),
+        extractor: extractor.to_path_buf(),
+    })
 }

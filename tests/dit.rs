@@ -264,14 +264,15 @@ fn ddim_and_ddpm_recover_a_delta_distribution_from_its_exact_noise_prediction() 
     let d = Diffusion { channels: 2, num_classes: 3, label_dropout: 0.0, learn_sigma: false };
     let labels = Tensor::from_slice(&[0i64, 1, 2]);
     for (sampler, steps, cfg) in [(Sampler::Ddim, 50, 1.0), (Sampler::Ddim, 7, 4.0), (Sampler::Ddpm, 0, 1.0)] {
-        let o = SampleOptions { sampler, steps, cfg, seed: 9, weights: Default::default() };
+        let o = SampleOptions { sampler, steps, cfg, seed: 9, weights: Default::default(), step: None };
         let x = sample(oracle(&target), &d, [3, 2, 4, 4], &labels, &o);
         let err = (x - target.unsqueeze(0)).abs().max().double_value(&[]);
         assert!(err < 1e-3, "{sampler:?} {steps} steps cfg {cfg}: max error {err}");
     }
     // A wrong ε (half the exact one) does not land on the data point: the check can fail.
     let off = |p: &Tensor| oracle(&target)(p) * 0.5;
-    let o = SampleOptions { sampler: Sampler::Ddim, steps: 50, cfg: 1.0, seed: 9, weights: Default::default() };
+    let o =
+        SampleOptions { sampler: Sampler::Ddim, steps: 50, cfg: 1.0, seed: 9, weights: Default::default(), step: None };
     let x = sample(off, &d, [3, 2, 4, 4], &labels, &o);
     assert!((x - target.unsqueeze(0)).abs().max().double_value(&[]) > 0.1);
 }
@@ -295,7 +296,7 @@ fn sampling_is_deterministic_for_a_seed_and_guidance_changes_it() {
     let d = Diffusion { channels: 3, num_classes: 4, label_dropout: 0.1, learn_sigma: false };
     let labels = Tensor::from_slice(&[0i64, 3]);
     let run = |sampler, cfg, seed| {
-        let o = SampleOptions { sampler, steps: 10, cfg, seed, weights: Default::default() };
+        let o = SampleOptions { sampler, steps: 10, cfg, seed, weights: Default::default(), step: None };
         sample(|x| m.forward(x, false), &d, [2, 3, 8, 8], &labels, &o)
     };
     for sampler in [Sampler::Ddim, Sampler::Ddpm] {
@@ -475,7 +476,8 @@ fn ddpm_with_a_learned_variance_uses_it() {
     let fixed = Diffusion { channels: 2, num_classes: 3, label_dropout: 0.0, learn_sigma: false };
     let learned = Diffusion { learn_sigma: true, ..fixed };
     let labels = Tensor::from_slice(&[0i64, 1, 2]);
-    let o = SampleOptions { sampler: Sampler::Ddpm, steps: 0, cfg: 2.0, seed: 4, weights: Default::default() };
+    let o =
+        SampleOptions { sampler: Sampler::Ddpm, steps: 0, cfg: 2.0, seed: 4, weights: Default::default(), step: None };
     // ε-predictions (exact, or half the exact one) with a constant variance channel v.
     let with_v = |scale: f64, v: f64| {
         let exact = oracle(&target);
@@ -534,7 +536,7 @@ fn a_moving_average_is_kept_resumed_exactly_and_sampled_from() {
     plexus::train::checkpoint::load_weights(&mut m.vs, &ra.final_ema_checkpoint()).unwrap();
 
     // Sampling: `auto` takes the average, `raw` the trained weights, `ema` without one is refused.
-    let o = |weights| SampleOptions { sampler: Sampler::Ddim, steps: 5, cfg: 1.0, seed: 1, weights };
+    let o = |weights| SampleOptions { sampler: Sampler::Ddim, steps: 5, cfg: 1.0, seed: 1, weights, step: None };
     let png = |w| std::fs::read(sample_run(&a, 1, &o(w), "cpu").unwrap()).unwrap();
     let (auto, ema, raw_png) = (png(Weights::Auto), png(Weights::Ema), png(Weights::Raw));
     assert_eq!(auto, ema);
@@ -583,6 +585,27 @@ fn plexus_sample_and_fd_run_from_the_command_line() {
     assert!(!ok && text.contains("train.ema"), "{text}");
     let (ok, text) = run(&["fd", "d", "--extractor", "c", "--samples", "8", "--steps", "2"]);
     assert!(ok && text.contains("Fréchet distance") && text.contains("NOT FID-50K"), "{text}");
+    assert!(text.contains("floor: not measured (needs 16 held-out images"), "{text}");
+    let (ok, text) = run(&["fd", "d", "--extractor", "c", "--samples", "4", "--steps", "2"]);
+    assert!(ok, "{text}");
+    // Beside the distance: the real-vs-real floor (two disjoint sets of 4 test images) and how
+    // often the extractor agrees with the generated images' labels, against chance (4 classes).
+    let number = |after: &str| -> f64 {
+        let rest = text.split(after).nth(1).unwrap_or_else(|| panic!("no `{after}` in {text}"));
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    assert!(number("real-vs-real floor ") > 0.0, "{text}");
+    assert!((0.0..=100.0).contains(&number("class agreement ")) && text.contains("chance 25.0 %"), "{text}");
+    // A checkpoint of the run instead of the final weights: the step's raw weights; a step
+    // without a checkpoint lists those there are.
+    let (ok, text) = run(&["fd", "d", "--extractor", "c", "--samples", "8", "--steps", "2", "--step", "4"]);
+    assert!(ok && text.contains("from the checkpoint of step 4"), "{text}");
+    let (ok, text) = run(&["sample", "d", "--steps", "2", "--per-class", "1", "--step", "4"]);
+    assert!(ok && tmp.path().join("d/figures/samples-ddim2-cfg1-step4.png").is_file(), "{text}");
+    let (ok, text) = run(&["sample", "d", "--steps", "2", "--step", "3"]);
+    assert!(!ok && text.contains("no complete checkpoint at step 3") && text.contains("steps 4"), "{text}");
+    let (ok, text) = run(&["sample", "d", "--steps", "2", "--step", "4", "--weights", "ema"]);
+    assert!(!ok && text.contains("raw weights only"), "{text}");
     // One check of the sampling flags for both commands: no panic, the flag and what is allowed.
     for cmd in [&["sample", "d"][..], &["fd", "d", "--extractor", "c", "--samples", "8"][..]] {
         for (flag, value, allowed) in [

@@ -16,7 +16,8 @@ pub struct RunRecord {
     /// highest for accuracy and success, lowest otherwise); `initial.gamma` (the first logged Γ);
     /// `eps_by_t.<bucket>` (a diffusion run's last validation ε-MSE per timestep bucket); and
     /// after `plexus analyze`, `analysis.half_depth.<metric>` (the exit after ⌊L/2⌋ units) and
-    /// `analysis.noise[<level>].<metric>` (under input noise of that σ or probability).
+    /// `analysis.noise[<level>].<metric>` (under input noise of that σ or probability); after
+    /// `plexus fd`, `fd.fd`, `fd.real_floor` and `fd.class_agreement` (its latest measurement).
     pub metrics: BTreeMap<String, f64>,
 }
 
@@ -122,6 +123,17 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
                 if let Some(v) = last[c] {
                     metrics.insert(format!("eps_by_t.{name}"), v);
                 }
+            }
+        }
+    }
+    let fd = dir.join("fd.json");
+    if fd.is_file() {
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&fd).with_context(|| format!("reading {}", fd.display()))?)
+                .with_context(|| format!("parsing {}", fd.display()))?;
+        for k in ["fd", "real_floor", "class_agreement"] {
+            if let Some(v) = json[k].as_f64() {
+                metrics.insert(format!("fd.{k}"), v);
             }
         }
     }

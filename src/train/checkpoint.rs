@@ -138,6 +138,30 @@ pub fn list(run: &RunDir) -> Result<Vec<(PathBuf, TrainerState)>> {
     Ok(v)
 }
 
+/// The model weights of the complete checkpoint at `step` (for sampling or measuring a run part
+/// way through training), checked against the CRC-32 its marker recorded; an error lists the steps
+/// there are.
+pub fn weights_at_step(run: &RunDir, step: u64) -> Result<PathBuf> {
+    let all = list(run)?;
+    let Some((_, state)) = all.iter().find(|(_, s)| s.step == step) else {
+        let steps: Vec<String> = all.iter().map(|(_, s)| s.step.to_string()).collect();
+        bail!(
+            "--step {step}: {} has no complete checkpoint at step {step}; it has {} (a run keeps the last \
+             log.keep_checkpoints of them, every log.checkpoint_every steps)",
+            dir(run).display(),
+            if steps.is_empty() { "none".to_string() } else { format!("steps {}", steps.join(", ")) }
+        );
+    };
+    let path = dir(run).join(&state.model_file);
+    if let Some(want) = state.model_crc32 {
+        let got = crc32_of(&path)?;
+        if got != want {
+            bail!("{} is corrupt: CRC-32 {got:08x}, but its checkpoint marker recorded {want:08x}", path.display());
+        }
+    }
+    Ok(path)
+}
+
 /// The newest complete checkpoint.
 pub fn latest(run: &RunDir) -> Result<Option<TrainerState>> {
     Ok(list(run)?.pop().map(|(_, s)| s))
