@@ -5,6 +5,7 @@
 mod common;
 
 use common::{plexus, repo, text};
+use std::ops::Sub;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -195,6 +196,37 @@ fn report_statistics_equal_a_hand_computation() {
     assert!(close(get("residual", "eval.accuracy", "diff_sd"), (0.0001f64 / 3.0).sqrt()));
     assert!(close(get("residual", "eval.accuracy", "p"), 1.0 - 7.0 / 51f64.sqrt()));
     assert!(get("plain", "eval.accuracy", "diff_mean").is_nan(), "the baseline has no difference to itself");
+
+    // plexus analyze's numbers: the half-depth exit, and robustness as the accuracy lost to noise.
+    for s in 0..3u64 {
+        let a = format!(
+            r#"{{"half_depth": {{"units": 2, "loss": 1.0, "accuracy": 0.{s}}}, "noise": [
+                {{"kind": "gaussian", "level": 0.0, "mean_loss": 0.5, "mean_accuracy": 0.9}},
+                {{"kind": "gaussian", "level": 0.5, "mean_loss": 0.9, "mean_accuracy": 0.{}}}]}}"#,
+            6 + s
+        );
+        std::fs::write(runs.join(format!("res-{s}/analysis.json")), a).unwrap();
+    }
+    let o = plexus(
+        &[
+            "report",
+            "runs/res-0",
+            "runs/res-1",
+            "runs/res-2",
+            "--format",
+            "csv",
+            "--metric",
+            "analysis.half_depth.accuracy,analysis.noise[0.5].accuracy_drop",
+        ],
+        tmp.path(),
+    );
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    let row = |m: &str| out.lines().find(|l| l.contains(m)).unwrap_or_else(|| panic!("{m}: {out}")).to_string();
+    // No grouping key varies (only seed): columns metric, n, mean, …
+    // Half-depth accuracies 0.0, 0.1, 0.2: mean 0.1; drops 0.9 − 0.6, 0.9 − 0.7, 0.9 − 0.8: mean 0.2.
+    assert!(row("half_depth").split(',').nth(2).unwrap().parse::<f64>().unwrap().sub(0.1).abs() < 1e-9, "{out}");
+    assert!(row("accuracy_drop").split(',').nth(2).unwrap().parse::<f64>().unwrap().sub(0.2).abs() < 1e-9, "{out}");
 
     // Markdown and LaTeX carry the same numbers.
     let o = plexus(&["report", "runs", "--metric", "eval.accuracy", "--format", "latex"], tmp.path());

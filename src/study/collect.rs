@@ -16,7 +16,8 @@ pub struct RunRecord {
     /// highest for accuracy and success, lowest otherwise); `initial.gamma` (the first logged Γ);
     /// `eps_by_t.<bucket>` (a diffusion run's last validation ε-MSE per timestep bucket); and
     /// after `plexus analyze`, `analysis.half_depth.<metric>` (the exit after ⌊L/2⌋ units) and
-    /// `analysis.noise[<level>].<metric>` (under input noise of that σ or probability); after
+    /// `analysis.noise[<level>].<metric>` (under input noise of that σ or probability; also
+    /// `accuracy_drop`, the clean accuracy minus that); after
     /// `plexus fd`, `fd.fd`, `fd.real_floor` and `fd.class_agreement` (its latest measurement).
     pub metrics: BTreeMap<String, f64>,
 }
@@ -153,6 +154,17 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
                     flat.insert(format!("analysis.noise[{level}].{name}"), v);
                 }
             }
+        }
+        // Robustness is the accuracy lost to the noise, not the accuracy under it (which also
+        // carries the clean accuracy's differences).
+        if let Some(clean) = flat.get("analysis.noise[0].accuracy").copied() {
+            let drops: Vec<(String, f64)> = flat
+                .iter()
+                .filter_map(|(k, v)| Some((k.strip_suffix(".accuracy")?.to_string(), clean - v)))
+                .filter(|(k, _)| k.starts_with("analysis.noise[") && k != "analysis.noise[0]")
+                .map(|(k, d)| (format!("{k}.accuracy_drop"), d))
+                .collect();
+            flat.extend(drops);
         }
         metrics.extend(flat);
     }
