@@ -12,7 +12,8 @@ pub struct RunRecord {
     /// Every scalar of `config.yaml`, keyed `section.key` (lists as `key[i]`), as text.
     pub config: BTreeMap<String, String>,
     /// `summary.json`'s numbers keyed the same way (`final_loss`, `eval.accuracy`, `gamma`,
-    /// `success`, …); `best.eval.<column>`: the best value over the run's evaluations (`eval.csv`;
+    /// `success`, …; RL runs also `success_over_straight` and `success_blocked_over_straight`, the
+    /// trained policy's success minus the straight-line policy's); `best.eval.<column>`: the best value over the run's evaluations (`eval.csv`;
     /// highest for accuracy and success, lowest otherwise); `initial.gamma` (the first logged Γ);
     /// `eps_by_t.<bucket>` (a diffusion run's last validation ε-MSE per timestep bucket); and
     /// after `plexus analyze`, `analysis.half_depth.<metric>` (the exit after ⌊L/2⌋ units) and
@@ -111,6 +112,16 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
             if best.is_finite() {
                 metrics.insert(format!("best.eval.{name}"), best);
             }
+        }
+    }
+    // RL: what the trained policy adds to walking straight at the goal, on all tasks and on those
+    // where a wall is in the way (the paired comparison of a run with its own baseline).
+    for (trained, straight, name) in [
+        ("success", "straight_success", "success_over_straight"),
+        ("success_blocked", "straight_success_blocked", "success_blocked_over_straight"),
+    ] {
+        if let (Some(a), Some(b)) = (metrics.get(trained), metrics.get(straight)) {
+            metrics.insert(name.into(), a - b);
         }
     }
     if let Some(g) = curve(dir, "gamma")?.first() {
