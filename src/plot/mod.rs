@@ -150,7 +150,8 @@ where
                 .label(&s.label)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 30, y)], color.stroke_width(3)));
         }
-        legend(&mut ctx).map_err(err)?;
+        let corner = legend_corner(chart, floor, hi * 2.0, |v| v.max(floor).ln());
+        legend(&mut ctx, corner).map_err(err)?;
     } else {
         let lo = all.iter().map(|p| p.1).fold(f64::MAX, f64::min);
         let hi = all.iter().map(|p| p.1).fold(f64::MIN, f64::max);
@@ -174,7 +175,7 @@ where
                 .label(&s.label)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 30, y)], color.stroke_width(3)));
         }
-        legend(&mut ctx).map_err(err)?;
+        legend(&mut ctx, legend_corner(chart, lo - pad, hi + pad, |v| v)).map_err(err)?;
     }
     Ok(())
 }
@@ -187,11 +188,28 @@ fn band_polygon(s: &Series, y: impl Fn(f64) -> f64) -> Option<Vec<(f64, f64)>> {
     Some(upper.chain(lower).collect())
 }
 
+/// Where the legend hides the least: the right corner (upper or lower) whose box — the right 45 %
+/// of the width, the top or bottom 30 % of the height — holds fewer of the curves' points; upper
+/// on a tie. `y` maps a value to the axis (identity, or log for log axes).
+fn legend_corner(chart: &LineChart, lo: f64, hi: f64, y: impl Fn(f64) -> f64) -> SeriesLabelPosition {
+    let xs = || chart.series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
+    let (x_min, x_max) = (xs().fold(f64::MAX, f64::min), xs().fold(f64::MIN, f64::max));
+    let right = x_max - 0.45 * (x_max - x_min);
+    let (lo, hi) = (y(lo), y(hi));
+    let (top, bottom) = (hi - 0.3 * (hi - lo), lo + 0.3 * (hi - lo));
+    let tail = || chart.series.iter().flat_map(|s| s.points.iter()).filter(|p| p.0 >= right).map(|p| y(p.1));
+    match tail().filter(|v| *v < bottom).count() < tail().filter(|v| *v > top).count() {
+        true => SeriesLabelPosition::LowerRight,
+        false => SeriesLabelPosition::UpperRight,
+    }
+}
+
 fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
     ctx: &mut ChartContext<'a, DB, CT>,
+    corner: SeriesLabelPosition,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     ctx.configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
+        .position(corner)
         .label_font(("sans-serif", 22))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)

@@ -41,6 +41,24 @@ pub fn band_curves(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
         if series.is_empty() {
             continue;
         }
+        // RL success: the baselines of the same tasks as flat grey lines (their mean over runs).
+        if name == "success" {
+            let x_max = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).fold(0.0, f64::max);
+            for (metric, label, grey) in
+                [("straight_success", "straight at the goal", 60), ("random_success", "random policy", 150)]
+            {
+                let v: Vec<f64> = r.runs.iter().filter_map(|run| run.metrics.get(metric).copied()).collect();
+                if !v.is_empty() {
+                    let mean = v.iter().sum::<f64>() / v.len() as f64;
+                    series.push(Series {
+                        label: format!("{label} (mean of the runs' tasks)"),
+                        points: vec![(0.0, mean), (x_max, mean)],
+                        color: Some(plotters::style::RGBColor(grey, grey, grey)),
+                        band: None,
+                    });
+                }
+            }
+        }
         let x = if name == "success" { "environment steps" } else { "step" };
         let chart = LineChart {
             title: match log_y {
