@@ -611,7 +611,8 @@ impl ResumeDiff {
     }
 }
 
-fn yaml_text(v: Option<&serde_yaml::Value>) -> String {
+/// A YAML value on one line, for messages (`(absent)` for none).
+pub fn yaml_text(v: Option<&serde_yaml::Value>) -> String {
     match v {
         None => "(absent)".into(),
         Some(v) => serde_yaml::to_string(v).map(|s| s.trim().replace('\n', " ")).unwrap_or_default(),

@@ -317,6 +317,8 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
     let mut stat_updates = 0u64;
     let mut csv = String::from(HEADER);
     let mut last = (0.0, 0.0);
+    // The last evaluation's episodes, for the blocked/clear split of the summary.
+    let mut last_episodes = None;
     if let Some(state) = opened.checkpoint.clone() {
         let optim = checkpoint::load(&run, &state, &mut agent.vs)?;
         let loop_file = loop_state_file(&run, state.step);
@@ -423,8 +425,10 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
         let done = env_steps >= t.env_steps;
         if env_steps >= next_eval || done {
             next_eval = env_steps + cfg.log.eval_every;
-            let (success, time) = evaluate(&spec, &seeds, |s, g| agent.act(s, g, None)).rates();
+            let episodes = evaluate(&spec, &seeds, |s, g| agent.act(s, g, None));
+            let (success, time) = episodes.rates();
             last = (success, time);
+            last_episodes = Some(episodes);
             let means: Vec<f64> = match stats.take() {
                 Some(acc) => crate::host::values(&(acc / stat_updates as f64)),
                 None => vec![f64::NAN; UPDATE_STATS.len()],
@@ -507,8 +511,9 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
         }
     }
     checkpoint::save_weights(&run.file("final.safetensors"), |p| Ok(agent.vs.save(p)?))?;
-    // The final policy is deterministic: this episode is the last evaluation's, split by task.
-    let trained = evaluate(&spec, &seeds, |s, g| agent.act(s, g, None));
+    // The final evaluation's episodes, split by task; a resume that had nothing left to train
+    // evaluates the (deterministic) final policy again, which gives the same episodes.
+    let trained = last_episodes.unwrap_or_else(|| evaluate(&spec, &seeds, |s, g| agent.act(s, g, None)));
     let summary = RlSummary {
         name: cfg.name.clone(),
         topology: exp.topology.kind().to_string(),

@@ -125,7 +125,10 @@ impl SweepSpec {
                 bail!("{origin}: `grid.seed`: seeds are given by `seeds:` (or --seeds), not as a grid axis");
             }
             let serde_yaml::Value::Sequence(vals) = v else {
-                bail!("{origin}: `grid.{key}` is `{}`: allowed: a list of values, e.g. [0.25, 0.75]", yaml_text(v));
+                bail!(
+                    "{origin}: `grid.{key}` is `{}`: allowed: a list of values, e.g. [0.25, 0.75]",
+                    config::yaml_text(Some(v))
+                );
             };
             if vals.is_empty() {
                 bail!("{origin}: `grid.{key}` is an empty list: allowed: at least one value");
@@ -211,10 +214,6 @@ fn split_kv<'a>(s: &'a str, flag: &str) -> Result<(&'a str, &'a str)> {
     }
 }
 
-fn yaml_text(v: &serde_yaml::Value) -> String {
-    serde_yaml::to_string(v).unwrap_or_default().trim().replace('\n', " ")
-}
-
 /// A scalar YAML value as `--set` writes it.
 fn scalar(v: &serde_yaml::Value, origin: &str, key: &str) -> Result<String> {
     use serde_yaml::Value as V;
@@ -222,7 +221,10 @@ fn scalar(v: &serde_yaml::Value, origin: &str, key: &str) -> Result<String> {
         V::String(s) => s.clone(),
         V::Number(n) => n.to_string(),
         V::Bool(b) => b.to_string(),
-        _ => bail!("{origin}: `{key}` holds `{}`: allowed: a plain value (number, word, true/false)", yaml_text(v)),
+        _ => bail!(
+            "{origin}: `{key}` holds `{}`: allowed: a plain value (number, word, true/false)",
+            config::yaml_text(Some(v))
+        ),
     })
 }
 
