@@ -209,3 +209,95 @@ fn under_bf16_branches_compute_in_bf16_and_the_stream_and_outputs_stay_fp32() {
         }
     }
 }
+
+/// Topologies that add a unit's output once to the fp32 stream (`h + x`, `h + a·x`, `x + α·h`)
+/// read it in the branch's compute dtype ([`plexus::topology::Unit::forward_compute`]), so that
+/// on a GPU the add reads the bf16 output directly instead of an fp32 copy made by a cast kernel.
+/// Type promotion makes that add fp32: the output and every gradient must equal, bit for bit, the
+/// same topology run on units that cast their output to fp32 first — on every backbone, on
+/// sublayers and on blocks, with H-ACN's long path (which reads `h` twice and keeps the cast).
+#[test]
+fn adding_a_bf16_unit_output_to_the_stream_equals_casting_it_first_bit_for_bit() {
+    use plexus::topology::{Norm, Unit};
+    /// A unit whose output is always the fp32 cast, whichever way it is asked for.
+    struct CastFirst<'a>(&'a dyn Unit);
+    impl Unit for CastFirst<'_> {
+        fn forward(&self, x: &Tensor, norm: Norm, train: bool) -> Tensor {
+            self.0.forward(x, norm, train)
+        }
+        fn forward_compute(&self, x: &Tensor, norm: Norm, train: bool) -> Tensor {
+            self.0.forward(x, norm, train)
+        }
+    }
+    let topologies = [
+        "{kind: residual}",
+        "{kind: residual, granularity: block}",
+        "{kind: hacn, long: false}",
+        "{kind: hacn, long: true, depth_ln: true}",
+        "{kind: ancre, tau: 0.5}",
+        "{kind: denseformer}",
+        "{kind: rezero}",
+    ];
+    for m in plexus::model::REGISTRY.iter().filter(|m| !matches!(m.name, "lnn" | "dit")) {
+        for topology in topologies {
+            let yaml = format!(
+                "name: t\nseed: 5\nprecision: bf16\n{}topology: {topology}\n",
+                plexus::doctor::tiny_backbone(m.name).unwrap()
+            );
+            let e = Experiment::from_str(&yaml, "<test>", &[]).unwrap_or_else(|e| panic!("{e}"));
+            let batch = e.data.load().unwrap().train_batch(0).unwrap();
+            let model = plexus::device::with_seed(5, || {
+                Model::new(e.model.as_ref(), e.topology.as_ref(), Device::Cpu, Kind::BFloat16)
+            });
+            // ReZero's α starts at 0, which would hide the branch: move every parameter off its init.
+            tch::no_grad(|| {
+                for (_, mut p) in model.trainable() {
+                    let _ = p.g_add_(&(p.randn_like() * 0.1));
+                }
+            });
+            let case = format!("{} {topology}", m.name);
+            // A block's output is the fp32 delta of its sublayers' sum (which adds them in bf16 itself).
+            let blocks = e.topology.granularity() == plexus::topology::Granularity::Block;
+            let run = |cast_first: bool| {
+                for (_, p) in model.trainable() {
+                    let mut g = p.grad();
+                    if g.defined() {
+                        let _ = g.zero_();
+                    }
+                }
+                let x0 = model.embed(&batch.input, true);
+                let y = model.with_units(|units| {
+                    let wrapped: Vec<CastFirst> = units.iter().map(|&u| CastFirst(u)).collect();
+                    let refs: Vec<&dyn Unit> = wrapped.iter().map(|u| u as &dyn Unit).collect();
+                    if cast_first {
+                        assert_eq!(
+                            units[0].forward_compute(&x0, Norm::Default, true).kind(),
+                            if blocks { Kind::Float } else { Kind::BFloat16 },
+                            "{case}: a unit's own output dtype"
+                        );
+                    }
+                    model.topology.forward(&x0, if cast_first { &refs } else { units }, true)
+                });
+                let out = model.readout(&y, true);
+                out.square().mean(Kind::Float).backward();
+                // Parameters the output does not reach (DenseFormer's unused tail) have no gradient.
+                let grads: Vec<(String, Option<Tensor>)> = model
+                    .trainable()
+                    .into_iter()
+                    .map(|(n, p)| (n, Some(p.grad()).filter(|g| g.defined()).map(|g| g.copy())))
+                    .collect();
+                (out, grads)
+            };
+            let (out_cast, grads_cast) = run(true);
+            let (out, grads) = run(false);
+            assert!(out.equal(&out_cast), "{case}: output differs from casting first");
+            for ((name, g), (_, g_cast)) in grads.iter().zip(&grads_cast) {
+                let same = match (g, g_cast) {
+                    (Some(g), Some(g_cast)) => g.equal(g_cast),
+                    (g, g_cast) => g.is_none() && g_cast.is_none(),
+                };
+                assert!(same, "{case}: gradient of {name} differs from casting first");
+            }
+        }
+    }
+}

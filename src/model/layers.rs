@@ -6,7 +6,12 @@
 //! So a branch's hidden activations are bf16 under `precision: bf16` (half the bytes, read and
 //! saved for backward, of fp32), while everything a topology sees is fp32: [`crate::model::Model`]
 //! casts the stem's output, each unit's output and the readout to fp32 — the residual stream and
-//! the mixing of topologies never round to bf16.
+//! the mixing of topologies never round to bf16. (A topology that adds a unit's output once to the
+//! fp32 stream reads it in bf16 and lets type promotion make the add fp32 — the same numbers, one
+//! cast kernel fewer on CUDA: `Unit::forward_compute`.) Norms hand their branch fp32, not bf16: a
+//! norm read by one `Linear` is cast once either way, and for one read by several (LLaMA's q, k, v
+//! and gate, up) a bf16 output would sum those projections' gradients in bf16, which autocast does
+//! not; what would save traffic is a norm kernel that writes bf16 itself.
 
 use tch::{nn, nn::Module, Device, Kind, Tensor};
 

@@ -105,7 +105,8 @@ impl Model {
 
     /// Calls `f` with the units at the topology's granularity (blocks are assembled here, so
     /// backbones only ever expose sublayers). Each sublayer's output is cast to fp32: under
-    /// `precision: bf16` a branch ends in a bf16 `Linear`, and the stream it is added to stays fp32.
+    /// `precision: bf16` a branch ends in a bf16 `Linear`, and the stream it is added to stays fp32
+    /// (`Unit::forward_compute` hands it over uncast, for a single add that promotes it itself).
     pub fn with_units<R>(&self, f: impl FnOnce(&[&dyn Unit]) -> R) -> R {
         let fp32: Vec<Fp32Output> = self.backbone.units().into_iter().map(Fp32Output).collect();
         let subs: Vec<&dyn Unit> = fp32.iter().map(|u| u as &dyn Unit).collect();
@@ -247,6 +248,9 @@ struct Fp32Output<'a>(&'a dyn Unit);
 impl Unit for Fp32Output<'_> {
     fn forward(&self, x: &Tensor, norm: crate::topology::Norm, train: bool) -> Tensor {
         self.0.forward(x, norm, train).to_kind(Kind::Float)
+    }
+    fn forward_compute(&self, x: &Tensor, norm: crate::topology::Norm, train: bool) -> Tensor {
+        self.0.forward(x, norm, train)
     }
 }
 

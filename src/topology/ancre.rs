@@ -241,7 +241,7 @@ impl Topology for Ancre {
         let mut x = x0.shallow_clone();
         let first = self.anchors[0].min(units.len());
         for f in &units[..first] {
-            x = &x + f.forward(&x, Norm::Default, train);
+            x = &x + f.forward_compute(&x, Norm::Default, train);
         }
         // The anchor states s_0 … s_{A-1}; the newest one, `s`, is pushed when an anchor reads it
         // (the last one never is: nothing reads it but the output).
@@ -250,11 +250,11 @@ impl Topology for Ancre {
         for (j0, &a) in self.anchors.iter().enumerate().take_while(|(_, &a)| a < units.len()) {
             let sj = states.push(s).shallow_clone();
             // `z = f_a(s_j0) + Σ_i p_ij s_i` over i = 0..=j0 (see `common::History`).
-            let mut z =
-                units[a].forward(&sj, Norm::Default, train) + states.mix_first(j0 + 1, &p[j0 + 1].to_kind(x0.kind()));
+            let mut z = units[a].forward_compute(&sj, Norm::Default, train)
+                + states.mix_first(j0 + 1, &p[j0 + 1].to_kind(x0.kind()));
             let end = self.anchors.get(j0 + 1).copied().unwrap_or(units.len()).min(units.len());
             for f in &units[a + 1..end] {
-                z = &z + f.forward(&z, Norm::Default, train);
+                z = &z + f.forward_compute(&z, Norm::Default, train);
             }
             s = z;
         }

@@ -98,7 +98,7 @@ impl Topology for DenseFormer {
         let mut next = self.dwa.iter().peekable();
         for (k, f) in units.iter().enumerate() {
             let i = k + 1;
-            let xi = post.push(&z + f.forward(&z, Norm::Default, train)).shallow_clone();
+            let xi = post.push(&z + f.forward_compute(&z, Norm::Default, train)).shallow_clone();
             z = match next.next_if(|d| d.0 == i) {
                 Some((_, sources, w)) => post.mix(sources, &w.to_kind(x0.kind())),
                 None => xi,

@@ -238,7 +238,9 @@ impl Topology for Hacn {
         let mut acc = x0.shallow_clone();
         for (k, f) in units.iter().enumerate() {
             let norm = scales.as_ref().map_or(Norm::Default, |s| Norm::Scaled(&s[k]));
-            let h = f.forward(&x, norm, train);
+            // `h` is read once without the long path, so in its compute dtype there (see
+            // `Unit::forward_compute`); the long path also sums it into `acc`, in fp32.
+            let h = if self.long { f.forward(&x, norm, train) } else { f.forward_compute(&x, norm, train) };
             // `h + a_k·x` as one kernel.
             x = h.addcmul(&x, &a[k]);
             if self.long {

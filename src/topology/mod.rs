@@ -58,6 +58,19 @@ pub enum Norm<'a> {
 pub trait Unit {
     /// `x`: the unit's input `[.., D]`. Returns the branch output `h` (not `x + h`), `[.., D]`.
     fn forward(&self, x: &Tensor, norm: Norm, train: bool) -> Tensor;
+
+    /// The same branch output `h` in the dtype its branch computes in (bf16 under `precision:
+    /// bf16`, as the branch's last `Linear` returns it; fp32 otherwise), for a topology that uses
+    /// `h` exactly once, in an op that also reads an fp32 tensor of `h`'s shape (`h + x`,
+    /// `h.addcmul(x, a)`, `x.addcmul(h, a)`): type promotion makes that op fp32, and it equals
+    /// casting `h` to fp32 first bit for bit, forward and backward (the op's gradient for `h` is
+    /// rounded to bf16 once, as the cast's backward rounds it). On CUDA the op reads the bf16 `h`
+    /// directly: no cast kernel, and no fp32 copy of `h` written and read back per unit (autocast's
+    /// residual add does the same). Not for an `h` used twice: its two gradients would be summed in
+    /// bf16. Units that only have an fp32 output need not override it.
+    fn forward_compute(&self, x: &Tensor, norm: Norm, train: bool) -> Tensor {
+        self.forward(x, norm, train)
+    }
 }
 
 /// Whether a topology wires the backbone's sublayers (attention / MLP, token / channel mixing)
@@ -103,7 +116,7 @@ impl Unit for BlockUnit<'_> {
     fn forward(&self, x: &Tensor, norm: Norm, train: bool) -> Tensor {
         let mut z = x.shallow_clone();
         for g in &self.sublayers {
-            z = &z + g.forward(&z, norm, train);
+            z = &z + g.forward_compute(&z, norm, train);
         }
         z - x
     }

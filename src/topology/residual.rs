@@ -20,7 +20,8 @@ struct Residual;
 
 impl Topology for Residual {
     fn forward(&self, x0: &Tensor, units: &[&dyn Unit], train: bool) -> Tensor {
-        units.iter().fold(x0.shallow_clone(), |x, f| f.forward(&x, Norm::Default, train) + x)
+        // `h + x` reads the branch output in its compute dtype (see `Unit::forward_compute`).
+        units.iter().fold(x0.shallow_clone(), |x, f| f.forward_compute(&x, Norm::Default, train) + x)
     }
 
     fn gamma(&self) -> Option<Tensor> {

@@ -77,6 +77,6 @@ impl Topology for ReZero {
         // One `unbind` (backward: one `stack`) rather than a `get(k)` per unit, and `x + α_k·f(x)`
         // as one `addcmul`.
         let alpha = self.alpha.unbind(0);
-        units.iter().zip(&alpha).fold(x0.shallow_clone(), |x, (f, a)| x.addcmul(&f.forward(&x, norm, train), a))
+        units.iter().zip(&alpha).fold(x0.shallow_clone(), |x, (f, a)| x.addcmul(&f.forward_compute(&x, norm, train), a))
     }
 }
