@@ -271,6 +271,24 @@ mod tests {
         assert!(count.by_name.iter().any(|(n, c)| n == "aten::_local_scalar_dense" && *c >= 2), "{count:?}");
     }
 
+    /// An error that says the CUDA kernels cannot run here (the prefix the C++ side writes) falls
+    /// back to the composite code and keeps later calls off the kernels; any other kernel error
+    /// ends the run.
+    #[test]
+    fn a_cuda_kernel_error_falls_back_only_when_the_kernels_are_unavailable() {
+        let source = include_str!("native/cuda_kernels.cpp");
+        let prefix = kernels::CUDA_KERNELS_UNAVAILABLE_PREFIX;
+        assert!(source.contains(&format!("kUnavailable = \"{prefix}\"")), "the C++ side's prefix changed");
+        let unavailable = anyhow::anyhow!("{prefix}libnvrtc.so.13 not found");
+        assert!(cuda_result(Err(unavailable.context("sinkhorn"))).is_none());
+        assert!(kernels::cuda_kernels_unavailable(), "later calls skip the kernels");
+        let failed =
+            std::panic::catch_unwind(|| cuda_result(Err(anyhow::anyhow!("cuLaunchKernel: an illegal address"))));
+        let message = failed.expect_err("a launch failure must not fall back");
+        let text = message.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(text.contains("illegal address"), "{text}");
+    }
+
     #[test]
     fn the_fused_kernels_switch_takes_0_1_true_false_avx2_baseline_and_names_itself_otherwise() {
         assert_eq!(parse_fused_kernels(None).unwrap(), FusedKernels::Best);

@@ -341,6 +341,7 @@ constexpr int kAttrCcMajor = 75;
 constexpr int kAttrCcMinor = 76;
 
 struct Driver {
+  CUresult (*Init)(unsigned);
   CUresult (*GetErrorString)(CUresult, const char**);
   CUresult (*DeviceGet)(CUdevice*, int);
   CUresult (*DeviceGetAttribute)(int*, int, CUdevice);
@@ -372,6 +373,7 @@ const Driver& driver() {
     }
     try {
       auto d = std::make_unique<Driver>();
+      symbol(lib, path, "cuInit", &d->Init);
       symbol(lib, path, "cuGetErrorString", &d->GetErrorString);
       symbol(lib, path, "cuDeviceGet", &d->DeviceGet);
       symbol(lib, path, "cuDeviceGetAttribute", &d->DeviceGetAttribute);
@@ -383,6 +385,9 @@ const Driver& driver() {
       symbol(lib, path, "cuLaunchKernel", &d->LaunchKernel);
       symbol(lib, path, "cuStreamSynchronize", &d->StreamSynchronize);
       symbol(lib, path, "cuStreamIsCapturing", &d->StreamIsCapturing);
+      // libtorch's runtime has initialised the driver before any CUDA tensor exists; this costs
+      // nothing then, and makes the driver calls below valid on their own.
+      d->check(d->Init(0), "cuInit");
       return std::make_pair(std::move(d), std::string());
     } catch (const std::exception& e) {
       return std::make_pair(std::unique_ptr<Driver>(), std::string(e.what()));
@@ -390,6 +395,21 @@ const Driver& driver() {
   }();
   if (!loaded.first) throw std::runtime_error(loaded.second);
   return *loaded.first;
+}
+
+// The start of every error that means "these kernels cannot run here" (no driver, no NVRTC, a
+// failed first-use check, a first use inside a CUDA graph capture): the Rust side
+// (native::cuda_result) runs the composite code instead. Any other error of a kernel call (a
+// failed launch, a fault that PLEXUS_CUDA_SYNC_CHECK pins) is a failure of the run.
+constexpr const char* kUnavailable = "plexus' CUDA kernels are unavailable: ";
+
+// driver(), its failure marked as the kernels' unavailability.
+const Driver& driver_or_unavailable() {
+  try {
+    return driver();
+  } catch (const std::exception& e) {
+    throw std::runtime_error(kUnavailable + std::string(e.what()));
+  }
 }
 
 // The kernels loaded for one device and n.
@@ -629,7 +649,7 @@ void self_check(const Kernels& k, c10::Device device) {
 }
 
 // Compiles, loads and checks the kernels for a device and n, once; a failure is kept and thrown
-// again on every later call.
+// again on every later call; every error thrown here starts with kUnavailable.
 const Kernels& kernels_for(c10::Device device, int64_t n) {
   static std::mutex mutex;
   static std::map<std::pair<int, int64_t>, std::pair<std::unique_ptr<Kernels>, std::string>> cache;
@@ -637,6 +657,19 @@ const Kernels& kernels_for(c10::Device device, int64_t n) {
   const auto key = std::make_pair(static_cast<int>(device.index()), n);
   auto it = cache.find(key);
   if (it == cache.end()) {
+    // The first-use check synchronises (copies to the CPU), which a CUDA graph being recorded
+    // does not allow: refuse without keeping the refusal (the step's eager warm-up normally
+    // makes the first use).
+    {
+      const Driver& d = driver_or_unavailable();
+      const c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device);
+      int capture_status = 0;
+      if (d.StreamIsCapturing(static_cast<CUstream>(stream.native_handle()), &capture_status) == 0 &&
+          capture_status != 0) {
+        throw std::runtime_error(std::string(kUnavailable) +
+                                 "their first use on this device is inside a CUDA graph capture");
+      }
+    }
     std::unique_ptr<Kernels> k;
     std::string error;
     try {
@@ -673,7 +706,7 @@ const Kernels& kernels_for(c10::Device device, int64_t n) {
     }
     it = cache.emplace(key, std::make_pair(std::move(k), error)).first;
   }
-  if (!it->second.first) throw std::runtime_error(it->second.second);
+  if (!it->second.first) throw std::runtime_error(kUnavailable + it->second.second);
   return *it->second.first;
 }
 

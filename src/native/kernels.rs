@@ -545,22 +545,40 @@ pub fn fused_streams_take_all(ts: &[&Tensor]) -> bool {
 
 /// Whether plexus' CUDA kernels (compiled at run time with NVRTC, `src/native/cuda_kernels.cpp`)
 /// take an operation on these tensors: all fp32 on one CUDA device, `n` streams within what they
-/// are built for, and `PLEXUS_FUSED_KERNELS` not 0.
+/// are built for, `PLEXUS_FUSED_KERNELS` not 0, and the kernels not found unavailable earlier in
+/// this process.
 pub fn cuda_fused(ts: &[&Tensor], n: i64) -> bool {
     let dev = ts[0].device();
     dev.is_cuda()
         && fused_kernels_on()
+        && !cuda_kernels_unavailable()
         && (1..=CUDA_KERNELS_MAX_STREAMS as i64).contains(&n)
         && ts.iter().all(|t| t.device() == dev && t.kind() == Kind::Float)
 }
 
+/// Set once the CUDA kernels have said they cannot run here: later calls go straight to the
+/// composite code, without a call into the native layer.
+static CUDA_KERNELS_UNAVAILABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// How the native layer starts the errors that mean "the kernels cannot run here"
+/// (`kUnavailable` in `src/native/cuda_kernels.cpp`).
+pub const CUDA_KERNELS_UNAVAILABLE_PREFIX: &str = "plexus' CUDA kernels are unavailable: ";
+
+/// Whether the CUDA kernels said they cannot run here, earlier in this process.
+pub fn cuda_kernels_unavailable() -> bool {
+    CUDA_KERNELS_UNAVAILABLE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A CUDA kernel's result, or `None` when the kernels cannot run on this machine (no NVRTC, no
-/// driver, their first-use check failed: the same error on every call), after one warning per
-/// process; the caller then runs its composite code, which computes the same values.
+/// driver, their first-use check failed, a first use inside a CUDA graph capture), after one
+/// warning per process; the caller then runs its composite code, which computes the same values.
+/// Any other error (a failed launch, a fault pinned by `PLEXUS_CUDA_SYNC_CHECK`, a bad argument)
+/// panics: after a fault the device is unusable, and carrying on would report it somewhere else.
 pub fn cuda_result(r: anyhow::Result<Tensor>) -> Option<Tensor> {
     match r {
         Ok(t) => Some(t),
-        Err(e) => {
+        Err(e) if format!("{e:#}").contains(CUDA_KERNELS_UNAVAILABLE_PREFIX) => {
+            CUDA_KERNELS_UNAVAILABLE.store(true, std::sync::atomic::Ordering::Relaxed);
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
                 eprintln!(
@@ -571,6 +589,7 @@ pub fn cuda_result(r: anyhow::Result<Tensor>) -> Option<Tensor> {
             });
             None
         }
+        Err(e) => panic!("plexus' CUDA kernel failed: {e:#}"),
     }
 }
 
@@ -659,7 +678,8 @@ pub fn sinkhorn(logits: &Tensor, iters: usize) -> Tensor {
     if logits.device().is_cuda() {
         // Both ways in fp32: the conversion made once (the composite's own is then a no-op).
         let logits32 = logits.to_kind(Kind::Float);
-        if cuda_fused(&[&logits32], n as i64) {
+        // The CUDA backward's scratch grows with `iters` as the CPU kernel's does: the same bound.
+        if cuda_fused(&[&logits32], n as i64) && sinkhorn_fits(n, iters) {
             if let Some(p) = cuda_result(sinkhorn_cuda(&logits32, iters)) {
                 return p;
             }
