@@ -27,6 +27,7 @@
 
 #ifdef PLEXUS_WITH_CUDA_GRAPHS
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #endif
@@ -79,10 +80,16 @@ void order(const c10::Stream& done, const c10::Stream& waiter) {
 
 #ifdef PLEXUS_WITH_CUDA_GRAPHS
 namespace {
-// An entry point's body on its graph, under `guarded`.
+// An entry point's body on its graph, under `guarded`, with the graph's device current: capture,
+// replay and the generator libtorch registers at capture_begin use the current device, and the
+// rank of a data-parallel run on cuda:r (r ≥ 1) has not made it current otherwise.
 template <typename F>
 char* on_graph(void* g, F&& f) {
-  return guarded([&] { f(*static_cast<Graph*>(g)); });
+  return guarded([&] {
+    Graph& graph = *static_cast<Graph*>(g);
+    const c10::DeviceGuard device(graph.device);
+    f(graph);
+  });
 }
 }  // namespace
 

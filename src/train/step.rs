@@ -147,6 +147,17 @@ impl Stepper {
         let mut params: Vec<Tensor> = named.into_iter().map(|(_, t)| t).collect();
         dist.broadcast_parameters(&mut params)?;
         self.dist = Some((dist, scale));
+        // Graphs set up for one process capture the whole step; with the all-reduce it takes two
+        // (an all-reduce waits on the host, which a capture does not allow): set up again.
+        match &self.execution {
+            Execution::Graph { captured: true, .. } => {
+                anyhow::bail!("data parallelism must be set up before the step is captured")
+            }
+            Execution::Graph { .. } => {
+                self.use_cuda_graphs(CudaGraphs::On)?;
+            }
+            Execution::Eager => {}
+        }
         Ok(())
     }
 
@@ -161,9 +172,11 @@ impl Stepper {
     pub fn use_cuda_graphs(&mut self, mode: CudaGraphs) -> anyhow::Result<Option<String>> {
         let why_not = match self.device {
             _ if mode == CudaGraphs::Off => return Ok(None),
-            Device::Cuda(_) if !crate::native::cuda_graphs_built() => {
-                Some("this plexus was built without CUDA headers (scripts/setup.sh installs them)")
-            }
+            Device::Cuda(_) if !crate::native::cuda_graphs_built() => Some(concat!(
+                "this plexus was built without the CUDA and NCCL headers its CUDA graphs are compiled with (",
+                env!("PLEXUS_NATIVE_NCCL_MISSING"),
+                "; scripts/setup.sh installs them)"
+            )),
             Device::Cuda(_) => None,
             _ if mode == CudaGraphs::Auto => return Ok(None),
             _ => Some("the run is on the CPU"),
@@ -320,18 +333,17 @@ impl Stepper {
             Execution::Graph { graphs, captured: false, .. } => {
                 // Recorded without the all-reduce between the parts (nothing runs while recording),
                 // then replayed with it.
-                match self.by_parts(&graphs, false, |s, graph, part| s.capture(graph, part)) {
-                    Ok(()) => {
-                        self.by_parts(&graphs, true, |_, graph, _| graph.replay())?;
-                        Execution::Graph { graphs, warmup: 0, captured: true }
-                    }
-                    Err(e) => {
-                        drop(graphs);
-                        self.note = Some(format!("CUDA graph: the capture failed at step {step} ({e:#}); eager steps"));
-                        self.run(true)?;
-                        Execution::Eager
-                    }
-                }
+                // A failed capture ends the run: libtorch's CUDA state after one (the default
+                // generator still marked as capturing, the allocator still recording into the
+                // graphs' pool) does not let the process go on eagerly.
+                self.by_parts(&graphs, false, |s, graph, part| s.capture(graph, part)).map_err(|e| {
+                    e.context(format!(
+                        "CUDA graph: the capture of the training step failed at step {step}; \
+                         set train.cuda_graphs: off to train without CUDA graphs"
+                    ))
+                })?;
+                self.by_parts(&graphs, true, |_, graph, _| graph.replay())?;
+                Execution::Graph { graphs, warmup: 0, captured: true }
             }
             Execution::Graph { graphs, captured: true, warmup } => {
                 self.by_parts(&graphs, true, |_, graph, _| graph.replay())?;
@@ -366,7 +378,14 @@ impl Stepper {
     fn capture(&mut self, graph: &crate::native::CudaGraph, part: Part) -> anyhow::Result<()> {
         graph.enter()?;
         let recorded = graph.capture_begin().and_then(|()| {
-            let ran = self.part(part, true);
+            // libtorch errors are panics in tch's operator calls: caught here, so that the capture
+            // is ended (and the side stream left) before the error goes up.
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.part(part, true))).unwrap_or_else(
+                |panic| {
+                    let text = crate::torch_panic::payload_text(&*panic).unwrap_or("a panic without a message");
+                    Err(anyhow::anyhow!("{}", crate::torch_panic::describe(text).unwrap_or_else(|| text.to_string())))
+                },
+            );
             // End the capture whatever happened, so that the side stream leaves capture mode.
             let ended = graph.capture_end();
             ran.and(ended)
