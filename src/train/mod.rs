@@ -178,6 +178,15 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
             bar.println(line);
         }
     };
+    // What changed how the run trains (a CUDA graph given up, say): shown under --quiet too, where
+    // the bar is hidden and `say` prints nothing.
+    let warn = |line: String| {
+        if opts.log_lines || bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            bar.println(line);
+        }
+    };
     let clock = Instant::now();
     let mut log_line = opts.log_lines.then(|| LogLine::new(exp, dev, start));
     let (mut samples, mut tokens) = (0u64, 0u64);
@@ -227,7 +236,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         drop(rng);
         if let Some(note) = t.take_note() {
             if main {
-                say(format!("{}: {note}", cfg.name));
+                warn(format!("{}: {note}", cfg.name));
             }
         }
         samples += stats.samples;
