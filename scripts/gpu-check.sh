@@ -3,15 +3,20 @@
 # each, in the order that buys the most, from a prebuilt binary (no cargo, no set-up, no download:
 # GPU machines lent to this project are offline and held ~30 minutes). Each group leaves ONE archive,
 # OUTDIR/gpu-check-GROUP.tar.gz (its logs, CSVs, summaries and figures; no checkpoints), and prints a
-# table of its steps. Exit status 1 if any step failed or timed out.
+# table of its steps. Exit status 1 if any step failed, timed out or was skipped.
 #
-#   scripts/gpu-check.sh [--out OUTDIR] GROUP...      (OUTDIR default: runs/gpu-check)
+#   scripts/gpu-check.sh [--out OUTDIR] [--budget S] GROUP...  (OUTDIR default: $OUT, else runs/gpu-check)
 #   scripts/gpu-check.sh --list                       the groups, their steps and time limits
 #   scripts/gpu-check.sh --device cpu --quick kernels graphs   a dry run of the plumbing on a CPU
 #
-# Before the slot, on a machine with cargo: scripts/gpu-slot-pack.sh (the binary and the data into
-# .gpu-slot/, ignored by git). On the GPU machine, from the repository root:
-#   scripts/gpu-check.sh --out "$OUT" doctor kernels  # one command of ≤ 10 minutes holds ≤ 1 group
+# Before the slot, on a machine with cargo: scripts/gpu-slot-pack.sh (the binary, the data and the
+# Python packages the references need into .gpu-slot/, ignored by git). On the GPU machine, from
+# the repository root:
+#   scripts/gpu-check.sh --out "$OUT" doctor kernels
+# --budget (default 560 s) is the whole command's: a step whose limit no longer fits is skipped and
+# listed as such (run it again in the next command), so that one command stays inside a 10-minute
+# limit whatever groups it names. The archive of a group is rewritten after every step, so a
+# command killed from outside still leaves what its finished steps measured.
 #
 # Groups, in the order to run them (the first ones buy the most):
 #   doctor       doctor (driver, runtime, GPU, bf16, NCCL), then `doctor --selftest --device cuda`:
@@ -37,10 +42,11 @@
 #                sample and fd
 #
 # Environment: PLEXUS (default .gpu-slot/plexus, else target/release/plexus), PLEXUS_DATA (default
-# .gpu-slot/data; only `train` reads data), PLEXUS_PYTHON (Python with torch, numpy, safetensors and
-# pyyaml for `parity` and `bench-torch`; default python3). libtorch comes from that Python's torch
-# when the binary's own rpath (the build machine's venv) does not resolve: the torch versions must be
-# the same (2.11.0; `doctor` prints both).
+# .gpu-slot/data; only `train` reads data), PLEXUS_PYTHON (Python with torch for `parity` and
+# `bench-torch`, default python3; PyYAML and safetensors come from .gpu-slot/py when it lacks them;
+# torch.compile also needs a C compiler and Python.h, else its steps are skipped). libtorch comes
+# from that Python's torch when the binary's own rpath (the build machine's venv) does not resolve:
+# the torch versions must be the same (2.11.0; `doctor` prints both).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -104,18 +110,20 @@ list() {
     done
 }
 
-OUTDIR=runs/gpu-check
+OUTDIR="${OUT:-runs/gpu-check}"
+BUDGET=560
 GROUPS_ASKED=()
 DEV=cuda
 QUICK=()
 while (($#)); do
     case "$1" in
         --out) OUTDIR="$2"; shift 2 ;;
+        --budget) BUDGET="$2"; shift 2 ;;
         --device) DEV="$2"; shift 2 ;;
         # A dry run of the plumbing: 4 steps of a model 4× narrower on 4× fewer tokens.
         --quick) QUICK=(--set train.steps=4 --set log.every=2 --set model.width=64 --set data.batch_size=2); shift ;;
         --list) list; exit 0 ;;
-        -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
         *) GROUPS_ASKED+=("$1"); shift ;;
     esac
 done
@@ -141,10 +149,22 @@ if [[ -z "${PLEXUS:-}" || ! -x "$PLEXUS" ]]; then
          "with scripts/gpu-slot-pack.sh on a machine with cargo and bring .gpu-slot/ along" >&2
     exit 2
 fi
+# A packed binary older than the checkout measures old code: refused where git can tell (the
+# machine that packs it; a copy without .git cannot), unless GPU_CHECK_ALLOW_STALE=1.
+BINARY_COMMIT="$(cat "$(dirname "$PLEXUS")/COMMIT" 2>/dev/null || echo 'commit unknown')"
+HEAD_COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
+if [[ -f "$(dirname "$PLEXUS")/COMMIT" && $HEAD_COMMIT != "?" && ${BINARY_COMMIT%+dirty} != "$HEAD_COMMIT" \
+      && ${GPU_CHECK_ALLOW_STALE:-0} != 1 ]]; then
+    echo "gpu-check.sh: $PLEXUS was built at $BINARY_COMMIT, the checkout is at $HEAD_COMMIT:" \
+         "run scripts/gpu-slot-pack.sh again (or GPU_CHECK_ALLOW_STALE=1 to measure the old binary)" >&2
+    exit 2
+fi
 PY="${PLEXUS_PYTHON:-python3}"
 export PLEXUS_PYTHON="$PY"
 # libtorch: the binary's rpath names the build machine's venv; elsewhere, the local torch's.
-if ldd "$PLEXUS" 2>/dev/null | grep -q "not found"; then
+# (ldd's output taken whole first: `ldd | grep -q` under pipefail can fail on SIGPIPE.)
+LDD_OUT="$(ldd "$PLEXUS" 2>&1 || true)"
+if [[ $LDD_OUT == *"not found"* ]]; then
     TORCH_LIBS="$("$PY" - <<'PYEOF'
 import glob, os, torch
 site = os.path.dirname(os.path.dirname(torch.__file__))
@@ -153,10 +173,17 @@ print(":".join(dirs))
 PYEOF
 )" || { echo "gpu-check.sh: the binary's libtorch is not found and $PY has no torch" >&2; exit 2; }
     export LD_LIBRARY_PATH="$TORCH_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    if ldd "$PLEXUS" | grep "not found" >&2; then
-        echo "gpu-check.sh: libraries still missing with $PY's torch (above)" >&2
+    LDD_OUT="$(ldd "$PLEXUS" 2>&1 || true)"
+    if [[ $LDD_OUT == *"not found"* ]]; then
+        grep "not found" <<<"$LDD_OUT" >&2
+        echo "gpu-check.sh: libraries still missing with $PY's torch (above; a 'version ... not found' means this" \
+             "machine's glibc or libstdc++ is older than the build machine's)" >&2
         exit 2
     fi
+fi
+# The references' Python packages beyond torch: from .gpu-slot/py when this Python lacks them.
+if ! "$PY" -c 'import yaml, safetensors' 2>/dev/null && [[ -d "$ROOT/.gpu-slot/py" ]]; then
+    export PYTHONPATH="$ROOT/.gpu-slot/py${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PLEXUS_DATA="${PLEXUS_DATA:-$ROOT/.gpu-slot/data}"
 
@@ -167,25 +194,99 @@ G=""          # the running group's folder (logs, CSVs, runs)
 RESULTS=()    # the running group's step outcomes
 FAILED=0
 
-# step NAME CMD...: run CMD under the limit the group table gives NAME, log to G/NAME.log.
+# Lines in a step's log that make it fail whatever its exit status: a CUDA graph given up or the
+# CUDA kernels unavailable would otherwise let the graphs and kernels checks compare eager runs
+# with eager runs, or composite with composite.
+FAIL_PATTERN="CUDA graph: the capture failed|CUDA graph: off|CUDA kernels cannot run here|plexus' CUDA kernel failed"
+
+# step NAME CMD...: run CMD under the limit the group table gives NAME, log to G/NAME.log; skipped
+# when the command's budget cannot hold that limit any more. (`train.cuda_graphs: off` logs no
+# "CUDA graph: off" line: only a graph that auto or on could not capture does.)
 step() {
     local name="$1"
     shift
     local limit
     limit="$(awk -v n="$name" '$1 == n { print $2 }' <<<"${STEPS[$GROUP]}")"
     [[ -n "$limit" ]] || { echo "gpu-check.sh: step $name is not in group $GROUP's table" >&2; exit 3; }
+    local left=$((BUDGET - SECONDS))
+    # Once a step of a group is skipped, so are the rest (its comparisons need the skipped runs).
+    if ((GROUP_SKIPPING || limit + 10 > left)); then
+        GROUP_SKIPPING=1
+        echo "== $GROUP/$name: SKIPPED (its limit of ${limit} s does not fit the ${left} s left of --budget $BUDGET)"
+        RESULTS+=("$(printf '%-26s %-18s %4d s of %4d' "$name" "SKIPPED (budget)" 0 "$limit")")
+        SKIPPED=1
+        FAILED=1
+        archive
+        return 0
+    fi
     local t0=$SECONDS
     echo "== $GROUP/$name (limit ${limit} s): $*" | tee "$G/$name.log"
-    timeout --kill-after=10 "$limit" "$@" >>"$G/$name.log" 2>&1
+    # In the background and waited for, so that a TERM to this script is handled at once.
+    timeout --kill-after=10 "$limit" "$@" >>"$G/$name.log" 2>&1 &
+    CHILD=$!
+    wait "$CHILD"
     local rc=$?
+    CHILD=""
     local dt=$((SECONDS - t0))
     local verdict=ok
-    if [[ $rc == 124 || $rc == 137 ]]; then verdict="TIMEOUT"; elif [[ $rc != 0 ]]; then verdict="FAILED (exit $rc)"; fi
+    if [[ $rc == 124 || $rc == 137 ]]; then
+        verdict="TIMEOUT"
+    elif [[ $rc != 0 ]]; then
+        verdict="FAILED (exit $rc)"
+    elif [[ $DEV != cpu ]] && grep -Eq "$FAIL_PATTERN" "$G/$name.log"; then
+        verdict="FAILED (log)"
+        grep -E "$FAIL_PATTERN" "$G/$name.log" | head -3
+    fi
     [[ $verdict == ok ]] || FAILED=1
     tail -n +2 "$G/$name.log" | tail -n 12
     echo "== $GROUP/$name: $verdict in ${dt} s"
     RESULTS+=("$(printf '%-26s %-18s %4d s of %4d' "$name" "$verdict" "$dt" "$limit")")
+    archive
 }
+
+# skip NAME WHY: a step that cannot run on this machine (counts as a failure: nothing was measured).
+skip() {
+    echo "== $GROUP/$1: SKIPPED ($2)" | tee "$G/$1.log"
+    RESULTS+=("$(printf '%-26s %-18s %s' "$1" "SKIPPED" "$2")")
+    FAILED=1
+    archive
+}
+
+# Whether $PY can run the PyTorch references (torch, PyYAML, safetensors); says what is missing.
+python_references() {
+    "$PY" -c 'import torch, yaml, safetensors' 2>"$G/python-imports.log" && return 0
+    tail -n 1 "$G/python-imports.log" >&2
+    return 1
+}
+
+# The running group's summary and archive, rewritten after every step: a command killed from
+# outside still leaves what its finished steps measured.
+archive() {
+    [[ -n $G && -d $G ]] || return 0
+    {
+        cat "$G/about.txt"
+        echo "steps:"
+        printf '  %s\n' "${RESULTS[@]}"
+        echo "group time: $((SECONDS - GROUP_T0)) s"
+    } >"$G/summary.txt"
+    # Everything but model weights and checkpoints.
+    tar -czf "$OUTDIR/gpu-check-$GROUP.tar.gz.tmp" -C "$WORK_ROOT" \
+        --exclude='*.safetensors' --exclude='checkpoints' --exclude='*.bin' "$GROUP" &&
+        mv "$OUTDIR/gpu-check-$GROUP.tar.gz.tmp" "$OUTDIR/gpu-check-$GROUP.tar.gz"
+}
+
+CHILD=""
+SKIPPED=0
+GROUP_SKIPPING=0
+GROUP_T0=$SECONDS
+on_signal() {
+    echo "gpu-check.sh: stopped by a signal during group ${GROUP:-?}" >&2
+    [[ -n $CHILD ]] && kill -TERM "$CHILD" 2>/dev/null
+    RESULTS+=("stopped by a signal")
+    archive
+    exit 143
+}
+trap on_signal TERM INT HUP
 
 GPU=(--set "device=$DEV" --set precision=bf16 --quiet --overwrite)
 
@@ -276,16 +377,40 @@ group_bench-more() {
 }
 
 group_parity() {
+    if ! python_references; then
+        skip parity "$PY cannot import torch, yaml and safetensors (scripts/gpu-slot-pack.sh packs the last two)"
+        return 0
+    fi
     step parity "$PLEXUS" parity --device "$DEV"
 }
 
 group_bench-torch() {
     local gpt=bench/configs/gpu/gpt.yaml llama=bench/configs/gpu/llama.yaml
     local b=(env PYTHONUNBUFFERED=1 "$PY" parity/bench.py)
+    if ! python_references; then
+        local s
+        for s in gpt-eager gpt-compile llama-eager llama-compile; do
+            skip "$s" "$PY cannot import torch, yaml and safetensors (scripts/gpu-slot-pack.sh packs the last two)"
+        done
+        return 0
+    fi
+    # torch.compile's Triton builds a helper with the C compiler against Python.h on first use.
+    local no_compile=""
+    command -v "${CC:-cc}" >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || no_compile="no C compiler (cc, gcc)"
+    "$PY" -c 'import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
+        2>/dev/null || no_compile="${no_compile:+$no_compile, }no Python.h for $PY"
     step gpt-eager "${b[@]}" "$gpt" --mode eager --steps 20 --warmup 5 --csv "$G/raw.csv" --case gpt/residual
-    step gpt-compile "${b[@]}" "$gpt" --mode compile --steps 20 --warmup 5 --csv "$G/raw.csv" --case gpt/residual
+    if [[ -n $no_compile ]]; then
+        skip gpt-compile "torch.compile cannot build here: $no_compile"
+    else
+        step gpt-compile "${b[@]}" "$gpt" --mode compile --steps 20 --warmup 5 --csv "$G/raw.csv" --case gpt/residual
+    fi
     step llama-eager "${b[@]}" "$llama" --mode eager --steps 20 --warmup 5 --csv "$G/raw.csv" --case llama/residual
-    step llama-compile "${b[@]}" "$llama" --mode compile --steps 20 --warmup 5 --csv "$G/raw.csv" --case llama/residual
+    if [[ -n $no_compile ]]; then
+        skip llama-compile "torch.compile cannot build here: $no_compile"
+    else
+        step llama-compile "${b[@]}" "$llama" --mode compile --steps 20 --warmup 5 --csv "$G/raw.csv" --case llama/residual
+    fi
 }
 
 group_train() {
@@ -309,24 +434,17 @@ for GROUP in "${GROUPS_ASKED[@]}"; do
     mkdir -p "$G"
     RESULTS=()
     {
-        echo "group $GROUP at $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')" \
-             "(binary: $(cat "$(dirname "$PLEXUS")/COMMIT" 2>/dev/null || echo 'commit unknown'))"
+        echo "group $GROUP at $HEAD_COMMIT (binary: $BINARY_COMMIT)"
         date -u
         nvidia-smi -L 2>/dev/null || echo "nvidia-smi: none"
     } >"$G/about.txt"
-    t0=$SECONDS
+    GROUP_T0=$SECONDS
+    GROUP_SKIPPING=0
     "group_$GROUP"
-    {
-        cat "$G/about.txt"
-        echo "steps:"
-        printf '  %s\n' "${RESULTS[@]}"
-        echo "group time: $((SECONDS - t0)) s"
-    } >"$G/summary.txt"
-    # One archive per group: everything but model weights and checkpoints.
-    tar -czf "$OUTDIR/gpu-check-$GROUP.tar.gz" -C "$WORK_ROOT" \
-        --exclude='*.safetensors' --exclude='checkpoints' --exclude='*.bin' "$GROUP"
+    archive
     echo
     cat "$G/summary.txt"
     echo "archive: $OUTDIR/gpu-check-$GROUP.tar.gz ($(du -h "$OUTDIR/gpu-check-$GROUP.tar.gz" | cut -f1))"
 done
+((SKIPPED)) && echo "gpu-check.sh: steps were skipped for --budget $BUDGET (above): run their groups again" >&2
 exit $FAILED

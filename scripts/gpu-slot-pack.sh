@@ -6,15 +6,19 @@
 #   .gpu-slot/COMMIT    the commit it was built from ("+dirty" when the tree had changes)
 #   .gpu-slot/data/     what the `train` group reads: fashion-mnist/, text/tinyshakespeare.txt and
 #                       text/wiki_summaries.txt (from scripts/fetch-data.sh's data root)
+#   .gpu-slot/py/       PyYAML and safetensors from the venv, which the PyTorch references import and
+#                       a GPU image with torch alone lacks (pure Python; safetensors' abi3 library)
 #
 #   scripts/gpu-slot-pack.sh            binary and data
 #   scripts/gpu-slot-pack.sh --no-data  binary only (every group but `train` reads no data)
 #
-# Then, on the GPU machine, from a copy of the repository with .gpu-slot/ in it:
+# Pack again after every commit that touches the code: gpu-check.sh refuses a binary older than
+# the checkout where git can tell. Then, on the GPU machine, from a copy of the repository with
+# .gpu-slot/ in it:
 #   scripts/gpu-check.sh --out DIR doctor kernels
 # (scripts/gpu-check.sh --list: the groups). With this project's device tool: carry [".gpu-slot"],
-# one or two groups per command (each ≤ 8 minutes), archives written to $OUT. The tool carries at
-# most 64 MiB with the working tree: the sizes are printed at the end.
+# archives written to $OUT; gpu-check.sh's --budget (560 s) skips the steps that would not fit one
+# command. The tool carries at most 64 MiB with the working tree: the sizes are printed at the end.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SLOT="$ROOT/.gpu-slot"
@@ -28,8 +32,24 @@ grep -qx '/.gpu-slot/' "$ROOT/.git/info/exclude" 2>/dev/null || echo '/.gpu-slot
 strip --strip-debug -o "$SLOT/plexus.tmp" "$ROOT/target/release/plexus"
 mv "$SLOT/plexus.tmp" "$SLOT/plexus"
 commit="$(git -C "$ROOT" rev-parse --short HEAD)"
-git -C "$ROOT" diff --quiet HEAD -- src build.rs Cargo.toml Cargo.lock || commit="$commit+dirty"
+# Changed or untracked sources make it "+dirty".
+[[ -z "$(git -C "$ROOT" status --porcelain -- src build.rs Cargo.toml Cargo.lock)" ]] || commit="$commit+dirty"
 echo "$commit" >"$SLOT/COMMIT"
+
+# The references' packages beyond torch, from the venv that scripts/setup.sh made.
+rm -rf "$SLOT/py"
+mkdir -p "$SLOT/py"
+# (setup.sh wrote the venv's Python into .cargo/config.toml.)
+VENV_PY="$(sed -n 's/^PLEXUS_PYTHON = "\(.*\)"$/\1/p' "$ROOT/.cargo/config.toml")"
+SITE="$("$VENV_PY" -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || true)"
+for pkg in yaml safetensors; do
+    if [[ -n $SITE && -d "$SITE/$pkg" ]]; then
+        cp -r "$SITE/$pkg" "$SLOT/py/"
+    else
+        echo "[gpu-slot-pack] $pkg not found in the venv: the parity and bench-torch groups need it on the GPU machine" >&2
+    fi
+done
+find "$SLOT/py" -name '__pycache__' -prune -exec rm -rf {} +
 
 rm -rf "$SLOT/data"
 if ((WITH_DATA)); then
