@@ -8,6 +8,8 @@
 // The protocol (as torch.cuda.graph's):
 // * warm-up steps run eagerly on a side stream (`enter_side_stream` / `leave_side_stream`): cuBLAS
 //   workspaces, NVRTC kernels and autograd's per-stream state are created there, outside capture;
+// * the device is synchronised and the allocator's cached blocks given back (the warm-up's, kept
+//   for the side stream, would otherwise sit beside the graph's pool: two steps' memory);
 // * `capture_begin` (on the side stream) → the step's operators are recorded, not run →
 //   `capture_end`; then `replay` runs the recorded step, on the current stream, once per step;
 // * capture mode is thread-local: the data thread may pin memory and copy meanwhile;
@@ -27,6 +29,7 @@
 
 #ifdef PLEXUS_WITH_CUDA_GRAPHS
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -130,6 +133,12 @@ char* plexus_cuda_graph_capture_begin(void* g) {
   return on_graph(g, [](Graph& graph) {
     if (!graph.previous) throw std::runtime_error("cuda graph: capture must begin on the side stream");
     if (graph.captured || graph.capturing) throw std::runtime_error("cuda graph: captured already");
+    // As torch.cuda.graph does: the warm-up steps' blocks, cached for the side stream, are given
+    // back first, so that the graph's pool can take that memory instead of a second step's worth.
+    cuda().synchronizeDevice(graph.device.index());
+    if (auto* allocator = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(c10::DeviceType::CUDA))) {
+      allocator->emptyCache();
+    }
     graph.capturing = true;
     graph.graph.capture_begin(shared_pool(), cudaStreamCaptureModeThreadLocal);
   });
