@@ -225,12 +225,14 @@ impl Trainee {
         self.stepper.task.prepare(b)
     }
 
-    /// One training step, exactly `plexus train`'s (all micro-batches are the fixed batch).
-    fn step(&mut self) {
+    /// One training step, exactly `plexus train`'s (all micro-batches are the fixed batch). Fails
+    /// where training would: a CUDA graph capture that fails, an all-reduce that times out.
+    fn step(&mut self) -> Result<()> {
         let b = &self.batch;
         let next = || Ok(crate::data::Batch { input: b.input.shallow_clone(), target: b.target.shallow_clone() });
-        self.stepper.step(self.steps_done, next, Some(self.lr)).expect("a single-process step cannot fail");
+        self.stepper.step(self.steps_done, next, Some(self.lr))?;
         self.steps_done += 1;
+        Ok(())
     }
 
     /// The `--profile` breakdown of one step: forward + loss, backward, and clipping + update, each
@@ -258,21 +260,22 @@ impl Trainee {
 
     /// Untimed steps until a CUDA graph, if the step uses one, is captured: what is timed then is
     /// the replayed step, as in training.
-    fn settle(&mut self) {
+    fn settle(&mut self) -> Result<()> {
         while self.stepper.capture_pending() {
-            self.step();
+            self.step()?;
         }
         if let Some(note) = self.stepper.take_note() {
             eprintln!("{note}");
         }
+        Ok(())
     }
 
     /// One step's wall time in ms, synchronised.
-    fn timed_step(&mut self) -> f64 {
+    fn timed_step(&mut self) -> Result<f64> {
         let t = Instant::now();
-        self.step();
+        self.step()?;
         sync(self.dev);
-        t.elapsed().as_secs_f64() * 1e3
+        Ok(t.elapsed().as_secs_f64() * 1e3)
     }
 
     /// Activation memory (MiB): bytes allocated and still held after forward + loss, before
@@ -312,16 +315,16 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
     let compute = cfg.precision.compute_kind();
     let _seed = device::seed_guard(cfg.seed);
     for _ in 0..opts.warmup {
-        t.step();
+        t.step()?;
     }
-    t.settle();
+    t.settle()?;
     sync(dev);
     reset_peak_rss();
     if let Device::Cuda(i) = dev {
         crate::native::cuda_reset_peak_memory(i)?;
     }
     let faults_before = crate::malloc::minor_faults(false);
-    let times: Vec<f64> = (0..opts.steps).map(|_| t.timed_step()).collect();
+    let times: Vec<f64> = (0..opts.steps).map(|_| t.timed_step()).collect::<Result<_>>()?;
     let page_faults_per_step = faults_before
         .zip(crate::malloc::minor_faults(false))
         .map(|(a, b)| b.saturating_sub(a) as f64 / opts.steps as f64);
@@ -336,7 +339,13 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
         let col = |k: usize| quantile(&phases.iter().map(|p| p[k]).collect::<Vec<_>>(), 0.5);
         [col(0), col(1), col(2)]
     });
-    let ops = if opts.profile && dev == Device::Cpu { Some(crate::native::count_ops(|| t.step())?.1) } else { None };
+    let ops = if opts.profile && dev == Device::Cpu {
+        let (stepped, ops) = crate::native::count_ops(|| t.step())?;
+        stepped?;
+        Some(ops)
+    } else {
+        None
+    };
     let peak_rss_mb = rss_mb().map_or(f64::NAN, |m| m.1);
     let act_mem_mb = t.activation_mb();
     drop(_seed);
@@ -485,16 +494,16 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
     let _seed = device::seed_guard(exps[0].1.config().seed);
     for t in ts.iter_mut() {
         for _ in 0..opts.warmup {
-            t.step();
+            t.step()?;
         }
-        t.settle();
+        t.settle()?;
     }
     let n = ts.len();
     let mut times = vec![Vec::with_capacity(opts.steps); n];
     for round in 0..opts.steps {
         for k in 0..n {
             let i = (round + k) % n;
-            times[i].push(ts[i].timed_step());
+            times[i].push(ts[i].timed_step()?);
         }
     }
     // The stream update's shape: `x0` `[B, .., D]` of the benchmark batch, in its dtype.
@@ -514,7 +523,9 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
             if t.dev != Device::Cpu {
                 return Ok(None);
             }
-            Ok(Some(crate::native::count_ops(|| t.step())?.1.kernels))
+            let (stepped, ops) = crate::native::count_ops(|| t.step())?;
+            stepped?;
+            Ok(Some(ops.kernels))
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(exps
@@ -587,10 +598,12 @@ pub fn bench_distributed(
     t.stepper.distribute(crate::dist::Dist::join(info, dev)?)?;
     let _seed = device::seed_guard(cfg.seed);
     for _ in 0..opts.warmup {
-        t.step();
+        t.step()?;
     }
+    // Every rank takes the same untimed steps until its graphs are captured.
+    t.settle()?;
     sync(dev);
-    let times: Vec<f64> = (0..opts.steps).map(|_| t.timed_step()).collect();
+    let times: Vec<f64> = (0..opts.steps).map(|_| t.timed_step()).collect::<Result<_>>()?;
     let params = t.stepper.optim.parameters();
     let gradient_bytes: i64 = params
         .iter()

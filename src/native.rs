@@ -282,11 +282,19 @@ mod tests {
         let unavailable = anyhow::anyhow!("{prefix}libnvrtc.so.13 not found");
         assert!(cuda_result(Err(unavailable.context("sinkhorn"))).is_none());
         assert!(kernels::cuda_kernels_unavailable(), "later calls skip the kernels");
+        kernels::reset_cuda_kernels_unavailable();
+        let in_capture = anyhow::anyhow!("{prefix}their first use on this device is inside a CUDA graph capture");
+        assert!(cuda_result(Err(in_capture)).is_none());
+        assert!(!kernels::cuda_kernels_unavailable(), "a refusal inside a capture holds for that call only");
         let failed =
             std::panic::catch_unwind(|| cuda_result(Err(anyhow::anyhow!("cuLaunchKernel: an illegal address"))));
         let message = failed.expect_err("a launch failure must not fall back");
         let text = message.downcast_ref::<String>().cloned().unwrap_or_default();
         assert!(text.contains("illegal address"), "{text}");
+        let oom =
+            std::panic::catch_unwind(|| cuda_result(Err(anyhow::anyhow!("CUDA out of memory. Tried to allocate"))));
+        let text = oom.expect_err("out of memory").downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(text.contains("data.batch_size"), "the out-of-memory advice: {text}");
     }
 
     #[test]

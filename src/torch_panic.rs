@@ -15,8 +15,23 @@ pub fn describe(panic_message: &str) -> Option<String> {
     let inner = &panic_message[start..];
     // The Debug string escapes newlines; the first line is libtorch's message proper.
     let first = inner.split("\\n").next().unwrap_or(inner).trim_end_matches("\")").trim();
-    let lower = first.to_lowercase();
-    let hint = if lower.contains("out of memory") || lower.contains("can't allocate memory") {
+    let hint = hint(first);
+    let mut out = format!("libtorch: {first}");
+    if let Some(h) = hint {
+        out.push_str("\n  hint: ");
+        out.push_str(h);
+    }
+    if std::env::var_os("RUST_BACKTRACE").is_none() {
+        out.push_str("\n  (RUST_BACKTRACE=1 shows where in plexus it happened)");
+    }
+    Some(out)
+}
+
+/// What to do about a libtorch error, for the common causes (out of memory, a GPU index beyond
+/// the machine's, a CUDA failure), from its message.
+pub fn hint(message: &str) -> Option<&'static str> {
+    let lower = message.to_lowercase();
+    if lower.contains("out of memory") || lower.contains("can't allocate memory") {
         Some(
             "the model, batch or sequence does not fit: lower data.batch_size (train.accumulation keeps the \
              effective batch), use precision: bf16, or a smaller model; `plexus bench CONFIG` reports the \
@@ -31,16 +46,7 @@ pub fn describe(panic_message: &str) -> Option<String> {
         )
     } else {
         None
-    };
-    let mut out = format!("libtorch: {first}");
-    if let Some(h) = hint {
-        out.push_str("\n  hint: ");
-        out.push_str(h);
     }
-    if std::env::var_os("RUST_BACKTRACE").is_none() {
-        out.push_str("\n  (RUST_BACKTRACE=1 shows where in plexus it happened)");
-    }
-    Some(out)
 }
 
 /// The text of a panic payload (`&str` or `String`; anything else has none).

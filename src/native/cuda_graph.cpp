@@ -101,7 +101,11 @@ extern "C" {
 int plexus_cuda_graphs_built() { return 1; }
 
 char* plexus_cuda_graph_new(int64_t device, void** out) {
-  return guarded([&] { *out = new Graph(static_cast<c10::DeviceIndex>(device)); });
+  return guarded([&] {
+    const c10::Device on(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
+    const c10::DeviceGuard guard(on);
+    *out = new Graph(on.index());
+  });
 }
 
 void plexus_cuda_graph_free(void* g) { delete static_cast<Graph*>(g); }

@@ -569,6 +569,12 @@ pub fn cuda_kernels_unavailable() -> bool {
     CUDA_KERNELS_UNAVAILABLE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Forgets [`cuda_kernels_unavailable`] (for the test that sets it).
+#[cfg(test)]
+pub(crate) fn reset_cuda_kernels_unavailable() {
+    CUDA_KERNELS_UNAVAILABLE.store(false, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// A CUDA kernel's result, or `None` when the kernels cannot run on this machine (no NVRTC, no
 /// driver, their first-use check failed, a first use inside a CUDA graph capture), after one
 /// warning per process; the caller then runs its composite code, which computes the same values.
@@ -578,7 +584,11 @@ pub fn cuda_result(r: anyhow::Result<Tensor>) -> Option<Tensor> {
     match r {
         Ok(t) => Some(t),
         Err(e) if format!("{e:#}").contains(CUDA_KERNELS_UNAVAILABLE_PREFIX) => {
-            CUDA_KERNELS_UNAVAILABLE.store(true, std::sync::atomic::Ordering::Relaxed);
+            // A first use inside a capture is refused for that call only (the C++ side does not
+            // keep it): the kernels may still load on a later eager call.
+            if !format!("{e:#}").contains("inside a CUDA graph capture") {
+                CUDA_KERNELS_UNAVAILABLE.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
                 eprintln!(
@@ -589,7 +599,13 @@ pub fn cuda_result(r: anyhow::Result<Tensor>) -> Option<Tensor> {
             });
             None
         }
-        Err(e) => panic!("plexus' CUDA kernel failed: {e:#}"),
+        Err(e) => {
+            let text = format!("{e:#}");
+            match crate::torch_panic::hint(&text) {
+                Some(hint) => panic!("plexus' CUDA kernel failed: {text}\n  hint: {hint}"),
+                None => panic!("plexus' CUDA kernel failed: {text}"),
+            }
+        }
     }
 }
 

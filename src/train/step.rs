@@ -139,6 +139,10 @@ impl Stepper {
     /// Makes the step data-parallel: gradients and the logged loss are reduced over `dist`'s
     /// ranks (see [`crate::dist`]); the parameters are broadcast from rank 0 now.
     pub fn distribute(&mut self, dist: Dist) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            !matches!(self.execution, Execution::Graph { captured: true, .. }),
+            "data parallelism must be set up before the step is captured"
+        );
         let world = dist.info.world_size as f64;
         let scale = if self.task == Task::HalfSumSquares { 1.0 } else { 1.0 / world };
         // Every rank must broadcast in the same order: by name.
@@ -149,14 +153,8 @@ impl Stepper {
         self.dist = Some((dist, scale));
         // Graphs set up for one process capture the whole step; with the all-reduce it takes two
         // (an all-reduce waits on the host, which a capture does not allow): set up again.
-        match &self.execution {
-            Execution::Graph { captured: true, .. } => {
-                anyhow::bail!("data parallelism must be set up before the step is captured")
-            }
-            Execution::Graph { .. } => {
-                self.use_cuda_graphs(CudaGraphs::On)?;
-            }
-            Execution::Eager => {}
+        if matches!(self.execution, Execution::Graph { .. }) {
+            self.note = self.use_cuda_graphs(CudaGraphs::On)?;
         }
         Ok(())
     }
