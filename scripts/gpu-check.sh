@@ -149,15 +149,19 @@ if [[ -z "${PLEXUS:-}" || ! -x "$PLEXUS" ]]; then
          "with scripts/gpu-slot-pack.sh on a machine with cargo and bring .gpu-slot/ along" >&2
     exit 2
 fi
-# A packed binary older than the checkout measures old code: refused where git can tell (the
-# machine that packs it; a copy without .git cannot), unless GPU_CHECK_ALLOW_STALE=1.
+# A packed binary built from other sources than the checkout's measures other code: refused
+# (scripts/source-hash.sh, with or without git), unless GPU_CHECK_ALLOW_STALE=1.
 BINARY_COMMIT="$(cat "$(dirname "$PLEXUS")/COMMIT" 2>/dev/null || echo 'commit unknown')"
 HEAD_COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
-if [[ -f "$(dirname "$PLEXUS")/COMMIT" && $HEAD_COMMIT != "?" && ${BINARY_COMMIT%+dirty} != "$HEAD_COMMIT" \
-      && ${GPU_CHECK_ALLOW_STALE:-0} != 1 ]]; then
-    echo "gpu-check.sh: $PLEXUS was built at $BINARY_COMMIT, the checkout is at $HEAD_COMMIT:" \
-         "run scripts/gpu-slot-pack.sh again (or GPU_CHECK_ALLOW_STALE=1 to measure the old binary)" >&2
-    exit 2
+PACKED_SOURCES="$(cat "$(dirname "$PLEXUS")/SOURCES" 2>/dev/null || true)"
+if [[ -n $PACKED_SOURCES && ${GPU_CHECK_ALLOW_STALE:-0} != 1 ]]; then
+    CHECKOUT_SOURCES="$("$ROOT/scripts/source-hash.sh")"
+    if [[ $PACKED_SOURCES != "$CHECKOUT_SOURCES" ]]; then
+        echo "gpu-check.sh: $PLEXUS was built from other sources (hash $PACKED_SOURCES, commit $BINARY_COMMIT)" \
+             "than this checkout's ($CHECKOUT_SOURCES, commit $HEAD_COMMIT): run scripts/gpu-slot-pack.sh again," \
+             "or set GPU_CHECK_ALLOW_STALE=1 to measure that binary anyway" >&2
+        exit 2
+    fi
 fi
 PY="${PLEXUS_PYTHON:-python3}"
 export PLEXUS_PYTHON="$PY"
@@ -197,7 +201,7 @@ FAILED=0
 # Lines in a step's log that make it fail whatever its exit status: a CUDA graph given up or the
 # CUDA kernels unavailable would otherwise let the graphs and kernels checks compare eager runs
 # with eager runs, or composite with composite.
-FAIL_PATTERN="CUDA graph: the capture failed|CUDA graph: off|CUDA kernels cannot run here|plexus' CUDA kernel failed"
+FAIL_PATTERN="capture of the training step failed|CUDA graph: off|CUDA kernels cannot run here|plexus' CUDA kernel failed"
 
 # step NAME CMD...: run CMD under the limit the group table gives NAME, log to G/NAME.log; skipped
 # when the command's budget cannot hold that limit any more. (`train.cuda_graphs: off` logs no
@@ -224,9 +228,11 @@ step() {
     # In the background and waited for, so that a TERM to this script is handled at once.
     timeout --kill-after=10 "$limit" "$@" >>"$G/$name.log" 2>&1 &
     CHILD=$!
+    CURRENT_STEP="$name"
     wait "$CHILD"
     local rc=$?
     CHILD=""
+    CURRENT_STEP=""
     local dt=$((SECONDS - t0))
     local verdict=ok
     if [[ $rc == 124 || $rc == 137 ]]; then
@@ -269,20 +275,32 @@ archive() {
         printf '  %s\n' "${RESULTS[@]}"
         echo "group time: $((SECONDS - GROUP_T0)) s"
     } >"$G/summary.txt"
-    # Everything but model weights and checkpoints.
-    tar -czf "$OUTDIR/gpu-check-$GROUP.tar.gz.tmp" -C "$WORK_ROOT" \
-        --exclude='*.safetensors' --exclude='checkpoints' --exclude='*.bin' "$GROUP" &&
-        mv "$OUTDIR/gpu-check-$GROUP.tar.gz.tmp" "$OUTDIR/gpu-check-$GROUP.tar.gz"
+    # Everything but model weights and checkpoints. (Exit status 1: a file changed while read,
+    # a log still being written; the archive is whole all the same.)
+    local tmp="$OUTDIR/gpu-check-$GROUP.tar.gz.tmp" rc=0
+    tar -czf "$tmp" --warning=no-file-changed -C "$WORK_ROOT" \
+        --exclude='*.safetensors' --exclude='checkpoints' --exclude='*.bin' "$GROUP" || rc=$?
+    if ((rc <= 1)); then
+        mv "$tmp" "$OUTDIR/gpu-check-$GROUP.tar.gz"
+    else
+        rm -f "$tmp"
+        echo "gpu-check.sh: could not archive $G (tar exit $rc)" >&2
+    fi
 }
 
 CHILD=""
+CURRENT_STEP=""
 SKIPPED=0
 GROUP_SKIPPING=0
 GROUP_T0=$SECONDS
 on_signal() {
-    echo "gpu-check.sh: stopped by a signal during group ${GROUP:-?}" >&2
-    [[ -n $CHILD ]] && kill -TERM "$CHILD" 2>/dev/null
-    RESULTS+=("stopped by a signal")
+    echo "gpu-check.sh: stopped by a signal during ${GROUP:-?}/${CURRENT_STEP:-(between steps)}" >&2
+    if [[ -n $CHILD ]]; then
+        # timeout passes the TERM on to the step (and KILLs it 10 s later): its last lines reach the log.
+        kill -TERM "$CHILD" 2>/dev/null
+        wait "$CHILD" 2>/dev/null
+    fi
+    RESULTS+=("$(printf '%-26s %-18s' "${CURRENT_STEP:-(between steps)}" "STOPPED (signal)")")
     archive
     exit 143
 }

@@ -4,6 +4,7 @@
 #
 #   .gpu-slot/plexus    the release binary (debug symbols stripped), built by scripts/setup.sh
 #   .gpu-slot/COMMIT    the commit it was built from ("+dirty" when the tree had changes)
+#   .gpu-slot/SOURCES   the hash of its sources (scripts/source-hash.sh), which gpu-check.sh checks
 #   .gpu-slot/data/     what the `train` group reads: fashion-mnist/, text/tinyshakespeare.txt and
 #                       text/wiki_summaries.txt (from scripts/fetch-data.sh's data root)
 #   .gpu-slot/py/       PyYAML and safetensors from the venv, which the PyTorch references import and
@@ -12,8 +13,8 @@
 #   scripts/gpu-slot-pack.sh            binary and data
 #   scripts/gpu-slot-pack.sh --no-data  binary only (every group but `train` reads no data)
 #
-# Pack again after every commit that touches the code: gpu-check.sh refuses a binary older than
-# the checkout where git can tell. Then, on the GPU machine, from a copy of the repository with
+# Pack again after every change to the code: gpu-check.sh refuses a binary built from other sources
+# than the checkout's (scripts/source-hash.sh). Then, on the GPU machine, from a copy of the repository with
 # .gpu-slot/ in it:
 #   scripts/gpu-check.sh --out DIR doctor kernels
 # (scripts/gpu-check.sh --list: the groups). With this project's device tool: carry [".gpu-slot"],
@@ -35,6 +36,7 @@ commit="$(git -C "$ROOT" rev-parse --short HEAD)"
 # Changed or untracked sources make it "+dirty".
 [[ -z "$(git -C "$ROOT" status --porcelain -- src build.rs Cargo.toml Cargo.lock)" ]] || commit="$commit+dirty"
 echo "$commit" >"$SLOT/COMMIT"
+"$ROOT/scripts/source-hash.sh" >"$SLOT/SOURCES"
 
 # The references' packages beyond torch, from the venv that scripts/setup.sh made.
 rm -rf "$SLOT/py"
