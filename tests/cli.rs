@@ -384,6 +384,55 @@ fn the_gpu_slot_plan_runs_its_kernels_group_dry_on_the_cpu() {
     assert!(text(&o).1.contains("no group 'kernel'; the groups are: doctor kernels graphs bench"), "{}", text(&o).1);
 }
 
+/// On a GPU machine the binary's RUNPATH (this machine's venv) does not exist: gpu-check.sh must
+/// then find libtorch through the Python's torch. Checked with a copy of the binary whose RUNPATH
+/// names a folder that does not exist (same length, so the ELF stays valid): `ldd` reports
+/// libtorch missing, and the kernels group still runs, from the libraries of PLEXUS_PYTHON's torch.
+#[test]
+#[ignore = "slow tier: the GPU slot plan with a binary whose rpath does not resolve (~10 s)"]
+fn the_gpu_slot_plan_finds_libtorch_through_python_when_the_rpath_does_not_resolve() {
+    let tmp = tempfile::tempdir().unwrap();
+    let python = plexus::parity::python();
+    let o = std::process::Command::new(&python)
+        .args(["-c", "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))"])
+        .output()
+        .expect("python runs");
+    let torch_lib = String::from_utf8(o.stdout).unwrap().trim().to_string();
+    let mut binary = std::fs::read(env!("CARGO_BIN_EXE_plexus")).unwrap();
+    let needle = torch_lib.as_bytes();
+    let broken = format!("/nonexistent{}", "/".repeat(needle.len() - "/nonexistent".len()));
+    let mut replaced = 0;
+    let mut i = 0;
+    while let Some(at) = binary[i..].windows(needle.len()).position(|w| w == needle) {
+        binary[i + at..i + at + needle.len()].copy_from_slice(broken.as_bytes());
+        i += at + needle.len();
+        replaced += 1;
+    }
+    assert!(replaced >= 1, "the binary's RUNPATH names {torch_lib}");
+    let copy = tmp.path().join("bin/plexus");
+    std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+    std::fs::write(&copy, &binary).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ldd = std::process::Command::new("ldd").arg(&copy).env_remove("LD_LIBRARY_PATH").output().expect("ldd");
+    let ldd = String::from_utf8_lossy(&ldd.stdout).to_string();
+    assert!(ldd.lines().any(|l| l.contains("libtorch") && l.contains("not found")), "the copy finds libtorch:\n{ldd}");
+    let out = tmp.path().join("out");
+    let o = std::process::Command::new("bash")
+        .arg(common::repo().join("scripts/gpu-check.sh"))
+        .args(["--device", "cpu", "--quick", "--out", out.to_str().unwrap(), "kernels"])
+        .env("PLEXUS", &copy)
+        .env("PLEXUS_PYTHON", &python)
+        .env_remove("LD_LIBRARY_PATH")
+        .env("GPU_CHECK_WORK", tmp.path().join("work"))
+        .output()
+        .expect("bash runs the script");
+    let (stdout, stderr) = text(&o);
+    assert!(o.status.success(), "{stdout}{stderr}");
+    assert!(stdout.lines().any(|l| l.trim_start().starts_with("syncs") && l.contains(" ok ")), "{stdout}");
+    assert!(out.join("gpu-check-kernels.tar.gz").is_file());
+}
+
 /// Without a terminal (nohup, Slurm, `> log`), `plexus train` prints the device it resolved to and
 /// one plain line per logged step — step, loss, lr, throughput, ms/step, ETA — as nanoGPT does;
 /// `--quiet` prints neither.
