@@ -123,7 +123,7 @@ while (($#)); do
         # A dry run of the plumbing: 4 steps of a model 4× narrower on 4× fewer tokens.
         --quick) QUICK=(--set train.steps=4 --set log.every=2 --set model.width=64 --set data.batch_size=2); shift ;;
         --list) list; exit 0 ;;
-        -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) GROUPS_ASKED+=("$1"); shift ;;
     esac
 done
