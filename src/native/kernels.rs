@@ -581,32 +581,30 @@ pub(crate) fn reset_cuda_kernels_unavailable() {
 /// Any other error (a failed launch, a fault pinned by `PLEXUS_CUDA_SYNC_CHECK`, a bad argument)
 /// panics: after a fault the device is unusable, and carrying on would report it somewhere else.
 pub fn cuda_result(r: anyhow::Result<Tensor>) -> Option<Tensor> {
-    match r {
-        Ok(t) => Some(t),
-        Err(e) if format!("{e:#}").contains(CUDA_KERNELS_UNAVAILABLE_PREFIX) => {
-            // A first use inside a capture is refused for that call only (the C++ side does not
-            // keep it): the kernels may still load on a later eager call.
-            if !format!("{e:#}").contains("inside a CUDA graph capture") {
-                CUDA_KERNELS_UNAVAILABLE.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-            static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| {
-                eprintln!(
-                    "warning: plexus' CUDA kernels cannot run here, so Hyper-Connections and mHC run as composite \
-                     libtorch operators (the same values, more kernels; PLEXUS_FUSED_KERNELS=0 chooses that \
-                     without this warning): {e:#}"
-                )
-            });
-            None
-        }
-        Err(e) => {
-            let text = format!("{e:#}");
-            match crate::torch_panic::hint(&text) {
-                Some(hint) => panic!("plexus' CUDA kernel failed: {text}\n  hint: {hint}"),
-                None => panic!("plexus' CUDA kernel failed: {text}"),
-            }
+    let e = match r {
+        Ok(t) => return Some(t),
+        Err(e) => format!("{e:#}"),
+    };
+    if !e.contains(CUDA_KERNELS_UNAVAILABLE_PREFIX) {
+        match crate::torch_panic::hint(&e) {
+            Some(hint) => panic!("plexus' CUDA kernel failed: {e}\n  hint: {hint}"),
+            None => panic!("plexus' CUDA kernel failed: {e}"),
         }
     }
+    // A first use inside a capture is refused for that call only (the C++ side does not keep it):
+    // the kernels may still load on a later eager call.
+    if !e.contains("inside a CUDA graph capture") {
+        CUDA_KERNELS_UNAVAILABLE.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        eprintln!(
+            "warning: plexus' CUDA kernels cannot run here, so Hyper-Connections and mHC run as composite \
+             libtorch operators (the same values, more kernels; PLEXUS_FUSED_KERNELS=0 chooses that \
+             without this warning): {e}"
+        )
+    });
+    None
 }
 
 /// The read of unit k, `u = Σ_s pre[s] H_s`: `h` `[.., n, D]`, `pre` `[.., n]` or `[n]` → `[.., D]`.

@@ -181,10 +181,10 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     // What changed how the run trains (a CUDA graph given up, say): shown under --quiet too, where
     // the bar is hidden and `say` prints nothing.
     let warn = |line: String| {
-        if opts.log_lines || bar.is_hidden() {
+        if bar.is_hidden() {
             eprintln!("{line}");
         } else {
-            bar.println(line);
+            say(line);
         }
     };
     let clock = Instant::now();
