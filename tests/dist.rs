@@ -215,6 +215,21 @@ fn children_of(parent: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The steps of the checkpoint markers (`checkpoints/step_<n>.json`) in `run`, ascending.
+fn checkpoint_steps(run: &Path) -> Vec<u64> {
+    let mut steps: Vec<u64> = std::fs::read_dir(run.join("checkpoints"))
+        .map(|d| {
+            d.filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                name.strip_prefix("step_")?.strip_suffix(".json")?.parse().ok()
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    steps.sort_unstable();
+    steps
+}
+
 /// A process that exists and is not a zombie.
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -240,13 +255,20 @@ fn killing_the_launcher_stops_its_ranks_and_the_run_resumes() {
             .env("OMP_NUM_THREADS", "1")
             .current_dir(t)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(t.join(format!("stderr-{signal}"))).unwrap())
             .spawn()
             .unwrap();
+        let stderr = || std::fs::read_to_string(t.join(format!("stderr-{signal}"))).unwrap_or_default();
+        // Wait for any checkpoint at step 20 or later, not for `step_20.json` itself: the run
+        // keeps the last two, so that one lives only ~20 steps (a fraction of a second on a fast
+        // machine) and a poll could miss it.
         let started = Instant::now();
-        while !run.join("checkpoints/step_20.json").exists() {
-            assert!(started.elapsed() < Duration::from_secs(120), "no checkpoint within 2 minutes");
-            std::thread::sleep(Duration::from_millis(100));
+        while checkpoint_steps(&run).last().is_none_or(|&s| s < 20) {
+            if let Some(status) = launcher.try_wait().unwrap() {
+                panic!("the launcher ended ({status}) before its checkpoint at step 20:\n{}", stderr());
+            }
+            assert!(started.elapsed() < Duration::from_secs(120), "no checkpoint within 2 minutes:\n{}", stderr());
+            std::thread::sleep(Duration::from_millis(20));
         }
         let ranks = children_of(launcher.id());
         assert_eq!(ranks.len(), 2, "{ranks:?}");
