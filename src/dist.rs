@@ -193,7 +193,7 @@ pub fn launched_rank() -> Option<usize> {
 /// would (RANK = LOCAL_RANK = r, WORLD_SIZE = N, rendezvous on a free loopback port, each with
 /// 1/N of the CPU threads unless OMP_NUM_THREADS is set). If one rank fails the others are
 /// stopped, and the error names it; rank 0 speaks for the group (the others print their error
-/// a second later, so an error that every rank meets is printed once: see `main.rs`). The ranks
+/// three seconds later, so an error that every rank meets is printed once: see `main.rs`). The ranks
 /// die with the launcher (`PR_SET_PDEATHSIG`): a launcher killed by SIGTERM, SIGKILL or a closed
 /// terminal leaves no rank training; the run resumes from its last checkpoint.
 pub fn launch(nproc: usize) -> Result<()> {

@@ -13,8 +13,10 @@ fn main() -> ExitCode {
                 // A rank of `--nproc`: rank 0 speaks for the group. An error that every rank meets
                 // (a batch that does not split, missing data) ends rank 0 first, and the launcher
                 // stops this one before it prints; an error of this rank alone is still printed.
+                // Three seconds: ranks start together, but on a loaded machine one may reach the
+                // shared error a second or more before rank 0 does.
                 Some(rank) => {
-                    std::thread::sleep(std::time::Duration::from_secs(1));
+                    std::thread::sleep(std::time::Duration::from_secs(3));
                     eprintln!("error (rank {rank}): {e:#}");
                 }
                 None => eprintln!("error: {e:#}"),

@@ -287,3 +287,42 @@ fn operators_are_counted_as_kernels_views_and_calls() {
     let nested = count_ops(|| count_ops(|| ()).map(|_| ()));
     assert!(nested.unwrap().0.unwrap_err().to_string().contains("already running"));
 }
+
+/// The counter is one per process: a count on a second thread while the first is open waits for
+/// it (tests and benchmark threads count side by side) and each sees only its own operators; a
+/// count whose closure panics does not leave the counter running.
+#[test]
+fn counts_on_two_threads_wait_for_each_other_and_a_panic_ends_its_count() {
+    use plexus::native::{count_ops, trace_ops};
+    use std::sync::mpsc;
+    use tch::{Device, Kind, Tensor};
+    let add = || {
+        let a = Tensor::ones([4, 3], (Kind::Float, Device::Cpu));
+        &a + &a
+    };
+    let (opened, wait_open) = mpsc::channel();
+    let first = std::thread::spawn(move || {
+        count_ops(|| {
+            opened.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            (0..3).for_each(|_| drop(add()));
+        })
+        .unwrap()
+        .1
+    });
+    wait_open.recv().unwrap();
+    // The first count is open now: this one starts when it ends.
+    let (_, second) = count_ops(add).unwrap();
+    let first = first.join().unwrap();
+    // `ones` is a fill kernel, the add another.
+    assert_eq!((first.kernels, second.kernels), (6, 2), "{first:?}\n{second:?}");
+
+    for _ in 0..2 {
+        let panicked = std::panic::catch_unwind(|| count_ops(|| panic!("inside a count")));
+        assert!(panicked.is_err());
+        let panicked = std::panic::catch_unwind(|| trace_ops(|| panic!("inside a trace")));
+        assert!(panicked.is_err());
+    }
+    assert_eq!(count_ops(add).unwrap().1.kernels, 2);
+    assert_eq!(trace_ops(add).unwrap().1.len(), trace_ops(add).unwrap().1.len());
+}

@@ -827,7 +827,9 @@ mod tests {
         assert!(load(&big, &[]).unwrap_err().allowed.contains("at most 1048576 bytes"));
         let e = load(GOOD, &[&format!("model.depth={}", "[".repeat(100_000))]).unwrap_err();
         assert!(e.allowed.contains("nested at most"), "{e}");
-        assert!(t.elapsed().as_secs_f64() < 1.0, "took {:?}", t.elapsed());
+        // Milliseconds when bounded; seconds or a stack overflow when not. Generous, as the test
+        // shares the machine with the rest of the suite.
+        assert!(t.elapsed().as_secs_f64() < 10.0, "took {:?}", t.elapsed());
         // Shipped-config depth is far below the bound.
         assert!(load(GOOD, &[]).is_ok());
     }

@@ -3,8 +3,62 @@
 
 use super::{check, ffi, take_string};
 use anyhow::{anyhow, bail, Result};
+use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void};
 use std::ptr::NonNull;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::thread::LocalKey;
+
+/// The C++ side keeps one operator callback of each kind (counting, tracing) for the process, so
+/// one count and one trace run at a time: a count on another thread (a test beside, a benchmark
+/// thread) waits for this one instead of failing, and a count nested in a count on the same
+/// thread is an error instead of a deadlock. If the closure panics, dropping this ends the C++
+/// side's session, so that the next one can start.
+struct OneAtATime {
+    _lock: MutexGuard<'static, ()>,
+    busy: &'static LocalKey<Cell<bool>>,
+    /// Ends the C++ session; taken once it has been ended normally.
+    end_on_unwind: Option<fn()>,
+}
+
+impl OneAtATime {
+    fn begin(
+        lock: &'static Mutex<()>,
+        busy: &'static LocalKey<Cell<bool>>,
+        nested: &str,
+        begin: impl FnOnce() -> Result<()>,
+        end: fn(),
+    ) -> Result<Self> {
+        if busy.get() {
+            bail!("{nested}");
+        }
+        let guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        begin()?;
+        busy.set(true);
+        Ok(OneAtATime { _lock: guard, busy, end_on_unwind: Some(end) })
+    }
+
+    /// The closure returned: the caller ends the C++ session itself and reads its results.
+    fn finished(&mut self) {
+        self.end_on_unwind = None;
+    }
+}
+
+impl Drop for OneAtATime {
+    fn drop(&mut self) {
+        if let Some(end) = self.end_on_unwind.take() {
+            end();
+        }
+        self.busy.set(false);
+    }
+}
+
+static COUNT_LOCK: Mutex<()> = Mutex::new(());
+static TRACE_LOCK: Mutex<()> = Mutex::new(());
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static TRACING: Cell<bool> = const { Cell::new(false) };
+}
 
 /// Operators libtorch ran on this thread during [`count_ops`], from its dispatcher's own records
 /// (on the CPU a backward runs on the thread that calls it, so it is included).
@@ -33,11 +87,24 @@ impl OpCount {
 }
 
 /// Runs `f` while counting the operators libtorch executes (see [`OpCount`]). Counting slows
-/// every operator call; time nothing inside. One count at a time per process.
+/// every operator call; time nothing inside. One count at a time per process: a count on another
+/// thread waits for this one; nested in a count on this thread it is an error.
 pub fn count_ops<T>(f: impl FnOnce() -> T) -> Result<(T, OpCount)> {
-    // SAFETY: no arguments; the C++ side registers a global callback.
-    check(unsafe { ffi::plexus_op_count_begin() })?;
+    let mut session = OneAtATime::begin(
+        &COUNT_LOCK,
+        &COUNTING,
+        "operator counting is already running on this thread (count_ops inside count_ops)",
+        // SAFETY: no arguments; the C++ side registers a global callback.
+        || check(unsafe { ffi::plexus_op_count_begin() }),
+        || {
+            let (mut out, mut names) = ([0u64; 3], std::ptr::null_mut());
+            // SAFETY: as below; after a panic only the callback's removal matters.
+            let _ = check(unsafe { ffi::plexus_op_count_end(out.as_mut_ptr(), &mut names) });
+            take_string(names);
+        },
+    )?;
     let value = f();
+    session.finished();
     let mut out = [0u64; 3];
     let mut names: *mut c_char = std::ptr::null_mut();
     // SAFETY: `out` has the 3 slots the C++ side writes; `names` receives a malloc'd string.
@@ -178,11 +245,23 @@ pub fn sync_count() -> Option<SyncCount> {
 /// each: the operator's name, its non-tensor arguments (numbers, bools, lists) and its tensors'
 /// dtypes and shapes. Two runs of a step that a CUDA graph can replay give the same trace: a host
 /// number that changes between them (a learning rate, a step index) would be frozen into the
-/// graph. Slow (every input is inspected); one trace at a time per process.
+/// graph. Slow (every input is inspected); one trace at a time per process (as [`count_ops`]).
 pub fn trace_ops<T>(f: impl FnOnce() -> T) -> Result<(T, Vec<String>)> {
-    // SAFETY: no arguments; the C++ side registers a global callback.
-    check(unsafe { ffi::plexus_op_trace_begin() })?;
+    let mut session = OneAtATime::begin(
+        &TRACE_LOCK,
+        &TRACING,
+        "an operator trace is already being recorded on this thread (trace_ops inside trace_ops)",
+        // SAFETY: no arguments; the C++ side registers a global callback.
+        || check(unsafe { ffi::plexus_op_trace_begin() }),
+        || {
+            let mut text = std::ptr::null_mut();
+            // SAFETY: as below; after a panic only the callback's removal matters.
+            let _ = check(unsafe { ffi::plexus_op_trace_end(&mut text) });
+            take_string(text);
+        },
+    )?;
     let value = f();
+    session.finished();
     let mut text: *mut c_char = std::ptr::null_mut();
     // SAFETY: `text` receives a malloc'd string on success.
     check(unsafe { ffi::plexus_op_trace_end(&mut text) })?;
