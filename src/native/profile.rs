@@ -17,7 +17,7 @@ use std::thread::LocalKey;
 struct OneAtATime {
     _lock: MutexGuard<'static, ()>,
     busy: &'static LocalKey<Cell<bool>>,
-    /// Ends the C++ session; taken once it has been ended normally.
+    /// Ends the C++ session after a panic in the closure; taken once the caller ends it itself.
     end_on_unwind: Option<fn()>,
 }
 
@@ -96,21 +96,13 @@ pub fn count_ops<T>(f: impl FnOnce() -> T) -> Result<(T, OpCount)> {
         "operator counting is already running on this thread (count_ops inside count_ops)",
         // SAFETY: no arguments; the C++ side registers a global callback.
         || check(unsafe { ffi::plexus_op_count_begin() }),
-        || {
-            let (mut out, mut names) = ([0u64; 3], std::ptr::null_mut());
-            // SAFETY: as below; after a panic only the callback's removal matters.
-            let _ = check(unsafe { ffi::plexus_op_count_end(out.as_mut_ptr(), &mut names) });
-            take_string(names);
-        },
+        || drop(end_count()),
     )?;
     let value = f();
     session.finished();
-    let mut out = [0u64; 3];
-    let mut names: *mut c_char = std::ptr::null_mut();
-    // SAFETY: `out` has the 3 slots the C++ side writes; `names` receives a malloc'd string.
-    check(unsafe { ffi::plexus_op_count_end(out.as_mut_ptr(), &mut names) })?;
+    let (out, names) = end_count()?;
     // "name calls nanoseconds" per line; a name may contain spaces, the two numbers do not.
-    let rows: Vec<(String, u64, u64)> = take_string(names)
+    let rows: Vec<(String, u64, u64)> = names
         .lines()
         .filter_map(|l| {
             let (rest, ns) = l.rsplit_once(' ')?;
@@ -123,6 +115,16 @@ pub fn count_ops<T>(f: impl FnOnce() -> T) -> Result<(T, OpCount)> {
     let mut ms_by_name: Vec<(String, f64)> = rows.iter().map(|(n, _, ns)| (n.clone(), *ns as f64 / 1e6)).collect();
     ms_by_name.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     Ok((value, OpCount { kernels: out[0], metadata: out[1], calls: out[2], by_name, ms_by_name }))
+}
+
+/// Ends the C++ side's count: [working leaf operators, view/allocation leaves, all calls] and the
+/// "name calls nanoseconds" lines.
+fn end_count() -> Result<([u64; 3], String)> {
+    let mut out = [0u64; 3];
+    let mut names: *mut c_char = std::ptr::null_mut();
+    // SAFETY: `out` has the 3 slots the C++ side writes; `names` receives a malloc'd string.
+    check(unsafe { ffi::plexus_op_count_end(out.as_mut_ptr(), &mut names) })?;
+    Ok((out, take_string(names)))
 }
 
 /// Whether this build has CUDA graphs (CUDA headers that compile were found at build time, as
@@ -253,17 +255,17 @@ pub fn trace_ops<T>(f: impl FnOnce() -> T) -> Result<(T, Vec<String>)> {
         "an operator trace is already being recorded on this thread (trace_ops inside trace_ops)",
         // SAFETY: no arguments; the C++ side registers a global callback.
         || check(unsafe { ffi::plexus_op_trace_begin() }),
-        || {
-            let mut text = std::ptr::null_mut();
-            // SAFETY: as below; after a panic only the callback's removal matters.
-            let _ = check(unsafe { ffi::plexus_op_trace_end(&mut text) });
-            take_string(text);
-        },
+        || drop(end_trace()),
     )?;
     let value = f();
     session.finished();
+    Ok((value, end_trace()?.lines().map(str::to_string).collect()))
+}
+
+/// Ends the C++ side's trace: one line per operator call.
+fn end_trace() -> Result<String> {
     let mut text: *mut c_char = std::ptr::null_mut();
     // SAFETY: `text` receives a malloc'd string on success.
     check(unsafe { ffi::plexus_op_trace_end(&mut text) })?;
-    Ok((value, take_string(text).lines().map(str::to_string).collect()))
+    Ok(take_string(text))
 }
