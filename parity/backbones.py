@@ -207,8 +207,8 @@ class MixerBackbone(ImageBackbone):
 
 def sdpa(q, k, v, causal, bf16):
     """q, k, v [B, H, T, hd] -> [B, H, T, hd]: the kernel runs in (and returns) bf16 if asked,
-    float32 otherwise."""
-    dt = torch.bfloat16 if bf16 else torch.float32
+    float32 otherwise (float64 in the high-precision run)."""
+    dt = torch.bfloat16 if bf16 else torch.get_default_dtype()
     return F.scaled_dot_product_attention(q.to(dt), k.to(dt), v.to(dt), is_causal=causal)
 
 
@@ -560,8 +560,9 @@ class LlamaBackbone(nn.Module):
 def dit_timestep_embedding(t, dim, max_period=10000):
     """t [B] float -> [B, dim] float32: [cos(t*f), sin(t*f)], f_i = exp(-ln(max_period) i / (dim/2))."""
     half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32) / half).to(t.device)
-    args = t[:, None].float() * freqs[None]
+    dtype = torch.get_default_dtype()  # float32; float64 in the high-precision run
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=dtype) / half).to(t.device)
+    args = t[:, None].to(dtype) * freqs[None]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
 

@@ -34,10 +34,16 @@ COMPUTE = {"bf16": False}
 
 
 def mm(a, b):
-    """a @ b in the compute dtype, returned in float32 (a [..., m, k], b [k, n])."""
+    """a @ b in the compute dtype, returned in the stream dtype (a [..., m, k], b [k, n])."""
     if COMPUTE["bf16"]:
-        return (a.bfloat16() @ b.bfloat16()).float()
+        return stream((a.bfloat16() @ b.bfloat16()))
     return a @ b
+
+
+def stream(t):
+    """`t` in the stream dtype: float32, or float64 in the high-precision run (run.py
+    `high_precision`), which sets torch's default dtype to float64 for its duration."""
+    return t.to(torch.get_default_dtype())
 
 
 class OptionError(ValueError):
@@ -146,14 +152,14 @@ class BlockUnit:
 
 
 class Float32Output:
-    """A sublayer unit whose output is cast to float32 (under bf16 a branch ends in a bf16
-    Linear; the stream it joins stays float32)."""
+    """A sublayer unit whose output is cast to the stream dtype, float32 (under bf16 a branch ends
+    in a bf16 Linear; the stream it joins stays float32)."""
 
     def __init__(self, unit):
         self.unit = unit
 
     def __call__(self, x, norm=None):
-        return self.unit(x, norm).float()
+        return stream(self.unit(x, norm))
 
 
 def make_units(backbone, granularity):

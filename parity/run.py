@@ -44,11 +44,12 @@ def build_model(case):
 
 def forward(model, x):
     """The model's output, float32. Under bf16 the stem's output, every unit's output and the
-    readout are cast to float32 (SPEC.md "Precision"): the stream and the topology stay float32."""
-    x0 = model.embed(x).float()
+    readout are cast to float32 (SPEC.md "Precision"): the stream and the topology stay float32.
+    In the high-precision run everything is float64 (`common.stream`)."""
+    x0 = common.stream(model.embed(x))
     units, _ = common.make_units(model, model.topology.granularity)
     y = model.topology(x0, units)
-    return model.readout(y).float()
+    return common.stream(model.readout(y))
 
 
 def regularizer(model):
@@ -75,6 +76,49 @@ def redraw_parameters(model):
     return keys
 
 
+def forward_backward(model, x, g):
+    """Output, loss and gradients (parameters by name, and the input's where it is a float)."""
+    if x.is_floating_point():
+        x.requires_grad_(True)
+    out = forward(model, x)
+    if tuple(out.shape) != tuple(g.shape):
+        raise RuntimeError(f"output shape {tuple(out.shape)} != {tuple(g.shape)}")
+    loss = (out * g).sum()
+    reg = regularizer(model)
+    if reg is not None:
+        loss = loss + reg
+    loss.backward()
+    params = dict(model.named_parameters(remove_duplicate=False))
+    grads = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in params.items()}
+    if x.is_floating_point():
+        grads["input"] = x.grad
+    return out, loss, grads
+
+
+def high_precision(case, model, x, g):
+    """The case once more in float64, from the same parameters, input and cotangent: the model
+    built at `precision: fp32` (no bf16 cast anywhere), every parameter, the input, the stream and
+    the output in float64. What plexus and the reference are both measured against (SPEC.md
+    "Tolerance"). Returns (output, loss, gradients) as float64 on the CPU."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        high = build_model({**case, "precision": "fp32"})
+        missing, unexpected = high.load_state_dict(model.state_dict(), strict=True)
+        assert not missing and not unexpected
+        high.double().to(x.device)
+        xh = x.detach().clone()
+        xh = xh.double() if xh.is_floating_point() else xh
+        out, loss, grads = forward_backward(high, xh, g.detach().double())
+    finally:
+        torch.set_default_dtype(previous)
+
+    def f64(t):
+        return t.detach().to(torch.float64).cpu().contiguous().clone()
+
+    return f64(out), f64(loss).reshape(()), {n: f64(t) for n, t in grads.items()}
+
+
 def run(case_path, out_path):
     case = load_case(case_path)
     seed = case.get("seed", 0)
@@ -95,17 +139,8 @@ def run(case_path, out_path):
     device = torch.device(os.environ.get("PLEXUS_PARITY_DEVICE", "cpu"))
     model.to(device)
     x, g = x.to(device), g.to(device)
-    if x.is_floating_point():
-        x.requires_grad_(True)
-
-    out = forward(model, x)
-    if tuple(out.shape) != tuple(g.shape):
-        raise RuntimeError(f"output shape {tuple(out.shape)} != {tuple(g.shape)}")
-    loss = (out * g).sum()
-    reg = regularizer(model)
-    if reg is not None:
-        loss = loss + reg
-    loss.backward()
+    out, loss, grads = forward_backward(model, x, g)
+    high_out, high_loss, high_grads = high_precision(case, model, x, g)
 
     def f32(t):
         return t.detach().to(torch.float32).cpu().contiguous().clone()
@@ -113,17 +148,18 @@ def run(case_path, out_path):
     params = dict(model.named_parameters(remove_duplicate=False))
     tensors = {}
     for name in keys:
-        p = params[name]
-        tensors[f"param.{name}"] = f32(p)
-        tensors[f"grad.{name}"] = f32(p.grad) if p.grad is not None else torch.zeros(
-            p.shape, dtype=torch.float32
-        )
+        tensors[f"param.{name}"] = f32(params[name])
+        tensors[f"grad.{name}"] = f32(grads[name])
+        tensors[f"high.grad.{name}"] = high_grads[name]
     tensors["input.x"] = f32(x) if x.is_floating_point() else x.cpu().contiguous().clone()
     tensors["input.g"] = f32(g)
     tensors["output.y"] = f32(out)
     tensors["output.loss"] = f32(loss).reshape(())
+    tensors["high.output.y"] = high_out
+    tensors["high.output.loss"] = high_loss
     if x.is_floating_point():  # no gradient for integer tokens
-        tensors["grad.input"] = f32(x.grad)
+        tensors["grad.input"] = f32(grads["input"])
+        tensors["high.grad.input"] = high_grads["input"]
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     save_file(tensors, out_path)
 
@@ -164,6 +200,10 @@ def main(argv=None):
     ap.add_argument("--out-dir", help="run every CASE.yaml given, writing OUT_DIR/<case>.safetensors")
     ap.add_argument("case", nargs="+", help="CASE.yaml [OUT.safetensors], or several cases with --out-dir")
     args = ap.parse_args(argv)
+    # `plexus parity` passes its libtorch thread count: both sides sum in the same thread layout.
+    threads = os.environ.get("PLEXUS_PARITY_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
     cases = args.case
     try:
         if args.count:

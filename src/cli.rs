@@ -161,6 +161,10 @@ pub enum Cmd {
         /// Device of both sides, the Rust model and the PyTorch reference (`cpu`, `cuda`, `cuda:N`).
         #[arg(long, default_value = "cpu")]
         device: String,
+        /// CPU threads of both sides (libtorch's intra-op threads; default: libtorch's, at most one
+        /// per core). More threads than cores are allowed: the order of the sums changes with it.
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+        threads: Option<u16>,
     },
     /// Print the direct layer connectivity matrix C as CSV (row = source node, column = target):
     /// of the initialised model for a config, of the final checkpoint (or a saved step) for a run.
@@ -418,7 +422,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Fd { run, extractor, samples, sampling } => {
             commands::fd(&run, &extractor, samples, &sampling.options, &sampling.device)
         }
-        Cmd::Parity { only, dir, keep, device } => commands::parity(&dir, only.as_deref(), keep.as_deref(), &device),
+        Cmd::Parity { only, dir, keep, device, threads } => {
+            commands::parity(&dir, only.as_deref(), keep.as_deref(), &device, threads)
+        }
         Cmd::Connectivity { config_or_run, step, overrides } => {
             print!("{}", commands::connectivity_csv(&config_or_run, step, &overrides)?);
             Ok(())

@@ -166,8 +166,11 @@ pub fn default_figure_dir(runs: &[PathBuf]) -> PathBuf {
     }
 }
 
-pub fn parity(dir: &Path, only: Option<&str>, keep: Option<&Path>, device: &str) -> Result<()> {
+pub fn parity(dir: &Path, only: Option<&str>, keep: Option<&Path>, device: &str, threads: Option<u16>) -> Result<()> {
     let device = crate::device::from_flag("--device", device)?;
+    if let Some(n) = threads {
+        tch::set_num_threads(i32::from(n));
+    }
     let cases = crate::parity::cases(&dir.join("cases"), only)?;
     if cases.is_empty() {
         bail!("no parity case in {} matches {:?}", dir.join("cases").display(), only.unwrap_or(""));
@@ -176,9 +179,12 @@ pub fn parity(dir: &Path, only: Option<&str>, keep: Option<&Path>, device: &str)
     let work = keep.unwrap_or(tmp.path());
     eprintln!("running {} PyTorch references on {}…", cases.len(), crate::device::describe(device));
     let results = crate::parity::run_all(dir, &cases, work, device)?;
+    // Per case, the tensor nearest its bound: plexus's and the reference's errors against the
+    // float64 run, the bound they give (crate::parity::GROWTH), and the direct plexus-reference
+    // difference (bound for bf16 only).
     println!(
-        "{:<28} {:>5} {:>11} {:>11} {:<34} {:>8} {:>7}  result",
-        "case", "prec", "output err", "grad err", "(worst gradient)", "tol", "params"
+        "{:<26} {:>5} {:<40} {:>10} {:>10} {:>10} {:>6} {:>10} {:>7}  result",
+        "case", "prec", "tensor nearest its bound", "plexus", "reference", "bound", "ratio", "direct", "params"
     );
     let mut failed = 0;
     for (case, r) in cases.iter().zip(results) {
@@ -187,24 +193,38 @@ pub fn parity(dir: &Path, only: Option<&str>, keep: Option<&Path>, device: &str)
                 if !r.pass {
                     failed += 1;
                 }
+                let w = &r.worst;
+                let direct = match r.direct_tol {
+                    Some(tol) if r.direct_err > tol => format!("{:.2e}>{tol:.0e}", r.direct_err),
+                    _ => format!("{:.2e}", r.direct_err),
+                };
                 println!(
-                    "{:<28} {:>5} {:>11.3e} {:>11.3e} {:<34} {:>8.0e} {:>7}  {}",
+                    "{:<26} {:>5} {:<40} {:>10.2e} {:>10.2e} {:>10.2e} {:>6.2} {:>10} {:>7}  {}",
                     r.name,
                     format!("{:?}", r.precision).to_lowercase(),
-                    r.output_err,
-                    r.grad_err,
-                    format!("({})", r.worst_grad),
-                    r.tolerance,
+                    w.name,
+                    w.plexus_err,
+                    w.reference_err,
+                    w.bound,
+                    w.ratio(),
+                    direct,
                     r.params,
                     if r.pass { "pass" } else { "FAIL" }
                 );
             }
             Err(e) => {
                 failed += 1;
-                println!("{:<28} ERROR {e:#}", crate::parity::case_name(case));
+                println!("{:<26} ERROR {e:#}", crate::parity::case_name(case));
             }
         }
     }
+    println!(
+        "errors against the float64 run; a case passes when every tensor has plexus ≤ {} × reference + \
+         floor (the reference's worst error over the case), and a bf16 case also direct ≤ {:.0e} \
+         (parity/SPEC.md, Tolerance)",
+        crate::parity::GROWTH,
+        crate::parity::TOL_BF16_DIRECT
+    );
     println!("parity: {} passed, {failed} failed", cases.len() - failed);
     if failed > 0 {
         bail!("{failed} parity case(s) failed");
