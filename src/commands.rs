@@ -793,19 +793,37 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
             let mut origin = "the sweep flags".to_string();
             let mut configs = Vec::new();
             for p in &r.inputs {
-                let text = std::fs::read_to_string(p).ok();
-                let is_spec = text
-                    .as_deref()
-                    .and_then(|t| serde_yaml::from_str::<serde_yaml::Mapping>(t).ok())
-                    .is_some_and(|m| ["grid", "seeds", "configs"].iter().any(|k| m.contains_key(*k)));
+                if p.is_dir() {
+                    configs.extend(config_files(std::slice::from_ref(p))?);
+                    continue;
+                }
+                let text = crate::config::read_config_text(p)
+                    .map_err(|e| anyhow::anyhow!("plexus sweep {}: expected {e}", p.display()))?;
+                let doc = serde_yaml::from_str::<serde_yaml::Value>(&text).ok();
+                let is_spec = match &doc {
+                    Some(serde_yaml::Value::Mapping(m)) => {
+                        ["grid", "seeds", "configs"].iter().any(|k| m.contains_key(*k))
+                    }
+                    // Neither a spec nor a config: say so here, not as a config's missing section.
+                    Some(serde_yaml::Value::Null) | None if text.trim().is_empty() => bail!(
+                        "plexus sweep {}: the file is empty; expected a sweep spec (a mapping with `configs`, \
+                         `grid` or `seeds`) or a config (a mapping with `model`, `data`, `train`, …)",
+                        p.display()
+                    ),
+                    Some(other @ (serde_yaml::Value::Sequence(_) | serde_yaml::Value::Null)) => bail!(
+                        "plexus sweep {}: the file holds {}; expected a sweep spec (a mapping with `configs`, \
+                         `grid` or `seeds`) or a config (a mapping with `model`, `data`, `train`, …)",
+                        p.display(),
+                        if matches!(other, serde_yaml::Value::Sequence(_)) { "a list" } else { "nothing (null)" }
+                    ),
+                    _ => false,
+                };
                 if is_spec {
                     if origin != "the sweep flags" {
                         bail!("plexus sweep takes one sweep spec; {} and {} were given", origin, p.display());
                     }
                     spec = SweepSpec::from_file(p)?;
                     origin = p.display().to_string();
-                } else if p.is_dir() {
-                    configs.extend(config_files(std::slice::from_ref(p))?);
                 } else {
                     configs.push(p.clone());
                 }
@@ -823,7 +841,25 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
     };
     let runs = spec.plan(&origin)?;
     let manifest = Manifest { spec, runs };
-    if r.resume.is_none() && !r.dry_run {
+    if r.slurm.is_some() && manifest.runs.len() > runner::SLURM_MAX_ARRAY {
+        bail!(
+            "{origin}: {} runs, but a Slurm job array holds at most {} tasks by default (MaxArraySize); \
+             split the sweep, or run parts of it with --only",
+            manifest.runs.len(),
+            runner::SLURM_MAX_ARRAY
+        );
+    }
+    // The sweep folder's lock, held to the end: a whole sweep holds it alone, so that a second
+    // one on the same folder is refused before it reads a run's state (it could otherwise plan a
+    // fresh start of a run the first is finishing, and delete it); `--only` runs (Slurm's array
+    // tasks) share it with each other, each run guarded by its own directory's lock.
+    let _lock = if !r.dry_run || r.slurm.is_some() {
+        Some(crate::run_dir::lock_dir_as(&out, "sweep folder", "give another --out", !r.only.is_empty())?)
+    } else {
+        None
+    };
+    // `--slurm --dry-run` writes the record too: the job script it writes reads it.
+    if r.resume.is_none() && (!r.dry_run || r.slurm.is_some()) {
         // The folder holds at most one sweep: a run of the same name must be the same run.
         if out.join(MANIFEST).is_file() {
             let old = Manifest::read(&out)?;
@@ -850,6 +886,9 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
         let exe = std::env::current_exe().context("locating the plexus binary")?;
         let out_abs = std::path::absolute(&out)?;
         let script = runner::slurm_script(&exe, &out_abs, &manifest, r.gpus.is_some());
+        // Slurm does not create the folder of `#SBATCH --output`: without it every task fails.
+        std::fs::create_dir_all(out.join("logs"))
+            .with_context(|| format!("creating {}", out.join("logs").display()))?;
         crate::run_dir::atomic_write(file, script.as_bytes())?;
         println!(
             "{}: a job array of {} tasks (one per run of {}); submit it with `sbatch {}`",
@@ -863,15 +902,11 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
     if r.dry_run {
         for run in &manifest.runs {
             let yaml = runner::resolved_yaml(run).with_context(|| format!("sweep run {}", run.name))?;
-            let state = runner::state_of(&out.join(&run.name), run, &yaml)?;
-            println!(
-                "{:<8} {}  ({} {} {})",
-                format!("{state:?}"),
-                run.name,
-                run.verb,
-                run.config.display(),
-                run.overrides.join(" ")
-            );
+            let state = match runner::state_of(&out.join(&run.name), run, &yaml)? {
+                runner::RunState::Damaged(why) => format!("Damaged ({why})"),
+                s => format!("{s:?}"),
+            };
+            println!("{:<8} {}  ({} {} {})", state, run.name, run.verb, run.config.display(), run.overrides.join(" "));
         }
         return Ok(());
     }

@@ -18,6 +18,7 @@ pub mod doctor;
 pub mod experiment;
 pub mod fd;
 pub mod host;
+pub mod input_file;
 pub mod malloc;
 pub mod model;
 pub mod native;

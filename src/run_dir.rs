@@ -168,6 +168,12 @@ impl RunDir {
 /// directory", "token folder") and `instead` says what else to do. The lock file records the
 /// holder's pid.
 pub fn lock_dir(dir: &Path, what: &str, instead: &str) -> Result<RunLock> {
+    lock_dir_as(dir, what, instead, false)
+}
+
+/// [`lock_dir`], or with `shared` a shared lock: any number of shared holders at once, none while
+/// an exclusive holder has it (and the other way round). A shared holder records no pid.
+pub fn lock_dir_as(dir: &Path, what: &str, instead: &str, shared: bool) -> Result<RunLock> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {what} {}", dir.display()))?;
     let path = dir.join(LOCK_FILE);
     let mut file = std::fs::OpenOptions::new()
@@ -177,13 +183,15 @@ pub fn lock_dir(dir: &Path, what: &str, instead: &str) -> Result<RunLock> {
         .truncate(false)
         .open(&path)
         .with_context(|| format!("opening the lock file {}", path.display()))?;
-    match file.try_lock() {
+    match if shared { file.try_lock_shared() } else { file.try_lock() } {
+        Ok(()) if shared => return Ok(RunLock { _file: file }),
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
             let mut holder = String::new();
             let _ = file.read_to_string(&mut holder);
             let holder = match holder.trim().parse::<u32>() {
                 Ok(pid) => format!("pid {pid}"),
+                Err(_) if !shared => "processes that share it, or one that has not written its pid yet".to_string(),
                 Err(_) => "a process that has not written its pid yet".to_string(),
             };
             bail!(

@@ -587,3 +587,44 @@ fn sample_fd_rl_tokenize_and_nproc_never_panic_on_broken_inputs() {
 
     run_all(&cases, t);
 }
+
+/// Files that never end (`/dev/zero`, `/dev/urandom`), FIFOs, empty and list-shaped specs: every
+/// verb that reads a config or spec refuses them at once with the file and what is wrong (the
+/// reads were unbounded in `plexus rl` and `plexus sweep`: gigabytes in seconds).
+#[test]
+fn endless_files_fifos_and_shapeless_specs_are_refused_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let tiny = s(&write(&t.join("tiny.yaml"), TINY));
+    let spec = s(&write(&t.join("spec.yaml"), "configs: [/dev/zero]\n"));
+    let empty = s(&write(&t.join("empty.yaml"), ""));
+    let list = s(&write(&t.join("list.yaml"), "- a\n- b\n"));
+    let fifo = t.join("fifo.yaml");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let fifo = s(&fifo);
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["rl", "/dev/zero"], "/dev/zero is a character device"),
+        (vec!["rl", &fifo], "fifo.yaml is a FIFO"),
+        (vec!["train", "/dev/urandom"], "/dev/urandom is a character device"),
+        (vec!["train", &fifo], "fifo.yaml is a FIFO"),
+        (vec!["sweep", "/dev/zero", "--dry-run", "--out", "o"], "/dev/zero is a character device"),
+        (vec!["sweep", &tiny, "/dev/urandom", "--out", "o"], "/dev/urandom is a character device"),
+        (vec!["sweep", &spec, "--out", "o", "--dry-run"], "the config /dev/zero"),
+        (vec!["sweep", &fifo, "--out", "o"], "fifo.yaml is a FIFO"),
+        (vec!["sweep", &empty, "--out", "o"], "empty.yaml: the file is empty; expected a sweep spec"),
+        (vec!["sweep", &list, "--out", "o"], "list.yaml: the file holds a list; expected a sweep spec"),
+    ];
+    for (args, says) in cases {
+        let start = std::time::Instant::now();
+        let o = plexus(&args, t);
+        let (_, err) = text(&o);
+        assert!(
+            matches!(o.status.code(), Some(1) | Some(2)) && err.contains(says),
+            "plexus {args:?}: {:?}\n{err}",
+            o.status
+        );
+        assert!(start.elapsed() < std::time::Duration::from_secs(20), "plexus {args:?} took {:?}", start.elapsed());
+    }
+}

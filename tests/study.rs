@@ -346,3 +346,160 @@ fn every_shipped_study_plans_and_its_runs_resolve() {
     }
     assert!(n >= 8, "{n} studies");
 }
+
+/// Every file of `dir` (recursively, the lock file aside) with its bytes: a run's files before and
+/// after something that must not touch them.
+fn snapshot(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.file_name().is_some_and(|n| n != ".lock") {
+                out.insert(p.clone(), std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+fn short_sweep(out: &str, steps: &str) -> Vec<String> {
+    [
+        repo().join("configs/lnn/fig2b/1-none.yaml").display().to_string(),
+        "--seeds".into(),
+        "0,1".into(),
+        "--set".into(),
+        format!("train.steps={steps}"),
+        "--quiet".into(),
+        "--out".into(),
+        out.into(),
+    ]
+    .into()
+}
+
+/// Two sweeps started at once on one folder: one runs, the other is refused by the folder's lock
+/// before it reads a run's state, so each run trains once; a third started after both touches no
+/// finished run (every file byte for byte as before).
+#[test]
+fn two_sweeps_on_one_folder_one_runs_the_other_is_refused_and_finished_runs_are_untouched() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = short_sweep("conc", "2000");
+    let start = || {
+        Command::new(env!("CARGO_BIN_EXE_plexus"))
+            .arg("sweep")
+            .args(&args)
+            .current_dir(tmp.path())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (start(), start());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    let refused: Vec<String> = [&a, &b]
+        .iter()
+        .filter(|o| !o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        .collect();
+    assert_eq!(refused.len(), 1, "exactly one sweep refused: {refused:?}");
+    assert!(refused[0].contains("sweep folder conc is in use by another plexus process"), "{}", refused[0]);
+    let logs = std::fs::read_to_string(tmp.path().join("conc/logs/1-none-seed=0.log")).unwrap();
+    assert_eq!(logs.matches("=== ").count(), 1, "run seed=0 was started once:\n{logs}");
+    let before = snapshot(&tmp.path().join("conc"));
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = plexus(&[&["sweep"], a.as_slice()].concat(), tmp.path());
+    assert!(o.status.success(), "{:?}", text(&o));
+    let after = snapshot(&tmp.path().join("conc"));
+    for (path, bytes) in &before {
+        if !path.starts_with(tmp.path().join("conc/report")) && !path.starts_with(tmp.path().join("conc/logs")) {
+            assert!(after.get(path) == Some(bytes), "{} changed", path.display());
+        }
+    }
+}
+
+/// A finished run counts as finished only when its summary parses, its metrics are whole and its
+/// final weights match their checksum: a damaged one is reported (naming the file and the
+/// damage), left as it is, and the sweep exits non-zero.
+#[test]
+fn a_sweep_names_a_damaged_finished_run_instead_of_counting_it_done() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = short_sweep("sw", "300");
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = plexus(&[&["sweep"], a.as_slice()].concat(), tmp.path());
+    assert!(o.status.success(), "{:?}", text(&o));
+    let good = tmp.path().join("good");
+    std::fs::rename(tmp.path().join("sw"), &good).unwrap();
+    let seed0 = "1-none-seed=0";
+    type Damage = Box<dyn Fn(&Path)>;
+    let damages: [(&str, Damage, &str); 4] = [
+        ("summary.json", Box::new(|p| std::fs::write(p, "garbage").unwrap()), "is not a run summary"),
+        ("metrics.csv", Box::new(|p| std::fs::write(p, "").unwrap()), "empty or ends in the middle of a row"),
+        (
+            "metrics.csv",
+            Box::new(|p| {
+                let b = std::fs::read(p).unwrap();
+                std::fs::write(p, &b[..b.len() - 3]).unwrap()
+            }),
+            "ends in the middle of a row",
+        ),
+        (
+            "checkpoints/final.safetensors",
+            Box::new(|p| std::fs::write(p, [0u8; 100]).unwrap()),
+            "final.safetensors is corrupt: 100 bytes",
+        ),
+    ];
+    for (file, damage, says) in damages {
+        let _ = std::fs::remove_dir_all(tmp.path().join("sw"));
+        let copy = Command::new("cp").arg("-a").arg(&good).arg(tmp.path().join("sw")).status().unwrap();
+        assert!(copy.success());
+        damage(&tmp.path().join("sw").join(seed0).join(file));
+        let before = snapshot(&tmp.path().join("sw").join(seed0));
+        let o = plexus(&[&["sweep"], a.as_slice()].concat(), tmp.path());
+        let (out, err) = text(&o);
+        assert!(!o.status.success(), "{file}: a damaged run passed as finished:\n{out}\n{err}");
+        assert!(err.contains(seed0) && err.contains(says) && err.contains("1 finished before"), "{file}: {err}");
+        assert_eq!(before, snapshot(&tmp.path().join("sw").join(seed0)), "{file}: the damaged run was touched");
+    }
+}
+
+/// `report R R` and `report SWEEP SWEEP` count each run once; `--slurm --dry-run` writes the
+/// sweep record and the logs folder its script names; a grid past the sweep bound is refused at
+/// once, naming the numbers.
+#[test]
+fn reports_count_a_run_once_slurm_plans_are_whole_and_huge_grids_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = short_sweep("sw", "300");
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = plexus(&[&["sweep"], a.as_slice()].concat(), tmp.path());
+    assert!(o.status.success(), "{:?}", text(&o));
+    let o = plexus(&["report", "sw", "sw/", "--format", "csv", "--out", "r1"], tmp.path());
+    let (out, err) = text(&o);
+    assert!(
+        o.status.success() && out.contains("final_loss,2,") && err.contains("given more than once"),
+        "{out}\n{err}"
+    );
+    let o = plexus(&["report", "sw/1-none-seed=0", "sw/1-none-seed=0", "sw/1-none-seed=1", "--out", "r2"], tmp.path());
+    let (out, err) = text(&o);
+    assert!(out.contains("2 finished runs") && err.contains("given more than once"), "{out}\n{err}");
+
+    let o = plexus(&["sweep", a[0], "--seeds", "0,1", "--out", "sl", "--slurm", "job.sh", "--dry-run"], tmp.path());
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert!(tmp.path().join("sl/sweep.json").is_file() && tmp.path().join("sl/logs").is_dir());
+
+    let t = std::time::Instant::now();
+    let values: Vec<String> = (0..1000).map(|i| format!("{}", 0.001 * (i + 1) as f64)).collect();
+    let grid = format!("model.init_std={}", values.join(","));
+    let o = plexus(
+        &["sweep", a[0], "--grid", &grid, "--grid", &grid.replace("init_std", "depth"), "--out", "big", "--dry-run"],
+        tmp.path(),
+    );
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("1 configs × 1000 values of model.init_std × 1000 values of model.depth × 1 seeds make more than the 10000 runs"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    let values: Vec<String> = (0..1002).map(|i| i.to_string()).collect();
+    let o = plexus(&["sweep", a[0], "--seeds", &values.join(","), "--out", "sl2", "--slurm", "job2.sh"], tmp.path());
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("1002 runs, but a Slurm job array holds at most 1001 tasks"), "{err}");
+    assert!(!tmp.path().join("sl2/sweep.json").exists());
+}

@@ -240,9 +240,17 @@ fn override_of<'a>(overrides: &'a [String], key: &str) -> Option<&'a str> {
 }
 
 /// The largest config file accepted (configs are a few hundred bytes; this bounds the parse).
-pub const MAX_CONFIG_BYTES: usize = 1 << 20;
+pub const MAX_CONFIG_BYTES: usize = crate::input_file::MAX_CONFIG_BYTES as usize;
 /// The deepest nesting of mappings and sequences accepted (configs use about 4).
 pub const MAX_CONFIG_DEPTH: usize = 64;
+
+/// The text of a config file (or RL config, or sweep spec): a regular file of at most
+/// [`MAX_CONFIG_BYTES`] bytes of UTF-8, refused before more is read (`/dev/zero`, a FIFO, a huge
+/// file). The error says what a config file must be, for [`ConfigError::allowed`].
+pub fn read_config_text(path: &Path) -> Result<String, String> {
+    crate::input_file::read_text(path, crate::input_file::MAX_CONFIG_BYTES, "a config file")
+        .map_err(|e| format!("a readable config file: {e:#}"))
+}
 
 /// Reads, overrides and validates a config file.
 pub fn load_file(path: &Path, overrides: &[String]) -> Result<LoadedConfig, ConfigError> {
@@ -253,16 +261,7 @@ pub fn load_file(path: &Path, overrides: &[String]) -> Result<LoadedConfig, Conf
         allowed,
         line: None,
     };
-    let file = std::fs::File::open(path).map_err(|e| fail(format!("cannot read the file: {e}")))?;
-    // Read at most one byte more than the limit: a huge file (or /dev/zero) is refused, not read.
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut std::io::Read::take(file, MAX_CONFIG_BYTES as u64 + 1), &mut bytes)
-        .map_err(|e| fail(format!("cannot read the file: {e}")))?;
-    if bytes.len() > MAX_CONFIG_BYTES {
-        return Err(fail(format!("a config file of at most {MAX_CONFIG_BYTES} bytes (this one is larger)")));
-    }
-    let source = String::from_utf8(bytes)
-        .map_err(|e| fail(format!("UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to())))?;
+    let source = read_config_text(path).map_err(fail)?;
     load_str(&source, path, overrides)
 }
 

@@ -287,11 +287,7 @@ impl RlExperiment {
             allowed,
             line: None,
         };
-        let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read the file: {e}")))?;
-        if bytes.len() > crate::config::MAX_CONFIG_BYTES {
-            return Err(fail(format!("a config file of at most {} bytes", crate::config::MAX_CONFIG_BYTES)));
-        }
-        let text = String::from_utf8(bytes).map_err(|e| fail(format!("UTF-8 text: {e}")))?;
+        let text = crate::config::read_config_text(path).map_err(fail)?;
         Self::from_str(&text, path, overrides)
     }
 

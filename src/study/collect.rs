@@ -56,7 +56,7 @@ pub fn higher_is_better(metric: &str) -> bool {
 /// a run directory (`config.yaml`) for itself, any other directory for the run directories
 /// directly inside it (sorted).
 pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
+    let mut out: Vec<PathBuf> = Vec::new();
     for p in paths {
         if p.join(super::MANIFEST).is_file() {
             out.extend(super::Manifest::read(p)?.runs.iter().map(|r| p.join(&r.name)));
@@ -80,6 +80,20 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
             bail!("{}: no such directory (give run directories or sweep folders)", p.display());
         }
     }
+    // A run reached twice (`report R R`, a sweep and one of its runs, two spellings of one
+    // path) counts once: twice would halve its standard error for nothing.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut twice = Vec::new();
+    out.retain(|d| {
+        let key = std::fs::canonicalize(d).unwrap_or_else(|_| d.clone());
+        seen.insert(key) || {
+            twice.push(d.display().to_string());
+            false
+        }
+    });
+    if !twice.is_empty() {
+        eprintln!("report: {} run(s) given more than once, counted once: {}", twice.len(), twice.join(", "));
+    }
     Ok(out)
 }
 
@@ -89,15 +103,16 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
     if !summary.is_file() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(dir.join("config.yaml"))
-        .with_context(|| format!("reading {}", dir.join("config.yaml").display()))?;
+    let text = crate::config::read_config_text(&dir.join("config.yaml")).map_err(|e| anyhow::anyhow!("{e}"))?;
     let yaml: serde_yaml::Value =
         serde_yaml::from_str(&text).with_context(|| format!("parsing {}", dir.join("config.yaml").display()))?;
     let mut config = BTreeMap::new();
     flatten_yaml(&yaml, "", &mut config);
-    let json: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(&summary).with_context(|| format!("reading {}", summary.display()))?,
-    )
+    let json: serde_json::Value = serde_json::from_str(&crate::input_file::read_text(
+        &summary,
+        crate::input_file::MAX_RECORD_BYTES,
+        "a run summary",
+    )?)
     .with_context(|| format!("parsing {}", summary.display()))?;
     let mut metrics = BTreeMap::new();
     flatten_json(&json, "", &mut metrics);
@@ -140,9 +155,12 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
     }
     let fd = dir.join("fd.json");
     if fd.is_file() {
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&fd).with_context(|| format!("reading {}", fd.display()))?)
-                .with_context(|| format!("parsing {}", fd.display()))?;
+        let json: serde_json::Value = serde_json::from_str(&crate::input_file::read_text(
+            &fd,
+            crate::input_file::MAX_RECORD_BYTES,
+            "an FD record",
+        )?)
+        .with_context(|| format!("parsing {}", fd.display()))?;
         for k in ["fd", "real_floor", "class_agreement"] {
             if let Some(v) = json[k].as_f64() {
                 metrics.insert(format!("fd.{k}"), v);
@@ -151,9 +169,11 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
     }
     let analysis = dir.join("analysis.json");
     if analysis.is_file() {
-        let json: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(&analysis).with_context(|| format!("reading {}", analysis.display()))?,
-        )
+        let json: serde_json::Value = serde_json::from_str(&crate::input_file::read_text(
+            &analysis,
+            crate::input_file::MAX_RECORD_BYTES,
+            "an analysis record",
+        )?)
         .with_context(|| format!("parsing {}", analysis.display()))?;
         let mut flat = BTreeMap::new();
         flatten_json(&json["half_depth"], "analysis.half_depth", &mut flat);

@@ -30,7 +30,7 @@ pub struct Manifest {
 impl Manifest {
     pub fn read(dir: &Path) -> Result<Self> {
         let path = dir.join(MANIFEST);
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let text = crate::input_file::read_text(&path, crate::input_file::MAX_RECORD_BYTES, "a sweep record")?;
         serde_json::from_str(&text).with_context(|| format!("{}: not a sweep record (damaged?)", path.display()))
     }
 
@@ -95,8 +95,16 @@ const PREFERRED: &[&str] = &[
 
 /// Reads the runs `paths` stand for (see [`collect::find_runs`]) and computes the report.
 pub fn build(paths: &[PathBuf], opts: &ReportOptions) -> Result<StudyReport> {
+    // The same folder given twice is one folder (`report SWEEP SWEEP` is `report SWEEP`).
+    let mut seen = std::collections::BTreeSet::new();
+    let (paths, twice): (Vec<PathBuf>, Vec<PathBuf>) =
+        paths.iter().cloned().partition(|p| seen.insert(std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())));
+    if !twice.is_empty() {
+        let names: Vec<String> = twice.iter().map(|p| p.display().to_string()).collect();
+        eprintln!("report: {} given more than once, read once", names.join(", "));
+    }
     // A single sweep folder's own report section fills what the options leave open.
-    let (from_sweep, axes) = match paths {
+    let (from_sweep, axes) = match paths.as_slice() {
         [one] if one.join(MANIFEST).is_file() => {
             let m = Manifest::read(one)?;
             // The sweep's axes: its configs (by their `name`) and its grid keys.
@@ -107,7 +115,7 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions) -> Result<StudyReport> {
         _ => (ReportSpec::default(), vec![]),
     };
     let pick = |a: &Vec<String>, b: &Vec<String>| if a.is_empty() { b.clone() } else { a.clone() };
-    let dirs = collect::find_runs(paths)?;
+    let dirs = collect::find_runs(&paths)?;
     let mut runs = Vec::new();
     let mut unfinished = Vec::new();
     for d in dirs {

@@ -60,10 +60,14 @@ pub fn gpu_slots(arg: &str, visible: Option<&str>, count: usize) -> Result<Vec<S
 }
 
 /// What a run directory needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunState {
-    /// `summary.json` is there and the run is as long as planned.
+    /// `summary.json` is there and the run is as long as planned, and its files are whole
+    /// ([`damage`]).
     Done,
+    /// Finished once, but a file it left is damaged (the reason): neither skipped nor retrained
+    /// (retraining would delete what is left); the sweep reports it as failed.
+    Damaged(String),
     /// Killed (or planned longer since): continue from its latest checkpoint.
     Resume,
     /// Not started, or killed before its first checkpoint: start it (clearing what is there).
@@ -99,7 +103,10 @@ pub fn state_of(dir: &Path, run: &PlannedRun, yaml: &str) -> Result<RunState> {
         )
     })?;
     if rd.summary_file().is_file() && !changed.iter().any(|k| k == p.length) {
-        return Ok(RunState::Done);
+        return Ok(match damage(&rd, &run.verb) {
+            None => RunState::Done,
+            Some(why) => RunState::Damaged(why),
+        });
     }
     Ok(match crate::train::checkpoint::latest(&rd)? {
         Some(_) => RunState::Resume,
@@ -107,8 +114,47 @@ pub fn state_of(dir: &Path, run: &PlannedRun, yaml: &str) -> Result<RunState> {
     })
 }
 
+/// What is wrong with the files of a finished run, if anything: `summary.json` must parse as a
+/// JSON object, `metrics.csv` hold a header and whole rows of its width, ending in a newline, and
+/// the final weights match the checksum recorded when they were written.
+pub fn damage(rd: &RunDir, verb: &str) -> Option<String> {
+    use crate::input_file::{read_bounded, read_text, MAX_RECORD_BYTES};
+    let summary = rd.summary_file();
+    let check = || -> Result<()> {
+        let text = read_text(&summary, MAX_RECORD_BYTES, "a run summary")?;
+        match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(serde_json::Value::Object(_)) => {}
+            _ => bail!("{} is not a run summary (a JSON object)", summary.display()),
+        }
+        let metrics = rd.metrics_file();
+        let bytes = read_bounded(&metrics, MAX_RECORD_BYTES, "a metrics file")?;
+        if !bytes.ends_with(b"\n") {
+            bail!("{} is empty or ends in the middle of a row (truncated)", metrics.display());
+        }
+        let mut reader = csv::ReaderBuilder::new().flexible(false).from_reader(bytes.as_slice());
+        let width = reader.headers().map(|h| h.len()).unwrap_or(0);
+        let mut rows = 0usize;
+        for (i, row) in reader.records().enumerate() {
+            row.with_context(|| format!("{}: row {} is not whole", metrics.display(), i + 2))?;
+            rows += 1;
+        }
+        if width < 2 || rows == 0 {
+            bail!("{} holds no rows of metrics", metrics.display());
+        }
+        let weights = match verb {
+            "rl" => rd.file("final.safetensors"),
+            _ => rd.final_checkpoint(),
+        };
+        if !weights.is_file() {
+            bail!("{} is missing", weights.display());
+        }
+        crate::train::checkpoint::verify_weights(&weights, true)
+    };
+    check().err().map(|e| format!("{e:#}"))
+}
+
 /// The command line of one attempt at `run`.
-fn command(exe: &Path, dir: &Path, run: &PlannedRun, state: RunState) -> Command {
+fn command(exe: &Path, dir: &Path, run: &PlannedRun, state: &RunState) -> Command {
     let mut cmd = Command::new(exe);
     cmd.arg(&run.verb);
     match state {
@@ -166,7 +212,15 @@ pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quie
         let yaml = resolved_yaml(r).with_context(|| format!("sweep run {}", r.name))?;
         match state_of(&out.join(&r.name), r, &yaml)? {
             RunState::Done => outcome.skipped += 1,
-            s => todo.push((i, s)),
+            RunState::Damaged(why) => outcome.failed.push((
+                r.name.clone(),
+                logs.join(format!("{}.log", r.name)),
+                format!(
+                    "finished before, but {why}; it is left as it is: move or delete {} to train it anew",
+                    out.join(&r.name).display()
+                ),
+            )),
+            s => todo.push((i, s, yaml)),
         }
     }
     let total = outcome.skipped + todo.len();
@@ -198,19 +252,36 @@ pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quie
     let mut durations = Vec::new();
     loop {
         while let Some(slot) = free.pop() {
-            let Some((i, state)) = queue.next() else {
+            let Some((i, _planned, yaml)) = queue.next() else {
                 free.push(slot);
                 break;
             };
             let r = &manifest.runs[i];
             let dir = out.join(&r.name);
+            // Read again just before starting: another process (a Slurm task of the same run, a
+            // sweep with --only) may have finished it since, and a fresh start would delete it.
+            let state = match state_of(&dir, r, &yaml)? {
+                RunState::Done => {
+                    outcome.skipped += 1;
+                    pb.inc(1);
+                    say(format!("{} was finished by another process meanwhile; skipped", r.name));
+                    free.push(slot);
+                    continue;
+                }
+                RunState::Damaged(why) => {
+                    outcome.failed.push((r.name.clone(), logs.join(format!("{}.log", r.name)), why));
+                    free.push(slot);
+                    continue;
+                }
+                now => now,
+            };
             let log_path = logs.join(format!("{}.log", r.name));
             let mut log = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(&log_path)
                 .with_context(|| format!("opening {}", log_path.display()))?;
-            let mut cmd = command(&exe, &dir, r, state);
+            let mut cmd = command(&exe, &dir, r, &state);
             use std::io::Write;
             writeln!(log, "=== {cmd:?}").ok();
             cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
@@ -284,6 +355,10 @@ fn last_lines(path: &Path, n: usize) -> String {
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("=== ")).collect();
     lines[lines.len().saturating_sub(n)..].join(" | ")
 }
+
+/// The most tasks of one Slurm job array under Slurm's default `MaxArraySize` (1001: indices
+/// 0–1000).
+pub const SLURM_MAX_ARRAY: usize = 1001;
 
 /// A Slurm batch script that runs the sweep in `out` as a job array: task `i` runs the `i`-th
 /// run (`plexus sweep --resume OUT --only NAME`, so a requeued task skips or resumes). `gpus`:

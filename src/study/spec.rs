@@ -16,6 +16,10 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+/// The most runs one sweep plans (a sweep of more is split into several: its record, its
+/// report and a Slurm array of that size are already large).
+pub const MAX_RUNS: usize = 10_000;
+
 /// What `plexus report` shows of a sweep unless told otherwise.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -78,8 +82,7 @@ pub struct PlannedRun {
 impl SweepSpec {
     /// Reads a spec file; config paths become absolute (relative to the file).
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading the sweep spec {}", path.display()))?;
+        let text = config::read_config_text(path).map_err(|e| anyhow::anyhow!("the sweep spec {e}"))?;
         let (mut spec, _): (SweepSpec, String) = config::parse_document(&text, path, &[])?;
         let base = path.parent().unwrap_or(Path::new("."));
         for c in &mut spec.configs {
@@ -138,6 +141,27 @@ impl SweepSpec {
             axes.push((key, vals));
         }
         let seeds = if self.seeds.is_empty() { vec![0] } else { self.seeds.clone() };
+        // Counted before anything is planned: a grid of 10⁶ points is refused at once, not after
+        // gigabytes of run names.
+        let count = axes
+            .iter()
+            .map(|(_, v)| v.len())
+            .chain([self.configs.len(), seeds.len()])
+            .try_fold(1usize, |n, k| n.checked_mul(k))
+            .filter(|&n| n <= MAX_RUNS);
+        let Some(_) = count else {
+            let sizes: Vec<String> = [("configs", self.configs.len())]
+                .into_iter()
+                .map(|(k, n)| format!("{n} {k}"))
+                .chain(axes.iter().map(|(k, v)| format!("{} values of {k}", v.len())))
+                .chain([format!("{} seeds", seeds.len())])
+                .collect();
+            bail!(
+                "{origin}: {} make more than the {MAX_RUNS} runs a sweep may have; split it into \
+                 several sweeps (each with its own --out)",
+                sizes.join(" × ")
+            );
+        };
         let mut unique = std::collections::BTreeSet::new();
         if !seeds.iter().all(|s| unique.insert(*s)) {
             bail!("{origin}: `seeds` lists a seed twice: {seeds:?}");
@@ -149,8 +173,8 @@ impl SweepSpec {
         for config in &self.configs {
             let config =
                 std::path::absolute(config).with_context(|| format!("{origin}: config {}", config.display()))?;
-            let text = std::fs::read_to_string(&config)
-                .with_context(|| format!("{origin}: reading the config {}", config.display()))?;
+            let text = config::read_config_text(&config)
+                .map_err(|e| anyhow::anyhow!("{origin}: the config {}: {e}", config.display()))?;
             let stem = config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
             let name = serde_yaml::from_str::<serde_yaml::Value>(&text)
                 .ok()

@@ -242,7 +242,7 @@ fn manifest_path(weights: &Path) -> PathBuf {
 }
 
 fn read_manifest(path: &Path) -> Result<std::collections::BTreeMap<String, Recorded>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = crate::input_file::read_text(path, crate::input_file::MAX_RECORD_BYTES, "a weights manifest")?;
     serde_json::from_str(&text).with_context(|| format!("{} is not a weights manifest (damaged?)", path.display()))
 }
 
@@ -263,6 +263,36 @@ pub fn save_weights(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Res
     atomic_write(&manifest, (serde_json::to_string_pretty(&all)? + "\n").as_bytes())
 }
 
+/// Checks weights written by [`save_weights`] against the CRC-32 and size recorded beside them in
+/// `weights.json`. A file with no record passes unless `require_record` (runs written before
+/// checksums have none; a sweep asks for one).
+pub fn verify_weights(path: &Path, require_record: bool) -> Result<()> {
+    let manifest = manifest_path(path);
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let recorded = if manifest.is_file() { read_manifest(&manifest)?.get(&name).cloned() } else { None };
+    if require_record && recorded.is_none() {
+        bail!("{} records no checksum of {}", manifest.display(), path.display());
+    }
+    if let Some(want) = recorded {
+        let bytes = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?.len();
+        let got = Recorded { crc32: format!("{:08x}", crc32_of(path)?), bytes };
+        if got != want {
+            bail!(
+                "{} is corrupt: {} bytes with CRC-32 {}, but {} recorded {} bytes with CRC-32 {} when it was \
+                 written (a flipped bit, a truncated or a replaced file); restore it from a copy, or re-create \
+                 it with `plexus train --resume` from a checkpoint",
+                path.display(),
+                got.bytes,
+                got.crc32,
+                manifest.display(),
+                want.bytes,
+                want.crc32
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Loads the final weights `path` of the run `run` into `vs`: the file must exist (a missing one
 /// says how far the run got), match the checksum recorded when it was written (runs written
 /// before checksums have none), hold exactly the model's parameters, and be finite.
@@ -278,27 +308,7 @@ pub fn load_final(vs: &mut tch::nn::VarStore, run: &RunDir, path: &Path) -> Resu
         };
         bail!("{} is missing: the run has not finished ({how_far})", path.display());
     }
-    let manifest = manifest_path(path);
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    if manifest.is_file() {
-        if let Some(want) = read_manifest(&manifest)?.get(&name) {
-            let bytes = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?.len();
-            let got = Recorded { crc32: format!("{:08x}", crc32_of(path)?), bytes };
-            if &got != want {
-                bail!(
-                    "{} is corrupt: {} bytes with CRC-32 {}, but {} recorded {} bytes with CRC-32 {} when it was \
-                     written (a flipped bit, a truncated or a replaced file); restore it from a copy, or re-create \
-                     it with `plexus train --resume` from a checkpoint",
-                    path.display(),
-                    got.bytes,
-                    got.crc32,
-                    manifest.display(),
-                    want.bytes,
-                    want.crc32
-                );
-            }
-        }
-    }
+    verify_weights(path, false)?;
     load_weights(vs, path)?;
     if let Some(bad) = first_non_finite(&vs.variables()) {
         bail!(
