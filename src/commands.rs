@@ -757,6 +757,14 @@ pub fn tokenize(
     };
     let r = tokenize::tokenize(files, out, &opts)?;
     crate::report::print_tokenize(out, &r, opts.threads);
+    if r.val_tokens == 0 && val_fraction > 0.0 {
+        eprintln!(
+            "warning: {} holds no tokens: {val_fraction} of {} tokens rounds to 0; a run on this folder has no \
+             validation split (give more text, or a larger --val-fraction)",
+            out.join("val.bin").display(),
+            r.train_tokens
+        );
+    }
     Ok(())
 }
 
@@ -863,9 +871,14 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
         // The folder holds at most one sweep: a run of the same name must be the same run.
         if out.join(MANIFEST).is_file() {
             let old = Manifest::read(&out)?;
+            // The run's length may grow (the resume rule of `train --resume`): that extends it.
+            let but_length = |r: &crate::study::spec::PlannedRun| -> Vec<String> {
+                let length = runner::length_key(&r.verb);
+                r.overrides.iter().filter(|o| o.split_once('=').map(|(k, _)| k.trim()) != Some(length)).cloned().collect()
+            };
             for o in &old.runs {
                 if let Some(n) = manifest.runs.iter().find(|n| n.name == o.name) {
-                    if n.config != o.config || n.overrides != o.overrides {
+                    if n.config != o.config || but_length(n) != but_length(o) {
                         bail!(
                             "{}: run {} was planned as `{} {}` before and is `{} {}` now; use another --out for another sweep",
                             out.display(),

@@ -164,7 +164,7 @@ fn tokenize_is_deterministic_across_threads_and_chunk_sizes() {
     let files = [f1, f2];
     for encoding in [Tokenizer::Gpt2, Tokenizer::Char] {
         let mut outputs = Vec::new();
-        for (threads, chunk) in [(1, usize::MAX), (1, 64), (2, 64), (4, 64), (3, 1000)] {
+        for (threads, chunk) in [(1, usize::MAX), (1, 64), (2, 64), (4, 64), (3, 1000), (1, 1)] {
             let out = tmp.path().join(format!("{encoding:?}-{threads}-{chunk}"));
             tokenize::tokenize(&files, &out, &opts(encoding, threads, chunk)).unwrap();
             let read = |f: &str| std::fs::read(out.join(f)).unwrap();
@@ -188,6 +188,39 @@ fn tokenize_is_deterministic_across_threads_and_chunk_sizes() {
             .collect();
         assert_eq!(all, expected, "{encoding:?}: tokens of the whole files, in order");
     }
+}
+
+/// An input truncated while it is tokenised is an error naming it, and nothing is written (the
+/// input was memory-mapped: a truncation killed the process with SIGBUS and no message). The file
+/// is cut once the first tokens reach the disk, so the reader is mid-file.
+#[test]
+fn an_input_truncated_while_it_is_read_is_an_error_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("big.txt");
+    let text = generated_text(20_000, 5).repeat(20);
+    assert!(text.len() > 12 << 20, "{} bytes", text.len());
+    std::fs::write(&input, &text).unwrap();
+    let out = tmp.path().join("tk");
+    let job = {
+        let (input, out) = (input.clone(), out.clone());
+        std::thread::spawn(move || tokenize::tokenize(&[input], &out, &opts(Tokenizer::Gpt2, 1, 1 << 16)))
+    };
+    let started = std::time::Instant::now();
+    loop {
+        let writing = std::fs::read_dir(&out).into_iter().flatten().flatten().any(|e| {
+            e.file_name().to_string_lossy().starts_with(".tmp-") && e.metadata().is_ok_and(|m| m.len() > 0)
+        });
+        if writing {
+            std::fs::OpenOptions::new().write(true).open(&input).unwrap().set_len(1000).unwrap();
+            break;
+        }
+        assert!(!job.is_finished(), "tokenize finished before the first tokens were flushed");
+        assert!(started.elapsed() < std::time::Duration::from_secs(60));
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let e = format!("{:#}", job.join().unwrap().unwrap_err());
+    assert!(e.contains("big.txt changed while it was read") && e.contains("1000 now"), "{e}");
+    assert!(!out.join("train.bin").exists() && !out.join("val.bin").exists(), "nothing is written");
 }
 
 #[test]

@@ -1,9 +1,11 @@
 //! `plexus tokenize`: text files → `train.bin` / `val.bin` (uint16 little-endian token ids,
 //! nanoGPT's format, read by `data.kind: tokens`, see [`super::tokens`]) and `meta.json`.
 //!
-//! Corpora of tens of gigabytes are tokenised in a stream: each input file is memory-mapped and
-//! cut into chunks of about `chunk_bytes`, chunks are encoded on `threads` threads in rounds and
-//! written in order, so memory stays at a few chunks per thread whatever the corpus size.
+//! Corpora of tens of gigabytes are tokenised in a stream: each input file is read in windows
+//! (positioned reads) and cut into chunks of about `chunk_bytes`, chunks are encoded on `threads`
+//! threads in rounds and written in order, so memory stays at a few chunks per thread whatever the
+//! corpus size. An input that shrinks, grows or is rewritten while it is read is an error naming
+//! it, and nothing is written.
 //!
 //! **Determinism.** The chunk boundaries depend on the text only (never on the thread count), and
 //! for `gpt2` they are placed where GPT-2's pre-tokeniser splits anyway: right after a newline
@@ -98,11 +100,18 @@ pub fn tokenize(files: &[PathBuf], out: &Path, opts: &TokenizeOptions) -> Result
         bail!("--threads 0: expected at least 1");
     }
     let mut sizes = Vec::with_capacity(files.len());
+    let mut seen: Vec<(PathBuf, &PathBuf)> = Vec::new();
     for f in files {
         let meta = std::fs::metadata(f).map_err(|e| anyhow!("cannot read the input {}: {e}", f.display()))?;
         if !meta.is_file() {
             bail!("the input {} is not a file (give text files)", f.display());
         }
+        // The same text twice would be trained on twice, and would leak into val.bin's tail.
+        let canonical = std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
+        if let Some((_, first)) = seen.iter().find(|(c, _)| *c == canonical) {
+            bail!("the input {} is given twice (also as {}): give each file once", f.display(), first.display());
+        }
+        seen.push((canonical, f));
         sizes.push(meta.len());
     }
     let total: u64 = sizes.iter().sum();
@@ -199,43 +208,86 @@ fn remove_leftovers(out: &Path) -> Result<()> {
 }
 
 /// Encodes one file into `w` (uint16 LE); returns the number of tokens written.
+///
+/// The file is read with positioned reads (`pread`), a window of a few chunks per thread at a time:
+/// memory stays bounded, and a file truncated while it is read is an error naming it (a
+/// memory-mapped file that shrinks kills the process with SIGBUS instead). The chunk boundaries
+/// are those of the whole file: a window's last chunk, which may end anywhere, is carried over to
+/// the next window, and a window without a boundary grows until it has one.
 fn encode_file(path: &Path, opts: &TokenizeOptions, w: &mut impl Write, bar: &indicatif::ProgressBar) -> Result<u64> {
-    let file = std::fs::File::open(path).map_err(|e| anyhow!("cannot read the input {}: {e}", path.display()))?;
-    let len = file.metadata()?.len();
-    // An empty file cannot be mapped; it has no tokens (but, as a document, still its EOT).
-    let map = if len == 0 {
-        None
-    } else {
-        // SAFETY: a read-only map of an input file; as with any mapped file, the input must not be
-        // truncated or rewritten by another process while it is being tokenised.
-        Some(unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("cannot map {}", path.display()))?)
+    use std::os::unix::fs::FileExt;
+    let file = crate::input_file::open_regular(path).map_err(|e| anyhow!("the input: {e:#}"))?;
+    let meta = file.metadata().with_context(|| format!("cannot read the input {}", path.display()))?;
+    let (len, modified) = (meta.len(), meta.modified().ok());
+    let changed = |at: u64| {
+        let now = std::fs::metadata(path).map(|m| m.len().to_string()).unwrap_or_else(|_| "gone".into());
+        anyhow!(
+            "the input {} changed while it was read: it had {len} bytes when tokenize started, {} now (read up \
+             to byte {at}); nothing was written: tokenize it again once nothing writes to it",
+            path.display(),
+            now
+        )
     };
-    let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
-    let bounds = chunk_bounds(bytes, opts.chunk_bytes, opts.encoding);
-    let mut written = 0u64;
-    let mut buf: Vec<u8> = Vec::new();
-    // Rounds of a few chunks per thread: threads take chunks in turn, the round is written in order.
     let round = 4 * opts.threads;
-    for group in bounds.windows(2).collect::<Vec<_>>().chunks(round) {
-        let results: Vec<OnceLock<Result<Vec<u16>>>> = (0..group.len()).map(|_| OnceLock::new()).collect();
-        let next = AtomicUsize::new(0);
-        std::thread::scope(|s| {
-            for _ in 0..opts.threads.min(group.len()) {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(b) = group.get(i) else { break };
-                    let _ = results[i].set(encode_chunk(&bytes[b[0]..b[1]], b[0], path, opts.encoding));
-                });
-            }
-        });
-        for (r, b) in results.into_iter().zip(group) {
-            let tokens = r.into_inner().expect("every chunk of the round was encoded")?;
-            buf.clear();
-            buf.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
-            w.write_all(&buf)?;
-            written += tokens.len() as u64;
-            bar.inc((b[1] - b[0]) as u64);
+    let window = round.saturating_mul(opts.chunk_bytes.max(1)) as u64;
+    // `buf` holds the bytes [start, start + buf.len()) of the file, beginning at a chunk boundary.
+    let (mut buf, mut start, mut want) = (Vec::<u8>::new(), 0u64, window);
+    let mut written = 0u64;
+    let mut out: Vec<u8> = Vec::new();
+    loop {
+        let have = buf.len();
+        let target = want.min(len - start) as usize;
+        if target > have {
+            buf.resize(target, 0);
+            file.read_exact_at(&mut buf[have..], start + have as u64).map_err(|e| match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => changed(start + have as u64),
+                _ => anyhow!("cannot read the input {}: {e}", path.display()),
+            })?;
         }
+        let eof = start + buf.len() as u64 == len;
+        let mut bounds = chunk_bounds(&buf, opts.chunk_bytes, opts.encoding);
+        if !eof {
+            bounds.pop(); // ends at the window's end, not at a boundary of the file
+            if bounds.len() < 2 {
+                want = want.saturating_mul(2);
+                continue;
+            }
+        }
+        // Rounds of a few chunks per thread: threads take chunks in turn, the round is written in order.
+        for group in bounds.windows(2).collect::<Vec<_>>().chunks(round) {
+            let results: Vec<OnceLock<Result<Vec<u16>>>> = (0..group.len()).map(|_| OnceLock::new()).collect();
+            let next = AtomicUsize::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..opts.threads.min(group.len()) {
+                    s.spawn(|| loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(b) = group.get(i) else { break };
+                        let offset = start as usize + b[0];
+                        let _ = results[i].set(encode_chunk(&buf[b[0]..b[1]], offset, path, opts.encoding));
+                    });
+                }
+            });
+            for (r, b) in results.into_iter().zip(group) {
+                let tokens = r.into_inner().expect("every chunk of the round was encoded")?;
+                out.clear();
+                out.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
+                w.write_all(&out)?;
+                written += tokens.len() as u64;
+                bar.inc((b[1] - b[0]) as u64);
+            }
+        }
+        if eof {
+            break;
+        }
+        let kept = *bounds.last().expect("at least two bounds");
+        buf.drain(..kept);
+        start += kept as u64;
+        want = window.max(buf.len() as u64 + 1);
+    }
+    // Grown, or rewritten in place: what was read may mix two versions of the file.
+    match std::fs::metadata(path) {
+        Ok(m) if m.len() == len && m.modified().ok() == modified => {}
+        _ => return Err(changed(len)),
     }
     if opts.encoding == Tokenizer::Gpt2 {
         w.write_all(&GPT2_EOT.to_le_bytes())?;

@@ -74,6 +74,12 @@ pub enum RunState {
     Fresh,
 }
 
+/// The config key of a run's length for `verb` (`train.steps`): a sweep may raise it to extend
+/// finished runs, as `train --resume` allows.
+pub fn length_key(verb: &str) -> &'static str {
+    policy(verb).length
+}
+
 fn policy(verb: &str) -> &'static ResumePolicy {
     match verb {
         "rl" => &crate::rl::trainer::RESUME_POLICY,

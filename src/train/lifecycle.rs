@@ -33,8 +33,8 @@ pub struct ResumePolicy {
 /// when `policy` allows every one of them; else an error naming each refused key with both values.
 pub fn config_changes(dir: &RunDir, config_yaml: &str, policy: &ResumePolicy) -> Result<Vec<String>> {
     let path = dir.config_file();
-    let text = std::fs::read_to_string(&path).with_context(|| {
-        format!("--resume: {} is not a run directory (no readable config.yaml)", dir.path.display())
+    let text = crate::config::read_config_text(&path).map_err(|e| {
+        anyhow::anyhow!("--resume: {} is not a run directory (no readable config.yaml: {e})", dir.path.display())
     })?;
     let old: serde_yaml::Value = serde_yaml::from_str(&text)
         .with_context(|| format!("--resume: reading the config the run was trained with, {}", path.display()))?;
