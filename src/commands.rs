@@ -549,7 +549,36 @@ pub fn train_resume(
             configs.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
         ),
     };
-    let exp = Experiment::from_file(&config, overrides)?;
+    let exp = match Experiment::from_file(&config, overrides) {
+        Ok(exp) => exp,
+        // The run's config is fine and a --set makes it invalid: name the --set that changes what
+        // a resumed run keeps (`topology.kind=residual` on an H-ACN run leaves `topology.init`
+        // behind, and the error would otherwise blame the run's own config.yaml).
+        Err(e) if !overrides.is_empty() && Experiment::from_file(&config, &[]).is_ok() => {
+            let p = &crate::train::RESUME_POLICY;
+            let refused: Vec<&str> = overrides
+                .iter()
+                .map(String::as_str)
+                .filter(|o| {
+                    let k = o.split_once('=').map_or(*o, |(k, _)| k).trim();
+                    k != p.length && !(p.may_change)(k)
+                })
+                .collect();
+            if refused.is_empty() {
+                return Err(e.into());
+            }
+            bail!(
+                "--resume {}: --set {} would change what the run trains; only {} (which may grow, to extend the \
+                 run, but not shrink) and {} may change on resume; start a new run (another --out, or \
+                 --overwrite) for anything else",
+                run.display(),
+                refused.join(" --set "),
+                p.length,
+                p.describe
+            );
+        }
+        Err(e) => return Err(e.into()),
+    };
     let progress = main && !quiet && std::io::stderr().is_terminal();
     let opts = TrainOptions {
         progress,
@@ -644,7 +673,16 @@ pub fn bench(r: &BenchRequest) -> Result<()> {
 /// `plexus plot RUN...`: the paper figures of runs.
 pub fn plot(runs: &[PathBuf], out: Option<&Path>, title: Option<&str>, step: Option<u64>) -> Result<()> {
     let out = out.map(Path::to_path_buf).unwrap_or_else(|| default_figure_dir(runs));
-    for p in crate::plot::figures::all(runs, &out, title, step)? {
+    let written = crate::plot::figures::all(runs, &out, title, step)?;
+    if written.is_empty() {
+        let names: Vec<String> = runs.iter().map(|r| r.display().to_string()).collect();
+        bail!(
+            "nothing to plot in {}: no metrics.csv, connectivity or eval rows yet (has the run started? it writes \
+             them as it trains)",
+            names.join(", ")
+        );
+    }
+    for p in written {
         println!("{}", p.display());
     }
     Ok(())
@@ -807,8 +845,13 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
                 }
                 let text = crate::config::read_config_text(p)
                     .map_err(|e| anyhow::anyhow!("plexus sweep {}: expected {e}", p.display()))?;
+                // Classified by its top-level keys; a file YAML cannot read (say, a seed past 64
+                // bits) is classified by its lines, so that its error is a spec's.
                 let doc = serde_yaml::from_str::<serde_yaml::Value>(&text).ok();
+                let spec_line =
+                    |t: &str| ["grid:", "seeds:", "configs:"].iter().any(|k| t.lines().any(|l| l.starts_with(k)));
                 let is_spec = match &doc {
+                    None if spec_line(&text) => true,
                     Some(serde_yaml::Value::Mapping(m)) => {
                         ["grid", "seeds", "configs"].iter().any(|k| m.contains_key(*k))
                     }
@@ -874,7 +917,11 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
             // The run's length may grow (the resume rule of `train --resume`): that extends it.
             let but_length = |r: &crate::study::spec::PlannedRun| -> Vec<String> {
                 let length = runner::length_key(&r.verb);
-                r.overrides.iter().filter(|o| o.split_once('=').map(|(k, _)| k.trim()) != Some(length)).cloned().collect()
+                r.overrides
+                    .iter()
+                    .filter(|o| o.split_once('=').map(|(k, _)| k.trim()) != Some(length))
+                    .cloned()
+                    .collect()
             };
             for o in &old.runs {
                 if let Some(n) = manifest.runs.iter().find(|n| n.name == o.name) {
@@ -983,6 +1030,14 @@ pub fn report(
         _ => None,
     });
     if let Some(out) = out {
+        // A sweep's own report/ (written by the sweep with its spec's settings) replaced by a
+        // report of other settings: said, so that it is not lost by surprise.
+        if options != &crate::study::ReportOptions::default() && out.join("report.md").is_file() {
+            eprintln!(
+                "report: replacing {} with this report's settings (give --out DIR to keep both)",
+                out.join("report.md").display()
+            );
+        }
         std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
         for (name, text) in [("report.md", &md), ("report.csv", &csv), ("report.tex", &tex)] {
             crate::run_dir::atomic_write(&out.join(name), text.as_bytes())?;

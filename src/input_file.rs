@@ -33,7 +33,7 @@ pub fn open_regular(path: &Path) -> Result<File> {
 }
 
 /// What a non-regular file is, for messages ("a directory", "a character device (like /dev/zero)").
-fn kind_name(kind: &std::fs::FileType) -> &'static str {
+pub fn kind_name(kind: &std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
     if kind.is_dir() {
         "a directory"

@@ -406,6 +406,12 @@ fn seeds_of(r: &crate::study::StudyReport, g: &crate::study::GroupResult) -> Str
     s.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
 }
 
+/// `text` as one markdown table cell: `|` escaped, line breaks as spaces (a run or a config value
+/// may hold either; unescaped, they split or end the row).
+fn md_cell(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('|', "\\|").replace(['\r', '\n'], " ")
+}
+
 /// The report as markdown: a table of mean ± sd per setting and metric, then each metric's
 /// 95 % interval and, with a baseline, the paired difference on shared seeds.
 pub fn study_markdown(r: &crate::study::StudyReport) -> String {
@@ -428,7 +434,13 @@ pub fn study_markdown(r: &crate::study::StudyReport) -> String {
         );
     }
     let key_cols: Vec<String> = if r.by.is_empty() { vec!["runs".into()] } else { r.by.clone() };
-    let key_of = |g: &crate::study::GroupResult| if r.by.is_empty() { vec!["all".to_string()] } else { g.key.clone() };
+    let key_of = |g: &crate::study::GroupResult| {
+        if r.by.is_empty() {
+            vec!["all".to_string()]
+        } else {
+            g.key.iter().map(|k| md_cell(k)).collect()
+        }
+    };
     let _ = writeln!(s, "\n| {} | n | seeds | {} |", key_cols.join(" | "), r.metrics.join(" | "));
     let _ = writeln!(s, "|{}", "---|".repeat(key_cols.len() + 2 + r.metrics.len()));
     for g in &r.groups {
@@ -484,7 +496,7 @@ pub fn study_markdown(r: &crate::study::StudyReport) -> String {
             let name = run.dir.file_name().map_or(run.dir.display().to_string(), |n| n.to_string_lossy().into_owned());
             let cells: Vec<String> = r.metrics.iter().map(|m| sig4(run.metrics[m])).collect();
             let seed = run.seed().map_or("—".into(), |s| s.to_string());
-            let _ = writeln!(s, "| {name} | {seed} | {} |", cells.join(" | "));
+            let _ = writeln!(s, "| {} | {seed} | {} |", md_cell(&name), cells.join(" | "));
         }
     }
     s
@@ -579,6 +591,12 @@ pub fn study_latex(r: &crate::study::StudyReport) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn markdown_cells_escape_pipes_and_line_breaks() {
+        assert_eq!(super::md_cell("a|b\nc\\d"), "a\\|b c\\\\d");
+        assert_eq!(super::md_cell("plain-name=0.25"), "plain-name=0.25");
+    }
+
     #[test]
     fn rows_are_appended_under_their_own_header_only() {
         let tmp = tempfile::tempdir().unwrap();

@@ -528,7 +528,7 @@ pub fn read_rows<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>> 
     if !path.exists() {
         return Ok(Vec::new());
     }
-    let mut r = csv::Reader::from_path(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut r = csv::Reader::from_reader(crate::input_file::open_regular(path)?);
     r.deserialize()
         .enumerate()
         .map(|(i, row)| row.with_context(|| format!("{}: row {}", path.display(), i + 2)))

@@ -628,3 +628,40 @@ fn endless_files_fifos_and_shapeless_specs_are_refused_at_once() {
         assert!(start.elapsed() < std::time::Duration::from_secs(20), "plexus {args:?} took {:?}", start.elapsed());
     }
 }
+
+/// Inputs that were accepted without a word, or refused with an error that blamed the wrong thing:
+/// each now has an error naming the file, key or flag and what is allowed, or a warning.
+#[test]
+fn surprising_inputs_get_errors_that_name_them_or_warnings() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let tiny = s(&write(&t.join("tiny.yaml"), TINY));
+    let says = |args: &[&str], ok: bool, what: &str| {
+        let o = plexus(args, t);
+        let (out, err) = text(&o);
+        assert!(o.status.success() == ok && err.contains(what), "plexus {args:?}: {:?}\n{out}\n{err}", o.status);
+    };
+    let big = s(&write(&t.join("bigseed.yaml"), format!("configs: [{tiny}]\nseeds: [18446744073709551616]\n")));
+    says(&["sweep", &big, "--out", "o", "--dry-run"], false, "`seeds[0]` has value `18446744073709551616`");
+    says(&["sweep", &tiny, "--set", "seed=5", "--out", "o", "--dry-run"], false, "by --seeds (e.g. --seeds 5)");
+
+    says(&["sweep", &tiny, "--seeds", "0,1", "--out", "sw", "--quiet"], true, "");
+    says(&["report", "sw", "--curves", "frob"], false, "--curves frob: no run logs this curve; ");
+    says(&["report", "sw", "--by", "seed"], true, "report: replacing sw/report/report.md");
+    std::fs::create_dir_all(t.join("cfg-only")).unwrap();
+    std::fs::copy(t.join("sw/tiny-seed=0/config.yaml"), t.join("cfg-only/config.yaml")).unwrap();
+    says(&["plot", "cfg-only"], false, "nothing to plot in cfg-only");
+
+    let o =
+        plexus(&["train", &tiny, "--out", "hacn", "--set", "topology.init={kind: normal, mu: 0.5, sigma: 0.01}"], t);
+    assert!(o.status.success(), "{:?}", text(&o));
+    says(
+        &["train", "--resume", "hacn", "--set", "topology.kind=residual"],
+        false,
+        "--set topology.kind=residual would change what the run trains",
+    );
+
+    let words = s(&write(&t.join("words.txt"), "a few words\n"));
+    says(&["tokenize", &words, &words, "--out", "tk"], false, "is given twice (also as");
+    says(&["tokenize", &words, "--out", "tk", "--encoding", "char"], true, "val.bin holds no tokens");
+}

@@ -503,3 +503,26 @@ fn reports_count_a_run_once_slurm_plans_are_whole_and_huge_grids_are_refused() {
     assert!(!o.status.success() && err.contains("1002 runs, but a Slurm job array holds at most 1001 tasks"), "{err}");
     assert!(!tmp.path().join("sl2/sweep.json").exists());
 }
+
+/// Raising `train.steps` of a finished sweep extends its runs from their last checkpoint (the
+/// rule of `train --resume`); lowering it is refused.
+#[test]
+fn raising_train_steps_extends_a_finished_sweep_and_lowering_it_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |steps: &str| {
+        let args = short_sweep("sw", steps);
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        plexus(&[&["sweep"], a.as_slice()].concat(), tmp.path())
+    };
+    assert!(run("300").status.success());
+    let o = run("600");
+    assert!(o.status.success(), "{:?}", text(&o));
+    let summary = std::fs::read_to_string(tmp.path().join("sw/1-none-seed=1/summary.json")).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&summary).unwrap();
+    assert_eq!((summary["steps"].as_u64(), summary["resumed_from"].as_u64()), (Some(600), Some(300)), "{summary}");
+    let log = std::fs::read_to_string(tmp.path().join("sw/logs/1-none-seed=1.log")).unwrap();
+    assert!(log.contains("\"--resume\"") && log.matches("=== ").count() == 2, "{log}");
+    let o = run("100");
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("`train.steps` is `600` in the run but `100` here"), "{err}");
+}

@@ -207,9 +207,10 @@ fn an_input_truncated_while_it_is_read_is_an_error_naming_it() {
     };
     let started = std::time::Instant::now();
     loop {
-        let writing = std::fs::read_dir(&out).into_iter().flatten().flatten().any(|e| {
-            e.file_name().to_string_lossy().starts_with(".tmp-") && e.metadata().is_ok_and(|m| m.len() > 0)
-        });
+        let writing =
+            std::fs::read_dir(&out).into_iter().flatten().flatten().any(|e| {
+                e.file_name().to_string_lossy().starts_with(".tmp-") && e.metadata().is_ok_and(|m| m.len() > 0)
+            });
         if writing {
             std::fs::OpenOptions::new().write(true).open(&input).unwrap().set_len(1000).unwrap();
             break;
@@ -366,6 +367,17 @@ fn a_shard_that_changes_under_a_run_is_an_error_naming_it() {
     std::fs::create_dir(dir.join("train.bin")).unwrap();
     let e = load_err(root, "{dir: t, seq_len: 16, eval_batches: 0}");
     assert!(e.contains(&path) && e.contains("is a directory, not a token file"), "{e}");
+    // A link to a device, and a FIFO (refused at once, not waited on), say what they are.
+    std::fs::remove_dir(dir.join("train.bin")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", dir.join("train.bin")).unwrap();
+    let e = load_err(root, "{dir: t, seq_len: 16, eval_batches: 0}");
+    assert!(e.contains(&path) && e.contains("is a character device, not a token file"), "{e}");
+    std::fs::remove_file(dir.join("train.bin")).unwrap();
+    let c = std::ffi::CString::new(dir.join("train.bin").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let e = load_err(root, "{dir: t, seq_len: 16, eval_batches: 0}");
+    assert!(e.contains(&path) && e.contains("is a FIFO (named pipe), not a token file"), "{e}");
 }
 
 /// Text that gives no tokens is an error and writes nothing; a killed tokenize's temporary files

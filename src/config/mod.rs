@@ -425,7 +425,15 @@ pub fn parse_document<T: serde::de::DeserializeOwned>(
     }
     let mut doc: serde_yaml::Value = serde_yaml::from_str(source).map_err(|e| {
         let line = e.location().map(|l| l.line());
-        err(String::new(), None, format!("not valid YAML: {}", clean_serde_message(&e.to_string())), line)
+        let msg = clean_serde_message(&e.to_string());
+        // An integer past 64 bits: YAML allows it, serde_yaml's values do not hold it.
+        if let Some((key, rest)) = msg.split_once(": invalid type: integer `") {
+            if let Some((value, _)) = rest.split_once("` as ") {
+                let allowed = "an integer from -9223372036854775808 to 18446744073709551615 (64 bits)".to_string();
+                return err(key.to_string(), Some(value.to_string()), allowed, line);
+            }
+        }
+        err(String::new(), None, format!("not valid YAML: {msg}"), line)
     })?;
     if let Some((key, tag)) = find_tag(&doc, "") {
         let line = locate_key(source, &key);

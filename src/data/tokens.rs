@@ -172,7 +172,9 @@ impl TokenFile {
     /// Opens `path`, checks its length (even, at least `need` tokens) and its ids: all of them
     /// when `full` (then kept in memory), else a spread sample.
     fn open(path: &Path, need: usize, vocab: usize, full: bool) -> anyhow::Result<TokenFile> {
-        let file = std::fs::File::open(path).map_err(|e| {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Non-blocking, so that a FIFO is refused below instead of waiting for a writer.
+        let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(|e| {
             let dir = path.parent().unwrap_or(Path::new("."));
             anyhow!(
                 "token file not found: cannot open {} ({e}). A `tokens` dataset is a folder with train.bin and \
@@ -186,9 +188,10 @@ impl TokenFile {
         let meta = file.metadata().with_context(|| format!("reading {}", path.display()))?;
         if !meta.is_file() {
             bail!(
-                "{} is a directory, not a token file: a `tokens` dataset folder holds train.bin and val.bin as \
+                "{} is {}, not a token file: a `tokens` dataset folder holds train.bin and val.bin as regular \
                  files of uint16 little-endian token ids",
-                path.display()
+                path.display(),
+                crate::input_file::kind_name(&meta.file_type())
             );
         }
         let bytes = meta.len() as usize;

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 /// `(env_steps, success)` of a run's `metrics.csv`.
 fn success_curve(dir: &Path) -> Result<Vec<(f64, f64)>> {
     let path = dir.join("metrics.csv");
-    let mut r = csv::Reader::from_path(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut r = csv::Reader::from_reader(crate::input_file::open_regular(&path)?);
     let h = r.headers()?.clone();
     let col = |n: &str| h.iter().position(|c| c == n).with_context(|| format!("{}: no `{n}` column", path.display()));
     let (x, y) = (col("env_steps")?, col("success")?);

@@ -248,7 +248,7 @@ fn flatten_json(v: &serde_json::Value, prefix: &str, out: &mut BTreeMap<String, 
 type NumberTable = (Vec<String>, Vec<Vec<Option<f64>>>);
 
 fn read_csv(path: &Path) -> Result<NumberTable> {
-    let mut r = csv::Reader::from_path(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut r = csv::Reader::from_reader(crate::input_file::open_regular(path)?);
     let cols: Vec<String> =
         r.headers().with_context(|| format!("reading {}", path.display()))?.iter().map(String::from).collect();
     let mut rows = Vec::new();
@@ -279,6 +279,18 @@ pub fn curve(dir: &Path, name: &str) -> Result<Vec<(f64, f64)>> {
         return Ok(vec![]);
     };
     Ok(rows.iter().filter_map(|r| Some((r[x]?, r[y]?))).collect())
+}
+
+/// The curves a run logs: the columns of `metrics.csv` and, as `eval.<column>`, of `eval.csv`
+/// (the step columns aside).
+pub fn curve_names(dir: &Path) -> Vec<String> {
+    let mut names = Vec::new();
+    for (file, prefix) in [("metrics.csv", ""), ("eval.csv", "eval.")] {
+        if let Ok((cols, _)) = read_csv(&dir.join(file)) {
+            names.extend(cols.iter().filter(|c| *c != "step" && *c != "env_steps").map(|c| format!("{prefix}{c}")));
+        }
+    }
+    names
 }
 
 /// The config keys whose values differ between `runs` (a key missing from a run counts as a

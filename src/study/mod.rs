@@ -196,6 +196,17 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions) -> Result<StudyReport> {
         }
     };
     let mut curves = pick(&opts.curves, &from_sweep.curves);
+    // A curve asked for by name must be logged by some run; else nothing would be drawn.
+    for c in &opts.curves {
+        if !runs.iter().any(|r| collect::curve(&r.dir, c).is_ok_and(|p| !p.is_empty())) {
+            let logged = collect::curve_names(&runs[0].dir);
+            bail!(
+                "--curves {c}: no run logs this curve; {} logs {}",
+                runs[0].dir.display(),
+                if logged.is_empty() { "none".to_string() } else { logged.join(", ") }
+            );
+        }
+    }
     if curves.is_empty() {
         curves = ["loss", "gamma", "success"]
             .into_iter()

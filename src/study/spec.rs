@@ -121,6 +121,12 @@ impl SweepSpec {
             .iter()
             .map(|(k, v)| Ok(format!("{}={}", scalar(k, origin, "set")?, scalar(v, origin, "set")?)))
             .collect::<Result<_>>()?;
+        if let Some(seed) = set.iter().find_map(|s| s.strip_prefix("seed=")) {
+            bail!(
+                "{origin}: `set.seed` (--set seed={seed}) would be replaced by each run's own seed: a sweep's \
+                 seeds are given by `seeds:` in the spec or by --seeds (e.g. --seeds {seed})"
+            );
+        }
         let mut axes: Vec<(String, Vec<String>)> = Vec::new();
         for (k, v) in &self.grid {
             let key = scalar(k, origin, "grid")?;
