@@ -159,6 +159,26 @@ pub fn demo(figure: &str, out: &Path, overrides: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The run directories among `paths` (those with a `config.yaml`). A shell glob over a folder of
+/// runs also matches what plexus writes beside them (`figures/`, `correlation.csv`, a sweep's
+/// `logs/` and `report/`): when several paths are given and some are runs, the others are
+/// skipped with one line saying so (`verb` names the command); a path that is not a run is an
+/// error when none is.
+pub fn runs_among(paths: &[PathBuf], verb: &str) -> Result<Vec<PathBuf>> {
+    let (runs, others): (Vec<PathBuf>, Vec<PathBuf>) =
+        paths.iter().cloned().partition(|p| p.join("config.yaml").is_file());
+    if runs.is_empty() || others.is_empty() {
+        return Ok(paths.to_vec());
+    }
+    let names: Vec<String> = others.iter().map(|p| p.display().to_string()).collect();
+    eprintln!(
+        "{verb}: skipped {} path(s) that are not run directories (no config.yaml): {}",
+        others.len(),
+        names.join(", ")
+    );
+    Ok(runs)
+}
+
 pub fn default_figure_dir(runs: &[PathBuf]) -> PathBuf {
     match runs {
         [one] => one.join("figures"),
@@ -343,8 +363,9 @@ pub fn rl_run(
     quiet: bool,
 ) -> Result<()> {
     if plot_only {
-        let dir = out.map(Path::to_path_buf).unwrap_or_else(|| default_figure_dir(inputs));
-        for p in crate::plot::rl::success(inputs, &dir)? {
+        let inputs = runs_among(inputs, "rl --plot")?;
+        let dir = out.map(Path::to_path_buf).unwrap_or_else(|| default_figure_dir(&inputs));
+        for p in crate::plot::rl::success(&inputs, &dir)? {
             println!("{}", p.display());
         }
         return Ok(());
@@ -672,6 +693,7 @@ pub fn bench(r: &BenchRequest) -> Result<()> {
 
 /// `plexus plot RUN...`: the paper figures of runs.
 pub fn plot(runs: &[PathBuf], out: Option<&Path>, title: Option<&str>, step: Option<u64>) -> Result<()> {
+    let runs = &runs_among(runs, "plot")?;
     let out = out.map(Path::to_path_buf).unwrap_or_else(|| default_figure_dir(runs));
     let written = crate::plot::figures::all(runs, &out, title, step)?;
     if written.is_empty() {
@@ -702,6 +724,7 @@ pub fn analyze(
         Some(d) => Some(crate::device::from_flag("--device", d)?),
         None => None,
     };
+    let runs = &runs_among(runs, "analyze")?;
     let opts = AnalyzeOptions { sigmas, char_probs: probs, repeats, seed: 0, device };
     let summaries = runs.iter().map(|r| analysis::analyze(r, &opts)).collect::<Result<Vec<_>>>()?;
     crate::report::print_analysis(&summaries);

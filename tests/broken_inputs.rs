@@ -665,3 +665,35 @@ fn surprising_inputs_get_errors_that_name_them_or_warnings() {
     says(&["tokenize", &words, &words, "--out", "tk"], false, "is given twice (also as");
     says(&["tokenize", &words, "--out", "tk", "--encoding", "char"], true, "val.bin holds no tokens");
 }
+
+/// Where a dataset is looked for: `data.root` (the file or `--set`) wins over `PLEXUS_DATA`, which
+/// wins over the default root that `scripts/fetch-data.sh` fills; the not-found error names the
+/// folder looked in and both ways to point elsewhere.
+#[test]
+fn data_root_comes_from_the_config_then_the_environment_then_the_default_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let cfg = s(&write(&t.join("d.yaml"), data_config("{kind: mnist}")));
+    let run = |set: Option<&str>, env: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_plexus"));
+        cmd.args(["train", &cfg, "--out", "o", "--overwrite"]).current_dir(t).env("HOME", t).env_remove("PLEXUS_CACHE");
+        if let Some(s) = set {
+            cmd.args(["--set", s]);
+        }
+        match env {
+            Some(v) => cmd.env("PLEXUS_DATA", v),
+            None => cmd.env_remove("PLEXUS_DATA"),
+        };
+        let o = cmd.output().unwrap();
+        assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
+        text(&o).1
+    };
+    let e = run(Some("data.root=/from-set"), Some("/from-env"));
+    assert!(e.contains("/from-set/fashion-mnist/") && !e.contains("/from-env"), "{e}");
+    let e = run(None, Some("/from-env"));
+    assert!(e.contains("/from-env/fashion-mnist/"), "{e}");
+    let e = run(None, None);
+    let default = t.join(".cache/plexus/data/root");
+    assert!(e.contains(&format!("{}/fashion-mnist/", default.display())), "{e}");
+    assert!(e.contains("export PLEXUS_DATA=/path/to/folder") && e.contains("--set data.root=/path/to/folder"), "{e}");
+}

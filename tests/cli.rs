@@ -540,3 +540,47 @@ fn connectivity_of_a_run_is_the_trainers_on_transformed_images() {
     // Not a fixed 0/1 pattern: mHC's C comes from mixing weights computed from the batch.
     assert!(saved.iter().flatten().any(|&v| v != 0.0 && v != 1.0), "{saved:?}");
 }
+
+/// The README's `plexus analyze runs/x/* && plexus plot runs/x/*` runs twice in a row: the glob's
+/// second time also matches the `figures/` folder the first wrote, which is skipped with a line
+/// saying so (a lone path that is not a run is still an error).
+#[test]
+fn analyze_and_plot_over_a_glob_skip_the_folders_plexus_wrote_beside_the_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let cfg = t.join("tiny.yaml");
+    std::fs::write(
+        &cfg,
+        "name: tiny\ndevice: cpu\nmodel: {kind: lnn, depth: 3}\ntopology: {kind: hacn}\n\
+         data: {kind: whitened_regression, dim: 8, samples: 16, rank: 4}\ntrain: {lr: 0.05, steps: 4}\n",
+    )
+    .unwrap();
+    for (run, seed) in [("a", "0"), ("b", "1")] {
+        let o = plexus(
+            &["train", cfg.to_str().unwrap(), "--out", &format!("runs/{run}"), "--set", &format!("seed={seed}")],
+            t,
+        );
+        assert!(o.status.success(), "{:?}", text(&o));
+    }
+    let glob = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(t.join("runs"))
+            .unwrap()
+            .map(|e| format!("runs/{}", e.unwrap().file_name().to_string_lossy()))
+            .collect();
+        v.sort();
+        v
+    };
+    for round in 0..2 {
+        for verb in ["analyze", "plot"] {
+            let paths = glob();
+            let mut args = vec![verb];
+            args.extend(paths.iter().map(String::as_str));
+            let o = plexus(&args, t);
+            let (_, err) = text(&o);
+            assert!(o.status.success(), "round {round}: plexus {args:?}: {err}");
+            assert_eq!(round == 1, err.contains("skipped 1 path(s) that are not run directories"), "{err}");
+        }
+    }
+    let o = plexus(&["plot", "runs/figures"], t);
+    assert!(!o.status.success(), "{:?}", text(&o));
+}

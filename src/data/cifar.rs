@@ -263,8 +263,10 @@ pub fn load_raw(root: &Path, format: Format) -> anyhow::Result<(RawSplit, RawSpl
         Format::Folder => fold,
     };
     bail!(
-        "CIFAR-10 not found: looked for {looked}; download {DOWNLOAD_URL} and extract it under {} (or set PLEXUS_DATA)",
-        root.display()
+        "CIFAR-10 not found: looked for {looked}; download {DOWNLOAD_URL} and extract it under {} \
+         (`scripts/fetch-data.sh cifar10` does both); {}",
+        root.display(),
+        super::how_to_point_at("cifar10")
     )
 }
 

@@ -20,7 +20,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Where a dataset's files are: the configured `root` (resolved with [`super::data_root`] at
-/// load time, so `PLEXUS_DATA` wins), or a root pinned by a program ([`super::parse_at`]) that
+/// load time: the config's `root`, else `PLEXUS_DATA`, else the default root), or a root pinned by a program ([`super::parse_at`]) that
 /// the environment does not override.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Root {

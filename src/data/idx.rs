@@ -206,10 +206,11 @@ fn find(dir: &Path, stem: &str, dataset: &str) -> anyhow::Result<PathBuf> {
         return Ok(gz);
     }
     bail!(
-        "{dataset} not found: looked for {} and {}; {} (or set PLEXUS_DATA to a folder holding `{dataset}/`)",
+        "{dataset} not found: looked for {} and {}; {}; {}",
         plain.display(),
         gz.display(),
-        provenance(dataset)
+        provenance(dataset),
+        super::how_to_point_at(dataset)
     )
 }
 

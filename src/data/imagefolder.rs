@@ -115,10 +115,15 @@ struct Spec {
     o: Options,
 }
 
+/// A folder option: absolute, or relative to the data root without `..`.
 fn relative_folder(key: &str, v: &str) -> Result<(), OptionError> {
     let p = Path::new(v);
-    if v.is_empty() || p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
-        return Err(OptionError::new(key, v, "a folder name relative to the data root (no `..`), e.g. `imagenet`"));
+    if v.is_empty() || (!p.is_absolute() && p.components().any(|c| matches!(c, std::path::Component::ParentDir))) {
+        return Err(OptionError::new(
+            key,
+            v,
+            "a folder relative to the data root (no `..`), e.g. `imagenet`, or an absolute path",
+        ));
     }
     Ok(())
 }
@@ -189,9 +194,9 @@ fn class_names(dir: &Path, n: usize) -> anyhow::Result<Vec<String>> {
     let entries = std::fs::read_dir(dir).map_err(|e| {
         anyhow!(
             "image folder not found: cannot read {}: {e}; expected <root>/<dir>/<split>/<class>/*.jpg (ImageNet: \
-             https://image-net.org/download, with the validation images sorted into class folders; or set \
-             PLEXUS_DATA to the folder holding <dir>/)",
-            dir.display()
+             https://image-net.org/download, with the validation images sorted into class folders); {}",
+            dir.display(),
+            super::how_to_point_at("<dir>")
         )
     })?;
     let mut names: Vec<String> = entries

@@ -1,9 +1,10 @@
 //! Datasets. A `data.kind` selects a registry entry that parses its options, describes the data
 //! ([`DataInfo`]) before anything is loaded, and then loads it as a [`DataSource`].
 //!
-//! Real datasets are read from a data root: the `PLEXUS_DATA` environment variable if set, else
-//! the section's `root` option, else `data/` (see [`data_root`]). They are never downloaded at run
-//! time; a missing file is an error that says where plexus looked and where to get it.
+//! Real datasets are read from a data root: the section's `root` option (`data.root`, in the
+//! config or with `--set`), else the `PLEXUS_DATA` environment variable, else the folder that
+//! `scripts/fetch-data.sh` assembles (see [`data_root`]). They are never downloaded at run time; a
+//! missing file is an error that says where plexus looked and how to point it elsewhere.
 
 pub mod cifar;
 pub mod files;
@@ -22,15 +23,41 @@ use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 use tch::{Device, Tensor};
 
-/// The environment variable that overrides every dataset's `root`.
+/// The environment variable that names the data root of every dataset without a `root`.
 pub const DATA_ENV: &str = "PLEXUS_DATA";
 
-/// Where datasets are read from: `$PLEXUS_DATA`, else `configured`, else `data`.
+/// The data root that `scripts/fetch-data.sh` assembles (and `scripts/run.sh` and
+/// `scripts/test.sh` use) when `PLEXUS_DATA` is unset: `$PLEXUS_CACHE/data/root`, else
+/// `~/.cache/plexus/data/root`.
+pub fn default_data_root() -> PathBuf {
+    let cache = std::env::var_os("PLEXUS_CACHE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| PathBuf::from(h).join(".cache/plexus")))
+        .unwrap_or_else(|| PathBuf::from(".cache/plexus"));
+    cache.join("data").join("root")
+}
+
+/// Where datasets are read from: `configured` (a dataset's `root`: what a config or `--set` says
+/// wins), else `$PLEXUS_DATA`, else [`default_data_root`].
 pub fn data_root(configured: Option<&Path>) -> PathBuf {
+    if let Some(c) = configured {
+        return c.to_path_buf();
+    }
     match std::env::var_os(DATA_ENV) {
         Some(v) if !v.is_empty() => PathBuf::from(v),
-        _ => configured.map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("data")),
+        _ => default_data_root(),
     }
+}
+
+/// How to point plexus at a dataset that was not found, for the end of the error: the two ways to
+/// name a data root, and what fills the default one.
+pub fn how_to_point_at(dataset: &str) -> String {
+    format!(
+        "to read it from another folder, `export {DATA_ENV}=/path/to/folder` or `--set data.root=/path/to/folder` \
+         (a folder holding `{dataset}/`); `scripts/fetch-data.sh` fills the default root {}",
+        default_data_root().display()
+    )
 }
 
 /// What the model and the trainer need to know about a dataset before it is loaded.

@@ -178,9 +178,9 @@ fn not_found(path: &Path) -> anyhow::Error {
     anyhow!(
         "text corpus not found: looked for {}. Any plain UTF-8 text file works (tinyshakespeare: \
          https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt; public-domain \
-         books: https://www.gutenberg.org); put it under the data root and give `file` relative to it (or set \
-         PLEXUS_DATA)",
-        path.display()
+         books: https://www.gutenberg.org); put it under the data root and give `file` relative to it; {}",
+        path.display(),
+        super::how_to_point_at("text")
     )
 }
 

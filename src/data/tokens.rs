@@ -88,11 +88,11 @@ struct Spec {
 fn parse(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
     let dir = required(o.dir.clone(), "dir")?;
-    if dir.as_os_str().is_empty() || dir.is_absolute() {
+    if dir.as_os_str().is_empty() {
         return Err(OptionError::new(
             "dir",
             dir.display(),
-            "a folder relative to the data root holding train.bin and val.bin (e.g. owt)",
+            "a folder holding train.bin and val.bin, relative to the data root (e.g. owt) or absolute",
         ));
     }
     check_ranges(&[("seq_len", o.seq_len, 1, 1 << 20), ("batch_size", o.batch_size, 1, MAX_BATCH)])?;
@@ -180,7 +180,7 @@ impl TokenFile {
                 "token file not found: cannot open {} ({e}). A `tokens` dataset is a folder with train.bin and \
                  val.bin (uint16 little-endian token ids, nanoGPT's format): write one from text files with \
                  `plexus tokenize FILE... --out {}`, or copy nanoGPT's data/<name>/ (e.g. openwebtext's prepare.py \
-                 output) there; `dir` is relative to the data root (PLEXUS_DATA or data.root)",
+                 output) there; a relative `dir` is read under the data root (data.root, else PLEXUS_DATA)",
                 path.display(),
                 dir.display()
             )
