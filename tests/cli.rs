@@ -584,3 +584,43 @@ fn analyze_and_plot_over_a_glob_skip_the_folders_plexus_wrote_beside_the_runs() 
     let o = plexus(&["plot", "runs/figures"], t);
     assert!(!o.status.success(), "{:?}", text(&o));
 }
+
+/// `device` may change on resume (a run started on a laptop continues on a GPU): `--set
+/// device=auto` on a CPU run is accepted and, being the same device here, continues exactly as an
+/// uninterrupted run; `precision` stays refused with the reason; `cuda` where there is none says so.
+#[test]
+fn a_resumed_run_may_change_its_device_but_not_its_precision() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let cfg = t.join("tiny.yaml");
+    std::fs::write(
+        &cfg,
+        "name: tiny\ndevice: cpu\nmodel: {kind: lnn, depth: 3}\ntopology: {kind: hacn}\n\
+         data: {kind: whitened_regression, dim: 8, samples: 16, rank: 4}\ntrain: {lr: 0.05, steps: 4}\n\
+         log: {every: 1, checkpoint_every: 2}\n",
+    )
+    .unwrap();
+    let c = cfg.to_str().unwrap();
+    for (args, ok) in [
+        (vec!["train", c, "--out", "whole", "--set", "train.steps=8"], true),
+        (vec!["train", c, "--out", "part"], true),
+        (vec!["train", "--resume", "part", "--set", "device=auto", "--set", "train.steps=8"], true),
+        (vec!["train", "--resume", "part", "--set", "precision=bf16", "--set", "train.steps=10"], false),
+    ] {
+        let o = plexus(&args, t);
+        assert_eq!(o.status.success(), ok, "plexus {args:?}: {:?}", text(&o));
+        if !ok {
+            let (_, err) = text(&o);
+            assert!(err.contains("`precision` is `fp32` in the run but `bf16` here"), "{err}");
+        }
+    }
+    let metrics = |run: &str| std::fs::read_to_string(t.join(run).join("metrics.csv")).unwrap();
+    let numbers = |m: String| m.lines().map(|l| l.split(',').take(4).collect::<Vec<_>>().join(",")).collect::<Vec<_>>();
+    assert_eq!(numbers(metrics("whole")), numbers(metrics("part")));
+    assert!(std::fs::read_to_string(t.join("part/config.yaml")).unwrap().contains("device: auto"));
+    if !tch::Cuda::is_available() {
+        let o = plexus(&["train", "--resume", "part", "--set", "device=cuda", "--set", "train.steps=10"], t);
+        let (_, err) = text(&o);
+        assert!(!o.status.success() && err.contains("CUDA device"), "{err}");
+    }
+}

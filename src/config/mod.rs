@@ -569,10 +569,13 @@ impl Config {
 pub const RUN_LENGTH_KEY: &str = "train.steps";
 
 /// The other keys of a `plexus train` config that a resumed run may change: the logging and
-/// checkpoint intervals, and whether the step is captured as a CUDA graph (which changes no
-/// number it computes).
+/// checkpoint intervals, whether the step is captured as a CUDA graph (which changes no number it
+/// computes), and the device (a run started on a laptop may continue on a GPU; the continuation is
+/// then not bit-identical to an uninterrupted run, as kernels and random streams differ by device,
+/// and the resumed run says so). `precision` is not among them: it changes what every step
+/// computes.
 pub fn may_change_on_resume(key: &str) -> bool {
-    key.starts_with("log.") || key == "train.cuda_graphs"
+    key.starts_with("log.") || key == "train.cuda_graphs" || key == "device"
 }
 
 /// How a resumed run's config differs from the one it was trained with.

@@ -75,6 +75,8 @@ pub struct OpenRun {
     pub checkpoint: Option<TrainerState>,
     /// The resumed run's `config.yaml`, when an allowed key changed (see [`OpenRun::resumed`]).
     new_config: Option<String>,
+    /// The allowed keys the resumed run changed (`train.steps`, `log.*`, `device`).
+    pub changed: Vec<String>,
 }
 
 impl OpenRun {
@@ -107,7 +109,7 @@ pub fn open(
             }
             false => None,
         };
-        return Ok(OpenRun { _lock: None, checkpoint, new_config: None });
+        return Ok(OpenRun { _lock: None, checkpoint, new_config: None, changed: Vec::new() });
     }
     let lock = Some(dir.lock()?);
     if resume {
@@ -115,7 +117,7 @@ pub fn open(
         dir.clean_leftovers()?;
         let state = latest(dir)?;
         let new_config = (!changed.is_empty()).then(|| config_yaml.to_string());
-        return Ok(OpenRun { _lock: lock, checkpoint: Some(state), new_config });
+        return Ok(OpenRun { _lock: lock, checkpoint: Some(state), new_config, changed });
     }
     // Checked again under the lock: another process may have written there meanwhile.
     run_dir::check_new(&dir.path, overwrite)?;
@@ -126,7 +128,7 @@ pub fn open(
     let figures = dir.figures_dir();
     std::fs::create_dir_all(&figures).with_context(|| format!("creating {}", figures.display()))?;
     atomic_write(&dir.config_file(), config_yaml.as_bytes())?;
-    Ok(OpenRun { _lock: lock, checkpoint: None, new_config: None })
+    Ok(OpenRun { _lock: lock, checkpoint: None, new_config: None, changed: Vec::new() })
 }
 
 fn latest(dir: &RunDir) -> Result<TrainerState> {

@@ -147,6 +147,22 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         Some(state) => {
             let optim_state = checkpoint::load(dir, &state, &mut t.model.vs)?;
             t.optim.load_state(&optim_state, state.step)?;
+            // `device` changed in words (`cpu` → `auto`) need not change the device: said only
+            // when the run's own device, resolved here, is another one.
+            let started_on = || -> Option<tch::Device> {
+                let text = crate::config::read_config_text(&dir.config_file()).ok()?;
+                let old: serde_yaml::Value = serde_yaml::from_str(&text).ok()?;
+                device::resolve(device::parse_device(old.get("device")?.as_str()?).ok()?).ok()
+            };
+            if main && run.changed.iter().any(|k| k == "device") && started_on() != Some(dev) {
+                eprintln!(
+                    "{}: resumed at step {} on {} (another device than the run's start): from here its numbers are \
+                     not bit-identical to an uninterrupted run (kernels and random streams differ by device)",
+                    cfg.name,
+                    state.step,
+                    device::describe(dev)
+                );
+            }
             run.resumed(dir)?;
             let rows: Vec<MetricsRow> = dir.metrics()?.into_iter().filter(|r| r.step < state.step).collect();
             let evals: Vec<EvalResult> = dir.evals()?.into_iter().filter(|e| e.step < state.step).collect();
@@ -440,7 +456,7 @@ fn sync_report(name: &str, host_reads: &[u64], device_syncs: &[u64]) -> String {
 pub const RESUME_POLICY: lifecycle::ResumePolicy = lifecycle::ResumePolicy {
     length: crate::config::RUN_LENGTH_KEY,
     may_change: crate::config::may_change_on_resume,
-    describe: "log.* (and train.cuda_graphs)",
+    describe: "log.*, train.cuda_graphs and device",
 };
 
 /// The libtorch seed of one step: a mix of the run seed and the step (SplitMix64 finaliser).
