@@ -658,7 +658,7 @@ fn surprising_inputs_get_errors_that_name_them_or_warnings() {
     says(
         &["train", "--resume", "hacn", "--set", "topology.kind=residual"],
         false,
-        "--set topology.kind=residual would change what the run trains",
+        "`topology.kind` is `hacn` in the run but `residual` here",
     );
 
     let words = s(&write(&t.join("words.txt"), "a few words\n"));

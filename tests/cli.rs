@@ -624,3 +624,27 @@ fn a_resumed_run_may_change_its_device_but_not_its_precision() {
         assert!(!o.status.success() && err.contains("CUDA device"), "{err}");
     }
 }
+
+/// `--set SECTION.kind=OTHER` switches a variant: the old variant's options are dropped, with a
+/// note naming them, instead of failing on them as unknown fields of the new kind; options given
+/// after it apply to the new kind.
+#[test]
+fn set_kind_switches_a_variant_and_names_the_options_it_drops() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = repo().join("configs/mixer-fmnist/cpu/hacn.yaml");
+    let cfg = cfg.to_str().unwrap();
+    let o = plexus(&["connectivity", cfg, "--set", "topology.init.kind=half_layers"], tmp.path());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("topology.init switches kind") && err.contains("topology.init.mu, topology.init.sigma"),
+        "{err}"
+    );
+    assert!(out.lines().count() > 2, "{out}");
+    let o = plexus(
+        &["connectivity", cfg, "--set", "topology.kind=ancre", "--set", "topology.granularity=block"],
+        tmp.path(),
+    );
+    let (_, err) = text(&o);
+    assert!(o.status.success() && err.contains("(topology.init)"), "{err}");
+}

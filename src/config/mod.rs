@@ -684,12 +684,39 @@ fn apply_override(doc: &mut serde_yaml::Value, ov: &str) -> Result<(), (String, 
             .ok_or_else(|| (segs[..i].join("."), "a mapping (this key has no sub-keys to set)".to_string()))?;
         let k = serde_yaml::Value::String(seg.to_string());
         if i + 1 == segs.len() {
+            // A variant switched by its `kind` (`topology.init.kind=half_layers` where the file
+            // has `init: {kind: normal, mu: …}`): the old variant's options go with it, reset to
+            // the new kind's defaults, and a line says which.
+            if *seg == "kind" && map.get(&k).is_some_and(|old| *old != value) {
+                let dropped: Vec<String> =
+                    map.keys().filter_map(|x| x.as_str()).filter(|x| *x != "kind").map(String::from).collect();
+                if !dropped.is_empty() {
+                    map.retain(|x, _| x.as_str() == Some("kind"));
+                    let section = segs[..i].join(".");
+                    note_once(format!(
+                        "--set {key}={}: {section} switches kind, so its other options ({}) go back to the new \
+                         kind's defaults; --set them after this one where the new kind takes them",
+                        scalar_text(&value).unwrap_or_default(),
+                        dropped.iter().map(|d| format!("{section}.{d}")).collect::<Vec<_>>().join(", ")
+                    ));
+                }
+            }
             map.insert(k, value);
             return Ok(());
         }
         node = map.entry(k).or_insert_with(|| serde_yaml::Value::Mapping(Default::default()));
     }
     unreachable!("the loop returns on the last segment")
+}
+
+/// Prints a note about how a config was read once per process (a sweep reads each config once
+/// per run).
+fn note_once(note: String) {
+    static PRINTED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    if PRINTED.lock().map(|mut p| p.insert(note.clone())).unwrap_or(true) {
+        eprintln!("note: {note}");
+    }
 }
 
 fn lookup<'a>(doc: &'a serde_yaml::Value, key: &str) -> Option<&'a serde_yaml::Value> {
