@@ -17,12 +17,16 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Cmd {
     /// Train from YAML configs: files, or directories whose *.yaml files form a set (one figure).
+    #[command(
+        after_help = "Examples:\n  plexus train configs/showcase/res.yaml --set train.steps=200\n  plexus train configs/mixer-cifar10/cpu --out runs/mixer      # every config of a set\n  plexus train --resume runs/mixer/hacn --set train.steps=2000   # extend a run"
+    )]
     Train {
+        /// Config files (YAML), or directories whose *.yaml files are trained one after another.
         #[arg(required_unless_present = "resume")]
         configs: Vec<PathBuf>,
         /// Continue the run in this directory from its latest checkpoint. The config is the run's
-        /// config.yaml, or the one CONFIG given; either way only train.steps (to extend the run)
-        /// and log.* may differ from what the run was trained with.
+        /// config.yaml, or the one CONFIG given; either way only train.steps (to extend the run),
+        /// log.*, train.cuda_graphs and device may differ from what the run was trained with.
         #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["out", "overwrite"])]
         resume: Option<PathBuf>,
         /// Clear a run directory that already holds files before training into it (a new run
@@ -35,6 +39,9 @@ pub enum Cmd {
         /// Override a config key, e.g. --set model.depth=4 (repeatable; validated like the file).
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
+        /// Device of the run (`auto`, `cpu`, `cuda`, `cuda:N`): the same as --set device=…
+        #[arg(long)]
+        device: Option<String>,
         /// Hide the progress bar.
         #[arg(long)]
         quiet: bool,
@@ -45,10 +52,16 @@ pub enum Cmd {
     /// one sweep folder, on free slots (--jobs N on the CPU, one run per GPU with --gpus) or as a
     /// Slurm job array. Re-running skips finished runs and resumes killed ones; then prints the
     /// report. A SPEC file holds configs, set, grid, seeds, out and report (see docs/studies.md).
+    #[command(
+        after_help = "Examples:\n  plexus sweep configs/studies/hacn-mu.yaml --jobs 2\n  plexus sweep configs/lnn/fig2b/1-none.yaml --seeds 0,1,2 --grid model.depth=3,6 --out runs/sw\n  plexus sweep --resume runs/sw                                  # continue a sweep"
+    )]
     Sweep(SweepArgs),
     /// Tables and figures over runs or sweep folders: runs grouped by config keys, each metric's
     /// mean ± sd, n and 95 % interval, the paired difference against a baseline on the same
     /// seeds; markdown, CSV and LaTeX, and curves with a band over seeds (PNG + SVG).
+    #[command(
+        after_help = "Example:\n  plexus report runs/studies/hacn-mu --baseline topology.init.mu=1.0 --format latex"
+    )]
     Report {
         /// Sweep folders, run directories, or folders of run directories.
         #[arg(required = true)]
@@ -77,19 +90,28 @@ pub enum Cmd {
     },
     /// The main job on an embedded default. `showcase` (default): train residual, ACN and H-ACN
     /// Mixers on Fashion-MNIST, analyse them, draw every figure, then the ANCRe Fig. 2b case study.
-    /// Any other set: train it, print the table, draw its figures.
+    /// Any other set: train it, print the table, draw its figures. Sets: showcase, lnn-fig2b,
+    /// lnn-fig2a, lnn-fig2c (`plexus list` shows them with what each is).
+    #[command(after_help = "Example:\n  plexus demo --figure lnn-fig2b --out runs/demo")]
     Demo {
         /// Which embedded set (see `plexus list`).
         #[arg(long, default_value = "showcase")]
         figure: String,
+        /// Parent directory of the set's runs (each in `<out>/<set>/<run>`).
         #[arg(long, default_value = "runs/demo")]
         out: PathBuf,
+        /// Override a key of every run of the set, e.g. --set train.steps=100 (lower
+        /// train.warmup_steps with it where the set warms up for longer).
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
     },
     /// Draw every figure the runs have data for (PNG and SVG): training/eval loss, C heatmaps and
     /// their evolution grid, ANCRe's log(p/max p), Γ and Δ_t, layer-wise exits, pruning, noise.
+    #[command(
+        after_help = "Example:\n  plexus plot runs/mixer/*          # folders that are not runs (figures/) are skipped"
+    )]
     Plot {
+        /// Run directories (with several, folders that are not runs are skipped).
         #[arg(required = true)]
         runs: Vec<PathBuf>,
         /// Output directory. Default: `<run>/figures` for one run, `<parent of the runs>/figures` for several.
@@ -105,7 +127,9 @@ pub enum Cmd {
     /// Analyse trained runs: layer-wise exits, depth pruning, input-noise robustness, Γ and Δ_t
     /// (CSVs into each run directory); with --correlate, the Pearson correlation of the converged
     /// residual weights across the runs (e.g. seeds).
+    #[command(after_help = "Example:\n  plexus analyze runs/mixer/* --sigmas 0,0.1,0.3 --repeats 5")]
     Analyze {
+        /// Run directories (with several, folders that are not runs are skipped).
         #[arg(required = true)]
         runs: Vec<PathBuf>,
         /// Gaussian input-noise standard deviations (image/vector inputs), comma-separated.
@@ -114,9 +138,11 @@ pub enum Cmd {
         /// Character-noise probabilities (text inputs), comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "0,0.02,0.05,0.1,0.2")]
         probs: Vec<f64>,
+        /// Noise draws per σ or p (each with its own seed); the table gives their mean ± std.
         #[arg(long, default_value_t = 3)]
         repeats: usize,
-        /// Also write correlation.csv (next to the runs) with the pairwise Pearson correlation of a.
+        /// Also write correlation.csv (next to the runs): the pairwise Pearson correlation of the
+        /// runs' converged residual weights a (H-ACN runs, e.g. the seeds of one config).
         #[arg(long)]
         correlate: bool,
         /// Device to analyse on (`cpu`, `cuda`, `cuda:N`, `auto`); default: each run's own.
@@ -125,7 +151,9 @@ pub enum Cmd {
     },
     /// Draw class-conditional samples from a diffusion run (`model.kind: dit`): a PNG grid, one
     /// row per class, written into the run's figures directory.
+    #[command(after_help = "Example:\n  plexus sample runs/dit --sampler ddim --steps 50 --cfg 4 --per-class 8")]
     Sample {
+        /// A diffusion run directory (`model.kind: dit`).
         run: PathBuf,
         /// Images per class.
         #[arg(long, default_value_t = 8)]
@@ -135,7 +163,9 @@ pub enum Cmd {
     },
     /// Fréchet distance between images sampled from a diffusion run and real held-out images, in
     /// the features of a classifier run plexus trained (not FID-50K: no Inception network).
+    #[command(after_help = "Example:\n  plexus fd runs/dit --extractor runs/mixer-fmnist --samples 1000")]
     Fd {
+        /// A diffusion run directory (`model.kind: dit`).
         run: PathBuf,
         /// A classifier run (e.g. a Mixer or ViT on the same dataset) whose pooled features are used.
         #[arg(long)]
@@ -148,6 +178,7 @@ pub enum Cmd {
     },
     /// Check every topology and backbone against its PyTorch reference (parity/), forward and
     /// every gradient. Prints one line per case; exits non-zero if any fails.
+    #[command(after_help = "Example:\n  plexus parity --only hyper --threads 1")]
     Parity {
         /// Only cases whose name contains this.
         #[arg(long)]
@@ -168,11 +199,14 @@ pub enum Cmd {
     },
     /// Print the direct layer connectivity matrix C as CSV (row = source node, column = target):
     /// of the initialised model for a config, of the final checkpoint (or a saved step) for a run.
+    #[command(after_help = "Example:\n  plexus connectivity runs/mixer/hacn --step 500 > C.csv")]
     Connectivity {
+        /// A config file (C of the initialised model) or a run directory (C of its final weights).
         config_or_run: PathBuf,
-        /// A step saved in the run's connectivity/ directory.
+        /// A step saved in the run's connectivity/ directory (see log.connectivity_every).
         #[arg(long)]
         step: Option<u64>,
+        /// Override a config key (configs only), e.g. --set topology.init.mu=0.5.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
     },
@@ -180,7 +214,11 @@ pub enum Cmd {
     /// p90), samples or tokens/s, memory, parameters, analytic FLOPs and model FLOP utilisation
     /// against the device's measured matmul peak. With --depths, a cost-versus-depth sweep over
     /// --topologies with a log-log plot and the fitted growth exponent of time and memory.
+    #[command(
+        after_help = "Examples:\n  plexus bench configs/gpt-owt/res.yaml --device cuda --profile\n  plexus bench CONFIG --compare residual,hacn,mhc --csv bench.csv"
+    )]
     Bench {
+        /// The config whose training step is timed.
         config: PathBuf,
         /// Timed steps.
         #[arg(long, default_value_t = 20)]
@@ -190,8 +228,12 @@ pub enum Cmd {
         /// Untimed warm-up steps.
         #[arg(long, default_value_t = 5)]
         warmup: usize,
+        /// Override a config key, e.g. --set data.batch_size=32 (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
+        /// Device to time on (`auto`, `cpu`, `cuda`, `cuda:N`): the same as --set device=…
+        #[arg(long)]
+        device: Option<String>,
         /// Append the row(s) to this CSV (header written when the file is new).
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -222,7 +264,10 @@ pub enum Cmd {
     /// --selftest, also train every topology on every backbone at tiny size on the device
     /// (connectivity, checkpoints, --resume, analyze, bf16 against fp32): the first command to
     /// run on a new GPU machine.
+    #[command(after_help = "Example:\n  plexus doctor --selftest --device cuda")]
     Doctor {
+        /// Also train every topology on every backbone at tiny size on the device and check
+        /// connectivity, checkpoints, --resume, analyze and bf16 against fp32 (minutes).
         #[arg(long)]
         selftest: bool,
         /// Device of the self-test (`auto`: the GPU when there is one).
@@ -232,7 +277,11 @@ pub enum Cmd {
     /// Tokenise text files into nanoGPT's format for `data.kind: tokens`: DIR/train.bin and
     /// DIR/val.bin (uint16 little-endian token ids) and DIR/meta.json. Streams and encodes on
     /// several threads; the output does not depend on the thread count.
+    #[command(
+        after_help = "Example:\n  plexus tokenize corpus/*.txt --out data/mycorpus --encoding gpt2   # then data: {kind: tokens, dir: mycorpus}"
+    )]
     Tokenize {
+        /// Text files (UTF-8 for gpt2; any bytes for char), each once; with gpt2 each is a document.
         #[arg(required = true)]
         files: Vec<PathBuf>,
         /// Output directory (created if missing; existing files are replaced atomically).
@@ -256,6 +305,9 @@ pub enum Cmd {
     /// Goal-conditioned contrastive RL on the point maze (ANCRe §5.3): train each config (a
     /// directory stands for its *.yaml files) and draw success rate against environment steps;
     /// with --plot, only draw the figure for finished run directories.
+    #[command(
+        after_help = "Examples:\n  plexus rl configs/crl-maze/cpu --out runs/crl\n  plexus rl --plot runs/crl/*"
+    )]
     Rl {
         #[arg(required_unless_present = "resume", value_name = "CONFIG_OR_DIR|RUN_DIR")]
         inputs: Vec<PathBuf>,
@@ -270,6 +322,9 @@ pub enum Cmd {
         /// Override a config key, e.g. --set network.depth=16 (repeatable; validated like the file).
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
+        /// Device of the runs (`auto`, `cpu`, `cuda`, `cuda:N`): the same as --set device=…
+        #[arg(long, conflicts_with = "plot")]
+        device: Option<String>,
         /// Clear a run directory that already holds files first.
         #[arg(long)]
         overwrite: bool,
@@ -369,14 +424,21 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
     }
 }
 
+/// `--device D` is `--set device=D`, given last so that it wins.
+fn with_device(mut overrides: Vec<String>, device: Option<String>) -> Vec<String> {
+    overrides.extend(device.map(|d| format!("device={d}")));
+    overrides
+}
+
 pub fn run(cli: Cli) -> Result<()> {
     crate::native::check_fused_kernels_setting()?;
     match cli.cmd {
         Cmd::Train { dist, .. } if dist.launches() => crate::dist::launch(dist.nproc as usize),
-        Cmd::Train { configs, resume: Some(run), overrides, quiet, dist, .. } => {
-            commands::train_resume(&run, &configs, &overrides, quiet, dist.timeout())
+        Cmd::Train { configs, resume: Some(run), overrides, device, quiet, dist, .. } => {
+            commands::train_resume(&run, &configs, &with_device(overrides, device), quiet, dist.timeout())
         }
-        Cmd::Train { configs, resume: None, out, overrides, quiet, overwrite, dist, .. } => {
+        Cmd::Train { configs, resume: None, out, overrides, device, quiet, overwrite, dist } => {
+            let overrides = with_device(overrides, device);
             commands::train_new(&configs, out.as_deref(), &overrides, quiet, overwrite, dist.timeout())
         }
         Cmd::Sweep(a) => commands::sweep(&commands::SweepRequest {
@@ -399,19 +461,31 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Demo { figure, out, overrides } => commands::demo(&figure, &out, &overrides),
         Cmd::Bench { dist, .. } if dist.launches() => crate::dist::launch(dist.nproc as usize),
-        Cmd::Bench { config, steps, warmup, overrides, csv, case, profile, compare, depths, topologies, out, dist } => {
-            commands::bench(&commands::BenchRequest {
-                config,
-                overrides,
-                options: crate::bench::BenchOptions { steps, warmup, case, profile },
-                csv,
-                compare,
-                depths,
-                topologies,
-                out,
-                dist_timeout: dist.timeout(),
-            })
-        }
+        Cmd::Bench {
+            config,
+            steps,
+            warmup,
+            overrides,
+            device,
+            csv,
+            case,
+            profile,
+            compare,
+            depths,
+            topologies,
+            out,
+            dist,
+        } => commands::bench(&commands::BenchRequest {
+            config,
+            overrides: with_device(overrides, device),
+            options: crate::bench::BenchOptions { steps, warmup, case, profile },
+            csv,
+            compare,
+            depths,
+            topologies,
+            out,
+            dist_timeout: dist.timeout(),
+        }),
         Cmd::Plot { runs, out, title, step } => commands::plot(&runs, out.as_deref(), title.as_deref(), step),
         Cmd::Analyze { runs, sigmas, probs, repeats, correlate, device } => {
             commands::analyze(&runs, sigmas, probs, repeats, correlate, device.as_deref())
@@ -433,9 +507,11 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Tokenize { files, out, encoding, val_fraction, threads, quiet } => {
             commands::tokenize(&files, &out, &encoding, val_fraction, threads, quiet)
         }
-        Cmd::Rl { resume: Some(run), overrides, quiet, .. } => commands::rl_resume(&run, &overrides, quiet),
-        Cmd::Rl { inputs, out, overrides, overwrite, plot, quiet, resume: None } => {
-            commands::rl_run(&inputs, out.as_deref(), &overrides, overwrite, plot, quiet)
+        Cmd::Rl { resume: Some(run), overrides, device, quiet, .. } => {
+            commands::rl_resume(&run, &with_device(overrides, device), quiet)
+        }
+        Cmd::Rl { inputs, out, overrides, device, overwrite, plot, quiet, resume: None } => {
+            commands::rl_run(&inputs, out.as_deref(), &with_device(overrides, device), overwrite, plot, quiet)
         }
         Cmd::List => {
             crate::report::print_registries();
