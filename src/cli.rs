@@ -309,6 +309,7 @@ pub enum Cmd {
         after_help = "Examples:\n  plexus rl configs/crl-maze/cpu --out runs/crl\n  plexus rl --plot runs/crl/*"
     )]
     Rl {
+        /// Config files or directories of configs to train; with --plot, run directories.
         #[arg(required_unless_present = "resume", value_name = "CONFIG_OR_DIR|RUN_DIR")]
         inputs: Vec<PathBuf>,
         /// Continue the run in this directory from its latest checkpoint, with its own config

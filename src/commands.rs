@@ -257,9 +257,17 @@ pub fn connectivity_csv(path: &Path, step: Option<u64>, overrides: &[String]) ->
     let dev = tch::Device::Cpu;
     let (exp, model) = if path.is_dir() {
         if let Some(step) = step {
-            let f = RunDir::open(path)?.connectivity_file(step);
-            return std::fs::read_to_string(&f)
-                .with_context(|| format!("no C saved at step {step}: {} (see log.connectivity_every)", f.display()));
+            let run = RunDir::open(path)?;
+            let f = run.connectivity_file(step);
+            if !f.is_file() {
+                let saved = run.connectivity_steps().unwrap_or_default();
+                let saved = match saved.as_slice() {
+                    [] => "none (the run saves C every log.connectivity_every steps; 0 is never)".to_string(),
+                    s => s.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
+                };
+                bail!("no C saved at step {step} in {}: the saved steps are {saved}", path.display());
+            }
+            return crate::input_file::read_text(&f, crate::input_file::MAX_RECORD_BYTES, "a matrix CSV");
         }
         let open = crate::train::trained::OpenOptions {
             device: Some(dev),
@@ -741,8 +749,11 @@ pub fn analyze(
 /// `plexus sample RUN`: a grid of samples of a diffusion run.
 pub fn sample(run: &Path, per_class: usize, o: &crate::diffusion::SampleOptions, device: &str) -> Result<()> {
     let out = crate::diffusion::sample_run(run, per_class, o, device)?;
-    let steps = if o.sampler == crate::diffusion::Sampler::Ddim { o.steps } else { 1000 };
-    println!("samples ({:?}, {steps} steps, cfg {}): {}", o.sampler, o.cfg, out.display());
+    let (sampler, steps) = match o.sampler {
+        crate::diffusion::Sampler::Ddim => ("ddim", o.steps),
+        crate::diffusion::Sampler::Ddpm => ("ddpm", 1000),
+    };
+    println!("samples ({sampler}, {steps} steps, cfg {}): {}", o.cfg, out.display());
     Ok(())
 }
 
@@ -818,6 +829,17 @@ pub fn tokenize(
     };
     let r = tokenize::tokenize(files, out, &opts)?;
     crate::report::print_tokenize(out, &r, opts.threads);
+    // GPT-2's context is 1024 tokens: an evaluation window needs 1025.
+    if r.val_tokens > 0 && r.val_tokens <= 1024 {
+        eprintln!(
+            "warning: {} holds only {} tokens (--val-fraction {val_fraction} of {}): fewer than one 1024-token \
+             window plus its target; a run with a longer seq_len cannot evaluate on it (give a larger \
+             --val-fraction)",
+            out.join("val.bin").display(),
+            r.val_tokens,
+            r.train_tokens + r.val_tokens
+        );
+    }
     if r.val_tokens == 0 && val_fraction > 0.0 {
         eprintln!(
             "warning: {} holds no tokens: {val_fraction} of {} tokens rounds to 0; a run on this folder has no \

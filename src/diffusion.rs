@@ -72,6 +72,7 @@ pub fn weights_file(
 /// the flags of `plexus sample` and `plexus fd`.
 #[derive(Debug, Clone, Copy, clap::Args)]
 pub struct SampleOptions {
+    /// ddim (deterministic, --steps steps) or ddpm (ancestral, all 1000 steps).
     #[arg(long, value_enum, default_value = "ddim")]
     pub sampler: Sampler,
     /// DDIM steps (DDPM always runs all 1000).
@@ -80,10 +81,10 @@ pub struct SampleOptions {
     /// Classifier-free guidance scale (1 = off).
     #[arg(long, default_value_t = 1.0)]
     pub cfg: f64,
+    /// Seed of the noise and of the classes drawn: the same seed gives the same images.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Weights to sample with: the moving average where the run kept one (`auto`), `ema`, or `raw`
-    /// ([`sample_run`] and `plexus fd`; [`sample`] takes a model).
+    /// Weights to sample with: the moving average where the run kept one (`auto`), `ema`, or `raw`.
     #[arg(long, value_enum, default_value = "auto")]
     pub weights: Weights,
     /// Use the checkpoint of this training step (its raw weights) instead of the final weights,

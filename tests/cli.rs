@@ -648,3 +648,24 @@ fn set_kind_switches_a_variant_and_names_the_options_it_drops() {
     let (_, err) = text(&o);
     assert!(o.status.success() && err.contains("(topology.init)"), "{err}");
 }
+
+/// Every verb's `--help` ends with an example, and every argument and flag says what it is.
+#[test]
+fn every_verb_has_an_example_and_every_argument_a_description() {
+    use clap::CommandFactory;
+    let cli = plexus::cli::Cli::command();
+    let mut missing = Vec::new();
+    for verb in cli.get_subcommands() {
+        let name = verb.get_name();
+        if name != "list" && !verb.get_after_help().is_some_and(|h| h.to_string().contains("plexus ")) {
+            missing.push(format!("{name}: no example"));
+        }
+        for arg in verb.get_arguments() {
+            let id = arg.get_id().as_str();
+            if id != "help" && id != "version" && arg.get_help().is_none() {
+                missing.push(format!("{name} {id}: no description"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{missing:#?}");
+}

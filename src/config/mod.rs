@@ -522,7 +522,10 @@ impl Config {
             return Err(OptionError::new(
                 "train.warmup_steps",
                 t.warmup_steps,
-                format!("at most train.steps = {}", t.steps),
+                format!(
+                    "at most train.steps = {} (a shorter run needs a shorter warm-up: --set train.warmup_steps=N)",
+                    t.steps
+                ),
             ));
         }
         if !(0.0..=1.0).contains(&t.min_lr_ratio) {
