@@ -122,3 +122,58 @@ fn slugs_follow_github() {
         [(1, "docs/x.md#y".into()), (1, "#z".into())]
     );
 }
+
+/// The config schema table of docs/configs-and-runs.md names every key a config has (top level,
+/// `train.*`, `log.*`, `diffusion.*`), and the run files' columns it gives are the ones plexus
+/// writes: the page cannot drift from the code unnoticed.
+#[test]
+fn the_schema_table_and_run_file_columns_match_the_code() {
+    let page = std::fs::read_to_string(repo().join("docs/configs-and-runs.md")).unwrap();
+    let table: String = page.lines().filter(|l| l.starts_with("| `")).collect::<Vec<_>>().join("\n");
+    let loaded = plexus::config::load_file(&repo().join("configs/showcase/res.yaml"), &[]).unwrap();
+    let mut doc = serde_yaml::to_value(&loaded.config).unwrap();
+    doc["diffusion"] = serde_yaml::to_value(plexus::config::DiffusionConfig::default()).unwrap();
+    let mut missing = Vec::new();
+    for (key, value) in doc.as_mapping().unwrap() {
+        let key = key.as_str().unwrap();
+        if !table.contains(&format!("| `{key}` |")) {
+            missing.push(key.to_string());
+        }
+        if let (serde_yaml::Value::Mapping(m), "train" | "log" | "diffusion") = (value, key) {
+            let row = table.lines().find(|l| l.starts_with(&format!("| `{key}` |"))).unwrap_or("");
+            missing.extend(
+                m.keys()
+                    .filter_map(|k| k.as_str())
+                    .filter(|k| !row.contains(&format!("`{k}`")))
+                    .map(|k| format!("{key}.{k}")),
+            );
+        }
+    }
+    assert!(missing.is_empty(), "docs/configs-and-runs.md's schema table lacks {missing:?}");
+
+    let header = |row: &dyn Fn(&mut csv::Writer<Vec<u8>>)| {
+        let mut w = csv::Writer::from_writer(Vec::new());
+        row(&mut w);
+        String::from_utf8(w.into_inner().unwrap()).unwrap().lines().next().unwrap().to_string()
+    };
+    let metrics = header(&|w| {
+        w.serialize(plexus::run_dir::MetricsRow {
+            step: 0,
+            epoch: 0.0,
+            loss: 0.0,
+            lr: 0.0,
+            grad_norm: 0.0,
+            gamma: None,
+        })
+        .unwrap()
+    });
+    let eval = header(&|w| {
+        w.serialize(plexus::run_dir::EvalResult { step: 0, loss: 0.0, accuracy: None, perplexity: None }).unwrap()
+    });
+    for (file, columns) in [("metrics.csv", metrics), ("eval.csv", eval)] {
+        assert!(
+            page.contains(&format!("`{file}` (`{columns}`)")),
+            "docs/configs-and-runs.md: {file} has columns {columns}"
+        );
+    }
+}
