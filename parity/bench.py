@@ -166,10 +166,45 @@ def batch_size(cfg):
     return int(data["batch_size"])
 
 
+# The model options a plexus config may leave to its dataset (plexus reads them from the data's
+# shapes), per data kind: what the PyTorch side then needs, from the data section's options.
+IMAGE_BACKBONES = ("mixer", "vit", "dit")
+TOKEN_BACKBONES = ("gpt", "llama")
+
+
+def with_data_shapes(cfg):
+    """`cfg` with the model's shape options that plexus takes from the dataset filled in from the
+    data section (Fashion-MNIST / MNIST 28×28×1 and 10 classes, CIFAR-10 32×32×3 and its classes,
+    text and tokens: their seq_len and vocabulary), as plexus's data registry gives them; options the
+    config sets win. Other data kinds need them in the config (see bench/configs/)."""
+    model, data = dict(cfg.get("model", {})), cfg.get("data", {}) or {}
+    kind, dkind = model.get("kind"), data.get("kind")
+    shapes = {}
+    if kind in IMAGE_BACKBONES and dkind == "mnist":
+        shapes = {"image_size": 28, "channels": 1, "num_classes": 10}
+    elif kind in IMAGE_BACKBONES and dkind == "cifar10":
+        shapes = {"image_size": 32, "channels": 3, "num_classes": len(data.get("classes") or range(10))}
+    elif kind in TOKEN_BACKBONES and dkind == "text":
+        vocab = 50304 if data.get("tokenizer", "char") == "gpt2" else 256
+        shapes = {"vocab_size": vocab, "seq_len": data.get("seq_len", 128)}
+    elif kind in TOKEN_BACKBONES and dkind == "tokens" and "vocab" in data and "seq_len" in data:
+        shapes = {"vocab_size": data["vocab"], "seq_len": data["seq_len"]}
+    for k, v in shapes.items():
+        model.setdefault(k, v)
+    return {**cfg, "model": model}
+
+
 def bench(cfg, mode, steps, warmup, case_name, profile=False, adamw="fused"):
     device = torch.device("cuda" if str(cfg.get("device", "cpu")).startswith("cuda") else "cpu")
     torch.manual_seed(int(cfg.get("seed", 0)))
-    model = parity_run.build_model(cfg).to(device)
+    cfg = with_data_shapes(cfg)
+    try:
+        model = parity_run.build_model(cfg).to(device)
+    except common.OptionError as e:
+        raise common.OptionError(
+            f"{e} (this config's data kind `{(cfg.get('data') or {}).get('kind')}` does not give them here: "
+            "set them with --set model.KEY=VALUE, or start from a config of bench/configs/)"
+        ) from e
     B = batch_size(cfg)
     vocab = getattr(model, "input_vocab", None)
     if vocab is not None:

@@ -256,7 +256,7 @@ pub enum Cmd {
         #[arg(long, value_delimiter = ',', default_value = "residual")]
         topologies: Vec<String>,
         /// Directory of the sweep's CSV and figures.
-        #[arg(long, default_value = "bench/depth")]
+        #[arg(long, default_value = "runs/bench-depth")]
         out: PathBuf,
     },
     /// Report the torch version, the CUDA driver and runtime, each GPU (name, compute capability,

@@ -121,3 +121,31 @@ fn topologies_add_a_bounded_number_of_kernels_per_unit() {
         assert!(k < kernels(&r.label), "{}: {k} fused against {} composite", r.label, kernels(&r.label));
     }
 }
+
+/// `parity/bench.py` takes a plexus config that leaves the model's shapes to its dataset (as
+/// plexus does), with the same parameter count as plexus's model; a data kind it cannot read shapes
+/// from is an error that says what to set.
+#[test]
+#[ignore = "slow tier: runs the PyTorch benchmark script"]
+fn the_parity_bench_takes_the_shapes_of_a_normal_config_from_its_data_section() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let cfg = format!("{root}/configs/mixer-fmnist/cpu/hacn.yaml");
+    let run = |extra: &[&str]| {
+        std::process::Command::new(plexus::parity::python())
+            .args([&format!("{root}/parity/bench.py"), &cfg, "--steps", "1", "--warmup", "1"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = run(&[]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+    let params: i64 = out.lines().nth(1).unwrap().split(',').nth(17).unwrap().parse().unwrap();
+    let exp = plexus::experiment::Experiment::from_file(std::path::Path::new(&cfg), &[]).unwrap();
+    let model =
+        plexus::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), tch::Device::Cpu, tch::Kind::Float);
+    assert_eq!(params, model.num_params());
+    let o = run(&["--set", "data={kind: synthetic_images}"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("set them with --set model.KEY=VALUE"), "{err}");
+}
