@@ -526,3 +526,29 @@ fn raising_train_steps_extends_a_finished_sweep_and_lowering_it_is_refused() {
     let (_, err) = text(&o);
     assert!(!o.status.success() && err.contains("`train.steps` is `600` in the run but `100` here"), "{err}");
 }
+
+/// One config file per setting (each with its own `name`, and options only one topology has):
+/// the default grouping includes those keys, and `--baseline topology.kind=residual` still pairs
+/// each setting with the residual runs on shared seeds instead of answering "no shared seeds".
+#[test]
+fn a_baseline_pairs_with_its_group_when_names_and_topology_options_differ_with_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, topo, seed, acc) in [
+        ("res", "kind: residual", 0, 0.80),
+        ("res", "kind: residual", 1, 0.82),
+        ("hacn", "kind: hacn\n  depth_ln: true", 0, 0.85),
+        ("hacn", "kind: hacn\n  depth_ln: true", 1, 0.86),
+    ] {
+        let dir = tmp.path().join(format!("{name}-{seed}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.yaml"), format!("name: {name}\nseed: {seed}\ntopology:\n  {topo}\n")).unwrap();
+        std::fs::write(dir.join("summary.json"), format!(r#"{{"eval": {{"accuracy": {acc}}}}}"#)).unwrap();
+    }
+    let o = plexus(&["report", ".", "--baseline", "topology.kind=residual", "--metric", "eval.accuracy"], tmp.path());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let row =
+        out.lines().find(|l| l.starts_with("| hacn | hacn | true | eval.accuracy")).unwrap_or_else(|| panic!("{out}"));
+    // Δ = mean of (0.85 − 0.80, 0.86 − 0.82) = 0.045 over 2 pairs.
+    assert!(row.contains("| 0.04500 (2) |") || row.contains("| 0.045 (2) |"), "{row}");
+}

@@ -231,7 +231,23 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions) -> Result<StudyReport> {
                 bk[pos] = v.clone();
                 Some(bk)
             });
-            let partner = baseline_key.as_ref().and_then(|bk| grouped.iter().find(|(k, _)| k == bk));
+            // Grouped by keys that go with the setting (one config file per setting, each with
+            // its own `name`; options only the other topology has, absent in the baseline: "—"),
+            // the baseline's group differs in those too: it is the one group that has the
+            // baseline value and agrees on every other key it has.
+            let name_pos = by.iter().position(|x| x == "name");
+            let partner = baseline_key.as_ref().and_then(|bk| {
+                grouped.iter().find(|(k, _)| k == bk).or_else(|| {
+                    let same = |k: &Vec<String>| {
+                        k.iter().zip(bk).enumerate().all(|(i, (a, b))| Some(i) == name_pos || a == b || a == "—")
+                    };
+                    let mut found = grouped.iter().filter(|(k, _)| same(k));
+                    match (found.next(), found.next()) {
+                        (Some(one), None) => Some(one),
+                        _ => None,
+                    }
+                })
+            });
             let vs_baseline = metrics
                 .iter()
                 .map(|m| {
