@@ -177,3 +177,79 @@ fn the_schema_table_and_run_file_columns_match_the_code() {
         );
     }
 }
+
+/// The words of a shell command line: split on blanks, with '…' and "…" quoting (enough for the
+/// pages' commands: no escapes, no expansions).
+fn shell_words(line: &str) -> Vec<String> {
+    let (mut words, mut word, mut quote, mut any) = (Vec::new(), String::new(), None::<char>, false);
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                any = true;
+            }
+            (None, c) if c.is_whitespace() => {
+                if any || !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+                any = false;
+            }
+            (None, c) => word.push(c),
+        }
+    }
+    if any || !word.is_empty() {
+        words.push(word);
+    }
+    words
+}
+
+/// Every complete `plexus …` command in the pages' shell blocks parses with today's command line:
+/// its verb and flags exist and take the values shown. Synopsis lines (with `[…]`, `…`, `|` or
+/// placeholders in capitals) are not commands and are skipped.
+#[test]
+fn every_plexus_command_on_the_pages_parses() {
+    use clap::Parser;
+    let mut files = markdown_files();
+    files.push(repo().join("bench/README.md"));
+    files.push(repo().join("bench/gpu/README.md"));
+    let (mut checked, mut bad) = (0, Vec::new());
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let mut in_block = false;
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("```") {
+                in_block = !in_block;
+                continue;
+            }
+            let cmd = line.trim().trim_start_matches("$ ");
+            let cmd = cmd.strip_prefix("target/release/").unwrap_or(cmd);
+            if !in_block || !cmd.starts_with("plexus ") {
+                continue;
+            }
+            // The command, without a trailing comment, and the first of a `&&` chain each.
+            let cmd = cmd.split("  #").next().unwrap().trim();
+            for part in cmd.split("&&").map(str::trim) {
+                let placeholder = part.split_whitespace().any(|w| {
+                    w.len() > 2 && w.chars().all(|c| c.is_ascii_uppercase() || c == '_' || c == '.' || c == '/')
+                });
+                if part.contains('[')
+                    || part.contains('…')
+                    || part.contains("...")
+                    || part.contains(" | ")
+                    || placeholder
+                {
+                    continue;
+                }
+                checked += 1;
+                if let Err(e) = plexus::cli::Cli::try_parse_from(shell_words(part)) {
+                    let first = e.to_string().lines().next().unwrap_or_default().to_string();
+                    bad.push(format!("{}:{}: `{part}`: {first}", f.strip_prefix(repo()).unwrap().display(), n + 1));
+                }
+            }
+        }
+    }
+    assert!(checked >= 10, "only {checked} commands found: is the page scan broken?");
+    assert!(bad.is_empty(), "{} of {checked} commands on the pages do not parse:\n{}", bad.len(), bad.join("\n"));
+}
