@@ -18,18 +18,19 @@ log() { echo "[setup] $*" >&2; }
 
 have_env() {
   [ -x "$PY" ] && "$PY" - <<PYEOF 2>/dev/null
-import sys, torch, numpy, safetensors, yaml
+import sys, torch, numpy, safetensors, yaml, tensorboard
 sys.exit(0 if torch.__version__.split("+")[0] == "$TORCH_VERSION" else 1)
 PYEOF
 }
 
 if ! have_env; then
-  log "creating Python environment in $VENV (torch==$TORCH_VERSION, numpy, safetensors, pyyaml; ~1 min, ~4.6 GB)"
+  log "creating Python environment in $VENV (torch==$TORCH_VERSION, numpy, safetensors, pyyaml, tensorboard; ~1 min, ~4.6 GB)"
   PYTHON_BIN="${PYTHON:-$(command -v python3)}"
   mkdir -p "$(dirname "$VENV")"
   [ -x "$PY" ] || "$PYTHON_BIN" -m venv "$VENV"
   "$PY" -m pip install --quiet --upgrade pip
-  "$PY" -m pip install --quiet "torch==$TORCH_VERSION" numpy safetensors pyyaml
+  # tensorboard: its event reader checks plexus's event files in the tests (tests/tensorboard.rs).
+  "$PY" -m pip install --quiet "torch==$TORCH_VERSION" numpy safetensors pyyaml tensorboard
   have_env || { log "torch $TORCH_VERSION is not importable from $VENV after install"; exit 1; }
 else
   log "reusing Python environment $VENV"

@@ -30,6 +30,7 @@ pub mod run_dir;
 pub mod sets;
 pub mod study;
 pub mod task;
+pub mod tensorboard;
 pub mod topology;
 pub mod torch_panic;
 pub mod train;

@@ -191,11 +191,21 @@ pub struct LogConfig {
     pub checkpoint_every: u64,
     /// How many step checkpoints to keep (the newest; ≥ 1).
     pub keep_checkpoints: usize,
+    /// Also write TensorBoard event files in `<run>/tensorboard/`: every metrics row and
+    /// evaluation as scalars, C as an image, the config as text.
+    pub tensorboard: bool,
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig { every: 10, connectivity_every: 0, eval_every: 0, checkpoint_every: 0, keep_checkpoints: 2 }
+        LogConfig {
+            every: 10,
+            connectivity_every: 0,
+            eval_every: 0,
+            checkpoint_every: 0,
+            keep_checkpoints: 2,
+            tensorboard: true,
+        }
     }
 }
 

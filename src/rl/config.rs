@@ -192,6 +192,10 @@ pub struct RlLogConfig {
     pub checkpoint_every: u64,
     #[serde(default = "defaults::keep_checkpoints")]
     pub keep_checkpoints: usize,
+    /// Also write TensorBoard event files in `<run>/tensorboard/` (each evaluation row as scalars,
+    /// the config as text).
+    #[serde(default = "defaults::tensorboard")]
+    pub tensorboard: bool,
 }
 
 impl Default for RlLogConfig {
@@ -206,6 +210,9 @@ mod defaults {
 
     pub fn device() -> String {
         "auto".into()
+    }
+    pub fn tensorboard() -> bool {
+        true
     }
     pub fn layout() -> Layout {
         Layout::U

@@ -188,8 +188,8 @@ fn divergence(stats: &[tch::Tensor], first_update: u64, agent: &Agent) -> Option
 /// What a resumed `plexus rl` run may change: `train.env_steps` (growing) and checkpointing.
 pub const RESUME_POLICY: lifecycle::ResumePolicy = lifecycle::ResumePolicy {
     length: "train.env_steps",
-    may_change: |k| k == "log.checkpoint_every" || k == "log.keep_checkpoints",
-    describe: "log.checkpoint_every, log.keep_checkpoints",
+    may_change: |k| k == "log.checkpoint_every" || k == "log.keep_checkpoints" || k == "log.tensorboard",
+    describe: "log.checkpoint_every, log.keep_checkpoints, log.tensorboard",
 };
 
 /// Seeds of the evaluation environments: the same tasks at every evaluation and for every run
@@ -356,6 +356,17 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
         }
         opened.resumed(&run)?;
     }
+    // A resumed run logs again from its first evaluation after the checkpoint: TensorBoard drops
+    // what the killed process logged from there on.
+    let mut board = match cfg.log.tensorboard {
+        true => {
+            let mut b =
+                crate::tensorboard::EventWriter::create(&run.path, if env_steps > 0 { env_steps + 1 } else { 0 })?;
+            b.text(env_steps, "config", &format!("```yaml\n{config_yaml}```"))?;
+            Some(b)
+        }
+        false => None,
+    };
     if opts.verbose {
         eprintln!(
             "{}: {} on {} ({} parameters); random policy: success {:.3}, time at goal {:.3}; straight at \
@@ -439,6 +450,17 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
             let secs = start.elapsed().as_secs_f64();
             csv += &format!("{env_steps},{updates},{success},{time},{},{train_success},{secs:.3}\n", cells.join(","));
             atomic_write(&run.file("metrics.csv"), csv.as_bytes())?;
+            if let Some(b) = board.as_mut() {
+                let mut values =
+                    vec![("eval/success", success), ("eval/time_at_goal", time), ("train/success", train_success)];
+                values.extend(UPDATE_STATS.iter().zip(&means).filter(|(_, v)| v.is_finite()).map(|(k, v)| (*k, *v)));
+                let tagged: Vec<(String, f64)> = values
+                    .iter()
+                    .map(|(k, v)| (if k.contains('/') { k.to_string() } else { format!("train/{k}") }, *v))
+                    .collect();
+                let refs: Vec<(&str, f64)> = tagged.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+                b.scalars(env_steps, &refs)?;
+            }
             if opts.verbose {
                 eprintln!(
                     "  env steps {env_steps:>9}  updates {updates:>7}  success {success:.3}  time at goal {time:.3}  \

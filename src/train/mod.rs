@@ -205,6 +205,11 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     };
     let clock = Instant::now();
     let mut log_line = opts.log_lines.then(|| LogLine::new(exp, dev, start));
+    // Rank 0 alone writes the run's TensorBoard events, as it alone writes metrics.csv.
+    let mut board = match main && cfg.log.tensorboard {
+        true => Some(Board::new(exp, dev, dir, start, &config_yaml)?),
+        false => None,
+    };
     let (mut samples, mut tokens) = (0u64, 0u64);
     let mut host_reads = Vec::new();
     let mut device_syncs = Vec::new();
@@ -222,18 +227,27 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
                 if let Some((e, buckets)) = eval::evaluate_diffusion(&d, &eval_set, step, |x| t.model.forward(x, false))
                 {
                     say(format!("{} step {step}: eval ε-MSE {:.4}", cfg.name, e.loss));
+                    if let Some(b) = board.as_mut() {
+                        b.eval(&e)?;
+                    }
                     evals.push(e);
                     eps_by_t.push((step, buckets));
                     dir.write_eps_by_t(&eps_by_t, crate::task::ddpm::STEPS as usize)?;
                 }
             } else if let Some(e) = eval::evaluate(&t.model, task, &eval_set, step) {
                 say(format!("{} step {step}: eval {e}", cfg.name));
+                if let Some(b) = board.as_mut() {
+                    b.eval(&e)?;
+                }
                 evals.push(e);
             }
         }
         if main && every(cfg.log.connectivity_every, step) {
             let c = t.model.connectivity(&probe_input);
             dir.write_connectivity(step, &c)?;
+            if let Some(b) = board.as_mut() {
+                b.writer.matrix_image(step, "connectivity/C", &host::rows(&c), 16)?;
+            }
             // The topology's own view (H-ACN's a, ANCRe's p, …), for Δ_t and correlations later.
             if let Some((name, view)) = t.model.parameter_view(&probe_input) {
                 dir.write_param_view(&name, step, &view)?;
@@ -283,6 +297,9 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
                 let epoch = (step * accum) as f64 / per_epoch as f64;
                 let (loss, grad_norm, gamma) = (logged.loss, logged.grad_norm, logged.gamma);
                 rows.push(MetricsRow { step, epoch, loss, lr, grad_norm, gamma });
+                if let (Some(b), Some(row)) = (board.as_mut(), rows.last()) {
+                    b.row(row, samples, tokens)?;
+                }
                 bar.set_message(format!("{loss:.3e}"));
                 if let (Some(l), Some(row), true) = (log_line.as_mut(), rows.last(), main) {
                     eprintln!("{}", l.line(row, samples, tokens));
@@ -370,6 +387,63 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
 /// loss …, time … ms, mfu …`): throughput and ms/step since the previous logged step (a logged
 /// step reads from the device, so the interval's time is the device's too), MFU against the GPU's
 /// data-sheet peak where it is known ([`device::spec_peak_flops`]), ETA from the mean so far.
+/// The TensorBoard events of a run (rank 0): each metrics row as scalars with the throughput
+/// since the previous row (and the model FLOP utilisation where the device's peak is known), each
+/// evaluation, C as an image, the resolved config as text.
+struct Board {
+    writer: crate::tensorboard::EventWriter,
+    /// Training FLOPs per example and the device's dense peak (for MFU).
+    flops_per_sample: f64,
+    peak: Option<f64>,
+    /// When, and after how many examples and tokens, the previous row was written.
+    last: (Instant, u64, u64),
+}
+
+impl Board {
+    fn new(exp: &Experiment, dev: tch::Device, dir: &RunDir, start: u64, config_yaml: &str) -> Result<Self> {
+        let mut writer = crate::tensorboard::EventWriter::create(&dir.path, start)?;
+        writer.text(start, "config", &format!("```yaml\n{config_yaml}```"))?;
+        let cfg = exp.config();
+        Ok(Board {
+            writer,
+            flops_per_sample: 3.0 * exp.model.forward_flops(),
+            peak: device::spec_peak_of(dev, cfg.precision.compute_kind()),
+            last: (Instant::now(), 0, 0),
+        })
+    }
+
+    /// A metrics row; `samples`, `tokens`: counted since this process started.
+    fn row(&mut self, row: &MetricsRow, samples: u64, tokens: u64) -> Result<()> {
+        let mut values = vec![("train/loss", row.loss), ("train/lr", row.lr), ("train/grad_norm", row.grad_norm)];
+        values.push(("train/epoch", row.epoch));
+        if let Some(g) = row.gamma {
+            values.push(("train/gamma", g));
+        }
+        let now = Instant::now();
+        let (then, last_samples, last_tokens) = self.last;
+        self.last = (now, samples, tokens);
+        let secs = (now - then).as_secs_f64();
+        if samples > last_samples && secs > 0.0 {
+            let per_s = (samples - last_samples) as f64 / secs;
+            values.push(("perf/examples_per_s", per_s));
+            if tokens > last_tokens {
+                values.push(("perf/tokens_per_s", (tokens - last_tokens) as f64 / secs));
+            }
+            if let Some(peak) = self.peak {
+                values.push(("perf/mfu", per_s * self.flops_per_sample / peak));
+            }
+        }
+        self.writer.scalars(row.step, &values)
+    }
+
+    fn eval(&mut self, e: &EvalResult) -> Result<()> {
+        let mut values = vec![("eval/loss", e.loss)];
+        values.extend(e.accuracy.map(|a| ("eval/accuracy", a)));
+        values.extend(e.perplexity.map(|p| ("eval/perplexity", p)));
+        self.writer.scalars(e.step, &values)
+    }
+}
+
 struct LogLine {
     name: String,
     steps: u64,
