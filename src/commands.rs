@@ -323,7 +323,7 @@ pub fn connectivity_csv(path: &Path, step: Option<u64>, overrides: &[String]) ->
             c
         }
     };
-    Ok(crate::run_dir::matrix_csv(&c))
+    Ok(crate::run_dir::matrix_csv(&crate::host::matrix(&c)))
 }
 
 /// Examples in [`random_batch`].

@@ -52,11 +52,10 @@ pub fn to_cpu(t: &Tensor) -> Tensor {
     t.detach().to_device(Device::Cpu)
 }
 
-/// A 2-D tensor as rows of f64. One read.
-pub fn rows(t: &Tensor) -> Vec<Vec<f64>> {
+/// A 2-D tensor `[r, c]` as an f64 matrix on the host. One read.
+pub fn matrix(t: &Tensor) -> ndarray::Array2<f64> {
     let (r, c) = (t.size()[0] as usize, t.size()[1] as usize);
-    let flat = values(t);
-    (0..r).map(|i| flat[i * c..(i + 1) * c].to_vec()).collect()
+    ndarray::Array2::from_shape_vec((r, c), values(t)).expect("r·c values in row-major order")
 }
 
 #[cfg(test)]
@@ -71,7 +70,7 @@ mod tests {
         assert!(!all_finite(&t));
         assert_eq!(scalar(&t.get(0)), 1.0);
         let m = Tensor::from_slice(&[1.0f64, 2.0, 3.0, 4.0]).view([2, 2]);
-        assert_eq!(rows(&m), vec![vec![1.0, 2.0], vec![3.0, 4.0]]);
+        assert_eq!(matrix(&m), ndarray::array![[1.0, 2.0], [3.0, 4.0]]);
         assert_eq!(reads() - before, 4);
     }
 }

@@ -283,13 +283,13 @@ pub fn print_dist_bench(r: &crate::bench::DistBenchRow) {
 
 /// The correlation matrix of `plexus analyze --correlate` as CSV (`run,<run>,…` header, one row
 /// per run).
-pub fn correlation_csv(runs: &[std::path::PathBuf], m: &[Vec<f64>]) -> String {
+pub fn correlation_csv(runs: &[std::path::PathBuf], m: &ndarray::Array2<f64>) -> String {
     let mut s = String::from("run");
     for r in runs {
         s += &format!(",{}", r.display());
     }
     s.push('\n');
-    for (r, row) in runs.iter().zip(m) {
+    for (r, row) in runs.iter().zip(m.rows()) {
         s += &r.display().to_string();
         for v in row {
             s += &format!(",{v}");

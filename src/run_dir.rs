@@ -342,8 +342,8 @@ impl std::fmt::Display for EvalResult {
 const METRICS_COLUMNS: [&str; 6] = ["step", "epoch", "loss", "lr", "grad_norm", "gamma"];
 const EVAL_COLUMNS: [&str; 4] = ["step", "loss", "accuracy", "perplexity"];
 
-/// A matrix as saved in a run (C, a parameter view): rows of f64.
-pub type Matrix = Vec<Vec<f64>>;
+/// A matrix as saved in a run (C, a parameter view): `[rows, columns]` f64.
+pub type Matrix = ndarray::Array2<f64>;
 
 impl RunDir {
     /// The resolved config the run was trained with.
@@ -475,12 +475,12 @@ impl RunDir {
 
     /// Saves C at `step`.
     pub fn write_connectivity(&self, step: u64, c: &tch::Tensor) -> Result<()> {
-        atomic_write(&self.connectivity_file(step), matrix_csv(c).as_bytes())
+        write_matrix(&self.connectivity_file(step), &crate::host::matrix(c))
     }
 
     /// Saves the parameter view `name` at `step`.
     pub fn write_param_view(&self, name: &str, step: u64, view: &tch::Tensor) -> Result<()> {
-        atomic_write(&self.param_view_file(name, step), matrix_csv(view).as_bytes())
+        write_matrix(&self.param_view_file(name, step), &crate::host::matrix(view))
     }
 
     /// The steps at which C was saved, ascending.
@@ -549,56 +549,62 @@ fn write_rows<T: serde::Serialize>(path: &Path, rows: &[T], header: &[&str]) -> 
 /// A matrix saved by [`matrix_csv`]: header `node,0,1,…`, then `i,v,v,…` rows. Errors name the
 /// file and what is wrong (a truncated file, a bad number).
 pub fn read_matrix(path: &Path) -> Result<Matrix> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = crate::input_file::read_text(path, crate::input_file::MAX_RECORD_BYTES, "a matrix CSV")?;
     let cols = text.lines().next().map_or(0, |h| h.split(',').count().saturating_sub(1));
-    let rows: Matrix = text
-        .lines()
-        .skip(1)
-        .map(|l| {
-            l.split(',')
-                .skip(1)
-                .map(|c| c.parse::<f64>().with_context(|| format!("{}: bad number `{c}`", path.display())))
-                .collect()
-        })
-        .collect::<Result<_>>()?;
-    if rows.is_empty() || cols == 0 {
+    let mut values = Vec::new();
+    let mut rows = 0;
+    for (i, l) in text.lines().skip(1).enumerate() {
+        let before = values.len();
+        for c in l.split(',').skip(1) {
+            values.push(c.parse::<f64>().with_context(|| format!("{}: bad number `{c}`", path.display()))?);
+        }
+        if values.len() - before != cols {
+            bail!(
+                "{}: row {} has {} values but the header names {cols} columns (a truncated file?)",
+                path.display(),
+                i + 2,
+                values.len() - before
+            );
+        }
+        rows += 1;
+    }
+    if rows == 0 || cols == 0 {
         bail!("{}: no matrix (a header row `node,0,1,…` and at least one row are expected)", path.display());
     }
-    if let Some(i) = rows.iter().position(|r| r.len() != cols) {
-        bail!(
-            "{}: row {} has {} values but the header names {cols} columns (a truncated file?)",
-            path.display(),
-            i + 2,
-            rows[i].len()
-        );
-    }
-    Ok(rows)
+    Ok(Matrix::from_shape_vec((rows, cols), values).expect("rows × cols values"))
 }
 
 /// A square matrix of at least 2×2 (C, or ANCRe's p), as [`read_matrix`].
 pub fn read_square_matrix(path: &Path) -> Result<Matrix> {
     let m = read_matrix(path)?;
-    if m.len() < 2 || m.len() != m[0].len() {
+    if m.nrows() < 2 || !m.is_square() {
         bail!(
             "{}: a connectivity matrix is square with at least 2 nodes, this one is {}×{} (a truncated file?)",
             path.display(),
-            m.len(),
-            m[0].len()
+            m.nrows(),
+            m.ncols()
         );
     }
     Ok(m)
 }
 
-/// A square matrix as CSV: a header row `node,0,1,…` and the node index as first column
-/// (row = source, column = target for connectivity matrices).
-pub fn matrix_csv(m: &tch::Tensor) -> String {
-    let rows = crate::host::rows(m);
+/// Writes `m` as CSV at `path` ([`matrix_csv`]) and as a NumPy array beside it (`.npy`, float64:
+/// `numpy.load("connectivity/step_100.npy")`), both atomically.
+pub fn write_matrix(path: &Path, m: &Matrix) -> Result<()> {
+    atomic_write(path, matrix_csv(m).as_bytes())?;
+    let npy = path.with_extension("npy");
+    atomic_write_with(&npy, |p| ndarray_npy::write_npy(p, m).with_context(|| format!("writing {}", npy.display())))
+}
+
+/// A matrix as CSV: a header row `node,0,1,…` and the row index as first column (row = source,
+/// column = target for connectivity matrices).
+pub fn matrix_csv(m: &Matrix) -> String {
     let mut out = String::from("node");
-    for j in 0..rows.first().map_or(0, |r| r.len()) {
+    for j in 0..m.ncols() {
         out.push_str(&format!(",{j}"));
     }
     out.push('\n');
-    for (i, r) in rows.iter().enumerate() {
+    for (i, r) in m.rows().into_iter().enumerate() {
         out.push_str(&i.to_string());
         for v in r {
             out.push_str(&format!(",{v}"));

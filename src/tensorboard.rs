@@ -219,19 +219,19 @@ impl EventWriter {
         self.summary(step, vec![value])
     }
 
-    /// A matrix `m` (rows of equal length) at `step` as a grayscale image, black = the smallest
-    /// entry, white = the largest, each entry a `cell`×`cell` square (C of a 10-unit network is
-    /// 12×12 entries: too small to see one pixel each).
-    pub fn matrix_image(&mut self, step: u64, tag: &str, m: &[Vec<f64>], cell: u32) -> Result<()> {
-        let (rows, cols) = (m.len() as u32, m.first().map_or(0, Vec::len) as u32);
+    /// A matrix `m` at `step` as a grayscale image, black = the smallest entry, white = the
+    /// largest, each entry a `cell`×`cell` square (C of a 10-unit network is 12×12 entries: too
+    /// small to see one pixel each).
+    pub fn matrix_image(&mut self, step: u64, tag: &str, m: &ndarray::Array2<f64>, cell: u32) -> Result<()> {
+        let (rows, cols) = (m.nrows() as u32, m.ncols() as u32);
         if rows == 0 || cols == 0 {
             return Ok(());
         }
-        let finite = m.iter().flatten().copied().filter(|v| v.is_finite());
+        let finite = m.iter().copied().filter(|v| v.is_finite());
         let (lo, hi) = finite.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
         let span = if hi > lo { hi - lo } else { 1.0 };
         let img = image::GrayImage::from_fn(cols * cell, rows * cell, |x, y| {
-            let v = m[(y / cell) as usize][(x / cell) as usize];
+            let v = m[[(y / cell) as usize, (x / cell) as usize]];
             let g = if v.is_finite() { ((v - lo) / span * 255.0).round().clamp(0.0, 255.0) as u8 } else { 0 };
             image::Luma([g])
         });

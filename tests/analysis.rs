@@ -150,7 +150,7 @@ fn gamma_of_an_hacn_run_is_the_rms_of_its_checkpointed_residual_weights() {
 
 /// Rows of a connectivity CSV (source node) × columns (target node), header and index dropped.
 fn matrix(p: &Path) -> Vec<Vec<f64>> {
-    plexus::run_dir::read_matrix(p).unwrap()
+    plexus::run_dir::read_matrix(p).unwrap().rows().into_iter().map(|r| r.to_vec()).collect()
 }
 
 #[test]
@@ -208,11 +208,45 @@ fn seed_correlation_is_the_pearson_correlation_of_the_checkpointed_residual_weig
     assert!(alphas[0] != alphas[1], "different seeds, different weights");
     let m = analysis::correlate(&runs).unwrap();
     for i in 0..3 {
-        assert!((m[i][i] - 1.0).abs() < 1e-12);
+        assert!((m[[i, i]] - 1.0).abs() < 1e-12);
         for j in 0..3 {
             let want = pearson_by_hand(&alphas[i], &alphas[j]);
             // params/a_step_N.csv holds the weights as printed decimals: agreement to 1e-5.
-            assert!((m[i][j] - want).abs() < 1e-5, "runs {i},{j}: {} vs {want}", m[i][j]);
+            assert!((m[[i, j]] - want).abs() < 1e-5, "runs {i},{j}: {} vs {want}", m[[i, j]]);
         }
+    }
+}
+
+/// Each saved C and parameter view is also a NumPy array (`.npy`, float64) beside its CSV:
+/// `numpy.load` gives the CSV's numbers exactly.
+#[test]
+fn connectivity_and_parameter_views_load_in_numpy_with_the_csvs_numbers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = trained(&tiny("hacn"), &tmp.path().join("run"));
+    let mut csvs: Vec<PathBuf> = Vec::new();
+    for sub in ["connectivity", "params"] {
+        for e in std::fs::read_dir(run.join(sub)).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "csv") {
+                csvs.push(p);
+            }
+        }
+    }
+    csvs.sort();
+    assert!(csvs.len() >= 10, "{csvs:?}");
+    let script = "import json, sys, numpy as np\n\
+                  print(json.dumps([[repr(float(v)) for v in np.load(p).ravel()] + [list(np.load(p).shape), str(np.load(p).dtype)] for p in sys.argv[1:]]))";
+    let npys: Vec<PathBuf> = csvs.iter().map(|c| c.with_extension("npy")).collect();
+    let o = std::process::Command::new(plexus::parity::python()).arg("-c").arg(script).args(&npys).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let loaded: Vec<Vec<serde_json::Value>> = serde_json::from_slice(&o.stdout).unwrap();
+    for (csv, got) in csvs.iter().zip(loaded) {
+        let want = plexus::run_dir::read_matrix(csv).unwrap();
+        let (shape, dtype) = (&got[got.len() - 2], &got[got.len() - 1]);
+        assert_eq!(shape, &serde_json::json!([want.nrows(), want.ncols()]), "{}", csv.display());
+        assert_eq!(dtype, "float64");
+        // repr() of a float64 round-trips: the exact value, compared as text parsed by Rust.
+        let values: Vec<f64> = got[..got.len() - 2].iter().map(|v| v.as_str().unwrap().parse().unwrap()).collect();
+        assert_eq!(values, want.iter().copied().collect::<Vec<_>>(), "{}", csv.display());
     }
 }

@@ -22,8 +22,8 @@ fn fig2b_single_shortcut_0to2_beats_0to1_and_cascaded_and_ancre_matches_it() {
     // ANCRe's ingoing coefficients are a distribution over the sources of every target.
     let (name, p) = ancre.parameter_view.expect("ancre reports p");
     assert_eq!(name, "p");
-    for j in 1..p.len() {
-        let col: f64 = (0..j).map(|i| p[i][j]).sum();
+    for j in 1..p.nrows() {
+        let col: f64 = (0..j).map(|i| p[[i, j]]).sum();
         assert!((col - 1.0).abs() < 1e-5, "column {j} of p sums to {col}");
     }
 }

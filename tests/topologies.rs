@@ -2,7 +2,12 @@
 
 use plexus::experiment::Experiment;
 use plexus::model::Model;
-use plexus::topology::common::to_rows;
+use plexus::topology::common::to_matrix;
+
+/// A 2-D tensor's rows.
+fn to_rows(t: &tch::Tensor) -> Vec<Vec<f64>> {
+    to_matrix(t).rows().into_iter().map(|r| r.to_vec()).collect()
+}
 use tch::{Device, Kind, Tensor};
 
 const MLP: &str =

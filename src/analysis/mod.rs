@@ -110,7 +110,10 @@ pub fn weight_series(dir: &Path) -> Result<Vec<(u64, Vec<f64>)>> {
     let name = crate::topology::RESIDUAL_WEIGHTS;
     run.param_view_steps(name)?
         .into_iter()
-        .map(|step| Ok((step, run.param_view(name, step)?.into_iter().next().unwrap_or_default())))
+        .map(|step| {
+            let view = run.param_view(name, step)?;
+            Ok((step, view.rows().into_iter().next().map(|r| r.to_vec()).unwrap_or_default()))
+        })
         .collect()
 }
 
@@ -224,7 +227,7 @@ pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<AnalysisSummary> {
 
 /// Pearson correlation of the converged residual weights `a` between every pair of runs
 /// (H-ACN §4: 92 % Mixer, 95 % GPT-2 across seeds). Returns the matrix, runs in order.
-pub fn correlate(runs: &[PathBuf]) -> Result<Vec<Vec<f64>>> {
+pub fn correlate(runs: &[PathBuf]) -> Result<ndarray::Array2<f64>> {
     let finals: Vec<Vec<f64>> = runs
         .iter()
         .map(|r| {
@@ -238,7 +241,7 @@ pub fn correlate(runs: &[PathBuf]) -> Result<Vec<Vec<f64>>> {
     if finals.windows(2).any(|w| w[0].len() != w[1].len()) {
         bail!("the runs have different depths; correlations need the same architecture");
     }
-    Ok(finals.iter().map(|a| finals.iter().map(|b| pearson(a, b)).collect()).collect())
+    Ok(ndarray::Array2::from_shape_fn((finals.len(), finals.len()), |(i, j)| pearson(&finals[i], &finals[j])))
 }
 
 pub(crate) fn write_rows<T: Serialize>(path: &Path, rows: &[T]) -> Result<()> {

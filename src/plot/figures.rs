@@ -224,13 +224,13 @@ fn node_labels(n: usize) -> Vec<String> {
 }
 
 /// C as a heatmap panel: rows = sources (embedding, units), columns = targets (units, readout).
-fn c_panel(c: &[Vec<f64>], title: String) -> Heatmap {
-    let n = c.len();
+fn c_panel(c: &crate::run_dir::Matrix, title: String) -> Heatmap {
+    let n = c.nrows();
     let labels = node_labels(n);
-    let values: Vec<Vec<f64>> =
-        (0..n - 1).map(|i| (1..n).map(|k| if i < k { c[i][k] } else { f64::NAN }).collect()).collect();
+    let values =
+        ndarray::Array2::from_shape_fn((n - 1, n - 1), |(i, j)| if i < j + 1 { c[[i, j + 1]] } else { f64::NAN });
     let range = {
-        let v = values.iter().flatten().filter(|v| v.is_finite());
+        let v = values.iter().filter(|v| v.is_finite());
         v.fold((0.0f64, 1.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)))
     };
     Heatmap {
@@ -269,13 +269,13 @@ pub fn connectivity(runs: &[PlotRun], step: Option<u64>, out: &Path) -> Result<V
         let view = crate::topology::SHORTCUT_WEIGHTS;
         if run.param_view_file(view, s).exists() {
             let p = crate::run_dir::read_square_matrix(&run.param_view_file(view, s))?;
-            let n = p.len();
+            let n = p.nrows();
             let labels = node_labels(n + 1);
-            let mut values = vec![vec![f64::NAN; n - 1]; n - 1];
+            let mut values = ndarray::Array2::from_elem((n - 1, n - 1), f64::NAN);
             for j in 1..n {
-                let max = (0..j).map(|i| p[i][j]).fold(f64::MIN, f64::max);
+                let max = (0..j).map(|i| p[[i, j]]).fold(f64::MIN, f64::max);
                 for i in 0..j {
-                    values[i][j - 1] = (p[i][j] / max).ln();
+                    values[[i, j - 1]] = (p[[i, j]] / max).ln();
                 }
             }
             let panel = Heatmap {

@@ -220,7 +220,7 @@ fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
 #[derive(Debug, Clone)]
 pub struct Heatmap {
     pub title: String,
-    pub values: Vec<Vec<f64>>,
+    pub values: ndarray::Array2<f64>,
     pub row_labels: Vec<String>,
     pub col_labels: Vec<String>,
     pub x_label: String,
@@ -323,7 +323,7 @@ where
     root.fill(&WHITE).map_err(err)?;
     let (lo, hi) = panels.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
         let (a, b) = p.range.unwrap_or_else(|| {
-            let v = p.values.iter().flatten().filter(|v| v.is_finite());
+            let v = p.values.iter().filter(|v| v.is_finite());
             v.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)))
         });
         (lo.min(a), hi.max(b))
@@ -332,7 +332,7 @@ where
     let area = root.titled(title, ("sans-serif", 30)).map_err(err)?;
     let (main, bar) = area.split_horizontally(area.dim_in_pixel().0 - 120);
     for (p, panel_area) in panels.iter().zip(main.split_evenly((1, panels.len()))) {
-        let (rows, cols) = (p.values.len(), p.values.first().map_or(0, |r| r.len()));
+        let (rows, cols) = p.values.dim();
         let mut chart = ChartBuilder::on(&panel_area)
             .caption(&p.title, ("sans-serif", 24))
             .margin(15)
@@ -354,7 +354,7 @@ where
             .axis_desc_style(("sans-serif", 20))
             .draw()
             .map_err(err)?;
-        for (r, row) in p.values.iter().enumerate() {
+        for (r, row) in p.values.rows().into_iter().enumerate() {
             for (c, v) in row.iter().enumerate() {
                 let color = if v.is_finite() { viridis((v - lo) / (hi - lo)) } else { RGBColor(235, 235, 235) };
                 chart

@@ -168,14 +168,14 @@ fn divergence(stats: &[tch::Tensor], first_update: u64, agent: &Agent) -> Option
     if crate::host::scalar(&finite.all()) != 0.0 && checkpoint::first_non_finite(&params).is_none() {
         return None;
     }
-    let rows = crate::host::rows(&finite.to_kind(tch::Kind::Float));
+    let rows = crate::host::matrix(&finite.to_kind(tch::Kind::Float));
     let param = checkpoint::first_non_finite(&params)
         .map(|p| format!("; the first parameter that is not finite is `{p}`"))
         .unwrap_or_default();
-    Some(match rows.iter().position(|r| r.contains(&0.0)) {
+    Some(match rows.rows().into_iter().position(|r| r.iter().any(|v| *v == 0.0)) {
         Some(i) => {
             let names: Vec<&str> =
-                rows[i].iter().zip(UPDATE_STATS).filter(|(v, _)| **v == 0.0).map(|(_, n)| n).collect();
+                rows.row(i).iter().zip(UPDATE_STATS).filter(|(v, _)| **v == 0.0).map(|(_, n)| n).collect();
             format!("update {}: {} went non-finite{param}", first_update + i as u64, names.join(", "))
         }
         None => format!(

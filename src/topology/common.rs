@@ -62,9 +62,9 @@ pub fn connectivity_from_columns(cols: &[Vec<f64>]) -> Tensor {
     Tensor::from_slice(&c).view([size as i64, size as i64])
 }
 
-/// A 2-D tensor as nested f64 vectors (one counted read, see [`crate::host`]).
-pub fn to_rows(t: &Tensor) -> Vec<Vec<f64>> {
-    crate::host::rows(t)
+/// A 2-D tensor as an f64 matrix on the host (one counted read, see [`crate::host`]).
+pub fn to_matrix(t: &Tensor) -> ndarray::Array2<f64> {
+    crate::host::matrix(t)
 }
 
 /// A tensor's values as f64 (one counted read, see [`crate::host`]).
@@ -371,15 +371,13 @@ mod tests {
     #[test]
     fn probing_a_residual_rule_gives_all_ones() {
         let l = 3;
-        let c = to_rows(&probe_connectivity(
+        let c = to_matrix(&probe_connectivity(
             |x0, units| units.iter().fold(x0.shallow_clone(), |x, f| f.forward(&x, Norm::Default, false) + x),
             l,
             Device::Cpu,
         ));
-        for (i, row) in c.iter().enumerate() {
-            for (k, v) in row.iter().enumerate() {
-                assert_eq!(*v, if i < k { 1.0 } else { 0.0 }, "C[{i}][{k}]");
-            }
+        for ((i, k), v) in c.indexed_iter() {
+            assert_eq!(*v, if i < k { 1.0 } else { 0.0 }, "C[{i}][{k}]");
         }
     }
 

@@ -80,8 +80,8 @@ pub struct Summary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resumed_from: Option<u64>,
     /// The topology's own parameter view at the end (e.g. ANCRe `p`), rows = sources.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub parameter_view: Option<(String, Vec<Vec<f64>>)>,
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "view_as_rows")]
+    pub parameter_view: Option<(String, crate::run_dir::Matrix)>,
     /// Device → host reads of each step this process ran (evaluation, connectivity and the
     /// step's own numbers included), in order: what `tests/device_discipline.rs` checks.
     #[serde(skip)]
@@ -246,7 +246,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
             let c = t.model.connectivity(&probe_input);
             dir.write_connectivity(step, &c)?;
             if let Some(b) = board.as_mut() {
-                b.writer.matrix_image(step, "connectivity/C", &host::rows(&c), 16)?;
+                b.writer.matrix_image(step, "connectivity/C", &host::matrix(&c), 16)?;
             }
             // The topology's own view (H-ACN's a, ANCRe's p, …), for Δ_t and correlations later.
             if let Some((name, view)) = t.model.parameter_view(&probe_input) {
@@ -373,7 +373,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         samples_per_second: samples as f64 / wall.max(1e-9),
         tokens_per_second: (tokens > 0).then(|| tokens as f64 / wall.max(1e-9)),
         resumed_from: opts.resume.then_some(start),
-        parameter_view: model.parameter_view(&probe_input).map(|(n, m)| (n, host::rows(&m))),
+        parameter_view: model.parameter_view(&probe_input).map(|(n, m)| (n, host::matrix(&m))),
         host_reads,
         device_syncs,
     };
@@ -387,6 +387,14 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
 /// loss …, time … ms, mfu …`): throughput and ms/step since the previous logged step (a logged
 /// step reads from the device, so the interval's time is the device's too), MFU against the GPU's
 /// data-sheet peak where it is known ([`device::spec_peak_flops`]), ETA from the mean so far.
+/// `summary.json`'s `parameter_view`: `[name, [[row], …]]`, as numpy's `tolist()` writes a matrix.
+fn view_as_rows<S: serde::Serializer>(v: &Option<(String, crate::run_dir::Matrix)>, s: S) -> Result<S::Ok, S::Error> {
+    use serde::Serialize;
+    let rows: Option<(&String, Vec<Vec<f64>>)> =
+        v.as_ref().map(|(n, m)| (n, m.rows().into_iter().map(|r| r.to_vec()).collect()));
+    rows.serialize(s)
+}
+
 /// The TensorBoard events of a run (rank 0): each metrics row as scalars with the throughput
 /// since the previous row (and the model FLOP utilisation where the device's peak is known), each
 /// evaluation, C as an image, the resolved config as text.
