@@ -58,7 +58,7 @@ pub enum Cmd {
     Sweep(SweepArgs),
     /// Tables and figures over runs or sweep folders: runs grouped by config keys, each metric's
     /// mean ± sd, n and 95 % interval, the paired difference against a baseline on the same
-    /// seeds; markdown, CSV and LaTeX, and curves with a band over seeds (PNG + SVG).
+    /// seeds; markdown, CSV and LaTeX, and curves with a band over seeds (PNG, SVG and PDF).
     #[command(
         after_help = "Example:\n  plexus report runs/studies/hacn-mu --baseline topology.init.mu=1.0 --format latex"
     )]
@@ -105,7 +105,7 @@ pub enum Cmd {
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
     },
-    /// Draw every figure the runs have data for (PNG and SVG): training/eval loss, C heatmaps and
+    /// Draw every figure the runs have data for (PNG, SVG and PDF): training/eval loss, C heatmaps and
     /// their evolution grid, ANCRe's log(p/max p), Γ and Δ_t, layer-wise exits, pruning, noise.
     #[command(
         after_help = "Example:\n  plexus plot runs/mixer/*          # folders that are not runs (figures/) are skipped"

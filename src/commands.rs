@@ -1091,7 +1091,11 @@ pub fn report(
         eprintln!(
             "report: {} (report.md, report.csv, report.tex){}",
             out.display(),
-            if figures.is_empty() { String::new() } else { format!(", {} figures (curve-*.png, .svg)", figures.len()) }
+            if figures.is_empty() {
+                String::new()
+            } else {
+                format!(", {} figures (curve-*.png, .svg, .pdf)", figures.len())
+            }
         );
     }
     Ok(())

@@ -250,3 +250,52 @@ fn connectivity_and_parameter_views_load_in_numpy_with_the_csvs_numbers() {
         assert_eq!(values, want.iter().copied().collect::<Vec<_>>(), "{}", csv.display());
     }
 }
+
+/// Every figure kind is also a vector PDF: DejaVu embedded (a font file in the PDF, subset), a page
+/// of the figure's size at `PDF_DPI` (a 1200-pixel figure is 6.75 in = 486 pt wide); where
+/// `pdflatex` is installed, a LaTeX document including each PDF builds.
+#[test]
+fn every_figure_is_also_a_pdf_with_its_fonts_embedded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = trained(&tiny("hacn"), &tmp.path().join("run"));
+    let opts = AnalyzeOptions { repeats: 1, ..Default::default() };
+    analysis::analyze(&dir, &opts).unwrap();
+    let figs = plexus::plot::figures::all(std::slice::from_ref(&dir), &dir.join("figures"), None, None).unwrap();
+    let pdfs: Vec<&PathBuf> = figs.iter().filter(|f| f.extension().is_some_and(|x| x == "pdf")).collect();
+    let pngs = figs.iter().filter(|f| f.extension().is_some_and(|x| x == "png")).count();
+    assert_eq!(pdfs.len(), pngs, "one PDF per figure: {figs:?}");
+    assert!(pdfs.len() >= 6, "{figs:?}");
+    for pdf in &pdfs {
+        let bytes = std::fs::read(pdf).unwrap();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(text.starts_with("%PDF-"), "{}", pdf.display());
+        assert!(text.contains("/FontFile2") && text.contains("DejaVuSans"), "{}: fonts not embedded", pdf.display());
+        let png = image::image_dimensions(pdf.with_extension("png")).unwrap();
+        let media = text.split("/MediaBox [").nth(1).and_then(|s| s.split(']').next()).unwrap();
+        let w: f64 = media.split_whitespace().nth(2).unwrap().parse().unwrap();
+        let want = png.0 as f64 * 72.0 / plexus::plot::PDF_DPI as f64;
+        assert!((w - want).abs() < 0.5, "{}: page {w} pt wide, expected {want}", pdf.display());
+    }
+    let Ok(latex) = which_pdflatex() else {
+        eprintln!("skipped the LaTeX build: pdflatex is not installed (apt-get install texlive-latex-base)");
+        return;
+    };
+    let mut doc = String::from("\\documentclass{article}\\usepackage{graphicx}\\begin{document}\n");
+    for pdf in &pdfs {
+        doc += &format!("\\includegraphics[width=3.25in]{{{}}}\n", pdf.display());
+    }
+    doc += "\\end{document}\n";
+    std::fs::write(tmp.path().join("figs.tex"), doc).unwrap();
+    let o = std::process::Command::new(latex)
+        .args(["-interaction=nonstopmode", "figs.tex"])
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+}
+
+fn which_pdflatex() -> Result<PathBuf, ()> {
+    std::env::var_os("PATH")
+        .and_then(|p| std::env::split_paths(&p).map(|d| d.join("pdflatex")).find(|p| p.is_file()))
+        .ok_or(())
+}

@@ -1,5 +1,7 @@
-//! Figures with `plotters`, written as PNG and SVG. Text uses the DejaVu Sans font embedded in the
-//! binary (the `dejavu` crate), so figures render on machines without system fonts.
+//! Figures with `plotters`, written as PNG, SVG and PDF (vector, converted from the SVG drawing by
+//! `svg2pdf`, its fonts embedded: what pdflatex's `\includegraphics` takes). Text uses the DejaVu
+//! Sans font embedded in the binary (the `dejavu` crate), so figures render on machines without
+//! system fonts.
 
 pub mod figures;
 pub mod rl;
@@ -69,8 +71,33 @@ pub struct LineChart {
     pub series: Vec<Series>,
 }
 
+/// The resolution a figure's PDF page is set at: a 1200-pixel-wide figure is 6.75 in wide, a
+/// two-column paper's text width (NeurIPS, ICML), so its 16-pixel labels print at about 6.4 pt.
+pub const PDF_DPI: f32 = 1200.0 / 6.75;
+
+/// Converts the SVG at `svg` into a vector PDF at `pdf` (atomically), with the embedded DejaVu
+/// fonts subset into it, its page `PDF_DPI` pixels to the inch.
+pub fn svg_to_pdf(svg: &Path, pdf: &Path) -> Result<()> {
+    use svg2pdf::usvg;
+    static DB: std::sync::OnceLock<std::sync::Arc<usvg::fontdb::Database>> = std::sync::OnceLock::new();
+    let db = DB.get_or_init(|| {
+        let mut db = usvg::fontdb::Database::new();
+        db.load_font_data(dejavu::sans::regular().to_vec());
+        db.load_font_data(dejavu::sans::bold().to_vec());
+        db.set_sans_serif_family("DejaVu Sans");
+        std::sync::Arc::new(db)
+    });
+    let options = usvg::Options { font_family: "DejaVu Sans".into(), fontdb: db.clone(), ..Default::default() };
+    let text = std::fs::read_to_string(svg).map_err(|e| anyhow!("reading {}: {e}", svg.display()))?;
+    let tree = usvg::Tree::from_str(&text, &options).map_err(|e| anyhow!("{}: {e}", svg.display()))?;
+    let bytes = svg2pdf::to_pdf(&tree, svg2pdf::ConversionOptions::default(), svg2pdf::PageOptions { dpi: PDF_DPI })
+        .map_err(|e| anyhow!("{}: converting to PDF: {e}", svg.display()))?;
+    crate::run_dir::atomic_write(pdf, &bytes)
+}
+
 /// Renders `$draw(&root, args…)` into `<out_base>.png` and `<out_base>.svg` of `size` pixels (one
-/// drawing function serves both backends) and evaluates to `Ok(vec![png, svg])`.
+/// drawing function serves both backends) and `<out_base>.pdf` from the SVG, and evaluates to
+/// `Ok(vec![png, svg, pdf])`.
 macro_rules! render_png_and_svg {
     ($out_base:expr, $size:expr, $draw:ident($($arg:expr),*)) => {{
         register_fonts();
@@ -88,7 +115,9 @@ macro_rules! render_png_and_svg {
             $draw(&root, $($arg),*)?;
             root.present().map_err(|e| anyhow!("{e}"))
         })?;
-        Ok(vec![png, svg])
+        let pdf = out_base.with_extension("pdf");
+        svg_to_pdf(&svg, &pdf)?;
+        Ok(vec![png, svg, pdf])
     }};
 }
 
