@@ -116,23 +116,12 @@ pub fn heap_in_use() -> Option<usize> {
 pub fn minor_faults(thread: bool) -> Option<u64> {
     #[cfg(target_os = "linux")]
     {
-        use std::os::raw::c_long;
-        // Linux's struct rusage: two timevals (two longs each), then 14 longs, ru_minflt the 5th.
-        #[repr(C)]
-        struct Rusage {
-            utime: [c_long; 2],
-            stime: [c_long; 2],
-            longs: [c_long; 14],
-        }
-        extern "C" {
-            fn getrusage(who: i32, usage: *mut Rusage) -> i32;
-        }
-        const RUSAGE_SELF: i32 = 0;
-        const RUSAGE_THREAD: i32 = 1;
-        let mut u = Rusage { utime: [0; 2], stime: [0; 2], longs: [0; 14] };
-        // SAFETY: `u` is a writable struct of the kernel's rusage layout.
-        let rc = unsafe { getrusage(if thread { RUSAGE_THREAD } else { RUSAGE_SELF }, &mut u) };
-        (rc == 0).then(|| u.longs[4] as u64)
+        let who = if thread { libc::RUSAGE_THREAD } else { libc::RUSAGE_SELF };
+        // SAFETY: `rusage` is plain old data; zeroed is a valid value, and getrusage only writes it.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `u` is a valid, writable `struct rusage` for the duration of the call.
+        let rc = unsafe { libc::getrusage(who, &mut u) };
+        (rc == 0).then_some(u.ru_minflt as u64)
     }
     #[cfg(not(target_os = "linux"))]
     {

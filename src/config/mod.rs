@@ -483,6 +483,26 @@ pub fn parse_document<T: serde::de::DeserializeOwned>(
     Ok((config, source.to_string()))
 }
 
+/// Checks the AdamW settings every schema's `train` section has (training runs, RL runs): `lr` > 0,
+/// `weight_decay` ≥ 0, `betas` in [0, 1), `eps` > 0, all finite.
+pub fn check_optimizer(lr: f64, weight_decay: f64, betas: [f64; 2], eps: f64) -> Result<(), OptionError> {
+    if !(lr.is_finite() && lr > 0.0) {
+        return Err(OptionError::new("train.lr", lr, "a finite learning rate > 0"));
+    }
+    if !(weight_decay.is_finite() && weight_decay >= 0.0) {
+        return Err(OptionError::new("train.weight_decay", weight_decay, "a finite value ≥ 0"));
+    }
+    for (i, b) in betas.iter().enumerate() {
+        if !(0.0..1.0).contains(b) {
+            return Err(OptionError::new(format!("train.betas[{i}]"), b, "a value in [0, 1)"));
+        }
+    }
+    if !(eps.is_finite() && eps > 0.0) {
+        return Err(OptionError::new("train.eps", eps, "a finite value > 0"));
+    }
+    Ok(())
+}
+
 /// Checks the `name` (it names the run directory) and `device` keys every schema has (training
 /// runs, RL runs).
 pub fn check_name_and_device(name: &str, device: &str) -> Result<(), OptionError> {
@@ -511,22 +531,9 @@ impl Config {
     pub fn validate(&self) -> Result<(), OptionError> {
         check_name_and_device(&self.name, &self.device)?;
         let t = &self.train;
-        if !(t.lr.is_finite() && t.lr > 0.0) {
-            return Err(OptionError::new("train.lr", t.lr, "a finite learning rate > 0"));
-        }
+        check_optimizer(t.lr, t.weight_decay, t.betas, t.eps)?;
         if t.steps == 0 {
             return Err(OptionError::new("train.steps", t.steps, "an integer ≥ 1"));
-        }
-        if !(t.weight_decay.is_finite() && t.weight_decay >= 0.0) {
-            return Err(OptionError::new("train.weight_decay", t.weight_decay, "a finite value ≥ 0"));
-        }
-        for (i, b) in t.betas.iter().enumerate() {
-            if !(0.0..1.0).contains(b) {
-                return Err(OptionError::new(format!("train.betas[{i}]"), b, "a value in [0, 1)"));
-            }
-        }
-        if !(t.eps.is_finite() && t.eps > 0.0) {
-            return Err(OptionError::new("train.eps", t.eps, "a finite value > 0"));
         }
         if t.warmup_steps > t.steps {
             return Err(OptionError::new(

@@ -363,20 +363,7 @@ impl RlConfig {
             ));
         }
         size("train.batch_size", t.batch_size, 1 << 20)?;
-        if !(t.lr.is_finite() && t.lr > 0.0) {
-            return Err(OptionError::new("train.lr", t.lr, "a finite learning rate > 0"));
-        }
-        if !(t.weight_decay.is_finite() && t.weight_decay >= 0.0) {
-            return Err(OptionError::new("train.weight_decay", t.weight_decay, "a finite value ≥ 0"));
-        }
-        for (i, b) in t.betas.iter().enumerate() {
-            if !(0.0..1.0).contains(b) {
-                return Err(OptionError::new(format!("train.betas[{i}]"), b, "a value in [0, 1)"));
-            }
-        }
-        if !(t.eps.is_finite() && t.eps > 0.0) {
-            return Err(OptionError::new("train.eps", t.eps, "a finite value > 0"));
-        }
+        crate::config::check_optimizer(t.lr, t.weight_decay, t.betas, t.eps)?;
         if !(t.topology_lr_mult.is_finite() && t.topology_lr_mult >= 0.0) {
             return Err(OptionError::new("train.topology_lr_mult", t.topology_lr_mult, "a finite multiplier ≥ 0"));
         }
