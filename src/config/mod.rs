@@ -721,7 +721,13 @@ fn apply_override(doc: &mut serde_yaml::Value, ov: &str) -> Result<(), (String, 
                     ));
                 }
             }
-            map.insert(k, value);
+            // `--set key=null` (or `~`) resets a key to its default: the key is removed, and the
+            // schema's default applies (YAML's null is not a value of most options).
+            if value.is_null() {
+                map.remove(&k);
+            } else {
+                map.insert(k, value);
+            }
             return Ok(());
         }
         node = map.entry(k).or_insert_with(|| serde_yaml::Value::Mapping(Default::default()));
