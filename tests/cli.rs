@@ -641,6 +641,9 @@ fn set_kind_switches_a_variant_and_names_the_options_it_drops() {
         "{err}"
     );
     assert!(out.lines().count() > 2, "{out}");
+    // `=null` resets a key to its default (here the default H-ACN init), also for a tagged variant.
+    let o = plexus(&["connectivity", cfg, "--set", "topology.init=null"], tmp.path());
+    assert!(o.status.success(), "{:?}", text(&o));
     let o = plexus(
         &["connectivity", cfg, "--set", "topology.kind=ancre", "--set", "topology.granularity=block"],
         tmp.path(),
