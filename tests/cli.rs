@@ -541,6 +541,10 @@ fn connectivity_of_a_run_is_the_trainers_on_transformed_images() {
     assert!(saved.iter().flatten().any(|&v| v != 0.0 && v != 1.0), "{saved:?}");
 }
 
+/// A 4-step H-ACN on a 3-layer linear network (the fastest run there is).
+const TINY_LNN: &str = "name: tiny\ndevice: cpu\nmodel: {kind: lnn, depth: 3}\ntopology: {kind: hacn}\n\
+data: {kind: whitened_regression, dim: 8, samples: 16, rank: 4}\ntrain: {lr: 0.05, steps: 4}\n";
+
 /// The README's `plexus analyze runs/x/* && plexus plot runs/x/*` runs twice in a row: the glob's
 /// second time also matches the `figures/` folder the first wrote, which is skipped with a line
 /// saying so (a lone path that is not a run is still an error).
@@ -549,12 +553,7 @@ fn analyze_and_plot_over_a_glob_skip_the_folders_plexus_wrote_beside_the_runs() 
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
     let cfg = t.join("tiny.yaml");
-    std::fs::write(
-        &cfg,
-        "name: tiny\ndevice: cpu\nmodel: {kind: lnn, depth: 3}\ntopology: {kind: hacn}\n\
-         data: {kind: whitened_regression, dim: 8, samples: 16, rank: 4}\ntrain: {lr: 0.05, steps: 4}\n",
-    )
-    .unwrap();
+    std::fs::write(&cfg, TINY_LNN).unwrap();
     for (run, seed) in [("a", "0"), ("b", "1")] {
         let o = plexus(
             &["train", cfg.to_str().unwrap(), "--out", &format!("runs/{run}"), "--set", &format!("seed={seed}")],
@@ -593,13 +592,7 @@ fn a_resumed_run_may_change_its_device_but_not_its_precision() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
     let cfg = t.join("tiny.yaml");
-    std::fs::write(
-        &cfg,
-        "name: tiny\ndevice: cpu\nmodel: {kind: lnn, depth: 3}\ntopology: {kind: hacn}\n\
-         data: {kind: whitened_regression, dim: 8, samples: 16, rank: 4}\ntrain: {lr: 0.05, steps: 4}\n\
-         log: {every: 1, checkpoint_every: 2}\n",
-    )
-    .unwrap();
+    std::fs::write(&cfg, format!("{TINY_LNN}log: {{every: 1, checkpoint_every: 2}}\n")).unwrap();
     let c = cfg.to_str().unwrap();
     for (args, ok) in [
         (vec!["train", c, "--out", "whole", "--set", "train.steps=8"], true),
