@@ -330,7 +330,10 @@ fn a_short_training_run_beats_the_random_policy() {
     }
     // The figure is the command's (`plexus rl` draws it after training).
     let figures = plexus::plot::rl::success(std::slice::from_ref(&dir), &dir.join("figures")).unwrap();
-    assert_eq!(figures, [dir.join("figures/success.png"), dir.join("figures/success.svg")]);
+    assert_eq!(
+        figures,
+        [dir.join("figures/success.png"), dir.join("figures/success.svg"), dir.join("figures/success.pdf")]
+    );
     let ckpt = plexus::train::checkpoint::latest(&plexus::run_dir::RunDir::new(&dir)).unwrap().unwrap();
     assert_eq!(ckpt.step, 9600);
 }
