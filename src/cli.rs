@@ -83,6 +83,9 @@ pub enum Cmd {
         /// What to print: md, csv or latex (all three are written to --out).
         #[arg(long, default_value = "md", value_parser = ["md", "csv", "latex"])]
         format: String,
+        /// Figure files of the curves, comma-separated: png, svg, pdf.
+        #[arg(long, default_value = "png,svg,pdf")]
+        formats: String,
         /// Folder for report.{md,csv,tex} and the curves. Default: `<folder>/report` for one
         /// sweep folder or folder of runs; nothing is written for a list of runs without it.
         #[arg(long)]
@@ -123,6 +126,9 @@ pub enum Cmd {
         /// Step of the C heatmap (default: the last saved).
         #[arg(long)]
         step: Option<u64>,
+        /// Figure files to write, comma-separated: png, svg, pdf (vector, fonts embedded).
+        #[arg(long, default_value = "png,svg,pdf")]
+        formats: String,
     },
     /// Analyse trained runs: layer-wise exits, depth pruning, input-noise robustness, Γ and Δ_t
     /// (CSVs into each run directory); with --correlate, the Pearson correlation of the converged
@@ -456,7 +462,8 @@ pub fn run(cli: Cli) -> Result<()> {
             dry_run: a.dry_run,
             quiet: a.quiet,
         }),
-        Cmd::Report { paths, by, metrics, baseline, curves, format, out } => {
+        Cmd::Report { paths, by, metrics, baseline, curves, format, formats, out } => {
+            crate::plot::set_formats(crate::plot::Formats::parse(&formats)?);
             let options = crate::study::ReportOptions { by, metrics, baseline, curves };
             commands::report(&paths, &options, &format, out.as_deref())
         }
@@ -487,7 +494,10 @@ pub fn run(cli: Cli) -> Result<()> {
             out,
             dist_timeout: dist.timeout(),
         }),
-        Cmd::Plot { runs, out, title, step } => commands::plot(&runs, out.as_deref(), title.as_deref(), step),
+        Cmd::Plot { runs, out, title, step, formats } => {
+            crate::plot::set_formats(crate::plot::Formats::parse(&formats)?);
+            commands::plot(&runs, out.as_deref(), title.as_deref(), step)
+        }
         Cmd::Analyze { runs, sigmas, probs, repeats, correlate, device } => {
             commands::analyze(&runs, sigmas, probs, repeats, correlate, device.as_deref())
         }

@@ -665,3 +665,24 @@ fn every_verb_has_an_example_and_every_argument_a_description() {
     }
     assert!(missing.is_empty(), "{missing:#?}");
 }
+
+/// `plot --formats` writes only the formats asked for (a PDF alone still comes from the SVG
+/// drawing, which is not left behind); an unknown format is an error naming it.
+#[test]
+fn plot_writes_the_formats_asked_for() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    std::fs::write(t.join("tiny.yaml"), TINY_LNN).unwrap();
+    assert!(plexus(&["train", "tiny.yaml", "--out", "run"], t).status.success());
+    let o = plexus(&["plot", "run", "--out", "pdf-only", "--formats", "pdf"], t);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let mut kinds: Vec<String> = std::fs::read_dir(t.join("pdf-only"))
+        .unwrap()
+        .map(|e| e.unwrap().path().extension().unwrap().to_string_lossy().into_owned())
+        .collect();
+    kinds.dedup();
+    assert_eq!(kinds, ["pdf"]);
+    let o = plexus(&["plot", "run", "--formats", "png,eps"], t);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("`eps` is not a figure format"), "{err}");
+}

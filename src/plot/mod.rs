@@ -71,6 +71,45 @@ pub struct LineChart {
     pub series: Vec<Series>,
 }
 
+/// Which files a figure is written as (`--formats` of `plot` and `report`; all three by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Formats {
+    pub png: bool,
+    pub svg: bool,
+    pub pdf: bool,
+}
+
+impl Formats {
+    pub const ALL: Formats = Formats { png: true, svg: true, pdf: true };
+
+    /// Parses `png,svg,pdf` (any non-empty subset, in any order).
+    pub fn parse(list: &str) -> Result<Formats> {
+        let mut f = Formats { png: false, svg: false, pdf: false };
+        for word in list.split(',').map(str::trim) {
+            match word {
+                "png" => f.png = true,
+                "svg" => f.svg = true,
+                "pdf" => f.pdf = true,
+                other => anyhow::bail!("--formats {list}: `{other}` is not a figure format; allowed: png, svg, pdf"),
+            }
+        }
+        anyhow::ensure!(f.png || f.svg || f.pdf, "--formats {list}: name at least one of png, svg, pdf");
+        Ok(f)
+    }
+}
+
+static FORMATS: std::sync::Mutex<Formats> = std::sync::Mutex::new(Formats::ALL);
+
+/// Sets the formats every figure of this process is written in (the commands do, from
+/// `--formats`, before drawing).
+pub fn set_formats(f: Formats) {
+    *FORMATS.lock().unwrap_or_else(|e| e.into_inner()) = f;
+}
+
+fn formats() -> Formats {
+    *FORMATS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The resolution a figure's PDF page is set at: a 1200-pixel-wide figure is 6.75 in wide, a
 /// two-column paper's text width (NeurIPS, ICML), so its 16-pixel labels print at about 6.4 pt.
 pub const PDF_DPI: f32 = 1200.0 / 6.75;
@@ -96,28 +135,45 @@ pub fn svg_to_pdf(svg: &Path, pdf: &Path) -> Result<()> {
 }
 
 /// Renders `$draw(&root, args…)` into `<out_base>.png` and `<out_base>.svg` of `size` pixels (one
-/// drawing function serves both backends) and `<out_base>.pdf` from the SVG, and evaluates to
-/// `Ok(vec![png, svg, pdf])`.
+/// drawing function serves both backends) and `<out_base>.pdf` from the SVG drawing, each as
+/// [`set_formats`] asks, and evaluates to `Ok(paths written)`.
 macro_rules! render_png_and_svg {
     ($out_base:expr, $size:expr, $draw:ident($($arg:expr),*)) => {{
         register_fonts();
         let out_base: &Path = $out_base;
-        let (png, svg) = (out_base.with_extension("png"), out_base.with_extension("svg"));
+        let want = formats();
+        let (png, svg, pdf) =
+            (out_base.with_extension("png"), out_base.with_extension("svg"), out_base.with_extension("pdf"));
+        let mut written = Vec::new();
         // Each file drawn into a temporary file and renamed into place: a full disk or a crash
         // leaves the previous figure, never a truncated one.
-        crate::run_dir::atomic_write_with(&png, |p| {
-            let root = BitMapBackend::new(p, $size).into_drawing_area();
-            $draw(&root, $($arg),*)?;
-            root.present().map_err(|e| anyhow!("{e}"))
-        })?;
-        crate::run_dir::atomic_write_with(&svg, |p| {
-            let root = SVGBackend::new(p, $size).into_drawing_area();
-            $draw(&root, $($arg),*)?;
-            root.present().map_err(|e| anyhow!("{e}"))
-        })?;
-        let pdf = out_base.with_extension("pdf");
-        svg_to_pdf(&svg, &pdf)?;
-        Ok(vec![png, svg, pdf])
+        if want.png {
+            crate::run_dir::atomic_write_with(&png, |p| {
+                let root = BitMapBackend::new(p, $size).into_drawing_area();
+                $draw(&root, $($arg),*)?;
+                root.present().map_err(|e| anyhow!("{e}"))
+            })?;
+            written.push(png);
+        }
+        if want.svg || want.pdf {
+            crate::run_dir::atomic_write_with(&svg, |p| {
+                let root = SVGBackend::new(p, $size).into_drawing_area();
+                $draw(&root, $($arg),*)?;
+                root.present().map_err(|e| anyhow!("{e}"))
+            })?;
+            if want.pdf {
+                svg_to_pdf(&svg, &pdf)?;
+            }
+            if want.svg {
+                written.push(svg);
+            } else {
+                std::fs::remove_file(&svg).map_err(|e| anyhow!("removing {}: {e}", svg.display()))?;
+            }
+            if want.pdf {
+                written.push(pdf);
+            }
+        }
+        Ok(written)
     }};
 }
 
