@@ -395,51 +395,81 @@ fn view_as_rows<S: serde::Serializer>(v: &Option<(String, crate::run_dir::Matrix
     rows.serialize(s)
 }
 
+/// Throughput between two logged rows of this process: what the log line and the TensorBoard
+/// events both report, measured once.
+struct Rates {
+    /// Training FLOPs per example (3 × the forward's), and the device's dense peak.
+    flops_per_sample: f64,
+    peak: Option<f64>,
+    /// When, at which step and after how many examples and tokens the previous row was logged.
+    last: (Instant, u64, u64, u64),
+}
+
+/// What [`Rates::since_last`] measured.
+struct Rate {
+    secs: f64,
+    steps: u64,
+    examples_per_s: f64,
+    /// Language models only.
+    tokens_per_s: Option<f64>,
+    /// Where the device's peak is known.
+    mfu: Option<f64>,
+}
+
+impl Rates {
+    fn new(exp: &Experiment, dev: tch::Device, start: u64) -> Self {
+        Rates {
+            flops_per_sample: 3.0 * exp.model.forward_flops(),
+            peak: device::spec_peak_of(dev, exp.config().precision.compute_kind()),
+            last: (Instant::now(), start, 0, 0),
+        }
+    }
+
+    /// The rate since the previous call, for a row at `step` with `samples`, `tokens` counted since
+    /// this process started; `None` when no step ran since.
+    fn since_last(&mut self, step: u64, samples: u64, tokens: u64) -> Option<Rate> {
+        let now = Instant::now();
+        let (then, last_step, last_samples, last_tokens) =
+            std::mem::replace(&mut self.last, (now, step, samples, tokens));
+        let secs = (now - then).as_secs_f64().max(1e-9);
+        let steps = step.saturating_sub(last_step);
+        (steps > 0 && samples > last_samples).then(|| {
+            let examples_per_s = (samples - last_samples) as f64 / secs;
+            Rate {
+                secs,
+                steps,
+                examples_per_s,
+                tokens_per_s: (tokens > last_tokens).then(|| (tokens - last_tokens) as f64 / secs),
+                mfu: self.peak.map(|peak| examples_per_s * self.flops_per_sample / peak),
+            }
+        })
+    }
+}
+
 /// The TensorBoard events of a run (rank 0): each metrics row as scalars with the throughput
 /// since the previous row (and the model FLOP utilisation where the device's peak is known), each
 /// evaluation, C as an image, the resolved config as text.
 struct Board {
     writer: crate::tensorboard::EventWriter,
-    /// Training FLOPs per example and the device's dense peak (for MFU).
-    flops_per_sample: f64,
-    peak: Option<f64>,
-    /// When, and after how many examples and tokens, the previous row was written.
-    last: (Instant, u64, u64),
+    rates: Rates,
 }
 
 impl Board {
     fn new(exp: &Experiment, dev: tch::Device, dir: &RunDir, start: u64, config_yaml: &str) -> Result<Self> {
         let mut writer = crate::tensorboard::EventWriter::create(&dir.path, start)?;
         writer.text(start, "config", &format!("```yaml\n{config_yaml}```"))?;
-        let cfg = exp.config();
-        Ok(Board {
-            writer,
-            flops_per_sample: 3.0 * exp.model.forward_flops(),
-            peak: device::spec_peak_of(dev, cfg.precision.compute_kind()),
-            last: (Instant::now(), 0, 0),
-        })
+        Ok(Board { writer, rates: Rates::new(exp, dev, start) })
     }
 
     /// A metrics row; `samples`, `tokens`: counted since this process started.
     fn row(&mut self, row: &MetricsRow, samples: u64, tokens: u64) -> Result<()> {
         let mut values = vec![("train/loss", row.loss), ("train/lr", row.lr), ("train/grad_norm", row.grad_norm)];
         values.push(("train/epoch", row.epoch));
-        if let Some(g) = row.gamma {
-            values.push(("train/gamma", g));
-        }
-        let now = Instant::now();
-        let (then, last_samples, last_tokens) = self.last;
-        self.last = (now, samples, tokens);
-        let secs = (now - then).as_secs_f64();
-        if samples > last_samples && secs > 0.0 {
-            let per_s = (samples - last_samples) as f64 / secs;
-            values.push(("perf/examples_per_s", per_s));
-            if tokens > last_tokens {
-                values.push(("perf/tokens_per_s", (tokens - last_tokens) as f64 / secs));
-            }
-            if let Some(peak) = self.peak {
-                values.push(("perf/mfu", per_s * self.flops_per_sample / peak));
-            }
+        values.extend(row.gamma.map(|g| ("train/gamma", g)));
+        if let Some(r) = self.rates.since_last(row.step, samples, tokens) {
+            values.push(("perf/examples_per_s", r.examples_per_s));
+            values.extend(r.tokens_per_s.map(|t| ("perf/tokens_per_s", t)));
+            values.extend(r.mfu.map(|m| ("perf/mfu", m)));
         }
         self.writer.scalars(row.step, &values)
     }
@@ -455,51 +485,38 @@ impl Board {
 struct LogLine {
     name: String,
     steps: u64,
-    /// Training FLOPs per example (3 × the forward's), and the device's dense peak.
-    flops_per_sample: f64,
-    peak: Option<f64>,
+    rates: Rates,
     first_step: u64,
     started: Instant,
-    last: (Instant, u64, u64, u64),
 }
 
 impl LogLine {
     fn new(exp: &Experiment, dev: tch::Device, start: u64) -> Self {
         let cfg = exp.config();
-        let peak = device::spec_peak_of(dev, cfg.precision.compute_kind());
-        let now = Instant::now();
         Self {
             name: cfg.name.clone(),
             steps: cfg.train.steps,
-            flops_per_sample: 3.0 * exp.model.forward_flops(),
-            peak,
+            rates: Rates::new(exp, dev, start),
             first_step: start,
-            started: now,
-            last: (now, start, 0, 0),
+            started: Instant::now(),
         }
     }
 
     /// The line of a logged `row`; `samples`, `tokens`: counted since this process started.
     fn line(&mut self, row: &MetricsRow, samples: u64, tokens: u64) -> String {
         let (name, steps, step, loss, lr) = (&self.name, self.steps, row.step, row.loss, row.lr);
-        let now = Instant::now();
-        let (then, last_step, last_samples, last_tokens) = self.last;
-        self.last = (now, step, samples, tokens);
-        let secs = (now - then).as_secs_f64().max(1e-9);
-        let done = step.saturating_sub(last_step);
         let mut text = format!("{name} step {step}/{steps}: loss {loss:.4}, lr {lr:.3e}");
-        if done > 0 {
-            if tokens > 0 {
-                text += &format!(", {:.0} tokens/s", (tokens - last_tokens) as f64 / secs);
-            } else {
-                text += &format!(", {:.1} examples/s", (samples - last_samples) as f64 / secs);
+        if let Some(r) = self.rates.since_last(step, samples, tokens) {
+            match r.tokens_per_s {
+                Some(t) => text += &format!(", {t:.0} tokens/s"),
+                None => text += &format!(", {:.1} examples/s", r.examples_per_s),
             }
-            text += &format!(", {:.1} ms/step", 1e3 * secs / done as f64);
-            if let Some(peak) = self.peak {
-                let flops = self.flops_per_sample * (samples - last_samples) as f64 / secs;
-                text += &format!(", MFU {:.1} %", 100.0 * flops / peak);
+            text += &format!(", {:.1} ms/step", 1e3 * r.secs / r.steps as f64);
+            if let Some(mfu) = r.mfu {
+                text += &format!(", MFU {:.1} %", 100.0 * mfu);
             }
-            let per_step = (now - self.started).as_secs_f64() / step.saturating_sub(self.first_step).max(1) as f64;
+            let per_step =
+                (Instant::now() - self.started).as_secs_f64() / step.saturating_sub(self.first_step).max(1) as f64;
             let eta = per_step * steps.saturating_sub(step) as f64;
             text += &format!(", ETA {}", indicatif::HumanDuration(std::time::Duration::from_secs_f64(eta)));
         }
