@@ -73,6 +73,13 @@ pub fn read_text(path: &Path, limit: u64, what: &str) -> Result<String> {
     })
 }
 
+/// A JSON record of a run or sweep (`summary.json`, `sweep.json`, …): [`read_text`] within
+/// [`MAX_RECORD_BYTES`], then parsed as `T`; `what` names it in both errors ("a run summary").
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<T> {
+    let text = read_text(path, MAX_RECORD_BYTES, what)?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not {what} (damaged?)", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -108,12 +108,7 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
         serde_yaml::from_str(&text).with_context(|| format!("parsing {}", dir.join("config.yaml").display()))?;
     let mut config = BTreeMap::new();
     flatten_yaml(&yaml, "", &mut config);
-    let json: serde_json::Value = serde_json::from_str(&crate::input_file::read_text(
-        &summary,
-        crate::input_file::MAX_RECORD_BYTES,
-        "a run summary",
-    )?)
-    .with_context(|| format!("parsing {}", summary.display()))?;
+    let json: serde_json::Value = crate::input_file::read_json(&summary, "a run summary")?;
     let mut metrics = BTreeMap::new();
     flatten_json(&json, "", &mut metrics);
     metrics.retain(|k, _| !NOT_RESULTS.contains(&k.as_str()));
@@ -155,12 +150,7 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
     }
     let fd = dir.join("fd.json");
     if fd.is_file() {
-        let json: serde_json::Value = serde_json::from_str(&crate::input_file::read_text(
-            &fd,
-            crate::input_file::MAX_RECORD_BYTES,
-            "an FD record",
-        )?)
-        .with_context(|| format!("parsing {}", fd.display()))?;
+        let json: serde_json::Value = crate::input_file::read_json(&fd, "an FD record")?;
         for k in ["fd", "real_floor", "class_agreement"] {
             if let Some(v) = json[k].as_f64() {
                 metrics.insert(format!("fd.{k}"), v);
@@ -169,12 +159,7 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
     }
     let analysis = dir.join("analysis.json");
     if analysis.is_file() {
-        let json: serde_json::Value = serde_json::from_str(&crate::input_file::read_text(
-            &analysis,
-            crate::input_file::MAX_RECORD_BYTES,
-            "an analysis record",
-        )?)
-        .with_context(|| format!("parsing {}", analysis.display()))?;
+        let json: serde_json::Value = crate::input_file::read_json(&analysis, "an analysis record")?;
         let mut flat = BTreeMap::new();
         flatten_json(&json["half_depth"], "analysis.half_depth", &mut flat);
         flat.remove("analysis.half_depth.units");

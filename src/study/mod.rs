@@ -9,7 +9,7 @@ pub mod runner;
 pub mod spec;
 pub mod stats;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use collect::RunRecord;
 use serde::{Deserialize, Serialize};
 use spec::{PlannedRun, ReportSpec, SweepSpec};
@@ -30,8 +30,7 @@ pub struct Manifest {
 impl Manifest {
     pub fn read(dir: &Path) -> Result<Self> {
         let path = dir.join(MANIFEST);
-        let text = crate::input_file::read_text(&path, crate::input_file::MAX_RECORD_BYTES, "a sweep record")?;
-        serde_json::from_str(&text).with_context(|| format!("{}: not a sweep record (damaged?)", path.display()))
+        crate::input_file::read_json(&path, "a sweep record")
     }
 
     pub fn write(&self, dir: &Path) -> Result<()> {

@@ -124,14 +124,11 @@ pub fn state_of(dir: &Path, run: &PlannedRun, yaml: &str) -> Result<RunState> {
 /// JSON object, `metrics.csv` hold a header and whole rows of its width, ending in a newline, and
 /// the final weights match the checksum recorded when they were written.
 pub fn damage(rd: &RunDir, verb: &str) -> Option<String> {
-    use crate::input_file::{read_bounded, read_text, MAX_RECORD_BYTES};
+    use crate::input_file::{read_bounded, read_json, MAX_RECORD_BYTES};
     let summary = rd.summary_file();
     let check = || -> Result<()> {
-        let text = read_text(&summary, MAX_RECORD_BYTES, "a run summary")?;
-        match serde_json::from_str::<serde_json::Value>(&text) {
-            Ok(serde_json::Value::Object(_)) => {}
-            _ => bail!("{} is not a run summary (a JSON object)", summary.display()),
-        }
+        let json: serde_json::Value = read_json(&summary, "a run summary")?;
+        anyhow::ensure!(json.is_object(), "{} is not a run summary (a JSON object)", summary.display());
         let metrics = rd.metrics_file();
         let bytes = read_bounded(&metrics, MAX_RECORD_BYTES, "a metrics file")?;
         if !bytes.ends_with(b"\n") {
@@ -226,7 +223,8 @@ pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quie
                     out.join(&r.name).display()
                 ),
             )),
-            s => todo.push((i, s, yaml)),
+            // Fresh or to resume: which, is read again just before the run starts.
+            _ => todo.push((i, yaml)),
         }
     }
     let total = outcome.skipped + todo.len();
@@ -258,7 +256,7 @@ pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quie
     let mut durations = Vec::new();
     loop {
         while let Some(slot) = free.pop() {
-            let Some((i, _planned, yaml)) = queue.next() else {
+            let Some((i, yaml)) = queue.next() else {
                 free.push(slot);
                 break;
             };

@@ -242,8 +242,7 @@ fn manifest_path(weights: &Path) -> PathBuf {
 }
 
 fn read_manifest(path: &Path) -> Result<std::collections::BTreeMap<String, Recorded>> {
-    let text = crate::input_file::read_text(path, crate::input_file::MAX_RECORD_BYTES, "a weights manifest")?;
-    serde_json::from_str(&text).with_context(|| format!("{} is not a weights manifest (damaged?)", path.display()))
+    crate::input_file::read_json(path, "a weights manifest")
 }
 
 /// Writes weights to `path` atomically with `write` (given a temporary path), then records the
