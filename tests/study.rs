@@ -365,9 +365,16 @@ fn snapshot(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
     out
 }
 
+/// The config of the short sweeps below.
+fn lnn_none() -> String {
+    repo().join("configs/lnn/fig2b/1-none.yaml").display().to_string()
+}
+
+/// `plexus sweep` of `lnn_none()` over seeds 0 and 1, `steps` long, into `out`.
 fn short_sweep(out: &str, steps: &str) -> Vec<String> {
     [
-        repo().join("configs/lnn/fig2b/1-none.yaml").display().to_string(),
+        "sweep".into(),
+        lnn_none(),
         "--seeds".into(),
         "0,1".into(),
         "--set".into(),
@@ -379,6 +386,12 @@ fn short_sweep(out: &str, steps: &str) -> Vec<String> {
     .into()
 }
 
+/// Runs [`short_sweep`] in `cwd`.
+fn sweep_once(cwd: &Path, out: &str, steps: &str) -> std::process::Output {
+    let args = short_sweep(out, steps);
+    plexus(&args.iter().map(String::as_str).collect::<Vec<_>>(), cwd)
+}
+
 /// Two sweeps started at once on one folder: one runs, the other is refused by the folder's lock
 /// before it reads a run's state, so each run trains once; a third started after both touches no
 /// finished run (every file byte for byte as before).
@@ -388,7 +401,6 @@ fn two_sweeps_on_one_folder_one_runs_the_other_is_refused_and_finished_runs_are_
     let args = short_sweep("conc", "2000");
     let start = || {
         Command::new(env!("CARGO_BIN_EXE_plexus"))
-            .arg("sweep")
             .args(&args)
             .current_dir(tmp.path())
             .stderr(std::process::Stdio::piped())
@@ -407,8 +419,7 @@ fn two_sweeps_on_one_folder_one_runs_the_other_is_refused_and_finished_runs_are_
     let logs = std::fs::read_to_string(tmp.path().join("conc/logs/1-none-seed=0.log")).unwrap();
     assert_eq!(logs.matches("=== ").count(), 1, "run seed=0 was started once:\n{logs}");
     let before = snapshot(&tmp.path().join("conc"));
-    let a: Vec<&str> = args.iter().map(String::as_str).collect();
-    let o = plexus(&[&["sweep"], a.as_slice()].concat(), tmp.path());
+    let o = sweep_once(tmp.path(), "conc", "2000");
     assert!(o.status.success(), "{:?}", text(&o));
     let after = snapshot(&tmp.path().join("conc"));
     for (path, bytes) in &before {
@@ -424,9 +435,7 @@ fn two_sweeps_on_one_folder_one_runs_the_other_is_refused_and_finished_runs_are_
 #[test]
 fn a_sweep_names_a_damaged_finished_run_instead_of_counting_it_done() {
     let tmp = tempfile::tempdir().unwrap();
-    let args = short_sweep("sw", "300");
-    let a: Vec<&str> = args.iter().map(String::as_str).collect();
-    let o = plexus(&[&["sweep"], a.as_slice()].concat(), tmp.path());
+    let o = sweep_once(tmp.path(), "sw", "300");
     assert!(o.status.success(), "{:?}", text(&o));
     let good = tmp.path().join("good");
     std::fs::rename(tmp.path().join("sw"), &good).unwrap();
@@ -455,7 +464,7 @@ fn a_sweep_names_a_damaged_finished_run_instead_of_counting_it_done() {
         assert!(copy.success());
         damage(&tmp.path().join("sw").join(seed0).join(file));
         let before = snapshot(&tmp.path().join("sw").join(seed0));
-        let o = plexus(&[&["sweep"], a.as_slice()].concat(), tmp.path());
+        let o = sweep_once(tmp.path(), "sw", "300");
         let (out, err) = text(&o);
         assert!(!o.status.success(), "{file}: a damaged run passed as finished:\n{out}\n{err}");
         assert!(err.contains(seed0) && err.contains(says) && err.contains("1 finished before"), "{file}: {err}");
@@ -469,9 +478,7 @@ fn a_sweep_names_a_damaged_finished_run_instead_of_counting_it_done() {
 #[test]
 fn reports_count_a_run_once_slurm_plans_are_whole_and_huge_grids_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let args = short_sweep("sw", "300");
-    let a: Vec<&str> = args.iter().map(String::as_str).collect();
-    let o = plexus(&[&["sweep"], a.as_slice()].concat(), tmp.path());
+    let o = sweep_once(tmp.path(), "sw", "300");
     assert!(o.status.success(), "{:?}", text(&o));
     let o = plexus(&["report", "sw", "sw/", "--format", "csv", "--out", "r1"], tmp.path());
     let (out, err) = text(&o);
@@ -483,7 +490,8 @@ fn reports_count_a_run_once_slurm_plans_are_whole_and_huge_grids_are_refused() {
     let (out, err) = text(&o);
     assert!(out.contains("2 finished runs") && err.contains("given more than once"), "{out}\n{err}");
 
-    let o = plexus(&["sweep", a[0], "--seeds", "0,1", "--out", "sl", "--slurm", "job.sh", "--dry-run"], tmp.path());
+    let o =
+        plexus(&["sweep", &lnn_none(), "--seeds", "0,1", "--out", "sl", "--slurm", "job.sh", "--dry-run"], tmp.path());
     assert!(o.status.success(), "{:?}", text(&o));
     assert!(tmp.path().join("sl/sweep.json").is_file() && tmp.path().join("sl/logs").is_dir());
 
@@ -491,14 +499,25 @@ fn reports_count_a_run_once_slurm_plans_are_whole_and_huge_grids_are_refused() {
     let values: Vec<String> = (0..1000).map(|i| format!("{}", 0.001 * (i + 1) as f64)).collect();
     let grid = format!("model.init_std={}", values.join(","));
     let o = plexus(
-        &["sweep", a[0], "--grid", &grid, "--grid", &grid.replace("init_std", "depth"), "--out", "big", "--dry-run"],
+        &[
+            "sweep",
+            &lnn_none(),
+            "--grid",
+            &grid,
+            "--grid",
+            &grid.replace("init_std", "depth"),
+            "--out",
+            "big",
+            "--dry-run",
+        ],
         tmp.path(),
     );
     let (_, err) = text(&o);
     assert!(!o.status.success() && err.contains("1 configs × 1000 values of model.init_std × 1000 values of model.depth × 1 seeds make more than the 10000 runs"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     let values: Vec<String> = (0..1002).map(|i| i.to_string()).collect();
-    let o = plexus(&["sweep", a[0], "--seeds", &values.join(","), "--out", "sl2", "--slurm", "job2.sh"], tmp.path());
+    let o =
+        plexus(&["sweep", &lnn_none(), "--seeds", &values.join(","), "--out", "sl2", "--slurm", "job2.sh"], tmp.path());
     let (_, err) = text(&o);
     assert!(!o.status.success() && err.contains("1002 runs, but a Slurm job array holds at most 1001 tasks"), "{err}");
     assert!(!tmp.path().join("sl2/sweep.json").exists());
@@ -509,11 +528,7 @@ fn reports_count_a_run_once_slurm_plans_are_whole_and_huge_grids_are_refused() {
 #[test]
 fn raising_train_steps_extends_a_finished_sweep_and_lowering_it_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let run = |steps: &str| {
-        let args = short_sweep("sw", steps);
-        let a: Vec<&str> = args.iter().map(String::as_str).collect();
-        plexus(&[&["sweep"], a.as_slice()].concat(), tmp.path())
-    };
+    let run = |steps: &str| sweep_once(tmp.path(), "sw", steps);
     assert!(run("300").status.success());
     let o = run("600");
     assert!(o.status.success(), "{:?}", text(&o));
