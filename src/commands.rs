@@ -155,7 +155,7 @@ pub fn demo(figure: &str, out: &Path, overrides: &[String]) -> Result<()> {
     for f in figures.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
         println!("figure: {}", f.display());
     }
-    println!("(SVG next to each PNG; done in {:.0} s)", started.elapsed().as_secs_f64());
+    println!("(SVG and PDF next to each PNG; done in {:.0} s)", started.elapsed().as_secs_f64());
     Ok(())
 }
 
