@@ -269,7 +269,13 @@ fn selftest_case(
     }
     let crashed = dir("resumed")?;
     let crash = TrainOptions { crash_after: Some(4), ..Default::default() };
-    ensure!(train(&exp32, &crashed, &crash).is_err(), "the simulated crash did not happen");
+    // The crash must be the simulated one: any other error here (a failed CUDA graph capture,
+    // say) would otherwise pass for it, and surface only in the next run.
+    match train(&exp32, &crashed, &crash) {
+        Ok(_) => anyhow::bail!("the simulated crash did not happen"),
+        Err(e) if format!("{e:#}").contains("simulated crash") => {}
+        Err(e) => return Err(e.context("the run to be crashed failed before its simulated crash")),
+    }
     let resumed = train(&exp32, &crashed, &TrainOptions { resume: true, ..Default::default() })?;
     let tol = if full.device == "Cpu" { 0.0 } else { 1e-4 };
     ensure!(

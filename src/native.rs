@@ -38,7 +38,7 @@
 //! A CPU-only libtorch builds this module too; the CUDA functions then return an error saying so.
 //!
 //! By concern: the FFI declarations and the error convention here; [`cuda`] (device facts, the
-//! TF32 switch, CUDA graphs, NVRTC), [`process_group`] (c10d, pinned memory), [`profile`]
+//! TF32 switch, NVRTC), [`cuda_graph`] (whole-step CUDA graphs and their shared memory pool), [`process_group`] (c10d, pinned memory), [`profile`]
 //! (operator and sync counters, traces), [`optim`] (fused AdamW, dropped gradients), [`kernels`]
 //! (the fused topology kernels, the chunked loss, the history buffer). Everything is re-exported
 //! here: callers write `crate::native::stream_read`.
@@ -103,7 +103,8 @@ mod ffi {
         pub fn plexus_cuda_graph_free(g: *mut c_void);
         pub fn plexus_cuda_graph_enter(g: *mut c_void) -> *mut c_char;
         pub fn plexus_cuda_graph_leave(g: *mut c_void) -> *mut c_char;
-        pub fn plexus_cuda_graph_capture_begin(g: *mut c_void) -> *mut c_char;
+        pub fn plexus_cuda_graph_pool_handle(out: *mut u64) -> *mut c_char;
+        pub fn plexus_cuda_graph_capture_begin(g: *mut c_void, pool_first: u64, pool_second: u64) -> *mut c_char;
         pub fn plexus_cuda_graph_capture_end(g: *mut c_void) -> *mut c_char;
         pub fn plexus_cuda_graph_replay(g: *mut c_void) -> *mut c_char;
         pub fn plexus_op_trace_begin() -> *mut c_char;
@@ -228,11 +229,13 @@ fn device_index(index: usize) -> Result<i64> {
 }
 
 pub mod cuda;
+pub mod cuda_graph;
 pub mod kernels;
 pub mod optim;
 pub mod process_group;
 pub mod profile;
 pub use cuda::*;
+pub use cuda_graph::*;
 pub use kernels::*;
 pub use optim::*;
 pub use process_group::*;

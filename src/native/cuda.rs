@@ -1,5 +1,5 @@
 //! CUDA facts the tch crate lacks (versions, device properties, allocator statistics), the
-//! float32 matmul precision switch, whole-step CUDA graphs, and the NVRTC compile of the kernels.
+//! float32 matmul precision switch, and the NVRTC compile of the kernels (CUDA graphs: `cuda_graph`).
 
 use super::{check, device_index, ffi, take_string};
 use anyhow::{bail, Result};

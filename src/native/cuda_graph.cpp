@@ -13,7 +13,7 @@
 // * `capture_begin` (on the side stream) → the step's operators are recorded, not run →
 //   `capture_end`; then `replay` runs the recorded step, on the current stream, once per step;
 // * capture mode is thread-local: the data thread may pin memory and copy meanwhile;
-// * every graph of the process records into one memory pool (`shared_pool`);
+// * graphs alive at the same time record into one memory pool (chosen by the caller, see below);
 // * the default CUDA generator is registered by libtorch at capture_begin, so dropout and diffusion
 //   noise in a replay draw from the generator's seed at replay time (`manual_seed(step_seed)`
 //   before each replay keeps them a function of (seed, step)).
@@ -28,6 +28,7 @@
 #include <ATen/ATen.h>
 
 #ifdef PLEXUS_WITH_CUDA_GRAPHS
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DeviceGuard.h>
@@ -62,13 +63,43 @@ struct Graph {
       : device(c10::DeviceType::CUDA, d), side(cuda().getStreamFromGlobalPool(device, /*isHighPriority=*/false)) {}
 };
 
-// One memory pool for every graph of the process: the temporaries of one step are reused by the
-// next graph's (`bench --compare` holds a graph per topology; separate pools would each keep a
-// step's peak). Safe because plexus replays its graphs one after another on one stream, and what
-// outlives a replay (gradients, outputs) stays allocated.
-c10::MempoolId_t shared_pool() {
-  static const c10::MempoolId_t pool = at::cuda::graph_pool_handle();
-  return pool;
+// The memory pool is chosen on the Rust side (src/native/cuda_graph.rs, `SharedPool`): graphs
+// alive at the same time share one (`bench --compare` holds a graph per topology; separate pools
+// would each keep a step's peak), and a capture after every earlier graph is gone gets a new one,
+// because libtorch refuses a capture into a pool that outlived all of its graphs.
+
+// After a failed capture_begin or capture_end, libtorch may leave the default CUDA generator of
+// the device marked as capturing (CUDAGraph::capture_begin marks it before its checks, and only
+// capture_end clears it): every later random draw of the process then fails ("Offset increment
+// outside graph capture encountered unexpectedly"). A draw of length 0 tells (it throws only in
+// that state, and advances nothing otherwise); the generator then gets a fresh state with the same
+// seed and offset. Only on the failure path: a generator that works is left as it is, with the
+// other graphs registered on it.
+// (The probe is libtorch's own: if the stream still captured, it would take the capture branch and
+// not throw, and nothing is replaced.)
+void release_generator(c10::DeviceIndex device) {
+  at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(device);  // shares the impl
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  auto* impl = gen.get<at::CUDAGeneratorImpl>();
+  try {
+    impl->philox_cuda_state(0);
+    return;
+  } catch (const std::exception&) {
+  }
+  auto state = c10::make_intrusive<at::CUDAGeneratorState>(impl->current_seed(), impl->philox_offset_per_thread());
+  impl->graphsafe_set_state(c10::make_intrusive<at::CUDAGeneratorImpl>(device, std::move(state)));
+}
+
+// Runs `step` (a capture_begin or capture_end); if it throws, the generator is released before the
+// error goes on.
+template <typename F>
+void releasing_generator_on_error(const Graph& graph, F&& step) {
+  try {
+    step();
+  } catch (...) {
+    release_generator(graph.device.index());
+    throw;
+  }
 }
 
 // `waiter` waits for the work queued so far on `done`.
@@ -99,6 +130,15 @@ char* on_graph(void* g, F&& f) {
 extern "C" {
 
 int plexus_cuda_graphs_built() { return 1; }
+
+// A new graph memory pool id (`out`: its two halves).
+char* plexus_cuda_graph_pool_handle(uint64_t* out) {
+  return guarded([&] {
+    const c10::MempoolId_t id = at::cuda::graph_pool_handle();
+    out[0] = id.first;
+    out[1] = id.second;
+  });
+}
 
 char* plexus_cuda_graph_new(int64_t device, void** out) {
   return guarded([&] {
@@ -132,9 +172,10 @@ char* plexus_cuda_graph_leave(void* g) {
   });
 }
 
-// Starts recording on the side stream (`enter` first). Nothing runs until `replay`.
-char* plexus_cuda_graph_capture_begin(void* g) {
-  return on_graph(g, [](Graph& graph) {
+// Starts recording on the side stream (`enter` first) into the memory pool `pool_first/second`.
+// Nothing runs until `replay`.
+char* plexus_cuda_graph_capture_begin(void* g, uint64_t pool_first, uint64_t pool_second) {
+  return on_graph(g, [&](Graph& graph) {
     if (!graph.previous) throw std::runtime_error("cuda graph: capture must begin on the side stream");
     if (graph.captured || graph.capturing) throw std::runtime_error("cuda graph: captured already");
     // As torch.cuda.graph does: the warm-up steps' blocks, cached for the side stream, are given
@@ -143,8 +184,10 @@ char* plexus_cuda_graph_capture_begin(void* g) {
     if (auto* allocator = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(c10::DeviceType::CUDA))) {
       allocator->emptyCache();
     }
+    releasing_generator_on_error(graph, [&] {
+      graph.graph.capture_begin(c10::MempoolId_t{pool_first, pool_second}, cudaStreamCaptureModeThreadLocal);
+    });
     graph.capturing = true;
-    graph.graph.capture_begin(shared_pool(), cudaStreamCaptureModeThreadLocal);
   });
 }
 
@@ -152,7 +195,7 @@ char* plexus_cuda_graph_capture_end(void* g) {
   return on_graph(g, [](Graph& graph) {
     if (!graph.capturing) throw std::runtime_error("cuda graph: not capturing");
     graph.capturing = false;
-    graph.graph.capture_end();
+    releasing_generator_on_error(graph, [&] { graph.graph.capture_end(); });
     graph.captured = true;
   });
 }
@@ -182,7 +225,8 @@ char* plexus_cuda_graph_new(int64_t, void**) { return not_built(); }
 void plexus_cuda_graph_free(void*) {}
 char* plexus_cuda_graph_enter(void*) { return not_built(); }
 char* plexus_cuda_graph_leave(void*) { return not_built(); }
-char* plexus_cuda_graph_capture_begin(void*) { return not_built(); }
+char* plexus_cuda_graph_pool_handle(uint64_t*) { return not_built(); }
+char* plexus_cuda_graph_capture_begin(void*, uint64_t, uint64_t) { return not_built(); }
 char* plexus_cuda_graph_capture_end(void*) { return not_built(); }
 char* plexus_cuda_graph_replay(void*) { return not_built(); }
 }  // extern "C"

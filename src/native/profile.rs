@@ -2,10 +2,9 @@
 //! dispatcher, and the operator trace of a closure (the CUDA-graph safety tests).
 
 use super::{check, ffi, take_string};
-use anyhow::{anyhow, bail, Result};
+use anyhow::{bail, Result};
 use std::cell::Cell;
-use std::ffi::{c_char, c_int, c_void};
-use std::ptr::NonNull;
+use std::ffi::{c_char, c_int};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread::LocalKey;
 
@@ -125,66 +124,6 @@ fn end_count() -> Result<([u64; 3], String)> {
     // SAFETY: `out` has the 3 slots the C++ side writes; `names` receives a malloc'd string.
     check(unsafe { ffi::plexus_op_count_end(out.as_mut_ptr(), &mut names) })?;
     Ok((out, take_string(names)))
-}
-
-/// Whether this build has CUDA graphs (CUDA headers that compile were found at build time, as
-/// for NCCL; `scripts/setup.sh` installs them).
-pub fn cuda_graphs_built() -> bool {
-    // SAFETY: no arguments, returns a constant.
-    unsafe { ffi::plexus_cuda_graphs_built() != 0 }
-}
-
-/// A whole-step CUDA graph on one device (`src/native/cuda_graph.cpp`, libtorch's
-/// `at::cuda::CUDAGraph`): warm-up steps run between [`CudaGraph::enter`] and
-/// [`CudaGraph::leave`] on its side stream; one step is recorded between
-/// [`CudaGraph::capture_begin`] and [`CudaGraph::capture_end`] (on the side stream, nothing runs);
-/// [`CudaGraph::replay`] then runs it on the current stream. Drop frees the graph and its memory
-/// pool.
-pub struct CudaGraph {
-    ptr: NonNull<c_void>,
-}
-
-impl CudaGraph {
-    pub fn new(device: usize) -> Result<Self> {
-        let mut out: *mut c_void = std::ptr::null_mut();
-        // SAFETY: out-parameter only; a non-null handle is owned by the returned value.
-        check(unsafe { ffi::plexus_cuda_graph_new(device as i64, &mut out) })?;
-        Ok(Self { ptr: NonNull::new(out).ok_or_else(|| anyhow!("cuda graph: null handle"))? })
-    }
-
-    fn call(&self, f: unsafe extern "C" fn(*mut c_void) -> *mut c_char) -> Result<()> {
-        // SAFETY: `ptr` is the live handle this value owns; the C++ side checks the call order.
-        check(unsafe { f(self.ptr.as_ptr()) })
-    }
-
-    /// Its side stream becomes the current stream (after waiting for the current one's work).
-    pub fn enter(&self) -> Result<()> {
-        self.call(ffi::plexus_cuda_graph_enter)
-    }
-
-    /// Back to the stream that was current, which waits for the side stream's work.
-    pub fn leave(&self) -> Result<()> {
-        self.call(ffi::plexus_cuda_graph_leave)
-    }
-
-    pub fn capture_begin(&self) -> Result<()> {
-        self.call(ffi::plexus_cuda_graph_capture_begin)
-    }
-
-    pub fn capture_end(&self) -> Result<()> {
-        self.call(ffi::plexus_cuda_graph_capture_end)
-    }
-
-    pub fn replay(&self) -> Result<()> {
-        self.call(ffi::plexus_cuda_graph_replay)
-    }
-}
-
-impl Drop for CudaGraph {
-    fn drop(&mut self) {
-        // SAFETY: the handle is live and dropped once.
-        unsafe { ffi::plexus_cuda_graph_free(self.ptr.as_ptr()) }
-    }
 }
 
 /// Operators that make the host wait for a CUDA device, as libtorch's dispatcher ran them since
