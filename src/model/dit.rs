@@ -10,8 +10,8 @@
 //! `out_C = C`, the predicted noise ε (or `2·C` with `learn_sigma: true`: ε, then the
 //! variance interpolation, as the official code).
 //!
-//! Stem (`embed`): `x_embedder.proj` (the patch-embedding conv, weight `[D, C, p, p]`, applied as
-//! a linear map on [`patchify`]d patches `[B, T, C·p·p]`, `T = (S/p)²`) `+ pos_embed` (fixed 2-D
+//! Stem (`embed`): `x_embedder.proj` (the patch-embedding conv, weight `[D, C, p, p]`, stride `p`,
+//! flattened to tokens `[B, T, D]`, `T = (S/p)²`, row-major) `+ pos_embed` (fixed 2-D
 //! sin-cos, MAE/DiT convention, a constant, not a parameter) → `x0` `[B, T, D]`. The conditioning
 //! `c = t_embedder(t) + y_embedder(y)` `[B, D]` (`t_embedder`: 256-d sinusoidal frequency
 //! embedding → `mlp.0` → SiLU → `mlp.2`; `y_embedder.embedding_table` `[num_classes + 1, D]`) is
@@ -36,7 +36,6 @@
 //! zero. So at init every unit outputs exactly 0 (gate 0) and the model outputs exactly 0.
 
 use super::layers::{attention, Linear};
-use super::mixer::patchify;
 use super::mlp::matching;
 use super::{Backbone, ModelEntry, ModelSpec};
 use crate::config::{parse_options, OptionError};
@@ -218,6 +217,7 @@ impl ModelSpec for Spec {
             proj_weight: xp.var("weight", &[d, c, p, p], xavier(patch_dim, d)),
             proj_bias: xp.var("bias", &[d], nn::Init::Const(0.0)),
             pos_embed: pos_embed_2d(grid, d, vs.device()),
+            t_freqs: timestep_freqs(FREQ_DIM, vs.device()),
             t_mlp0: Linear::with_init(&(&tp / 0), FREQ_DIM, d, small, zero, compute),
             t_mlp2: Linear::with_init(&(&tp / 2), d, d, small, zero, compute),
             y_table: (vs / "y_embedder" / "embedding_table").var("weight", &[self.num_classes as i64 + 1, d], small),
@@ -243,22 +243,31 @@ impl ModelSpec for Spec {
 
 pub use crate::task::ddpm::pack;
 
-/// DiT's `TimestepEmbedder.timestep_embedding`: `t` `[B]` → `[B, dim]` fp32 =
-/// `[cos(t·f), sin(t·f)]`, `f_i = exp(−ln(10⁴)·i/(dim/2))`, `i < dim/2`.
-pub fn timestep_embedding(t: &Tensor, dim: i64) -> Tensor {
+/// The frequencies of DiT's timestep embedding, `f_i = exp(−ln(10⁴)·i/(dim/2))`, `i < dim/2`:
+/// `[dim/2]` fp32 on `device`, computed as DiT's `TimestepEmbedder` computes them (on the CPU, in
+/// that order of operations: the same fp32 roundings as the reference) but once, as a constant,
+/// so that a CUDA graph can capture the step (no host-to-device copy in the forward).
+pub fn timestep_freqs(dim: i64, device: Device) -> Tensor {
     let half = dim / 2;
-    let freqs = (Tensor::arange(half, (Kind::Float, t.device())) * (-(1e4f64).ln() / half as f64)).exp();
+    ((Tensor::arange(half, (Kind::Float, Device::Cpu)) * -(1e4f64).ln()) / half as f64).exp().to_device(device)
+}
+
+/// DiT's `TimestepEmbedder.timestep_embedding`: `t` `[B]`, `freqs` `[dim/2]` (see
+/// [`timestep_freqs`]) → `[B, dim]` fp32 = `[cos(t·f), sin(t·f)]`.
+pub fn timestep_embedding(t: &Tensor, freqs: &Tensor) -> Tensor {
     let args = t.to_kind(Kind::Float).unsqueeze(1) * freqs.unsqueeze(0);
     Tensor::cat(&[args.cos(), args.sin()], 1)
 }
 
 /// DiT's fixed position embedding (MAE `get_2d_sincos_pos_embed`): for the token at grid row `i`,
-/// column `j` (row-major, as [`patchify`]), with `ω_k = 10⁴^(−k/(D/4))`, `k < D/4`:
+/// column `j` (row-major, as the patch embedding flattens them), with `ω_k = 10⁴^(−k/(D/4))`, `k < D/4`:
 /// `[sin(j ω), cos(j ω), sin(i ω), cos(i ω)]`. Returns `[grid², D]` fp32 (computed in fp64).
 pub fn pos_embed_2d(grid: i64, d: i64, device: Device) -> Tensor {
     let opts = (Kind::Double, Device::Cpu);
     let q = d / 4;
-    let omega = (Tensor::arange(q, opts) * (-(1e4f64).ln() / q as f64)).exp();
+    // As MAE's code: 1 / 10⁴^(k/q), in fp64 (fp32 after the last step, so that the reference's
+    // roundings are these).
+    let omega = Tensor::pow_scalar(1e4, &(Tensor::arange(q, opts) / q as f64)).reciprocal();
     let rows = Tensor::arange(grid, opts).unsqueeze(1).expand([grid, grid], false).reshape([-1]);
     let cols = Tensor::arange(grid, opts).unsqueeze(0).expand([grid, grid], false).reshape([-1]);
     let (i, j) = (rows.outer(&omega), cols.outer(&omega));
@@ -296,10 +305,12 @@ impl Unit for DitUnit {
     fn forward(&self, x: &Tensor, mode: Norm, _train: bool) -> Tensor {
         let c = self.cond.borrow();
         let c = c.as_ref().expect("DiT units run after embed, which sets the conditioning");
-        // shift, scale, gate [B, D] each: SiLU(c) through this unit's 3D rows of the modulation.
-        let w = self.ada.weight.narrow(0, self.rows, 3 * self.width);
-        let b = self.ada.bias.as_ref().map(|b| b.narrow(0, self.rows, 3 * self.width));
-        let m = super::layers::linear(&c.silu(), &w, b.as_ref(), self.ada.compute).chunk(3, 1);
+        // shift, scale, gate [B, D] each: this unit's third of SiLU(c) through the whole
+        // modulation [B, 6D], computed by each unit, as the reference (and DiT's code, once per
+        // block) does. Not a GEMM of this unit's 3D rows alone: on a GPU, cuBLAS picks another
+        // kernel for the narrower product, whose other order of sums differs from the reference by
+        // bf16 roundings (the first GPU slot's DiT parity failures).
+        let m = self.ada.forward(&c.silu()).narrow(1, self.rows, 3 * self.width).chunk(3, 1);
         let u = match mode {
             Norm::Default => plain_norm(x),
             Norm::Scaled(s) => plain_norm(x) * s,
@@ -323,6 +334,8 @@ struct Dit {
     proj_bias: Tensor,
     /// `[T, D]` fp32, a constant.
     pos_embed: Tensor,
+    /// The timestep embedding's frequencies `[FREQ_DIM / 2]` fp32, a constant.
+    t_freqs: Tensor,
     t_mlp0: Linear,
     t_mlp2: Linear,
     /// `[num_classes + 1, D]`.
@@ -348,11 +361,20 @@ impl Backbone for Dit {
         let x = input.narrow(1, 0, n).reshape([b, c, s, s]);
         let t = input.select(1, n);
         let y = input.select(1, n + 1).detach().round().to_kind(Kind::Int64);
-        let d = self.proj_weight.size()[0];
-        let w = self.proj_weight.reshape([d, -1]);
-        let x0 =
-            super::layers::linear(&patchify(&x, self.patch), &w, Some(&self.proj_bias), self.compute) + &self.pos_embed;
-        let t_emb = self.t_mlp2.forward(&self.t_mlp0.forward(&timestep_embedding(&t, FREQ_DIM)).silu());
+        // The patch embedding as the conv it is (as the reference: a GEMM of patchified inputs
+        // computes the same sums in another order, which on a GPU differs by roundings):
+        // [B, D, S/p, S/p] → [B, T, D].
+        let (c, p) = (self.compute, self.patch);
+        let h = x.to_kind(c).conv2d(
+            &self.proj_weight.to_kind(c),
+            Some(self.proj_bias.to_kind(c)),
+            [p, p],
+            [0, 0],
+            [1, 1],
+            1,
+        );
+        let x0 = h.flatten(2, -1).transpose(1, 2) + &self.pos_embed;
+        let t_emb = self.t_mlp2.forward(&self.t_mlp0.forward(&timestep_embedding(&t, &self.t_freqs)).silu());
         let y_emb = self.y_table.index_select(0, &y);
         *self.cond.borrow_mut() = Some(t_emb + y_emb);
         x0
