@@ -80,7 +80,8 @@ fn find_include(candidates: &[PathBuf], file: &str) -> Option<PathBuf> {
 /// Compiles `src/native/plexus_native.cpp`, `src/native/stream_kernels.cpp` (the fused CPU kernels
 /// of the multi-stream topologies), `src/native/history.cpp` (the dense topologies' history
 /// buffer, any device), `src/native/losses.cpp` (the chunked cross-entropy, any device),
-/// `src/native/cuda_graph.cpp` (whole-step CUDA graphs, with the CUDA headers NCCL needs too) and
+/// `src/native/cuda_graph.cpp` (whole-step CUDA graphs, with the CUDA headers NCCL needs too),
+/// `src/native/kineto.cpp` (libtorch's profiler and plexus' profiler scopes) and
 /// `src/native/cuda_kernels.cpp` (mHC's Sinkhorn and the stream read and
 /// write on CUDA: the kernels of `src/native/*.cu`, compiled at run time with NVRTC) into a static
 /// library linked into the crate.
@@ -103,6 +104,7 @@ fn build_native(lib_dir: Option<&Path>) {
     let history = "src/native/history.cpp";
     let losses = "src/native/losses.cpp";
     let cuda_graph = "src/native/cuda_graph.cpp";
+    let kineto = "src/native/kineto.cpp";
     let cuda_kernels = "src/native/cuda_kernels.cpp";
     let cuda_sources = ["src/native/cuda_prelude.cuh", "src/native/sinkhorn.cu", "src/native/streams.cu"];
     let shim = "src/native/gloo_decl";
@@ -111,6 +113,7 @@ fn build_native(lib_dir: Option<&Path>) {
     println!("cargo:rerun-if-changed={history}");
     println!("cargo:rerun-if-changed={losses}");
     println!("cargo:rerun-if-changed={cuda_graph}");
+    println!("cargo:rerun-if-changed={kineto}");
     println!("cargo:rerun-if-changed={cuda_kernels}");
     println!("cargo:rerun-if-changed=src/native/cuda_kernels.h");
     for cu in cuda_sources {
@@ -207,6 +210,7 @@ fn build_native(lib_dir: Option<&Path>) {
         .file(history)
         .file(losses)
         .file(cuda_graph)
+        .file(kineto)
         .file(cuda_kernels)
         .include(&out_dir)
         .include(&include)

@@ -246,11 +246,17 @@ pub enum Cmd {
         /// Name of the case in the CSV (default: the config's name).
         #[arg(long)]
         case: Option<String>,
-        /// Also print where a step's time goes: forward + loss, backward, optimizer (medians); on the
-        /// CPU also the operators of one step, counted and timed, most frequent and longest first
-        /// (PLEXUS_OPS_ALL=1 lists them all).
+        /// Also print where a step's time goes: forward + loss, backward, optimizer (medians); one
+        /// eager step under libtorch's profiler, its GPU kernel time (CPU operator time on the CPU)
+        /// by category — GEMM, attention, norm, activation, RoPE, loss, cast/copy, optimizer,
+        /// topology-own, other — with a Chrome trace (--trace); on the CPU also the operators of
+        /// one step, counted and timed (PLEXUS_OPS_ALL=1 lists them all).
         #[arg(long)]
         profile: bool,
+        /// With --profile: the Chrome trace of the profiled step (chrome://tracing or
+        /// ui.perfetto.dev) [default: runs/bench-profile/CASE.json].
+        #[arg(long, value_name = "FILE")]
+        trace: Option<PathBuf>,
         /// Topology overhead in one process: these topologies (the first is the baseline) stepped
         /// round-robin; prints the paired overhead and appends rows to --csv.
         #[arg(long, value_delimiter = ',')]
@@ -478,6 +484,7 @@ pub fn run(cli: Cli) -> Result<()> {
             csv,
             case,
             profile,
+            trace,
             compare,
             depths,
             topologies,
@@ -486,7 +493,7 @@ pub fn run(cli: Cli) -> Result<()> {
         } => commands::bench(&commands::BenchRequest {
             config,
             overrides: with_device(overrides, device),
-            options: crate::bench::BenchOptions { steps, warmup, case, profile },
+            options: crate::bench::BenchOptions { steps, warmup, case, profile, trace },
             csv,
             compare,
             depths,

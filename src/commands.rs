@@ -688,8 +688,19 @@ pub fn bench(r: &BenchRequest) -> Result<()> {
         compare_topologies(&r.config, &r.overrides, opts, &r.compare, r.csv.as_deref())
     } else if r.depths.is_empty() {
         let exp = Experiment::from_file(&r.config, &r.overrides)?;
-        let row = crate::bench::bench(&exp, opts)?;
+        let mut opts = opts.clone();
+        if opts.profile && opts.trace.is_none() {
+            let case = opts.case.clone().unwrap_or_else(|| exp.config().name.clone());
+            opts.trace = Some(Path::new("runs/bench-profile").join(format!("{case}.json")));
+        }
+        if let Some(dir) = opts.trace.as_deref().and_then(Path::parent).filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let row = crate::bench::bench(&exp, &opts)?;
         crate::report::print_bench(std::slice::from_ref(&row));
+        if let (Some(trace), true) = (&opts.trace, opts.profile) {
+            println!("Chrome trace of the profiled step: {} (chrome://tracing or ui.perfetto.dev)", trace.display());
+        }
         if let Some(path) = &r.csv {
             crate::report::append_csv(path, crate::bench::CSV_HEADER, &format!("{}\n", row.csv()))?;
         }

@@ -39,7 +39,7 @@
 //!
 //! By concern: the FFI declarations and the error convention here; [`cuda`] (device facts, the
 //! TF32 switch, NVRTC), [`cuda_graph`] (whole-step CUDA graphs and their shared memory pool), [`process_group`] (c10d, pinned memory), [`profile`]
-//! (operator and sync counters, traces), [`optim`] (fused AdamW, dropped gradients), [`kernels`]
+//! (operator and sync counters, traces), [`kineto`] (libtorch's profiler, plexus' scopes), [`optim`] (fused AdamW, dropped gradients), [`kernels`]
 //! (the fused topology kernels, the chunked loss, the history buffer). Everything is re-exported
 //! here: callers write `crate::native::stream_read`.
 use anyhow::{anyhow, Result};
@@ -103,6 +103,11 @@ mod ffi {
         pub fn plexus_cuda_graph_free(g: *mut c_void);
         pub fn plexus_cuda_graph_enter(g: *mut c_void) -> *mut c_char;
         pub fn plexus_cuda_graph_leave(g: *mut c_void) -> *mut c_char;
+        pub fn plexus_op_is_metadata(name: *const c_char) -> c_int;
+        pub fn plexus_kineto_begin(cuda: c_int) -> *mut c_char;
+        pub fn plexus_kineto_end(trace: *const c_char, events: *mut *mut c_char) -> *mut c_char;
+        pub fn plexus_scope_begin(name: *const c_char) -> *mut c_void;
+        pub fn plexus_scope_end(scope: *mut c_void);
         pub fn plexus_cuda_graph_pool_handle(out: *mut u64) -> *mut c_char;
         pub fn plexus_cuda_graph_capture_begin(g: *mut c_void, pool_first: u64, pool_second: u64) -> *mut c_char;
         pub fn plexus_cuda_graph_capture_end(g: *mut c_void) -> *mut c_char;
@@ -231,12 +236,14 @@ fn device_index(index: usize) -> Result<i64> {
 pub mod cuda;
 pub mod cuda_graph;
 pub mod kernels;
+pub mod kineto;
 pub mod optim;
 pub mod process_group;
 pub mod profile;
 pub use cuda::*;
 pub use cuda_graph::*;
 pub use kernels::*;
+pub use kineto::*;
 pub use optim::*;
 pub use process_group::*;
 pub use profile::*;

@@ -49,6 +49,11 @@ pub fn print_bench(rows: &[crate::bench::BenchRow]) {
                 );
             }
         }
+        if let Some(k) = &r.kernels {
+            for line in k.table().lines() {
+                println!("{:<30} {line}", "");
+            }
+        }
         if let Some(ops) = &r.ops {
             let shown = if std::env::var_os("PLEXUS_OPS_ALL").is_some() { usize::MAX } else { 10 };
             let top: Vec<String> = ops.by_name.iter().take(shown).map(|(n, c)| format!("{n} {c}")).collect();

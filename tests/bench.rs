@@ -13,7 +13,7 @@ train: {optimizer: adamw, lr: 0.001, steps: 1}
 
 fn row(topology: &str) -> bench::BenchRow {
     let e = Experiment::from_str(MLP, "<test>", &[format!("topology.kind={topology}")]).unwrap();
-    bench::bench(&e, &BenchOptions { steps: 3, warmup: 1, case: None, profile: true }).unwrap()
+    bench::bench(&e, &BenchOptions { steps: 3, warmup: 1, profile: true, ..Default::default() }).unwrap()
 }
 
 /// Checks what cannot depend on the machine's load: exact FLOP counts, the shape of the
@@ -95,7 +95,7 @@ fn topologies_add_a_bounded_number_of_kernels_per_unit() {
         .iter()
         .map(|t| (t.to_string(), Experiment::from_str(MLP, "<test>", &[format!("topology.kind={t}")]).unwrap()))
         .collect();
-    let opts = BenchOptions { steps: 1, warmup: 1, case: None, profile: false };
+    let opts = BenchOptions { steps: 1, warmup: 1, ..Default::default() };
     let rows = plexus::native::with_fused_kernels(false, || bench::compare(&exps, &opts)).unwrap();
     let kernels = |t: &str| rows.iter().find(|r| r.label == t).unwrap().kernels.expect("counted on the CPU");
     let e = &exps[0].1;
@@ -148,4 +148,49 @@ fn the_parity_bench_takes_the_shapes_of_a_normal_config_from_its_data_section() 
     let o = run(&["--set", "data={kind: synthetic_images}"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("set them with --set model.KEY=VALUE"), "{err}");
+}
+
+/// `--profile`'s categories on the CPU: every part of the step lands where it belongs — the
+/// forward linears (10 in this MLP) and their backward products in GEMM, the cross-entropy in
+/// loss, AdamW and the gradient norm in optimizer, mHC's stream mixing in topology-own (and
+/// residual's nearly none), a GPT's rotary embedding in RoPE and its SDPA in attention — and the
+/// Chrome trace is written.
+#[test]
+fn the_kernel_profile_sorts_a_step_into_categories() {
+    use plexus::bench::kernel_profile::Category;
+    let dir = tempfile::tempdir().unwrap();
+    let profile = |yaml: &str, topology: &str, trace: Option<std::path::PathBuf>| {
+        let e = Experiment::from_str(yaml, "<test>", &[format!("topology.kind={topology}")]).unwrap();
+        let opts = BenchOptions { steps: 1, warmup: 1, profile: true, trace, ..Default::default() };
+        bench::bench(&e, &opts).unwrap().kernels.expect("profile asked for")
+    };
+    let trace = dir.path().join("mlp.json");
+    let res = profile(MLP, "residual", Some(trace.clone()));
+    println!("{}", res.table());
+    assert!(res.get(Category::Gemm).launches >= 10, "{}", res.table());
+    for c in [Category::Loss, Category::Optimizer] {
+        assert!(res.get(c).launches > 0 && res.get(c).ms > 0.0, "{c:?}\n{}", res.table());
+    }
+    assert_eq!(res.get(Category::Rope).launches, 0, "{}", res.table());
+    let json = std::fs::read_to_string(&trace).unwrap();
+    assert!(json.contains("\"traceEvents\"") && json.contains("plexus::topology"));
+    let mhc = profile(MLP, "mhc", None);
+    println!("{}", mhc.table());
+    assert!(
+        mhc.get(Category::TopologyOwn).launches > 4 * res.get(Category::TopologyOwn).launches.max(1),
+        "mHC's own work\n{}\nagainst residual's\n{}",
+        mhc.table(),
+        res.table()
+    );
+    let gpt = "name: bench-gpt
+model: {kind: gpt, width: 32, depth: 2, heads: 2}
+topology: {kind: residual}
+data: {kind: synthetic_tokens, vocab: 64, seq_len: 16, batch_size: 4}
+train: {optimizer: adamw, lr: 0.001, steps: 1}
+";
+    let g = profile(gpt, "residual", None);
+    println!("{}", g.table());
+    for c in [Category::Rope, Category::Attention, Category::Norm, Category::Activation] {
+        assert!(g.get(c).launches > 0, "{c:?}\n{}", g.table());
+    }
 }

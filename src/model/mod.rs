@@ -143,7 +143,10 @@ impl Model {
     /// logits would be the largest tensor of the step.
     pub fn forward_compute(&self, input: &Tensor, train: bool) -> Tensor {
         let x0 = self.embed(input, train);
-        let y = self.with_units(|units| self.topology.forward(&x0, units, train));
+        let y = self.with_units(|units| {
+            let _scope = crate::native::scope(crate::native::scopes::TOPOLOGY);
+            self.topology.forward(&x0, units, train)
+        });
         self.backbone.readout(&y, train)
     }
 
@@ -247,9 +250,10 @@ struct Fp32Output<'a>(&'a dyn Unit);
 
 impl Unit for Fp32Output<'_> {
     fn forward(&self, x: &Tensor, norm: crate::topology::Norm, train: bool) -> Tensor {
-        self.0.forward(x, norm, train).to_kind(Kind::Float)
+        self.forward_compute(x, norm, train).to_kind(Kind::Float)
     }
     fn forward_compute(&self, x: &Tensor, norm: crate::topology::Norm, train: bool) -> Tensor {
+        let _scope = crate::native::scope(crate::native::scopes::UNIT);
         self.0.forward(x, norm, train)
     }
 }

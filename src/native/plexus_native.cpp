@@ -712,6 +712,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 }
 }  // namespace op_count
 
+// Whether `name` is an operator that only makes a view or allocates (see op_count::is_metadata).
+int plexus_op_is_metadata(const char* name) { return op_count::is_metadata(name) ? 1 : 0; }
+
 char* plexus_op_count_begin() {
   return guarded([&] {
     if (op_count::handle) throw std::runtime_error("operator counting is already running");

@@ -225,7 +225,11 @@ impl Stepper {
         } else {
             self.model.forward(&batch.input, true)
         };
-        let loss = self.task.loss(&out, &batch.target);
+        let loss = {
+            let _scope = crate::native::scope(crate::native::scopes::LOSS);
+            self.task.loss(&out, &batch.target)
+        };
+        let _scope = crate::native::scope(crate::native::scopes::TOPOLOGY);
         match self.model.topology.regularizer() {
             Some(r) => loss + r,
             None => loss,

@@ -16,6 +16,8 @@
 //! matmul count ([`crate::model::ModelSpec::forward_flops`]) × 3 × batch; the machine's own limit is
 //! the best FLOP/s of a large square matmul in the compute dtype, measured in the same process.
 
+pub mod kernel_profile;
+
 use crate::config::Precision;
 use crate::device;
 use crate::experiment::Experiment;
@@ -37,13 +39,16 @@ pub struct BenchOptions {
     pub warmup: usize,
     /// Case name written in the `case` column (default: the config's name).
     pub case: Option<String>,
-    /// Also measure the median time of forward + loss, backward and the optimizer update.
+    /// Also measure the median time of forward + loss, backward and the optimizer update, and
+    /// profile one step's kernels (GPU) or operators (CPU) by category ([`kernel_profile`]).
     pub profile: bool,
+    /// With `profile`: where the profiled step's Chrome trace goes (none if unset).
+    pub trace: Option<std::path::PathBuf>,
 }
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        Self { steps: 20, warmup: 5, case: None, profile: false }
+        Self { steps: 20, warmup: 5, case: None, profile: false, trace: None }
     }
 }
 
@@ -82,6 +87,8 @@ pub struct BenchRow {
     pub page_faults_per_step: Option<f64>,
     /// With `profile`, on the CPU: the operators of one step ([`crate::native::count_ops`]).
     pub ops: Option<crate::native::OpCount>,
+    /// With `profile`: one eager step's kernel (GPU) or operator (CPU) time by category.
+    pub kernels: Option<kernel_profile::KernelProfile>,
 }
 
 impl BenchRow {
@@ -346,6 +353,12 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
     } else {
         None
     };
+    let kernels = if opts.profile {
+        let (_, events) = crate::native::profile(dev.is_cuda(), opts.trace.as_deref(), || t.profiled_step())?;
+        Some(kernel_profile::categorize(&events, dev.is_cuda()))
+    } else {
+        None
+    };
     let peak_rss_mb = rss_mb().map_or(f64::NAN, |m| m.1);
     let act_mem_mb = t.activation_mb();
     drop(_seed);
@@ -381,6 +394,7 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
         phase_ms,
         page_faults_per_step,
         ops,
+        kernels,
     })
 }
 
