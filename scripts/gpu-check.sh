@@ -32,11 +32,14 @@
 #   bench        GPT-2 124M at 16×1024 in bf16: the residual step (ms, MFU against the GPU's
 #                data-sheet peak and the measured matmul rate) and the paired overheads of hacn,
 #                ancre, denseformer, hyper, mhc, attnres, each with CUDA graphs and eager
+#   profile      `bench --profile` of GPT-2 124M with residual, hyper and mHC: one step's GPU kernel
+#                time by category (GEMM, attention, norm, …, topology-own) and its Chrome trace
 #   bench-more   hyper/mHC with PLEXUS_FUSED_KERNELS=0 (what the CUDA kernels buy), LLaMA-130M at
 #                16×1024, the paper Mixer with every topology, graphs and eager
 #   parity       `parity --device cuda`: Rust and the PyTorch references, both on the GPU
-#   bench-torch  PyTorch eager and torch.compile on the same GPT and LLaMA steps (parity/bench.py),
-#                for "plexus ≤ torch.compile"
+#   bench-torch  plexus, PyTorch eager and torch.compile on the same GPT and LLaMA steps, back to back
+#                in one step each (paired: the same machine state), then their ratios
+#                (scripts/slot-results.py), for "plexus ≤ torch.compile"
 #   train        CPU-size configs trained on the GPU in bf16 on real data (Fashion-MNIST Mixers with
 #                H-ACN, residual, mHC; GPT and LLaMA on text), then analyze and plot; a pixel DiT,
 #                sample and fd
@@ -51,43 +54,48 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-# group → "NAME LIMIT_S" lines of its steps (the limits of a group add up to ≤ 470 s).
+# group → "NAME LIMIT_S" lines of its steps (the limits of a group add up to ≤ 470 s). The limits
+# are about 3× what each step took on the H200 slot of 2026-11-26 (bench/gpu/2026-11-26-h200/), at
+# least 10 s; the self-test's (which failed early there) is 20× its CPU time, torch.compile's 3× its
+# compile-and-run time.
 declare -A STEPS=(
-    [doctor]="nvidia-smi 20
-doctor 60
-selftest 390"
-    [kernels]="hyper-fp32 60
-mhc-fp32 60
-hyper-bf16 60
-mhc-bf16 60
-hyper-fp32-composite 60
-mhc-fp32-composite 60
-fused-follows-composite 20
+    [doctor]="nvidia-smi 10
+doctor 15
+selftest 180"
+    [kernels]="hyper-fp32 15
+mhc-fp32 15
+hyper-bf16 15
+mhc-bf16 15
+hyper-fp32-composite 15
+mhc-fp32-composite 15
+fused-follows-composite 10
 syncs 10"
-    [graphs]="residual-graph 50
-residual-eager 50
-hyper-graph 50
-hyper-eager 50
-mhc-graph 50
-mhc-eager 50
-dropout-graph 50
+    [graphs]="residual-graph 15
+residual-eager 15
+hyper-graph 15
+hyper-eager 15
+mhc-graph 15
+mhc-eager 15
+dropout-graph 15
 graphs-follow-eager 10
-bench-mixer-graph 50
-bench-mixer-eager 50"
-    [bench]="gpt-residual 90
-gpt-residual-eager 80
-gpt-compare 150
-gpt-compare-eager 150"
-    [bench-more]="gpt-composite 100
-llama-residual 80
-llama-compare 150
-mixer-compare 70
-mixer-compare-eager 70"
-    [parity]="parity 460"
-    [bench-torch]="gpt-eager 90
-gpt-compile 150
-llama-eager 80
-llama-compile 150"
+bench-mixer-graph 20
+bench-mixer-eager 20"
+    [bench]="gpt-residual 20
+gpt-residual-eager 15
+gpt-compare 45
+gpt-compare-eager 40"
+    [profile]="gpt-residual 45
+gpt-hyper 45
+gpt-mhc 45"
+    [bench-more]="gpt-composite 30
+llama-residual 15
+llama-compare 30
+mixer-compare 20
+mixer-compare-eager 20"
+    [parity]="parity 60"
+    [bench-torch]="gpt-paired 210
+llama-paired 200
+ratios 10"
     [train]="train-mixer-hacn 60
 train-mixer-res 60
 train-mixer-mhc 60
@@ -99,7 +107,7 @@ train-dit-ancre 60
 sample-dit 15
 fd-dit 15"
 )
-ORDER=(doctor kernels graphs bench bench-more parity bench-torch train)
+ORDER=(doctor kernels graphs bench profile bench-more parity bench-torch train)
 
 list() {
     for g in "${ORDER[@]}"; do
@@ -367,7 +375,7 @@ group_graphs() {
     step bench-mixer-graph "$PLEXUS" bench "$mixer" --compare residual,hacn,hyper,mhc --steps 10 --warmup 3 \
         --csv "$G/overhead.csv" --case mixer-graph
     step bench-mixer-eager "$PLEXUS" bench "$mixer" --compare residual,hacn,hyper,mhc --steps 10 --warmup 3 \
-        --set train.cuda_graphs=off --csv "$G/overhead.csv" --case mixer-eager
+        --set train.cuda_graphs=off --csv "$G/overhead.csv" --case mixer-graph-off
 }
 
 group_bench() {
@@ -379,6 +387,14 @@ group_bench() {
     step gpt-compare "$PLEXUS" bench "$gpt" --compare "$all" --steps 10 --warmup 3 --csv "$G/overhead.csv" --case gpt
     step gpt-compare-eager "$PLEXUS" bench "$gpt" --compare "$all" --steps 10 --warmup 3 --set train.cuda_graphs=off \
         --csv "$G/overhead.csv" --case gpt-eager
+}
+
+group_profile() {
+    local gpt=bench/configs/gpu/gpt.yaml topo
+    for topo in residual hyper mhc; do
+        step "gpt-$topo" "$PLEXUS" bench "$gpt" --set topology.kind=$topo --steps 5 --warmup 3 --profile \
+            --trace "$G/trace-gpt-$topo.json" --case "gpt/$topo"
+    done
 }
 
 group_bench-more() {
@@ -407,7 +423,7 @@ group_bench-torch() {
     local b=(env PYTHONUNBUFFERED=1 "$PY" parity/bench.py)
     if ! python_references; then
         local s
-        for s in gpt-eager gpt-compile llama-eager llama-compile; do
+        for s in gpt-paired llama-paired ratios; do
             skip "$s" "$PY cannot import torch, yaml and safetensors (scripts/gpu-slot-pack.sh packs the last two)"
         done
         return 0
@@ -417,18 +433,20 @@ group_bench-torch() {
     command -v "${CC:-cc}" >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || no_compile="no C compiler (cc, gcc)"
     "$PY" -c 'import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
         2>/dev/null || no_compile="${no_compile:+$no_compile, }no Python.h for $PY"
-    step gpt-eager "${b[@]}" "$gpt" --mode eager --steps 20 --warmup 5 --csv "$G/raw.csv" --case gpt/residual
-    if [[ -n $no_compile ]]; then
-        skip gpt-compile "torch.compile cannot build here: $no_compile"
-    else
-        step gpt-compile "${b[@]}" "$gpt" --mode compile --steps 20 --warmup 5 --csv "$G/raw.csv" --case gpt/residual
-    fi
-    step llama-eager "${b[@]}" "$llama" --mode eager --steps 20 --warmup 5 --csv "$G/raw.csv" --case llama/residual
-    if [[ -n $no_compile ]]; then
-        skip llama-compile "torch.compile cannot build here: $no_compile"
-    else
-        step llama-compile "${b[@]}" "$llama" --mode compile --steps 20 --warmup 5 --csv "$G/raw.csv" --case llama/residual
-    fi
+    # plexus, eager and compiled, back to back in one step per model: the ratio is paired.
+    local m cfg impl
+    for m in gpt llama; do
+        cfg=bench/configs/gpu/$m.yaml
+        local cmds="\"\$1\" bench $cfg --steps 20 --warmup 5 --csv $G/raw.csv --case $m/residual"
+        cmds+=" && ${b[*]} $cfg --mode eager --steps 20 --warmup 5 --csv $G/raw.csv --case $m/residual"
+        if [[ -n $no_compile ]]; then
+            echo "torch.compile cannot build here: $no_compile" >>"$G/about.txt"
+        else
+            cmds+=" && ${b[*]} $cfg --mode compile --steps 20 --warmup 5 --csv $G/raw.csv --case $m/residual"
+        fi
+        step "$m-paired" bash -c "$cmds" _ "$PLEXUS"
+    done
+    step ratios "$PY" "$ROOT/scripts/slot-results.py" "$G"
 }
 
 group_train() {

@@ -5,7 +5,9 @@
 #   .gpu-slot/plexus    the release binary (debug symbols stripped), built by scripts/setup.sh
 #   .gpu-slot/COMMIT    the commit it was built from ("+dirty" when the tree had changes)
 #   .gpu-slot/SOURCES   the hash of its sources (scripts/source-hash.sh), which gpu-check.sh checks
-#   .gpu-slot/data/     what the `train` group reads: fashion-mnist/, text/tinyshakespeare.txt and
+#   .gpu-slot/data/     what the `train` group reads: fashion-mnist/ (its test set whole, its training
+#                       set cut to the first 10,000 images, so that binary and data fit the device
+#                       tool's 64 MiB: a GPU smoke run, not a result), text/tinyshakespeare.txt and
 #                       text/wiki_summaries.txt (from scripts/fetch-data.sh's data root)
 #   .gpu-slot/py/       PyYAML and safetensors from the venv, which the PyTorch references import and
 #                       a GPU image with torch alone lacks (pure Python; safetensors' abi3 library)
@@ -57,7 +59,23 @@ rm -rf "$SLOT/data"
 if ((WITH_DATA)); then
     DATA="$("$ROOT/scripts/fetch-data.sh")"
     mkdir -p "$SLOT/data/fashion-mnist" "$SLOT/data/text"
-    cp -L "$DATA"/fashion-mnist/*.gz "$SLOT/data/fashion-mnist/"
+    cp -L "$DATA"/fashion-mnist/t10k-*.gz "$SLOT/data/fashion-mnist/"
+    # The first N samples of an IDX file: its header with the count N, then N records.
+    cut_idx() {  # SRC DST HEADER_BYTES RECORD_BYTES N
+        python3 - "$@" <<'PY'
+import gzip, struct, sys
+src, dst, header, record, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+with gzip.open(src, "rb") as f:
+    head = bytearray(f.read(header))
+    body = f.read(record * n)
+assert struct.unpack(">I", head[4:8])[0] >= n and len(body) == record * n, src
+head[4:8] = struct.pack(">I", n)
+with gzip.open(dst, "wb", compresslevel=9) as f:
+    f.write(bytes(head) + body)
+PY
+    }
+    cut_idx "$DATA/fashion-mnist/train-images-idx3-ubyte.gz" "$SLOT/data/fashion-mnist/train-images-idx3-ubyte.gz" 16 784 10000
+    cut_idx "$DATA/fashion-mnist/train-labels-idx1-ubyte.gz" "$SLOT/data/fashion-mnist/train-labels-idx1-ubyte.gz" 8 1 10000
     for f in tinyshakespeare.txt wiki_summaries.txt; do
         if [[ -f "$DATA/text/$f" ]]; then
             cp -L "$DATA/text/$f" "$SLOT/data/text/"
@@ -71,3 +89,4 @@ du -sh "$SLOT/plexus" "$SLOT/data" 2>/dev/null >&2 || true
 total_kb=$(( $(du -sk "$SLOT" | cut -f1) + $(git -C "$ROOT" ls-files -z | du -ck --files0-from=- | tail -1 | cut -f1) ))
 echo "[gpu-slot-pack] with the tracked files: $((total_kb / 1024)) MiB (the device tool carries at most 64 MiB)" >&2
 ((total_kb <= 64 * 1024)) || echo "[gpu-slot-pack] too large for the device tool: pack with --no-data" >&2
+true

@@ -156,6 +156,12 @@ impl KernelProfile {
     pub fn table(&self) -> String {
         let (what, count) = if self.gpu { ("GPU kernel time", "kernels") } else { ("CPU operator time", "operators") };
         let total = self.total_ms();
+        if self.gpu && self.launches() == 0 {
+            return format!(
+                "{what} of one step: no kernel was recorded (libtorch's profiler found no CUPTI: the \
+                 nvidia-cuda-cupti package of the CUDA version, next to the torch wheel)\n"
+            );
+        }
         let mut out =
             format!("{what} of one step, by category:\n  {:<13} {:>9} {:>7} {:>9}\n", "", "ms", "share", count);
         for r in self.rows.iter().filter(|r| r.launches > 0) {
