@@ -71,7 +71,7 @@ pub enum Cmd {
         #[arg(long, value_delimiter = ',')]
         by: Vec<String>,
         /// Metrics, comma-separated: summary.json's numbers (eval.accuracy, final_loss, gamma,
-        /// success, …) and best.eval.<column> (best over the run's evaluations).
+        /// success, …) and best.eval.`<column>` (best over the run's evaluations).
         #[arg(long = "metric", value_delimiter = ',')]
         metrics: Vec<String>,
         /// The setting to compare the others with, paired by seed, e.g. topology.kind=residual.

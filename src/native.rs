@@ -20,16 +20,17 @@
 //!   read's, the write's, `norm_project`'s and `hyper_pre`'s row loops are
 //!   built for baseline x86-64, AVX2 + FMA and AVX-512 and picked by the CPU ([`KernelIsa`],
 //!   [`kernel_isa`]);
-//! * the language-model loss on bf16 logits without their fp32 copy (`src/native/losses.cpp`, any
-//!   device): [`cross_entropy_chunked`];
+//! * the language-model loss on bf16 logits without their fp32 copy ([`cross_entropy_lm`]): on a
+//!   GPU plexus' CUDA loss kernels ([`cross_entropy_cuda`]), elsewhere chunks of composite
+//!   operators (`src/native/losses.cpp`, [`cross_entropy_chunked`]);
 //! * the dense topologies' history buffer (`src/native/history.cpp`, any device):
 //!   [`history_push`], [`history_mix`] (used through `topology::common::History`);
 //! * CUDA kernels compiled at run time with NVRTC (`src/native/cuda_kernels.cpp`, the kernels in
-//!   `src/native/sinkhorn.cu` and `streams.cu`): mHC's Sinkhorn ([`sinkhorn_cuda`]) and the stream
-//!   read and write (through [`stream_read_fused`] and [`stream_write_fused`] for fp32 CUDA
-//!   tensors); for the
-//!   tests and `doctor`, [`sinkhorn_cuda_host`], [`streams_host`], [`cuda_kernels_compile`],
-//!   [`nvrtc_version`].
+//!   `src/native/sinkhorn.cu`, `streams.cu` and `losses.cu`): mHC's Sinkhorn ([`sinkhorn_cuda`]),
+//!   the stream read and write (through [`stream_read_fused`] and [`stream_write_fused`] for fp32
+//!   CUDA tensors) and the language-model loss ([`cross_entropy_cuda`]); for the tests and
+//!   `doctor`, [`sinkhorn_cuda_host`], [`streams_host`], [`cross_entropy_host`],
+//!   [`cuda_kernels_compile`], [`nvrtc_version`].
 //!
 //! * the choice between them: [`stream_read`], [`stream_write`] and [`sinkhorn`] run the fused CPU
 //!   kernel, the CUDA kernel or the composite libtorch graph ([`stream_read_composite`], …, the
@@ -166,6 +167,18 @@ mod ffi {
             log: *mut *mut c_char,
         ) -> *mut c_char;
         pub fn plexus_nvrtc_version(version: *mut c_int, path: *mut *mut c_char) -> *mut c_char;
+        pub fn plexus_cross_entropy_cuda(
+            logits: *mut C_tensor,
+            target: *mut C_tensor,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
+        pub fn plexus_cross_entropy_host(
+            logits: *mut C_tensor,
+            target: *mut C_tensor,
+            scale: f64,
+            threads: i64,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
         pub fn plexus_cross_entropy_chunked(
             logits: *mut C_tensor,
             target: *mut C_tensor,
@@ -410,6 +423,55 @@ mod tests {
         assert!(e.to_string().contains("at least 1 row"), "{e}");
     }
 
+    /// The CUDA loss kernels' arithmetic (run on the CPU, each row's block as 1, 7 and 256 threads)
+    /// against libtorch's fp32 `cross_entropy` of the same logits and an fp64 reference: the loss
+    /// and the log-sum-exps no further from fp64 than 8× libtorch's error plus 4 fp32 units; the
+    /// gradient, in the logits' dtype, at most one bf16 unit (bf16) or 1e-6 (fp32) from libtorch's
+    /// rounded once; a target outside 0..V gives a NaN loss for its row only.
+    #[test]
+    fn the_cuda_loss_kernels_arithmetic_equals_libtorchs_cross_entropy() {
+        use tch::Kind;
+        let (n, v) = (6i64, 1000i64);
+        let target = Tensor::from_slice(&[3i64, 0, 999, 517, 517, 12]);
+        let base = (Tensor::arange(n * v, (Kind::Double, tch::Device::Cpu)).reshape([n, v]) * 0.37).sin() * 8.0;
+        let scale = 1.7 / n as f64;
+        for kind in [Kind::BFloat16, Kind::Float] {
+            let x = base.to_kind(kind);
+            // libtorch's fp32 loss and gradient (g = 1.7), and the fp64 truth of the same inputs.
+            let x_ref = x.detach().set_requires_grad(true);
+            let want = x_ref.to_kind(Kind::Float).cross_entropy_for_logits(&target);
+            (&want * 1.7).backward();
+            let x64 = x.to_kind(Kind::Double);
+            let lse64 = x64.logsumexp([1], false);
+            let loss64 = (&lse64 - x64.gather(1, &target.unsqueeze(1), false).squeeze_dim(1)).mean(Kind::Double);
+            for threads in [1, 7, 256] {
+                let (lse, rows, grad) = cross_entropy_host(&x, &target, scale, threads).unwrap();
+                assert_eq!((lse.kind(), rows.kind(), grad.kind()), (Kind::Float, Kind::Float, kind));
+                let ulp = f64::from(f32::EPSILON);
+                let err = |a: &Tensor, b: &Tensor| {
+                    crate::host::scalar(&(a.to_kind(Kind::Double) - b).abs().max())
+                        / crate::host::scalar(&b.abs().max()).max(1.0)
+                };
+                let (e_lse, e_loss) = (err(&lse, &lse64), err(&rows.mean(Kind::Double), &loss64));
+                let e_ref = err(&want.detach(), &loss64);
+                assert!(e_lse <= 4.0 * ulp, "{kind:?} threads {threads}: lse off by {e_lse:e}");
+                assert!(
+                    e_loss <= 8.0 * e_ref + 4.0 * ulp,
+                    "{kind:?} threads {threads}: loss {e_loss:e}, libtorch {e_ref:e}"
+                );
+                let gr = x_ref.grad();
+                let g_scale = crate::host::scalar(&gr.abs().max());
+                let g_err = crate::host::scalar(&(grad.to_kind(Kind::Double) - gr.to_kind(Kind::Double)).abs().max());
+                let tol = if kind == Kind::BFloat16 { g_scale / 128.0 } else { 1e-6 * g_scale };
+                assert!(g_err <= tol, "{kind:?} threads {threads}: gradient off by {g_err:e} (scale {g_scale:e})");
+            }
+        }
+        let bad = Tensor::from_slice(&[3i64, 0, 1000, 517, -1, 12]);
+        let (_, rows, _) = cross_entropy_host(&base.to_kind(Kind::Float), &bad, 1.0, 32).unwrap();
+        let nan: Vec<bool> = (0..n).map(|i| crate::host::scalar(&rows.get(i)).is_nan()).collect();
+        assert_eq!(nan, [false, false, true, false, true, false]);
+    }
+
     /// CUDA graphs are built wherever NCCL is (the same CUDA headers), and without a GPU a graph
     /// cannot be made: an error, not a crash.
     #[test]
@@ -471,6 +533,9 @@ mod tests {
                 // Six kernels, each with ptxas' resource line; none spills registers to local memory.
                 assert!(k.usage().len() >= 6, "n = {n}, {}: ptxas wrote no resource usage:\n{}", k.target, k.log);
                 assert_eq!(k.spill_bytes(), Some(0), "n = {n}, {}: register spills\n{}", k.target, k.log);
+                for name in ["plexus_cross_entropy_forward_bf16", "plexus_cross_entropy_backward_f32"] {
+                    assert!(k.log.contains(name), "n = {n}, {}: no {name} in ptxas' log", k.target);
+                }
             }
         }
         let k = cuda_kernels_compile(4, 990).unwrap();

@@ -354,7 +354,7 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
         None
     };
     let kernels = if opts.profile {
-        let (_, events) = crate::native::profile(dev.is_cuda(), opts.trace.as_deref(), || t.profiled_step())?;
+        let (_, events) = crate::native::profile_events(dev.is_cuda(), opts.trace.as_deref(), || t.profiled_step())?;
         Some(kernel_profile::categorize(&events, dev.is_cuda()))
     } else {
         None

@@ -44,6 +44,7 @@
 #include "cuda_prelude.cuh"
 #include "sinkhorn.cu"
 #include "streams.cu"
+#include "losses.cu"
 
 using plexus_native::dup_string;
 using plexus_native::guarded;
@@ -63,6 +64,7 @@ const char kSource[] =
 constexpr int64_t kMaxStreams = 8;
 constexpr unsigned kThreads = 128;        // Sinkhorn: threads per block (= __launch_bounds__), one per token
 constexpr unsigned kStreamThreads = 128;  // the stream kernels: threads per block, one block per token
+constexpr unsigned kLossThreads = 256;    // the loss kernels: threads per block, one block per row of logits
 
 // Calls f with std::integral_constant<int, n> for n in 1..=kMaxStreams.
 template <typename F>
@@ -141,6 +143,21 @@ void host_stream_write(const T* h, const T* res, const T* post, const T* o, cons
       }
     }
   });
+}
+
+// The loss kernels' per-row functions on the CPU, a row's block emulated by `threads` calls whose
+// online-softmax states merge in thread order: lse and loss [N] (fp32), and with `grad` the
+// logits' gradient at scale `scale` (x: [N, V] bf16 as raw bits, or fp32).
+template <typename T>
+void host_cross_entropy(const T* x, const long long* target, float scale, float* lse, float* loss, T* grad, int64_t n,
+                        int64_t v, int64_t threads) {
+  for (int64_t r = 0; r < n; ++r) {
+    plexus_losses::Online s = plexus_losses::online_empty();
+    for (int64_t i = 0; i < threads; ++i) s = plexus_losses::online_merge(s, plexus_losses::row_online(x, r, v, i, threads));
+    plexus_losses::row_finish(x, target, lse, loss, r, v, s);
+    if (grad == nullptr) continue;
+    for (int64_t i = 0; i < threads; ++i) plexus_losses::row_backward(x, target, lse, scale, grad, r, v, i, threads);
+  }
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -288,10 +305,12 @@ Image compile(int64_t n, int arch) {
   const std::string arch_opt = "--gpu-architecture=" + image.target;
   const std::string n_opt = "-DPLEXUS_N=" + std::to_string(n);
   const std::string threads_opt = "-DPLEXUS_STREAM_THREADS=" + std::to_string(kStreamThreads);
+  const std::string loss_threads_opt = "-DPLEXUS_LOSS_THREADS=" + std::to_string(kLossThreads);
   // ptxas -v writes each kernel's registers and spill bytes into the log: a register spill (local
   // memory traffic in the inner loop) fails the compile test.
-  const char* opts[] = {arch_opt.c_str(), n_opt.c_str(), threads_opt.c_str(), "--std=c++17", "--ptxas-options=-v"};
-  const int n_opts = image.cubin ? 5 : 4;
+  const char* opts[] = {arch_opt.c_str(), n_opt.c_str(),  threads_opt.c_str(), loss_threads_opt.c_str(),
+                        "--std=c++17",    "--ptxas-options=-v"};
+  const int n_opts = image.cubin ? 6 : 5;
   nvrtcProgram prog = nullptr;
   lib.check(lib.CreateProgram(&prog, kSource, "plexus_kernels.cu", 0, nullptr, nullptr), "nvrtcCreateProgram");
   struct Destroy {
@@ -418,6 +437,8 @@ struct Kernels {
   CUfunction forward = nullptr;   // Sinkhorn
   CUfunction backward = nullptr;  // Sinkhorn
   CUfunction read = nullptr, read_backward = nullptr, write = nullptr, write_backward = nullptr;
+  // The loss, by the logits' dtype: [0] bf16, [1] fp32.
+  CUfunction ce_forward[2] = {nullptr, nullptr}, ce_backward[2] = {nullptr, nullptr};
   int64_t n = 0;
   std::string target;
 };
@@ -548,6 +569,40 @@ void launch_write_backward(const Kernels& k, const at::Tensor& h, const at::Tens
   launch(k, k.write_backward, "stream write backward", h.device(), m, kStreamThreads, args);
 }
 
+// The loss kernels: one block of kLossThreads per row; logits [N, V] contiguous bf16 or fp32 on the
+// kernels' device, target [N] int64, lse and loss [N] fp32; grad like the logits; scale a one-element
+// fp32 tensor on the device (g/N).
+int loss_kind(const at::Tensor& logits) {
+  if (logits.scalar_type() == at::kBFloat16) return 0;
+  if (logits.scalar_type() == at::kFloat) return 1;
+  throw std::invalid_argument("the CUDA loss kernels take bf16 or fp32 logits");
+}
+
+void launch_ce_forward(const Kernels& k, const at::Tensor& logits, const at::Tensor& target, const at::Tensor& lse,
+                       const at::Tensor& loss) {
+  const void* xp = logits.const_data_ptr();
+  const long long* tp = reinterpret_cast<const long long*>(target.const_data_ptr<int64_t>());
+  float* lp = lse.mutable_data_ptr<float>();
+  float* op = loss.mutable_data_ptr<float>();
+  long long v = logits.size(1);
+  void* args[] = {&xp, &tp, &lp, &op, &v};
+  launch(k, k.ce_forward[loss_kind(logits)], "cross-entropy forward", logits.device(), logits.size(0), kLossThreads,
+         args);
+}
+
+void launch_ce_backward(const Kernels& k, const at::Tensor& logits, const at::Tensor& target, const at::Tensor& lse,
+                        const at::Tensor& scale, const at::Tensor& grad) {
+  const void* xp = logits.const_data_ptr();
+  const long long* tp = reinterpret_cast<const long long*>(target.const_data_ptr<int64_t>());
+  const float* lp = lse.const_data_ptr<float>();
+  const float* sp = scale.const_data_ptr<float>();
+  void* gp = grad.mutable_data_ptr();
+  long long v = logits.size(1);
+  void* args[] = {&xp, &tp, &lp, &sp, &gp, &v};
+  launch(k, k.ce_backward[loss_kind(logits)], "cross-entropy backward", logits.device(), logits.size(0), kLossThreads,
+         args);
+}
+
 // A deterministic fp64 CPU tensor whose values are fp32 numbers (so that only the arithmetic
 // differs between the kernels and their reference).
 at::Tensor pattern(at::IntArrayRef sizes, double phase) {
@@ -608,6 +663,50 @@ void self_check_streams(const Kernels& k, c10::Device device) {
                                  (per_token ? ", per-token" : ", shared") + " weights) disagree with their CPU " +
                                  "reference: " + what + " off by " + std::to_string(dev) + " (relative; tolerance 1e-4)");
       }
+    }
+  }
+}
+
+// The loss kernels against their per-row functions on the CPU (float arithmetic, threads merged in
+// order; the GPU merges them as a tree): 3 rows of 2·kLossThreads + 37 logits (some threads loop
+// three times), bf16 and fp32, a target in each row, one out of range (its loss must be NaN).
+void self_check_loss(const Kernels& k, c10::Device device) {
+  const int64_t n = 3, v = 2 * kLossThreads + 37;
+  const auto x64 = pattern({n, v}, 0.9) * 4.0;
+  const auto target = at::tensor(std::vector<int64_t>{5, v - 1, v}, at::kLong);
+  for (const auto dtype : {at::kBFloat16, at::kFloat}) {
+    const auto x = x64.to(dtype).contiguous();
+    auto lse = at::empty({n}, at::kFloat), loss = at::empty({n}, at::kFloat), grad = at::empty_like(x);
+    const float scale = 0.5f;
+    if (dtype == at::kFloat) {
+      host_cross_entropy<float>(x.const_data_ptr<float>(), reinterpret_cast<const long long*>(target.const_data_ptr<int64_t>()), scale,
+                                lse.mutable_data_ptr<float>(), loss.mutable_data_ptr<float>(),
+                                grad.mutable_data_ptr<float>(), n, v, kLossThreads);
+    } else {
+      host_cross_entropy<unsigned short>(reinterpret_cast<const unsigned short*>(x.const_data_ptr()),
+                                         reinterpret_cast<const long long*>(target.const_data_ptr<int64_t>()), scale, lse.mutable_data_ptr<float>(),
+                                         loss.mutable_data_ptr<float>(),
+                                         reinterpret_cast<unsigned short*>(grad.mutable_data_ptr()), n, v,
+                                         kLossThreads);
+    }
+    const auto opts = at::TensorOptions().device(device);
+    const auto xd = x.to(device), td = target.to(device);
+    auto lse_d = at::empty({n}, opts.dtype(at::kFloat)), loss_d = at::empty({n}, opts.dtype(at::kFloat)),
+         grad_d = at::empty_like(xd), scale_d = at::full({1}, scale, opts.dtype(at::kFloat));
+    launch_ce_forward(k, xd, td, lse_d, loss_d);
+    launch_ce_backward(k, xd, td, lse_d, scale_d, grad_d);
+    const auto loss_h = loss_d.to(at::kCPU);
+    const bool nan_kept = std::isnan(loss_h[2].item<float>());
+    const double dl = deviation(lse_d, lse.to(at::kDouble)),
+                 dv = deviation(loss_h.narrow(0, 0, 2), loss.narrow(0, 0, 2).to(at::kDouble)),
+                 dg = deviation(grad_d.to(at::kFloat), grad.to(at::kFloat).to(at::kDouble));
+    // bf16 gradients may round the other way where the two merge orders differ in the last fp32 bit.
+    const double tol_g = dtype == at::kFloat ? 1e-4 : 1e-2;
+    if (!(dl <= 1e-4 && dv <= 1e-4 && dg <= tol_g && nan_kept)) {
+      throw std::runtime_error(std::string("the CUDA loss kernels (") + (dtype == at::kFloat ? "fp32" : "bf16") + ", " +
+                               k.target + ") disagree with their CPU reference: log-sum-exp off by " +
+                               std::to_string(dl) + ", loss by " + std::to_string(dv) + ", gradient by " +
+                               std::to_string(dg) + (nan_kept ? "" : ", an out-of-range target's loss is not NaN"));
     }
   }
 }
@@ -695,8 +794,16 @@ const Kernels& kernels_for(c10::Device device, int64_t n) {
       d.check(d.ModuleGetFunction(&k->read_backward, module, "plexus_stream_read_backward"), "cuModuleGetFunction");
       d.check(d.ModuleGetFunction(&k->write, module, "plexus_stream_write"), "cuModuleGetFunction");
       d.check(d.ModuleGetFunction(&k->write_backward, module, "plexus_stream_write_backward"), "cuModuleGetFunction");
+      const char* suffix[2] = {"bf16", "f32"};
+      for (int i = 0; i < 2; ++i) {
+        const std::string fwd = std::string("plexus_cross_entropy_forward_") + suffix[i];
+        const std::string bwd = std::string("plexus_cross_entropy_backward_") + suffix[i];
+        d.check(d.ModuleGetFunction(&k->ce_forward[i], module, fwd.c_str()), "cuModuleGetFunction");
+        d.check(d.ModuleGetFunction(&k->ce_backward[i], module, bwd.c_str()), "cuModuleGetFunction");
+      }
       self_check(*k, device);
       self_check_streams(*k, device);
+      if (n == 1) self_check_loss(*k, device);
     } catch (const c10::Error& e) {
       k.reset();
       error = e.what_without_backtrace();
@@ -785,6 +892,39 @@ struct SinkhornCuda : public torch::autograd::Function<SinkhornCuda> {
   }
 };
 
+// Mean cross-entropy of logits [N, V] (bf16 or fp32, CUDA) against target [N] int64 → 0-dim fp32;
+// the loss kernels of losses.cu each way. Saved for backward: the logits (their own dtype) and the
+// row log-sum-exps [N].
+struct CrossEntropyCuda : public torch::autograd::Function<CrossEntropyCuda> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_in, const at::Tensor& target_in) {
+    const c10::DeviceGuard guard(logits_in.device());
+    const auto logits = logits_in.contiguous();
+    const auto target = target_in.contiguous();
+    loss_kind(logits);
+    const Kernels& k = kernels_for(logits.device(), 1);
+    const int64_t n = logits.size(0);
+    const auto f32 = logits.options().dtype(at::kFloat);
+    auto lse = at::empty({n}, f32), loss = at::empty({n}, f32);
+    launch_ce_forward(k, logits, target, lse, loss);
+    ctx->save_for_backward({logits, target, lse});
+    return loss.sum().div_(static_cast<double>(std::max<int64_t>(n, 1)));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& logits = saved[0];
+    const c10::DeviceGuard guard(logits.device());
+    const Kernels& k = kernels_for(logits.device(), 1);
+    // g/N on the device: no read, so that a captured step takes the replay's g.
+    const auto scale = (grads[0].to(at::kFloat) / static_cast<double>(std::max<int64_t>(logits.size(0), 1)))
+                           .reshape({1})
+                           .contiguous();
+    auto grad = at::empty_like(logits, at::MemoryFormat::Contiguous);
+    launch_ce_backward(k, logits, saved[1], saved[2], scale, grad);
+    return {grad, at::Tensor()};
+  }
+};
+
 }  // namespace
 
 extern "C" {
@@ -792,6 +932,58 @@ extern "C" {
 // P = Sinkhorn(exp(logits)) on a CUDA device (fp32 logits [.., n, n], 1 ≤ n ≤ 8), differentiable.
 char* plexus_sinkhorn_cuda(at::Tensor* logits, int64_t iters, at::Tensor** out) {
   return guarded([&] { *out = new at::Tensor(SinkhornCuda::apply(*logits, iters)); });
+}
+
+// The mean cross-entropy of logits [N, V] (bf16 or fp32 on a CUDA device) against target [N] int64
+// on that device, through the loss kernels; differentiable (the logits).
+char* plexus_cross_entropy_cuda(at::Tensor* logits, at::Tensor* target, at::Tensor** out) {
+  return guarded([&] {
+    const auto& x = *logits;
+    const auto& t = *target;
+    if (x.dim() != 2 || !x.is_cuda() || !(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat)) {
+      throw std::invalid_argument("the CUDA loss takes bf16 or fp32 logits [N, V] on a CUDA device");
+    }
+    if (t.dim() != 1 || t.size(0) != x.size(0) || t.scalar_type() != at::kLong || t.device() != x.device()) {
+      throw std::invalid_argument("the CUDA loss takes an int64 target [N] on the logits' device");
+    }
+    *out = new at::Tensor(CrossEntropyCuda::apply(x, t));
+  });
+}
+
+// The loss kernels' per-row arithmetic on the CPU, each row's block as `threads` threads: logits
+// [N, V] (bf16 or fp32, CPU, contiguous), target [N] int64 → out[0] = lse [N], out[1] = the rows'
+// losses [N] (fp32), out[2] = the logits' gradient at `scale` (the logits' dtype).
+char* plexus_cross_entropy_host(at::Tensor* logits, at::Tensor* target, double scale, int64_t threads,
+                                at::Tensor** out) {
+  return guarded([&] {
+    const auto& x = *logits;
+    const auto& t = *target;
+    if (x.dim() != 2 || !x.device().is_cpu() || !x.is_contiguous() ||
+        !(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat)) {
+      throw std::invalid_argument("plexus_cross_entropy_host takes contiguous bf16 or fp32 CPU logits [N, V]");
+    }
+    if (t.dim() != 1 || t.size(0) != x.size(0) || t.scalar_type() != at::kLong || !t.is_contiguous() ||
+        !t.device().is_cpu()) {
+      throw std::invalid_argument("plexus_cross_entropy_host takes a contiguous int64 CPU target [N]");
+    }
+    if (threads < 1) throw std::invalid_argument("plexus_cross_entropy_host takes threads ≥ 1");
+    const int64_t n = x.size(0), v = x.size(1);
+    auto lse = at::empty({n}, at::kFloat), loss = at::empty({n}, at::kFloat), grad = at::empty_like(x);
+    const auto s = static_cast<float>(scale);
+    if (x.scalar_type() == at::kFloat) {
+      host_cross_entropy<float>(x.const_data_ptr<float>(), reinterpret_cast<const long long*>(t.const_data_ptr<int64_t>()), s,
+                                lse.mutable_data_ptr<float>(), loss.mutable_data_ptr<float>(),
+                                grad.mutable_data_ptr<float>(), n, v, threads);
+    } else {
+      host_cross_entropy<unsigned short>(reinterpret_cast<const unsigned short*>(x.const_data_ptr()),
+                                         reinterpret_cast<const long long*>(t.const_data_ptr<int64_t>()), s, lse.mutable_data_ptr<float>(),
+                                         loss.mutable_data_ptr<float>(),
+                                         reinterpret_cast<unsigned short*>(grad.mutable_data_ptr()), n, v, threads);
+    }
+    out[0] = new at::Tensor(lse);
+    out[1] = new at::Tensor(loss);
+    out[2] = new at::Tensor(grad);
+  });
 }
 
 // The CUDA kernels' per-token arithmetic on the CPU (contiguous fp32 or fp64 CPU tensors [.., n, n],

@@ -375,6 +375,65 @@ pub fn nvrtc_version() -> Result<(i32, String)> {
     Ok((version, take_string(path)))
 }
 
+/// The language-model loss on logits in a compute dtype other than fp32: the mean cross-entropy of
+/// `logits` `[N, V]` against `target` `[N]` (int64, same device), in fp32 arithmetic as autocast's
+/// `cross_entropy`, without an fp32 copy of the logits. On a GPU, plexus' CUDA loss kernels
+/// ([`cross_entropy_cuda`]: one pass over the logits each way); elsewhere, and where those cannot
+/// run or `PLEXUS_FUSED_KERNELS=0`, [`cross_entropy_chunked`]. → 0-dim fp32.
+pub fn cross_entropy_lm(logits: &Tensor, target: &Tensor) -> Result<Tensor> {
+    let takes = logits.device().is_cuda()
+        && fused_kernels_on()
+        && !cuda_kernels_unavailable()
+        && matches!(logits.kind(), Kind::BFloat16 | Kind::Float);
+    if takes {
+        if let Some(loss) = cuda_result(cross_entropy_cuda(logits, target)) {
+            return Ok(loss);
+        }
+    }
+    cross_entropy_chunked(logits, target)
+}
+
+/// [`cross_entropy_lm`] through plexus' CUDA loss kernels (`src/native/losses.cu`): forward one
+/// block per row reads the logits once (an online softmax: the row's log-sum-exp and its loss),
+/// backward one block per row reads them once more and writes the gradient in their dtype. bf16 or
+/// fp32 logits on a CUDA device; an error (starting [`CUDA_KERNELS_UNAVAILABLE_PREFIX`] where the
+/// kernels cannot run) otherwise.
+pub fn cross_entropy_cuda(logits: &Tensor, target: &Tensor) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: both handles are live for the call; the C++ side writes a new, caller-owned tensor.
+    let err = unsafe { ffi::plexus_cross_entropy_cuda(logits.as_ptr() as *mut _, target.as_ptr() as *mut _, &mut out) };
+    fused_result(err, out)
+}
+
+/// The CUDA loss kernels' per-row arithmetic run on the CPU (each row's block as `threads`
+/// threads, their states merged in thread order): `(lse [N], the rows' losses [N], the logits'
+/// gradient at `scale`)`. `logits` `[N, V]` bf16 or fp32 on the CPU, `target` `[N]` int64. For
+/// the tests: what the kernels compute, against libtorch's composite loss and an fp64 reference.
+pub fn cross_entropy_host(
+    logits: &Tensor,
+    target: &Tensor,
+    scale: f64,
+    threads: i64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (logits, target) = (logits.contiguous(), target.contiguous());
+    let mut out: [*mut torch_sys::C_tensor; 3] = [std::ptr::null_mut(); 3];
+    // SAFETY: both handles are live for the call; on success the C++ side writes three new,
+    // caller-owned tensors into `out`.
+    let err = unsafe {
+        ffi::plexus_cross_entropy_host(
+            logits.as_ptr() as *mut _,
+            target.as_ptr() as *mut _,
+            scale,
+            threads,
+            out.as_mut_ptr(),
+        )
+    };
+    check(err)?;
+    // SAFETY: fresh handles nothing else owns.
+    let [a, b, c] = out.map(|p| unsafe { Tensor::from_ptr(p) });
+    Ok((a, b, c))
+}
+
 /// Elements of a chunk of [`cross_entropy_chunked`] (its fp32 temporaries): large on a GPU, where
 /// each chunk is a few kernels (2²⁶ = 268 MB of fp32), cache-sized on a CPU (2²² = 16 MB).
 fn cross_entropy_chunk_elems(device: tch::Device) -> i64 {
@@ -599,9 +658,9 @@ pub fn cuda_result(r: anyhow::Result<Tensor>) -> Option<Tensor> {
     static WARNED: std::sync::Once = std::sync::Once::new();
     WARNED.call_once(|| {
         eprintln!(
-            "warning: plexus' CUDA kernels cannot run here, so Hyper-Connections and mHC run as composite \
-             libtorch operators (the same values, more kernels; PLEXUS_FUSED_KERNELS=0 chooses that \
-             without this warning): {e}"
+            "warning: plexus' CUDA kernels cannot run here, so Hyper-Connections' and mHC's stream mixing \
+             and the language-model loss run as composite libtorch operators (the same values, more \
+             kernels; PLEXUS_FUSED_KERNELS=0 chooses that without this warning): {e}"
         )
     });
     None

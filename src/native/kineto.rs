@@ -58,7 +58,7 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// Runs `f` under libtorch's profiler: the host's operators, and with `cuda` the CUDA runtime
 /// calls and the kernels. With `trace`, the Chrome trace (chrome://tracing, ui.perfetto.dev) is
 /// written there. One profile at a time per process (another waits).
-pub fn profile<T>(cuda: bool, trace: Option<&Path>, f: impl FnOnce() -> T) -> Result<(T, Vec<ProfileEvent>)> {
+pub fn profile_events<T>(cuda: bool, trace: Option<&Path>, f: impl FnOnce() -> T) -> Result<(T, Vec<ProfileEvent>)> {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let trace = trace
         .map(|p| CString::new(p.to_string_lossy().as_bytes()).context("a trace path without NUL bytes"))
@@ -162,7 +162,7 @@ impl Drop for Scope {
 }
 
 /// Opens the scope `name` until the returned guard drops, on this thread: the operators run
-/// meanwhile are attributed to it in a [`profile`]. Free while no profile runs (nothing crosses
+/// meanwhile are attributed to it in a [`profile_events`]. Free while no profile runs (nothing crosses
 /// into C++).
 pub fn scope(name: &'static CStr) -> Scope {
     if !PROFILING.load(Ordering::Relaxed) {
@@ -185,7 +185,7 @@ mod tests {
         let trace = dir.path().join("t.json");
         drop(scope(c"plexus::outside"));
         let a = Tensor::ones([64, 64], (Kind::Float, Device::Cpu));
-        let (_, events) = profile(false, Some(&trace), || {
+        let (_, events) = profile_events(false, Some(&trace), || {
             let _s = scope(c"plexus::test");
             a.mm(&a).sum(Kind::Float)
         })
@@ -199,6 +199,6 @@ mod tests {
         assert!(json.contains("\"traceEvents\"") && json.contains("aten::mm"), "{}", &json[..json.len().min(300)]);
         assert!(is_metadata_op("aten::view") && !is_metadata_op("aten::mm"));
         // The next profile starts (the first was ended).
-        profile(false, None, || ()).unwrap();
+        profile_events(false, None, || ()).unwrap();
     }
 }
