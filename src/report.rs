@@ -374,7 +374,45 @@ pub fn print_compare(case: &str, rows: &[crate::bench::CompareRow]) -> String {
             r.label, r.ms, r.act_mem_mb
         );
     }
+    print_topology_cost(rows);
     text
+}
+
+/// With `--profile`: what each topology's own kernels (GPU) or operators (CPU) cost in one eager
+/// step, forward and backward, beside the traffic bound's time of its stream update per phase.
+fn print_topology_cost(rows: &[crate::bench::CompareRow]) {
+    use crate::bench::kernel_profile::Category;
+    if rows.iter().all(|r| r.kernel_profile.is_none()) {
+        return;
+    }
+    let gpu = rows.iter().filter_map(|r| r.kernel_profile.as_ref()).any(|p| p.gpu);
+    println!(
+        "\ntopology-own {} in one eager step (the topology's code between units; --profile), against the \
+         least its stream update must move:",
+        if gpu { "GPU kernel time" } else { "CPU operator time" }
+    );
+    println!(
+        "{:<24} {:>10} {:>12} {:>12} {:>9} {:>16} {:>16}",
+        "topology", "step ms", "own fwd ms", "own bwd ms", "launches", "bound fwd ms", "bound bwd ms"
+    );
+    for r in rows {
+        let Some(p) = &r.kernel_profile else { continue };
+        let own = p.get(Category::TopologyOwn);
+        let (bf, bb) = match r.traffic_bound_ms {
+            Some([f, b]) => (format!("{f:.3}"), format!("{b:.3}")),
+            None => (String::new(), String::new()),
+        };
+        println!(
+            "{:<24} {:>10.3} {:>12.3} {:>12.3} {:>9} {:>16} {:>16}",
+            r.label,
+            p.total_ms(),
+            own.ms - own.backward_ms,
+            own.backward_ms,
+            own.launches,
+            bf,
+            bb
+        );
+    }
 }
 
 // ---- `plexus report`: a study's tables (markdown, CSV, LaTeX).

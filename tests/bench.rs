@@ -194,3 +194,23 @@ train: {optimizer: adamw, lr: 0.001, steps: 1}
         assert!(g.get(c).launches > 0, "{c:?}\n{}", g.table());
     }
 }
+
+/// `--compare --profile`: each topology's own cost, forward and backward, from the profile, and
+/// for a multi-stream topology the traffic bound's time per phase (the backward's larger: 3n + 2
+/// tensors against 2n + 2).
+#[test]
+fn compare_with_profile_shows_each_topologys_own_cost() {
+    use plexus::bench::kernel_profile::Category;
+    let exps: Vec<(String, Experiment)> = ["residual", "mhc"]
+        .iter()
+        .map(|t| (t.to_string(), Experiment::from_str(MLP, "<test>", &[format!("topology.kind={t}")]).unwrap()))
+        .collect();
+    let opts = BenchOptions { steps: 1, warmup: 1, profile: true, ..Default::default() };
+    let rows = bench::compare(&exps, &opts).unwrap();
+    let own = |i: usize| rows[i].kernel_profile.as_ref().expect("profiled").get(Category::TopologyOwn).clone();
+    let (res, mhc) = (own(0), own(1));
+    assert!(mhc.launches > 4 * res.launches.max(1) && mhc.backward_ms > 0.0, "{res:?} {mhc:?}");
+    assert!(rows[0].traffic_bound_ms.is_none());
+    let [f, b] = rows[1].traffic_bound_ms.expect("mHC carries 4 streams");
+    assert!(f > 0.0 && b > f, "{f} {b}");
+}

@@ -126,6 +126,8 @@ pub fn category_of_name(name: &str) -> Option<Category> {
 pub struct CategoryTime {
     pub category: Category,
     pub ms: f64,
+    /// The part of `ms` in the backward pass (under an autograd node).
+    pub backward_ms: f64,
     /// Kernels launched (GPU) or working leaf operators run (CPU).
     pub launches: u64,
 }
@@ -162,13 +164,23 @@ impl KernelProfile {
                  nvidia-cuda-cupti package of the CUDA version, next to the torch wheel)\n"
             );
         }
-        let mut out =
-            format!("{what} of one step, by category:\n  {:<13} {:>9} {:>7} {:>9}\n", "", "ms", "share", count);
+        let mut out = format!(
+            "{what} of one step, by category:\n  {:<13} {:>9} {:>7} {:>12} {:>9}\n",
+            "", "ms", "share", "backward ms", count
+        );
         for r in self.rows.iter().filter(|r| r.launches > 0) {
             let share = if total > 0.0 { 100.0 * r.ms / total } else { 0.0 };
-            out += &format!("  {:<13} {:>9.3} {:>6.1}% {:>9}\n", r.category.name(), r.ms, share, r.launches);
+            out += &format!(
+                "  {:<13} {:>9.3} {:>6.1}% {:>12.3} {:>9}\n",
+                r.category.name(),
+                r.ms,
+                share,
+                r.backward_ms,
+                r.launches
+            );
         }
-        out += &format!("  {:<13} {:>9.3} {:>6.1}% {:>9}\n", "total", total, 100.0, self.launches());
+        let backward: f64 = self.rows.iter().map(|r| r.backward_ms).sum();
+        out += &format!("  {:<13} {:>9.3} {:>6.1}% {:>12.3} {:>9}\n", "total", total, 100.0, backward, self.launches());
         out
     }
 }
@@ -271,11 +283,27 @@ pub fn categorize(events: &[ProfileEvent], gpu: bool) -> KernelProfile {
         }
         names.iter().rev().find_map(|n| category_of_name(n))
     };
-    let mut rows: HashMap<Category, CategoryTime> =
-        Category::ALL.iter().map(|&c| (c, CategoryTime { category: c, ms: 0.0, launches: 0 })).collect();
-    let mut add = |c: Category, ns: u64| {
+    // Whether host event `i` runs in the backward pass (under an autograd node).
+    let in_backward = |i: usize| {
+        let mut at = Some(i);
+        while let Some(j) = at {
+            if is_backward_node(&events[j]) {
+                return true;
+            }
+            at = parent[j];
+        }
+        false
+    };
+    let mut rows: HashMap<Category, CategoryTime> = Category::ALL
+        .iter()
+        .map(|&c| (c, CategoryTime { category: c, ms: 0.0, backward_ms: 0.0, launches: 0 }))
+        .collect();
+    let mut add = |c: Category, ns: u64, backward: bool| {
         let r = rows.get_mut(&c).expect("every category");
         r.ms += ns as f64 / 1e6;
+        if backward {
+            r.backward_ms += ns as f64 / 1e6;
+        }
         r.launches += 1;
     };
     if gpu {
@@ -300,7 +328,8 @@ pub fn categorize(events: &[ProfileEvent], gpu: bool) -> KernelProfile {
                 EventKind::Kernel => category_of_name(&e.name),
                 _ => Some(Category::CastCopy),
             };
-            add(by_host.or(by_kernel).unwrap_or(Category::Other), e.duration_ns);
+            let backward = host.is_some_and(|&i| in_backward(i));
+            add(by_host.or(by_kernel).unwrap_or(Category::Other), e.duration_ns, backward);
         }
     } else {
         // What would be one kernel on a GPU: a product or an attention operator whole (what it
@@ -331,7 +360,7 @@ pub fn categorize(events: &[ProfileEvent], gpu: bool) -> KernelProfile {
                 && !crate::native::is_metadata_op(&e.name)
                 && !inside_whole(i);
             if counted {
-                add(classify(i).unwrap_or(Category::Other), e.duration_ns);
+                add(classify(i).unwrap_or(Category::Other), e.duration_ns, in_backward(i));
             }
         }
     }
@@ -403,6 +432,7 @@ mod tests {
         let p = categorize(&e, false);
         let ms = |c| p.get(c).ms * 1e6;
         assert_eq!((ms(Category::TopologyOwn), p.get(Category::TopologyOwn).launches), (20.0 + 30.0, 2));
+        assert_eq!(p.get(Category::TopologyOwn).backward_ms * 1e6, 30.0);
         // The product whole (linear, not the addmm inside), and the backward's mm.
         assert!((ms(Category::Gemm) - (100.0 + 30.0)).abs() < 1e-6, "{}", ms(Category::Gemm));
         assert_eq!(ms(Category::Other), 10.0);

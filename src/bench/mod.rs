@@ -408,8 +408,18 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
 ///   reads `o`, writes `H'` (n); backward reads `dH'` (n) and `H` (n, for the gradients of the
 ///   mixing weights), reads `du`, writes `do` and `dH` (n): `(2n + 2) + (3n + 2) = 5n + 4` tensors.
 pub fn stream_update_bytes(n: usize, elems: u64, dtype_bytes: u64) -> u64 {
-    let tensors = if n <= 1 { 6 } else { 5 * n as u64 + 4 };
-    tensors * elems * dtype_bytes
+    let [forward, backward] = stream_update_tensors(n);
+    (forward + backward) * elems * dtype_bytes
+}
+
+/// The tensors of [`stream_update_bytes`] by phase, `[forward, backward]`: `[3, 3]` for one stream,
+/// `[2n + 2, 3n + 2]` for n.
+pub fn stream_update_tensors(n: usize) -> [u64; 2] {
+    if n <= 1 {
+        [3, 3]
+    } else {
+        [2 * n as u64 + 2, 3 * n as u64 + 2]
+    }
 }
 
 /// The memory-traffic lower bound of an `n`-stream topology's overhead over residual, in % of the
@@ -497,6 +507,12 @@ pub struct CompareRow {
     /// GPU, about the kernel launches, which bound a step of many small operators. Counted on the
     /// CPU only (a CUDA backward runs on another thread); `None` on a GPU.
     pub kernels: Option<u64>,
+    /// With `profile`: one eager step's kernel (GPU) or operator (CPU) time by category, whose
+    /// topology-own row is what this topology's connection costs as its kernels run now.
+    pub kernel_profile: Option<kernel_profile::KernelProfile>,
+    /// For multi-stream topologies: the traffic bound's time, forward and backward, ms (the extra
+    /// bytes of [`stream_update_bytes`] per phase over every unit, at the measured copy bandwidth).
+    pub traffic_bound_ms: Option<[f64; 2]>,
 }
 
 /// Topology overhead measured in one process: every experiment is built, warmed up, then stepped
@@ -542,12 +558,26 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
             Ok(Some(ops.kernels))
         })
         .collect::<Result<Vec<_>>>()?;
+    let profiles = ts
+        .iter_mut()
+        .map(|t| {
+            if !opts.profile {
+                return Ok(None);
+            }
+            let (_, events) = crate::native::profile_events(t.dev.is_cuda(), None, || t.profiled_step())?;
+            Ok(Some(kernel_profile::categorize(&events, t.dev.is_cuda())))
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok(exps
         .iter()
         .enumerate()
         .map(|(i, (label, e))| {
             let streams = e.topology.streams();
             let units = ts[i].model().depth();
+            let phase_ms = |phase: [u64; 2]| {
+                let extra = phase[0].saturating_sub(phase[1]) * elems * dtype_bytes * units as u64;
+                1e3 * extra as f64 / bandwidth
+            };
             let ratios: Vec<f64> = times[i].iter().zip(&times[0]).map(|(a, b)| 100.0 * (a / b - 1.0)).collect();
             CompareRow {
                 label: label.clone(),
@@ -559,6 +589,12 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
                 flop_bound_pct: matmul_rate
                     .and_then(|rate| flop_bound_pct(e.topology.connection_flops(), units, tokens, rate, first_ms)),
                 kernels: kernels[i],
+                kernel_profile: profiles[i].clone(),
+                traffic_bound_ms: (streams > 1).then(|| {
+                    let [f, b] = stream_update_tensors(streams);
+                    let [f1, b1] = stream_update_tensors(1);
+                    [phase_ms([f, f1]), phase_ms([b, b1])]
+                }),
             }
         })
         .collect())
