@@ -106,8 +106,13 @@ fn build_native(lib_dir: Option<&Path>) {
     let cuda_graph = "src/native/cuda_graph.cpp";
     let kineto = "src/native/kineto.cpp";
     let cuda_kernels = "src/native/cuda_kernels.cpp";
-    let cuda_sources =
-        ["src/native/cuda_prelude.cuh", "src/native/sinkhorn.cu", "src/native/streams.cu", "src/native/losses.cu"];
+    let cuda_sources = [
+        "src/native/cuda_prelude.cuh",
+        "src/native/sinkhorn.cu",
+        "src/native/streams.cu",
+        "src/native/losses.cu",
+        "src/native/norms.cu",
+    ];
     let shim = "src/native/gloo_decl";
     println!("cargo:rerun-if-changed={src}");
     println!("cargo:rerun-if-changed={kernels}");

@@ -26,8 +26,8 @@
 #                bf16, eager, under PLEXUS_CUDA_SYNC_CHECK=1 (a fault names its kernel) and
 #                PLEXUS_COUNT_SYNCS=1 (libtorch's count of host-device syncs; must be 0 on steps that
 #                read nothing), then with PLEXUS_FUSED_KERNELS=0: the fused run's losses must follow
-#                the composite graph's; residual in bf16 with the loss's CUDA kernels against the
-#                chunked composite loss
+#                the composite graph's; residual in bf16 with the loss's and the pre-norms' CUDA
+#                kernels against libtorch's composite operators
 #   graphs       train.cuda_graphs: residual, hyper and mHC captured and eager (their losses must
 #                agree), dropout in a replay, and the paper Mixer's step times both ways
 #   bench        GPT-2 124M at 16×1024 in bf16: the residual step (ms, MFU against the GPU's
@@ -72,7 +72,7 @@ mhc-fp32-composite 15
 fused-follows-composite 10
 residual-bf16 15
 residual-bf16-composite 15
-loss-kernel-follows-composite 10
+bf16-kernels-follow-composite 10
 syncs 10"
     [graphs]="residual-graph 15
 residual-eager 15
@@ -347,13 +347,13 @@ group_kernels() {
     # AdamW updates (summation order differs between the kernels and the composite graph).
     step fused-follows-composite "$PY" "$ROOT/scripts/compare-losses.py" "$G/runs" hyper-fp32 hyper-fp32-composite \
         mhc-fp32 mhc-fp32-composite
-    # The language-model loss's CUDA kernels (bf16 logits) against the chunked composite loss: the
-    # same logits at step 0 (1e-5), then bf16 roundings apart.
+    # The bf16 step's CUDA kernels (the language-model loss, the pre-norms written in bf16) against
+    # libtorch's composite operators: 1e-5 at step 0, then bf16 roundings apart.
     if [[ $DEV != cpu ]]; then
         step residual-bf16 "${k[@]}" --set topology.kind=residual --set precision=bf16 --out "$G/runs/residual-bf16"
         step residual-bf16-composite "${c[@]}" --set topology.kind=residual --set precision=bf16 \
             --out "$G/runs/residual-bf16-composite"
-        step loss-kernel-follows-composite "$PY" "$ROOT/scripts/compare-losses.py" --later 5e-2 "$G/runs" \
+        step bf16-kernels-follow-composite "$PY" "$ROOT/scripts/compare-losses.py" --later 5e-2 "$G/runs" \
             residual-bf16 residual-bf16-composite
     fi
     # Every fused run's sync line: 0 syncs on the steps that read nothing.

@@ -26,11 +26,12 @@
 //! * the dense topologies' history buffer (`src/native/history.cpp`, any device):
 //!   [`history_push`], [`history_mix`] (used through `topology::common::History`);
 //! * CUDA kernels compiled at run time with NVRTC (`src/native/cuda_kernels.cpp`, the kernels in
-//!   `src/native/sinkhorn.cu`, `streams.cu` and `losses.cu`): mHC's Sinkhorn ([`sinkhorn_cuda`]),
+//!   `src/native/sinkhorn.cu`, `streams.cu`, `losses.cu` and `norms.cu`): mHC's Sinkhorn ([`sinkhorn_cuda`]),
 //!   the stream read and write (through [`stream_read_fused`] and [`stream_write_fused`] for fp32
-//!   CUDA tensors) and the language-model loss ([`cross_entropy_cuda`]); for the tests and
-//!   `doctor`, [`sinkhorn_cuda_host`], [`streams_host`], [`cross_entropy_host`],
-//!   [`cuda_kernels_compile`], [`nvrtc_version`].
+//!   CUDA tensors), the language-model loss ([`cross_entropy_cuda`]) and the pre-norms written in
+//!   bf16 (`norms.cu`, [`norm_cuda`]); for the tests and `doctor`, [`sinkhorn_cuda_host`],
+//!   [`streams_host`], [`cross_entropy_host`], [`norm_host`], [`cuda_kernels_compile`],
+//!   [`nvrtc_version`].
 //!
 //! * the choice between them: [`stream_read`], [`stream_write`] and [`sinkhorn`] run the fused CPU
 //!   kernel, the CUDA kernel or the composite libtorch graph ([`stream_read_composite`], …, the
@@ -167,6 +168,24 @@ mod ffi {
             log: *mut *mut c_char,
         ) -> *mut c_char;
         pub fn plexus_nvrtc_version(version: *mut c_int, path: *mut *mut c_char) -> *mut c_char;
+        pub fn plexus_norm_cuda(
+            x: *mut C_tensor,
+            w: *mut C_tensor,
+            b: *mut C_tensor,
+            eps: f64,
+            layer: i64,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
+        pub fn plexus_norm_host(
+            x: *mut C_tensor,
+            w: *mut C_tensor,
+            b: *mut C_tensor,
+            gy: *mut C_tensor,
+            eps: f64,
+            layer: i64,
+            threads: i64,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
         pub fn plexus_cross_entropy_cuda(
             logits: *mut C_tensor,
             target: *mut C_tensor,
@@ -472,6 +491,65 @@ mod tests {
         assert_eq!(nan, [false, false, true, false, true, false]);
     }
 
+    /// The CUDA norm kernels' arithmetic (run on the CPU, each block as 1, 7 and 256 threads)
+    /// against libtorch's fp32 `layer_norm` / `rms_norm` followed by the cast to bf16, and fp64:
+    /// the bf16 output at most one bf16 unit from libtorch's, the input's, weight's and bias's
+    /// gradients no further from fp64 than 8× libtorch's error plus 4 fp32 units.
+    #[test]
+    fn the_cuda_norm_kernels_arithmetic_equals_libtorchs_norms() {
+        use tch::{Device, Kind};
+        let (r, d) = (70i64, 300i64);
+        let grid = |phase: f64, shape: &[i64]| {
+            let n: i64 = shape.iter().product();
+            (Tensor::arange(n, (Kind::Double, Device::Cpu)) * phase).sin().reshape(shape)
+        };
+        let x = (grid(0.43, &[r, d]) * 3.0 + 0.5).to_kind(Kind::Float);
+        let w = (grid(1.3, &[d]) + 1.0).to_kind(Kind::Float);
+        let b = grid(2.1, &[d]).to_kind(Kind::Float);
+        let gy = grid(0.77, &[r, d]).to_kind(Kind::BFloat16);
+        for kind in [NormKind::Layer, NormKind::Rms] {
+            let bias = (kind == NormKind::Layer).then_some(&b);
+            // libtorch at `dtype` (fp32, or fp64 for the truth): output, then the gradients of x, w, b.
+            let libtorch = |dtype: Kind| {
+                let leaf = |t: &Tensor| t.to_kind(dtype).detach().set_requires_grad(true);
+                let (xv, wv, bv) = (leaf(&x), leaf(&w), leaf(&b));
+                let y = match kind {
+                    NormKind::Layer => xv.layer_norm([d], Some(&wv), Some(&bv), 1e-5, false),
+                    NormKind::Rms => xv.rms_norm([d], Some(&wv), 1e-5),
+                };
+                (&y * gy.to_kind(dtype)).sum(dtype).backward();
+                (y.detach(), xv.grad(), wv.grad(), bv.grad())
+            };
+            let (y32, gx32, gw32, gb32) = libtorch(Kind::Float);
+            let (_, gx64, gw64, gb64) = libtorch(Kind::Double);
+            let err = |a: &Tensor, truth: &Tensor| {
+                crate::host::scalar(&(a.to_kind(Kind::Double) - truth).abs().max())
+                    / crate::host::scalar(&truth.abs().max()).max(1e-30)
+            };
+            let ulp = f64::from(f32::EPSILON);
+            for threads in [1, 7, 256] {
+                let [y, gx, gw, gb] = norm_host(&x, &w, bias, &gy, 1e-5, kind, threads).unwrap();
+                assert_eq!(y.kind(), Kind::BFloat16);
+                let scale = crate::host::scalar(&y32.abs().max());
+                let dy = crate::host::scalar(
+                    &(y.to_kind(Kind::Double) - y32.to_kind(Kind::BFloat16).to_kind(Kind::Double)).abs().max(),
+                );
+                assert!(dy <= scale / 128.0, "{kind:?} threads {threads}: output off by {dy:e}");
+                let mut pairs = vec![("input", &gx, &gx32, &gx64), ("weight", &gw, &gw32, &gw64)];
+                if kind == NormKind::Layer {
+                    pairs.push(("bias", &gb, &gb32, &gb64));
+                }
+                for (what, got, lt, truth) in pairs {
+                    let (e, e_ref) = (err(got, truth), err(lt, truth));
+                    assert!(
+                        e <= 8.0 * e_ref + 4.0 * ulp,
+                        "{kind:?} threads {threads}: {what} gradient {e:e}, libtorch {e_ref:e}"
+                    );
+                }
+            }
+        }
+    }
+
     /// CUDA graphs are built wherever NCCL is (the same CUDA headers), and without a GPU a graph
     /// cannot be made: an error, not a crash.
     #[test]
@@ -533,7 +611,12 @@ mod tests {
                 // Six kernels, each with ptxas' resource line; none spills registers to local memory.
                 assert!(k.usage().len() >= 6, "n = {n}, {}: ptxas wrote no resource usage:\n{}", k.target, k.log);
                 assert_eq!(k.spill_bytes(), Some(0), "n = {n}, {}: register spills\n{}", k.target, k.log);
-                for name in ["plexus_cross_entropy_forward_bf16", "plexus_cross_entropy_backward_f32"] {
+                for name in [
+                    "plexus_cross_entropy_forward_bf16",
+                    "plexus_cross_entropy_backward_f32",
+                    "plexus_norm_forward_bf16",
+                    "plexus_norm_backward_bf16",
+                ] {
                     assert!(k.log.contains(name), "n = {n}, {}: no {name} in ptxas' log", k.target);
                 }
             }

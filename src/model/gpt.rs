@@ -11,7 +11,7 @@
 //! Init (nanoGPT): Linear weights and the embedding `N(0, 0.02²)`, biases 0, the residual
 //! projections `proj` and `fc2` `N(0, (0.02/√(2·depth))²)`, LayerNorms 1 and 0.
 
-use super::layers::{attention, dropout, embed_tokens, linear, pre_norm, LayerNorm, Linear, Rope};
+use super::layers::{attention, dropout, embed_tokens, linear, pre_norm_to, LayerNorm, Linear, Rope};
 use super::{Backbone, ModelEntry, ModelSpec};
 use crate::config::{parse_options, required, OptionError};
 use crate::data::{DataInfo, Task};
@@ -188,13 +188,13 @@ impl Unit for GptUnit {
     fn forward(&self, x: &Tensor, mode: Norm, train: bool) -> Tensor {
         match self {
             GptUnit::Attn { norm, qkv, proj, heads, rope, dropout: p, compute } => {
-                let u = pre_norm(norm, x, mode);
+                let u = pre_norm_to(norm, x, mode, *compute);
                 let qkv = qkv.forward(&u).chunk(3, -1); // q, k, v: [B, T, D] each
                 let a = attention(&qkv[0], &qkv[1], &qkv[2], *heads, true, Some(rope), *compute);
                 dropout(proj.forward(&a), *p, train)
             }
             GptUnit::Mlp { norm, fc1, fc2, dropout: p } => {
-                let u = pre_norm(norm, x, mode);
+                let u = pre_norm_to(norm, x, mode, fc1.compute);
                 dropout(fc2.forward(&fc1.forward(&u).gelu("tanh")), *p, train)
             }
         }

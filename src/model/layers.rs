@@ -92,6 +92,53 @@ pub fn pre_norm(norm: &impl Module, x: &Tensor, mode: crate::topology::Norm) -> 
     }
 }
 
+/// A pre-norm that can write its output in the unit's compute dtype itself.
+pub trait PreNorm: Module {
+    /// `[.., D]` fp32 (the stream) → `[.., D]` in `kind`: the norm in fp32, then the cast the
+    /// unit's first matmul would make anyway — on a GPU in bf16 both in one kernel each way
+    /// ([`crate::native::norm_to_bf16`]), with no fp32 output.
+    fn forward_to(&self, x: &Tensor, kind: Kind) -> Tensor;
+}
+
+impl PreNorm for LayerNorm {
+    fn forward_to(&self, x: &Tensor, kind: Kind) -> Tensor {
+        if kind != Kind::BFloat16 {
+            return self.forward(x).to_kind(kind);
+        }
+        let x = x.to_kind(Kind::Float);
+        let composite = || self.forward(&x);
+        crate::native::norm_to_bf16(
+            &x,
+            &self.weight,
+            self.bias.as_ref(),
+            1e-5,
+            crate::native::NormKind::Layer,
+            composite,
+        )
+    }
+}
+
+impl PreNorm for RmsNorm {
+    fn forward_to(&self, x: &Tensor, kind: Kind) -> Tensor {
+        if kind != Kind::BFloat16 {
+            return self.forward(x).to_kind(kind);
+        }
+        let x = x.to_kind(Kind::Float);
+        crate::native::norm_to_bf16(&x, &self.weight, None, self.eps, crate::native::NormKind::Rms, || self.forward(&x))
+    }
+}
+
+/// [`pre_norm`] whose default output comes in the unit's compute dtype `kind` ([`PreNorm`]), for a
+/// unit whose one use of it is a matmul in that dtype (which would cast it). Only for one use:
+/// the gradients of several uses of a bf16 tensor add in bf16, those of several casts of an fp32
+/// one in fp32 (autocast's, the reference's). Scaled and off norms stay fp32.
+pub fn pre_norm_to(norm: &impl PreNorm, x: &Tensor, mode: crate::topology::Norm, kind: Kind) -> Tensor {
+    match mode {
+        crate::topology::Norm::Default => norm.forward_to(x, kind),
+        _ => pre_norm(norm, x, mode),
+    }
+}
+
 /// A two-layer MLP `fc2(gelu(fc1(x)))` (exact GELU), named `fc1`, `fc2`.
 pub struct Mlp {
     pub fc1: Linear,

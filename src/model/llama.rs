@@ -143,6 +143,9 @@ impl Unit for LlamaUnit {
     fn forward(&self, x: &Tensor, mode: Norm, _train: bool) -> Tensor {
         match self {
             LlamaUnit::Attn { norm, q, k, v, o, heads, rope, compute } => {
+                // fp32 (not `pre_norm_to`): q, k and v each cast it, as autocast does, so that
+                // their three input gradients add in fp32; a bf16 norm output would add them in
+                // bf16.
                 let u = pre_norm(norm, x, mode);
                 let a = attention(&q.forward(&u), &k.forward(&u), &v.forward(&u), *heads, true, Some(rope), *compute);
                 o.forward(&a)

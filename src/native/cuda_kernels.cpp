@@ -45,6 +45,7 @@
 #include "sinkhorn.cu"
 #include "streams.cu"
 #include "losses.cu"
+#include "norms.cu"
 
 using plexus_native::dup_string;
 using plexus_native::guarded;
@@ -65,6 +66,8 @@ constexpr int64_t kMaxStreams = 8;
 constexpr unsigned kThreads = 128;        // Sinkhorn: threads per block (= __launch_bounds__), one per token
 constexpr unsigned kStreamThreads = 128;  // the stream kernels: threads per block, one block per token
 constexpr unsigned kLossThreads = 256;    // the loss kernels: threads per block, one block per row of logits
+constexpr unsigned kNormThreads = 256;    // the norm kernels: threads per block (forward: a row; backward: rows)
+constexpr int64_t kNormRows = 32;         // the norm's backward: rows per block (their weight gradients summed there)
 
 // Calls f with std::integral_constant<int, n> for n in 1..=kMaxStreams.
 template <typename F>
@@ -157,6 +160,43 @@ void host_cross_entropy(const T* x, const long long* target, float scale, float*
     plexus_losses::row_finish(x, target, lse, loss, r, v, s);
     if (grad == nullptr) continue;
     for (int64_t i = 0; i < threads; ++i) plexus_losses::row_backward(x, target, lse, scale, grad, r, v, i, threads);
+  }
+}
+
+// The norm kernels' per-row functions on the CPU, each block emulated by `threads` calls whose
+// partial sums add in thread order: y (bf16 bits), mean and rstd [R]; with gy, gx [R, D] and the
+// weight's (and, with gb, the bias's) gradient summed over all rows in row order. b and gb may be
+// null; `layer`: LayerNorm, else RMSNorm.
+void host_norm(const float* x, const float* w, const float* b, const unsigned short* gy, unsigned short* y, float* mean,
+               float* rstd, float* gx, float* gw, float* gb, int64_t rows, int64_t d, float eps, bool layer,
+               int64_t threads) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float s = 0.0f, q = 0.0f;
+    if (layer) {
+      for (int64_t t = 0; t < threads; ++t) s += plexus_norms::row_sum(x, r, d, t, threads);
+    }
+    const float m = layer ? s / static_cast<float>(d) : 0.0f;
+    for (int64_t t = 0; t < threads; ++t) q += plexus_norms::row_sq(x, r, d, m, t, threads);
+    const float rs = 1.0f / std::sqrt(q / static_cast<float>(d) + eps);
+    for (int64_t t = 0; t < threads; ++t) plexus_norms::row_write(x, w, b, y, r, d, m, rs, t, threads);
+    mean[r] = m;
+    rstd[r] = rs;
+  }
+  if (gy == nullptr) return;
+  std::fill(gw, gw + d, 0.0f);
+  if (gb != nullptr) std::fill(gb, gb + d, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    float sg = 0.0f, sgx = 0.0f;
+    for (int64_t t = 0; t < threads; ++t) {
+      float a = 0.0f, c = 0.0f;
+      plexus_norms::row_grad_sums(x, gy, w, r, d, mean[r], rstd[r], t, threads, &a, &c);
+      sg += a;
+      sgx += c;
+    }
+    const float mg = layer ? sg / static_cast<float>(d) : 0.0f, mgx = sgx / static_cast<float>(d);
+    for (int64_t t = 0; t < threads; ++t) {
+      plexus_norms::row_grad(x, gy, w, gx, gw, gb, r, d, mean[r], rstd[r], mg, mgx, t, threads);
+    }
   }
 }
 
@@ -306,11 +346,12 @@ Image compile(int64_t n, int arch) {
   const std::string n_opt = "-DPLEXUS_N=" + std::to_string(n);
   const std::string threads_opt = "-DPLEXUS_STREAM_THREADS=" + std::to_string(kStreamThreads);
   const std::string loss_threads_opt = "-DPLEXUS_LOSS_THREADS=" + std::to_string(kLossThreads);
+  const std::string norm_threads_opt = "-DPLEXUS_NORM_THREADS=" + std::to_string(kNormThreads);
   // ptxas -v writes each kernel's registers and spill bytes into the log: a register spill (local
   // memory traffic in the inner loop) fails the compile test.
-  const char* opts[] = {arch_opt.c_str(), n_opt.c_str(),  threads_opt.c_str(), loss_threads_opt.c_str(),
-                        "--std=c++17",    "--ptxas-options=-v"};
-  const int n_opts = image.cubin ? 6 : 5;
+  const char* opts[] = {arch_opt.c_str(),       n_opt.c_str(),  threads_opt.c_str(), loss_threads_opt.c_str(),
+                        norm_threads_opt.c_str(), "--std=c++17", "--ptxas-options=-v"};
+  const int n_opts = image.cubin ? 7 : 6;
   nvrtcProgram prog = nullptr;
   lib.check(lib.CreateProgram(&prog, kSource, "plexus_kernels.cu", 0, nullptr, nullptr), "nvrtcCreateProgram");
   struct Destroy {
@@ -439,6 +480,7 @@ struct Kernels {
   CUfunction read = nullptr, read_backward = nullptr, write = nullptr, write_backward = nullptr;
   // The loss, by the logits' dtype: [0] bf16, [1] fp32.
   CUfunction ce_forward[2] = {nullptr, nullptr}, ce_backward[2] = {nullptr, nullptr};
+  CUfunction norm_forward = nullptr, norm_backward = nullptr;  // pre-norms written in bf16
   int64_t n = 0;
   std::string target;
 };
@@ -603,6 +645,50 @@ void launch_ce_backward(const Kernels& k, const at::Tensor& logits, const at::Te
          args);
 }
 
+// The norm kernels: x [R, D] fp32 contiguous, w (and b, or an undefined tensor) [D] fp32 on the
+// kernels' device; y [R, D] bf16, mean and rstd [R] fp32. Backward: gy [R, D] bf16 → gx [R, D] fp32,
+// gw and gb [D] (libtorch sums the blocks' partial rows).
+void launch_norm_forward(const Kernels& k, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                         const at::Tensor& y, const at::Tensor& mean, const at::Tensor& rstd, double eps, bool layer) {
+  const float* xp = x.const_data_ptr<float>();
+  const float* wp = w.const_data_ptr<float>();
+  const float* bp = b.defined() ? b.const_data_ptr<float>() : nullptr;
+  void* yp = y.mutable_data_ptr();
+  float* mp = mean.mutable_data_ptr<float>();
+  float* rp = rstd.mutable_data_ptr<float>();
+  long long d = x.size(1);
+  float e = static_cast<float>(eps);
+  int l = layer ? 1 : 0;
+  void* args[] = {&xp, &wp, &bp, &yp, &mp, &rp, &d, &e, &l};
+  launch(k, k.norm_forward, "norm forward", x.device(), x.size(0), kNormThreads, args);
+}
+
+// → (gx, gw, gb; gb undefined without a bias).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> launch_norm_backward(const Kernels& k, const at::Tensor& x,
+                                                                    const at::Tensor& gy, const at::Tensor& w,
+                                                                    const at::Tensor& mean, const at::Tensor& rstd,
+                                                                    bool layer, bool with_bias) {
+  const int64_t rows_total = x.size(0), d = x.size(1);
+  const int64_t blocks = (rows_total + kNormRows - 1) / kNormRows;
+  auto gx = at::empty_like(x);
+  auto part = at::zeros({2 * std::max<int64_t>(blocks, 1), d}, x.options());
+  const float* xp = x.const_data_ptr<float>();
+  const void* gp = gy.const_data_ptr();
+  const float* wp = w.const_data_ptr<float>();
+  const float* mp = mean.const_data_ptr<float>();
+  const float* rp = rstd.const_data_ptr<float>();
+  float* gxp = gx.mutable_data_ptr<float>();
+  float* pp = part.mutable_data_ptr<float>();
+  long long rr = rows_total, dd = d, per = kNormRows;
+  int l = layer ? 1 : 0, wb = with_bias ? 1 : 0;
+  void* args[] = {&xp, &gp, &wp, &mp, &rp, &gxp, &pp, &rr, &dd, &per, &l, &wb};
+  launch(k, k.norm_backward, "norm backward", x.device(), blocks, kNormThreads, args);
+  const int64_t nb = std::max<int64_t>(blocks, 1);
+  auto gw = part.narrow(0, 0, nb).sum(0);
+  auto gb = with_bias ? part.narrow(0, nb, nb).sum(0) : at::Tensor();
+  return {gx, gw, gb};
+}
+
 // A deterministic fp64 CPU tensor whose values are fp32 numbers (so that only the arithmetic
 // differs between the kernels and their reference).
 at::Tensor pattern(at::IntArrayRef sizes, double phase) {
@@ -711,6 +797,41 @@ void self_check_loss(const Kernels& k, c10::Device device) {
   }
 }
 
+// The norm kernels against their per-row functions on the CPU (float arithmetic, threads merged in
+// order): 70 rows (three backward blocks, the last partial) of 2·kNormThreads + 19 features, LayerNorm
+// with a bias and RMSNorm.
+void self_check_norm(const Kernels& k, c10::Device device) {
+  const int64_t rows = 2 * kNormRows + 6, d = 2 * kNormThreads + 19;
+  const auto x = pattern({rows, d}, 0.43).to(at::kFloat) * 3.0 + 0.5;
+  const auto w = pattern({d}, 1.3).to(at::kFloat) + 1.0, b = pattern({d}, 2.1).to(at::kFloat);
+  const auto gy = pattern({rows, d}, 0.77).to(at::kBFloat16);
+  for (const bool layer : {true, false}) {
+    const at::Tensor bias = layer ? b : at::Tensor();
+    auto y = at::empty({rows, d}, at::kBFloat16), mean = at::empty({rows}, at::kFloat),
+         rstd = at::empty({rows}, at::kFloat), gx = at::empty({rows, d}, at::kFloat), gw = at::empty({d}, at::kFloat),
+         gb = at::empty({d}, at::kFloat);
+    host_norm(x.const_data_ptr<float>(), w.const_data_ptr<float>(), layer ? b.const_data_ptr<float>() : nullptr,
+              reinterpret_cast<const unsigned short*>(gy.const_data_ptr()),
+              reinterpret_cast<unsigned short*>(y.mutable_data_ptr()), mean.mutable_data_ptr<float>(),
+              rstd.mutable_data_ptr<float>(), gx.mutable_data_ptr<float>(), gw.mutable_data_ptr<float>(),
+              layer ? gb.mutable_data_ptr<float>() : nullptr, rows, d, 1e-5f, layer, kNormThreads);
+    const auto xd = x.to(device), wd = w.to(device), bd = layer ? b.to(device) : at::Tensor(), gyd = gy.to(device);
+    auto y_d = at::empty({rows, d}, xd.options().dtype(at::kBFloat16)), mean_d = at::empty({rows}, xd.options()),
+         rstd_d = at::empty({rows}, xd.options());
+    launch_norm_forward(k, xd, wd, bd, y_d, mean_d, rstd_d, 1e-5, layer);
+    const auto [gx_d, gw_d, gb_d] = launch_norm_backward(k, xd, gyd, wd, mean_d, rstd_d, layer, layer);
+    const double dy = deviation(y_d.to(at::kFloat), y.to(at::kDouble)), dx = deviation(gx_d, gx.to(at::kDouble)),
+                 dw = deviation(gw_d, gw.to(at::kDouble)), db = layer ? deviation(gb_d, gb.to(at::kDouble)) : 0.0;
+    // bf16 outputs may round the other way where the two summation orders differ in the last bit.
+    if (!(dy <= 1e-2 && dx <= 1e-4 && dw <= 1e-4 && db <= 1e-4)) {
+      throw std::runtime_error(std::string("the CUDA norm kernels (") + (layer ? "LayerNorm" : "RMSNorm") + ", " +
+                               k.target + ") disagree with their CPU reference: output off by " + std::to_string(dy) +
+                               ", input gradient by " + std::to_string(dx) + ", weight gradient by " +
+                               std::to_string(dw) + ", bias gradient by " + std::to_string(db));
+    }
+  }
+}
+
 // Compares freshly loaded kernels with the per-token functions run on the CPU in double, on logits
 // and gradients that depend on nothing random (the check must not move any generator), one more
 // token than a block so that the bounds check is crossed.
@@ -801,9 +922,14 @@ const Kernels& kernels_for(c10::Device device, int64_t n) {
         d.check(d.ModuleGetFunction(&k->ce_forward[i], module, fwd.c_str()), "cuModuleGetFunction");
         d.check(d.ModuleGetFunction(&k->ce_backward[i], module, bwd.c_str()), "cuModuleGetFunction");
       }
+      d.check(d.ModuleGetFunction(&k->norm_forward, module, "plexus_norm_forward_bf16"), "cuModuleGetFunction");
+      d.check(d.ModuleGetFunction(&k->norm_backward, module, "plexus_norm_backward_bf16"), "cuModuleGetFunction");
       self_check(*k, device);
       self_check_streams(*k, device);
-      if (n == 1) self_check_loss(*k, device);
+      if (n == 1) {
+        self_check_loss(*k, device);
+        self_check_norm(*k, device);
+      }
     } catch (const c10::Error& e) {
       k.reset();
       error = e.what_without_backtrace();
@@ -892,6 +1018,36 @@ struct SinkhornCuda : public torch::autograd::Function<SinkhornCuda> {
   }
 };
 
+// LayerNorm (`layer`, with a bias or not) or RMSNorm of x [.., D] fp32 on a CUDA device with weight
+// w [D] fp32 → [.., D] bf16, the norm kernels of norms.cu each way. Saved: x, w, mean and rstd [R].
+struct NormCuda : public torch::autograd::Function<NormCuda> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& b,
+                            double eps, bool layer) {
+    const c10::DeviceGuard guard(x_in.device());
+    const int64_t d = x_in.size(-1);
+    const auto x = x_in.reshape({-1, d}).contiguous();
+    const Kernels& k = kernels_for(x.device(), 1);
+    auto y = at::empty(x.sizes(), x.options().dtype(at::kBFloat16));
+    auto mean = at::empty({x.size(0)}, x.options()), rstd = at::empty({x.size(0)}, x.options());
+    launch_norm_forward(k, x, w.contiguous(), b.defined() ? b.contiguous() : b, y, mean, rstd, eps, layer);
+    ctx->save_for_backward({x, w, mean, rstd});
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["bias"] = b.defined();
+    return y.view(x_in.sizes());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];
+    const c10::DeviceGuard guard(x.device());
+    const Kernels& k = kernels_for(x.device(), 1);
+    const bool layer = ctx->saved_data["layer"].toBool(), with_bias = ctx->saved_data["bias"].toBool();
+    const auto gy = grads[0].to(at::kBFloat16).reshape({-1, x.size(1)}).contiguous();
+    auto [gx, gw, gb] = launch_norm_backward(k, x, gy, saved[1].contiguous(), saved[2], saved[3], layer, with_bias);
+    return {gx.view(grads[0].sizes()), gw, with_bias ? gb : at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 // Mean cross-entropy of logits [N, V] (bf16 or fp32, CUDA) against target [N] int64 → 0-dim fp32;
 // the loss kernels of losses.cu each way. Saved for backward: the logits (their own dtype) and the
 // row log-sum-exps [N].
@@ -947,6 +1103,53 @@ char* plexus_cross_entropy_cuda(at::Tensor* logits, at::Tensor* target, at::Tens
       throw std::invalid_argument("the CUDA loss takes an int64 target [N] on the logits' device");
     }
     *out = new at::Tensor(CrossEntropyCuda::apply(x, t));
+  });
+}
+
+// A unit's pre-norm written in bf16 on a CUDA device: LayerNorm (`layer` 1; `b` may be null) or
+// RMSNorm (`layer` 0) of x [.., D] fp32 with weight w [D] fp32, eps; differentiable (x, w, b).
+char* plexus_norm_cuda(at::Tensor* x, at::Tensor* w, at::Tensor* b, double eps, int64_t layer, at::Tensor** out) {
+  return guarded([&] {
+    const int64_t d = x->dim() >= 1 ? x->size(-1) : 0;
+    const auto fp32_on = [&](const at::Tensor& t) {
+      return t.is_cuda() && t.scalar_type() == at::kFloat && t.device() == x->device();
+    };
+    if (!fp32_on(*x) || d < 1 || w->dim() != 1 || w->size(0) != d || !fp32_on(*w) ||
+        (b != nullptr && (b->dim() != 1 || b->size(0) != d || !fp32_on(*b)))) {
+      throw std::invalid_argument("the CUDA norm takes fp32 x [.., D] and weight (and bias) [D] on one CUDA device");
+    }
+    *out = new at::Tensor(NormCuda::apply(*x, *w, b != nullptr ? *b : at::Tensor(), eps, layer != 0));
+  });
+}
+
+// The norm kernels' per-row arithmetic on the CPU, each block as `threads` threads: x [R, D] fp32,
+// w (and b, may be null) [D] fp32, gy [R, D] bf16 (may be null) → out[0] = y [R, D] bf16, out[1] =
+// gx, out[2] = gw, out[3] = gb (with gy; gb with b).
+char* plexus_norm_host(at::Tensor* x, at::Tensor* w, at::Tensor* b, at::Tensor* gy, double eps, int64_t layer,
+                       int64_t threads, at::Tensor** out) {
+  return guarded([&] {
+    const auto cpu_f32 = [](const at::Tensor& t) {
+      return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
+    };
+    if (x->dim() != 2 || !cpu_f32(*x) || !cpu_f32(*w) || w->numel() != x->size(1) ||
+        (b != nullptr && (!cpu_f32(*b) || b->numel() != x->size(1))) ||
+        (gy != nullptr && (gy->sizes() != x->sizes() || gy->scalar_type() != at::kBFloat16 || !gy->is_contiguous()))) {
+      throw std::invalid_argument("plexus_norm_host takes contiguous CPU x [R, D] fp32, w (b) [D] fp32, gy [R, D] bf16");
+    }
+    if (threads < 1) throw std::invalid_argument("plexus_norm_host takes threads ≥ 1");
+    const int64_t rows = x->size(0), d = x->size(1);
+    auto y = at::empty({rows, d}, at::kBFloat16), mean = at::empty({rows}, at::kFloat),
+         rstd = at::empty({rows}, at::kFloat), gx = at::empty({rows, d}, at::kFloat), gw = at::empty({d}, at::kFloat),
+         gb = at::empty({d}, at::kFloat);
+    host_norm(x->const_data_ptr<float>(), w->const_data_ptr<float>(), b ? b->const_data_ptr<float>() : nullptr,
+              gy ? reinterpret_cast<const unsigned short*>(gy->const_data_ptr()) : nullptr,
+              reinterpret_cast<unsigned short*>(y.mutable_data_ptr()), mean.mutable_data_ptr<float>(),
+              rstd.mutable_data_ptr<float>(), gx.mutable_data_ptr<float>(), gw.mutable_data_ptr<float>(),
+              b ? gb.mutable_data_ptr<float>() : nullptr, rows, d, static_cast<float>(eps), layer != 0, threads);
+    out[0] = new at::Tensor(y);
+    out[1] = new at::Tensor(gx);
+    out[2] = new at::Tensor(gw);
+    out[3] = new at::Tensor(gb);
   });
 }
 

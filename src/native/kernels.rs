@@ -434,6 +434,97 @@ pub fn cross_entropy_host(
     Ok((a, b, c))
 }
 
+/// Which pre-norm: LayerNorm (with its bias, if any) or RMSNorm (a weight only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormKind {
+    Layer,
+    Rms,
+}
+
+/// A unit's pre-norm of the fp32 stream `x` `[.., D]` (weight `w` `[D]`, bias `b` `[D]` for
+/// LayerNorm), written in bf16 for the unit's bf16 branch: on a GPU one CUDA kernel each way
+/// ([`norm_cuda`]: the norm and the cast in one pass, no fp32 output); elsewhere, and where the
+/// kernels cannot run or `PLEXUS_FUSED_KERNELS=0`, libtorch's `layer_norm`/`rms_norm` and a cast
+/// (`composite`, the same values to fp32 summation order).
+pub fn norm_to_bf16(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    eps: f64,
+    kind: NormKind,
+    composite: impl FnOnce() -> Tensor,
+) -> Tensor {
+    let takes = x.device().is_cuda()
+        && fused_kernels_on()
+        && !cuda_kernels_unavailable()
+        && x.kind() == Kind::Float
+        && w.kind() == Kind::Float
+        && b.is_none_or(|b| b.kind() == Kind::Float);
+    if takes {
+        if let Some(y) = cuda_result(norm_cuda(x, w, b, eps, kind)) {
+            return y;
+        }
+    }
+    composite().to_kind(Kind::BFloat16)
+}
+
+/// [`norm_to_bf16`] through plexus' CUDA norm kernels (`src/native/norms.cu`): forward one block
+/// per row (mean and variance in two passes over the row, the output in bf16, mean and rstd saved),
+/// backward one block per 32 rows (the input's gradient in fp32, the weight's and bias's summed
+/// per block, then over blocks). fp32 tensors on one CUDA device; an error otherwise.
+pub fn norm_cuda(x: &Tensor, w: &Tensor, b: Option<&Tensor>, eps: f64, kind: NormKind) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    let b_ptr = b.map_or(std::ptr::null_mut(), |b| b.as_ptr() as *mut _);
+    // SAFETY: the handles are live for the call (the bias null or live); the C++ side writes a new,
+    // caller-owned tensor.
+    let err = unsafe {
+        ffi::plexus_norm_cuda(
+            x.as_ptr() as *mut _,
+            w.as_ptr() as *mut _,
+            b_ptr,
+            eps,
+            (kind == NormKind::Layer) as i64,
+            &mut out,
+        )
+    };
+    fused_result(err, out)
+}
+
+/// The CUDA norm kernels' per-row arithmetic run on the CPU (each block as `threads` threads):
+/// `[y (bf16), gx, gw, gb]` for `x` `[R, D]` fp32, `w` (`b`) `[D]` fp32 and `gy` `[R, D]` bf16 (gb
+/// only meaningful with `b`). For the tests.
+pub fn norm_host(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    gy: &Tensor,
+    eps: f64,
+    kind: NormKind,
+    threads: i64,
+) -> Result<[Tensor; 4]> {
+    let (x, w, gy) = (x.contiguous(), w.contiguous(), gy.contiguous());
+    let b = b.map(Tensor::contiguous);
+    let b_ptr = b.as_ref().map_or(std::ptr::null_mut(), |b| b.as_ptr() as *mut _);
+    let mut out: [*mut torch_sys::C_tensor; 4] = [std::ptr::null_mut(); 4];
+    // SAFETY: the handles are live for the call; on success the C++ side writes four new,
+    // caller-owned tensors into `out`.
+    let err = unsafe {
+        ffi::plexus_norm_host(
+            x.as_ptr() as *mut _,
+            w.as_ptr() as *mut _,
+            b_ptr,
+            gy.as_ptr() as *mut _,
+            eps,
+            (kind == NormKind::Layer) as i64,
+            threads,
+            out.as_mut_ptr(),
+        )
+    };
+    check(err)?;
+    // SAFETY: fresh handles nothing else owns.
+    Ok(out.map(|p| unsafe { Tensor::from_ptr(p) }))
+}
+
 /// Elements of a chunk of [`cross_entropy_chunked`] (its fp32 temporaries): large on a GPU, where
 /// each chunk is a few kernels (2²⁶ = 268 MB of fp32), cache-sized on a CPU (2²² = 16 MB).
 fn cross_entropy_chunk_elems(device: tch::Device) -> i64 {
@@ -658,8 +749,8 @@ pub fn cuda_result(r: anyhow::Result<Tensor>) -> Option<Tensor> {
     static WARNED: std::sync::Once = std::sync::Once::new();
     WARNED.call_once(|| {
         eprintln!(
-            "warning: plexus' CUDA kernels cannot run here, so Hyper-Connections' and mHC's stream mixing \
-             and the language-model loss run as composite libtorch operators (the same values, more \
+            "warning: plexus' CUDA kernels cannot run here, so Hyper-Connections' and mHC's stream mixing, \
+             the language-model loss and the bf16 pre-norms run as composite libtorch operators (the same values, more \
              kernels; PLEXUS_FUSED_KERNELS=0 chooses that without this warning): {e}"
         )
     });
