@@ -86,6 +86,10 @@ pub enum Cmd {
         /// Figure files of the curves, comma-separated: png, svg, pdf.
         #[arg(long, default_value = "png,svg,pdf")]
         formats: String,
+        /// Printed width of the figures: single (a column, 3.25 in), double (the text width, 6.75
+        /// in) or inches; text is set at 8–9 pt at that width.
+        #[arg(long, default_value = "double")]
+        width: String,
         /// Folder for report.{md,csv,tex} and the curves. Default: `<folder>/report` for one
         /// sweep folder or folder of runs; nothing is written for a list of runs without it.
         #[arg(long)]
@@ -129,6 +133,10 @@ pub enum Cmd {
         /// Figure files to write, comma-separated: png, svg, pdf (vector, fonts embedded).
         #[arg(long, default_value = "png,svg,pdf")]
         formats: String,
+        /// Printed width of the figures: single (a column, 3.25 in), double (the text width, 6.75
+        /// in) or inches; text is set at 8–9 pt at that width.
+        #[arg(long, default_value = "double")]
+        width: String,
     },
     /// Analyse trained runs: layer-wise exits, depth pruning, input-noise robustness, Γ and Δ_t
     /// (CSVs into each run directory); with --correlate, the Pearson correlation of the converged
@@ -468,8 +476,9 @@ pub fn run(cli: Cli) -> Result<()> {
             dry_run: a.dry_run,
             quiet: a.quiet,
         }),
-        Cmd::Report { paths, by, metrics, baseline, curves, format, formats, out } => {
+        Cmd::Report { paths, by, metrics, baseline, curves, format, formats, width, out } => {
             crate::plot::set_formats(crate::plot::Formats::parse(&formats)?);
+            crate::plot::set_width(crate::plot::Width::parse(&width)?);
             let options = crate::study::ReportOptions { by, metrics, baseline, curves };
             commands::report(&paths, &options, &format, out.as_deref())
         }
@@ -501,8 +510,9 @@ pub fn run(cli: Cli) -> Result<()> {
             out,
             dist_timeout: dist.timeout(),
         }),
-        Cmd::Plot { runs, out, title, step, formats } => {
+        Cmd::Plot { runs, out, title, step, formats, width } => {
             crate::plot::set_formats(crate::plot::Formats::parse(&formats)?);
+            crate::plot::set_width(crate::plot::Width::parse(&width)?);
             commands::plot(&runs, out.as_deref(), title.as_deref(), step)
         }
         Cmd::Analyze { runs, sigmas, probs, repeats, correlate, device } => {

@@ -686,3 +686,56 @@ fn plot_writes_the_formats_asked_for() {
     let (_, err) = text(&o);
     assert!(!o.status.success() && err.contains("`eps` is not a figure format"), "{err}");
 }
+
+/// `plot --width`: every PDF page is the asked width (a column's 3.25 in = 234 pt, the text
+/// width's 6.75 in = 486 pt, or inches), and the text stays 8–9 pt: its font size in the SVG is the
+/// same at both widths. A bad width is an error naming what is allowed.
+#[test]
+fn plot_width_sets_the_printed_width_of_every_figure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    std::fs::write(t.join("tiny.yaml"), TINY_LNN).unwrap();
+    assert!(plexus(&["train", "tiny.yaml", "--out", "run"], t).status.success());
+    let mut font_sizes = Vec::new();
+    for (width, points) in [("single", 234.0), ("double", 486.0), ("5", 360.0)] {
+        let out = format!("figs-{width}");
+        let o = plexus(&["plot", "run", "--out", &out, "--width", width], t);
+        assert!(o.status.success(), "{:?}", text(&o));
+        let mut pdfs = 0;
+        for e in std::fs::read_dir(t.join(&out)).unwrap() {
+            let path = e.unwrap().path();
+            if path.extension().is_some_and(|x| x == "pdf") {
+                pdfs += 1;
+                let bytes = std::fs::read(&path).unwrap();
+                let text = String::from_utf8_lossy(&bytes);
+                let media = text.split("/MediaBox [").nth(1).and_then(|s| s.split(']').next()).unwrap();
+                let w: f64 = media.split_whitespace().nth(2).unwrap().parse().unwrap();
+                assert!((w - points).abs() < 0.5, "{}: page {w} pt wide, expected {points}", path.display());
+            }
+            if path.extension().is_some_and(|x| x == "svg") {
+                let svg = std::fs::read_to_string(&path).unwrap();
+                let sizes: Vec<String> =
+                    svg.split("font-size=\"").skip(1).filter_map(|s| s.split('"').next()).map(str::to_string).collect();
+                font_sizes.push((width, path.file_name().unwrap().to_string_lossy().into_owned(), sizes));
+            }
+        }
+        assert!(pdfs >= 2, "{width}: {pdfs} PDFs");
+    }
+    // Text at 7–9.5 pt on the printed page (drawing units are PDF_DPI to the inch, sizes rounded to
+    // them), and the same
+    // figure's text sizes at every width.
+    for (_, name, sizes) in &font_sizes {
+        assert!(!sizes.is_empty(), "{name}: no text");
+        for size in sizes {
+            let points = size.parse::<f64>().unwrap() * 72.0 / f64::from(plexus::plot::PDF_DPI);
+            assert!((6.8..=9.7).contains(&points), "{name}: text at {points:.2} pt");
+        }
+    }
+    for (w, name, sizes) in &font_sizes {
+        let single = font_sizes.iter().find(|(w2, n2, _)| *w2 == "single" && n2 == name).unwrap();
+        assert_eq!(&single.2, sizes, "{name} at {w}");
+    }
+    let o = plexus(&["plot", "run", "--width", "wide"], t);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("single (3.25 in), double (6.75 in)"), "{err}");
+}

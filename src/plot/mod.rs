@@ -110,9 +110,109 @@ fn formats() -> Formats {
     *FORMATS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The resolution a figure's PDF page is set at: a 1200-pixel-wide figure is 6.75 in wide, a
-/// two-column paper's text width (NeurIPS, ICML), so its 16-pixel labels print at about 6.4 pt.
+/// Drawing units per inch: every figure is drawn on a canvas of its printed width × this many
+/// units (a 6.75-inch figure is 1200 wide), its PDF page set at this resolution, so that the PDF is
+/// exactly the asked width and text sizes given in points ([`pt`]) print at those sizes.
 pub const PDF_DPI: f32 = 1200.0 / 6.75;
+
+/// A size in points (1/72 in) in drawing units.
+pub fn pt(points: f64) -> u32 {
+    (points * f64::from(PDF_DPI) / 72.0).round() as u32
+}
+
+/// A font size in points, as plotters takes it: its backends set text at the given size / 1.24
+/// (the SVG's `font-size`, the bitmap's glyph scale alike).
+pub fn font(points: f64) -> u32 {
+    (points * 1.24 * f64::from(PDF_DPI) / 72.0).round() as u32
+}
+
+/// Text sizes (points) at the printed width: 8–9 pt, as a paper's figures are set.
+const TITLE_PT: f64 = 9.5;
+const AXIS_PT: f64 = 9.0;
+const TICK_PT: f64 = 8.0;
+const LEGEND_PT: f64 = 8.0;
+/// Numbers printed in heatmap cells (small matrices only).
+const CELL_PT: f64 = 7.0;
+/// Curves and legend swatches: 1.2 pt lines, 2 pt dots.
+const LINE_PT: f64 = 1.2;
+const DOT_PT: f64 = 2.0;
+
+/// About how wide `text` is set in DejaVu Sans at plotters size `size`, in drawing units: digits
+/// and most letters are 0.55–0.64 em wide, a point or a comma 0.32.
+fn text_width(text: &str, size: u32) -> f64 {
+    let ems: f64 = text.chars().map(|c| if matches!(c, '.' | ',' | ' ') { 0.32 } else { 0.64 }).sum();
+    ems * f64::from(size) / 1.24
+}
+
+/// A title that fits `width` drawing units: at `points`, else smaller down to 7 pt, else cut with
+/// an ellipsis. → (text, plotters size).
+fn fit_title(title: &str, width: u32, points: f64) -> (String, u32) {
+    let room = f64::from(width) * 0.96;
+    let mut p = points;
+    while p > 7.0 && text_width(title, font(p)) > room {
+        p -= 0.5;
+    }
+    let size = font(p);
+    if text_width(title, size) <= room {
+        return (title.to_string(), size);
+    }
+    let keep = (room / text_width("x", size)).floor() as usize;
+    (title.chars().take(keep.saturating_sub(1)).collect::<String>() + "…", size)
+}
+
+/// A figure's printed width (`--width` of `plot` and `report`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Width {
+    /// One column of a two-column paper (NeurIPS, ICML): 3.25 in.
+    Single,
+    /// The text width of a two-column paper: 6.75 in (the default).
+    Double,
+    Inches(f64),
+}
+
+impl Width {
+    pub fn inches(self) -> f64 {
+        match self {
+            Width::Single => 3.25,
+            Width::Double => 6.75,
+            Width::Inches(w) => w,
+        }
+    }
+
+    /// Parses `single`, `double` or a width in inches (2 to 20).
+    pub fn parse(text: &str) -> Result<Width> {
+        match text.trim() {
+            "single" => Ok(Width::Single),
+            "double" => Ok(Width::Double),
+            other => match other.trim_end_matches("in").trim().parse::<f64>() {
+                Ok(w) if (2.0..=20.0).contains(&w) => Ok(Width::Inches(w)),
+                Ok(w) => anyhow::bail!("--width {text}: {w} in is outside 2–20 in"),
+                Err(_) => anyhow::bail!(
+                    "--width {text}: expected single (3.25 in), double (6.75 in) or a width in inches, e.g. 5.5"
+                ),
+            },
+        }
+    }
+}
+
+static WIDTH: std::sync::Mutex<Width> = std::sync::Mutex::new(Width::Double);
+
+/// Sets the printed width of every figure of this process (the commands do, from `--width`).
+pub fn set_width(w: Width) {
+    *WIDTH.lock().unwrap_or_else(|e| e.into_inner()) = w;
+}
+
+/// The canvas width of a figure, in drawing units.
+fn canvas_width() -> u32 {
+    let w = *WIDTH.lock().unwrap_or_else(|e| e.into_inner());
+    (w.inches() * f64::from(PDF_DPI)).round() as u32
+}
+
+/// A chart's canvas: the printed width, two thirds as tall.
+fn chart_size() -> (u32, u32) {
+    let w = canvas_width();
+    (w, w * 2 / 3)
+}
 
 /// Converts the SVG at `svg` into a vector PDF at `pdf` (atomically), with the embedded DejaVu
 /// fonts subset into it, its page `PDF_DPI` pixels to the inch.
@@ -177,9 +277,10 @@ macro_rules! render_png_and_svg {
     }};
 }
 
-/// Draws `chart` to `<out_base>.png` (1200×800) and `<out_base>.svg`; returns both paths.
+/// Draws `chart` to `<out_base>.png`, `.svg` and `.pdf` (as [`set_formats`] asks) at the printed
+/// width ([`set_width`]), two thirds as tall; returns the paths written.
 pub fn line_chart(chart: &LineChart, out_base: &Path) -> Result<Vec<PathBuf>> {
-    render_png_and_svg!(out_base, (1200, 800), draw_lines(chart))
+    render_png_and_svg!(out_base, chart_size(), draw_lines(chart))
 }
 
 fn draw_lines<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &LineChart) -> Result<()>
@@ -188,6 +289,7 @@ where
 {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing: {e:?}");
     root.fill(&WHITE).map_err(err)?;
+    let (title, title_size) = fit_title(&chart.title, root.dim_in_pixel().0, TITLE_PT);
     let mut all: Vec<(f64, f64)> = chart.series.iter().flat_map(|s| s.points.iter().cloned()).collect();
     anyhow::ensure!(!all.is_empty(), "nothing to plot: no data points");
     for s in &chart.series {
@@ -199,11 +301,11 @@ where
     let x_min = all.iter().map(|p| p.0).fold(f64::MAX, f64::min).min(0.0);
     let mut builder = ChartBuilder::on(root);
     builder
-        .caption(&chart.title, ("sans-serif", 34))
-        .margin(20)
-        .margin_right(50)
-        .x_label_area_size(70)
-        .y_label_area_size(110);
+        .caption(&title, ("sans-serif", title_size))
+        .margin(pt(6.0))
+        .margin_right(pt(14.0))
+        .x_label_area_size(pt(26.0))
+        .y_label_area_size(pt(38.0));
     if chart.log_y {
         // Log axes need positive values; clamp exact zeros (converged to machine precision) to
         // a decade below the smallest positive value so they stay visible.
@@ -217,8 +319,8 @@ where
         ctx.configure_mesh()
             .x_desc(&chart.x_label)
             .y_desc(&chart.y_label)
-            .label_style(("sans-serif", 22))
-            .axis_desc_style(("sans-serif", 26))
+            .label_style(("sans-serif", font(TICK_PT)))
+            .axis_desc_style(("sans-serif", font(AXIS_PT)))
             .x_label_formatter(&|v| format!("{v:.0}"))
             .y_label_formatter(&|v| format!("{v:.0e}"))
             .draw()
@@ -230,10 +332,12 @@ where
                 ctx.draw_series(std::iter::once(Polygon::new(poly, color.mix(0.2).filled()))).map_err(err)?;
             }
             let pts = s.points.iter().map(|&(x, y)| (x, if y > 0.0 { y } else { floor }));
-            ctx.draw_series(LineSeries::new(pts, color.stroke_width(3)))
+            ctx.draw_series(LineSeries::new(pts, color.stroke_width(pt(LINE_PT))))
                 .map_err(err)?
                 .label(&s.label)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 30, y)], color.stroke_width(3)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + pt(12.0) as i32, y)], color.stroke_width(pt(LINE_PT)))
+                });
         }
         let corner = legend_corner(chart, floor, hi * 2.0, |v| v.max(floor).ln());
         legend(&mut ctx, corner).map_err(err)?;
@@ -245,8 +349,8 @@ where
         ctx.configure_mesh()
             .x_desc(&chart.x_label)
             .y_desc(&chart.y_label)
-            .label_style(("sans-serif", 22))
-            .axis_desc_style(("sans-serif", 26))
+            .label_style(("sans-serif", font(TICK_PT)))
+            .axis_desc_style(("sans-serif", font(AXIS_PT)))
             .x_label_formatter(&|v| tick(*v))
             .draw()
             .map_err(err)?;
@@ -255,10 +359,12 @@ where
             if let Some(poly) = band_polygon(s, |y| y) {
                 ctx.draw_series(std::iter::once(Polygon::new(poly, color.mix(0.2).filled()))).map_err(err)?;
             }
-            ctx.draw_series(LineSeries::new(s.points.iter().cloned(), color.stroke_width(3)))
+            ctx.draw_series(LineSeries::new(s.points.iter().cloned(), color.stroke_width(pt(LINE_PT))))
                 .map_err(err)?
                 .label(&s.label)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 30, y)], color.stroke_width(3)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + pt(12.0) as i32, y)], color.stroke_width(pt(LINE_PT)))
+                });
         }
         legend(&mut ctx, legend_corner(chart, lo - pad, hi + pad, |v| v)).map_err(err)?;
     }
@@ -295,7 +401,7 @@ fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     ctx.configure_series_labels()
         .position(corner)
-        .label_font(("sans-serif", 22))
+        .label_font(("sans-serif", font(LEGEND_PT)))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
@@ -320,7 +426,7 @@ pub struct Heatmap {
 /// Draws `chart` with both axes logarithmic (growth laws read as slopes: O(L) is slope 1, O(L²)
 /// slope 2), points marked, to `<out_base>.{png,svg}`. Non-positive values are dropped.
 pub fn loglog_chart(chart: &LineChart, out_base: &Path) -> Result<Vec<PathBuf>> {
-    render_png_and_svg!(out_base, (1200, 800), draw_loglog(chart))
+    render_png_and_svg!(out_base, chart_size(), draw_loglog(chart))
 }
 
 fn draw_loglog<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &LineChart) -> Result<()>
@@ -329,6 +435,7 @@ where
 {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing: {e:?}");
     root.fill(&WHITE).map_err(err)?;
+    let (title, title_size) = fit_title(&chart.title, root.dim_in_pixel().0, TITLE_PT);
     let all: Vec<(f64, f64)> = chart
         .series
         .iter()
@@ -340,18 +447,18 @@ where
     let (x_lo, x_hi) = (fold(f64::min, f64::MAX, |p| p.0), fold(f64::max, f64::MIN, |p| p.0));
     let (y_lo, y_hi) = (fold(f64::min, f64::MAX, |p| p.1), fold(f64::max, f64::MIN, |p| p.1));
     let mut ctx = ChartBuilder::on(root)
-        .caption(&chart.title, ("sans-serif", 34))
-        .margin(20)
-        .margin_right(50)
-        .x_label_area_size(70)
-        .y_label_area_size(110)
+        .caption(&title, ("sans-serif", title_size))
+        .margin(pt(6.0))
+        .margin_right(pt(14.0))
+        .x_label_area_size(pt(26.0))
+        .y_label_area_size(pt(38.0))
         .build_cartesian_2d((x_lo / 1.2..x_hi * 1.2).log_scale(), (y_lo / 1.5..y_hi * 1.5).log_scale())
         .map_err(err)?;
     ctx.configure_mesh()
         .x_desc(&chart.x_label)
         .y_desc(&chart.y_label)
-        .label_style(("sans-serif", 22))
-        .axis_desc_style(("sans-serif", 26))
+        .label_style(("sans-serif", font(TICK_PT)))
+        .axis_desc_style(("sans-serif", font(AXIS_PT)))
         .x_label_formatter(&|v| tick(*v))
         .y_label_formatter(&|v| tick(*v))
         .draw()
@@ -359,15 +466,17 @@ where
     for (i, s) in chart.series.iter().enumerate() {
         let color = s.color.unwrap_or(PALETTE[i % PALETTE.len()]);
         let pts: Vec<(f64, f64)> = s.points.iter().cloned().filter(|(x, y)| *x > 0.0 && *y > 0.0).collect();
-        ctx.draw_series(LineSeries::new(pts.clone(), color.stroke_width(3)))
+        ctx.draw_series(LineSeries::new(pts.clone(), color.stroke_width(pt(LINE_PT))))
             .map_err(err)?
             .label(&s.label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 30, y)], color.stroke_width(3)));
-        ctx.draw_series(pts.into_iter().map(|p| Circle::new(p, 5, color.filled()))).map_err(err)?;
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + pt(12.0) as i32, y)], color.stroke_width(pt(LINE_PT)))
+            });
+        ctx.draw_series(pts.into_iter().map(|p| Circle::new(p, pt(DOT_PT), color.filled()))).map_err(err)?;
     }
     ctx.configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
-        .label_font(("sans-serif", 22))
+        .label_font(("sans-serif", font(LEGEND_PT)))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
@@ -390,8 +499,11 @@ fn tick(v: f64) -> String {
 /// colorbar) to `<out_base>.png` and `.svg`.
 pub fn heatmaps(panels: &[Heatmap], title: &str, out_base: &Path) -> Result<Vec<PathBuf>> {
     anyhow::ensure!(!panels.is_empty(), "no heatmap to draw");
-    // Wide enough for the figure title even with a single panel.
-    let size = ((120 + 520 * panels.len() as u32).max(820), 600);
+    // The printed width, shared by the panels (and the colour bar's 0.7 in); as tall as a panel
+    // is wide (square cells for a square matrix) plus the titles and labels, within 2–4.5 in.
+    let width = canvas_width();
+    let panel = width.saturating_sub(pt(62.0)) / panels.len() as u32;
+    let size = (width, (panel + pt(40.0)).clamp(pt(144.0), pt(324.0)));
     render_png_and_svg!(out_base, size, draw_heatmaps(panels, title))
 }
 
@@ -414,15 +526,19 @@ where
         (lo.min(a), hi.max(b))
     });
     let (lo, hi) = if hi > lo { (lo, hi) } else { (lo - 0.5, lo + 0.5) };
-    let area = root.titled(title, ("sans-serif", 30)).map_err(err)?;
-    let (main, bar) = area.split_horizontally(area.dim_in_pixel().0 - 120);
+    let (title, title_size) = fit_title(title, root.dim_in_pixel().0, TITLE_PT);
+    let area = root.titled(&title, ("sans-serif", title_size)).map_err(err)?;
+    let (main, bar) = area.split_horizontally(area.dim_in_pixel().0.saturating_sub(pt(62.0)));
     for (p, panel_area) in panels.iter().zip(main.split_evenly((1, panels.len()))) {
         let (rows, cols) = p.values.dim();
+        // Numbers in the cells only where "0.00" fits one (with a margin), centred.
+        let cell_width = f64::from(panel_area.dim_in_pixel().0.saturating_sub(pt(34.0))) / cols.max(1) as f64;
+        let annotate = p.annotate && cell_width >= 1.15 * text_width("0.00", font(CELL_PT));
         let mut chart = ChartBuilder::on(&panel_area)
-            .caption(&p.title, ("sans-serif", 24))
-            .margin(15)
-            .x_label_area_size(55)
-            .y_label_area_size(60)
+            .caption(&p.title, ("sans-serif", font(AXIS_PT)))
+            .margin(pt(5.0))
+            .x_label_area_size(pt(22.0))
+            .y_label_area_size(pt(24.0))
             .build_cartesian_2d(0.0..cols as f64, rows as f64..0.0)
             .map_err(err)?;
         let (rl, cl) = (p.row_labels.clone(), p.col_labels.clone());
@@ -435,8 +551,8 @@ where
             .y_labels(rows.min(12))
             .x_label_formatter(&|v| cl.get(v.floor() as usize).cloned().unwrap_or_default())
             .y_label_formatter(&|v| rl.get(v.floor() as usize).cloned().unwrap_or_default())
-            .label_style(("sans-serif", 16))
-            .axis_desc_style(("sans-serif", 20))
+            .label_style(("sans-serif", font(TICK_PT)))
+            .axis_desc_style(("sans-serif", font(AXIS_PT)))
             .draw()
             .map_err(err)?;
         for (r, row) in p.values.rows().into_iter().enumerate() {
@@ -448,14 +564,19 @@ where
                         color.filled(),
                     )))
                     .map_err(err)?;
-                if p.annotate && v.is_finite() {
+                if annotate && v.is_finite() {
                     let t = (v - lo) / (hi - lo);
                     let ink = if t > 0.6 { BLACK } else { WHITE };
                     chart
                         .draw_series(std::iter::once(Text::new(
                             format!("{v:.2}"),
-                            (c as f64 + 0.2, r as f64 + 0.4),
-                            ("sans-serif", 13).into_font().color(&ink),
+                            (c as f64 + 0.5, r as f64 + 0.5),
+                            ("sans-serif", font(CELL_PT)).into_font().color(&ink).pos(
+                                plotters::style::text_anchor::Pos::new(
+                                    plotters::style::text_anchor::HPos::Center,
+                                    plotters::style::text_anchor::VPos::Center,
+                                ),
+                            ),
                         )))
                         .map_err(err)?;
                 }
@@ -464,18 +585,18 @@ where
     }
     // Colorbar.
     let mut cb = ChartBuilder::on(&bar)
-        .margin_top(60)
-        .margin_bottom(70)
-        .margin_right(10)
-        .y_label_area_size(55)
+        .margin_top(pt(22.0))
+        .margin_bottom(pt(26.0))
+        .margin_right(pt(2.0))
+        .y_label_area_size(pt(44.0))
         .build_cartesian_2d(0.0..1.0, lo..hi)
         .map_err(err)?;
     cb.configure_mesh()
         .disable_mesh()
         .disable_x_axis()
         .y_desc(&panels[0].colorbar_label)
-        .label_style(("sans-serif", 15))
-        .axis_desc_style(("sans-serif", 18))
+        .label_style(("sans-serif", font(TICK_PT)))
+        .axis_desc_style(("sans-serif", font(AXIS_PT)))
         .y_label_formatter(&|v| format!("{v:.2}"))
         .draw()
         .map_err(err)?;
