@@ -137,6 +137,30 @@ impl EventWriter {
     pub fn create(run: &Path, start: u64) -> Result<Self> {
         let dir = run.join(DIR);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut w = Self::open_new(&dir)?;
+        w.event(start, proto::What::SessionLog(proto::SessionLog { status: 1 }))?;
+        Ok(w)
+    }
+
+    /// Writes what `write` logs into `<run>/tensorboard/<name>` (a name with `tfevents` in it),
+    /// replacing that file as a whole (written aside, then renamed: TensorBoard never reads half
+    /// of it, and running again shows each point once). No session start: what training files
+    /// logged stays. For what is computed after training (`plexus analyze`).
+    pub fn replace(run: &Path, name: &str, write: impl FnOnce(&mut EventWriter) -> Result<()>) -> Result<PathBuf> {
+        anyhow::ensure!(name.contains("tfevents"), "an event file's name holds `tfevents`, not {name}");
+        let dir = run.join(DIR);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let fin = dir.join(name);
+        let mut w = Self::open_new(&dir)?;
+        write(&mut w)?;
+        let tmp = w.path.clone();
+        drop(w);
+        std::fs::rename(&tmp, &fin).with_context(|| format!("renaming {} to {}", tmp.display(), fin.display()))?;
+        Ok(fin)
+    }
+
+    /// A new event file of this process in `dir`, its version event written.
+    fn open_new(dir: &Path) -> Result<Self> {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         let host: String = host.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
@@ -157,7 +181,6 @@ impl EventWriter {
             .with_context(|| format!("creating {}", path.display()))?;
         let mut w = EventWriter { file: std::io::BufWriter::new(file), path };
         w.event(0, proto::What::FileVersion("brain.Event:2".into()))?;
-        w.event(start, proto::What::SessionLog(proto::SessionLog { status: 1 }))?;
         Ok(w)
     }
 

@@ -138,3 +138,43 @@ fn an_rl_run_logs_its_evaluations_once_after_a_kill_and_a_resume() {
     assert!(tb.iter().zip(&csv).all(|(a, b)| a.0 == b.0 && a.1 as f32 == b.1 as f32), "{tb:?} vs {csv:?}");
     assert!(events["scalars"]["train/critic_loss"].as_array().is_some_and(|v| !v.is_empty()), "{events}");
 }
+
+/// `plexus analyze` adds Δ_t (over the training steps) and the early exits' loss (over the units
+/// they keep) to the run's TensorBoard, with delta.csv's and layerwise.csv's numbers; a second
+/// analysis replaces its file (each point once) and leaves the training's events as they were.
+#[test]
+fn analyze_adds_delta_t_and_the_exits_to_tensorboard_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("tiny.yaml");
+    std::fs::write(&path, TINY).unwrap();
+    let e = Experiment::from_file(&path, &[]).unwrap();
+    let run = tmp.path().join("run");
+    train::train(&e, &RunDir::create(&run).unwrap(), &TrainOptions::default()).unwrap();
+    let opts = plexus::analysis::AnalyzeOptions { repeats: 1, ..Default::default() };
+    for _ in 0..2 {
+        plexus::analysis::analyze(&run, &opts).unwrap();
+    }
+    let events = read_events(&run);
+    let read_pairs = |file: &str| -> Vec<(u64, f64)> {
+        let text = std::fs::read_to_string(run.join(file)).unwrap();
+        text.lines()
+            .skip(1)
+            .map(|l| {
+                let mut f = l.split(',');
+                (f.next().unwrap().parse().unwrap(), f.next().unwrap().parse().unwrap())
+            })
+            .collect()
+    };
+    let delta = read_pairs("delta.csv");
+    let tb = scalar(&events, "analysis/delta_t");
+    assert_eq!(tb.len(), delta.len(), "{tb:?} vs {delta:?}");
+    for ((s, v), (cs, cv)) in tb.iter().zip(&delta) {
+        assert_eq!((s, *v as f32), (cs, *cv as f32));
+    }
+    let exits = read_pairs("layerwise.csv");
+    let tb = scalar(&events, "analysis/exit_loss");
+    assert_eq!(tb.iter().map(|p| p.0).collect::<Vec<_>>(), exits.iter().map(|p| p.0).collect::<Vec<_>>());
+    assert!(tb.iter().zip(&exits).all(|(a, b)| a.1 as f32 == b.1 as f32), "{tb:?} vs {exits:?}");
+    assert_eq!(scalar(&events, "train/loss").len(), 13, "the training's events kept");
+    assert_eq!(std::fs::read_dir(run.join("tensorboard")).unwrap().count(), 2);
+}

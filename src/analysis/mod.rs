@@ -189,8 +189,12 @@ impl Default for AnalyzeOptions {
     }
 }
 
+/// The event file `plexus analyze` writes into a run's `tensorboard/` (replaced by every analysis).
+pub const ANALYSIS_EVENTS: &str = "events.out.tfevents.analysis.plexus";
+
 /// Runs every analysis on one run and writes `layerwise.csv`, `pruning.csv`, `noise.csv`,
-/// `gamma.csv`, `delta.csv` (when the topology has residual weights) and `analysis.json`.
+/// `gamma.csv`, `delta.csv` (when the topology has residual weights) and `analysis.json`; where the
+/// run logs TensorBoard events, Δ_t and the exits' metrics there too ([`ANALYSIS_EVENTS`]).
 pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<AnalysisSummary> {
     opts.validate()?;
     let run = Run::load_on(path, opts.device)?;
@@ -222,6 +226,24 @@ pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<AnalysisSummary> {
         noise: noise_summary,
     };
     atomic_write(&d.analysis_file(), serde_json::to_string_pretty(&summary)?.as_bytes())?;
+    // Beside the training's events (a run that logs them): Δ_t over the training steps and the
+    // early exits' metrics over the units they keep (step = units), in one file that a new
+    // analysis replaces.
+    if d.path.join(crate::tensorboard::DIR).is_dir() {
+        let deltas = if weights.len() > 1 { delta_series(&weights) } else { Vec::new() };
+        crate::tensorboard::EventWriter::replace(&d.path, ANALYSIS_EVENTS, |w| {
+            for (step, delta) in &deltas {
+                w.scalars(*step, &[("analysis/delta_t", *delta)])?;
+            }
+            for e in &exits {
+                let mut values = vec![("analysis/exit_loss", e.loss)];
+                values.extend(e.accuracy.map(|a| ("analysis/exit_accuracy", a)));
+                values.extend(e.perplexity.map(|p| ("analysis/exit_perplexity", p)));
+                w.scalars(e.units as u64, &values)?;
+            }
+            Ok(())
+        })?;
+    }
     Ok(summary)
 }
 
