@@ -100,15 +100,74 @@ mod proto {
     pub struct PluginData {
         #[prost(string, tag = "1")]
         pub plugin_name: String,
+        /// The plugin's own serialized message (the hparams plugin's `HParamsPluginData`).
+        #[prost(bytes = "vec", tag = "2")]
+        pub content: Vec<u8>,
+    }
+
+    /// tensorboard/plugins/hparams/plugin_data.proto (the session start and end; not the
+    /// experiment, which TensorBoard infers from the sessions).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct HParamsPluginData {
+        #[prost(int32, tag = "1")]
+        pub version: i32,
+        #[prost(oneof = "HParamsData", tags = "3, 4")]
+        pub data: Option<HParamsData>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum HParamsData {
+        #[prost(message, tag = "3")]
+        SessionStartInfo(SessionStartInfo),
+        #[prost(message, tag = "4")]
+        SessionEndInfo(SessionEndInfo),
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct SessionStartInfo {
+        #[prost(map = "string, message", tag = "1")]
+        pub hparams: std::collections::HashMap<String, ProtoValue>,
+        #[prost(string, tag = "4")]
+        pub group_name: String,
+        #[prost(double, tag = "5")]
+        pub start_time_secs: f64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct SessionEndInfo {
+        /// 1 = STATUS_SUCCESS.
+        #[prost(int32, tag = "1")]
+        pub status: i32,
+        #[prost(double, tag = "2")]
+        pub end_time_secs: f64,
+    }
+
+    /// google.protobuf.Value (the kinds plexus writes).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ProtoValue {
+        #[prost(oneof = "ProtoKind", tags = "2, 3, 4")]
+        pub kind: Option<ProtoKind>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum ProtoKind {
+        #[prost(double, tag = "2")]
+        NumberValue(f64),
+        #[prost(string, tag = "3")]
+        StringValue(String),
+        #[prost(bool, tag = "4")]
+        BoolValue(bool),
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct TensorProto {
-        /// 7 = DT_STRING.
+        /// 1 = DT_FLOAT, 7 = DT_STRING.
         #[prost(int32, tag = "1")]
         pub dtype: i32,
         #[prost(message, optional, tag = "2")]
         pub tensor_shape: Option<TensorShape>,
+        #[prost(float, repeated, tag = "5")]
+        pub float_val: Vec<f32>,
         #[prost(bytes = "vec", repeated, tag = "8")]
         pub string_val: Vec<Vec<u8>>,
     }
@@ -231,15 +290,59 @@ impl EventWriter {
         let value = proto::Value {
             tag: tag.to_string(),
             metadata: Some(proto::SummaryMetadata {
-                plugin_data: Some(proto::PluginData { plugin_name: "text".into() }),
+                plugin_data: Some(proto::PluginData { plugin_name: "text".into(), content: Vec::new() }),
             }),
             kind: Some(proto::Kind::Tensor(proto::TensorProto {
                 dtype: 7,
                 tensor_shape: Some(proto::TensorShape {}),
+                float_val: Vec::new(),
                 string_val: vec![text.as_bytes().to_vec()],
             })),
         };
         self.summary(step, vec![value])
+    }
+
+    /// A run's hyperparameters for TensorBoard's HPARAMS dashboard, which lists runs by them (a
+    /// sweep's grid point): a session start with `hparams` (numbers where they parse as numbers,
+    /// `true`/`false` as booleans, else text) and `group` (runs of one group differ by seed only),
+    /// and its end (finished).
+    pub fn hparams(&mut self, hparams: &[(String, String)], group: &str) -> Result<()> {
+        use prost::Message;
+        let value = |v: &str| proto::ProtoValue {
+            kind: Some(match (v.parse::<f64>(), v) {
+                (Ok(x), _) if x.is_finite() => proto::ProtoKind::NumberValue(x),
+                (_, "true") => proto::ProtoKind::BoolValue(true),
+                (_, "false") => proto::ProtoKind::BoolValue(false),
+                _ => proto::ProtoKind::StringValue(v.to_string()),
+            }),
+        };
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        let start = proto::HParamsData::SessionStartInfo(proto::SessionStartInfo {
+            hparams: hparams.iter().map(|(k, v)| (k.clone(), value(v))).collect(),
+            group_name: group.to_string(),
+            start_time_secs: now,
+        });
+        let end = proto::HParamsData::SessionEndInfo(proto::SessionEndInfo { status: 1, end_time_secs: now });
+        for (tag, data) in [("_hparams_/session_start_info", start), ("_hparams_/session_end_info", end)] {
+            let content = proto::HParamsPluginData { version: 0, data: Some(data) }.encode_to_vec();
+            let value = proto::Value {
+                tag: tag.into(),
+                metadata: Some(proto::SummaryMetadata {
+                    plugin_data: Some(proto::PluginData { plugin_name: "hparams".into(), content }),
+                }),
+                // The hparams plugin's summaries carry a null float tensor (as TensorBoard's own
+                // writer's): the data is in the metadata.
+                kind: Some(proto::Kind::Tensor(proto::TensorProto {
+                    dtype: 1,
+                    tensor_shape: Some(proto::TensorShape {}),
+                    float_val: vec![0.0],
+                    string_val: Vec::new(),
+                })),
+            };
+            self.summary(0, vec![value])?;
+        }
+        Ok(())
     }
 
     /// A matrix `m` at `step` as a grayscale image, black = the smallest entry, white = the

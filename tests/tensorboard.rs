@@ -178,3 +178,44 @@ fn analyze_adds_delta_t_and_the_exits_to_tensorboard_once() {
     assert_eq!(scalar(&events, "train/loss").len(), 13, "the training's events kept");
     assert_eq!(std::fs::read_dir(run.join("tensorboard")).unwrap().count(), 2);
 }
+
+/// `plexus sweep`: each finished run carries its grid point and seed as TensorBoard hparams (the
+/// HPARAMS dashboard's table), numbers as numbers, grouped by point.
+#[test]
+fn a_sweeps_runs_carry_their_grid_point_as_tensorboard_hparams() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = common::repo().join("configs/lnn/fig2b/1-none.yaml");
+    let args = ["sweep", config.to_str().unwrap(), "--grid", "train.lr=0.01,0.02", "--seeds", "3"];
+    let o = plexus(&[&args[..], &["--set", "train.steps=4", "--quiet", "--out", "sw"]].concat(), tmp.path());
+    assert!(o.status.success(), "{:?}", text(&o));
+    let script = r#"
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+ea = EventAccumulator(sys.argv[1])
+ea.Reload()
+content = ea.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+info = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+print(json.dumps({"hparams": {k: v.number_value for k, v in info.hparams.items()}, "group": info.group_name}))
+"#;
+    let mut seen = Vec::new();
+    for entry in std::fs::read_dir(tmp.path().join("sw")).unwrap() {
+        let run = entry.unwrap().path();
+        if !run.join("tensorboard").is_dir() {
+            continue;
+        }
+        let o = std::process::Command::new(plexus::parity::python())
+            .args(["-c", script])
+            .arg(run.join("tensorboard"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let lr = v["hparams"]["train.lr"].as_f64().unwrap();
+        assert_eq!(v["hparams"]["seed"].as_f64(), Some(3.0), "{v}");
+        assert_eq!(v["group"].as_str().unwrap(), format!("train.lr={lr}"), "{v}");
+        seen.push(lr);
+    }
+    seen.sort_by(f64::total_cmp);
+    assert_eq!(seen, [0.01, 0.02]);
+}

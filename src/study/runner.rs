@@ -331,6 +331,9 @@ pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quie
                 outcome.finished += 1;
                 pb.inc(1);
                 say(format!("finished {} ({secs:.0} s)", r.name));
+                if let Err(e) = write_hparams(&out.join(&r.name), r) {
+                    say(format!("{}: its TensorBoard hparams were not written: {e:#}", r.name));
+                }
             } else {
                 let log = logs.join(format!("{}.log", r.name));
                 let tail = last_lines(&log, 3);
@@ -354,6 +357,23 @@ pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quie
 }
 
 /// The last `n` non-empty lines of a log, joined by ` | `.
+/// The event file of a sweep run's hyperparameters, in its `tensorboard/` folder.
+pub const HPARAMS_EVENTS: &str = "events.out.tfevents.hparams.plexus";
+
+/// Writes a finished run's grid point and seed as TensorBoard hparams (its HPARAMS dashboard then
+/// lists a sweep's runs by them, and groups the seeds of one point), where the run logs
+/// TensorBoard events.
+pub fn write_hparams(dir: &Path, run: &PlannedRun) -> Result<()> {
+    if !dir.join(crate::tensorboard::DIR).is_dir() {
+        return Ok(());
+    }
+    let mut hparams = run.point.clone();
+    hparams.push(("seed".into(), run.seed.to_string()));
+    let group: Vec<String> = run.point.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    crate::tensorboard::EventWriter::replace(dir, HPARAMS_EVENTS, |w| w.hparams(&hparams, &group.join(",")))?;
+    Ok(())
+}
+
 fn last_lines(path: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("=== ")).collect();
