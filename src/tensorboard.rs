@@ -152,11 +152,11 @@ mod proto {
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum ProtoKind {
         #[prost(double, tag = "2")]
-        NumberValue(f64),
+        Number(f64),
         #[prost(string, tag = "3")]
-        StringValue(String),
+        Text(String),
         #[prost(bool, tag = "4")]
-        BoolValue(bool),
+        Bool(bool),
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
@@ -310,10 +310,10 @@ impl EventWriter {
         use prost::Message;
         let value = |v: &str| proto::ProtoValue {
             kind: Some(match (v.parse::<f64>(), v) {
-                (Ok(x), _) if x.is_finite() => proto::ProtoKind::NumberValue(x),
-                (_, "true") => proto::ProtoKind::BoolValue(true),
-                (_, "false") => proto::ProtoKind::BoolValue(false),
-                _ => proto::ProtoKind::StringValue(v.to_string()),
+                (Ok(x), _) if x.is_finite() => proto::ProtoKind::Number(x),
+                (_, "true") => proto::ProtoKind::Bool(true),
+                (_, "false") => proto::ProtoKind::Bool(false),
+                _ => proto::ProtoKind::Text(v.to_string()),
             }),
         };
         let now =
