@@ -499,12 +499,26 @@ fn tick(v: f64) -> String {
 /// colorbar) to `<out_base>.png` and `.svg`.
 pub fn heatmaps(panels: &[Heatmap], title: &str, out_base: &Path) -> Result<Vec<PathBuf>> {
     anyhow::ensure!(!panels.is_empty(), "no heatmap to draw");
-    // The printed width, shared by the panels (and the colour bar's 0.7 in); as tall as a panel
-    // is wide (square cells for a square matrix) plus the titles and labels, within 2–4.5 in.
     let width = canvas_width();
-    let panel = width.saturating_sub(pt(62.0)) / panels.len() as u32;
-    let size = (width, (panel + pt(40.0)).clamp(pt(144.0), pt(324.0)));
-    render_png_and_svg!(out_base, size, draw_heatmaps(panels, title))
+    let (rows, cols) = panel_grid(width, panels.len());
+    let panel = width.saturating_sub(COLORBAR) / cols;
+    // Each row as tall as a panel is wide (square cells for a square matrix) plus its title and
+    // labels, within 1.4–4.5 in.
+    let row_height = (panel + pt(10.0)).clamp(pt(100.0), pt(324.0));
+    let size = (width, row_height * rows + pt(16.0));
+    render_png_and_svg!(out_base, size, draw_heatmaps(panels, title, (rows, cols)))
+}
+
+/// The colour bar's share of a heatmap figure's width (0.86 in).
+const COLORBAR: u32 = 153;
+
+/// Rows and columns of heatmap panels on a canvas `width` wide: side by side while each panel is
+/// at least 1.1 in wide, else in rows (five snapshots of C in one column of a paper: 2 × 3).
+fn panel_grid(width: u32, n: usize) -> (u32, u32) {
+    let fit = (width.saturating_sub(COLORBAR) / pt(80.0)).max(1);
+    let n = n.max(1) as u32;
+    let cols = fit.min(n);
+    (n.div_ceil(cols), cols)
 }
 
 fn viridis(t: f64) -> RGBColor {
@@ -512,7 +526,12 @@ fn viridis(t: f64) -> RGBColor {
     ViridisRGB.get_color(t.clamp(0.0, 1.0))
 }
 
-fn draw_heatmaps<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, panels: &[Heatmap], title: &str) -> Result<()>
+fn draw_heatmaps<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    panels: &[Heatmap],
+    title: &str,
+    grid: (u32, u32),
+) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
@@ -528,8 +547,11 @@ where
     let (lo, hi) = if hi > lo { (lo, hi) } else { (lo - 0.5, lo + 0.5) };
     let (title, title_size) = fit_title(title, root.dim_in_pixel().0, TITLE_PT);
     let area = root.titled(&title, ("sans-serif", title_size)).map_err(err)?;
-    let (main, bar) = area.split_horizontally(area.dim_in_pixel().0.saturating_sub(pt(62.0)));
-    for (p, panel_area) in panels.iter().zip(main.split_evenly((1, panels.len()))) {
+    let (main, bar) = area.split_horizontally(area.dim_in_pixel().0.saturating_sub(COLORBAR));
+    let (grid_rows, grid_cols) = (grid.0 as usize, grid.1 as usize);
+    for (i, (p, panel_area)) in panels.iter().zip(main.split_evenly((grid_rows, grid_cols))).enumerate() {
+        // Axis titles on the outer panels only: the left column's y, the bottom row's x.
+        let (left, bottom) = (i % grid_cols == 0, i + grid_cols >= panels.len());
         let (rows, cols) = p.values.dim();
         // Numbers in the cells only where "0.00" fits one (with a margin), centred.
         let cell_width = f64::from(panel_area.dim_in_pixel().0.saturating_sub(pt(34.0))) / cols.max(1) as f64;
@@ -545,9 +567,9 @@ where
         chart
             .configure_mesh()
             .disable_mesh()
-            .x_desc(&p.x_label)
-            .y_desc(&p.y_label)
-            .x_labels(cols.min(12))
+            .x_desc(if bottom { p.x_label.as_str() } else { "" })
+            .y_desc(if left { p.y_label.as_str() } else { "" })
+            .x_labels(cols.min(if grid_cols > 2 { 5 } else { 12 }))
             .y_labels(rows.min(12))
             .x_label_formatter(&|v| cl.get(v.floor() as usize).cloned().unwrap_or_default())
             .y_label_formatter(&|v| rl.get(v.floor() as usize).cloned().unwrap_or_default())
@@ -583,7 +605,8 @@ where
             }
         }
     }
-    // Colorbar.
+    // Colorbar, with as many tick labels as fit its height (one per 14 pt, 2 to 11).
+    let ticks = ((bar.dim_in_pixel().1.saturating_sub(pt(48.0))) / pt(14.0)).clamp(2, 11) as usize;
     let mut cb = ChartBuilder::on(&bar)
         .margin_top(pt(22.0))
         .margin_bottom(pt(26.0))
@@ -595,6 +618,7 @@ where
         .disable_mesh()
         .disable_x_axis()
         .y_desc(&panels[0].colorbar_label)
+        .y_labels(ticks)
         .label_style(("sans-serif", font(TICK_PT)))
         .axis_desc_style(("sans-serif", font(AXIS_PT)))
         .y_label_formatter(&|v| format!("{v:.2}"))
