@@ -688,8 +688,8 @@ fn plot_writes_the_formats_asked_for() {
 }
 
 /// `plot --width`: every PDF page is the asked width (a column's 3.25 in = 234 pt, the text
-/// width's 6.75 in = 486 pt, or inches), and the text stays 8–9 pt: its font size in the SVG is the
-/// same at both widths. A bad width is an error naming what is allowed.
+/// width's 6.75 in = 486 pt, or inches), and the text stays 7–9.5 pt: its font sizes in the SVG
+/// are the same at every width (a title may shrink to fit). A bad width is an error naming what is allowed.
 #[test]
 fn plot_width_sets_the_printed_width_of_every_figure() {
     let tmp = tempfile::tempdir().unwrap();
@@ -731,9 +731,12 @@ fn plot_width_sets_the_printed_width_of_every_figure() {
             assert!((6.8..=9.7).contains(&points), "{name}: text at {points:.2} pt");
         }
     }
+    // The same text sizes at every width, but for a title shrunk to fit a narrow figure.
     for (w, name, sizes) in &font_sizes {
-        let single = font_sizes.iter().find(|(w2, n2, _)| *w2 == "single" && n2 == name).unwrap();
-        assert_eq!(&single.2, sizes, "{name} at {w}");
+        let double = font_sizes.iter().find(|(w2, n2, _)| *w2 == "double" && n2 == name).unwrap();
+        let set = |v: &[String]| v.iter().cloned().collect::<std::collections::BTreeSet<String>>();
+        let extra: Vec<String> = set(sizes).difference(&set(&double.2)).cloned().collect();
+        assert!(extra.len() <= 1, "{name} at {w}: sizes {extra:?} not at double width");
     }
     let o = plexus(&["plot", "run", "--width", "wide"], t);
     let (_, err) = text(&o);
