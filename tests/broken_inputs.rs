@@ -163,6 +163,8 @@ fn broken_runs(good: &Path, dir: &Path) -> Vec<PathBuf> {
         ("ckpt-truncated", "checkpoints/step_4.safetensors", b"\x08\x00\x00\x00\x00\x00\x00\x00{}"),
         ("params-garbage", "params/a_step_4.csv", b"node,0\n0,zz\n"),
         ("summary-garbage", "summary.json", b"[1,2"),
+        // TensorBoard's files: a garbled event file where `plexus analyze` replaces its own.
+        ("tb-garbage", "tensorboard/events.out.tfevents.analysis.plexus", b"\x10\x00\x00garbage"),
     ];
     for (name, file, bytes) in damage {
         let r = copy(name);
@@ -174,6 +176,11 @@ fn broken_runs(good: &Path, dir: &Path) -> Vec<PathBuf> {
     runs.push(r);
     let r = copy("no-checkpoints");
     std::fs::remove_dir_all(r.join("checkpoints")).unwrap();
+    runs.push(r);
+    // A file where the run's TensorBoard folder should be.
+    let r = copy("tb-is-a-file");
+    let _ = std::fs::remove_dir_all(r.join("tensorboard"));
+    write(&r.join("tensorboard"), b"not a folder");
     runs.push(r);
     runs
 }
