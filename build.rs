@@ -112,6 +112,7 @@ fn build_native(lib_dir: Option<&Path>) {
         "src/native/streams.cu",
         "src/native/losses.cu",
         "src/native/norms.cu",
+        "src/native/activations.cu",
     ];
     let shim = "src/native/gloo_decl";
     println!("cargo:rerun-if-changed={src}");

@@ -26,12 +26,12 @@
 //! * the dense topologies' history buffer (`src/native/history.cpp`, any device):
 //!   [`history_push`], [`history_mix`] (used through `topology::common::History`);
 //! * CUDA kernels compiled at run time with NVRTC (`src/native/cuda_kernels.cpp`, the kernels in
-//!   `src/native/sinkhorn.cu`, `streams.cu`, `losses.cu` and `norms.cu`): mHC's Sinkhorn ([`sinkhorn_cuda`]),
+//!   `src/native/sinkhorn.cu`, `streams.cu`, `losses.cu`, `norms.cu` and `activations.cu`): mHC's Sinkhorn ([`sinkhorn_cuda`]),
 //!   the stream read and write (through [`stream_read_fused`] and [`stream_write_fused`] for fp32
 //!   CUDA tensors), the language-model loss ([`cross_entropy_cuda`]) and the pre-norms written in
-//!   bf16 (`norms.cu`, [`norm_cuda`]); for the tests and `doctor`, [`sinkhorn_cuda_host`],
-//!   [`streams_host`], [`cross_entropy_host`], [`norm_host`], [`cuda_kernels_compile`],
-//!   [`nvrtc_version`].
+//!   bf16 (`norms.cu`, [`norm_cuda`]) and SwiGLU's gate ([`swiglu_cuda`]); for the tests and
+//!   `doctor`, [`sinkhorn_cuda_host`], [`streams_host`], [`cross_entropy_host`], [`norm_host`],
+//!   [`swiglu_host`], [`cuda_kernels_compile`], [`nvrtc_version`].
 //!
 //! * the choice between them: [`stream_read`], [`stream_write`] and [`sinkhorn`] run the fused CPU
 //!   kernel, the CUDA kernel or the composite libtorch graph ([`stream_read_composite`], …, the
@@ -168,6 +168,13 @@ mod ffi {
             log: *mut *mut c_char,
         ) -> *mut c_char;
         pub fn plexus_nvrtc_version(version: *mut c_int, path: *mut *mut c_char) -> *mut c_char;
+        pub fn plexus_swiglu_cuda(g: *mut C_tensor, u: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
+        pub fn plexus_swiglu_host(
+            g: *mut C_tensor,
+            u: *mut C_tensor,
+            gh: *mut C_tensor,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
         pub fn plexus_norm_cuda(
             x: *mut C_tensor,
             w: *mut C_tensor,
@@ -550,6 +557,44 @@ mod tests {
         }
     }
 
+    /// The CUDA SwiGLU kernels' arithmetic (run on the CPU) against libtorch's `silu(g) · u` and its
+    /// gradients, and fp64: fp32 within 8× libtorch's error plus 4 units of fp32; bf16 (one rounding
+    /// where libtorch rounds twice) at most one bf16 unit from libtorch's.
+    #[test]
+    fn the_cuda_swiglu_kernels_arithmetic_equals_libtorchs() {
+        use tch::{Device, Kind};
+        let n = 4000i64;
+        let grid = |phase: f64| (Tensor::arange(n, (Kind::Double, Device::Cpu)) * phase).sin();
+        let (g0, u0, gh0) = (grid(0.61) * 6.0, grid(1.9) * 2.0, grid(2.7));
+        for kind in [Kind::Float, Kind::BFloat16] {
+            let (g, u, gh) = (g0.to_kind(kind), u0.to_kind(kind), gh0.to_kind(kind));
+            let libtorch = |dtype: Kind| {
+                let leaf = |t: &Tensor| t.to_kind(dtype).detach().set_requires_grad(true);
+                let (gv, uv) = (leaf(&g), leaf(&u));
+                let h = gv.silu() * &uv;
+                (&h * gh.to_kind(dtype)).sum(dtype).backward();
+                [h.detach(), gv.grad(), uv.grad()]
+            };
+            let want = libtorch(kind);
+            let truth = libtorch(Kind::Double);
+            let got = swiglu_host(&g, &u, &gh).unwrap();
+            for (i, what) in ["output", "gate gradient", "up gradient"].iter().enumerate() {
+                let diff = |a: &Tensor, b: &Tensor| {
+                    crate::host::scalar(&(a.to_kind(Kind::Double) - b.to_kind(Kind::Double)).abs().max())
+                };
+                let scale = crate::host::scalar(&truth[i].abs().max());
+                if kind == Kind::Float {
+                    let (e, e_ref) = (diff(&got[i], &truth[i]), diff(&want[i], &truth[i]));
+                    let floor = 4.0 * f64::from(f32::EPSILON) * scale;
+                    assert!(e <= 8.0 * e_ref + floor, "fp32 {what}: {e:e} against libtorch's {e_ref:e}");
+                } else {
+                    let e = diff(&got[i], &want[i]);
+                    assert!(e <= scale / 128.0, "bf16 {what}: {e:e} from libtorch's (scale {scale:e})");
+                }
+            }
+        }
+    }
+
     /// CUDA graphs are built wherever NCCL is (the same CUDA headers), and without a GPU a graph
     /// cannot be made: an error, not a crash.
     #[test]
@@ -616,6 +661,8 @@ mod tests {
                     "plexus_cross_entropy_backward_f32",
                     "plexus_norm_forward_bf16",
                     "plexus_norm_backward_bf16",
+                    "plexus_swiglu_forward_bf16",
+                    "plexus_swiglu_backward_f32",
                 ] {
                     assert!(k.log.contains(name), "n = {n}, {}: no {name} in ptxas' log", k.target);
                 }

@@ -152,7 +152,7 @@ impl Unit for LlamaUnit {
             }
             LlamaUnit::Mlp { norm, gate, up, down } => {
                 let u = pre_norm(norm, x, mode);
-                down.forward(&(gate.forward(&u).silu() * up.forward(&u)))
+                down.forward(&crate::native::swiglu(&gate.forward(&u), &up.forward(&u)))
             }
         }
     }

@@ -46,6 +46,7 @@
 #include "streams.cu"
 #include "losses.cu"
 #include "norms.cu"
+#include "activations.cu"
 
 using plexus_native::dup_string;
 using plexus_native::guarded;
@@ -198,6 +199,14 @@ void host_norm(const float* x, const float* w, const float* b, const unsigned sh
       plexus_norms::row_grad(x, gy, w, gx, gw, gb, r, d, mean[r], rstd[r], mg, mgx, t, threads);
     }
   }
+}
+
+// SwiGLU's per-element functions on the CPU over n elements (bf16 as raw bits, or fp32): h, and
+// with gh, gg and gu.
+template <typename T>
+void host_swiglu(const T* g, const T* u, const T* gh, T* h, T* gg, T* gu, int64_t n) {
+  plexus_activations::swiglu_forward(g, u, h, n, 0, 1);
+  if (gh != nullptr) plexus_activations::swiglu_backward(g, u, gh, gg, gu, n, 0, 1);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -481,6 +490,7 @@ struct Kernels {
   // The loss, by the logits' dtype: [0] bf16, [1] fp32.
   CUfunction ce_forward[2] = {nullptr, nullptr}, ce_backward[2] = {nullptr, nullptr};
   CUfunction norm_forward = nullptr, norm_backward = nullptr;  // pre-norms written in bf16
+  CUfunction swiglu_forward[2] = {nullptr, nullptr}, swiglu_backward[2] = {nullptr, nullptr};  // [0] bf16, [1] fp32
   int64_t n = 0;
   std::string target;
 };
@@ -689,6 +699,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> launch_norm_backward(const Kernel
   return {gx, gw, gb};
 }
 
+// SwiGLU: g, u (and gh) contiguous bf16 or fp32 on the kernels' device; h (gg, gu) alike. Blocks
+// of kLossThreads threads, a grid-stride loop over the elements.
+int64_t elementwise_blocks(int64_t n) {
+  return std::max<int64_t>(1, std::min<int64_t>((n + kLossThreads - 1) / kLossThreads, 65536));
+}
+
+void launch_swiglu_forward(const Kernels& k, const at::Tensor& g, const at::Tensor& u, const at::Tensor& h) {
+  const void* gp = g.const_data_ptr();
+  const void* up = u.const_data_ptr();
+  void* hp = h.mutable_data_ptr();
+  long long n = g.numel();
+  void* args[] = {&gp, &up, &hp, &n};
+  launch(k, k.swiglu_forward[loss_kind(g)], "SwiGLU forward", g.device(), elementwise_blocks(n), kLossThreads, args);
+}
+
+void launch_swiglu_backward(const Kernels& k, const at::Tensor& g, const at::Tensor& u, const at::Tensor& gh,
+                            const at::Tensor& gg, const at::Tensor& gu) {
+  const void* gp = g.const_data_ptr();
+  const void* up = u.const_data_ptr();
+  const void* ghp = gh.const_data_ptr();
+  void* ggp = gg.mutable_data_ptr();
+  void* gup = gu.mutable_data_ptr();
+  long long n = g.numel();
+  void* args[] = {&gp, &up, &ghp, &ggp, &gup, &n};
+  launch(k, k.swiglu_backward[loss_kind(g)], "SwiGLU backward", g.device(), elementwise_blocks(n), kLossThreads,
+         args);
+}
+
 // A deterministic fp64 CPU tensor whose values are fp32 numbers (so that only the arithmetic
 // differs between the kernels and their reference).
 at::Tensor pattern(at::IntArrayRef sizes, double phase) {
@@ -832,6 +870,39 @@ void self_check_norm(const Kernels& k, c10::Device device) {
   }
 }
 
+// The SwiGLU kernels against their per-element functions on the CPU, bf16 and fp32, over more
+// elements than one block (a grid-stride loop): the same arithmetic, expf apart.
+void self_check_swiglu(const Kernels& k, c10::Device device) {
+  const int64_t n = 3 * kLossThreads + 41;
+  for (const auto dtype : {at::kBFloat16, at::kFloat}) {
+    const auto g = (pattern({n}, 0.61) * 4.0).to(dtype), u = pattern({n}, 1.9).to(dtype), gh = pattern({n}, 2.7).to(dtype);
+    auto h = at::empty_like(g), gg = at::empty_like(g), gu = at::empty_like(g);
+    if (dtype == at::kFloat) {
+      host_swiglu<float>(g.const_data_ptr<float>(), u.const_data_ptr<float>(), gh.const_data_ptr<float>(),
+                         h.mutable_data_ptr<float>(), gg.mutable_data_ptr<float>(), gu.mutable_data_ptr<float>(), n);
+    } else {
+      const auto bits = [](const at::Tensor& t) { return reinterpret_cast<const unsigned short*>(t.const_data_ptr()); };
+      const auto out = [](at::Tensor& t) { return reinterpret_cast<unsigned short*>(t.mutable_data_ptr()); };
+      host_swiglu<unsigned short>(bits(g), bits(u), bits(gh), out(h), out(gg), out(gu), n);
+    }
+    const auto gd = g.to(device), ud = u.to(device), ghd = gh.to(device);
+    auto h_d = at::empty_like(gd), gg_d = at::empty_like(gd), gu_d = at::empty_like(gd);
+    launch_swiglu_forward(k, gd, ud, h_d);
+    launch_swiglu_backward(k, gd, ud, ghd, gg_d, gu_d);
+    const auto dev = [](const at::Tensor& a, const at::Tensor& b) {
+      return deviation(a.to(at::kFloat), b.to(at::kFloat).to(at::kDouble));
+    };
+    const double tol = dtype == at::kFloat ? 1e-5 : 1e-2;
+    const double dh = dev(h_d, h), dg = dev(gg_d, gg), du = dev(gu_d, gu);
+    if (!(dh <= tol && dg <= tol && du <= tol)) {
+      throw std::runtime_error(std::string("the CUDA SwiGLU kernels (") + (dtype == at::kFloat ? "fp32" : "bf16") +
+                               ", " + k.target + ") disagree with their CPU reference: output off by " +
+                               std::to_string(dh) + ", gate gradient by " + std::to_string(dg) +
+                               ", up gradient by " + std::to_string(du));
+    }
+  }
+}
+
 // Compares freshly loaded kernels with the per-token functions run on the CPU in double, on logits
 // and gradients that depend on nothing random (the check must not move any generator), one more
 // token than a block so that the bounds check is crossed.
@@ -923,12 +994,19 @@ const Kernels& kernels_for(c10::Device device, int64_t n) {
         d.check(d.ModuleGetFunction(&k->ce_backward[i], module, bwd.c_str()), "cuModuleGetFunction");
       }
       d.check(d.ModuleGetFunction(&k->norm_forward, module, "plexus_norm_forward_bf16"), "cuModuleGetFunction");
+      for (int i = 0; i < 2; ++i) {
+        const std::string fwd = std::string("plexus_swiglu_forward_") + suffix[i];
+        const std::string bwd = std::string("plexus_swiglu_backward_") + suffix[i];
+        d.check(d.ModuleGetFunction(&k->swiglu_forward[i], module, fwd.c_str()), "cuModuleGetFunction");
+        d.check(d.ModuleGetFunction(&k->swiglu_backward[i], module, bwd.c_str()), "cuModuleGetFunction");
+      }
       d.check(d.ModuleGetFunction(&k->norm_backward, module, "plexus_norm_backward_bf16"), "cuModuleGetFunction");
       self_check(*k, device);
       self_check_streams(*k, device);
       if (n == 1) {
         self_check_loss(*k, device);
         self_check_norm(*k, device);
+        self_check_swiglu(*k, device);
       }
     } catch (const c10::Error& e) {
       k.reset();
@@ -1048,6 +1126,30 @@ struct NormCuda : public torch::autograd::Function<NormCuda> {
   }
 };
 
+// silu(g) · u for g, u of one shape and dtype (bf16 or fp32) on a CUDA device, one kernel each way.
+struct SwigluCuda : public torch::autograd::Function<SwigluCuda> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& g_in, const at::Tensor& u_in) {
+    const c10::DeviceGuard guard(g_in.device());
+    const auto g = g_in.contiguous(), u = u_in.contiguous();
+    const Kernels& k = kernels_for(g.device(), 1);
+    auto h = at::empty_like(g, at::MemoryFormat::Contiguous);
+    launch_swiglu_forward(k, g, u, h);
+    ctx->save_for_backward({g, u});
+    return h;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& g = saved[0];
+    const c10::DeviceGuard guard(g.device());
+    const Kernels& k = kernels_for(g.device(), 1);
+    const auto gh = grads[0].to(g.scalar_type()).contiguous();
+    auto gg = at::empty_like(g), gu = at::empty_like(g);
+    launch_swiglu_backward(k, g, saved[1], gh, gg, gu);
+    return {gg, gu};
+  }
+};
+
 // Mean cross-entropy of logits [N, V] (bf16 or fp32, CUDA) against target [N] int64 → 0-dim fp32;
 // the loss kernels of losses.cu each way. Saved for backward: the logits (their own dtype) and the
 // row log-sum-exps [N].
@@ -1150,6 +1252,46 @@ char* plexus_norm_host(at::Tensor* x, at::Tensor* w, at::Tensor* b, at::Tensor* 
     out[1] = new at::Tensor(gx);
     out[2] = new at::Tensor(gw);
     out[3] = new at::Tensor(gb);
+  });
+}
+
+// silu(g) · u on a CUDA device through the SwiGLU kernels (g, u of one shape and dtype, bf16 or
+// fp32); differentiable.
+char* plexus_swiglu_cuda(at::Tensor* g, at::Tensor* u, at::Tensor** out) {
+  return guarded([&] {
+    const bool ok = g->is_cuda() && u->device() == g->device() && g->sizes() == u->sizes() &&
+                    g->scalar_type() == u->scalar_type() &&
+                    (g->scalar_type() == at::kBFloat16 || g->scalar_type() == at::kFloat);
+    if (!ok) throw std::invalid_argument("the CUDA SwiGLU takes gate and up of one shape and dtype (bf16 or fp32) on one CUDA device");
+    *out = new at::Tensor(SwigluCuda::apply(*g, *u));
+  });
+}
+
+// SwiGLU's per-element arithmetic on the CPU: g, u, gh (contiguous CPU, one shape, bf16 or fp32) →
+// out[0] = h, out[1] = gg, out[2] = gu.
+char* plexus_swiglu_host(at::Tensor* g, at::Tensor* u, at::Tensor* gh, at::Tensor** out) {
+  return guarded([&] {
+    for (const at::Tensor* t : {u, gh}) {
+      if (!t->device().is_cpu() || !t->is_contiguous() || t->sizes() != g->sizes() || t->scalar_type() != g->scalar_type()) {
+        throw std::invalid_argument("plexus_swiglu_host takes contiguous CPU tensors of one shape and dtype");
+      }
+    }
+    if (!g->device().is_cpu() || !g->is_contiguous() || !(g->scalar_type() == at::kBFloat16 || g->scalar_type() == at::kFloat)) {
+      throw std::invalid_argument("plexus_swiglu_host takes contiguous bf16 or fp32 CPU tensors");
+    }
+    auto h = at::empty_like(*g), gg = at::empty_like(*g), gu = at::empty_like(*g);
+    const int64_t n = g->numel();
+    if (g->scalar_type() == at::kFloat) {
+      host_swiglu<float>(g->const_data_ptr<float>(), u->const_data_ptr<float>(), gh->const_data_ptr<float>(),
+                         h.mutable_data_ptr<float>(), gg.mutable_data_ptr<float>(), gu.mutable_data_ptr<float>(), n);
+    } else {
+      const auto bits = [](const at::Tensor& t) { return reinterpret_cast<const unsigned short*>(t.const_data_ptr()); };
+      const auto w = [](at::Tensor& t) { return reinterpret_cast<unsigned short*>(t.mutable_data_ptr()); };
+      host_swiglu<unsigned short>(bits(*g), bits(*u), bits(*gh), w(h), w(gg), w(gu), n);
+    }
+    out[0] = new at::Tensor(h);
+    out[1] = new at::Tensor(gg);
+    out[2] = new at::Tensor(gu);
   });
 }
 

@@ -434,6 +434,49 @@ pub fn cross_entropy_host(
     Ok((a, b, c))
 }
 
+/// SwiGLU's gate `silu(g) · u` (LLaMA's MLP; `g`, `u` the gate and up projections, one shape and
+/// dtype): on a GPU one CUDA kernel each way ([`swiglu_cuda`]; libtorch runs silu, the product,
+/// and three kernels backward, and keeps silu(g)); elsewhere, and where the kernels cannot run or
+/// `PLEXUS_FUSED_KERNELS=0`, libtorch's `silu` and product.
+pub fn swiglu(g: &Tensor, u: &Tensor) -> Tensor {
+    let takes = g.device().is_cuda()
+        && fused_kernels_on()
+        && !cuda_kernels_unavailable()
+        && g.kind() == u.kind()
+        && matches!(g.kind(), Kind::BFloat16 | Kind::Float)
+        && g.size() == u.size()
+        && u.device() == g.device();
+    if takes {
+        if let Some(h) = cuda_result(swiglu_cuda(g, u)) {
+            return h;
+        }
+    }
+    g.silu() * u
+}
+
+/// [`swiglu`] through plexus' CUDA kernels (`src/native/activations.cu`): fp32 arithmetic, one
+/// rounding per output. An error where they cannot run.
+pub fn swiglu_cuda(g: &Tensor, u: &Tensor) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: live handles for the call; the C++ side writes a new, caller-owned tensor.
+    let err = unsafe { ffi::plexus_swiglu_cuda(g.as_ptr() as *mut _, u.as_ptr() as *mut _, &mut out) };
+    fused_result(err, out)
+}
+
+/// The SwiGLU kernels' per-element arithmetic run on the CPU: `[h, gg, gu]` for `g`, `u` and the
+/// output's gradient `gh` (one shape, bf16 or fp32). For the tests.
+pub fn swiglu_host(g: &Tensor, u: &Tensor, gh: &Tensor) -> Result<[Tensor; 3]> {
+    let (g, u, gh) = (g.contiguous(), u.contiguous(), gh.contiguous());
+    let mut out: [*mut torch_sys::C_tensor; 3] = [std::ptr::null_mut(); 3];
+    // SAFETY: live handles for the call; on success three new, caller-owned tensors in `out`.
+    let err = unsafe {
+        ffi::plexus_swiglu_host(g.as_ptr() as *mut _, u.as_ptr() as *mut _, gh.as_ptr() as *mut _, out.as_mut_ptr())
+    };
+    check(err)?;
+    // SAFETY: fresh handles nothing else owns.
+    Ok(out.map(|p| unsafe { Tensor::from_ptr(p) }))
+}
+
 /// Which pre-norm: LayerNorm (with its bias, if any) or RMSNorm (a weight only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NormKind {
@@ -750,7 +793,7 @@ pub fn cuda_result(r: anyhow::Result<Tensor>) -> Option<Tensor> {
     WARNED.call_once(|| {
         eprintln!(
             "warning: plexus' CUDA kernels cannot run here, so Hyper-Connections' and mHC's stream mixing, \
-             the language-model loss and the bf16 pre-norms run as composite libtorch operators (the same values, more \
+             the language-model loss, the bf16 pre-norms and SwiGLU run as composite libtorch operators (the same values, more \
              kernels; PLEXUS_FUSED_KERNELS=0 chooses that without this warning): {e}"
         )
     });
