@@ -26,12 +26,13 @@
 //! * the dense topologies' history buffer (`src/native/history.cpp`, any device):
 //!   [`history_push`], [`history_mix`] (used through `topology::common::History`);
 //! * CUDA kernels compiled at run time with NVRTC (`src/native/cuda_kernels.cpp`, the kernels in
-//!   `src/native/sinkhorn.cu`, `streams.cu`, `losses.cu`, `norms.cu` and `activations.cu`): mHC's Sinkhorn ([`sinkhorn_cuda`]),
-//!   the stream read and write (through [`stream_read_fused`] and [`stream_write_fused`] for fp32
-//!   CUDA tensors), the language-model loss ([`cross_entropy_cuda`]) and the pre-norms written in
-//!   bf16 (`norms.cu`, [`norm_cuda`]) and SwiGLU's gate ([`swiglu_cuda`]); for the tests and
-//!   `doctor`, [`sinkhorn_cuda_host`], [`streams_host`], [`cross_entropy_host`], [`norm_host`],
-//!   [`swiglu_host`], [`cuda_kernels_compile`], [`nvrtc_version`].
+//!   `src/native/sinkhorn.cu`, `streams.cu`, `losses.cu`, `norms.cu` and `activations.cu`): mHC's
+//!   Sinkhorn ([`sinkhorn_cuda`]), the stream read and write (through [`stream_read_fused`] and
+//!   [`stream_write_fused`] for fp32 CUDA tensors), the language-model loss
+//!   ([`cross_entropy_cuda`]), the pre-norms written in bf16 ([`norm_cuda`]) and SwiGLU's gate
+//!   ([`swiglu_cuda`]); for the tests and `doctor`, [`sinkhorn_cuda_host`], [`streams_host`],
+//!   [`cross_entropy_host`], [`norm_host`], [`swiglu_host`], [`cuda_kernels_compile`],
+//!   [`nvrtc_version`].
 //!
 //! * the choice between them: [`stream_read`], [`stream_write`] and [`sinkhorn`] run the fused CPU
 //!   kernel, the CUDA kernel or the composite libtorch graph ([`stream_read_composite`], …, the
