@@ -113,6 +113,7 @@ fn build_native(lib_dir: Option<&Path>) {
         "src/native/losses.cu",
         "src/native/norms.cu",
         "src/native/activations.cu",
+        "src/native/rope.cu",
     ];
     let shim = "src/native/gloo_decl";
     println!("cargo:rerun-if-changed={src}");

@@ -26,13 +26,13 @@
 //! * the dense topologies' history buffer (`src/native/history.cpp`, any device):
 //!   [`history_push`], [`history_mix`] (used through `topology::common::History`);
 //! * CUDA kernels compiled at run time with NVRTC (`src/native/cuda_kernels.cpp`, the kernels in
-//!   `src/native/sinkhorn.cu`, `streams.cu`, `losses.cu`, `norms.cu` and `activations.cu`): mHC's
+//!   `src/native/sinkhorn.cu`, `streams.cu`, `losses.cu`, `norms.cu`, `activations.cu` and `rope.cu`): mHC's
 //!   Sinkhorn ([`sinkhorn_cuda`]), the stream read and write (through [`stream_read_fused`] and
 //!   [`stream_write_fused`] for fp32 CUDA tensors), the language-model loss
-//!   ([`cross_entropy_cuda`]), the pre-norms written in bf16 ([`norm_cuda`]) and SwiGLU's gate
-//!   ([`swiglu_cuda`]); for the tests and `doctor`, [`sinkhorn_cuda_host`], [`streams_host`],
-//!   [`cross_entropy_host`], [`norm_host`], [`swiglu_host`], [`cuda_kernels_compile`],
-//!   [`nvrtc_version`].
+//!   ([`cross_entropy_cuda`]), the pre-norms written in bf16 ([`norm_cuda`]), SwiGLU's gate
+//!   ([`swiglu_cuda`]) and RoPE with the split into heads ([`rope_cuda`]); for the tests and
+//!   `doctor`, [`sinkhorn_cuda_host`], [`streams_host`], [`cross_entropy_host`], [`norm_host`],
+//!   [`swiglu_host`], [`rope_host`], [`cuda_kernels_compile`], [`nvrtc_version`].
 //!
 //! * the choice between them: [`stream_read`], [`stream_write`] and [`sinkhorn`] run the fused CPU
 //!   kernel, the CUDA kernel or the composite libtorch graph ([`stream_read_composite`], …, the
@@ -169,6 +169,21 @@ mod ffi {
             log: *mut *mut c_char,
         ) -> *mut c_char;
         pub fn plexus_nvrtc_version(version: *mut c_int, path: *mut *mut c_char) -> *mut c_char;
+        pub fn plexus_rope_cuda(
+            x: *mut C_tensor,
+            cs: *mut C_tensor,
+            sn: *mut C_tensor,
+            heads: i64,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
+        pub fn plexus_rope_host(
+            x: *mut C_tensor,
+            cs: *mut C_tensor,
+            sn: *mut C_tensor,
+            gy: *mut C_tensor,
+            heads: i64,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
         pub fn plexus_swiglu_cuda(g: *mut C_tensor, u: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn plexus_swiglu_host(
             g: *mut C_tensor,
@@ -596,6 +611,43 @@ mod tests {
         }
     }
 
+    /// The CUDA RoPE kernels' arithmetic (run on the CPU) against the composite rotation
+    /// (`model::layers::Rope::apply` after the split into heads) and its gradient: fp32 to a few
+    /// units of fp32, bf16 (one rounding where libtorch rounds twice) at most one bf16 unit apart.
+    #[test]
+    fn the_cuda_rope_kernels_arithmetic_equals_the_composite() {
+        use tch::{Device, Kind};
+        let (b, t, h, hd) = (2i64, 7i64, 3i64, 8i64);
+        let grid = |n: i64, phase: f64| (Tensor::arange(n, (Kind::Double, Device::Cpu)) * phase).sin();
+        let x0 = grid(b * t * h * hd, 0.37).reshape([b, t, h * hd]);
+        let gy0 = grid(b * h * t * hd, 1.3).reshape([b, h, t, hd]);
+        let (c0, s0) = (grid((t + 3) * hd, 0.9).reshape([t + 3, hd]), grid((t + 3) * hd, 1.7).reshape([t + 3, hd]));
+        for kind in [Kind::Float, Kind::BFloat16] {
+            let (x, gy, cs, sn) = (x0.to_kind(kind), gy0.to_kind(kind), c0.to_kind(kind), s0.to_kind(kind));
+            // The composite, as Rope::apply computes it.
+            let xv = x.detach().set_requires_grad(true);
+            let heads = xv.reshape([b, t, h, hd]).transpose(1, 2);
+            let (c, s) = (cs.narrow(0, 0, t), sn.narrow(0, 0, t));
+            let y_ref = (&heads * &c).addcmul(&heads.roll([hd / 2], [-1]), &s);
+            (&y_ref * &gy).sum(kind).backward();
+            let [y, gx] = rope_host(&x, &cs, &sn, &gy, h).unwrap();
+            let diff = |a: &Tensor, b: &Tensor| {
+                crate::host::scalar(&(a.to_kind(Kind::Double) - b.to_kind(Kind::Double)).abs().max())
+            };
+            let scale = |a: &Tensor| crate::host::scalar(&a.abs().max());
+            let (dy, dx) = (diff(&y, &y_ref), diff(&gx, &xv.grad()));
+            let tol = |a: &Tensor| {
+                if kind == Kind::Float {
+                    8.0 * f64::from(f32::EPSILON) * scale(a)
+                } else {
+                    scale(a) / 128.0
+                }
+            };
+            assert!(dy <= tol(&y_ref), "{kind:?}: output off by {dy:e}");
+            assert!(dx <= tol(&xv.grad()), "{kind:?}: input gradient off by {dx:e}");
+        }
+    }
+
     /// CUDA graphs are built wherever NCCL is (the same CUDA headers), and without a GPU a graph
     /// cannot be made: an error, not a crash.
     #[test]
@@ -664,6 +716,8 @@ mod tests {
                     "plexus_norm_backward_bf16",
                     "plexus_swiglu_forward_bf16",
                     "plexus_swiglu_backward_f32",
+                    "plexus_rope_forward_bf16",
+                    "plexus_rope_backward_f32",
                 ] {
                     assert!(k.log.contains(name), "n = {n}, {}: no {name} in ptxas' log", k.target);
                 }

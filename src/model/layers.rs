@@ -270,6 +270,18 @@ impl Rope {
         (x * cos).addcmul(&x.roll([hd / 2], [-1]), &sin_signed)
     }
 
+    /// `x` `[B, T, H·hd]` (q or k from a projection) → split into `heads` heads and rotated,
+    /// `[B, H, T, hd]`: on a GPU one CUDA kernel each way ([`crate::native::rope_heads`], which
+    /// reads a block of a packed qkv where it is), else the transpose and [`Rope::apply`].
+    pub fn apply_heads(&self, x: &Tensor, heads: i64) -> Tensor {
+        let _scope = crate::native::scope(crate::native::scopes::ROPE);
+        if let Some(y) = crate::native::rope_heads(x, &self.cos, &self.sin_signed, heads) {
+            return y;
+        }
+        let (b, t, d) = x.size3().expect("RoPE inputs are [B, T, D]");
+        self.apply(&x.reshape([b, t, heads, d / heads]).transpose(1, 2))
+    }
+
     pub fn shallow_clone(&self) -> Self {
         Self { cos: self.cos.shallow_clone(), sin_signed: self.sin_signed.shallow_clone() }
     }
@@ -292,11 +304,10 @@ pub fn attention(
 ) -> Tensor {
     let (b, t, d) = q.size3().expect("attention inputs are [B, T, D]");
     let split = |x: &Tensor| x.reshape([b, t, heads, d / heads]).transpose(1, 2);
-    let (mut q, mut k, v) = (split(q), split(k), split(v));
-    if let Some(r) = rope {
-        q = r.apply(&q);
-        k = r.apply(&k);
-    }
+    let (q, k, v) = match rope {
+        Some(r) => (r.apply_heads(q, heads), r.apply_heads(k, heads), split(v)),
+        None => (split(q), split(k), split(v)),
+    };
     let o = Tensor::scaled_dot_product_attention(
         &q.to_kind(compute),
         &k.to_kind(compute),

@@ -47,6 +47,7 @@
 #include "losses.cu"
 #include "norms.cu"
 #include "activations.cu"
+#include "rope.cu"
 
 using plexus_native::dup_string;
 using plexus_native::guarded;
@@ -207,6 +208,15 @@ template <typename T>
 void host_swiglu(const T* g, const T* u, const T* gh, T* h, T* gg, T* gu, int64_t n) {
   plexus_activations::swiglu_forward(g, u, h, n, 0, 1);
   if (gh != nullptr) plexus_activations::swiglu_backward(g, u, gh, gg, gu, n, 0, 1);
+}
+
+// RoPE's per-element functions on the CPU: y [B, H, T, hd] from x (rows `stride` apart), and with
+// gy, gx [B, T, H·hd].
+template <typename T>
+void host_rope(const T* x, const T* cs, const T* sn, const T* gy, T* y, T* gx, int64_t b, int64_t t, int64_t h,
+               int64_t hd, int64_t stride) {
+  plexus_rope::rope_forward(x, cs, sn, y, b, t, h, hd, stride, 0, 1);
+  if (gy != nullptr) plexus_rope::rope_backward(gy, cs, sn, gx, b, t, h, hd, 0, 1);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -491,6 +501,7 @@ struct Kernels {
   CUfunction ce_forward[2] = {nullptr, nullptr}, ce_backward[2] = {nullptr, nullptr};
   CUfunction norm_forward = nullptr, norm_backward = nullptr;  // pre-norms written in bf16
   CUfunction swiglu_forward[2] = {nullptr, nullptr}, swiglu_backward[2] = {nullptr, nullptr};  // [0] bf16, [1] fp32
+  CUfunction rope_forward[2] = {nullptr, nullptr}, rope_backward[2] = {nullptr, nullptr};      // [0] bf16, [1] fp32
   int64_t n = 0;
   std::string target;
 };
@@ -727,6 +738,32 @@ void launch_swiglu_backward(const Kernels& k, const at::Tensor& g, const at::Ten
          args);
 }
 
+// RoPE: x [B, T, ≥ H·hd] with rows `stride` apart (its last dimension contiguous), tables cs, sn
+// [≥ T, hd] contiguous, all of one dtype on the kernels' device; y [B, H, T, hd]; gx [B, T, H·hd].
+void launch_rope_forward(const Kernels& k, const at::Tensor& x, const at::Tensor& cs, const at::Tensor& sn,
+                         const at::Tensor& y, int64_t heads) {
+  const void* xp = x.const_data_ptr();
+  const void* cp = cs.const_data_ptr();
+  const void* sp = sn.const_data_ptr();
+  void* yp = y.mutable_data_ptr();
+  long long b = y.size(0), h = heads, t = y.size(2), hd = y.size(3), stride = x.stride(1);
+  void* args[] = {&xp, &cp, &sp, &yp, &b, &t, &h, &hd, &stride};
+  launch(k, k.rope_forward[loss_kind(x)], "RoPE forward", x.device(), elementwise_blocks(y.numel()), kLossThreads,
+         args);
+}
+
+void launch_rope_backward(const Kernels& k, const at::Tensor& gy, const at::Tensor& cs, const at::Tensor& sn,
+                          const at::Tensor& gx) {
+  const void* gp = gy.const_data_ptr();
+  const void* cp = cs.const_data_ptr();
+  const void* sp = sn.const_data_ptr();
+  void* xp = gx.mutable_data_ptr();
+  long long b = gy.size(0), h = gy.size(1), t = gy.size(2), hd = gy.size(3);
+  void* args[] = {&gp, &cp, &sp, &xp, &b, &t, &h, &hd};
+  launch(k, k.rope_backward[loss_kind(gy)], "RoPE backward", gy.device(), elementwise_blocks(gy.numel()),
+         kLossThreads, args);
+}
+
 // A deterministic fp64 CPU tensor whose values are fp32 numbers (so that only the arithmetic
 // differs between the kernels and their reference).
 at::Tensor pattern(at::IntArrayRef sizes, double phase) {
@@ -903,6 +940,37 @@ void self_check_swiglu(const Kernels& k, c10::Device device) {
   }
 }
 
+// The RoPE kernels against their per-element functions on the CPU: q read from a packed [B, T, 3D]
+// projection (rows 3D apart), bf16 and fp32.
+void self_check_rope(const Kernels& k, c10::Device device) {
+  const int64_t b = 2, t = 5, h = 3, hd = 8, d = h * hd;
+  for (const auto dtype : {at::kBFloat16, at::kFloat}) {
+    const auto qkv = pattern({b, t, 3 * d}, 0.37).to(dtype), cs = pattern({t + 2, hd}, 0.9).to(dtype),
+               sn = pattern({t + 2, hd}, 1.7).to(dtype), gy = pattern({b, h, t, hd}, 2.3).to(dtype);
+    auto y = at::empty({b, h, t, hd}, dtype), gx = at::empty({b, t, d}, dtype);
+    if (dtype == at::kFloat) {
+      host_rope<float>(qkv.const_data_ptr<float>(), cs.const_data_ptr<float>(), sn.const_data_ptr<float>(),
+                       gy.const_data_ptr<float>(), y.mutable_data_ptr<float>(), gx.mutable_data_ptr<float>(), b, t, h,
+                       hd, 3 * d);
+    } else {
+      const auto bits = [](const at::Tensor& x) { return reinterpret_cast<const unsigned short*>(x.const_data_ptr()); };
+      const auto w = [](at::Tensor& x) { return reinterpret_cast<unsigned short*>(x.mutable_data_ptr()); };
+      host_rope<unsigned short>(bits(qkv), bits(cs), bits(sn), bits(gy), w(y), w(gx), b, t, h, hd, 3 * d);
+    }
+    const auto qkv_d = qkv.to(device), cs_d = cs.to(device), sn_d = sn.to(device), gy_d = gy.to(device);
+    auto y_d = at::empty({b, h, t, hd}, qkv_d.options()), gx_d = at::empty({b, t, d}, qkv_d.options());
+    launch_rope_forward(k, qkv_d.narrow(2, 0, d), cs_d, sn_d, y_d, h);
+    launch_rope_backward(k, gy_d, cs_d, sn_d, gx_d);
+    const double tol = dtype == at::kFloat ? 1e-5 : 1e-2;
+    const double dy = deviation(y_d.to(at::kFloat), y.to(at::kDouble)), dx = deviation(gx_d.to(at::kFloat), gx.to(at::kDouble));
+    if (!(dy <= tol && dx <= tol)) {
+      throw std::runtime_error(std::string("the CUDA RoPE kernels (") + (dtype == at::kFloat ? "fp32" : "bf16") + ", " +
+                               k.target + ") disagree with their CPU reference: output off by " + std::to_string(dy) +
+                               ", input gradient by " + std::to_string(dx));
+    }
+  }
+}
+
 // Compares freshly loaded kernels with the per-token functions run on the CPU in double, on logits
 // and gradients that depend on nothing random (the check must not move any generator), one more
 // token than a block so that the bounds check is crossed.
@@ -999,6 +1067,10 @@ const Kernels& kernels_for(c10::Device device, int64_t n) {
         const std::string bwd = std::string("plexus_swiglu_backward_") + suffix[i];
         d.check(d.ModuleGetFunction(&k->swiglu_forward[i], module, fwd.c_str()), "cuModuleGetFunction");
         d.check(d.ModuleGetFunction(&k->swiglu_backward[i], module, bwd.c_str()), "cuModuleGetFunction");
+        const std::string rf = std::string("plexus_rope_forward_") + suffix[i];
+        const std::string rb = std::string("plexus_rope_backward_") + suffix[i];
+        d.check(d.ModuleGetFunction(&k->rope_forward[i], module, rf.c_str()), "cuModuleGetFunction");
+        d.check(d.ModuleGetFunction(&k->rope_backward[i], module, rb.c_str()), "cuModuleGetFunction");
       }
       d.check(d.ModuleGetFunction(&k->norm_backward, module, "plexus_norm_backward_bf16"), "cuModuleGetFunction");
       self_check(*k, device);
@@ -1007,6 +1079,7 @@ const Kernels& kernels_for(c10::Device device, int64_t n) {
         self_check_loss(*k, device);
         self_check_norm(*k, device);
         self_check_swiglu(*k, device);
+        self_check_rope(*k, device);
       }
     } catch (const c10::Error& e) {
       k.reset();
@@ -1123,6 +1196,31 @@ struct NormCuda : public torch::autograd::Function<NormCuda> {
     const auto gy = grads[0].to(at::kBFloat16).reshape({-1, x.size(1)}).contiguous();
     auto [gx, gw, gb] = launch_norm_backward(k, x, gy, saved[1].contiguous(), saved[2], saved[3], layer, with_bias);
     return {gx.view(grads[0].sizes()), gw, with_bias ? gb : at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// RoPE of x [B, T, H·hd] (rows possibly further apart: a block of a packed projection, its last
+// dimension contiguous) into heads [B, H, T, hd], with Rope's tables cs, sn [≥ T, hd] (constants).
+struct RopeCuda : public torch::autograd::Function<RopeCuda> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cs, const at::Tensor& sn,
+                            int64_t heads) {
+    const c10::DeviceGuard guard(x.device());
+    const Kernels& k = kernels_for(x.device(), 1);
+    const int64_t b = x.size(0), t = x.size(1), hd = x.size(2) / heads;
+    auto y = at::empty({b, heads, t, hd}, x.options());
+    launch_rope_forward(k, x, cs, sn, y, heads);
+    ctx->save_for_backward({cs, sn});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const c10::DeviceGuard guard(saved[0].device());
+    const Kernels& k = kernels_for(saved[0].device(), 1);
+    const auto gy = grads[0].to(saved[0].scalar_type()).contiguous();
+    auto gx = at::empty({gy.size(0), gy.size(2), gy.size(1) * gy.size(3)}, gy.options());
+    launch_rope_backward(k, gy, saved[0], saved[1], gx);
+    return {gx, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -1252,6 +1350,57 @@ char* plexus_norm_host(at::Tensor* x, at::Tensor* w, at::Tensor* b, at::Tensor* 
     out[1] = new at::Tensor(gx);
     out[2] = new at::Tensor(gw);
     out[3] = new at::Tensor(gb);
+  });
+}
+
+// RoPE into heads on a CUDA device: x [B, T, H·hd] (last dimension contiguous, token rows evenly
+// apart), tables cs, sn [≥ T, hd] contiguous, one dtype (bf16 or fp32) → [B, H, T, hd];
+// differentiable (x).
+char* plexus_rope_cuda(at::Tensor* x, at::Tensor* cs, at::Tensor* sn, int64_t heads, at::Tensor** out) {
+  return guarded([&] {
+    const auto& v = *x;
+    const bool ok = v.is_cuda() && v.dim() == 3 && heads >= 1 && v.size(2) % heads == 0 && (v.size(2) / heads) % 2 == 0 &&
+                    v.stride(2) == 1 && v.stride(0) == v.size(1) * v.stride(1) && cs->is_contiguous() &&
+                    sn->is_contiguous() && cs->dim() == 2 && cs->sizes() == sn->sizes() && cs->size(0) >= v.size(1) &&
+                    cs->size(1) == v.size(2) / heads && cs->scalar_type() == v.scalar_type() &&
+                    sn->scalar_type() == v.scalar_type() && cs->device() == v.device() && sn->device() == v.device() &&
+                    (v.scalar_type() == at::kBFloat16 || v.scalar_type() == at::kFloat);
+    if (!ok) throw std::invalid_argument("the CUDA RoPE takes x [B, T, H·hd] (rows evenly apart) and tables [≥ T, hd] of its dtype on its device");
+    *out = new at::Tensor(RopeCuda::apply(v, *cs, *sn, heads));
+  });
+}
+
+// RoPE's per-element arithmetic on the CPU: x [B, T, H·hd] contiguous, tables [≥ T, hd], gy
+// [B, H, T, hd] (one dtype, bf16 or fp32) → out[0] = y [B, H, T, hd], out[1] = gx [B, T, H·hd].
+char* plexus_rope_host(at::Tensor* x, at::Tensor* cs, at::Tensor* sn, at::Tensor* gy, int64_t heads, at::Tensor** out) {
+  return guarded([&] {
+    const auto& v = *x;
+    if (!v.device().is_cpu() || v.dim() != 3 || !v.is_contiguous() || heads < 1 || v.size(2) % heads != 0 ||
+        !(v.scalar_type() == at::kBFloat16 || v.scalar_type() == at::kFloat)) {
+      throw std::invalid_argument("plexus_rope_host takes contiguous bf16/fp32 CPU x [B, T, H·hd]");
+    }
+    const int64_t b = v.size(0), t = v.size(1), hd = v.size(2) / heads;
+    for (const at::Tensor* tab : {cs, sn}) {
+      if (!tab->device().is_cpu() || !tab->is_contiguous() || tab->dim() != 2 || tab->size(0) < t ||
+          tab->size(1) != hd || tab->scalar_type() != v.scalar_type()) {
+        throw std::invalid_argument("plexus_rope_host takes tables [≥ T, hd] of x's dtype");
+      }
+    }
+    if (gy->sizes() != at::IntArrayRef({b, heads, t, hd}) || gy->scalar_type() != v.scalar_type() || !gy->is_contiguous()) {
+      throw std::invalid_argument("plexus_rope_host takes gy [B, H, T, hd] of x's dtype");
+    }
+    auto y = at::empty({b, heads, t, hd}, v.options()), gx = at::empty_like(v);
+    if (v.scalar_type() == at::kFloat) {
+      host_rope<float>(v.const_data_ptr<float>(), cs->const_data_ptr<float>(), sn->const_data_ptr<float>(),
+                       gy->const_data_ptr<float>(), y.mutable_data_ptr<float>(), gx.mutable_data_ptr<float>(), b, t,
+                       heads, hd, v.size(2));
+    } else {
+      const auto bits = [](const at::Tensor& a) { return reinterpret_cast<const unsigned short*>(a.const_data_ptr()); };
+      const auto w = [](at::Tensor& a) { return reinterpret_cast<unsigned short*>(a.mutable_data_ptr()); };
+      host_rope<unsigned short>(bits(v), bits(*cs), bits(*sn), bits(*gy), w(y), w(gx), b, t, heads, hd, v.size(2));
+    }
+    out[0] = new at::Tensor(y);
+    out[1] = new at::Tensor(gx);
   });
 }
 

@@ -434,6 +434,66 @@ pub fn cross_entropy_host(
     Ok((a, b, c))
 }
 
+/// Rotary position embedding of `x` `[B, T, H·hd]` (a query or key projection; its token rows may
+/// lie further apart, as a block of a packed qkv does) into heads `[B, H, T, hd]`, with RoPE's tables
+/// `cos`, `sin_signed` `[≥ T, hd]` (see `model::layers::Rope`), through plexus' CUDA kernels
+/// (`src/native/rope.cu`: the split, the layout and the rotation in one pass each way). `None`
+/// where they do not apply (not CUDA, `PLEXUS_FUSED_KERNELS=0`, another dtype or layout, or the
+/// kernels cannot run here): the caller then runs its composite.
+pub fn rope_heads(x: &Tensor, cos: &Tensor, sin_signed: &Tensor, heads: i64) -> Option<Tensor> {
+    let s = x.stride();
+    let takes = x.device().is_cuda()
+        && fused_kernels_on()
+        && !cuda_kernels_unavailable()
+        && matches!(x.kind(), Kind::BFloat16 | Kind::Float)
+        && cos.kind() == x.kind()
+        && x.dim() == 3
+        && s[2] == 1
+        && s[0] == x.size()[1] * s[1];
+    if !takes {
+        return None;
+    }
+    cuda_result(rope_cuda(x, cos, sin_signed, heads))
+}
+
+/// [`rope_heads`] through the kernels, or an error.
+pub fn rope_cuda(x: &Tensor, cos: &Tensor, sin_signed: &Tensor, heads: i64) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: live handles for the call; the C++ side writes a new, caller-owned tensor.
+    let err = unsafe {
+        ffi::plexus_rope_cuda(
+            x.as_ptr() as *mut _,
+            cos.as_ptr() as *mut _,
+            sin_signed.as_ptr() as *mut _,
+            heads,
+            &mut out,
+        )
+    };
+    fused_result(err, out)
+}
+
+/// The RoPE kernels' per-element arithmetic run on the CPU: `[y [B, H, T, hd], gx [B, T, H·hd]]`
+/// for `x` `[B, T, H·hd]`, the tables and `gy` `[B, H, T, hd]` (one dtype, bf16 or fp32). For the
+/// tests.
+pub fn rope_host(x: &Tensor, cos: &Tensor, sin_signed: &Tensor, gy: &Tensor, heads: i64) -> Result<[Tensor; 2]> {
+    let (x, cos, sin_signed, gy) = (x.contiguous(), cos.contiguous(), sin_signed.contiguous(), gy.contiguous());
+    let mut out: [*mut torch_sys::C_tensor; 2] = [std::ptr::null_mut(); 2];
+    // SAFETY: live handles for the call; on success two new, caller-owned tensors in `out`.
+    let err = unsafe {
+        ffi::plexus_rope_host(
+            x.as_ptr() as *mut _,
+            cos.as_ptr() as *mut _,
+            sin_signed.as_ptr() as *mut _,
+            gy.as_ptr() as *mut _,
+            heads,
+            out.as_mut_ptr(),
+        )
+    };
+    check(err)?;
+    // SAFETY: fresh handles nothing else owns.
+    Ok(out.map(|p| unsafe { Tensor::from_ptr(p) }))
+}
+
 /// SwiGLU's gate `silu(g) · u` (LLaMA's MLP; `g`, `u` the gate and up projections, one shape and
 /// dtype): on a GPU one CUDA kernel each way ([`swiglu_cuda`]; libtorch runs silu, the product,
 /// and three kernels backward, and keeps silu(g)); elsewhere, and where the kernels cannot run or
