@@ -253,3 +253,54 @@ fn every_plexus_command_on_the_pages_parses() {
     assert!(checked >= 10, "only {checked} commands found: is the page scan broken?");
     assert!(bad.is_empty(), "{} of {checked} commands on the pages do not parse:\n{}", bad.len(), bad.join("\n"));
 }
+
+/// Every file under src/ by name, with its folder when it is a `mod.rs`.
+fn source_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            source_files(&path, out);
+        } else {
+            out.push(path);
+        }
+    }
+}
+
+/// Which files of `src/` docs/architecture.md's tree leaves out: each file is named there (a
+/// `mod.rs` by its folder, `folder/`; the Gloo declaration headers by their folder, `gloo_decl/`).
+fn files_missing_from_the_tree(src: &Path, doc: &str) -> Vec<String> {
+    let mut files = Vec::new();
+    source_files(src, &mut files);
+    let mut missing: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let rel = f.strip_prefix(src).unwrap().to_string_lossy().into_owned();
+            let name = f.file_name().unwrap().to_string_lossy().into_owned();
+            let named = if rel.contains("gloo_decl/") {
+                doc.contains("gloo_decl/")
+            } else if name == "mod.rs" {
+                let folder = f.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
+                doc.contains(&format!("{folder}/"))
+            } else {
+                doc.contains(&name)
+            };
+            (!named).then_some(rel)
+        })
+        .collect();
+    missing.sort();
+    missing
+}
+
+/// docs/architecture.md's tree names every file under src/ (a new file must be placed in the
+/// architecture, in words), and the check finds a file planted in a copy of src/.
+#[test]
+fn the_architecture_tree_names_every_source_file() {
+    let doc = std::fs::read_to_string(repo().join("docs/architecture.md")).unwrap();
+    let missing = files_missing_from_the_tree(&repo().join("src"), &doc);
+    assert!(missing.is_empty(), "files under src/ not in docs/architecture.md's tree: {missing:?}");
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(tmp.path().join("model")).unwrap();
+    std::fs::write(tmp.path().join("model/gpt.rs"), "").unwrap();
+    std::fs::write(tmp.path().join("model/planted_backbone.rs"), "").unwrap();
+    assert_eq!(files_missing_from_the_tree(tmp.path(), &doc), ["model/planted_backbone.rs"]);
+}
