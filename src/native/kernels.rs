@@ -188,6 +188,14 @@ pub(super) fn fused_result(err: *mut c_char, out: *mut torch_sys::C_tensor) -> R
     Ok(unsafe { Tensor::from_ptr(out) })
 }
 
+/// The tensors of a native call that writes `N` of them into `out` on success: its error, else
+/// the tensors, now owned here.
+fn fused_results<const N: usize>(err: *mut c_char, out: [*mut torch_sys::C_tensor; N]) -> Result<[Tensor; N]> {
+    check(err)?;
+    // SAFETY: on success each handle is a fresh tensor that nothing else owns.
+    Ok(out.map(|p| unsafe { Tensor::from_ptr(p) }))
+}
+
 /// The read of a multi-stream unit, `u = Σ_s pre[s] H[s]`, as one fused pass forward and one
 /// backward (an autograd function): `h` `[.., n, D]`, `pre` `[.., n]` (per token) or `[n]`
 /// (static) → `u` `[.., D]`. CPU fp32/fp64 tensors of one dtype ([`fused_streams_take`]), or fp32
@@ -428,9 +436,7 @@ pub fn cross_entropy_host(
             out.as_mut_ptr(),
         )
     };
-    check(err)?;
-    // SAFETY: fresh handles nothing else owns.
-    let [a, b, c] = out.map(|p| unsafe { Tensor::from_ptr(p) });
+    let [a, b, c] = fused_results(err, out)?;
     Ok((a, b, c))
 }
 
@@ -489,9 +495,7 @@ pub fn rope_host(x: &Tensor, cos: &Tensor, sin_signed: &Tensor, gy: &Tensor, hea
             out.as_mut_ptr(),
         )
     };
-    check(err)?;
-    // SAFETY: fresh handles nothing else owns.
-    Ok(out.map(|p| unsafe { Tensor::from_ptr(p) }))
+    fused_results(err, out)
 }
 
 /// SwiGLU's gate `silu(g) · u` (LLaMA's MLP; `g`, `u` the gate and up projections, one shape and
@@ -532,9 +536,7 @@ pub fn swiglu_host(g: &Tensor, u: &Tensor, gh: &Tensor) -> Result<[Tensor; 3]> {
     let err = unsafe {
         ffi::plexus_swiglu_host(g.as_ptr() as *mut _, u.as_ptr() as *mut _, gh.as_ptr() as *mut _, out.as_mut_ptr())
     };
-    check(err)?;
-    // SAFETY: fresh handles nothing else owns.
-    Ok(out.map(|p| unsafe { Tensor::from_ptr(p) }))
+    fused_results(err, out)
 }
 
 /// Which pre-norm: LayerNorm (with its bias, if any) or RMSNorm (a weight only).
@@ -623,9 +625,7 @@ pub fn norm_host(
             out.as_mut_ptr(),
         )
     };
-    check(err)?;
-    // SAFETY: fresh handles nothing else owns.
-    Ok(out.map(|p| unsafe { Tensor::from_ptr(p) }))
+    fused_results(err, out)
 }
 
 /// Elements of a chunk of [`cross_entropy_chunked`] (its fp32 temporaries): large on a GPU, where
