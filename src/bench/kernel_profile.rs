@@ -251,10 +251,8 @@ pub fn categorize(events: &[ProfileEvent], gpu: bool) -> KernelProfile {
     let classify = |i: usize| -> Option<Category> {
         let mut names: Vec<&str> = Vec::new(); // innermost first
         let mut at = Some(i);
-        let mut hops = 0;
         while let Some(j) = at {
             let e = &events[j];
-            hops += 1;
             if e.kind == EventKind::Scope {
                 if let Some(scoped) = scope_category(&e.name) {
                     if scoped.is_some() {
@@ -277,9 +275,6 @@ pub fn categorize(events: &[ProfileEvent], gpu: bool) -> KernelProfile {
                 }
             }
             at = parent[j];
-            if hops > 10_000 {
-                break;
-            }
         }
         names.iter().rev().find_map(|n| category_of_name(n))
     };

@@ -260,7 +260,6 @@ impl Rope {
     /// `x`: `[B, H, T, hd]` (positions `0..T`, `T ≤ max_len`) → rotated, same shape, in the
     /// promoted dtype of `x` and the tables (bf16 for bf16 q and k in a bf16 model).
     pub fn apply(&self, x: &Tensor) -> Tensor {
-        let _scope = crate::native::scope(crate::native::scopes::ROPE);
         let (t, hd) = (x.size()[2], x.size()[3]);
         let max_len = self.cos.size()[0];
         assert!(t <= max_len, "sequence of {t} tokens is longer than the model's context seq_len = {max_len}");
