@@ -205,17 +205,32 @@ fn shell_words(line: &str) -> Vec<String> {
     words
 }
 
-/// Every complete `plexus …` command in the pages' shell blocks parses with today's command line:
-/// its verb and flags exist and take the values shown. Synopsis lines (with `[…]`, `…`, `|` or
-/// placeholders in capitals) are not commands and are skipped.
-#[test]
-fn every_plexus_command_on_the_pages_parses() {
-    use clap::Parser;
+/// The pages whose shell blocks are read for `plexus …` commands, in the order a reader meets them
+/// (README.md first: docs/analysis.md goes on from its runs).
+fn command_pages() -> Vec<PathBuf> {
     let mut files = markdown_files();
     files.push(repo().join("bench/README.md"));
     files.push(repo().join("bench/gpu/README.md"));
-    let (mut checked, mut bad) = (0, Vec::new());
-    for f in files {
+    files
+}
+
+/// A part of a command line (between `&&`) that is a synopsis, not a command: `[…]`, `…`, `|`, or a
+/// placeholder in capitals (`CONFIG`, `RUN_DIR`).
+fn is_synopsis(part: &str) -> bool {
+    // `SPEC.yaml` is a placeholder too: the name before its extension is in capitals.
+    let placeholder = part.split_whitespace().any(|w| {
+        let stem = w.split('.').next().unwrap_or(w);
+        stem.len() > 2 && stem.chars().all(|c| c.is_ascii_uppercase() || c == '_' || c == '/')
+    });
+    part.contains('[') || part.contains('…') || part.contains("...") || part.contains(" | ") || placeholder
+}
+
+/// `(page, line number, command line)` of every line in the pages' shell blocks that starts with
+/// `plexus ` (or `target/release/plexus `), without its trailing comment.
+fn page_commands() -> Vec<(String, usize, String)> {
+    let mut out = Vec::new();
+    for f in command_pages() {
+        let page = f.strip_prefix(repo()).unwrap().display().to_string();
         let text = std::fs::read_to_string(&f).unwrap();
         let mut in_block = false;
         for (n, line) in text.lines().enumerate() {
@@ -225,33 +240,132 @@ fn every_plexus_command_on_the_pages_parses() {
             }
             let cmd = line.trim().trim_start_matches("$ ");
             let cmd = cmd.strip_prefix("target/release/").unwrap_or(cmd);
-            if !in_block || !cmd.starts_with("plexus ") {
-                continue;
+            if in_block && cmd.starts_with("plexus ") {
+                out.push((page.clone(), n + 1, cmd.split("  #").next().unwrap().trim().to_string()));
             }
-            // The command, without a trailing comment, and the first of a `&&` chain each.
-            let cmd = cmd.split("  #").next().unwrap().trim();
-            for part in cmd.split("&&").map(str::trim) {
-                let placeholder = part.split_whitespace().any(|w| {
-                    w.len() > 2 && w.chars().all(|c| c.is_ascii_uppercase() || c == '_' || c == '.' || c == '/')
-                });
-                if part.contains('[')
-                    || part.contains('…')
-                    || part.contains("...")
-                    || part.contains(" | ")
-                    || placeholder
-                {
-                    continue;
-                }
-                checked += 1;
-                if let Err(e) = plexus::cli::Cli::try_parse_from(shell_words(part)) {
-                    let first = e.to_string().lines().next().unwrap_or_default().to_string();
-                    bad.push(format!("{}:{}: `{part}`: {first}", f.strip_prefix(repo()).unwrap().display(), n + 1));
-                }
+        }
+    }
+    out
+}
+
+/// Every complete `plexus …` command in the pages' shell blocks parses with today's command line:
+/// its verb and flags exist and take the values shown. Synopsis lines (with `[…]`, `…`, `|` or
+/// placeholders in capitals) are not commands and are skipped.
+#[test]
+fn every_plexus_command_on_the_pages_parses() {
+    use clap::Parser;
+    let (mut checked, mut bad) = (0, Vec::new());
+    for (page, n, cmd) in page_commands() {
+        for part in cmd.split("&&").map(str::trim).filter(|p| !is_synopsis(p)) {
+            checked += 1;
+            if let Err(e) = plexus::cli::Cli::try_parse_from(shell_words(part)) {
+                let first = e.to_string().lines().next().unwrap_or_default().to_string();
+                bad.push(format!("{page}:{n}: `{part}`: {first}"));
             }
         }
     }
     assert!(checked >= 10, "only {checked} commands found: is the page scan broken?");
     assert!(bad.is_empty(), "{} of {checked} commands on the pages do not parse:\n{}", bad.len(), bad.join("\n"));
+}
+
+/// The pages' commands that `the_pages_commands_run_at_tiny_size` does not run, and why. Each must
+/// still be on a page (checked), so the list cannot outlive what it excuses.
+const NOT_RUN: &[(&str, &str)] = &[
+    ("plexus report runs/studies/hacn-mu", "reads a finished study (hours); tests/study.rs reports on a tiny sweep"),
+    ("plexus report runs/a runs/b runs/c --by topology.kind", "an example over any three runs the reader has"),
+    (
+        "plexus report runs/studies/llama-char --metric eval.perplexity --baseline topology.kind=residual",
+        "reads a finished study (hours); tests/study.rs checks --metric and --baseline",
+    ),
+];
+
+/// The overrides that make a page's command tiny, appended to each `plexus` call of the line (a
+/// later `--set` wins): a few steps on a few hundred samples on the CPU for `train` and `sweep`, a
+/// few thousand environment steps for `rl`; `sample` and `fd` get fewer steps and samples in place
+/// of the page's values. What is left is the command as written: its configs, folders and globs.
+fn tiny(part: &str) -> String {
+    const TRAIN: &[&str] = &[
+        "device=cpu",
+        "train.steps=4",
+        "train.warmup_steps=1",
+        "data.train_samples=256",
+        "data.eval_samples=128",
+        "log.every=2",
+        "log.eval_every=4",
+        "log.checkpoint_every=4",
+        "log.connectivity_every=2",
+    ];
+    const RL: &[&str] =
+        &["device=cpu", "train.env_steps=1600", "train.prefill_env_steps=800", "env.num_envs=16", "network.width=16"];
+    let sets = |keys: &[&str]| keys.iter().map(|k| format!(" --set {k}")).collect::<String>();
+    let words: Vec<&str> = part.split_whitespace().collect();
+    match words.get(1).copied() {
+        Some("train" | "sweep") => format!("{part}{}", sets(TRAIN)),
+        Some("rl") if !words.contains(&"--plot") => format!("{part}{} --quiet", sets(RL)),
+        Some("sample") => with_value(&with_value(part, "--steps", "4"), "--per-class", "2"),
+        Some("fd") => with_value(part, "--samples", "64"),
+        _ => part.to_string(),
+    }
+}
+
+/// `line` with the value after `flag` (where it is given) replaced by `value`.
+fn with_value(line: &str, flag: &str, value: &str) -> String {
+    let mut w: Vec<&str> = line.split_whitespace().collect();
+    if let Some(i) = w.iter().position(|x| *x == flag) {
+        w[i + 1] = value;
+    }
+    w.join(" ")
+}
+
+/// Every complete command on the pages runs, at tiny size (see [`tiny`]), in the order of the pages,
+/// in one scratch folder where `configs/` is the repository's: trainings, then the analyses,
+/// figures, samples and reports that read them, through a shell as a reader types them (globs,
+/// `&&`). The commands that only read runs (`analyze`, `plot`, `rl --plot`, `report`,
+/// `connectivity`) run a second time, as a reader runs them again after more runs.
+#[test]
+#[ignore = "needs real data: cifar10"]
+fn the_pages_commands_run_at_tiny_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_plexus"), bin.join("plexus")).unwrap();
+    std::os::unix::fs::symlink(repo().join("configs"), tmp.path().join("configs")).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let commands = page_commands();
+    for (excused, why) in NOT_RUN {
+        assert!(commands.iter().any(|(_, _, c)| c == excused), "NOT_RUN lists `{excused}` ({why}), on no page");
+    }
+    let mut ran = 0;
+    for (page, n, cmd) in &commands {
+        if cmd.split("&&").any(|p| is_synopsis(p.trim())) || NOT_RUN.iter().any(|(c, _)| c == cmd) {
+            continue;
+        }
+        let line = cmd.split("&&").map(|p| tiny(p.trim())).collect::<Vec<_>>().join(" && ");
+        let reads_only = cmd.split("&&").all(|p| {
+            let w: Vec<&str> = p.split_whitespace().collect();
+            matches!(w.get(1).copied(), Some("analyze" | "plot" | "report" | "connectivity"))
+                || (w.get(1) == Some(&"rl") && w.contains(&"--plot"))
+        });
+        for round in 0..if reads_only { 2 } else { 1 } {
+            let t = std::time::Instant::now();
+            let o = std::process::Command::new("bash")
+                .args(["-c", &line])
+                .current_dir(tmp.path())
+                .env("PATH", &path)
+                .output()
+                .unwrap();
+            eprintln!("{page}:{n} (round {}): {:.1} s: {line}", round + 1, t.elapsed().as_secs_f64());
+            assert!(
+                o.status.success(),
+                "{page}:{n}: `{line}` failed (round {}):\n{}{}",
+                round + 1,
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        ran += 1;
+    }
+    assert!(ran >= 10, "only {ran} commands ran: is the page scan broken?");
 }
 
 /// Every file under src/ by name, with its folder when it is a `mod.rs`.
