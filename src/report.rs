@@ -326,6 +326,7 @@ pub fn print_registries() {
     println!("backbones (model.kind):");
     for e in crate::model::REGISTRY {
         println!("  {:<12} {}", e.name, e.about);
+        println!("  {:<12} {}", "", backbone_options(&(e.options)()));
     }
     println!("datasets (data.kind):");
     for e in crate::data::REGISTRY {
@@ -335,6 +336,29 @@ pub fn print_registries() {
     for s in crate::sets::SETS {
         println!("  {:<12} {}", s.name, s.about);
     }
+}
+
+/// A backbone's options on one line: `patch: 4, width: 128, …; depth required; image_size, … from
+/// the data or the width` (what [`crate::config::option_defaults`] gives).
+fn backbone_options(options: &serde_yaml::Mapping) -> String {
+    let (mut given, mut required, mut derived) = (Vec::new(), Vec::new(), Vec::new());
+    for (k, v) in options {
+        let k = k.as_str().unwrap_or_default();
+        match v {
+            serde_yaml::Value::Null => derived.push(k.to_string()),
+            serde_yaml::Value::String(s) if s == "required" => required.push(k.to_string()),
+            v => given.push(format!("{k}: {}", serde_yaml::to_string(v).unwrap_or_default().trim())),
+        }
+    }
+    let mut parts = vec![given.join(", ")];
+    if !required.is_empty() {
+        parts.push(format!("{} required", required.join(", ")));
+    }
+    if !derived.is_empty() {
+        parts.push(format!("{} derived from the data or the width", derived.join(", ")));
+    }
+    parts.retain(|p| !p.is_empty());
+    parts.join("; ")
 }
 
 /// The header of `plexus bench --compare`'s CSV rows ([`print_compare`]).

@@ -497,6 +497,15 @@ fn idx_copies_load_and_corruptions_name_file_and_offset() {
     assert_eq!(longs(&ev[1].target), test.labels[10..20].iter().map(|&l| l as i64).collect::<Vec<_>>());
     let px: Vec<u8> = floats(&ev[0].input.get(3)).iter().map(|v| (v * 255.0).round() as u8).collect();
     assert_eq!(px, &test.pixels[3 * 784..4 * 784]);
+    // `dataset` may be an absolute folder (read wherever the root is), but not climb out of the root.
+    let elsewhere = data::parse_at(
+        "mnist",
+        Path::new("/nonexistent"),
+        &yaml(&format!("{{batch_size: 10, dataset: {}}}", dir.display())),
+    );
+    assert_eq!(load(elsewhere.unwrap().as_ref()).batches_per_epoch(), 3);
+    let e = data::parse_at("mnist", tmp.path(), &yaml("{dataset: ../fashion-mnist}")).unwrap_err();
+    assert!(e.key == "dataset" && e.allowed.contains("no `..`") && e.allowed.contains("absolute path"), "{e:?}");
 
     let images = dir.join("train-images-idx3-ubyte");
     let good = std::fs::read(&images).unwrap();

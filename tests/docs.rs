@@ -178,6 +178,35 @@ fn the_schema_table_and_run_file_columns_match_the_code() {
     }
 }
 
+/// docs/configs-and-runs.md's backbone table names every option of every backbone with its default
+/// (as `plexus list` prints them from the code), and no option a backbone does not have.
+#[test]
+fn the_backbone_table_matches_the_options_in_the_code() {
+    let page = std::fs::read_to_string(repo().join("docs/configs-and-runs.md")).unwrap();
+    for e in plexus::model::REGISTRY {
+        let row = page
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{}` |", e.name)))
+            .unwrap_or_else(|| panic!("docs/configs-and-runs.md: no row for backbone `{}`", e.name));
+        let cells: Vec<&str> = row.split(" | ").collect();
+        let documented: Vec<&str> = cells[1].split(", ").map(|o| o.trim_matches('`')).collect();
+        let options = (e.options)();
+        let mut expected = Vec::new();
+        for (k, v) in &options {
+            let k = k.as_str().unwrap();
+            expected.push(match v {
+                serde_yaml::Value::Null => k.to_string(),
+                serde_yaml::Value::String(s) if s == "required" => k.to_string(),
+                v => format!("{k}: {}", serde_yaml::to_string(v).unwrap().trim()),
+            });
+        }
+        let mut sorted_doc: Vec<String> = documented.iter().map(|s| s.to_string()).collect();
+        sorted_doc.sort();
+        expected.sort();
+        assert_eq!(sorted_doc, expected, "docs/configs-and-runs.md: the options of backbone `{}`", e.name);
+    }
+}
+
 /// The words of a shell command line: split on blanks, with '…' and "…" quoting (enough for the
 /// pages' commands: no escapes, no expansions).
 fn shell_words(line: &str) -> Vec<String> {

@@ -791,6 +791,22 @@ pub fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> R
     T::deserialize(d).map(Some)
 }
 
+/// Serialises a required option (see [`present`]) as the word `required`, so that a backbone's
+/// [`option_defaults`] names it as such rather than as unset.
+pub fn mark_required<S: serde::Serializer, T>(_: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str("required")
+}
+
+/// Every option of an options struct with its default, in declaration order (`plexus list`, the
+/// backbone table of docs/configs-and-runs.md): a value, `required` (see [`mark_required`]), or
+/// null where the default is derived (from the data, or from another option).
+pub fn option_defaults<T: serde::Serialize + Default>() -> serde_yaml::Mapping {
+    match serde_yaml::to_value(T::default()) {
+        Ok(serde_yaml::Value::Mapping(m)) => m,
+        other => unreachable!("an options struct serialises to a mapping, not {other:?}"),
+    }
+}
+
 /// The value of a required option (see [`present`]); absent, the error serde gives for a missing
 /// field (no key: it belongs to the section).
 pub fn required<T>(value: Option<T>, field: &str) -> Result<T, OptionError> {

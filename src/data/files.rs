@@ -19,6 +19,20 @@ use rand::SeedableRng;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// Checks a folder option of a dataset: an absolute path, or a path relative to the data root
+/// without `..` (`example` is shown in the error, e.g. `fashion-mnist`).
+pub fn folder_option(key: &str, v: &str, example: &str) -> Result<(), crate::config::OptionError> {
+    let p = Path::new(v);
+    if v.is_empty() || (!p.is_absolute() && p.components().any(|c| matches!(c, std::path::Component::ParentDir))) {
+        return Err(crate::config::OptionError::new(
+            key,
+            v,
+            format!("a folder relative to the data root (no `..`), e.g. `{example}`, or an absolute path"),
+        ));
+    }
+    Ok(())
+}
+
 /// Where a dataset's files are: the configured `root` (resolved with [`super::data_root`] at
 /// load time: the config's `root`, else `PLEXUS_DATA`, else the default root), or a root pinned by a program ([`super::parse_at`]) that
 /// the environment does not override.

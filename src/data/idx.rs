@@ -75,14 +75,7 @@ struct Spec {
 
 fn parse(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
-    let d = Path::new(&o.dataset);
-    if o.dataset.is_empty() || d.is_absolute() || d.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
-        return Err(OptionError::new(
-            "dataset",
-            &o.dataset,
-            "a folder name under the data root, e.g. `fashion-mnist` or `mnist`",
-        ));
-    }
+    super::files::folder_option("dataset", &o.dataset, "fashion-mnist")?;
     check_ranges(&[("batch_size", o.batch_size, 1, MAX_BATCH)])?;
     check_caps(&[("train_samples", o.train_samples), ("eval_samples", o.eval_samples)])?;
     Ok(Box::new(Spec {

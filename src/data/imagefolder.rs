@@ -32,7 +32,7 @@
 //! `batch_size` (default 64), `train_samples` (optional cap), `eval_samples`, `workers` (default:
 //! the machine's cores), `skip_bad` (default false), `seed`.
 
-use super::files::{capped_indices, rng_for, Root};
+use super::files::{capped_indices, folder_option, rng_for, Root};
 use super::{check_caps, check_ranges, Batch, DataEntry, DataInfo, DataSource, DataSpec, InputTransform, Task};
 use crate::config::{parse_options, required, OptionError};
 use anyhow::{anyhow, bail, Context};
@@ -115,25 +115,12 @@ struct Spec {
     o: Options,
 }
 
-/// A folder option: absolute, or relative to the data root without `..`.
-fn relative_folder(key: &str, v: &str) -> Result<(), OptionError> {
-    let p = Path::new(v);
-    if v.is_empty() || (!p.is_absolute() && p.components().any(|c| matches!(c, std::path::Component::ParentDir))) {
-        return Err(OptionError::new(
-            key,
-            v,
-            "a folder relative to the data root (no `..`), e.g. `imagenet`, or an absolute path",
-        ));
-    }
-    Ok(())
-}
-
 fn parse(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
     let (dir, classes) = (required(o.dir.clone(), "dir")?, required(o.classes, "classes")?);
-    relative_folder("dir", &dir)?;
-    relative_folder("train_split", &o.train_split)?;
-    relative_folder("eval_split", &o.eval_split)?;
+    folder_option("dir", &dir, "imagenet")?;
+    folder_option("train_split", &o.train_split, "train")?;
+    folder_option("eval_split", &o.eval_split, "val")?;
     check_ranges(&[
         ("classes", classes, 2, 100_000),
         ("image_size", o.image_size, 8, 4096),

@@ -71,10 +71,7 @@ struct Spec {
 
 fn parse(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
     let o: Options = parse_options(opts)?;
-    let d = Path::new(&o.dataset);
-    if o.dataset.is_empty() || d.is_absolute() || d.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
-        return Err(OptionError::new("dataset", &o.dataset, "a folder name under the data root, e.g. `latents`"));
-    }
+    super::files::folder_option("dataset", &o.dataset, "latents")?;
     check_ranges(&[
         ("channels", o.channels, 1, 4096),
         ("size", o.size, 1, 4096),

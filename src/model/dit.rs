@@ -41,7 +41,7 @@ use super::{Backbone, ModelEntry, ModelSpec};
 use crate::config::{parse_options, OptionError};
 use crate::data::DataInfo;
 use crate::topology::{Norm, StackInfo, Unit};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
 use std::rc::Rc;
 use tch::{nn, Device, Kind, Tensor};
@@ -50,6 +50,7 @@ pub const ENTRY: ModelEntry = ModelEntry {
     name: "dit",
     about: "class-conditional diffusion transformer (Peebles & Xie 2023; adaLN-Zero attention + MLP units)",
     parse,
+    options: crate::config::option_defaults::<Options>,
     tiny: "model: {kind: dit, patch: 4, width: 8, depth: 2, heads: 2}\n\
            data: {kind: synthetic_images, image_size: 8, channels: 3, classes: 3, samples: 16, batch_size: 4}\n",
 };
@@ -58,7 +59,7 @@ pub const ENTRY: ModelEntry = ModelEntry {
 pub const FREQ_DIM: i64 = 256;
 
 /// Defaults are DiT-S/2 except `depth`, which is required.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 struct Options {
     image_size: Option<usize>,
@@ -67,7 +68,7 @@ struct Options {
     patch: usize,
     width: usize,
     /// Number of DiT blocks (the stack has 2·depth sublayer units) (required).
-    #[serde(deserialize_with = "crate::config::present")]
+    #[serde(deserialize_with = "crate::config::present", serialize_with = "crate::config::mark_required")]
     depth: Option<usize>,
     heads: usize,
     /// Hidden size of the MLP units; default 4 × width (DiT's `mlp_ratio = 4`).

@@ -16,13 +16,14 @@ use super::{Backbone, ModelEntry, ModelSpec};
 use crate::config::{parse_options, required, OptionError};
 use crate::data::{DataInfo, Task};
 use crate::topology::{Norm, StackInfo, Unit};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tch::{nn, nn::Module, Kind, Tensor};
 
 pub const ENTRY: ModelEntry = ModelEntry {
     name: "gpt",
     about: "GPT-2 decoder with RoPE and a tied head (language data)",
     parse,
+    options: crate::config::option_defaults::<Options>,
     tiny: "model: {kind: gpt, width: 8, depth: 2, heads: 2}\n\
            data: {kind: synthetic_tokens, vocab: 16, seq_len: 6, batch_size: 2}\n",
 };
@@ -31,14 +32,14 @@ pub const ENTRY: ModelEntry = ModelEntry {
 pub const ROPE_BASE: f64 = 10_000.0;
 
 /// Defaults are the paper's GPT-2 medium-like model except `depth` (required) and `dropout` (0).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 struct Options {
     /// Defaults to the data's vocabulary; may be larger (e.g. GPT-2's 50257 padded to 50304).
     vocab_size: Option<usize>,
     width: usize,
     /// Number of Transformer layers (the stack has 2·depth sublayer units) (required).
-    #[serde(deserialize_with = "crate::config::present")]
+    #[serde(deserialize_with = "crate::config::present", serialize_with = "crate::config::mark_required")]
     depth: Option<usize>,
     heads: usize,
     /// Maximum context; defaults to the data's sequence length and may not be shorter.

@@ -18,13 +18,14 @@ use super::{Backbone, ModelEntry, ModelSpec};
 use crate::config::{parse_options, required, OptionError};
 use crate::data::DataInfo;
 use crate::topology::{Norm, StackInfo, Unit};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tch::{nn, nn::Module, Kind, Tensor};
 
 pub const ENTRY: ModelEntry = ModelEntry {
     name: "llama",
     about: "LLaMA decoder: RMSNorm, RoPE, SwiGLU (language data)",
     parse,
+    options: crate::config::option_defaults::<Options>,
     tiny: "model: {kind: llama, width: 8, depth: 2, heads: 2}\n\
            data: {kind: synthetic_tokens, vocab: 16, seq_len: 6, batch_size: 2}\n",
 };
@@ -33,14 +34,14 @@ pub const ENTRY: ModelEntry = ModelEntry {
 pub const RMS_EPS: f64 = 1e-6;
 
 /// Defaults are the 60M model of the ANCRe/GaLore setups (D = 512, 8 heads) except `depth`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 struct Options {
     /// Defaults to the data's vocabulary; may be larger.
     vocab_size: Option<usize>,
     width: usize,
     /// Number of decoder layers (the stack has 2·depth sublayer units) (required).
-    #[serde(deserialize_with = "crate::config::present")]
+    #[serde(deserialize_with = "crate::config::present", serialize_with = "crate::config::mark_required")]
     depth: Option<usize>,
     heads: usize,
     /// SwiGLU hidden size; default [`default_hidden`].

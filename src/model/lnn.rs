@@ -9,21 +9,22 @@ use super::{Backbone, ModelEntry, ModelSpec};
 use crate::config::{parse_options, required, OptionError};
 use crate::data::DataInfo;
 use crate::topology::{Norm, StackInfo, Unit};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: ModelEntry = ModelEntry {
     name: "lnn",
     about: "deep linear network W_K … W_1 x (ANCRe §3 case study)",
     parse,
+    options: crate::config::option_defaults::<Options>,
     tiny: "model: {kind: lnn, depth: 3}\ndata: {kind: whitened_regression, dim: 6, samples: 8}\n",
 };
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 struct Options {
     /// Number of layers K, ≥ 1 (required).
-    #[serde(deserialize_with = "crate::config::present")]
+    #[serde(deserialize_with = "crate::config::present", serialize_with = "crate::config::mark_required")]
     depth: Option<usize>,
     /// Standard deviation of the i.i.d. normal initialisation of every weight ("small init").
     init_std: f64,

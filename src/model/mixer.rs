@@ -13,18 +13,19 @@ use super::{Backbone, ModelEntry, ModelSpec};
 use crate::config::{parse_options, required, OptionError};
 use crate::data::DataInfo;
 use crate::topology::{Norm, StackInfo, Unit};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tch::{nn, nn::Module, Kind, Tensor};
 
 pub const ENTRY: ModelEntry = ModelEntry {
     name: "mixer",
     about: "MLP-Mixer on images (token + channel mixing units)",
     parse,
+    options: crate::config::option_defaults::<Options>,
     tiny: "model: {kind: mixer, patch: 4, width: 8, token_hidden: 4, channel_hidden: 8, depth: 2}\n\
            data: {kind: synthetic_images, image_size: 8, channels: 3, classes: 3, samples: 16, batch_size: 4}\n",
 };
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 struct Options {
     image_size: Option<usize>,
@@ -35,7 +36,7 @@ struct Options {
     token_hidden: usize,
     channel_hidden: usize,
     /// Number of Mixer layers (the stack has 2·depth sublayer units) (required).
-    #[serde(deserialize_with = "crate::config::present")]
+    #[serde(deserialize_with = "crate::config::present", serialize_with = "crate::config::mark_required")]
     depth: Option<usize>,
 }
 

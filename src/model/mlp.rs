@@ -8,17 +8,18 @@ use super::{Backbone, ModelEntry, ModelSpec};
 use crate::config::{parse_options, required, OptionError};
 use crate::data::DataInfo;
 use crate::topology::{Norm, StackInfo, Unit};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tch::{nn, nn::Module, Kind, Tensor};
 
 pub const ENTRY: ModelEntry = ModelEntry {
     name: "mlp",
     about: "pre-norm MLP stack (test backbone, vector data)",
     parse,
+    options: crate::config::option_defaults::<Options>,
     tiny: "model: {kind: mlp, width: 8, depth: 3}\ndata: {kind: whitened_regression, dim: 6, samples: 8}\n",
 };
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 struct Options {
     /// Defaults to the data's (flattened) input size; if given, must match it.
@@ -29,7 +30,7 @@ struct Options {
     /// Hidden size of each unit's MLP; default 4 × width.
     hidden: Option<usize>,
     /// Required.
-    #[serde(deserialize_with = "crate::config::present")]
+    #[serde(deserialize_with = "crate::config::present", serialize_with = "crate::config::mark_required")]
     depth: Option<usize>,
 }
 

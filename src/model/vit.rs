@@ -19,19 +19,20 @@ use super::{Backbone, ModelEntry, ModelSpec};
 use crate::config::{parse_options, OptionError};
 use crate::data::DataInfo;
 use crate::topology::{Norm, StackInfo, Unit};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tch::{nn, nn::Module, Device, Kind, Tensor};
 
 pub const ENTRY: ModelEntry = ModelEntry {
     name: "vit",
     about: "simple ViT on images (Beyer et al. 2022; attention + MLP units)",
     parse,
+    options: crate::config::option_defaults::<Options>,
     tiny: "model: {kind: vit, patch: 4, width: 8, depth: 2, heads: 2}\n\
            data: {kind: synthetic_images, image_size: 8, channels: 3, classes: 3, samples: 16, batch_size: 4}\n",
 };
 
 /// Defaults are ViT-S/16 except `depth`, which is required.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 struct Options {
     image_size: Option<usize>,
@@ -40,7 +41,7 @@ struct Options {
     patch: usize,
     width: usize,
     /// Number of Transformer layers (the stack has 2·depth sublayer units) (required).
-    #[serde(deserialize_with = "crate::config::present")]
+    #[serde(deserialize_with = "crate::config::present", serialize_with = "crate::config::mark_required")]
     depth: Option<usize>,
     heads: usize,
     /// Hidden size of the MLP units; default 4 × width.
