@@ -63,9 +63,14 @@ pub enum Cmd {
         after_help = "Example:\n  plexus report runs/studies/hacn-mu --baseline topology.init.mu=1.0 --format latex"
     )]
     Report {
-        /// Sweep folders, run directories, or folders of run directories.
+        /// Sweep folders, run directories, or folders of run directories; or the runs.csv of
+        /// earlier reports (with --spec: a study recomputed from its committed per-run values).
         #[arg(required = true)]
         paths: Vec<PathBuf>,
+        /// A sweep spec whose `report:` settings and `claims:` apply (default: the sweep folder's
+        /// own); each claim gets its verdict.
+        #[arg(long, value_name = "SPEC.yaml")]
+        spec: Option<PathBuf>,
         /// Config keys to group by, comma-separated (default: the sweep's report.by, else every
         /// key whose value differs between the runs, except seed).
         #[arg(long, value_delimiter = ',')]
@@ -476,11 +481,11 @@ pub fn run(cli: Cli) -> Result<()> {
             dry_run: a.dry_run,
             quiet: a.quiet,
         }),
-        Cmd::Report { paths, by, metrics, baseline, curves, format, formats, width, out } => {
+        Cmd::Report { paths, spec, by, metrics, baseline, curves, format, formats, width, out } => {
             crate::plot::set_formats(crate::plot::Formats::parse(&formats)?);
             crate::plot::set_width(crate::plot::Width::parse(&width)?);
             let options = crate::study::ReportOptions { by, metrics, baseline, curves };
-            commands::report(&paths, &options, &format, out.as_deref())
+            commands::report(&paths, spec.as_deref(), &options, &format, out.as_deref())
         }
         Cmd::Demo { figure, out, overrides } => commands::demo(&figure, &out, &overrides),
         Cmd::Bench { dist, .. } if dist.launches() => crate::dist::launch(dist.nproc as usize),

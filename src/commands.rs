@@ -1055,7 +1055,7 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
     }
     if r.only.is_empty() {
         // The runs are done whatever the report makes of them.
-        if let Err(e) = report(std::slice::from_ref(&out), &Default::default(), "md", None) {
+        if let Err(e) = report(std::slice::from_ref(&out), None, &Default::default(), "md", None) {
             eprintln!("report: {e:#} (the runs are finished; see `plexus report --help`)");
         }
     }
@@ -1065,12 +1065,15 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
 /// `plexus report PATH... [--by K,…] [--metric M,…] [--baseline K=V] [--curves …] [--format md|csv|latex] [--out DIR]`.
 pub fn report(
     paths: &[PathBuf],
+    spec: Option<&Path>,
     options: &crate::study::ReportOptions,
     format: &str,
     out: Option<&Path>,
 ) -> Result<()> {
-    let r = crate::study::build(paths, options)?;
+    let spec = spec.map(crate::study::spec::SweepSpec::from_file).transpose()?;
+    let r = crate::study::build(paths, options, spec.as_ref())?;
     let md = crate::report::study_markdown(&r);
+    let runs_csv = crate::report::study_runs_csv(&r)?;
     let csv = crate::report::study_csv(&r)?;
     let tex = crate::report::study_latex(&r);
     print!(
@@ -1082,7 +1085,7 @@ pub fn report(
         }
     );
     let out = out.map(Path::to_path_buf).or_else(|| match paths {
-        [one] if !one.join("config.yaml").is_file() => Some(one.join("report")),
+        [one] if one.is_dir() && !one.join("config.yaml").is_file() => Some(one.join("report")),
         _ => None,
     });
     if let Some(out) = out {
@@ -1095,12 +1098,12 @@ pub fn report(
             );
         }
         std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-        for (name, text) in [("report.md", &md), ("report.csv", &csv), ("report.tex", &tex)] {
+        for (name, text) in [("report.md", &md), ("report.csv", &csv), ("report.tex", &tex), ("runs.csv", &runs_csv)] {
             crate::run_dir::atomic_write(&out.join(name), text.as_bytes())?;
         }
         let figures = crate::plot::study::band_curves(&r, &out)?;
         eprintln!(
-            "report: {} (report.md, report.csv, report.tex){}",
+            "report: {} (report.md, report.csv, report.tex, runs.csv){}",
             out.display(),
             if figures.is_empty() {
                 String::new()

@@ -456,15 +456,129 @@ pub fn sig4(x: f64) -> String {
     format!("{x:.digits$}")
 }
 
-fn mean_sd(s: &crate::study::stats::Stats) -> String {
-    match s.n {
-        1 => sig4(s.mean),
-        _ => format!("{} ± {}", sig4(s.mean), sig4(s.sd)),
+/// `mean ± sd` with the standard deviation rounded to two significant figures and the mean to the
+/// same decimal place (`0.446 ± 0.012`, `760 ± 160`); values below 10⁻³ or from 10⁶ share one
+/// exponent (`(1.21 ± 0.14)e-12`). Without a spread (one run), four significant digits.
+pub fn mean_pm_sd(mean: f64, sd: f64) -> String {
+    if !mean.is_finite() {
+        return "—".into();
+    }
+    if !sd.is_finite() {
+        return sig4(mean);
+    }
+    if sd == 0.0 {
+        return format!("{} ± 0", sig4(mean));
+    }
+    let exp =
+        if mean != 0.0 && (mean.abs() < 1e-3 || mean.abs() >= 1e6) { mean.abs().log10().floor() as i32 } else { 0 };
+    let (m, sd) = (mean / 10f64.powi(exp), sd / 10f64.powi(exp));
+    let mut place = sd.log10().floor() as i32 - 1; // the second significant figure of sd
+    if (sd / 10f64.powi(place)).round() >= 100.0 {
+        place += 1; // 0.0996 rounds to 0.10, whose second figure is one place higher
+    }
+    let q = 10f64.powi(place);
+    let (m, sd) = ((m / q).round() * q, (sd / q).round() * q);
+    let decimals = (-place).max(0) as usize;
+    let text = format!("{m:.decimals$} ± {sd:.decimals$}");
+    if exp == 0 {
+        text
+    } else {
+        format!("({text})e{exp}")
     }
 }
 
-fn interval(ci: Option<(f64, f64)>) -> String {
-    ci.map_or("—".into(), |(lo, hi)| format!("[{}, {}]", sig4(lo), sig4(hi)))
+/// Three significant digits (an exponent below 10⁻³ and from 10⁶).
+fn sig3(x: f64) -> String {
+    if !x.is_finite() {
+        return "—".into();
+    }
+    if x == 0.0 {
+        return "0".into();
+    }
+    if x.abs() < 1e-3 || x.abs() >= 1e6 {
+        return format!("{x:.2e}");
+    }
+    let digits = (2 - x.abs().log10().floor() as i32).clamp(0, 6) as usize;
+    format!("{x:.digits$}")
+}
+
+/// How a report shows metric `i`: accuracies in percent, metrics on a log scale as geometric
+/// means (`×÷` the geometric standard deviation) and their differences as ratios.
+#[derive(Clone, Copy)]
+struct Shown {
+    percent: bool,
+    log: bool,
+}
+
+impl Shown {
+    fn of(r: &crate::study::StudyReport, i: usize) -> Shown {
+        Shown { percent: is_accuracy(&r.metrics[i]), log: r.log_scale[i] }
+    }
+
+    /// The metric's column title: its name, with `(%)` or `(geometric)`.
+    fn title(&self, name: &str) -> String {
+        match (self.percent, self.log) {
+            (true, _) => format!("{name} (%)"),
+            (_, true) => format!("{name} (geometric)"),
+            _ => name.to_string(),
+        }
+    }
+
+    fn unit(&self) -> f64 {
+        if self.percent {
+            100.0
+        } else {
+            1.0
+        }
+    }
+
+    /// A group's statistic: `mean ± sd`, or `gm ×÷ gsd` on a log scale.
+    fn cell(&self, s: &crate::study::stats::Stats) -> String {
+        if self.log {
+            return match s.n {
+                1 => sig3(s.mean.exp()),
+                _ => format!("{} ×÷ {:.2}", sig3(s.mean.exp()), s.sd.exp()),
+            };
+        }
+        mean_pm_sd(s.mean * self.unit(), if s.n == 1 { f64::NAN } else { s.sd * self.unit() })
+    }
+
+    /// A value of the metric (a mean, an interval's end): a geometric value on a log scale.
+    fn value(&self, v: f64) -> String {
+        if self.log {
+            sig3(v.exp())
+        } else {
+            sig3(v * self.unit())
+        }
+    }
+
+    /// A difference (or, on a log scale, a ratio `×r`).
+    fn diff(&self, v: f64) -> String {
+        if self.log {
+            format!("×{}", sig3(v.exp()))
+        } else {
+            sig3(v * self.unit())
+        }
+    }
+
+    fn interval(&self, ci: Option<(f64, f64)>, of_diff: bool) -> String {
+        let f = |v: f64| if of_diff { self.diff(v) } else { self.value(v) };
+        ci.map_or("—".into(), |(lo, hi)| format!("[{}, {}]", f(lo), f(hi)))
+    }
+}
+
+/// Accuracies are shown in percent (`eval.accuracy`, `best.eval.accuracy`, `analysis.…accuracy`).
+fn is_accuracy(metric: &str) -> bool {
+    metric.ends_with("accuracy") || metric.ends_with("accuracy_drop")
+}
+
+/// A p-value: `<0.001`, else three decimals.
+fn p_text(p: f64) -> String {
+    if p < 0.001 {
+        "<0.001".into()
+    } else {
+        format!("{p:.3}")
+    }
 }
 
 fn seeds_of(r: &crate::study::StudyReport, g: &crate::study::GroupResult) -> String {
@@ -508,10 +622,12 @@ pub fn study_markdown(r: &crate::study::StudyReport) -> String {
             g.key.iter().map(|k| md_cell(k)).collect()
         }
     };
-    let _ = writeln!(s, "\n| {} | n | seeds | {} |", key_cols.join(" | "), r.metrics.join(" | "));
+    let shown: Vec<Shown> = (0..r.metrics.len()).map(|i| Shown::of(r, i)).collect();
+    let titles: Vec<String> = r.metrics.iter().zip(&shown).map(|(m, sh)| sh.title(m)).collect();
+    let _ = writeln!(s, "\n| {} | n | seeds | {} |", key_cols.join(" | "), titles.join(" | "));
     let _ = writeln!(s, "|{}", "---|".repeat(key_cols.len() + 2 + r.metrics.len()));
     for g in &r.groups {
-        let cells: Vec<String> = g.stats.iter().map(mean_sd).collect();
+        let cells: Vec<String> = g.stats.iter().zip(&shown).map(|(st, sh)| sh.cell(st)).collect();
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} |",
@@ -536,17 +652,24 @@ pub fn study_markdown(r: &crate::study::StudyReport) -> String {
     let _ = writeln!(s, "{head}");
     let _ = writeln!(s, "|{}", "---|".repeat(key_cols.len() + 4 + if r.baseline.is_some() { 3 } else { 0 }));
     for g in &r.groups {
-        for (m, (st, d)) in r.metrics.iter().zip(g.stats.iter().zip(&g.vs_baseline)) {
-            let mut row =
-                format!("| {} | {m} | {} | {} | {} |", key_of(g).join(" | "), st.n, sig4(st.mean), interval(st.ci95));
+        for (i, (st, d)) in g.stats.iter().zip(&g.vs_baseline).enumerate() {
+            let sh = shown[i];
+            let mut row = format!(
+                "| {} | {} | {} | {} | {} |",
+                key_of(g).join(" | "),
+                titles[i],
+                st.n,
+                sh.value(st.mean),
+                sh.interval(st.ci95, false)
+            );
             if r.baseline.is_some() {
                 row.push_str(&match d {
                     Some(p) => format!(
                         " {} ({}) | {} | {} |",
-                        sig4(p.diff.mean),
+                        sh.diff(p.diff.mean),
                         p.diff.n,
-                        interval(p.diff.ci95),
-                        p.p.map_or("—".into(), |p| if p < 0.001 { "<0.001".into() } else { format!("{p:.3}") })
+                        sh.interval(p.diff.ci95, true),
+                        p.p.map_or("—".into(), p_text)
                     ),
                     None if g.baseline_key.is_none() => " baseline | | |".into(),
                     None => " no shared seeds | | |".into(),
@@ -555,18 +678,120 @@ pub fn study_markdown(r: &crate::study::StudyReport) -> String {
             let _ = writeln!(s, "{row}");
         }
     }
-    let _ = writeln!(s, "\nEach run:\n\n| run | seed | {} |", r.metrics.join(" | "));
+    let _ = writeln!(s, "\nEach run:\n\n| run | seed | {} |", titles.join(" | "));
     let _ = writeln!(s, "|{}", "---|".repeat(2 + r.metrics.len()));
     for g in &r.groups {
         for &i in &g.runs {
             let run = &r.runs[i];
             let name = run.dir.file_name().map_or(run.dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-            let cells: Vec<String> = r.metrics.iter().map(|m| sig4(run.metrics[m])).collect();
+            let cells: Vec<String> = r
+                .metrics
+                .iter()
+                .zip(&shown)
+                .map(|(m, sh)| sig4(run.metrics[m] * if sh.percent { 100.0 } else { 1.0 }))
+                .collect();
             let seed = run.seed().map_or("—".into(), |s| s.to_string());
             let _ = writeln!(s, "| {} | {seed} | {} |", md_cell(&name), cells.join(" | "));
         }
     }
+    if !r.claims.is_empty() {
+        s.push('\n');
+        s.push_str(&claims_markdown(&r.claims));
+    }
     s
+}
+
+/// The claims' verdicts as markdown: one row per claim, then each claim's statement and deviation.
+pub fn claims_markdown(claims: &[crate::study::claims::ClaimResult]) -> String {
+    use crate::study::claims::{Expect, Scale};
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Claims, by the rule of docs/studies.md (\"Claims and verdicts\"): Δ = A − B over the seeds both \
+         arms ran (on a log scale the ratio A/B), its interval at the level corrected for the family \
+         (1 − α/m; equivalence 1 − 2α/m), p of the paired t-test (equivalence: TOST) after Holm's \
+         correction, p_sf the exact sign-flip p, and the smallest |Δ| these seeds detect with 80 % power.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| claim | source | metric | A vs B | expected | n | Δ [interval] | p (Holm) | p_sf | detectable | verdict |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for c in claims {
+        let cl = &c.claim;
+        let sh = Shown { percent: cl.scale == Scale::Linear && is_accuracy(&cl.metric), log: cl.scale == Scale::Log };
+        let expected = match (cl.expect, cl.margin) {
+            (Expect::Less, _) => "A < B".to_string(),
+            (Expect::Greater, _) => "A > B".to_string(),
+            (Expect::Equivalent, Some(m)) if sh.log => format!("A/B within ×÷{}", sig3(m.exp())),
+            (Expect::Equivalent, Some(m)) => format!("|Δ| < {}", sig3(m * sh.unit())),
+            (Expect::Equivalent, None) => unreachable!("checked"),
+        };
+        let detectable =
+            if sh.log { format!("×÷{}", sig3(c.detectable.exp())) } else { sig3(c.detectable * sh.unit()) };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {}{} | {} vs {} | {expected} | {} | {} {} | {} ({} of {}) | {} | {detectable} | **{}** |",
+            md_cell(&cl.id),
+            md_cell(&cl.source),
+            md_cell(&cl.metric),
+            if sh.percent { " (%)" } else { "" },
+            md_cell(&cl.a),
+            md_cell(&cl.b),
+            c.diff.n,
+            sh.diff(c.diff.mean),
+            sh.interval(Some(c.interval), true),
+            p_text(c.p_holm),
+            p_text(c.p),
+            c.family_size,
+            c.p_sign_flip.map_or("—".into(), p_text),
+            c.verdict
+        );
+    }
+    s.push('\n');
+    for c in claims {
+        let _ = write!(s, "- `{}`: {}", c.claim.id, c.claim.statement);
+        if let Some(d) = &c.claim.deviation {
+            let _ = write!(s, " *Deviation from the paper:* {d}");
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Each run of the report, one row each: its name, the config keys the report used (grouping keys,
+/// the claims' arm keys and `seed`, as `config:KEY`) and its metrics at full precision (the table's
+/// and the claims'). `plexus report RUNS.csv --spec SPEC` recomputes the report from it.
+pub fn study_runs_csv(r: &crate::study::StudyReport) -> Result<String> {
+    let mut keys: Vec<String> = r.by.clone();
+    for c in &r.claims {
+        for arm in [&c.claim.a, &c.claim.b] {
+            keys.extend(arm.split(',').filter_map(|kv| kv.split_once('=')).map(|(k, _)| k.trim().to_string()));
+        }
+    }
+    keys.push("seed".into());
+    let mut seen = std::collections::BTreeSet::new();
+    keys.retain(|k| seen.insert(k.clone()));
+    let mut metrics = r.metrics.clone();
+    for c in &r.claims {
+        if !metrics.contains(&c.claim.metric) {
+            metrics.push(c.claim.metric.clone());
+        }
+    }
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let mut head = vec!["run".to_string()];
+    head.extend(keys.iter().map(|k| format!("{}{k}", crate::study::collect::CONFIG_COLUMN)));
+    head.extend(metrics.iter().cloned());
+    w.write_record(&head)?;
+    for run in &r.runs {
+        let name = run.dir.file_name().map_or(run.dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let mut row = vec![name];
+        row.extend(keys.iter().map(|k| run.config.get(k).cloned().unwrap_or_default()));
+        row.extend(metrics.iter().map(|m| run.metrics.get(m).map_or(String::new(), |v| v.to_string())));
+        w.write_record(&row)?;
+    }
+    Ok(String::from_utf8(w.into_inner()?)?)
 }
 
 fn names(dirs: &[std::path::PathBuf]) -> String {
@@ -595,13 +820,21 @@ pub fn study_csv(r: &crate::study::StudyReport) -> Result<String> {
             "diff_ci95_low",
             "diff_ci95_high",
             "p",
+            "scale",
         ]
         .map(String::from),
     );
     w.write_record(&head)?;
-    let num = |x: Option<f64>| x.filter(|v| v.is_finite()).map_or(String::new(), |v| v.to_string());
     for g in &r.groups {
-        for (m, (st, d)) in r.metrics.iter().zip(g.stats.iter().zip(&g.vs_baseline)) {
+        for (i, (m, (st, d))) in r.metrics.iter().zip(g.stats.iter().zip(&g.vs_baseline)).enumerate() {
+            // On a log scale: the geometric mean, the geometric sd (a factor), the interval's
+            // ends, and the ratio to the baseline with its interval; p is the same test's.
+            let log = r.log_scale[i];
+            let num = |x: Option<f64>| {
+                x.map(|v| if log { v.exp() } else { v })
+                    .filter(|v| v.is_finite())
+                    .map_or(String::new(), |v| v.to_string())
+            };
             let mut row = g.key.clone();
             row.push(m.clone());
             row.push(st.n.to_string());
@@ -616,6 +849,14 @@ pub fn study_csv(r: &crate::study::StudyReport) -> Result<String> {
                 }
                 None => row.extend(std::iter::repeat_n(String::new(), 6)),
             }
+            // p is not a value of the metric: never exponentiated.
+            if log {
+                if let Some(p) = d.as_ref().and_then(|d| d.p) {
+                    let n = row.len();
+                    row[n - 1] = p.to_string();
+                }
+            }
+            row.push(if log { "log" } else { "linear" }.into());
             w.write_record(&row)?;
         }
     }
@@ -636,7 +877,7 @@ pub fn study_latex(r: &crate::study::StudyReport) -> String {
     let _ = writeln!(s, "\\toprule");
     let key_cols: Vec<String> =
         if r.by.is_empty() { vec!["runs".into()] } else { r.by.iter().map(|k| tex(k)).collect() };
-    let metric_cols: Vec<String> = r.metrics.iter().map(|m| tex(m)).collect();
+    let metric_cols: Vec<String> = r.metrics.iter().enumerate().map(|(i, m)| tex(&Shown::of(r, i).title(m))).collect();
     let _ = writeln!(s, "{} & $n$ & {} \\\\", key_cols.join(" & "), metric_cols.join(" & "));
     let _ = writeln!(s, "\\midrule");
     for g in &r.groups {
@@ -645,9 +886,9 @@ pub fn study_latex(r: &crate::study::StudyReport) -> String {
         let cells: Vec<String> = g
             .stats
             .iter()
-            .map(|st| match st.n {
-                1 => format!("${}$", sig4(st.mean)),
-                _ => format!("${} \\pm {}$", sig4(st.mean), sig4(st.sd)),
+            .enumerate()
+            .map(|(i, st)| {
+                format!("${}$", Shown::of(r, i).cell(st).replace('±', "\\pm").replace("×÷", "\\times\\!/\\!\\div"))
             })
             .collect();
         let _ = writeln!(s, "{} & {} & {} \\\\", key.join(" & "), g.runs.len(), cells.join(" & "));
@@ -658,6 +899,18 @@ pub fn study_latex(r: &crate::study::StudyReport) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_sd_has_two_significant_figures_and_the_mean_its_decimal_place() {
+        use super::mean_pm_sd as pm;
+        assert_eq!(pm(0.4463, 0.01239), "0.446 ± 0.012");
+        assert_eq!(pm(762.0, 162.2), "760 ± 160");
+        assert_eq!(pm(74.0, 5.477), "74.0 ± 5.5");
+        assert_eq!(pm(1.208e-12, 1.426e-13), "(1.21 ± 0.14)e-12");
+        assert_eq!(pm(0.25, 0.0996), "0.25 ± 0.10");
+        assert_eq!(pm(60.0, 0.0), "60.00 ± 0");
+        assert_eq!(pm(0.5, f64::NAN), "0.5000");
+    }
+
     #[test]
     fn markdown_cells_escape_pipes_and_line_breaks() {
         assert_eq!(super::md_cell("a|b\nc\\d"), "a\\|b c\\\\d");

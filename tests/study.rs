@@ -238,7 +238,8 @@ fn report_statistics_equal_a_hand_computation() {
     // Markdown and LaTeX carry the same numbers.
     let o = plexus(&["report", "runs", "--metric", "eval.accuracy", "--format", "latex"], tmp.path());
     let (tex, _) = text(&o);
-    assert!(tex.contains("residual & 3 & $0.8300 \\pm 0.03606$"), "{tex}");
+    // Accuracy in percent; the sd to two significant figures, the mean to the same place.
+    assert!(tex.contains("residual & 3 & $83.0 \\pm 3.6$"), "{tex}");
     assert!(tmp.path().join("runs/report/report.md").is_file(), "a folder of runs gets report/ written");
 
     // Bad requests name what is wrong and what exists.
@@ -562,8 +563,10 @@ fn a_baseline_pairs_with_its_group_when_names_and_topology_options_differ_with_i
     let o = plexus(&["report", ".", "--baseline", "topology.kind=residual", "--metric", "eval.accuracy"], tmp.path());
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    let row =
-        out.lines().find(|l| l.starts_with("| hacn | true | hacn | eval.accuracy")).unwrap_or_else(|| panic!("{out}"));
-    // Δ = mean of (0.85 − 0.80, 0.86 − 0.82) = 0.045 over 2 pairs.
-    assert!(row.contains("| 0.04500 (2) |"), "{row}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("| hacn | true | hacn | eval.accuracy (%)"))
+        .unwrap_or_else(|| panic!("{out}"));
+    // Δ = mean of (0.85 − 0.80, 0.86 − 0.82) = 0.045 over 2 pairs: 4.50 points.
+    assert!(row.contains("| 4.50 (2) |"), "{row}");
 }

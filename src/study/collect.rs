@@ -97,6 +97,40 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// The prefix of the config columns in a report's `runs.csv` (`config:seed`, `config:name`);
+/// the other columns after `run` are metrics.
+pub const CONFIG_COLUMN: &str = "config:";
+
+/// The runs of a report's `runs.csv` (written by `plexus report` beside report.md: one row per
+/// run, its config keys the report used and its metrics at full precision), so that a report and
+/// its claims' verdicts can be recomputed from a small committed file. Runs read this way have no
+/// curves: their `dir` is the run's name.
+pub fn read_runs_csv(path: &Path) -> Result<Vec<RunRecord>> {
+    let mut r = csv::Reader::from_reader(crate::input_file::open_regular(path)?);
+    let head: Vec<String> =
+        r.headers().with_context(|| format!("reading {}", path.display()))?.iter().map(String::from).collect();
+    if head.first().map(String::as_str) != Some("run") {
+        bail!("{}: not a report's runs.csv (its first column must be `run`)", path.display());
+    }
+    let mut runs = Vec::new();
+    for (line, rec) in r.records().enumerate() {
+        let rec = rec.with_context(|| format!("{}: row {}", path.display(), line + 2))?;
+        let mut run = RunRecord { dir: PathBuf::from(&rec[0]), config: BTreeMap::new(), metrics: BTreeMap::new() };
+        for (col, value) in head.iter().zip(rec.iter()).skip(1) {
+            if let Some(key) = col.strip_prefix(CONFIG_COLUMN) {
+                run.config.insert(key.to_string(), value.to_string());
+            } else if !value.is_empty() {
+                let v: f64 = value.parse().map_err(|_| {
+                    anyhow::anyhow!("{}: row {}, column {col}: `{value}` is not a number", path.display(), line + 2)
+                })?;
+                run.metrics.insert(col.clone(), v);
+            }
+        }
+        runs.push(run);
+    }
+    Ok(runs)
+}
+
 /// Reads a run; `Ok(None)` when it has not finished (no `summary.json`).
 pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
     let summary = dir.join("summary.json");

@@ -4,6 +4,7 @@
 //! mean, standard deviation, n and 95 % interval, and the paired difference against a baseline
 //! on the same seeds ([`collect`], [`stats`]).
 
+pub mod claims;
 pub mod collect;
 pub mod runner;
 pub mod spec;
@@ -49,7 +50,8 @@ pub struct GroupResult {
     pub key: Vec<String>,
     /// Indices into [`StudyReport::runs`].
     pub runs: Vec<usize>,
-    /// Per metric: its statistics over the group's runs.
+    /// Per metric: its statistics over the group's runs (of `ln` values where
+    /// [`StudyReport::log_scale`] says so).
     pub stats: Vec<Stats>,
     /// Per metric: the paired difference (this group − the baseline group) on shared seeds;
     /// `None` for the baseline itself, or without a baseline or shared seeds.
@@ -63,6 +65,9 @@ pub struct GroupResult {
 pub struct StudyReport {
     pub by: Vec<String>,
     pub metrics: Vec<String>,
+    /// Per metric: whether its statistics (and paired differences) are of `ln` values — positive
+    /// metrics whose runs span two decades or more; shown as geometric means and ratios.
+    pub log_scale: Vec<bool>,
     /// `(key, value)` of the baseline setting.
     pub baseline: Option<(String, String)>,
     pub groups: Vec<GroupResult>,
@@ -74,6 +79,8 @@ pub struct StudyReport {
     /// Metrics of the sweep's `report:` section that not every run has yet (e.g. `analysis.*`
     /// before `plexus analyze`): left out of the tables.
     pub missing: Vec<String>,
+    /// The study's claims and their verdicts ([`claims`]).
+    pub claims: Vec<claims::ClaimResult>,
 }
 
 /// Metrics a table shows by default, in this order, when every run has them.
@@ -92,8 +99,10 @@ const PREFERRED: &[&str] = &[
     "random_success",
 ];
 
-/// Reads the runs `paths` stand for (see [`collect::find_runs`]) and computes the report.
-pub fn build(paths: &[PathBuf], opts: &ReportOptions) -> Result<StudyReport> {
+/// Reads the runs `paths` stand for (see [`collect::find_runs`]; or the rows of a report's
+/// `runs.csv`) and computes the report, with the claims of `spec` (else of the sweep folder's own
+/// spec) and their verdicts. `spec`'s `report:` section also fills what `opts` leaves open.
+pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) -> Result<StudyReport> {
     // The same folder given twice is one folder (`report SWEEP SWEEP` is `report SWEEP`).
     let mut seen = std::collections::BTreeSet::new();
     let (paths, twice): (Vec<PathBuf>, Vec<PathBuf>) =
@@ -103,24 +112,48 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions) -> Result<StudyReport> {
         eprintln!("report: {} given more than once, read once", names.join(", "));
     }
     // A single sweep folder's own report section fills what the options leave open.
-    let (from_sweep, axes) = match paths.as_slice() {
-        [one] if one.join(MANIFEST).is_file() => {
-            let m = Manifest::read(one)?;
+    let sweep_spec = match (spec, paths.as_slice()) {
+        (Some(s), _) => Some(s.clone()),
+        (None, [one]) if one.join(MANIFEST).is_file() => Some(Manifest::read(one)?.spec),
+        _ => None,
+    };
+    let (from_sweep, axes, claims) = match sweep_spec {
+        Some(s) => {
             // The sweep's axes: its configs (by their `name`) and its grid keys.
-            let mut axes: Vec<String> = if m.spec.configs.len() > 1 { vec!["name".into()] } else { vec![] };
-            axes.extend(m.spec.grid.keys().filter_map(|k| k.as_str().map(String::from)));
-            (m.spec.report, axes)
+            let mut axes: Vec<String> = if s.configs.len() > 1 { vec!["name".into()] } else { vec![] };
+            axes.extend(s.grid.keys().filter_map(|k| k.as_str().map(String::from)));
+            (s.report, axes, s.claims)
         }
-        _ => (ReportSpec::default(), vec![]),
+        None => (ReportSpec::default(), vec![], vec![]),
     };
     let pick = |a: &Vec<String>, b: &Vec<String>| if a.is_empty() { b.clone() } else { a.clone() };
-    let dirs = collect::find_runs(&paths)?;
     let mut runs = Vec::new();
     let mut unfinished = Vec::new();
-    for d in dirs {
-        match collect::read_run(&d)? {
-            Some(r) => runs.push(r),
-            None => unfinished.push(d),
+    let tables: Vec<&PathBuf> = paths.iter().filter(|p| p.is_file()).collect();
+    let from_tables = !tables.is_empty();
+    if from_tables {
+        if tables.len() < paths.len() {
+            bail!("give either run directories and sweep folders, or a report's runs.csv files, not both");
+        }
+        for t in tables {
+            runs.extend(collect::read_runs_csv(t)?);
+        }
+    } else {
+        for d in collect::find_runs(&paths)? {
+            match collect::read_run(&d)? {
+                Some(r) => runs.push(r),
+                None => unfinished.push(d),
+            }
+        }
+    }
+    // A claim's `CURVE@STEP` value becomes a metric of each run (and a column of runs.csv).
+    for c in claims.iter().filter(|c| c.metric.contains('@')) {
+        for r in runs.iter_mut() {
+            if !r.metrics.contains_key(&c.metric) {
+                if let Ok(v) = claims::metric_value(r, &c.metric) {
+                    r.metrics.insert(c.metric.clone(), v);
+                }
+            }
         }
     }
     if runs.is_empty() {
@@ -213,13 +246,32 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions) -> Result<StudyReport> {
             .map(String::from)
             .collect();
     }
+    if from_tables {
+        // Runs read back from runs.csv have no curves to draw.
+        curves.clear();
+    }
+    // Positive metrics that span two decades or more over the runs (losses near round-off, say)
+    // get their statistics in log space: a geometric mean and an interval of the log, which an
+    // arithmetic interval (reaching below zero) is not.
+    let log_scale: Vec<bool> = metrics
+        .iter()
+        .map(|m| {
+            let vs: Vec<f64> = runs.iter().map(|r| r.metrics[m]).collect();
+            let (lo, hi) = vs.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+            lo > 0.0 && hi / lo >= 100.0
+        })
+        .collect();
+    let value = |log: bool, v: f64| if log { v.ln() } else { v };
     let grouped = collect::group(&runs, &by);
     let groups = grouped
         .iter()
         .map(|(key, members)| {
             let stats = metrics
                 .iter()
-                .map(|m| stats::describe(&members.iter().map(|&i| runs[i].metrics[m]).collect::<Vec<_>>()))
+                .zip(&log_scale)
+                .map(|(m, &log)| {
+                    stats::describe(&members.iter().map(|&i| value(log, runs[i].metrics[m])).collect::<Vec<_>>())
+                })
                 .collect();
             let baseline_key = baseline.as_ref().and_then(|(k, v)| {
                 let pos = by.iter().position(|x| x == k)?;
@@ -249,14 +301,15 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions) -> Result<StudyReport> {
             });
             let vs_baseline = metrics
                 .iter()
-                .map(|m| {
+                .zip(&log_scale)
+                .map(|(m, &log)| {
                     let (_, base) = partner?;
                     let pairs: Vec<(f64, f64)> = members
                         .iter()
                         .filter_map(|&i| {
                             let s = runs[i].seed()?;
                             let j = base.iter().find(|&&j| runs[j].seed() == Some(s))?;
-                            Some((runs[i].metrics[m], runs[*j].metrics[m]))
+                            Some((value(log, runs[i].metrics[m]), value(log, runs[*j].metrics[m])))
                         })
                         .collect();
                     (!pairs.is_empty()).then(|| stats::paired(&pairs))
@@ -265,7 +318,8 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions) -> Result<StudyReport> {
             GroupResult { key: key.clone(), runs: members.clone(), stats, vs_baseline, baseline_key }
         })
         .collect();
-    Ok(StudyReport { by, metrics, baseline, groups, runs, unfinished, curves, missing })
+    let claims = claims::evaluate(&claims, &runs)?;
+    Ok(StudyReport { by, metrics, log_scale, baseline, groups, runs, unfinished, curves, missing, claims })
 }
 
 /// The curve `name` of a group over its runs: at each step every run logged, the mean and the

@@ -60,6 +60,10 @@ pub struct SweepSpec {
     pub out: Option<PathBuf>,
     #[serde(default)]
     pub report: ReportSpec,
+    /// The claims the study tests, written before its runs; `plexus report` gives each a verdict
+    /// ([`super::claims`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<super::claims::Claim>,
 }
 
 /// One run a sweep plans.
@@ -88,6 +92,7 @@ impl SweepSpec {
         for c in &mut spec.configs {
             *c = base.join(&*c);
         }
+        super::claims::check(&spec.claims).with_context(|| format!("the sweep spec {}", path.display()))?;
         Ok(spec)
     }
 
