@@ -85,8 +85,9 @@ pub enum Cmd {
         /// Curves to draw with a band over seeds, comma-separated (loss, gamma, eval.accuracy, …).
         #[arg(long, value_delimiter = ',')]
         curves: Vec<String>,
-        /// What to print: md, csv or latex (all three are written to --out).
-        #[arg(long, default_value = "md", value_parser = ["md", "csv", "latex"])]
+        /// What to print: md, csv or latex (all three are written to --out), or summary (the
+        /// first table and the claims' verdicts).
+        #[arg(long, default_value = "md", value_parser = ["md", "csv", "latex", "summary"])]
         format: String,
         /// Figure files of the curves, comma-separated: png, svg, pdf.
         #[arg(long, default_value = "png,svg,pdf")]

@@ -1074,6 +1074,7 @@ pub fn report(
     let r = crate::study::build(paths, options, spec.as_ref())?;
     let md = crate::report::study_markdown(&r);
     let runs_csv = crate::report::study_runs_csv(&r)?;
+    let summary = crate::report::study_summary(&r);
     let csv = crate::report::study_csv(&r)?;
     let tex = crate::report::study_latex(&r);
     print!(
@@ -1081,6 +1082,7 @@ pub fn report(
         match format {
             "csv" => &csv,
             "latex" => &tex,
+            "summary" => &summary,
             _ => &md,
         }
     );

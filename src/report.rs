@@ -596,6 +596,16 @@ fn md_cell(text: &str) -> String {
 /// The report as markdown: a table of mean ± sd per setting and metric, then each metric's
 /// 95 % interval and, with a baseline, the paired difference on shared seeds.
 pub fn study_markdown(r: &crate::study::StudyReport) -> String {
+    study_markdown_of(r, true)
+}
+
+/// The report's first table (mean ± sd per setting) and its claims, without the intervals and the
+/// table of runs: `plexus report --format summary`, what docs/claims.md shows of each study.
+pub fn study_summary(r: &crate::study::StudyReport) -> String {
+    study_markdown_of(r, false)
+}
+
+fn study_markdown_of(r: &crate::study::StudyReport, full: bool) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let by = if r.by.is_empty() { "all runs".to_string() } else { r.by.join(", ") };
@@ -636,6 +646,13 @@ pub fn study_markdown(r: &crate::study::StudyReport) -> String {
             seeds_of(r, g),
             cells.join(" | ")
         );
+    }
+    if !full {
+        if !r.claims.is_empty() {
+            s.push('\n');
+            s.push_str(&claims_markdown(&r.claims));
+        }
+        return s;
     }
     let _ = writeln!(
         s,
@@ -732,7 +749,7 @@ pub fn claims_markdown(claims: &[crate::study::claims::ClaimResult]) -> String {
             if sh.log { format!("×÷{}", sig3(c.detectable.exp())) } else { sig3(c.detectable * sh.unit()) };
         let _ = writeln!(
             s,
-            "| {} | {} | {}{} | {} vs {} | {expected} | {} | {} {} | {} ({} of {}) | {} | {detectable} | **{}** |",
+            "| {} | {} | {}{} | {} vs {} | {expected} | {} | {} {} | {} (raw {}, m = {}) | {} | {detectable} | **{}** |",
             md_cell(&cl.id),
             md_cell(&cl.source),
             md_cell(&cl.metric),

@@ -207,6 +207,57 @@ fn the_backbone_table_matches_the_options_in_the_code() {
     }
 }
 
+/// docs/claims.md's study blocks are what `plexus report --format summary` prints from the committed
+/// per-run values: each block opens with `<!-- plexus report ARGS -->` and ends with
+/// `<!-- end -->`, and the text between is the command's output, byte for byte. With
+/// `PLEXUS_REGENERATE_DOCS=1` the test writes the outputs into the page instead (after a re-run).
+#[test]
+fn the_claims_page_is_generated_from_the_committed_runs() {
+    let path = repo().join("docs/claims.md");
+    let page = std::fs::read_to_string(&path).unwrap();
+    let (mut out, mut rest, mut blocks, mut stale) = (String::new(), page.as_str(), 0, Vec::new());
+    while let Some(start) = rest.find("<!-- plexus report ") {
+        let head_end = start + rest[start..].find("-->\n").expect("an unclosed <!-- plexus report") + 4;
+        let args: Vec<String> =
+            rest[start + "<!-- plexus ".len()..head_end - 4].split_whitespace().map(String::from).collect();
+        let end = head_end + rest[head_end..].find("<!-- end -->").expect("a block without <!-- end -->");
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_plexus"))
+            .args(&args)
+            .args(["--format", "summary"])
+            .current_dir(repo())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "plexus {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr));
+        let text = format!("\n{}", String::from_utf8(o.stdout).unwrap());
+        if rest[head_end..end] != text {
+            stale.push(args.join(" "));
+        }
+        out.push_str(&rest[..head_end]);
+        out.push_str(&text);
+        rest = &rest[end..];
+        blocks += 1;
+    }
+    out.push_str(rest);
+    assert!(blocks >= 3, "only {blocks} generated blocks in docs/claims.md");
+    if std::env::var_os("PLEXUS_REGENERATE_DOCS").is_some() {
+        std::fs::write(&path, out).unwrap();
+        return;
+    }
+    assert!(
+        stale.is_empty(),
+        "docs/claims.md differs from what these commands print (PLEXUS_REGENERATE_DOCS=1 cargo test --release --test docs rewrites it):\n{}",
+        stale.join("\n")
+    );
+    // No verdict outside a generated block.
+    let mut outside = page.clone();
+    while let (Some(a), Some(b)) = (outside.find("<!-- plexus report "), outside.find("<!-- end -->")) {
+        outside.replace_range(a..b + "<!-- end -->".len(), "");
+    }
+    for v in ["**holds**", "**does not hold**", "**inconclusive**", "**underpowered"] {
+        assert!(!outside.contains(v), "docs/claims.md writes a verdict ({v}) outside a generated block");
+    }
+}
+
 /// The words of a shell command line: split on blanks, with '…' and "…" quoting (enough for the
 /// pages' commands: no escapes, no expansions).
 fn shell_words(line: &str) -> Vec<String> {

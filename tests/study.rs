@@ -570,3 +570,51 @@ fn a_baseline_pairs_with_its_group_when_names_and_topology_options_differ_with_i
     // Δ = mean of (0.85 − 0.80, 0.86 − 0.82) = 0.045 over 2 pairs: 4.50 points.
     assert!(row.contains("| 4.50 (2) |"), "{row}");
 }
+
+/// A spec's claims get their verdicts from run directories, the report writes the per-run values
+/// to runs.csv, and `report RUNS.csv --spec SPEC` prints the same tables and verdicts from it.
+#[test]
+fn claims_are_judged_from_runs_and_again_from_their_runs_csv() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    // H-ACN above residual by 4–6 points on each of 4 seeds; a loss 1000× lower.
+    for (name, seed, acc, loss) in [
+        ("res", 0, 0.80, 1e-3),
+        ("res", 1, 0.82, 2e-3),
+        ("res", 2, 0.79, 1.5e-3),
+        ("res", 3, 0.81, 1e-3),
+        ("hacn", 0, 0.85, 1e-6),
+        ("hacn", 1, 0.86, 3e-6),
+        ("hacn", 2, 0.85, 2e-6),
+        ("hacn", 3, 0.86, 1e-6),
+    ] {
+        let dir = runs.join(format!("{name}-{seed}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.yaml"), format!("name: {name}\nseed: {seed}\n")).unwrap();
+        std::fs::write(dir.join("summary.json"), format!(r#"{{"final_loss": {loss}, "eval": {{"accuracy": {acc}}}}}"#))
+            .unwrap();
+    }
+    let spec = tmp.path().join("spec.yaml");
+    std::fs::write(
+        &spec,
+        "configs: []\nreport: {by: [name], metrics: [eval.accuracy, final_loss]}\nclaims:\n\
+         - {id: acc, statement: H-ACN is more accurate., source: test, metric: eval.accuracy, a: name=hacn, b: name=res, expect: greater}\n\
+         - {id: loss, statement: H-ACN ends lower., source: test, metric: final_loss, scale: log, a: name=hacn, b: name=res, expect: greater}\n",
+    )
+    .unwrap();
+    let s = |p: &Path| p.display().to_string();
+    let out = tmp.path().join("rep");
+    let o = plexus(&["report", &s(&runs), "--spec", &s(&spec), "--out", &s(&out), "--format", "summary"], tmp.path());
+    let (first, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let row = |id: &str| {
+        first.lines().find(|l| l.starts_with(&format!("| {id} |"))).unwrap_or_else(|| panic!("{first}")).to_string()
+    };
+    assert!(row("acc").ends_with("| **holds** |"), "{first}");
+    assert!(row("acc").contains("| 5.00 ["), "Δ in points: {first}");
+    assert!(row("loss").ends_with("| **does not hold** |"), "{first}");
+    assert!(first.contains("final_loss (geometric)"), "a loss spanning decades is summarised on a log scale: {first}");
+    let again = plexus(&["report", &s(&out.join("runs.csv")), "--spec", &s(&spec), "--format", "summary"], tmp.path());
+    assert!(again.status.success(), "{}", text(&again).1);
+    assert_eq!(text(&again).0, first);
+}
