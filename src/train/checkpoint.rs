@@ -334,3 +334,78 @@ pub fn first_non_finite(named: &std::collections::HashMap<String, Tensor>) -> Op
     names.sort();
     names.into_iter().find(|n| crate::host::scalar(&named[*n].detach().isfinite().all()) == 0.0).cloned()
 }
+
+/// When and how `plexus train` checkpoints: every `every` updates (not at the end, which writes the
+/// final checkpoint instead), keeping the `keep` latest; at the end also the final weights and,
+/// with an EMA, the averaged ones (PyTorch `state_dict`s).
+pub struct Checkpointer {
+    pub every: u64,
+    pub keep: usize,
+    /// Batches per update: a checkpoint records where the data stream is.
+    pub accumulation: u64,
+}
+
+impl Checkpointer {
+    /// The config's schedule: `log.checkpoint_every`, `log.keep_checkpoints`.
+    pub fn of(cfg: &crate::config::Config) -> Self {
+        Checkpointer {
+            every: cfg.log.checkpoint_every,
+            keep: cfg.log.keep_checkpoints,
+            accumulation: cfg.train.accumulation,
+        }
+    }
+
+    /// Whether a checkpoint is due after `done` updates of `steps`.
+    pub fn due(&self, done: u64, steps: u64) -> bool {
+        self.every > 0 && done.is_multiple_of(self.every) && done < steps
+    }
+
+    /// A resumable checkpoint after `done` updates.
+    pub fn save(
+        &self,
+        dir: &RunDir,
+        model: &crate::model::Model,
+        optim: &super::optim::Optim,
+        done: u64,
+    ) -> Result<()> {
+        let state = TrainerState {
+            step: done,
+            data_index: done * self.accumulation,
+            model_file: format!("step_{done}.safetensors"),
+            optim_file: format!("step_{done}.optim.safetensors"),
+            model_crc32: None,
+            optim_crc32: None,
+            files_crc32: Default::default(),
+        };
+        save(dir, &state, &model.vs, &optim.state(), self.keep)
+    }
+
+    /// The end of a run of `steps` updates: its checkpoint, `final.safetensors` and, with an EMA of
+    /// the parameters, `final_ema.safetensors` (every variable, the averaged value where there is one).
+    pub fn finish(
+        &self,
+        dir: &RunDir,
+        model: &crate::model::Model,
+        optim: &super::optim::Optim,
+        steps: u64,
+    ) -> Result<()> {
+        self.save(dir, model, optim, steps)?;
+        save_weights(&dir.final_checkpoint(), |p| {
+            model.vs.save(p).with_context(|| format!("saving checkpoint {}", p.display()))
+        })?;
+        if let Some(ema) = optim.ema() {
+            let mut named: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
+            for (name, value) in named.iter_mut() {
+                if let Some((_, e)) = ema.iter().find(|(n, _)| n == name) {
+                    *value = e.shallow_clone();
+                }
+            }
+            named.sort_by(|a, b| a.0.cmp(&b.0));
+            save_weights(&dir.final_ema_checkpoint(), |p| {
+                let refs: Vec<(&str, &Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
+                Tensor::write_safetensors(&refs, p).with_context(|| format!("saving {}", p.display()))
+            })?;
+        }
+        Ok(())
+    }
+}

@@ -88,6 +88,18 @@ pub fn evaluate(model: &Model, task: Task, set: &EvalSet, step: u64) -> Option<E
     evaluate_with(task, set, step, |x| model.forward(x, false))
 }
 
+/// The evaluation the trainer runs at an evaluation step: the task's loss and metrics, or for a
+/// diffusion model the validation ε-MSE with its value per timestep bucket. `None` without a
+/// held-out set.
+pub fn evaluate_for_run(model: &Model, task: Task, set: &EvalSet, step: u64) -> Option<(EvalResult, Option<Vec<f64>>)> {
+    match task {
+        Task::Diffusion(d) => {
+            evaluate_diffusion(&d, set, step, |x| model.forward(x, false)).map(|(e, buckets)| (e, Some(buckets)))
+        }
+        _ => evaluate(model, task, set, step).map(|e| (e, None)),
+    }
+}
+
 /// Like [`evaluate`] with any input → output function (early exits, noisy inputs, …), called on
 /// the batches in order. The sums stay on the device: one read for the whole evaluation.
 pub fn evaluate_with(

@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod eval;
 pub mod lifecycle;
 pub mod optim;
+pub mod run_log;
 pub mod schedule;
 pub mod step;
 pub mod trained;
@@ -20,12 +21,12 @@ use crate::device;
 use crate::experiment::Experiment;
 use crate::host;
 use crate::model::Model;
-use crate::run_dir::{MetricsRow, RunDir};
-use anyhow::{bail, Context, Result};
-use checkpoint::TrainerState;
+use crate::run_dir::RunDir;
+use anyhow::{bail, Result};
+use checkpoint::Checkpointer;
 use eval::{EvalResult, EvalSet};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use optim::Optim;
+use run_log::{Resumed, RunLog};
 use serde::Serialize;
 use std::time::Instant;
 use step::Stepper;
@@ -93,9 +94,13 @@ pub struct Summary {
     pub device_syncs: Vec<u64>,
 }
 
+/// Trains `exp` into the run directory `dir` (new, or resumed from its latest checkpoint with
+/// `opts.resume`) and returns what `summary.json` records. The loop reads like torchtitan's
+/// `Trainer.train`: at each step evaluate and record C when due, take one optimizer step, read its
+/// numbers when they are logged (the divergence check included), checkpoint when due; the jobs are
+/// the components of [`run_log`], [`eval`], [`checkpoint`] and [`Recorder`].
 pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summary> {
-    let cfg = exp.config();
-    let tc = &cfg.train;
+    let (cfg, tc) = (exp.config(), &exp.config().train);
     // Rank 0 alone writes the run directory (every rank reads its checkpoints on resume).
     let main = crate::dist::DistInfo::is_main(opts.dist.as_ref());
     // The run directory is checked first (cheap, and the most likely mistake), but nothing is
@@ -104,449 +109,317 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     if main || opts.resume {
         lifecycle::precheck(dir, &config_yaml, opts.resume, opts.overwrite, &RESUME_POLICY)?;
     }
-    let dev = device::resolve(cfg.device_request())?;
-    let dev = match opts.dist.as_ref() {
-        Some(d) => d.device(dev, device::Machine::current().cuda_devices)?,
-        None => dev,
-    };
-    device::apply_matmul_precision(cfg.tf32)?;
-    if opts.progress || opts.log_lines {
-        eprintln!("{}: training on {}", cfg.name, device::describe(dev));
-    }
-    let compute = cfg.precision.compute_kind();
-    let mut data = exp.data.load()?;
-    let transform = data.input_transform();
-    let eval_set = EvalSet::new(data.eval_batches(), &transform, dev);
-    data.make_resident(dev);
-    let per_epoch = data.batches_per_epoch().max(1);
-    // The batch the connectivity of input-dependent topologies is averaged over.
-    let first_batch = data.train_batch(0)?;
-    let task = exp.task();
-    let probe_input = transform.on(dev).apply(&first_batch.input.to_device(dev));
-    // Diffusion models read noisy inputs: the probe is the first batch noised (drawn from the seed).
-    let probe_input = device::with_seed(cfg.seed, || {
-        task.prepare(crate::data::Batch { input: probe_input, target: first_batch.target.to_device(dev) }).input
-    });
-    let world = opts.dist.as_ref().map_or(1, |d| d.world_size);
-    let rank = opts.dist.as_ref().map_or(0, |d| d.rank);
-    let global_batch = first_batch.input.size()[0] as usize;
-    if !global_batch.is_multiple_of(world) {
-        bail!(
-            "{}: the global batch of {global_batch} examples (data.batch_size) does not split evenly over {world} \
-             processes: use a batch size that is a multiple of {world}",
-            cfg.name
-        );
-    }
-
-    let model = device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, compute));
-    let optim = Optim::new(tc, model.trainable());
-    let mut t = Stepper::new(model, optim, task, tc.accumulation, tc.clip_grad_norm, &transform);
+    let mut setup = Setup::new(exp, opts)?;
+    let (dev, task, rank) = (setup.dev, exp.task(), setup.place.0);
+    let mut t = setup.stepper(exp);
     // One writer per run directory, until this function returns (or the process dies).
     let mut run = lifecycle::open(dir, &config_yaml, opts.resume, opts.overwrite, &RESUME_POLICY, main)?;
-    let (mut rows, mut evals, start) = match run.checkpoint.clone() {
-        Some(state) => {
-            let optim_state = checkpoint::load(dir, &state, &mut t.model.vs)?;
-            t.optim.load_state(&optim_state, state.step)?;
-            // `device` changed in words (`cpu` → `auto`) need not change the device: said only
-            // when the run's own device, resolved here, is another one.
-            let started_on = || -> Option<tch::Device> {
-                let text = crate::config::read_config_text(&dir.config_file()).ok()?;
-                let old: serde_yaml::Value = serde_yaml::from_str(&text).ok()?;
-                device::resolve(device::parse_device(old.get("device")?.as_str()?).ok()?).ok()
-            };
-            if main && run.changed.iter().any(|k| k == "device") && started_on() != Some(dev) {
-                eprintln!(
-                    "{}: resumed at step {} on {} (another device than the run's start): from here its numbers are \
-                     not bit-identical to an uninterrupted run (kernels and random streams differ by device)",
-                    cfg.name,
-                    state.step,
-                    device::describe(dev)
-                );
-            }
-            run.resumed(dir)?;
-            let rows: Vec<MetricsRow> = dir.metrics()?.into_iter().filter(|r| r.step < state.step).collect();
-            let evals: Vec<EvalResult> = dir.evals()?.into_iter().filter(|e| e.step < state.step).collect();
-            (rows, evals, state.step)
-        }
-        None => (Vec::new(), Vec::new(), 0),
-    };
-
-    if let Some(info) = &opts.dist {
-        // After any resume: every rank loaded the same checkpoint, and rank 0's values win anyway.
-        t.distribute(crate::dist::Dist::join(info.clone(), dev)?)?;
-    }
-    if let Some(note) = t.use_cuda_graphs(tc.cuda_graphs)? {
-        if main {
-            eprintln!("{}: {note}", cfg.name);
-        }
-    }
-    let mut eps_by_t: Vec<(u64, Vec<f64>)> =
-        if main { dir.eps_by_t()?.into_iter().filter(|r| r.0 < start).collect() } else { Vec::new() };
-    let steps = tc.steps;
-    let accum = tc.accumulation;
-    let mut batches = Prefetcher::new(data, start * accum, 4, dev, (rank, world));
-    let bar = progress_bar(steps, start, &cfg.name, opts.progress);
-    // A line above the bar, or a plain line without a terminal.
-    let say = |line: String| {
-        if opts.log_lines {
-            eprintln!("{line}");
-        } else {
-            bar.println(line);
-        }
-    };
-    // What changed how the run trains (a CUDA graph given up, say): shown under --quiet too, where
-    // the bar is hidden and `say` prints nothing.
-    let warn = |line: String| {
-        if bar.is_hidden() {
-            eprintln!("{line}");
-        } else {
-            say(line);
-        }
-    };
-    let clock = Instant::now();
-    let mut log_line = opts.log_lines.then(|| LogLine::new(exp, dev, start));
-    // Rank 0 alone writes the run's TensorBoard events, as it alone writes metrics.csv.
-    let mut board = match main && cfg.log.tensorboard {
-        true => Some(Board::new(exp, dev, dir, start, &config_yaml)?),
-        false => None,
-    };
-    let (mut samples, mut tokens) = (0u64, 0u64);
-    let mut host_reads = Vec::new();
-    let mut device_syncs = Vec::new();
-    if crate::native::count_syncs_requested()? {
-        crate::native::watch_syncs()?;
-    }
-    let syncs = || crate::native::sync_count().map(|c| c.total);
+    let resumed = resume(exp, dir, &mut run, &mut t, dev, main)?;
+    let (start, steps) = (resumed.start, tc.steps);
+    join_and_capture(exp, &mut t, opts, dev, main)?;
+    let mut batches = setup.batches(start * tc.accumulation);
+    let mut log = RunLog::new(exp, dev, dir, (opts.progress, opts.log_lines, main), &config_yaml, resumed)?;
+    let checkpoints = Checkpointer::of(cfg);
     let every = |n: u64, step: u64| (n > 0 && step.is_multiple_of(n)) || step == steps;
+    let clock = Instant::now();
     for step in start..=steps {
-        let reads_before = host::reads();
-        let syncs_before = syncs();
+        let counts = log.step_start();
         // Rank 0 alone evaluates and saves C (the others wait at the next all-reduce).
         if main && every(cfg.log.eval_every, step) {
-            if let crate::data::Task::Diffusion(d) = task {
-                if let Some((e, buckets)) = eval::evaluate_diffusion(&d, &eval_set, step, |x| t.model.forward(x, false))
-                {
-                    say(format!("{} step {step}: eval ε-MSE {:.4}", cfg.name, e.loss));
-                    if let Some(b) = board.as_mut() {
-                        b.eval(&e)?;
-                    }
-                    evals.push(e);
-                    eps_by_t.push((step, buckets));
-                    dir.write_eps_by_t(&eps_by_t, crate::task::ddpm::STEPS as usize)?;
-                }
-            } else if let Some(e) = eval::evaluate(&t.model, task, &eval_set, step) {
-                say(format!("{} step {step}: eval {e}", cfg.name));
-                if let Some(b) = board.as_mut() {
-                    b.eval(&e)?;
-                }
-                evals.push(e);
+            if let Some((e, buckets)) = eval::evaluate_for_run(&t.model, task, &setup.eval_set, step) {
+                log.eval(dir, e, buckets)?;
             }
         }
         if main && every(cfg.log.connectivity_every, step) {
-            let c = t.model.connectivity(&probe_input);
-            dir.write_connectivity(step, &c)?;
-            if let Some(b) = board.as_mut() {
-                b.writer.matrix_image(step, "connectivity/C", &host::matrix(&c), 16)?;
-            }
-            // The topology's own view (H-ACN's a, ANCRe's p, …), for Δ_t and correlations later.
-            if let Some((name, view)) = t.model.parameter_view(&probe_input) {
-                dir.write_param_view(&name, step, &view)?;
-            }
+            setup.recorder.record(dir, &mut log, &t.model, step)?;
         }
-
         let lr = schedule::lr_at(tc, step.min(steps - 1));
-        // Reseeded from (seed, step), under the process-wide seed lock: dropout masks are a pure
-        // function of the step, so a resumed run redraws exactly the masks it would have drawn.
-        // (Each rank draws its own dropout masks; rank 0 draws those of a single-process run.)
-        let rng = device::seed_guard(step_seed(cfg.seed ^ (rank as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93), step));
-        // The last step only measures the final loss: no update after it. Each rank trains on its
-        // slice of the global batch (the data thread makes only that slice).
-        let next = || batches.next_batch();
-        let stats = t.step(step, next, (step < steps).then_some(lr))?;
-        drop(rng);
-        if let Some(note) = t.take_note() {
-            if main {
-                warn(format!("{}: {note}", cfg.name));
-            }
+        // The last step only measures the final loss: no update after it.
+        let stats = {
+            let _rng = device::seed_guard(step_seed(cfg.seed ^ (rank as u64).wrapping_mul(RANK_MIX), step));
+            t.step(step, || batches.next_batch(), (step < steps).then_some(lr))?
+        };
+        if let (Some(note), true) = (t.take_note(), main) {
+            log.warn(format!("{}: {note}", cfg.name));
         }
-        samples += stats.samples;
-        tokens += stats.tokens;
-
+        (log.samples, log.tokens) = (log.samples + stats.samples, log.tokens + stats.tokens);
         let done = step + 1;
-        let checkpoint_due = cfg.log.checkpoint_every > 0 && done % cfg.log.checkpoint_every == 0 && done < steps;
+        let checkpoint_due = checkpoints.due(done, steps);
         // Logging and checkpoint steps read the step's numbers (one read); other steps read nothing.
         if every(cfg.log.every, step) || checkpoint_due {
             let logged = t.read(&stats)?;
             if let Some((first, what)) = logged.diverged {
-                if main {
-                    write_logs(dir, &rows, &evals)?;
-                }
-                let what = match what {
-                    step::NonFinite::Loss => "the loss",
-                    step::NonFinite::Gradient => "the gradient",
-                };
-                bail!(
-                    "{}: step {first}: {what} went non-finite: {}; metrics up to here are in {}, and no checkpoint \
-                     after the divergence was kept",
-                    cfg.name,
-                    t.diagnose(first, step),
-                    dir.metrics_file().display()
-                );
+                return Err(diverged(exp, dir, &log, &t, (first, what, step), main));
             }
             if every(cfg.log.every, step) {
-                let epoch = (step * accum) as f64 / per_epoch as f64;
-                let (loss, grad_norm, gamma) = (logged.loss, logged.grad_norm, logged.gamma);
-                rows.push(MetricsRow { step, epoch, loss, lr, grad_norm, gamma });
-                if let (Some(b), Some(row)) = (board.as_mut(), rows.last()) {
-                    b.row(row, samples, tokens)?;
-                }
-                bar.set_message(format!("{loss:.3e}"));
-                if let (Some(l), Some(row), true) = (log_line.as_mut(), rows.last(), main) {
-                    eprintln!("{}", l.line(row, samples, tokens));
-                }
+                log.row(logged.row(step, (step * tc.accumulation) as f64 / setup.per_epoch as f64, lr))?;
             }
         }
-        host_reads.push(host::reads() - reads_before);
-        if let (Some(before), Some(now)) = (syncs_before, syncs()) {
-            device_syncs.push(now - before);
-        }
+        log.step_done(counts, step == steps);
         if step == steps {
             break;
         }
-        bar.inc(1);
         if opts.crash_after == Some(done) {
             bail!("{}: simulated crash after {done} updates", cfg.name);
         }
         if checkpoint_due && main {
-            write_logs(dir, &rows, &evals)?;
-            save_checkpoint(dir, &t.model, &t.optim, done, done * accum, cfg.log.keep_checkpoints)?;
+            log.write(dir)?;
+            checkpoints.save(dir, &t.model, &t.optim, done)?;
         }
     }
-    bar.finish_and_clear();
+    log.finish();
     let wall = clock.elapsed().as_secs_f64();
-    if main && !device_syncs.is_empty() {
-        eprintln!("{}", sync_report(&cfg.name, &host_reads, &device_syncs));
-    }
-
     if main {
-        write_logs(dir, &rows, &evals)?;
-        save_checkpoint(dir, &t.model, &t.optim, steps, steps * accum, cfg.log.keep_checkpoints)?;
-        checkpoint::save_weights(&dir.final_checkpoint(), |p| {
-            t.model.vs.save(p).with_context(|| format!("saving checkpoint {}", p.display()))
-        })?;
-        if let Some(ema) = t.optim.ema() {
-            // Every variable of the model, the averaged value where there is one (a PyTorch
-            // `state_dict` like final.safetensors).
-            let mut named: Vec<(String, tch::Tensor)> = t.model.vs.variables().into_iter().collect();
-            for (name, value) in named.iter_mut() {
-                if let Some((_, e)) = ema.iter().find(|(n, _)| n == name) {
-                    *value = e.shallow_clone();
-                }
-            }
-            named.sort_by(|a, b| a.0.cmp(&b.0));
-            checkpoint::save_weights(&dir.final_ema_checkpoint(), |p| {
-                let refs: Vec<(&str, &tch::Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
-                tch::Tensor::write_safetensors(&refs, p).with_context(|| format!("saving {}", p.display()))
-            })?;
-        }
+        log.write(dir)?;
+        checkpoints.finish(dir, &t.model, &t.optim, steps)?;
     }
-    // Throughput of the whole group: every rank trains on as many examples as this one.
-    let (samples, tokens) = (samples * world as u64, tokens * world as u64);
-    let model = &t.model;
-    let losses: Vec<f64> = rows.iter().map(|r| r.loss).collect();
-    let summary = Summary {
-        name: cfg.name.clone(),
-        model: exp.model.kind().to_string(),
-        topology: exp.topology.kind().to_string(),
-        topology_label: exp.topology.label(),
-        steps,
-        initial_loss: losses[0],
-        final_loss: *losses.last().expect("at least one row"),
-        min_loss: losses.iter().cloned().fold(f64::INFINITY, f64::min),
-        steps_to_1e3: rows.iter().find(|r| r.loss <= 1e-3 * rows[0].loss).map(|r| r.step),
-        eval: evals.last().cloned(),
-        gamma: rows.last().and_then(|r| r.gamma),
-        num_params: model.num_params(),
-        device: format!("{dev:?}"),
-        precision: format!("{:?}", cfg.precision).to_lowercase(),
-        wall_seconds: wall,
-        samples_per_second: samples as f64 / wall.max(1e-9),
-        tokens_per_second: (tokens > 0).then(|| tokens as f64 / wall.max(1e-9)),
-        resumed_from: opts.resume.then_some(start),
-        parameter_view: model.parameter_view(&probe_input).map(|(n, m)| (n, host::matrix(&m))),
-        host_reads,
-        device_syncs,
-    };
+    let summary = summarize(exp, &t.model, &log, &setup, (wall, start, opts.resume));
     if main {
         lifecycle::finish(dir, &summary)?;
     }
     Ok(summary)
 }
 
-/// The plain progress line of a run without a terminal, one per logged step (nanoGPT's `iter …:
-/// loss …, time … ms, mfu …`): throughput and ms/step since the previous logged step (a logged
-/// step reads from the device, so the interval's time is the device's too), MFU against the GPU's
-/// data-sheet peak where it is known ([`device::spec_peak_flops`]), ETA from the mean so far.
+/// Mixes the rank into a step's seed: each rank draws its own dropout masks; rank 0 draws those
+/// of a single-process run.
+const RANK_MIX: u64 = 0xD6E8_FEB8_6659_FD93;
+
+/// What a run needs before its model: the device, the data (not yet streaming), the held-out set,
+/// the connectivity probe, and this process's place in a data-parallel group.
+struct Setup {
+    dev: tch::Device,
+    /// Taken by the batch prefetcher when training starts.
+    data: Option<Box<dyn crate::data::DataSource>>,
+    transform: crate::data::InputTransform,
+    eval_set: EvalSet,
+    per_epoch: u64,
+    recorder: Recorder,
+    /// `(rank, world size)`.
+    place: (usize, usize),
+}
+
+impl Setup {
+    fn new(exp: &Experiment, opts: &TrainOptions) -> Result<Self> {
+        let cfg = exp.config();
+        let dev = device::resolve(cfg.device_request())?;
+        let dev = match opts.dist.as_ref() {
+            Some(d) => d.device(dev, device::Machine::current().cuda_devices)?,
+            None => dev,
+        };
+        device::apply_matmul_precision(cfg.tf32)?;
+        if opts.progress || opts.log_lines {
+            eprintln!("{}: training on {}", cfg.name, device::describe(dev));
+        }
+        let mut data = exp.data.load()?;
+        let transform = data.input_transform();
+        let eval_set = EvalSet::new(data.eval_batches(), &transform, dev);
+        data.make_resident(dev);
+        let per_epoch = data.batches_per_epoch().max(1);
+        // The batch the connectivity of input-dependent topologies is averaged over.
+        let first_batch = data.train_batch(0)?;
+        let recorder = Recorder::new(exp, &first_batch, &transform, dev);
+        let world = opts.dist.as_ref().map_or(1, |d| d.world_size);
+        let rank = opts.dist.as_ref().map_or(0, |d| d.rank);
+        let global_batch = first_batch.input.size()[0] as usize;
+        if !global_batch.is_multiple_of(world) {
+            bail!(
+                "{}: the global batch of {global_batch} examples (data.batch_size) does not split evenly over {world} \
+                 processes: use a batch size that is a multiple of {world}",
+                cfg.name
+            );
+        }
+        Ok(Setup { dev, data: Some(data), transform, eval_set, per_epoch, recorder, place: (rank, world) })
+    }
+
+    /// The training batches from the `index`-th on (batches are addressed by index over the run),
+    /// prepared on another thread; this process's slice of each in a data-parallel run.
+    fn batches(&mut self, index: u64) -> Prefetcher {
+        let data = self.data.take().expect("the data is streamed once");
+        Prefetcher::new(data, index, 4, self.dev, self.place)
+    }
+
+    /// The model (initialised from the run's seed), its optimizer and the step that drives them.
+    fn stepper(&self, exp: &Experiment) -> Stepper {
+        let (cfg, tc) = (exp.config(), &exp.config().train);
+        let model = device::with_seed(cfg.seed, || {
+            Model::new(exp.model.as_ref(), exp.topology.as_ref(), self.dev, cfg.precision.compute_kind())
+        });
+        let optim = Optim::new(tc, model.trainable());
+        Stepper::new(model, optim, exp.task(), tc.accumulation, tc.clip_grad_norm, &self.transform)
+    }
+}
+
+/// Records the connectivity matrix C and the topology's own parameter view (H-ACN's a, ANCRe's
+/// p, …) into the run directory, for heatmaps, Δ_t and correlations later, on one fixed input.
+pub struct Recorder {
+    /// The model input C is measured on: the first training batch, `[B, …]` (noised by the
+    /// diffusion task, from the run's seed, for a diffusion model).
+    probe: tch::Tensor,
+}
+
+impl Recorder {
+    pub fn new(
+        exp: &Experiment,
+        first_batch: &crate::data::Batch,
+        transform: &crate::data::InputTransform,
+        dev: tch::Device,
+    ) -> Self {
+        let input = transform.on(dev).apply(&first_batch.input.to_device(dev));
+        let batch = crate::data::Batch { input, target: first_batch.target.to_device(dev) };
+        Recorder { probe: device::with_seed(exp.config().seed, || exp.task().prepare(batch).input) }
+    }
+
+    /// C (`[L+2, L+2]`) and the parameter view at `step`; C also as a TensorBoard image.
+    pub fn record(&self, dir: &RunDir, log: &mut RunLog, model: &Model, step: u64) -> Result<()> {
+        let c = model.connectivity(&self.probe);
+        dir.write_connectivity(step, &c)?;
+        log.connectivity(step, &host::matrix(&c))?;
+        if let Some((name, view)) = model.parameter_view(&self.probe) {
+            dir.write_param_view(&name, step, &view)?;
+        }
+        Ok(())
+    }
+
+    /// The topology's parameter view now, for `summary.json`.
+    pub fn view(&self, model: &Model) -> Option<(String, crate::run_dir::Matrix)> {
+        model.parameter_view(&self.probe).map(|(n, m)| (n, host::matrix(&m)))
+    }
+}
+
+/// Joins the data-parallel group (after any resume: every rank loaded the same checkpoint, and
+/// rank 0's values win anyway), then captures the step as a CUDA graph where the config and the
+/// device allow, saying why not where they do not.
+fn join_and_capture(
+    exp: &Experiment,
+    t: &mut Stepper,
+    opts: &TrainOptions,
+    dev: tch::Device,
+    main: bool,
+) -> Result<()> {
+    if let Some(info) = &opts.dist {
+        t.distribute(crate::dist::Dist::join(info.clone(), dev)?)?;
+    }
+    if let (Some(note), true) = (t.use_cuda_graphs(exp.config().train.cuda_graphs)?, main) {
+        eprintln!("{}: {note}", exp.config().name);
+    }
+    Ok(())
+}
+
+/// Loads the latest checkpoint of a resumed run into `t` and returns the rows logged before it
+/// (and the step to start from); a new run starts at step 0 with none.
+fn resume(
+    exp: &Experiment,
+    dir: &RunDir,
+    run: &mut lifecycle::OpenRun,
+    t: &mut Stepper,
+    dev: tch::Device,
+    main: bool,
+) -> Result<Resumed> {
+    let Some(state) = run.checkpoint.clone() else {
+        return Ok(Resumed { rows: Vec::new(), evals: Vec::new(), eps_by_t: Vec::new(), start: 0 });
+    };
+    let optim_state = checkpoint::load(dir, &state, &mut t.model.vs)?;
+    t.optim.load_state(&optim_state, state.step)?;
+    // `device` changed in words (`cpu` → `auto`) need not change the device: said only when the
+    // run's own device, resolved here, is another one.
+    let started_on = || -> Option<tch::Device> {
+        let text = crate::config::read_config_text(&dir.config_file()).ok()?;
+        let old: serde_yaml::Value = serde_yaml::from_str(&text).ok()?;
+        device::resolve(device::parse_device(old.get("device")?.as_str()?).ok()?).ok()
+    };
+    if main && run.changed.iter().any(|k| k == "device") && started_on() != Some(dev) {
+        eprintln!(
+            "{}: resumed at step {} on {} (another device than the run's start): from here its numbers are \
+             not bit-identical to an uninterrupted run (kernels and random streams differ by device)",
+            exp.config().name,
+            state.step,
+            device::describe(dev)
+        );
+    }
+    run.resumed(dir)?;
+    let start = state.step;
+    Ok(Resumed {
+        rows: dir.metrics()?.into_iter().filter(|r| r.step < start).collect(),
+        evals: dir.evals()?.into_iter().filter(|e| e.step < start).collect(),
+        eps_by_t: if main { dir.eps_by_t()?.into_iter().filter(|r| r.0 < start).collect() } else { Vec::new() },
+        start,
+    })
+}
+
+/// The error of a run whose loss or gradient went non-finite at step `first` (found at the read
+/// of step `now`), after writing the metrics logged so far; no checkpoint after it is kept.
+fn diverged(
+    exp: &Experiment,
+    dir: &RunDir,
+    log: &RunLog,
+    t: &Stepper,
+    (first, what, now): (u64, step::NonFinite, u64),
+    main: bool,
+) -> anyhow::Error {
+    if main {
+        if let Err(e) = log.write(dir) {
+            return e;
+        }
+    }
+    let what = match what {
+        step::NonFinite::Loss => "the loss",
+        step::NonFinite::Gradient => "the gradient",
+    };
+    anyhow::anyhow!(
+        "{}: step {first}: {what} went non-finite: {}; metrics up to here are in {}, and no checkpoint after the \
+         divergence was kept",
+        exp.config().name,
+        t.diagnose(first, now),
+        dir.metrics_file().display()
+    )
+}
+
+/// `summary.json` of a finished run. `(wall, start, resumed)`: this process's training time, the
+/// step it started from, and whether it resumed.
+fn summarize(
+    exp: &Experiment,
+    model: &Model,
+    log: &RunLog,
+    setup: &Setup,
+    (wall, start, resumed): (f64, u64, bool),
+) -> Summary {
+    let cfg = exp.config();
+    // Throughput of the whole group: every rank trains on as many examples as this one.
+    let world = setup.place.1 as u64;
+    let (samples, tokens) = (log.samples * world, log.tokens * world);
+    let rows = &log.rows;
+    let losses: Vec<f64> = rows.iter().map(|r| r.loss).collect();
+    Summary {
+        name: cfg.name.clone(),
+        model: exp.model.kind().to_string(),
+        topology: exp.topology.kind().to_string(),
+        topology_label: exp.topology.label(),
+        steps: cfg.train.steps,
+        initial_loss: losses[0],
+        final_loss: *losses.last().expect("at least one row"),
+        min_loss: losses.iter().cloned().fold(f64::INFINITY, f64::min),
+        steps_to_1e3: rows.iter().find(|r| r.loss <= 1e-3 * rows[0].loss).map(|r| r.step),
+        eval: log.evals.last().cloned(),
+        gamma: rows.last().and_then(|r| r.gamma),
+        num_params: model.num_params(),
+        device: format!("{:?}", setup.dev),
+        precision: format!("{:?}", cfg.precision).to_lowercase(),
+        wall_seconds: wall,
+        samples_per_second: samples as f64 / wall.max(1e-9),
+        tokens_per_second: (tokens > 0).then(|| tokens as f64 / wall.max(1e-9)),
+        resumed_from: resumed.then_some(start),
+        parameter_view: setup.recorder.view(model),
+        host_reads: log.host_reads.clone(),
+        device_syncs: log.device_syncs.clone(),
+    }
+}
+
 /// `summary.json`'s `parameter_view`: `[name, [[row], …]]`, as numpy's `tolist()` writes a matrix.
 fn view_as_rows<S: serde::Serializer>(v: &Option<(String, crate::run_dir::Matrix)>, s: S) -> Result<S::Ok, S::Error> {
     use serde::Serialize;
     let rows: Option<(&String, Vec<Vec<f64>>)> =
         v.as_ref().map(|(n, m)| (n, m.rows().into_iter().map(|r| r.to_vec()).collect()));
     rows.serialize(s)
-}
-
-/// Throughput between two logged rows of this process: what the log line and the TensorBoard
-/// events both report, measured once.
-struct Rates {
-    /// Training FLOPs per example (3 × the forward's), and the device's dense peak.
-    flops_per_sample: f64,
-    peak: Option<f64>,
-    /// When, at which step and after how many examples and tokens the previous row was logged.
-    last: (Instant, u64, u64, u64),
-}
-
-/// What [`Rates::since_last`] measured.
-struct Rate {
-    secs: f64,
-    steps: u64,
-    examples_per_s: f64,
-    /// Language models only.
-    tokens_per_s: Option<f64>,
-    /// Where the device's peak is known.
-    mfu: Option<f64>,
-}
-
-impl Rates {
-    fn new(exp: &Experiment, dev: tch::Device, start: u64) -> Self {
-        Rates {
-            flops_per_sample: 3.0 * exp.model.forward_flops(),
-            peak: device::spec_peak_of(dev, exp.config().precision.compute_kind()),
-            last: (Instant::now(), start, 0, 0),
-        }
-    }
-
-    /// The rate since the previous call, for a row at `step` with `samples`, `tokens` counted since
-    /// this process started; `None` when no step ran since.
-    fn since_last(&mut self, step: u64, samples: u64, tokens: u64) -> Option<Rate> {
-        let now = Instant::now();
-        let (then, last_step, last_samples, last_tokens) =
-            std::mem::replace(&mut self.last, (now, step, samples, tokens));
-        let secs = (now - then).as_secs_f64().max(1e-9);
-        let steps = step.saturating_sub(last_step);
-        (steps > 0 && samples > last_samples).then(|| {
-            let examples_per_s = (samples - last_samples) as f64 / secs;
-            Rate {
-                secs,
-                steps,
-                examples_per_s,
-                tokens_per_s: (tokens > last_tokens).then(|| (tokens - last_tokens) as f64 / secs),
-                mfu: self.peak.map(|peak| examples_per_s * self.flops_per_sample / peak),
-            }
-        })
-    }
-}
-
-/// The TensorBoard events of a run (rank 0): each metrics row as scalars with the throughput
-/// since the previous row (and the model FLOP utilisation where the device's peak is known), each
-/// evaluation, C as an image, the resolved config as text.
-struct Board {
-    writer: crate::tensorboard::EventWriter,
-    rates: Rates,
-}
-
-impl Board {
-    fn new(exp: &Experiment, dev: tch::Device, dir: &RunDir, start: u64, config_yaml: &str) -> Result<Self> {
-        let mut writer = crate::tensorboard::EventWriter::create(&dir.path, start)?;
-        writer.text(start, "config", &format!("```yaml\n{config_yaml}```"))?;
-        Ok(Board { writer, rates: Rates::new(exp, dev, start) })
-    }
-
-    /// A metrics row; `samples`, `tokens`: counted since this process started.
-    fn row(&mut self, row: &MetricsRow, samples: u64, tokens: u64) -> Result<()> {
-        let mut values = vec![("train/loss", row.loss), ("train/lr", row.lr), ("train/grad_norm", row.grad_norm)];
-        values.push(("train/epoch", row.epoch));
-        values.extend(row.gamma.map(|g| ("train/gamma", g)));
-        if let Some(r) = self.rates.since_last(row.step, samples, tokens) {
-            values.push(("perf/examples_per_s", r.examples_per_s));
-            values.extend(r.tokens_per_s.map(|t| ("perf/tokens_per_s", t)));
-            values.extend(r.mfu.map(|m| ("perf/mfu", m)));
-        }
-        self.writer.scalars(row.step, &values)
-    }
-
-    fn eval(&mut self, e: &EvalResult) -> Result<()> {
-        let mut values = vec![("eval/loss", e.loss)];
-        values.extend(e.accuracy.map(|a| ("eval/accuracy", a)));
-        values.extend(e.perplexity.map(|p| ("eval/perplexity", p)));
-        self.writer.scalars(e.step, &values)
-    }
-}
-
-struct LogLine {
-    name: String,
-    steps: u64,
-    rates: Rates,
-    first_step: u64,
-    started: Instant,
-}
-
-impl LogLine {
-    fn new(exp: &Experiment, dev: tch::Device, start: u64) -> Self {
-        let cfg = exp.config();
-        Self {
-            name: cfg.name.clone(),
-            steps: cfg.train.steps,
-            rates: Rates::new(exp, dev, start),
-            first_step: start,
-            started: Instant::now(),
-        }
-    }
-
-    /// The line of a logged `row`; `samples`, `tokens`: counted since this process started.
-    fn line(&mut self, row: &MetricsRow, samples: u64, tokens: u64) -> String {
-        let (name, steps, step, loss, lr) = (&self.name, self.steps, row.step, row.loss, row.lr);
-        let mut text = format!("{name} step {step}/{steps}: loss {loss:.4}, lr {lr:.3e}");
-        if let Some(r) = self.rates.since_last(step, samples, tokens) {
-            match r.tokens_per_s {
-                Some(t) => text += &format!(", {t:.0} tokens/s"),
-                None => text += &format!(", {:.1} examples/s", r.examples_per_s),
-            }
-            text += &format!(", {:.1} ms/step", 1e3 * r.secs / r.steps as f64);
-            if let Some(mfu) = r.mfu {
-                text += &format!(", MFU {:.1} %", 100.0 * mfu);
-            }
-            let per_step =
-                (Instant::now() - self.started).as_secs_f64() / step.saturating_sub(self.first_step).max(1) as f64;
-            let eta = per_step * steps.saturating_sub(step) as f64;
-            text += &format!(", ETA {}", indicatif::HumanDuration(std::time::Duration::from_secs_f64(eta)));
-        }
-        text
-    }
-}
-
-/// The line `PLEXUS_COUNT_SYNCS=1` prints at the end of a run: the syncs libtorch ran on steps that
-/// read nothing on purpose (each is a stall on a GPU, and a CUDA graph cannot capture it), then on
-/// the logging steps, and by operator.
-fn sync_report(name: &str, host_reads: &[u64], device_syncs: &[u64]) -> String {
-    let (mut quiet, mut quiet_syncs, mut logged_syncs) = (0, 0, 0);
-    for (reads, syncs) in host_reads.iter().zip(device_syncs) {
-        if *reads == 0 {
-            quiet += 1;
-            quiet_syncs += syncs;
-        } else {
-            logged_syncs += syncs;
-        }
-    }
-    let ops = crate::native::sync_count()
-        .map(|c| c.by_name.iter().map(|(n, k)| format!("{n} ×{k}")).collect::<Vec<_>>().join(", "))
-        .unwrap_or_default();
-    format!(
-        "{name}: host-device syncs counted by libtorch: {quiet_syncs} on the {quiet} steps that read nothing \
-         (must be 0){}, {logged_syncs} on the {} logging steps; by operator, process-wide: {}",
-        if quiet_syncs == 0 { "" } else { " — a hidden sync in the step" },
-        host_reads.len() - quiet,
-        if ops.is_empty() { "none".to_string() } else { ops }
-    )
 }
 
 /// What a resumed `plexus train` run may change (the config's own rule, [`ResumeDiff::between`]).
@@ -564,37 +437,4 @@ fn step_seed(seed: u64, step: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     (z ^ (z >> 31)) >> 1
-}
-
-fn save_checkpoint(dir: &RunDir, model: &Model, optim: &Optim, step: u64, data_index: u64, keep: usize) -> Result<()> {
-    let state = TrainerState {
-        step,
-        data_index,
-        model_file: format!("step_{step}.safetensors"),
-        optim_file: format!("step_{step}.optim.safetensors"),
-        model_crc32: None,
-        optim_crc32: None,
-        files_crc32: Default::default(),
-    };
-    checkpoint::save(dir, &state, &model.vs, &optim.state(), keep)
-}
-
-fn write_logs(dir: &RunDir, rows: &[MetricsRow], evals: &[EvalResult]) -> Result<()> {
-    dir.write_metrics(rows)?;
-    dir.write_evals(evals)
-}
-
-fn progress_bar(steps: u64, start: u64, name: &str, show: bool) -> ProgressBar {
-    let bar = ProgressBar::new(steps);
-    if !show {
-        bar.set_draw_target(ProgressDrawTarget::hidden());
-    }
-    bar.set_style(
-        ProgressStyle::with_template("{prefix:>20} [{bar:30}] {pos}/{len} loss {msg} {per_sec} ETA {eta}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    bar.set_prefix(name.to_string());
-    bar.set_position(start);
-    bar
 }

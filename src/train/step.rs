@@ -34,6 +34,14 @@ pub struct Logged {
     pub diverged: Option<(u64, NonFinite)>,
 }
 
+impl Logged {
+    /// The `metrics.csv` row of these numbers at `step` (`epoch`: batches seen / batches per epoch).
+    pub fn row(&self, step: u64, epoch: f64, lr: f64) -> crate::run_dir::MetricsRow {
+        let (loss, grad_norm, gamma) = (self.loss, self.grad_norm, self.gamma);
+        crate::run_dir::MetricsRow { step, epoch, loss, lr, grad_norm, gamma }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NonFinite {
     Loss,

@@ -1,0 +1,346 @@
+//! The run log of `plexus train`: the metrics and evaluation rows (written through [`RunDir`]),
+//! the progress bar or, without a terminal, a plain line per logged step, the TensorBoard events,
+//! and the count of host reads and device syncs per step with the report that checks it.
+
+use super::eval::EvalResult;
+use crate::device;
+use crate::experiment::Experiment;
+use crate::run_dir::{MetricsRow, RunDir};
+use anyhow::Result;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::time::Instant;
+
+/// What a run has logged so far and where it shows it. Rank 0 of a data-parallel run writes; the
+/// others keep their rows (for the summary) and print nothing.
+pub struct RunLog {
+    name: String,
+    /// `metrics.csv`'s rows and `eval.csv`'s, including those of the run this one resumes.
+    pub rows: Vec<MetricsRow>,
+    pub evals: Vec<EvalResult>,
+    /// A diffusion run's validation ε-MSE per timestep bucket, by evaluation step.
+    pub eps_by_t: Vec<(u64, Vec<f64>)>,
+    bar: ProgressBar,
+    /// Plain lines instead of a bar (no terminal).
+    plain: bool,
+    line: Option<LogLine>,
+    board: Option<Board>,
+    main: bool,
+    /// Examples and tokens this process trained on.
+    pub samples: u64,
+    pub tokens: u64,
+    /// Per step: device → host reads, and host-device syncs where they are counted.
+    pub host_reads: Vec<u64>,
+    pub device_syncs: Vec<u64>,
+}
+
+/// Where a [`RunLog`] starts: the rows of the run it resumes (empty for a new run) and the step.
+pub struct Resumed {
+    pub rows: Vec<MetricsRow>,
+    pub evals: Vec<EvalResult>,
+    pub eps_by_t: Vec<(u64, Vec<f64>)>,
+    pub start: u64,
+}
+
+impl RunLog {
+    /// `progress`: a bar on stderr; `log_lines`: a plain line per logged step instead; `main`:
+    /// this process writes the run directory (and its TensorBoard events, when the config asks).
+    pub fn new(
+        exp: &Experiment,
+        dev: tch::Device,
+        dir: &RunDir,
+        (progress, log_lines, main): (bool, bool, bool),
+        config_yaml: &str,
+        resumed: Resumed,
+    ) -> Result<Self> {
+        let cfg = exp.config();
+        let start = resumed.start;
+        if crate::native::count_syncs_requested()? {
+            crate::native::watch_syncs()?;
+        }
+        let board = match main && cfg.log.tensorboard {
+            true => Some(Board::new(exp, dev, dir, start, config_yaml)?),
+            false => None,
+        };
+        Ok(RunLog {
+            name: cfg.name.clone(),
+            rows: resumed.rows,
+            evals: resumed.evals,
+            eps_by_t: resumed.eps_by_t,
+            bar: progress_bar(cfg.train.steps, start, &cfg.name, progress),
+            plain: log_lines,
+            line: log_lines.then(|| LogLine::new(exp, dev, start)),
+            board,
+            main,
+            samples: 0,
+            tokens: 0,
+            host_reads: Vec::new(),
+            device_syncs: Vec::new(),
+        })
+    }
+
+    /// A line above the bar, or a plain line without a terminal (nothing under `--quiet`).
+    pub fn say(&self, line: String) {
+        if self.plain {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
+        }
+    }
+
+    /// What changed how the run trains (a CUDA graph given up, say): shown under `--quiet` too.
+    pub fn warn(&self, line: String) {
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.say(line);
+        }
+    }
+
+    /// An evaluation (with a diffusion run's ε-MSE per timestep bucket), said and kept.
+    pub fn eval(&mut self, dir: &RunDir, e: EvalResult, buckets: Option<Vec<f64>>) -> Result<()> {
+        match &buckets {
+            Some(_) => self.say(format!("{} step {}: eval ε-MSE {:.4}", self.name, e.step, e.loss)),
+            None => self.say(format!("{} step {}: eval {e}", self.name, e.step)),
+        }
+        if let Some(b) = self.board.as_mut() {
+            b.eval(&e)?;
+        }
+        let step = e.step;
+        self.evals.push(e);
+        if let Some(buckets) = buckets {
+            self.eps_by_t.push((step, buckets));
+            dir.write_eps_by_t(&self.eps_by_t, crate::task::ddpm::STEPS as usize)?;
+        }
+        Ok(())
+    }
+
+    /// The connectivity matrix C at `step`, as a TensorBoard image.
+    pub fn connectivity(&mut self, step: u64, c: &crate::run_dir::Matrix) -> Result<()> {
+        match self.board.as_mut() {
+            Some(b) => b.writer.matrix_image(step, "connectivity/C", c, 16),
+            None => Ok(()),
+        }
+    }
+
+    /// A metrics row: kept, sent to TensorBoard, shown on the bar or as a plain line.
+    pub fn row(&mut self, row: MetricsRow) -> Result<()> {
+        if let Some(b) = self.board.as_mut() {
+            b.row(&row, self.samples, self.tokens)?;
+        }
+        self.bar.set_message(format!("{:.3e}", row.loss));
+        if let (Some(l), true) = (self.line.as_mut(), self.main) {
+            eprintln!("{}", l.line(&row, self.samples, self.tokens));
+        }
+        self.rows.push(row);
+        Ok(())
+    }
+
+    /// The counters at the start of a step (device → host reads, and libtorch's syncs where they
+    /// are counted), for [`RunLog::step_done`].
+    pub fn step_start(&self) -> (u64, Option<u64>) {
+        (crate::host::reads(), syncs())
+    }
+
+    /// One step done: its reads and syncs since `start` counted, the bar moved (but after the last).
+    pub fn step_done(&mut self, (reads, syncs_before): (u64, Option<u64>), last: bool) {
+        self.host_reads.push(crate::host::reads() - reads);
+        if let (Some(before), Some(now)) = (syncs_before, syncs()) {
+            self.device_syncs.push(now - before);
+        }
+        if !last {
+            self.bar.inc(1);
+        }
+    }
+
+    /// `metrics.csv` and `eval.csv` as they stand.
+    pub fn write(&self, dir: &RunDir) -> Result<()> {
+        dir.write_metrics(&self.rows)?;
+        dir.write_evals(&self.evals)
+    }
+
+    /// The bar cleared, and the sync report where syncs were counted.
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+        if self.main && !self.device_syncs.is_empty() {
+            eprintln!("{}", sync_report(&self.name, &self.host_reads, &self.device_syncs));
+        }
+    }
+}
+
+/// Throughput between two logged rows of this process: what the log line and the TensorBoard
+/// events both report, measured once.
+struct Rates {
+    /// Training FLOPs per example (3 × the forward's), and the device's dense peak.
+    flops_per_sample: f64,
+    peak: Option<f64>,
+    /// When, at which step and after how many examples and tokens the previous row was logged.
+    last: (Instant, u64, u64, u64),
+}
+
+/// What [`Rates::since_last`] measured.
+struct Rate {
+    secs: f64,
+    steps: u64,
+    examples_per_s: f64,
+    /// Language models only.
+    tokens_per_s: Option<f64>,
+    /// Where the device's peak is known.
+    mfu: Option<f64>,
+}
+
+impl Rates {
+    fn new(exp: &Experiment, dev: tch::Device, start: u64) -> Self {
+        Rates {
+            flops_per_sample: 3.0 * exp.model.forward_flops(),
+            peak: device::spec_peak_of(dev, exp.config().precision.compute_kind()),
+            last: (Instant::now(), start, 0, 0),
+        }
+    }
+
+    /// The rate since the previous call, for a row at `step` with `samples`, `tokens` counted since
+    /// this process started; `None` when no step ran since.
+    fn since_last(&mut self, step: u64, samples: u64, tokens: u64) -> Option<Rate> {
+        let now = Instant::now();
+        let (then, last_step, last_samples, last_tokens) =
+            std::mem::replace(&mut self.last, (now, step, samples, tokens));
+        let secs = (now - then).as_secs_f64().max(1e-9);
+        let steps = step.saturating_sub(last_step);
+        (steps > 0 && samples > last_samples).then(|| {
+            let examples_per_s = (samples - last_samples) as f64 / secs;
+            Rate {
+                secs,
+                steps,
+                examples_per_s,
+                tokens_per_s: (tokens > last_tokens).then(|| (tokens - last_tokens) as f64 / secs),
+                mfu: self.peak.map(|peak| examples_per_s * self.flops_per_sample / peak),
+            }
+        })
+    }
+}
+
+/// The TensorBoard events of a run (rank 0): each metrics row as scalars with the throughput
+/// since the previous row (and the model FLOP utilisation where the device's peak is known), each
+/// evaluation, C as an image, the resolved config as text.
+struct Board {
+    writer: crate::tensorboard::EventWriter,
+    rates: Rates,
+}
+
+impl Board {
+    fn new(exp: &Experiment, dev: tch::Device, dir: &RunDir, start: u64, config_yaml: &str) -> Result<Self> {
+        let mut writer = crate::tensorboard::EventWriter::create(&dir.path, start)?;
+        writer.text(start, "config", &format!("```yaml\n{config_yaml}```"))?;
+        Ok(Board { writer, rates: Rates::new(exp, dev, start) })
+    }
+
+    /// A metrics row; `samples`, `tokens`: counted since this process started.
+    fn row(&mut self, row: &MetricsRow, samples: u64, tokens: u64) -> Result<()> {
+        let mut values = vec![("train/loss", row.loss), ("train/lr", row.lr), ("train/grad_norm", row.grad_norm)];
+        values.push(("train/epoch", row.epoch));
+        values.extend(row.gamma.map(|g| ("train/gamma", g)));
+        if let Some(r) = self.rates.since_last(row.step, samples, tokens) {
+            values.push(("perf/examples_per_s", r.examples_per_s));
+            values.extend(r.tokens_per_s.map(|t| ("perf/tokens_per_s", t)));
+            values.extend(r.mfu.map(|m| ("perf/mfu", m)));
+        }
+        self.writer.scalars(row.step, &values)
+    }
+
+    fn eval(&mut self, e: &EvalResult) -> Result<()> {
+        let mut values = vec![("eval/loss", e.loss)];
+        values.extend(e.accuracy.map(|a| ("eval/accuracy", a)));
+        values.extend(e.perplexity.map(|p| ("eval/perplexity", p)));
+        self.writer.scalars(e.step, &values)
+    }
+}
+
+/// libtorch's host-device syncs so far in this process, when they are counted.
+fn syncs() -> Option<u64> {
+    crate::native::sync_count().map(|c| c.total)
+}
+
+/// The plain progress line of a run without a terminal, one per logged step (nanoGPT's `iter …:
+/// loss …, time … ms, mfu …`): throughput and ms/step since the previous logged step (a logged
+/// step reads from the device, so the interval's time is the device's too), MFU against the GPU's
+/// data-sheet peak where it is known ([`device::spec_peak_flops`]), ETA from the mean so far.
+struct LogLine {
+    name: String,
+    steps: u64,
+    rates: Rates,
+    first_step: u64,
+    started: Instant,
+}
+
+impl LogLine {
+    fn new(exp: &Experiment, dev: tch::Device, start: u64) -> Self {
+        let cfg = exp.config();
+        Self {
+            name: cfg.name.clone(),
+            steps: cfg.train.steps,
+            rates: Rates::new(exp, dev, start),
+            first_step: start,
+            started: Instant::now(),
+        }
+    }
+
+    /// The line of a logged `row`; `samples`, `tokens`: counted since this process started.
+    fn line(&mut self, row: &MetricsRow, samples: u64, tokens: u64) -> String {
+        let (name, steps, step, loss, lr) = (&self.name, self.steps, row.step, row.loss, row.lr);
+        let mut text = format!("{name} step {step}/{steps}: loss {loss:.4}, lr {lr:.3e}");
+        if let Some(r) = self.rates.since_last(step, samples, tokens) {
+            match r.tokens_per_s {
+                Some(t) => text += &format!(", {t:.0} tokens/s"),
+                None => text += &format!(", {:.1} examples/s", r.examples_per_s),
+            }
+            text += &format!(", {:.1} ms/step", 1e3 * r.secs / r.steps as f64);
+            if let Some(mfu) = r.mfu {
+                text += &format!(", MFU {:.1} %", 100.0 * mfu);
+            }
+            let per_step =
+                (Instant::now() - self.started).as_secs_f64() / step.saturating_sub(self.first_step).max(1) as f64;
+            let eta = per_step * steps.saturating_sub(step) as f64;
+            text += &format!(", ETA {}", indicatif::HumanDuration(std::time::Duration::from_secs_f64(eta)));
+        }
+        text
+    }
+}
+
+/// The line `PLEXUS_COUNT_SYNCS=1` prints at the end of a run: the syncs libtorch ran on steps that
+/// read nothing on purpose (each is a stall on a GPU, and a CUDA graph cannot capture it), then on
+/// the logging steps, and by operator.
+fn sync_report(name: &str, host_reads: &[u64], device_syncs: &[u64]) -> String {
+    let (mut quiet, mut quiet_syncs, mut logged_syncs) = (0, 0, 0);
+    for (reads, syncs) in host_reads.iter().zip(device_syncs) {
+        if *reads == 0 {
+            quiet += 1;
+            quiet_syncs += syncs;
+        } else {
+            logged_syncs += syncs;
+        }
+    }
+    let ops = crate::native::sync_count()
+        .map(|c| c.by_name.iter().map(|(n, k)| format!("{n} ×{k}")).collect::<Vec<_>>().join(", "))
+        .unwrap_or_default();
+    format!(
+        "{name}: host-device syncs counted by libtorch: {quiet_syncs} on the {quiet} steps that read nothing \
+         (must be 0){}, {logged_syncs} on the {} logging steps; by operator, process-wide: {}",
+        if quiet_syncs == 0 { "" } else { " — a hidden sync in the step" },
+        host_reads.len() - quiet,
+        if ops.is_empty() { "none".to_string() } else { ops }
+    )
+}
+
+fn progress_bar(steps: u64, start: u64, name: &str, show: bool) -> ProgressBar {
+    let bar = ProgressBar::new(steps);
+    if !show {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>20} [{bar:30}] {pos}/{len} loss {msg} {per_sec} ETA {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(name.to_string());
+    bar.set_position(start);
+    bar
+}
