@@ -421,6 +421,17 @@ impl RunDir {
         write_rows(&self.metrics_file(), rows, &METRICS_COLUMNS)
     }
 
+    /// Writes the table `name` (a file in the run directory) atomically: `header`, then `rows` of
+    /// cells already formatted (a trainer with its own columns, e.g. `plexus rl`'s metrics.csv).
+    pub fn write_table(&self, name: &str, header: &[&str], rows: &[Vec<String>]) -> Result<()> {
+        let mut w = csv::Writer::from_writer(Vec::new());
+        w.write_record(header)?;
+        for r in rows {
+            w.write_record(r)?;
+        }
+        atomic_write(&self.file(name), &w.into_inner()?)
+    }
+
     /// Writes `eval.csv` (nothing when there are no evaluations).
     pub fn write_evals(&self, rows: &[EvalResult]) -> Result<()> {
         if rows.is_empty() {

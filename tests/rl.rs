@@ -325,7 +325,7 @@ fn a_short_training_run_beats_the_random_policy() {
         assert!(header.split(',').any(|c| c == col), "{header}");
     }
     assert_eq!(metrics.lines().count(), 1 + 3, "after the first rollout, at 4800 and at 9600 steps");
-    for f in ["config.yaml", "summary.json", "final.safetensors"] {
+    for f in ["config.yaml", "summary.json", "checkpoints/final.safetensors"] {
         assert!(dir.join(f).is_file(), "{f}");
     }
     // The figure is the command's (`plexus rl` draws it after training).
@@ -407,7 +407,7 @@ fn a_killed_run_resumes_to_the_uninterrupted_one() {
     assert_eq!(ra.len(), 4, "{ra:?}");
     assert!(ra[2].split(',').nth(4).is_some_and(|v| !v.is_empty()), "updates ran: {ra:?}");
     assert_eq!(ra, rb);
-    let bytes = |d: &Path| std::fs::read(d.join("final.safetensors")).unwrap();
+    let bytes = |d: &Path| std::fs::read(d.join("checkpoints/final.safetensors")).unwrap();
     assert_eq!(bytes(&a), bytes(&b), "final weights differ after resuming");
     // Only the kept checkpoints' loop states remain (2 by default).
     let extras = std::fs::read_dir(b.join("checkpoints"))
@@ -469,7 +469,7 @@ fn a_diverging_run_stops_naming_the_update_and_what_went_non_finite() {
     for (_, s) in plexus::train::checkpoint::list(&run).unwrap() {
         assert!(s.step < at, "a checkpoint at {} after the divergence at {at}", s.step);
     }
-    assert!(!dir.join("final.safetensors").exists() && !dir.join("summary.json").exists());
+    assert!(!dir.join("checkpoints/final.safetensors").exists() && !dir.join("summary.json").exists());
 }
 
 /// Every file a resume reads is covered by the marker's checksums: a flipped byte in the replay

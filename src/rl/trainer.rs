@@ -15,7 +15,8 @@
 //! time_at_goal, critic_loss, actor_loss, accuracy, alpha, log_prob, train_success, seconds`),
 //! `summary.json`, `checkpoints/step_<env steps>.{safetensors,optim.safetensors,json}` (the
 //! `train` checkpoint format: all networks with PyTorch names, every optimizer's moments),
-//! `final.safetensors` (the success figure is drawn by the command, plot/rl.rs). A checkpoint also holds what the loop needs
+//! `checkpoints/final.safetensors` (as `plexus train` writes it; runs of plexus before 2026-11-27
+//! have it in the run's root) and the success figure (drawn by the command, plot/rl.rs). A checkpoint also holds what the loop needs
 //! to go on exactly: `step_N.replay.safetensors` (the replay buffer, and the update statistics
 //! accumulated since the last row) and `step_N.rl.json` (counters, every environment's state and
 //! random stream, the trainer's stream), both written before the marker `step_N.json`.
@@ -285,8 +286,20 @@ pub fn straight_line_policy(spec: &EnvSpec, seeds: &[u64]) -> Episodes {
     })
 }
 
-const HEADER: &str =
-    "env_steps,updates,success,time_at_goal,critic_loss,actor_loss,accuracy,alpha,log_prob,train_success,seconds\n";
+/// The columns of an RL run's `metrics.csv`.
+const COLUMNS: [&str; 11] = [
+    "env_steps",
+    "updates",
+    "success",
+    "time_at_goal",
+    "critic_loss",
+    "actor_loss",
+    "accuracy",
+    "alpha",
+    "log_prob",
+    "train_success",
+    "seconds",
+];
 
 /// Trains `exp` into the run directory `dir`.
 pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSummary> {
@@ -315,7 +328,7 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
     let (mut next_eval, mut next_ckpt) = (0u64, cfg.log.checkpoint_every.max(1));
     let mut stats: Option<tch::Tensor> = None;
     let mut stat_updates = 0u64;
-    let mut csv = String::from(HEADER);
+    let mut rows: Vec<Vec<String>> = Vec::new();
     let mut last = (0.0, 0.0);
     // The last evaluation's episodes, for the blocked/clear split of the summary.
     let mut last_episodes = None;
@@ -346,12 +359,15 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
         (rng, env_steps, updates, next_eval, next_ckpt, stat_updates, last) =
             (ls.rng, ls.env_steps, ls.updates, ls.next_eval, ls.next_ckpt, ls.stat_updates, ls.last);
         // metrics.csv as it was at the checkpoint.
-        let metrics = std::fs::read_to_string(run.file("metrics.csv")).unwrap_or_default();
-        for line in metrics.lines().skip(1) {
-            let step: u64 = line.split(',').next().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX);
-            if step <= env_steps {
-                csv += line;
-                csv.push('\n');
+        let metrics = run.file("metrics.csv");
+        let records = match metrics.is_file() {
+            true => csv::Reader::from_reader(crate::input_file::open_regular(&metrics)?).into_records().collect(),
+            false => Vec::new(),
+        };
+        for row in records {
+            let row = row.with_context(|| format!("reading {}", metrics.display()))?;
+            if row.get(0).and_then(|v| v.parse::<u64>().ok()).is_some_and(|step| step <= env_steps) {
+                rows.push(row.iter().map(String::from).collect());
             }
         }
         opened.resumed(&run)?;
@@ -444,12 +460,13 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
                 Some(acc) => crate::host::values(&(acc / stat_updates as f64)),
                 None => vec![f64::NAN; UPDATE_STATS.len()],
             };
-            let cells: Vec<String> =
-                means.iter().map(|v| if v.is_nan() { String::new() } else { format!("{v}") }).collect();
             stat_updates = 0;
             let secs = start.elapsed().as_secs_f64();
-            csv += &format!("{env_steps},{updates},{success},{time},{},{train_success},{secs:.3}\n", cells.join(","));
-            atomic_write(&run.file("metrics.csv"), csv.as_bytes())?;
+            let mut row = vec![env_steps.to_string(), updates.to_string(), success.to_string(), time.to_string()];
+            row.extend(means.iter().map(|v| if v.is_nan() { String::new() } else { v.to_string() }));
+            row.extend([train_success.to_string(), format!("{secs:.3}")]);
+            rows.push(row);
+            run.write_table("metrics.csv", &COLUMNS, &rows)?;
             if let Some(b) = board.as_mut() {
                 let mut values =
                     vec![("eval/success", success), ("eval/time_at_goal", time), ("train/success", train_success)];
@@ -513,26 +530,14 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
                 optim_crc32: None,
                 files_crc32,
             };
+            // Pruning the oldest also removes its loop state and replay buffer (files_crc32 lists them).
             checkpoint::save(&run, &state, &agent.vs, &agent.optim_state(), cfg.log.keep_checkpoints)?;
-            // The loop states of checkpoints that were pruned.
-            let kept: Vec<u64> = checkpoint::list(&run)?.iter().map(|(_, s)| s.step).collect();
-            for e in std::fs::read_dir(run.checkpoints_dir())? {
-                let p = e?.path();
-                let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                let step = name
-                    .strip_prefix("step_")
-                    .and_then(|r| r.strip_suffix(".rl.json").or_else(|| r.strip_suffix(".replay.safetensors")))
-                    .and_then(|v| v.parse::<u64>().ok());
-                if step.is_some_and(|s| !kept.contains(&s)) {
-                    std::fs::remove_file(&p)?;
-                }
-            }
         }
         if opts.crash_after.is_some_and(|c| env_steps >= c) && !done {
             anyhow::bail!("{}: simulated crash after {env_steps} environment steps", cfg.name);
         }
     }
-    checkpoint::save_weights(&run.file("final.safetensors"), |p| Ok(agent.vs.save(p)?))?;
+    checkpoint::save_weights(&run.final_checkpoint(), |p| Ok(agent.vs.save(p)?))?;
     // The final evaluation's episodes, split by task; a resume that had nothing left to train
     // evaluates the (deterministic) final policy again, which gives the same episodes.
     let trained = last_episodes.unwrap_or_else(|| evaluate(&spec, &seeds, |s, g| agent.act(s, g, None)));

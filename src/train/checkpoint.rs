@@ -78,7 +78,8 @@ fn dir(run: &RunDir) -> PathBuf {
     run.path.join("checkpoints")
 }
 
-/// Writes the checkpoint for `step` and keeps only the newest `keep`.
+/// Writes the checkpoint for `step` and keeps only the newest `keep` (with the files each one lists
+/// in `files_crc32`: every trainer prunes through here).
 pub fn save(
     run: &RunDir,
     state: &TrainerState,
@@ -110,6 +111,13 @@ pub fn save(
         std::fs::remove_file(d.join(format!("step_{}.json", old.step)))?;
         let _ = std::fs::remove_file(d.join(&old.model_file));
         let _ = std::fs::remove_file(d.join(&old.optim_file));
+        // A trainer's own files of that checkpoint (the RL loop state and replay buffer).
+        for name in old.files_crc32.keys() {
+            // Plain names in the checkpoint folder only, whatever a damaged marker says.
+            if Path::new(name).file_name().is_some_and(|n| n == name.as_str()) {
+                let _ = std::fs::remove_file(d.join(name));
+            }
+        }
     }
     Ok(())
 }
