@@ -534,8 +534,7 @@ pub fn run(cli: Cli) -> Result<()> {
             commands::parity(&dir, only.as_deref(), keep.as_deref(), &device, threads)
         }
         Cmd::Connectivity { config_or_run, step, overrides } => {
-            print!("{}", commands::connectivity_csv(&config_or_run, step, &overrides)?);
-            Ok(())
+            commands::connectivity(&config_or_run, step, &overrides)
         }
         Cmd::Doctor { selftest, device } => commands::doctor(selftest, &device),
         Cmd::Tokenize { files, out, encoding, val_fraction, threads, quiet } => {

@@ -252,111 +252,10 @@ pub fn parity(dir: &Path, only: Option<&str>, keep: Option<&Path>, device: &str,
     Ok(())
 }
 
-/// C as CSV for a config (initialised model) or a run directory (final checkpoint, or a saved step).
-pub fn connectivity_csv(path: &Path, step: Option<u64>, overrides: &[String]) -> Result<String> {
-    let dev = tch::Device::Cpu;
-    let (exp, model) = if path.is_dir() {
-        if let Some(step) = step {
-            let run = RunDir::open(path)?;
-            let f = run.connectivity_file(step);
-            if !f.is_file() {
-                let saved = run.connectivity_steps().unwrap_or_default();
-                let saved = match saved.as_slice() {
-                    [] => "none (the run saves C every log.connectivity_every steps; 0 is never)".to_string(),
-                    s => s.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
-                };
-                bail!("no C saved at step {step} in {}: the saved steps are {saved}", path.display());
-            }
-            return crate::input_file::read_text(&f, crate::input_file::MAX_RECORD_BYTES, "a matrix CSV");
-        }
-        let open = crate::train::trained::OpenOptions {
-            device: Some(dev),
-            compute: Some(tch::Kind::Float),
-            overrides,
-            ..Default::default()
-        };
-        let run = crate::train::trained::open(path, &open)?;
-        (run.exp, run.model)
-    } else {
-        anyhow::ensure!(step.is_none(), "--step needs a run directory, not a config");
-        let exp = Experiment::from_file(path, overrides)?;
-        let model = crate::device::with_seed(exp.config().seed, || {
-            crate::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, tch::Kind::Float)
-        });
-        (exp, model)
-    };
-    let cfg = exp.config();
-    // The model's input for a batch (the trainer's probe: transformed, and for diffusion models
-    // noised and packed as training does, from the seed).
-    let model_input = |batch: crate::data::Batch| match exp.task() {
-        crate::data::Task::Diffusion(_) => crate::device::with_seed(cfg.seed, || exp.task().prepare(batch).input),
-        _ => batch.input,
-    };
-    let c = match exp.data.load() {
-        Ok(data) => {
-            let batch = data.train_batch(0)?;
-            let input = data.input_transform().on(dev).apply(&batch.input);
-            model.connectivity(&model_input(crate::data::Batch { input, target: batch.target }))
-        }
-        // C needs the model and the data's shape, not the data: without it, a random batch of
-        // that shape, and a second one to say whether C depends on the input at all.
-        Err(e) => {
-            let info = exp.data.info();
-            let on = |seed: u64| model.connectivity(&model_input(random_batch(&info, seed)));
-            let (c, other) = (on(cfg.seed), on(cfg.seed.wrapping_add(1)));
-            let differs = crate::host::scalar(&(&c - other).abs().max()) > 1e-9;
-            let shape: Vec<usize> =
-                [RANDOM_BATCH as usize].into_iter().chain(info.input_shape.iter().copied()).collect();
-            eprintln!(
-                "note: the data is not available ({}); C is computed on a random batch of the data's shape {shape:?}. {}",
-                format!("{e:#}").lines().next().unwrap_or(""),
-                if differs {
-                    "This topology's C depends on the input (two random batches give different C): on real data it \
-                     will differ; put the data where data.root says (or set PLEXUS_DATA) for C on it"
-                        .to_string()
-                } else {
-                    "This topology's C does not depend on the input (two random batches give the same C): it is \
-                     exact"
-                        .to_string()
-                }
-            );
-            c
-        }
-    };
-    Ok(crate::run_dir::matrix_csv(&crate::host::matrix(&c)))
-}
-
-/// Examples in [`random_batch`].
-const RANDOM_BATCH: i64 = 8;
-
-/// A batch of the data's shape drawn from `seed`, in the model's input space: N(0, 1) images or
-/// vectors, uniform token ids for language models, with uniform labels where there are classes.
-fn random_batch(info: &crate::data::DataInfo, seed: u64) -> crate::data::Batch {
-    use crate::data::Task;
-    let b = RANDOM_BATCH;
-    let shape: Vec<i64> = [b].into_iter().chain(info.input_shape.iter().map(|&d| d as i64)).collect();
-    let opts = (tch::Kind::Float, tch::Device::Cpu);
-    crate::device::with_seed(seed, || match &info.task {
-        Task::LanguageModel => {
-            let tokens =
-                tch::Tensor::randint(info.output_dim as i64, shape.as_slice(), (tch::Kind::Int64, tch::Device::Cpu));
-            crate::data::Batch { target: tokens.shallow_clone(), input: tokens }
-        }
-        Task::Classification | Task::Diffusion(_) => {
-            let classes = match &info.task {
-                Task::Diffusion(d) => d.num_classes,
-                _ => info.output_dim as i64,
-            };
-            crate::data::Batch {
-                input: tch::Tensor::randn(shape.as_slice(), opts),
-                target: tch::Tensor::randint(classes, [b], (tch::Kind::Int64, tch::Device::Cpu)),
-            }
-        }
-        Task::HalfSumSquares => crate::data::Batch {
-            input: tch::Tensor::randn(shape.as_slice(), opts),
-            target: tch::Tensor::randn([b, info.output_dim as i64], opts),
-        },
-    })
+/// `plexus connectivity CONFIG_OR_RUN [--step N]`: C as CSV on stdout.
+pub fn connectivity(path: &Path, step: Option<u64>, overrides: &[String]) -> Result<()> {
+    print!("{}", crate::analysis::connectivity::csv(path, step, overrides)?);
+    Ok(())
 }
 
 /// `plexus rl CONFIG_OR_DIR... [--out DIR] [--set k=v ...] [--overwrite] [--quiet]` trains each
@@ -899,32 +798,7 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
                     configs.extend(config_files(std::slice::from_ref(p))?);
                     continue;
                 }
-                let text = crate::config::read_config_text(p)
-                    .map_err(|e| anyhow::anyhow!("plexus sweep {}: expected {e}", p.display()))?;
-                // Classified by its top-level keys; a file YAML cannot read (say, a seed past 64
-                // bits) is classified by its lines, so that its error is a spec's.
-                let doc = serde_yaml::from_str::<serde_yaml::Value>(&text).ok();
-                let spec_line =
-                    |t: &str| ["grid:", "seeds:", "configs:"].iter().any(|k| t.lines().any(|l| l.starts_with(k)));
-                let is_spec = match &doc {
-                    None if spec_line(&text) => true,
-                    Some(serde_yaml::Value::Mapping(m)) => {
-                        ["grid", "seeds", "configs"].iter().any(|k| m.contains_key(*k))
-                    }
-                    // Neither a spec nor a config: say so here, not as a config's missing section.
-                    Some(serde_yaml::Value::Null) | None if text.trim().is_empty() => bail!(
-                        "plexus sweep {}: the file is empty; expected a sweep spec (a mapping with `configs`, \
-                         `grid` or `seeds`) or a config (a mapping with `model`, `data`, `train`, …)",
-                        p.display()
-                    ),
-                    Some(other @ (serde_yaml::Value::Sequence(_) | serde_yaml::Value::Null)) => bail!(
-                        "plexus sweep {}: the file holds {}; expected a sweep spec (a mapping with `configs`, \
-                         `grid` or `seeds`) or a config (a mapping with `model`, `data`, `train`, …)",
-                        p.display(),
-                        if matches!(other, serde_yaml::Value::Sequence(_)) { "a list" } else { "nothing (null)" }
-                    ),
-                    _ => false,
-                };
+                let is_spec = crate::study::spec::is_spec_file(p)?;
                 if is_spec {
                     if origin != "the sweep flags" {
                         bail!("plexus sweep takes one sweep spec; {} and {} were given", origin, p.display());

@@ -67,6 +67,20 @@ impl Experiment {
         }
     }
 
+    /// The model input C is measured on (the trainer's connectivity probe, and `plexus
+    /// connectivity`'s): a raw `batch` (`[B, …]`, on `device`) through the data's input
+    /// transform, then for a diffusion model noised and packed as training does, from the seed.
+    pub fn probe_input(
+        &self,
+        batch: &data::Batch,
+        transform: &data::InputTransform,
+        device: tch::Device,
+    ) -> tch::Tensor {
+        let input = transform.on(device).apply(&batch.input.to_device(device));
+        let batch = data::Batch { input, target: batch.target.to_device(device) };
+        crate::device::with_seed(self.config().seed, || self.task().prepare(batch).input)
+    }
+
     pub fn config(&self) -> &config::Config {
         &self.loaded.config
     }

@@ -2,6 +2,7 @@
 //! input noise, Γ and Δ_t over training, and the correlation of converged residual weights
 //! across seeds. Every function reads a run directory and writes CSVs into it.
 
+pub mod connectivity;
 pub mod noise;
 
 use crate::data::Task;

@@ -83,6 +83,34 @@ pub struct PlannedRun {
     pub seed: u64,
 }
 
+/// Whether `p` (a YAML file given to `plexus sweep`) is a sweep spec rather than a config: a
+/// mapping with `configs`, `grid` or `seeds`. A file YAML cannot read (say, a seed past 64 bits)
+/// is classified by its lines, so that its error is a spec's; an empty file or one holding a list
+/// or null is neither, and the error says what is expected.
+pub fn is_spec_file(p: &Path) -> Result<bool> {
+    let text = crate::config::read_config_text(p)
+        .map_err(|e| anyhow::anyhow!("plexus sweep {}: expected {e}", p.display()))?;
+    let doc = serde_yaml::from_str::<serde_yaml::Value>(&text).ok();
+    let spec_line = |t: &str| ["grid:", "seeds:", "configs:"].iter().any(|k| t.lines().any(|l| l.starts_with(k)));
+    Ok(match &doc {
+        None if spec_line(&text) => true,
+        Some(serde_yaml::Value::Mapping(m)) => ["grid", "seeds", "configs"].iter().any(|k| m.contains_key(*k)),
+        // Neither a spec nor a config: say so here, not as a config's missing section.
+        Some(serde_yaml::Value::Null) | None if text.trim().is_empty() => bail!(
+            "plexus sweep {}: the file is empty; expected a sweep spec (a mapping with `configs`, \
+             `grid` or `seeds`) or a config (a mapping with `model`, `data`, `train`, …)",
+            p.display()
+        ),
+        Some(other @ (serde_yaml::Value::Sequence(_) | serde_yaml::Value::Null)) => bail!(
+            "plexus sweep {}: the file holds {}; expected a sweep spec (a mapping with `configs`, \
+             `grid` or `seeds`) or a config (a mapping with `model`, `data`, `train`, …)",
+            p.display(),
+            if matches!(other, serde_yaml::Value::Sequence(_)) { "a list" } else { "nothing (null)" }
+        ),
+        _ => false,
+    })
+}
+
 impl SweepSpec {
     /// Reads a spec file; config paths become absolute (relative to the file).
     pub fn from_file(path: &Path) -> Result<Self> {

@@ -264,9 +264,7 @@ impl Recorder {
         transform: &crate::data::InputTransform,
         dev: tch::Device,
     ) -> Self {
-        let input = transform.on(dev).apply(&first_batch.input.to_device(dev));
-        let batch = crate::data::Batch { input, target: first_batch.target.to_device(dev) };
-        Recorder { probe: device::with_seed(exp.config().seed, || exp.task().prepare(batch).input) }
+        Recorder { probe: exp.probe_input(first_batch, transform, dev) }
     }
 
     /// C (`[L+2, L+2]`) and the parameter view at `step`; C also as a TensorBoard image.
