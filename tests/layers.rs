@@ -208,3 +208,37 @@ fn the_training_loop_fits_in_80_lines() {
     let end = start + lines[start..].iter().position(|l| *l == "}").expect("its closing brace");
     assert!(end - start < 80, "train::train is {} lines; move a job into a component", end - start + 1);
 }
+
+/// Every `pub fn` of the library's top layers (train, model, topology, study, native) has a doc
+/// comment (attributes may stand between): what it does, and the shapes of the tensors it takes
+/// and returns where tensors cross.
+#[test]
+fn every_pub_fn_of_the_top_layers_is_documented() {
+    let mut files = Vec::new();
+    for dir in ["train", "model", "topology", "study", "native"] {
+        rust_files(&common::repo().join("src").join(dir), &mut files);
+    }
+    let mut missing = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, l) in lines.iter().enumerate() {
+            if l.starts_with("#[cfg(test)]") {
+                break;
+            }
+            let t = l.trim_start();
+            if !(t.starts_with("pub fn ") || t.starts_with("pub(crate) fn ")) {
+                continue;
+            }
+            let mut j = i;
+            while j > 0 && lines[j - 1].trim_start().starts_with("#[") {
+                j -= 1;
+            }
+            if j == 0 || !lines[j - 1].trim_start().starts_with("///") {
+                missing.push(format!("{}:{}: {}", f.strip_prefix(common::repo()).unwrap().display(), i + 1, t));
+            }
+        }
+    }
+    assert!(files.len() > 40, "only {} files read", files.len());
+    assert!(missing.is_empty(), "pub fn without a doc comment:\n{}", missing.join("\n"));
+}

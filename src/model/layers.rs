@@ -146,6 +146,7 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    /// `fc1: d_in → hidden`, `fc2: hidden → d_out`, both with biases, matmuls in `compute`.
     pub fn new(vs: &nn::Path, d_in: i64, hidden: i64, d_out: i64, compute: Kind) -> Self {
         Self {
             fc1: Linear::new(&(vs / "fc1"), d_in, hidden, true, compute),
@@ -153,6 +154,7 @@ impl Mlp {
         }
     }
 
+    /// `x`: `[.., d_in]` → `[.., d_out]` in the compute dtype.
     pub fn forward(&self, x: &Tensor) -> Tensor {
         self.fc2.forward(&self.fc1.forward(x).gelu("none"))
     }
@@ -174,6 +176,7 @@ pub struct LayerNorm {
 }
 
 impl LayerNorm {
+    /// A norm over the last dimension of size `d`, with a bias when `bias`.
     pub fn new(vs: &nn::Path, d: i64, bias: bool) -> Self {
         Self {
             weight: vs.var("weight", &[d], nn::Init::Const(1.0)),
@@ -199,6 +202,7 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
+    /// A norm over the last dimension of size `d`; `eps` inside the square root.
     pub fn new(vs: &nn::Path, d: i64, eps: f64) -> Self {
         Self { weight: vs.var("weight", &[d], nn::Init::Const(1.0)), eps }
     }
@@ -281,6 +285,7 @@ impl Rope {
         self.apply(&x.reshape([b, t, heads, d / heads]).transpose(1, 2))
     }
 
+    /// The same tables, shared (no copy).
     pub fn shallow_clone(&self) -> Self {
         Self { cos: self.cos.shallow_clone(), sin_signed: self.sin_signed.shallow_clone() }
     }

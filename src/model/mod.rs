@@ -70,6 +70,8 @@ pub struct ModelEntry {
 pub const REGISTRY: &[ModelEntry] =
     &[lnn::ENTRY, mlp::ENTRY, mixer::ENTRY, vit::ENTRY, gpt::ENTRY, llama::ENTRY, dit::ENTRY];
 
+/// Parses and validates the `model` section's options for backbone `kind` against the data it
+/// will train on; an unknown kind is an error that lists the registered ones.
 pub fn parse(kind: &str, options: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError> {
     match REGISTRY.iter().find(|e| e.name == kind) {
         Some(e) => (e.parse)(options, data),

@@ -84,6 +84,7 @@ pub struct CudaGraph {
 }
 
 impl CudaGraph {
+    /// An empty graph on CUDA device `device` (nothing captured yet).
     pub fn new(device: usize) -> Result<Self> {
         let mut out: *mut c_void = std::ptr::null_mut();
         // SAFETY: out-parameter only; a non-null handle is owned by the returned value.
@@ -119,10 +120,13 @@ impl CudaGraph {
         Ok(())
     }
 
+    /// Ends the capture begun by `capture_begin`; on an error the default CUDA generator is
+    /// released (cuda_graph.cpp's `release_generator`) and the graph is not replayable.
     pub fn capture_end(&self) -> Result<()> {
         self.call(ffi::plexus_cuda_graph_capture_end)
     }
 
+    /// Launches the captured work again, on the current stream, with the same buffers.
     pub fn replay(&self) -> Result<()> {
         self.call(ffi::plexus_cuda_graph_replay)
     }

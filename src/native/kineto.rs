@@ -47,6 +47,7 @@ pub struct ProfileEvent {
 }
 
 impl ProfileEvent {
+    /// When the event ended, in the profiler's clock (ns).
     pub fn end_ns(&self) -> u64 {
         self.start_ns + self.duration_ns
     }

@@ -96,14 +96,17 @@ impl ProcessGroup {
         Ok(Self { handle, backend, rank, world_size })
     }
 
+    /// This process's rank in the group, `0..world_size`.
     pub fn rank(&self) -> usize {
         self.rank
     }
 
+    /// The number of processes in the group.
     pub fn world_size(&self) -> usize {
         self.world_size
     }
 
+    /// The c10d backend the group communicates through (NCCL on GPUs, Gloo on CPUs).
     pub fn backend(&self) -> Backend {
         self.backend
     }

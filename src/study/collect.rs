@@ -24,6 +24,7 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
+    /// The run's `seed` (what pairs runs across settings), if its config has one.
     pub fn seed(&self) -> Option<u64> {
         self.config.get("seed").and_then(|s| s.parse().ok())
     }

@@ -29,11 +29,13 @@ pub struct Manifest {
 }
 
 impl Manifest {
+    /// The record of the sweep folder `dir` (its `sweep.json`).
     pub fn read(dir: &Path) -> Result<Self> {
         let path = dir.join(MANIFEST);
         crate::input_file::read_json(&path, "a sweep record")
     }
 
+    /// Writes `dir/sweep.json` atomically.
     pub fn write(&self, dir: &Path) -> Result<()> {
         crate::run_dir::atomic_write(&dir.join(MANIFEST), serde_json::to_string_pretty(self)?.as_bytes())
     }

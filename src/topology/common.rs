@@ -242,10 +242,12 @@ impl History {
         &self.states[i]
     }
 
+    /// The number of states pushed so far.
     pub fn len(&self) -> usize {
         self.states.len()
     }
 
+    /// Whether no state was pushed yet.
     pub fn is_empty(&self) -> bool {
         self.states.is_empty()
     }

@@ -41,10 +41,12 @@ impl EvalSet {
         }
     }
 
+    /// Whether the dataset has no held-out batches.
     pub fn is_empty(&self) -> bool {
         self.batches.is_empty()
     }
 
+    /// The number of held-out batches.
     pub fn len(&self) -> usize {
         self.batches.len()
     }

@@ -258,6 +258,8 @@ pub struct Recorder {
 }
 
 impl Recorder {
+    /// The probe is `first_batch` (raw, `[B, …]`) made a model input on `dev` (see
+    /// [`Experiment::probe_input`]).
     pub fn new(
         exp: &Experiment,
         first_batch: &crate::data::Batch,

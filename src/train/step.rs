@@ -114,6 +114,9 @@ pub struct Stepper {
 }
 
 impl Stepper {
+    /// A step over `model` and `optim` for `task`: `accumulation` micro-batches per update, the
+    /// global gradient norm clipped to `clip` where given, raw batches made model inputs by
+    /// `transform` on the model's device.
     pub fn new(
         model: Model,
         optim: Optim,
