@@ -207,13 +207,21 @@ fn the_backbone_table_matches_the_options_in_the_code() {
     }
 }
 
-/// docs/claims.md's study blocks are what `plexus report --format summary` prints from the committed
+/// docs/claims.md's study blocks (and the README's) are what `plexus report --format summary` prints from the committed
 /// per-run values: each block opens with `<!-- plexus report ARGS -->` and ends with
 /// `<!-- end -->`, and the text between is the command's output, byte for byte. With
 /// `PLEXUS_REGENERATE_DOCS=1` the test writes the outputs into the page instead (after a re-run).
 #[test]
 fn the_claims_page_is_generated_from_the_committed_runs() {
-    let path = repo().join("docs/claims.md");
+    for (page, least) in [("docs/claims.md", 3), ("README.md", 1)] {
+        check_generated_blocks(page, least);
+    }
+}
+
+/// The `<!-- plexus report … -->` blocks of `page` (at least `least`), checked or rewritten.
+fn check_generated_blocks(page: &str, least: usize) {
+    let path = repo().join(page);
+    let page_name = page;
     let page = std::fs::read_to_string(&path).unwrap();
     let (mut out, mut rest, mut blocks, mut stale) = (String::new(), page.as_str(), 0, Vec::new());
     while let Some(start) = rest.find("<!-- plexus report ") {
@@ -238,14 +246,14 @@ fn the_claims_page_is_generated_from_the_committed_runs() {
         blocks += 1;
     }
     out.push_str(rest);
-    assert!(blocks >= 3, "only {blocks} generated blocks in docs/claims.md");
+    assert!(blocks >= least, "only {blocks} generated blocks in {page_name}");
     if std::env::var_os("PLEXUS_REGENERATE_DOCS").is_some() {
         std::fs::write(&path, out).unwrap();
         return;
     }
     assert!(
         stale.is_empty(),
-        "docs/claims.md differs from what these commands print (PLEXUS_REGENERATE_DOCS=1 cargo test --release --test docs rewrites it):\n{}",
+        "{page_name} differs from what these commands print (PLEXUS_REGENERATE_DOCS=1 cargo test --release --test docs rewrites it):\n{}",
         stale.join("\n")
     );
     // No verdict outside a generated block.
@@ -254,7 +262,7 @@ fn the_claims_page_is_generated_from_the_committed_runs() {
         outside.replace_range(a..b + "<!-- end -->".len(), "");
     }
     for v in ["**holds**", "**does not hold**", "**inconclusive**", "**underpowered"] {
-        assert!(!outside.contains(v), "docs/claims.md writes a verdict ({v}) outside a generated block");
+        assert!(!outside.contains(v), "{page_name} writes a verdict ({v}) outside a generated block");
     }
 }
 
