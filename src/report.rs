@@ -443,6 +443,17 @@ fn print_topology_cost(rows: &[crate::bench::CompareRow]) {
 
 /// A number with four significant digits (an exponent below 10⁻³ and from 10⁶).
 pub fn sig4(x: f64) -> String {
+    significant(x, 4)
+}
+
+/// Three significant digits, the same way.
+fn sig3(x: f64) -> String {
+    significant(x, 3)
+}
+
+/// `x` with `n` significant digits (1 ≤ n ≤ 7): fixed-point from 10⁻³ to below 10⁶, an exponent
+/// outside; `—` for a non-finite value.
+fn significant(x: f64, n: i32) -> String {
     if !x.is_finite() {
         return "—".into();
     }
@@ -450,9 +461,10 @@ pub fn sig4(x: f64) -> String {
         return "0".into();
     }
     if x.abs() < 1e-3 || x.abs() >= 1e6 {
-        return format!("{x:.3e}");
+        let p = (n - 1) as usize;
+        return format!("{x:.p$e}");
     }
-    let digits = (3 - x.abs().log10().floor() as i32).clamp(0, 6) as usize;
+    let digits = (n - 1 - x.abs().log10().floor() as i32).clamp(0, 6) as usize;
     format!("{x:.digits$}")
 }
 
@@ -485,21 +497,6 @@ pub fn mean_pm_sd(mean: f64, sd: f64) -> String {
     } else {
         format!("({text})e{exp}")
     }
-}
-
-/// Three significant digits (an exponent below 10⁻³ and from 10⁶).
-fn sig3(x: f64) -> String {
-    if !x.is_finite() {
-        return "—".into();
-    }
-    if x == 0.0 {
-        return "0".into();
-    }
-    if x.abs() < 1e-3 || x.abs() >= 1e6 {
-        return format!("{x:.2e}");
-    }
-    let digits = (2 - x.abs().log10().floor() as i32).clamp(0, 6) as usize;
-    format!("{x:.digits$}")
 }
 
 /// How a report shows metric `i`: accuracies in percent, metrics on a log scale as geometric

@@ -521,15 +521,7 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
             let mut crc = flate2::Crc::new();
             crc.update(loop_json.as_bytes());
             files_crc32.insert(file_name(&loop_path), crc.sum());
-            let state = TrainerState {
-                step: env_steps,
-                data_index: updates,
-                model_file: format!("step_{env_steps}.safetensors"),
-                optim_file: format!("step_{env_steps}.optim.safetensors"),
-                model_crc32: None,
-                optim_crc32: None,
-                files_crc32,
-            };
+            let state = TrainerState::at(env_steps, updates, files_crc32);
             // Pruning the oldest also removes its loop state and replay buffer (files_crc32 lists them).
             checkpoint::save(&run, &state, &agent.vs, &agent.optim_state(), cfg.log.keep_checkpoints)?;
         }

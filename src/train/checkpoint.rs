@@ -41,6 +41,23 @@ pub struct TrainerState {
     pub files_crc32: std::collections::BTreeMap<String, u32>,
 }
 
+impl TrainerState {
+    /// The marker of the checkpoint at `step` (`step_<step>.safetensors` and
+    /// `step_<step>.optim.safetensors`, whose checksums [`save`] fills in), `data_index` into the
+    /// data stream, and a trainer's own `files` with their checksums.
+    pub fn at(step: u64, data_index: u64, files: std::collections::BTreeMap<String, u32>) -> Self {
+        TrainerState {
+            step,
+            data_index,
+            model_file: format!("step_{step}.safetensors"),
+            optim_file: format!("step_{step}.optim.safetensors"),
+            model_crc32: None,
+            optim_crc32: None,
+            files_crc32: files,
+        }
+    }
+}
+
 /// CRC-32 of a file's bytes (also for [`TrainerState::files_crc32`]).
 pub fn crc32_of(path: &Path) -> Result<u32> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
@@ -376,15 +393,7 @@ impl Checkpointer {
         optim: &super::optim::Optim,
         done: u64,
     ) -> Result<()> {
-        let state = TrainerState {
-            step: done,
-            data_index: done * self.accumulation,
-            model_file: format!("step_{done}.safetensors"),
-            optim_file: format!("step_{done}.optim.safetensors"),
-            model_crc32: None,
-            optim_crc32: None,
-            files_crc32: Default::default(),
-        };
+        let state = TrainerState::at(done, done * self.accumulation, Default::default());
         save(dir, &state, &model.vs, &optim.state(), self.keep)
     }
 
