@@ -977,14 +977,15 @@ pub fn report(
         for (name, text) in [("report.md", &md), ("report.csv", &csv), ("report.tex", &tex), ("runs.csv", &runs_csv)] {
             crate::run_dir::atomic_write(&out.join(name), text.as_bytes())?;
         }
-        let figures = crate::plot::study::band_curves(&r, &out)?;
+        let mut figures = crate::plot::study::band_curves(&r, &out)?;
+        figures.extend(crate::plot::study::claim_figures(&r, &out)?);
         eprintln!(
             "report: {} (report.md, report.csv, report.tex, runs.csv){}",
             out.display(),
             if figures.is_empty() {
                 String::new()
             } else {
-                format!(", {} figures (curve-*.png, .svg, .pdf)", figures.len())
+                format!(", {} figures (curve-*, claim-*: .png, .svg, .pdf)", figures.len())
             }
         );
     }

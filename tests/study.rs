@@ -614,6 +614,9 @@ fn claims_are_judged_from_runs_and_again_from_their_runs_csv() {
     assert!(row("acc").contains("| 5.00 ["), "Δ in points: {first}");
     assert!(row("loss").ends_with("| **does not hold** |"), "{first}");
     assert!(first.contains("final_loss (geometric)"), "a loss spanning decades is summarised on a log scale: {first}");
+    for id in ["acc", "loss"] {
+        assert!(out.join(format!("claim-{id}.png")).is_file(), "the figure of claim {id}");
+    }
     let again = plexus(&["report", &s(&out.join("runs.csv")), "--spec", &s(&spec), "--format", "summary"], tmp.path());
     assert!(again.status.success(), "{}", text(&again).1);
     assert_eq!(text(&again).0, first);

@@ -77,6 +77,44 @@ pub fn band_curves(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Draws `claim-<id>.{png,svg,pdf}` into `out` for each of the report's claims: the metric of arm
+/// A and of arm B on each shared seed (a log axis where the claim compares on a log scale), titled
+/// with the claim, its mean difference and its verdict; returns the files written.
+pub fn claim_figures(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
+    use crate::study::claims::Scale;
+    let mut files = Vec::new();
+    for c in &r.claims {
+        let cl = &c.claim;
+        let arm = |label: &str, text: &str, pick: fn(&(f64, f64)) -> f64, color: usize| Series {
+            label: format!("{label}: {text}"),
+            points: c.seeds.iter().zip(&c.values).map(|(&s, v)| (s as f64, pick(v))).collect(),
+            color: Some(PALETTE[color]),
+            band: None,
+        };
+        let log = cl.scale == Scale::Log;
+        // Three significant digits, an exponent where the fixed point would hide them.
+        let num = |v: f64| match v.abs() {
+            a if a != 0.0 && !(1e-3..1e6).contains(&a) => format!("{v:.2e}"),
+            _ => format!("{v:.3}"),
+        };
+        let delta = match log {
+            true => format!("A/B = ×{}", num(c.diff.mean.exp())),
+            false => format!("Δ = A − B = {}", num(c.diff.mean)),
+        };
+        let chart = LineChart {
+            title: format!("{} ({}): {delta}, {}", cl.id, cl.source, c.verdict),
+            x_label: "seed (A and B paired on it)".into(),
+            y_label: cl.metric.clone(),
+            log_y: log,
+            series: vec![arm("A", &cl.a, |v| v.0, 0), arm("B", &cl.b, |v| v.1, 1)],
+        };
+        std::fs::create_dir_all(out)?;
+        let file = format!("claim-{}", cl.id.replace(|ch: char| !ch.is_ascii_alphanumeric() && ch != '-', "_"));
+        files.extend(line_chart(&chart, &out.join(file))?);
+    }
+    Ok(files)
+}
+
 /// `topology.init.mu` → `mu` in legends.
 fn short(key: &str) -> &str {
     key.rsplit('.').next().unwrap_or(key)

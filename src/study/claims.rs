@@ -119,6 +119,8 @@ pub struct ClaimResult {
     pub claim: Claim,
     /// The shared seeds, in order.
     pub seeds: Vec<u64>,
+    /// `(A, B)` of the metric on each shared seed (in the metric's unit, not its log).
+    pub values: Vec<(f64, f64)>,
     /// The paired differences (`ln` ratios on `scale: log`).
     pub diff: Stats,
     /// The claim's own p (directional: two-sided t-test; equivalence: TOST), and after Holm.
@@ -233,7 +235,7 @@ pub fn evaluate(claims: &[Claim], runs: &[RunRecord]) -> Result<Vec<ClaimResult>
             _ => stats::t_test_p(&diff),
         };
         let p_sign_flip = if d.len() <= 10 { stats::sign_flip_p(&d) } else { None };
-        partial.push((c.clone(), pairs.iter().map(|p| p.0).collect::<Vec<u64>>(), d, diff, p, p_sign_flip));
+        partial.push((c.clone(), pairs, diff, p, p_sign_flip));
     }
     // Holm within each family.
     let mut p_holm = vec![0.0; partial.len()];
@@ -243,7 +245,7 @@ pub fn evaluate(claims: &[Claim], runs: &[RunRecord]) -> Result<Vec<ClaimResult>
     let mut family_size = vec![0; partial.len()];
     for f in families {
         let idx: Vec<usize> = (0..partial.len()).filter(|&i| &partial[i].0.family == f).collect();
-        let adjusted = stats::holm(&idx.iter().map(|&i| partial[i].4).collect::<Vec<_>>());
+        let adjusted = stats::holm(&idx.iter().map(|&i| partial[i].3).collect::<Vec<_>>());
         for (k, &i) in idx.iter().enumerate() {
             p_holm[i] = adjusted[k];
             family_size[i] = idx.len();
@@ -252,7 +254,9 @@ pub fn evaluate(claims: &[Claim], runs: &[RunRecord]) -> Result<Vec<ClaimResult>
     Ok(partial
         .into_iter()
         .enumerate()
-        .map(|(i, (claim, seeds, _d, diff, p, p_sign_flip))| {
+        .map(|(i, (claim, pairs, diff, p, p_sign_flip))| {
+            let seeds: Vec<u64> = pairs.iter().map(|p| p.0).collect();
+            let values: Vec<(f64, f64)> = pairs.iter().map(|&(_, a, b)| (a, b)).collect();
             let m = family_size[i];
             let alpha_m = claim.alpha / m as f64;
             let significant = p_holm[i] < claim.alpha;
@@ -297,6 +301,7 @@ pub fn evaluate(claims: &[Claim], runs: &[RunRecord]) -> Result<Vec<ClaimResult>
                 detectable: stats::detectable(sd, diff.n, alpha_m, 0.8),
                 claim,
                 seeds,
+                values,
                 diff,
                 p,
                 p_holm: p_holm[i],
