@@ -343,117 +343,6 @@ pub fn rl_resume(run: &Path, overrides: &[String], quiet: bool) -> Result<()> {
 // ------------------------------------------------------------------------------------------------
 // `plexus bench --compare` and `--depths`.
 
-/// `--set` overrides selecting a topology written `kind` or `kind+key=value+…`.
-fn topology_overrides(entry: &str) -> Vec<String> {
-    let mut parts = entry.split('+');
-    let kind = parts.next().unwrap_or_default();
-    std::iter::once(format!("topology.kind={kind}")).chain(parts.map(|p| format!("topology.{p}"))).collect()
-}
-
-pub fn compare_topologies(
-    config: &Path,
-    overrides: &[String],
-    opts: &crate::bench::BenchOptions,
-    entries: &[String],
-    csv: Option<&Path>,
-) -> Result<()> {
-    let exps = entries
-        .iter()
-        .map(|t| {
-            let ov: Vec<String> = overrides.iter().cloned().chain(topology_overrides(t)).collect();
-            Ok((t.clone(), Experiment::from_file(config, &ov)?))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let case = opts.case.clone().unwrap_or_else(|| exps[0].1.config().name.clone());
-    eprintln!("{case}: {} topologies, {} paired rounds…", exps.len(), opts.steps);
-    let rows = crate::bench::compare(&exps, opts)?;
-    let text = crate::report::print_compare(&case, &rows);
-    if let Some(path) = csv {
-        crate::report::append_csv(path, crate::report::COMPARE_CSV_HEADER, &text)?;
-    }
-    Ok(())
-}
-
-/// Cost versus depth: every topology at every depth, `depth.csv`, log-log figures of step time and
-/// step memory, and the fitted exponent k of `cost ∝ L^k` per topology.
-pub fn depth_sweep(
-    config: &Path,
-    overrides: &[String],
-    opts: &crate::bench::BenchOptions,
-    depths: &[usize],
-    topologies: &[String],
-    out: &Path,
-) -> Result<()> {
-    use crate::plot::{loglog_chart, topology_color, LineChart, Series};
-    std::fs::create_dir_all(out).with_context(|| format!("creating the output directory {}", out.display()))?;
-    let mut rows = Vec::new();
-    for t in topologies {
-        let kind = t.split('+').next().unwrap_or_default();
-        for &l in depths {
-            let mut ov = overrides.to_vec();
-            ov.extend(topology_overrides(t));
-            ov.push(format!("model.depth={l}"));
-            let exp = Experiment::from_file(config, &ov)?;
-            let o = crate::bench::BenchOptions { case: Some(format!("{t}@L{l}")), ..opts.clone() };
-            eprintln!("bench {t} at depth {l}…");
-            let row = crate::bench::bench(&exp, &o)?;
-            crate::report::print_bench(std::slice::from_ref(&row));
-            rows.push((t.clone(), kind.to_string(), l, row));
-        }
-    }
-    let mut csv = String::from(crate::bench::CSV_HEADER);
-    csv.push('\n');
-    for (_, _, _, r) in &rows {
-        csv += &r.csv();
-        csv.push('\n');
-    }
-    atomic_write(&out.join("depth.csv"), csv.as_bytes())?;
-    let mut summary = String::from("topology,time_exponent,memory_exponent\n");
-    println!("\n{:<24} {:>16} {:>18}", "topology", "time ∝ L^k, k =", "act. mem ∝ L^k, k =");
-    let mut time_series = Vec::new();
-    let mut mem_series = Vec::new();
-    for (i, t) in topologies.iter().enumerate() {
-        let mine: Vec<&(String, String, usize, crate::bench::BenchRow)> = rows.iter().filter(|r| &r.0 == t).collect();
-        let time: Vec<(f64, f64)> = mine.iter().map(|r| (r.2 as f64, r.3.ms[0])).collect();
-        let mem: Vec<(f64, f64)> = mine.iter().map(|r| (r.2 as f64, r.3.act_mem_mb)).collect();
-        let (kt, km) = (crate::bench::growth_exponent(&time), crate::bench::growth_exponent(&mem));
-        println!("{t:<24} {kt:>16.2} {km:>18.2}");
-        summary += &format!("{t},{kt:.3},{km:.3}\n");
-        let kind = mine.first().map(|r| r.1.clone()).unwrap_or_default();
-        let color =
-            Some(topology_color(&kind, topologies[..i].iter().filter(|o| o.split('+').next() == Some(&kind)).count()));
-        time_series.push(Series { label: format!("{t} (k = {kt:.2})"), points: time, color, band: None });
-        mem_series.push(Series { label: format!("{t} (k = {km:.2})"), points: mem, color, band: None });
-    }
-    atomic_write(&out.join("growth.csv"), summary.as_bytes())?;
-    let name = config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut files = loglog_chart(
-        &LineChart {
-            title: format!("Step time versus depth — {name}"),
-            x_label: "model.depth L (log scale)".into(),
-            y_label: "ms per training step (log scale)".into(),
-            log_y: true,
-            series: time_series,
-        },
-        &out.join("depth_time"),
-    )?;
-    files.extend(loglog_chart(
-        &LineChart {
-            title: format!("Activation memory versus depth — {name}"),
-            x_label: "model.depth L (log scale)".into(),
-            y_label: "activation memory (held for backward), MiB (log scale)".into(),
-            log_y: true,
-            series: mem_series,
-        },
-        &out.join("depth_memory"),
-    )?);
-    for f in files.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
-        println!("figure: {}", f.display());
-    }
-    println!("csv: {}", out.join("depth.csv").display());
-    Ok(())
-}
-
 // ---- The verbs, one function each (cli.rs parses and calls them).
 
 /// `plexus train --resume RUN [CONFIG]`: continues a run (its config.yaml, or the one CONFIG).
@@ -579,12 +468,12 @@ pub fn bench(r: &BenchRequest) -> Result<()> {
         );
         let exp = Experiment::from_file(&r.config, &r.overrides)?;
         if let Some(row) = crate::bench::bench_distributed(&exp, opts, info)? {
-            crate::report::print_dist_bench(&row);
+            crate::bench::table::print_dist_bench(&row);
         }
         return Ok(());
     }
     if !r.compare.is_empty() {
-        compare_topologies(&r.config, &r.overrides, opts, &r.compare, r.csv.as_deref())
+        crate::bench::depth::compare(&r.config, &r.overrides, opts, &r.compare, r.csv.as_deref())
     } else if r.depths.is_empty() {
         let exp = Experiment::from_file(&r.config, &r.overrides)?;
         let mut opts = opts.clone();
@@ -596,7 +485,7 @@ pub fn bench(r: &BenchRequest) -> Result<()> {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
         let row = crate::bench::bench(&exp, &opts)?;
-        crate::report::print_bench(std::slice::from_ref(&row));
+        crate::bench::table::print_bench(std::slice::from_ref(&row));
         if let (Some(trace), true) = (&opts.trace, opts.profile) {
             println!("Chrome trace of the profiled step: {} (chrome://tracing or ui.perfetto.dev)", trace.display());
         }
@@ -605,7 +494,7 @@ pub fn bench(r: &BenchRequest) -> Result<()> {
         }
         Ok(())
     } else {
-        depth_sweep(&r.config, &r.overrides, opts, &r.depths, &r.topologies, &r.out)
+        crate::bench::depth::sweep(&r.config, &r.overrides, opts, &r.depths, &r.topologies, &r.out)
     }
 }
 

@@ -16,7 +16,9 @@
 //! matmul count ([`crate::model::ModelSpec::forward_flops`]) × 3 × batch; the machine's own limit is
 //! the best FLOP/s of a large square matmul in the compute dtype, measured in the same process.
 
+pub mod depth;
 pub mod kernel_profile;
+pub mod table;
 
 use crate::config::Precision;
 use crate::device;

@@ -1,0 +1,122 @@
+//! `plexus bench --compare` and `--depths`: several topologies (and depths) of one config,
+//! measured with [`super::compare`] and [`super::bench`]; the depth sweep also writes `depth.csv`,
+//! `growth.csv` and log-log figures of step time and memory against depth.
+
+use crate::experiment::Experiment;
+use crate::run_dir::atomic_write;
+use anyhow::{Context, Result};
+use std::path::Path;
+
+/// `--set` overrides selecting a topology written `kind` or `kind+key=value+…`.
+fn topology_overrides(entry: &str) -> Vec<String> {
+    let mut parts = entry.split('+');
+    let kind = parts.next().unwrap_or_default();
+    std::iter::once(format!("topology.kind={kind}")).chain(parts.map(|p| format!("topology.{p}"))).collect()
+}
+
+/// The paired overhead of each topology `entries` (`kind` or `kind+key=value+…`) over the first,
+/// on `config` with `overrides`: printed, and appended to `csv` where given.
+pub fn compare(
+    config: &Path,
+    overrides: &[String],
+    opts: &super::BenchOptions,
+    entries: &[String],
+    csv: Option<&Path>,
+) -> Result<()> {
+    let exps = entries
+        .iter()
+        .map(|t| {
+            let ov: Vec<String> = overrides.iter().cloned().chain(topology_overrides(t)).collect();
+            Ok((t.clone(), Experiment::from_file(config, &ov)?))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let case = opts.case.clone().unwrap_or_else(|| exps[0].1.config().name.clone());
+    eprintln!("{case}: {} topologies, {} paired rounds…", exps.len(), opts.steps);
+    let rows = super::compare(&exps, opts)?;
+    let text = super::table::print_compare(&case, &rows);
+    if let Some(path) = csv {
+        crate::report::append_csv(path, super::table::COMPARE_CSV_HEADER, &text)?;
+    }
+    Ok(())
+}
+
+/// Cost versus depth: every topology at every depth, `depth.csv`, log-log figures of step time and
+/// step memory, and the fitted exponent k of `cost ∝ L^k` per topology.
+pub fn sweep(
+    config: &Path,
+    overrides: &[String],
+    opts: &super::BenchOptions,
+    depths: &[usize],
+    topologies: &[String],
+    out: &Path,
+) -> Result<()> {
+    use crate::plot::{loglog_chart, topology_color, LineChart, Series};
+    std::fs::create_dir_all(out).with_context(|| format!("creating the output directory {}", out.display()))?;
+    let mut rows = Vec::new();
+    for t in topologies {
+        let kind = t.split('+').next().unwrap_or_default();
+        for &l in depths {
+            let mut ov = overrides.to_vec();
+            ov.extend(topology_overrides(t));
+            ov.push(format!("model.depth={l}"));
+            let exp = Experiment::from_file(config, &ov)?;
+            let o = super::BenchOptions { case: Some(format!("{t}@L{l}")), ..opts.clone() };
+            eprintln!("bench {t} at depth {l}…");
+            let row = super::bench(&exp, &o)?;
+            super::table::print_bench(std::slice::from_ref(&row));
+            rows.push((t.clone(), kind.to_string(), l, row));
+        }
+    }
+    let mut csv = String::from(super::CSV_HEADER);
+    csv.push('\n');
+    for (_, _, _, r) in &rows {
+        csv += &r.csv();
+        csv.push('\n');
+    }
+    atomic_write(&out.join("depth.csv"), csv.as_bytes())?;
+    let mut summary = String::from("topology,time_exponent,memory_exponent\n");
+    println!("\n{:<24} {:>16} {:>18}", "topology", "time ∝ L^k, k =", "act. mem ∝ L^k, k =");
+    let mut time_series = Vec::new();
+    let mut mem_series = Vec::new();
+    for (i, t) in topologies.iter().enumerate() {
+        let mine: Vec<&(String, String, usize, super::BenchRow)> = rows.iter().filter(|r| &r.0 == t).collect();
+        let time: Vec<(f64, f64)> = mine.iter().map(|r| (r.2 as f64, r.3.ms[0])).collect();
+        let mem: Vec<(f64, f64)> = mine.iter().map(|r| (r.2 as f64, r.3.act_mem_mb)).collect();
+        let (kt, km) = (super::growth_exponent(&time), super::growth_exponent(&mem));
+        println!("{t:<24} {kt:>16.2} {km:>18.2}");
+        summary += &format!("{t},{kt:.3},{km:.3}\n");
+        let kind = mine.first().map(|r| r.1.clone()).unwrap_or_default();
+        let color =
+            Some(topology_color(&kind, topologies[..i].iter().filter(|o| o.split('+').next() == Some(&kind)).count()));
+        time_series.push(Series { label: format!("{t} (k = {kt:.2})"), points: time, color, band: None });
+        mem_series.push(Series { label: format!("{t} (k = {km:.2})"), points: mem, color, band: None });
+    }
+    atomic_write(&out.join("growth.csv"), summary.as_bytes())?;
+    let name = config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut files = loglog_chart(
+        &LineChart {
+            title: format!("Step time versus depth — {name}"),
+            x_label: "model.depth L (log scale)".into(),
+            y_label: "ms per training step (log scale)".into(),
+            log_y: true,
+            series: time_series,
+        },
+        &out.join("depth_time"),
+    )?;
+    files.extend(loglog_chart(
+        &LineChart {
+            title: format!("Activation memory versus depth — {name}"),
+            x_label: "model.depth L (log scale)".into(),
+            y_label: "activation memory (held for backward), MiB (log scale)".into(),
+            log_y: true,
+            series: mem_series,
+        },
+        &out.join("depth_memory"),
+    )?);
+    for f in files.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
+        println!("figure: {}", f.display());
+    }
+    println!("csv: {}", out.join("depth.csv").display());
+    Ok(())
+}
+
