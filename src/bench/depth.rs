@@ -119,4 +119,3 @@ pub fn sweep(
     println!("csv: {}", out.join("depth.csv").display());
     Ok(())
 }
-

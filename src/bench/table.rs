@@ -175,4 +175,3 @@ fn print_topology_cost(rows: &[super::CompareRow]) {
         );
     }
 }
-
