@@ -161,7 +161,12 @@ pub fn metric_value(run: &RunRecord, metric: &str) -> Result<f64> {
         if let Some((_, y)) = points.iter().find(|(x, _)| *x == step) {
             return Ok(*y);
         }
-        bail!("run {}: curve `{curve}` has no value at step {step}", run.dir.display());
+        let logged: Vec<String> = points.iter().map(|(x, _)| x.to_string()).collect();
+        bail!(
+            "run {}: curve `{curve}` has no value at step {step}; it is logged at steps {}",
+            run.dir.display(),
+            if logged.is_empty() { "none".to_string() } else { logged.join(", ") }
+        );
     }
     bail!(
         "run {}: no metric `{metric}`; it has: {}",
