@@ -444,7 +444,7 @@ fn study_markdown_of(r: &crate::study::StudyReport, full: bool) -> String {
     if !r.missing.is_empty() {
         let _ = writeln!(
             s,
-            "\nNot every run has {} yet (`analysis.*` come from `plexus analyze`): left out.",
+            "\nNot every run has {} yet (`analysis.*` come from `plexus analyze`, `fd.*` from `plexus fd`): left out.",
             r.missing.join(", ")
         );
     }

@@ -320,6 +320,13 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
             GroupResult { key: key.clone(), runs: members.clone(), stats, vs_baseline, baseline_key }
         })
         .collect();
+    // A claim whose metric not every run has yet (`analysis.*` before `plexus analyze`, `fd.*`
+    // before `plexus fd`) waits, named, like the spec's metrics above; asked for with --spec, the
+    // claims are the point, and a missing metric is an error.
+    let (claims, waiting): (Vec<claims::Claim>, Vec<claims::Claim>) = claims
+        .into_iter()
+        .partition(|c| spec.is_some() || runs.iter().all(|r| claims::metric_value(r, &c.metric).is_ok()));
+    missing.extend(waiting.iter().map(|c| format!("{} (claim `{}`)", c.metric, c.id)));
     let claims = claims::evaluate(&claims, &runs)?;
     Ok(StudyReport { by, metrics, log_scale, baseline, groups, runs, unfinished, curves, missing, claims })
 }
