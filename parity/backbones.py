@@ -11,12 +11,17 @@ reference code bases (lucidrains' simple ViT, nanoGPT, Hugging Face LLaMA), not 
 """
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import common
+
+# plexus takes a GPU step's fused paths (its CUDA kernels, or their host build under
+# PLEXUS_FUSED_KERNELS=cuda-host): RoPE and SwiGLU compute in fp32 and round once (SPEC.md, "Precision").
+FUSED = os.environ.get("PLEXUS_PARITY_FUSED") == "1"
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -239,8 +244,19 @@ def rotate_half(x):
 
 def apply_rope(x, cos, sin):
     """x [B, H, T, hd]; cos, sin [T, hd] in x's dtype. `x·cos + rotate_half(x)·sin` as one addcmul
-    (one rounding of the sum in bf16, where `+` of two products rounds three times)."""
+    (one rounding of the sum in bf16, where `+` of two products rounds three times); with FUSED in
+    fp32 and rounded once to x's dtype, as plexus' RoPE kernel."""
+    if FUSED:
+        xf = x.float()
+        return torch.addcmul(xf * cos.float(), rotate_half(xf), sin.float()).to(x.dtype)
     return torch.addcmul(x * cos, rotate_half(x), sin)
+
+
+def swiglu(g, u):
+    """silu(g) · u; with FUSED in fp32 and rounded once to g's dtype, as plexus' SwiGLU kernel."""
+    if FUSED:
+        return (F.silu(g.float()) * u.float()).to(g.dtype)
+    return F.silu(g) * u
 
 
 def head_linear(x, weight, bf16):
@@ -483,7 +499,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(hidden, D, bias=False, bf16=bf16)
 
     def forward(self, u):
-        return self.down_proj(F.silu(self.gate_proj(u)) * self.up_proj(u))
+        return self.down_proj(swiglu(self.gate_proj(u), self.up_proj(u)))
 
 
 class LlamaDecoderLayer(nn.Module):

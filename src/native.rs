@@ -363,7 +363,7 @@ mod tests {
     }
 
     #[test]
-    fn the_fused_kernels_switch_takes_0_1_true_false_avx2_baseline_and_names_itself_otherwise() {
+    fn the_fused_kernels_switch_takes_0_1_true_false_avx2_baseline_cuda_host_and_names_itself_otherwise() {
         assert_eq!(parse_fused_kernels(None).unwrap(), FusedKernels::Best);
         for (v, want) in [
             ("1", FusedKernels::Best),
@@ -373,12 +373,17 @@ mod tests {
             ("avx2", FusedKernels::Avx2),
             ("0", FusedKernels::Off),
             ("false", FusedKernels::Off),
+            ("cuda-host", FusedKernels::CudaHost),
         ] {
             assert_eq!(parse_fused_kernels(Some(v)).unwrap(), want, "{v:?}");
         }
         let e = parse_fused_kernels(Some("maybe")).unwrap_err().to_string();
         assert!(
-            e.contains("PLEXUS_FUSED_KERNELS") && e.contains("maybe") && e.contains("avx2") && e.contains("0/false"),
+            e.contains("PLEXUS_FUSED_KERNELS")
+                && e.contains("maybe")
+                && e.contains("avx2")
+                && e.contains("0/false")
+                && e.contains("cuda-host"),
             "{e}"
         );
         let outer = fused_kernels_on();

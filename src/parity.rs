@@ -119,13 +119,16 @@ pub fn case_name(p: &Path) -> String {
 
 /// Runs the PyTorch references for `cases` (one Python process), writing `<out>/<case>.safetensors`.
 /// On the CPU the reference runs with this process's libtorch thread count (so that
-/// `plexus parity --threads N` sets both sides).
+/// `plexus parity --threads N` sets both sides). Where plexus takes the GPU step's fused paths
+/// ([`crate::native::gpu_paths_taken`]), the reference rounds as they do (`PLEXUS_PARITY_FUSED=1`:
+/// RoPE and SwiGLU in fp32 with one rounding; parity/SPEC.md, "Precision").
 pub fn run_references(parity_dir: &Path, cases: &[PathBuf], out: &Path, device: Device) -> Result<()> {
     std::fs::create_dir_all(out)?;
     let py = python();
     let status = std::process::Command::new(&py)
         .env("PLEXUS_PARITY_DEVICE", device_name(device))
         .env("PLEXUS_PARITY_THREADS", tch::get_num_threads().to_string())
+        .env("PLEXUS_PARITY_FUSED", if crate::native::gpu_paths_taken(device) { "1" } else { "0" })
         .arg(parity_dir.join("run.py"))
         .arg("--out-dir")
         .arg(out)

@@ -301,3 +301,51 @@ fn adding_a_bf16_unit_output_to_the_stream_equals_casting_it_first_bit_for_bit()
         }
     }
 }
+
+/// `PLEXUS_FUSED_KERNELS=cuda-host` sends a CPU step down the paths a GPU step takes: GPT's
+/// pre-norms written in bf16, RoPE into heads and the loss on bf16 logits, LLaMA's SwiGLU, each one
+/// operator of plexus' own each way (the CUDA kernels' host build), none of them otherwise. What
+/// they compute is held to the PyTorch reference by `plexus parity` under that setting
+/// (tests/parity.rs); this test makes sure the setting is not silently ignored.
+#[test]
+fn the_gpu_paths_run_on_the_cpu_under_cuda_host_and_only_there() {
+    for (backbone, want) in [
+        (GPT, &["plexus::norm_bf16", "plexus::rope_heads", "plexus::cross_entropy"][..]),
+        (LLAMA, &["plexus::swiglu", "plexus::rope_heads", "plexus::cross_entropy"][..]),
+    ] {
+        let e = Experiment::from_str(
+            &format!("name: t\nseed: 5\nprecision: bf16\n{backbone}topology: {{kind: residual}}\n"),
+            "<test>",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let batch = e.data.load().unwrap().train_batch(0).unwrap();
+        let model = plexus::device::with_seed(5, || {
+            Model::new(e.model.as_ref(), e.topology.as_ref(), Device::Cpu, Kind::BFloat16)
+        });
+        let step = |host: bool| {
+            plexus::native::with_gpu_paths_on_cpu(host, || {
+                let (loss, ops) = plexus::native::count_ops(|| {
+                    let loss = e.task().loss(&model.forward_compute(&batch.input, true), &batch.target);
+                    loss.backward();
+                    loss
+                })
+                .unwrap();
+                let names: Vec<String> = ops.by_name.iter().map(|(n, _)| n.clone()).collect();
+                (loss.double_value(&[]), names)
+            })
+        };
+        let (composite_loss, composite) = step(false);
+        let (host_loss, host) = step(true);
+        for name in want {
+            for op in [name.to_string(), format!("{name}_backward")] {
+                assert!(host.contains(&op), "{backbone}: {op} not run under cuda-host: {host:?}");
+                assert!(!composite.contains(&op), "{backbone}: {op} run without cuda-host");
+            }
+        }
+        // The same model and batch: the two losses differ by bf16 roundings only (parity's floor:
+        // 4 units of bf16 roundoff, 4 · 2⁻⁸, relative).
+        let bound = 4.0 * 2f64.powi(-8) * composite_loss.abs();
+        assert!((composite_loss - host_loss).abs() <= bound, "{composite_loss} vs {host_loss}");
+    }
+}

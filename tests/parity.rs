@@ -159,12 +159,15 @@ fn all_parity_cases_pass_and_parameter_counts_match_the_references() {
 }
 
 /// The error model holds whatever the summation order: `plexus parity --threads N` (both sides, the
-/// reference and plexus) with 1, 2 and 4 intra-op threads (the suite itself runs with one per core), and with
-/// the fused kernels' AVX2 and baseline loops forced where the CPU has wider ones.
+/// reference and plexus) with 1, 2 and 4 intra-op threads (the suite itself runs with one per core), with
+/// the fused kernels' AVX2 and baseline loops forced where the CPU has wider ones, and with the
+/// paths a GPU step takes (`cuda-host`: the CUDA kernels of the loss, the bf16 pre-norms, RoPE and
+/// SwiGLU run by their host build, the reference rounding as they do) — every case, bf16 ones within
+/// the direct bound too, as `parity --device cuda` must on a GPU.
 #[test]
 #[ignore = "slow tier: PyTorch parity, every case, under other thread counts and vector widths"]
 fn parity_holds_with_other_thread_counts_and_vector_widths() {
-    for (threads, loops) in [("1", "avx2"), ("4", "1"), ("2", "baseline")] {
+    for (threads, loops) in [("1", "avx2"), ("4", "1"), ("2", "baseline"), ("2", "cuda-host")] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_plexus"))
             .args(["parity", "--threads", threads, "--dir"])
             .arg(parity_dir())

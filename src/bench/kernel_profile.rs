@@ -87,8 +87,19 @@ pub fn category_of_name(name: &str) -> Option<Category> {
     let any = |keys: &[&str]| keys.iter().any(|k| n.contains(k));
     if any(&["attention", "flash", "fmha", "sdpa"]) {
         Some(Category::Attention)
-    } else if any(&["layer_norm", "layernorm", "rms_norm", "rmsnorm", "batch_norm", "group_norm"]) {
+    } else if any(&[
+        "layer_norm",
+        "layernorm",
+        "rms_norm",
+        "rmsnorm",
+        "batch_norm",
+        "group_norm",
+        "plexus::norm",
+        "plexus_norm",
+    ]) {
         Some(Category::Norm)
+    } else if any(&["plexus::rope", "plexus_rope", "rotary"]) {
+        Some(Category::Rope)
     } else if any(&["cross_entropy", "nll_loss", "mse_loss", "log_softmax", "logsoftmax"]) {
         Some(Category::Loss)
     } else if any(&["adam", "multi_tensor_apply", "_foreach_"]) {
@@ -472,6 +483,16 @@ mod tests {
             ("aten::gelu_backward", Category::Activation),
             ("aten::_to_copy", Category::CastCopy),
             ("void at::native::direct_copy_kernel_cuda", Category::CastCopy),
+            // plexus' own kernels: their operator names (the CPU, PLEXUS_FUSED_KERNELS=cuda-host)
+            // and their CUDA kernels' names.
+            ("plexus::norm_bf16_backward", Category::Norm),
+            ("plexus_norm_forward_bf16", Category::Norm),
+            ("plexus::rope_heads_backward", Category::Rope),
+            ("plexus_rope_backward_bf16", Category::Rope),
+            ("plexus::swiglu", Category::Activation),
+            ("plexus_swiglu_backward_bf16", Category::Activation),
+            ("plexus::cross_entropy_backward", Category::Loss),
+            ("plexus_cross_entropy_forward_bf16", Category::Loss),
         ] {
             assert_eq!(category_of_name(name), Some(c), "{name}");
         }

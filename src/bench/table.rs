@@ -72,6 +72,19 @@ pub fn print_bench(rows: &[super::BenchRow]) {
                 "",
                 slowest.join(", ")
             );
+            let mb = |b: u64| b as f64 / 1e6;
+            let w = ops.bytes_written;
+            let writers: Vec<String> =
+                ops.f32_bytes_by_name.iter().take(shown).map(|(n, b)| format!("{n} {:.1}", mb(*b))).collect();
+            println!(
+                "{:<30} bytes those operators wrote: fp32 {:.1} MB, bf16/fp16 {:.1} MB, other {:.1} MB (the fused \
+                 AdamW step's updates not included); fp32 MB by operator: {}",
+                "",
+                mb(w.f32),
+                mb(w.half),
+                mb(w.other),
+                writers.join(", ")
+            );
         }
     }
 }

@@ -21,6 +21,7 @@
 #include "guarded.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -53,6 +54,11 @@ using plexus_native::dup_string;
 using plexus_native::guarded;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+// The outputs of the operator that RECORD_FUNCTION opened in this scope (its `guard`), for the
+// callbacks that ask for them: the operator counter's bytes written (plexus_native.cpp, part 3).
+#define PLEXUS_RECORD_OUTPUTS(...) \
+  if (guard.needsOutputs()) guard.setOutputs(std::vector<c10::IValue>{__VA_ARGS__})
 
 namespace {
 
@@ -217,6 +223,111 @@ void host_rope(const T* x, const T* cs, const T* sn, const T* gy, T* y, T* gx, i
                int64_t hd, int64_t stride) {
   plexus_rope::rope_forward(x, cs, sn, y, b, t, h, hd, stride, 0, 1);
   if (gy != nullptr) plexus_rope::rope_backward(gy, cs, sn, gx, b, t, h, hd, 0, 1);
+}
+
+// ----------------------------------------------------------------------------------------------
+// The GPU paths on the CPU. The autograd functions of the loss, norm, SwiGLU and RoPE kernels (below)
+// take CPU tensors too: each launch_* has a run_*_on_host twin that runs the same per-row and
+// per-element functions on the CPU, a row's block as its kernel's thread count with partial sums in
+// thread order. Under PLEXUS_FUSED_KERNELS=cuda-host the Rust side sends a CPU step down the paths a
+// GPU step takes, so that their wiring and autograd are checked end to end against the PyTorch
+// reference (`plexus parity`) and a CPU counts the kernels a GPU step launches (`plexus bench`).
+
+// Calls f with a value of the element type of `t` as the kernels see it: float, or bf16 as raw bits.
+template <typename F>
+void with_element(const at::Tensor& t, F&& f) {
+  if (t.scalar_type() == at::kFloat) {
+    f(float{});
+  } else if (t.scalar_type() == at::kBFloat16) {
+    f(static_cast<unsigned short>(0));
+  } else {
+    throw std::invalid_argument("plexus' kernels take bf16 or fp32 tensors");
+  }
+}
+
+template <typename T>
+const T* cptr(const at::Tensor& t) {
+  return reinterpret_cast<const T*>(t.const_data_ptr());
+}
+template <typename T>
+T* mptr(const at::Tensor& t) {
+  return reinterpret_cast<T*>(t.mutable_data_ptr());
+}
+
+void run_ce_forward_on_host(const at::Tensor& logits, const at::Tensor& target, const at::Tensor& lse,
+                            const at::Tensor& loss) {
+  with_element(logits, [&](auto e) {
+    using T = decltype(e);
+    host_cross_entropy<T>(cptr<T>(logits), cptr<long long>(target), 0.0f, mptr<float>(lse), mptr<float>(loss), nullptr,
+                          logits.size(0), logits.size(1), kLossThreads);
+  });
+}
+
+// scale: one fp32 on the CPU (g/N).
+void run_ce_backward_on_host(const at::Tensor& logits, const at::Tensor& target, const at::Tensor& lse,
+                             const at::Tensor& scale, const at::Tensor& grad) {
+  const float s = *cptr<float>(scale);
+  with_element(logits, [&](auto e) {
+    using T = decltype(e);
+    for (int64_t r = 0; r < logits.size(0); ++r) {
+      plexus_losses::row_backward(cptr<T>(logits), cptr<long long>(target), cptr<float>(lse), s, mptr<T>(grad), r,
+                                  logits.size(1), 0, 1);
+    }
+  });
+}
+
+void run_norm_forward_on_host(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& y,
+                              const at::Tensor& mean, const at::Tensor& rstd, double eps, bool layer) {
+  host_norm(cptr<float>(x), cptr<float>(w), b.defined() ? cptr<float>(b) : nullptr, nullptr, mptr<unsigned short>(y),
+            mptr<float>(mean), mptr<float>(rstd), nullptr, nullptr, nullptr, x.size(0), x.size(1),
+            static_cast<float>(eps), layer, kNormThreads);
+}
+
+// → (gx, gw, gb; gb undefined without a bias). The statistics are computed again, as the forward's.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run_norm_backward_on_host(const at::Tensor& x, const at::Tensor& gy,
+                                                                         const at::Tensor& w, const at::Tensor& b,
+                                                                         double eps, bool layer) {
+  const int64_t rows = x.size(0), d = x.size(1);
+  auto y = at::empty({rows, d}, x.options().dtype(at::kBFloat16));
+  auto mean = at::empty({rows}, x.options()), rstd = at::empty({rows}, x.options());
+  auto gx = at::empty_like(x), gw = at::empty({d}, x.options());
+  auto gb = b.defined() ? at::empty({d}, x.options()) : at::Tensor();
+  host_norm(cptr<float>(x), cptr<float>(w), b.defined() ? cptr<float>(b) : nullptr, cptr<unsigned short>(gy),
+            mptr<unsigned short>(y), mptr<float>(mean), mptr<float>(rstd), mptr<float>(gx), mptr<float>(gw),
+            b.defined() ? mptr<float>(gb) : nullptr, rows, d, static_cast<float>(eps), layer, kNormThreads);
+  return {gx, gw, gb};
+}
+
+void run_swiglu_forward_on_host(const at::Tensor& g, const at::Tensor& u, const at::Tensor& h) {
+  with_element(g, [&](auto e) {
+    using T = decltype(e);
+    plexus_activations::swiglu_forward(cptr<T>(g), cptr<T>(u), mptr<T>(h), g.numel(), 0, 1);
+  });
+}
+
+void run_swiglu_backward_on_host(const at::Tensor& g, const at::Tensor& u, const at::Tensor& gh, const at::Tensor& gg,
+                                 const at::Tensor& gu) {
+  with_element(g, [&](auto e) {
+    using T = decltype(e);
+    plexus_activations::swiglu_backward(cptr<T>(g), cptr<T>(u), cptr<T>(gh), mptr<T>(gg), mptr<T>(gu), g.numel(), 0, 1);
+  });
+}
+
+void run_rope_forward_on_host(const at::Tensor& x, const at::Tensor& cs, const at::Tensor& sn, const at::Tensor& y,
+                              int64_t heads) {
+  with_element(x, [&](auto e) {
+    using T = decltype(e);
+    plexus_rope::rope_forward(cptr<T>(x), cptr<T>(cs), cptr<T>(sn), mptr<T>(y), y.size(0), y.size(2), heads, y.size(3),
+                              x.stride(1), 0, 1);
+  });
+}
+
+void run_rope_backward_on_host(const at::Tensor& gy, const at::Tensor& cs, const at::Tensor& sn, const at::Tensor& gx) {
+  with_element(gy, [&](auto e) {
+    using T = decltype(e);
+    plexus_rope::rope_backward(cptr<T>(gy), cptr<T>(cs), cptr<T>(sn), mptr<T>(gx), gy.size(0), gy.size(2), gy.size(1),
+                               gy.size(3), 0, 1);
+  });
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1102,26 +1213,26 @@ bool takes_streams(int64_t n) { return n >= 1 && n <= kMaxStreams; }
 
 void stream_read(const at::Tensor& h, const at::Tensor& pre, const at::Tensor& u, int64_t m, int64_t n, int64_t d,
                  bool per_token) {
-  const c10::DeviceGuard guard(h.device());
+  const c10::DeviceGuard device_guard(h.device());
   launch_read(kernels_for(h.device(), n), h, pre, u, m, d, per_token);
 }
 
 void stream_read_backward(const at::Tensor& h, const at::Tensor& pre, const at::Tensor& gu, const at::Tensor& gh,
                           const at::Tensor& gpre, int64_t m, int64_t n, int64_t d, bool per_token) {
-  const c10::DeviceGuard guard(h.device());
+  const c10::DeviceGuard device_guard(h.device());
   launch_read_backward(kernels_for(h.device(), n), h, pre, gu, gh, gpre, m, d, per_token);
 }
 
 void stream_write(const at::Tensor& h, const at::Tensor& res, const at::Tensor& post, const at::Tensor& o,
                   const at::Tensor& out, int64_t m, int64_t n, int64_t d, bool per_token) {
-  const c10::DeviceGuard guard(h.device());
+  const c10::DeviceGuard device_guard(h.device());
   launch_write(kernels_for(h.device(), n), h, res, post, o, out, m, d, per_token);
 }
 
 void stream_write_backward(const at::Tensor& h, const at::Tensor& res, const at::Tensor& post, const at::Tensor& o,
                            const at::Tensor& g, const at::Tensor& gh, const at::Tensor& go, const at::Tensor& gws,
                            int64_t m, int64_t n, int64_t d, bool per_token) {
-  const c10::DeviceGuard guard(h.device());
+  const c10::DeviceGuard device_guard(h.device());
   launch_write_backward(kernels_for(h.device(), n), h, res, post, o, g, gh, go, gws, m, d, per_token);
 }
 
@@ -1147,7 +1258,7 @@ struct SinkhornCuda : public torch::autograd::Function<SinkhornCuda> {
   // logits [.., n, n] fp32 on a CUDA device → P [.., n, n].
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_in, int64_t iters) {
     const int64_t n = check_cuda_logits(logits_in, iters);
-    const c10::DeviceGuard guard(logits_in.device());
+    const c10::DeviceGuard device_guard(logits_in.device());
     const auto logits = logits_in.contiguous();
     const Kernels& k = kernels_for(logits.device(), n);
     auto out = at::empty_like(logits);
@@ -1160,7 +1271,7 @@ struct SinkhornCuda : public torch::autograd::Function<SinkhornCuda> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto logits = ctx->get_saved_variables()[0];
     const int64_t iters = ctx->saved_data["iters"].toInt();
-    const c10::DeviceGuard guard(logits.device());
+    const c10::DeviceGuard device_guard(logits.device());
     const Kernels& k = kernels_for(logits.device(), logits.size(-1));
     const auto g = grads[0].to(at::kFloat).contiguous();
     auto gl = at::empty_like(logits);
@@ -1174,27 +1285,39 @@ struct SinkhornCuda : public torch::autograd::Function<SinkhornCuda> {
 struct NormCuda : public torch::autograd::Function<NormCuda> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& b,
                             double eps, bool layer) {
-    const c10::DeviceGuard guard(x_in.device());
+    const c10::DeviceGuard device_guard(x_in.device());
     const int64_t d = x_in.size(-1);
     const auto x = x_in.reshape({-1, d}).contiguous();
-    const Kernels& k = kernels_for(x.device(), 1);
+    RECORD_FUNCTION("plexus::norm_bf16", std::vector<c10::IValue>({x_in}));
     auto y = at::empty(x.sizes(), x.options().dtype(at::kBFloat16));
     auto mean = at::empty({x.size(0)}, x.options()), rstd = at::empty({x.size(0)}, x.options());
-    launch_norm_forward(k, x, w.contiguous(), b.defined() ? b.contiguous() : b, y, mean, rstd, eps, layer);
-    ctx->save_for_backward({x, w, mean, rstd});
+    const auto bc = b.defined() ? b.contiguous() : b;
+    if (x.is_cpu()) {
+      run_norm_forward_on_host(x, w.contiguous(), bc, y, mean, rstd, eps, layer);
+    } else {
+      launch_norm_forward(kernels_for(x.device(), 1), x, w.contiguous(), bc, y, mean, rstd, eps, layer);
+    }
+    PLEXUS_RECORD_OUTPUTS(y, mean, rstd);
+    ctx->save_for_backward({x, w, mean, rstd, bc});
     ctx->saved_data["layer"] = layer;
     ctx->saved_data["bias"] = b.defined();
+    ctx->saved_data["eps"] = eps;
     return y.view(x_in.sizes());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto& x = saved[0];
-    const c10::DeviceGuard guard(x.device());
-    const Kernels& k = kernels_for(x.device(), 1);
+    const c10::DeviceGuard device_guard(x.device());
     const bool layer = ctx->saved_data["layer"].toBool(), with_bias = ctx->saved_data["bias"].toBool();
     const auto gy = grads[0].to(at::kBFloat16).reshape({-1, x.size(1)}).contiguous();
-    auto [gx, gw, gb] = launch_norm_backward(k, x, gy, saved[1].contiguous(), saved[2], saved[3], layer, with_bias);
+    RECORD_FUNCTION("plexus::norm_bf16_backward", std::vector<c10::IValue>({gy}));
+    auto [gx, gw, gb] =
+        x.is_cpu() ? run_norm_backward_on_host(x, gy, saved[1].contiguous(), saved[4], ctx->saved_data["eps"].toDouble(),
+                                               layer)
+                   : launch_norm_backward(kernels_for(x.device(), 1), x, gy, saved[1].contiguous(), saved[2], saved[3],
+                                          layer, with_bias);
+    PLEXUS_RECORD_OUTPUTS(gx, gw, gb);
     return {gx.view(grads[0].sizes()), gw, with_bias ? gb : at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -1204,22 +1327,32 @@ struct NormCuda : public torch::autograd::Function<NormCuda> {
 struct RopeCuda : public torch::autograd::Function<RopeCuda> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cs, const at::Tensor& sn,
                             int64_t heads) {
-    const c10::DeviceGuard guard(x.device());
-    const Kernels& k = kernels_for(x.device(), 1);
+    const c10::DeviceGuard device_guard(x.device());
+    RECORD_FUNCTION("plexus::rope_heads", std::vector<c10::IValue>({x}));
     const int64_t b = x.size(0), t = x.size(1), hd = x.size(2) / heads;
     auto y = at::empty({b, heads, t, hd}, x.options());
-    launch_rope_forward(k, x, cs, sn, y, heads);
+    if (x.is_cpu()) {
+      run_rope_forward_on_host(x, cs, sn, y, heads);
+    } else {
+      launch_rope_forward(kernels_for(x.device(), 1), x, cs, sn, y, heads);
+    }
+    PLEXUS_RECORD_OUTPUTS(y);
     ctx->save_for_backward({cs, sn});
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const c10::DeviceGuard guard(saved[0].device());
-    const Kernels& k = kernels_for(saved[0].device(), 1);
+    const c10::DeviceGuard device_guard(saved[0].device());
     const auto gy = grads[0].to(saved[0].scalar_type()).contiguous();
+    RECORD_FUNCTION("plexus::rope_heads_backward", std::vector<c10::IValue>({gy}));
     auto gx = at::empty({gy.size(0), gy.size(2), gy.size(1) * gy.size(3)}, gy.options());
-    launch_rope_backward(k, gy, saved[0], saved[1], gx);
+    if (gy.is_cpu()) {
+      run_rope_backward_on_host(gy, saved[0], saved[1], gx);
+    } else {
+      launch_rope_backward(kernels_for(saved[0].device(), 1), gy, saved[0], saved[1], gx);
+    }
+    PLEXUS_RECORD_OUTPUTS(gx);
     return {gx, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -1227,11 +1360,16 @@ struct RopeCuda : public torch::autograd::Function<RopeCuda> {
 // silu(g) · u for g, u of one shape and dtype (bf16 or fp32) on a CUDA device, one kernel each way.
 struct SwigluCuda : public torch::autograd::Function<SwigluCuda> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& g_in, const at::Tensor& u_in) {
-    const c10::DeviceGuard guard(g_in.device());
+    const c10::DeviceGuard device_guard(g_in.device());
     const auto g = g_in.contiguous(), u = u_in.contiguous();
-    const Kernels& k = kernels_for(g.device(), 1);
+    RECORD_FUNCTION("plexus::swiglu", std::vector<c10::IValue>({g, u}));
     auto h = at::empty_like(g, at::MemoryFormat::Contiguous);
-    launch_swiglu_forward(k, g, u, h);
+    if (g.is_cpu()) {
+      run_swiglu_forward_on_host(g, u, h);
+    } else {
+      launch_swiglu_forward(kernels_for(g.device(), 1), g, u, h);
+    }
+    PLEXUS_RECORD_OUTPUTS(h);
     ctx->save_for_backward({g, u});
     return h;
   }
@@ -1239,11 +1377,16 @@ struct SwigluCuda : public torch::autograd::Function<SwigluCuda> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto& g = saved[0];
-    const c10::DeviceGuard guard(g.device());
-    const Kernels& k = kernels_for(g.device(), 1);
+    const c10::DeviceGuard device_guard(g.device());
     const auto gh = grads[0].to(g.scalar_type()).contiguous();
+    RECORD_FUNCTION("plexus::swiglu_backward", std::vector<c10::IValue>({gh}));
     auto gg = at::empty_like(g), gu = at::empty_like(g);
-    launch_swiglu_backward(k, g, saved[1], gh, gg, gu);
+    if (g.is_cpu()) {
+      run_swiglu_backward_on_host(g, saved[1], gh, gg, gu);
+    } else {
+      launch_swiglu_backward(kernels_for(g.device(), 1), g, saved[1], gh, gg, gu);
+    }
+    PLEXUS_RECORD_OUTPUTS(gg, gu);
     return {gg, gu};
   }
 };
@@ -1253,15 +1396,22 @@ struct SwigluCuda : public torch::autograd::Function<SwigluCuda> {
 // row log-sum-exps [N].
 struct CrossEntropyCuda : public torch::autograd::Function<CrossEntropyCuda> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_in, const at::Tensor& target_in) {
-    const c10::DeviceGuard guard(logits_in.device());
+    const c10::DeviceGuard device_guard(logits_in.device());
     const auto logits = logits_in.contiguous();
     const auto target = target_in.contiguous();
     loss_kind(logits);
-    const Kernels& k = kernels_for(logits.device(), 1);
     const int64_t n = logits.size(0);
     const auto f32 = logits.options().dtype(at::kFloat);
     auto lse = at::empty({n}, f32), loss = at::empty({n}, f32);
-    launch_ce_forward(k, logits, target, lse, loss);
+    {  // the kernel alone in the operator's scope (the mean below is libtorch's)
+      RECORD_FUNCTION("plexus::cross_entropy", std::vector<c10::IValue>({logits}));
+      if (logits.is_cpu()) {
+        run_ce_forward_on_host(logits, target, lse, loss);
+      } else {
+        launch_ce_forward(kernels_for(logits.device(), 1), logits, target, lse, loss);
+      }
+      PLEXUS_RECORD_OUTPUTS(lse, loss);
+    }
     ctx->save_for_backward({logits, target, lse});
     return loss.sum().div_(static_cast<double>(std::max<int64_t>(n, 1)));
   }
@@ -1269,18 +1419,29 @@ struct CrossEntropyCuda : public torch::autograd::Function<CrossEntropyCuda> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto& logits = saved[0];
-    const c10::DeviceGuard guard(logits.device());
-    const Kernels& k = kernels_for(logits.device(), 1);
+    const c10::DeviceGuard device_guard(logits.device());
     // g/N on the device: no read, so that a captured step takes the replay's g.
     const auto scale = (grads[0].to(at::kFloat) / static_cast<double>(std::max<int64_t>(logits.size(0), 1)))
                            .reshape({1})
                            .contiguous();
+    RECORD_FUNCTION("plexus::cross_entropy_backward", std::vector<c10::IValue>({logits}));
     auto grad = at::empty_like(logits, at::MemoryFormat::Contiguous);
-    launch_ce_backward(k, logits, saved[1], saved[2], scale, grad);
+    if (logits.is_cpu()) {
+      run_ce_backward_on_host(logits, saved[1], saved[2], scale, grad);
+    } else {
+      launch_ce_backward(kernels_for(logits.device(), 1), logits, saved[1], saved[2], scale, grad);
+    }
+    PLEXUS_RECORD_OUTPUTS(grad);
     return {grad, at::Tensor()};
   }
 };
 
+}  // namespace
+
+namespace {
+// Where the loss, norm, SwiGLU and RoPE functions run: a CUDA device, or the CPU through the kernels'
+// host build (PLEXUS_FUSED_KERNELS=cuda-host; see "The GPU paths on the CPU").
+bool on_kernel_device(const at::Tensor& t) { return t.is_cuda() || t.is_cpu(); }
 }  // namespace
 
 extern "C" {
@@ -1296,8 +1457,8 @@ char* plexus_cross_entropy_cuda(at::Tensor* logits, at::Tensor* target, at::Tens
   return guarded([&] {
     const auto& x = *logits;
     const auto& t = *target;
-    if (x.dim() != 2 || !x.is_cuda() || !(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat)) {
-      throw std::invalid_argument("the CUDA loss takes bf16 or fp32 logits [N, V] on a CUDA device");
+    if (x.dim() != 2 || !on_kernel_device(x) || !(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat)) {
+      throw std::invalid_argument("the CUDA loss takes bf16 or fp32 logits [N, V] on a CUDA device (or the CPU)");
     }
     if (t.dim() != 1 || t.size(0) != x.size(0) || t.scalar_type() != at::kLong || t.device() != x.device()) {
       throw std::invalid_argument("the CUDA loss takes an int64 target [N] on the logits' device");
@@ -1312,7 +1473,7 @@ char* plexus_norm_cuda(at::Tensor* x, at::Tensor* w, at::Tensor* b, double eps, 
   return guarded([&] {
     const int64_t d = x->dim() >= 1 ? x->size(-1) : 0;
     const auto fp32_on = [&](const at::Tensor& t) {
-      return t.is_cuda() && t.scalar_type() == at::kFloat && t.device() == x->device();
+      return on_kernel_device(t) && t.scalar_type() == at::kFloat && t.device() == x->device();
     };
     if (!fp32_on(*x) || d < 1 || w->dim() != 1 || w->size(0) != d || !fp32_on(*w) ||
         (b != nullptr && (b->dim() != 1 || b->size(0) != d || !fp32_on(*b)))) {
@@ -1359,7 +1520,7 @@ char* plexus_norm_host(at::Tensor* x, at::Tensor* w, at::Tensor* b, at::Tensor* 
 char* plexus_rope_cuda(at::Tensor* x, at::Tensor* cs, at::Tensor* sn, int64_t heads, at::Tensor** out) {
   return guarded([&] {
     const auto& v = *x;
-    const bool ok = v.is_cuda() && v.dim() == 3 && heads >= 1 && v.size(2) % heads == 0 && (v.size(2) / heads) % 2 == 0 &&
+    const bool ok = on_kernel_device(v) && v.dim() == 3 && heads >= 1 && v.size(2) % heads == 0 && (v.size(2) / heads) % 2 == 0 &&
                     v.stride(2) == 1 && v.stride(0) == v.size(1) * v.stride(1) && cs->is_contiguous() &&
                     sn->is_contiguous() && cs->dim() == 2 && cs->sizes() == sn->sizes() && cs->size(0) >= v.size(1) &&
                     cs->size(1) == v.size(2) / heads && cs->scalar_type() == v.scalar_type() &&
@@ -1408,7 +1569,7 @@ char* plexus_rope_host(at::Tensor* x, at::Tensor* cs, at::Tensor* sn, at::Tensor
 // fp32); differentiable.
 char* plexus_swiglu_cuda(at::Tensor* g, at::Tensor* u, at::Tensor** out) {
   return guarded([&] {
-    const bool ok = g->is_cuda() && u->device() == g->device() && g->sizes() == u->sizes() &&
+    const bool ok = on_kernel_device(*g) && u->device() == g->device() && g->sizes() == u->sizes() &&
                     g->scalar_type() == u->scalar_type() &&
                     (g->scalar_type() == at::kBFloat16 || g->scalar_type() == at::kFloat);
     if (!ok) throw std::invalid_argument("the CUDA SwiGLU takes gate and up of one shape and dtype (bf16 or fp32) on one CUDA device");

@@ -12,7 +12,11 @@ use tch::{Kind, Tensor};
 /// where AVX-512 exists; `baseline`: on, with the baseline x86-64 loops (what a CPU without AVX2
 /// runs; to compare, or to rule the wider loops out);
 /// `0`/`false`: off, the composite libtorch code everywhere, as a GPU runs (an escape hatch, and
-/// what makes `bench --compare`'s kernels per step stand for a GPU on hyper and mHC).
+/// what makes `bench --compare`'s kernels per step stand for a GPU on hyper and mHC);
+/// `cuda-host`: on, and a CPU step also takes the fused paths a GPU step takes — the
+/// language-model loss, the pre-norms written in bf16, RoPE into heads, SwiGLU — through the CUDA
+/// kernels' host build ([`gpu_paths_on_cpu`]; slow: for parity of those paths on a CPU and for
+/// counting the kernels a GPU step launches).
 pub const FUSED_KERNELS_VAR: &str = "PLEXUS_FUSED_KERNELS";
 
 /// A value of [`FUSED_KERNELS_VAR`].
@@ -26,6 +30,9 @@ pub enum FusedKernels {
     Avx2,
     /// The fused kernels with the widest loops the CPU has (the default).
     Best,
+    /// [`Best`](FusedKernels::Best), and the GPU step's fused paths taken on the CPU through the
+    /// CUDA kernels' host build.
+    CudaHost,
 }
 
 /// The instruction set of the fused kernels' row loops (`src/native/stream_rows.inc`, built once
@@ -86,9 +93,11 @@ pub fn parse_fused_kernels(value: Option<&str>) -> Result<FusedKernels> {
         Some(v) if v == "baseline" => Ok(FusedKernels::Baseline),
         Some(v) if v == "avx2" => Ok(FusedKernels::Avx2),
         Some(v) if v == "0" || v == "false" => Ok(FusedKernels::Off),
+        Some(v) if v == "cuda-host" => Ok(FusedKernels::CudaHost),
         Some(v) => bail!(
             "environment variable {FUSED_KERNELS_VAR}={v:?}: expected 1/true (the default), avx2 (on, at most \
-             AVX2), baseline (on, without AVX2) or 0/false (off)"
+             AVX2), baseline (on, without AVX2), 0/false (off) or cuda-host (on, and a CPU step takes a GPU \
+             step's fused paths through the CUDA kernels' host build)"
         ),
     }
 }
@@ -105,6 +114,8 @@ fn fused_kernels_env() -> FusedKernels {
 thread_local! {
     /// [`with_fused_kernels`]'s setting for this thread, over the environment's.
     static FUSED_OVERRIDE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    /// [`with_gpu_paths_on_cpu`]'s setting for this thread, over the environment's.
+    static GPU_PATHS_OVERRIDE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     /// [`with_kernel_isa`]'s setting for this thread, over the environment's.
     static ISA_OVERRIDE: std::cell::Cell<Option<KernelIsa>> = const { std::cell::Cell::new(None) };
 }
@@ -135,6 +146,50 @@ pub fn fused_kernels_on() -> bool {
 /// backward run), e.g. to count the kernels of the composite code a GPU runs.
 pub fn with_fused_kernels<T>(on: bool, f: impl FnOnce() -> T) -> T {
     with_override(&FUSED_OVERRIDE, on, f)
+}
+
+/// Whether a CPU step on this thread takes the fused paths a GPU step takes (the language-model
+/// loss, the pre-norms written in bf16, RoPE into heads, SwiGLU), their arithmetic run by the CUDA
+/// kernels' host build (`src/native/cuda_kernels.cpp`, "The GPU paths on the CPU"):
+/// [`with_gpu_paths_on_cpu`]'s setting if inside one, else `PLEXUS_FUSED_KERNELS=cuda-host`. The
+/// multi-stream topologies keep their CPU kernels (whose arithmetic the tests hold to the CUDA
+/// kernels' host build).
+pub fn gpu_paths_on_cpu() -> bool {
+    GPU_PATHS_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| fused_kernels_env() == FusedKernels::CudaHost)
+}
+
+/// Runs `f` with [`gpu_paths_on_cpu`] set to `on` on this thread (where a CPU forward and its
+/// backward run).
+pub fn with_gpu_paths_on_cpu<T>(on: bool, f: impl FnOnce() -> T) -> T {
+    with_override(&GPU_PATHS_OVERRIDE, on, f)
+}
+
+/// Whether `t`'s device takes the GPU step's fused paths: a CUDA device with the kernels on and not
+/// found unavailable, or the CPU under [`gpu_paths_on_cpu`].
+fn takes_gpu_paths(t: &Tensor) -> bool {
+    match t.device() {
+        tch::Device::Cpu => gpu_paths_on_cpu(),
+        d if d.is_cuda() => fused_kernels_on() && !cuda_kernels_unavailable(),
+        _ => false,
+    }
+}
+
+/// Whether a step on `device` takes the GPU step's fused paths (the language-model loss, the
+/// bf16 pre-norms, RoPE into heads, SwiGLU): on the CPU under [`gpu_paths_on_cpu`]; on a CUDA device
+/// when the kernels are on and run there (a one-element call makes their first use, which compiles
+/// and checks them). `plexus parity` asks, so that its reference rounds as those kernels do.
+pub fn gpu_paths_taken(device: tch::Device) -> bool {
+    match device {
+        tch::Device::Cpu => gpu_paths_on_cpu(),
+        d if d.is_cuda() => {
+            if !fused_kernels_on() || cuda_kernels_unavailable() {
+                return false;
+            }
+            let t = Tensor::zeros([1], (Kind::Float, d));
+            cuda_result(swiglu_cuda(&t, &t)).is_some()
+        }
+        _ => false,
+    }
 }
 
 /// The instruction set the fused kernels use on this thread: [`with_kernel_isa`]'s if inside one,
@@ -389,10 +444,7 @@ pub fn nvrtc_version() -> Result<(i32, String)> {
 /// ([`cross_entropy_cuda`]: one pass over the logits each way); elsewhere, and where those cannot
 /// run or `PLEXUS_FUSED_KERNELS=0`, [`cross_entropy_chunked`]. → 0-dim fp32.
 pub fn cross_entropy_lm(logits: &Tensor, target: &Tensor) -> Result<Tensor> {
-    let takes = logits.device().is_cuda()
-        && fused_kernels_on()
-        && !cuda_kernels_unavailable()
-        && matches!(logits.kind(), Kind::BFloat16 | Kind::Float);
+    let takes = takes_gpu_paths(logits) && matches!(logits.kind(), Kind::BFloat16 | Kind::Float);
     if takes {
         if let Some(loss) = cuda_result(cross_entropy_cuda(logits, target)) {
             return Ok(loss);
@@ -448,9 +500,7 @@ pub fn cross_entropy_host(
 /// kernels cannot run here): the caller then runs its composite.
 pub fn rope_heads(x: &Tensor, cos: &Tensor, sin_signed: &Tensor, heads: i64) -> Option<Tensor> {
     let s = x.stride();
-    let takes = x.device().is_cuda()
-        && fused_kernels_on()
-        && !cuda_kernels_unavailable()
+    let takes = takes_gpu_paths(x)
         && matches!(x.kind(), Kind::BFloat16 | Kind::Float)
         && cos.kind() == x.kind()
         && x.dim() == 3
@@ -503,9 +553,7 @@ pub fn rope_host(x: &Tensor, cos: &Tensor, sin_signed: &Tensor, gy: &Tensor, hea
 /// and three kernels backward, and keeps silu(g)); elsewhere, and where the kernels cannot run or
 /// `PLEXUS_FUSED_KERNELS=0`, libtorch's `silu` and product.
 pub fn swiglu(g: &Tensor, u: &Tensor) -> Tensor {
-    let takes = g.device().is_cuda()
-        && fused_kernels_on()
-        && !cuda_kernels_unavailable()
+    let takes = takes_gpu_paths(g)
         && g.kind() == u.kind()
         && matches!(g.kind(), Kind::BFloat16 | Kind::Float)
         && g.size() == u.size()
@@ -559,9 +607,7 @@ pub fn norm_to_bf16(
     kind: NormKind,
     composite: impl FnOnce() -> Tensor,
 ) -> Tensor {
-    let takes = x.device().is_cuda()
-        && fused_kernels_on()
-        && !cuda_kernels_unavailable()
+    let takes = takes_gpu_paths(x)
         && x.kind() == Kind::Float
         && w.kind() == Kind::Float
         && b.is_none_or(|b| b.kind() == Kind::Float);

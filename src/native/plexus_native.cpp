@@ -609,6 +609,11 @@ char* plexus_fused_adamw(at::Tensor** params, at::Tensor** grads, at::Tensor** e
 // Each counted call's wall time is added to its name too (a product's includes what it calls): a
 // step's time by operator, like torch.profiler's table. The callback costs every call about a
 // microsecond, so small operators read slower than they run.
+//
+// And the bytes each counted call writes, by dtype: the sizes of its output tensors (an in-place
+// operator's output is the tensor it wrote; an operator that returns nothing, like the fused AdamW
+// step, adds none). On a GPU, where the step's elementwise work is bound by memory traffic, the fp32
+// bytes written are the step's fp32 temporaries, which a bf16 path or a fused kernel saves.
 
 namespace op_count {
 std::atomic<uint64_t> leaves{0}, metadata{0}, calls{0};
@@ -618,7 +623,32 @@ std::thread::id counted_thread;
 struct NameStats {
   uint64_t calls = 0;
   uint64_t ns = 0;
+  uint64_t bytes_f32 = 0;   // fp32 (and fp64) outputs
+  uint64_t bytes_half = 0;  // bf16 and fp16 outputs
+  uint64_t bytes_other = 0;
 };
+
+// Adds the bytes of the tensors in `outputs` (tensors and tensor lists) to `st`, by dtype.
+void add_output_bytes(const std::vector<c10::IValue>& outputs, NameStats& st) {
+  const auto add = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    const uint64_t b = static_cast<uint64_t>(t.numel()) * t.element_size();
+    switch (t.scalar_type()) {
+      case at::kFloat:
+      case at::kDouble: st.bytes_f32 += b; break;
+      case at::kBFloat16:
+      case at::kHalf: st.bytes_half += b; break;
+      default: st.bytes_other += b;
+    }
+  };
+  for (const auto& v : outputs) {
+    if (v.isTensor()) {
+      add(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) add(t);
+    }
+  }
+}
 std::map<std::string, NameStats> by_name;
 // Per thread: the open calls, innermost last: whether each has called another operator, and
 // whether it is a matrix product (counted as one kernel, whatever it calls: a CPU `bmm` of many
@@ -678,6 +708,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   auto count = [&] {
     auto& stats = by_name[fn.name()];
     stats.calls++;
+    add_output_bytes(fn.outputs(), stats);
     stats.ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - call.start).count());
   };
@@ -727,12 +758,14 @@ char* plexus_op_count_begin() {
     op_count::inside_product = 0;
     op_count::handle = at::addGlobalCallback(
         at::RecordFunctionCallback(op_count::on_start, op_count::on_end)
+            .needsOutputs(true)
             .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
   });
 }
 
 // out: [leaf operators that do work, leaf view/allocation operators, all operator calls];
-// names: "name calls nanoseconds" lines of the working leaf operators (malloc'd).
+// names: "name calls nanoseconds fp32-bytes half-bytes other-bytes" lines of the working leaf
+// operators (malloc'd).
 char* plexus_op_count_end(uint64_t* out, char** names) {
   return guarded([&] {
     if (!op_count::handle) throw std::runtime_error("operator counting is not running");
@@ -743,7 +776,8 @@ char* plexus_op_count_end(uint64_t* out, char** names) {
     out[2] = op_count::calls;
     std::string text;
     for (const auto& [name, st] : op_count::by_name) {
-      text += name + " " + std::to_string(st.calls) + " " + std::to_string(st.ns) + "\n";
+      text += name + " " + std::to_string(st.calls) + " " + std::to_string(st.ns) + " " + std::to_string(st.bytes_f32) +
+              " " + std::to_string(st.bytes_half) + " " + std::to_string(st.bytes_other) + "\n";
     }
     *names = dup_string(text);
   });

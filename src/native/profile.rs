@@ -76,6 +76,25 @@ pub struct OpCount {
     /// The same operators by wall time in ms, longest first (a product's includes what it calls;
     /// the counting callback inflates small operators by about a microsecond per call).
     pub ms_by_name: Vec<(String, f64)>,
+    /// Bytes the working operators wrote (their outputs' sizes), by the outputs' dtype.
+    pub bytes_written: BytesWritten,
+    /// The same operators by fp32 bytes written, most first (those that wrote none left out).
+    pub f32_bytes_by_name: Vec<(String, u64)>,
+}
+
+/// Bytes written by a step's working operators, by the dtype of what they wrote: on a GPU, where
+/// elementwise work is bound by memory traffic, a proxy of that traffic which a CPU measures
+/// exactly (the fp32 bytes are the step's fp32 temporaries: norm outputs, casts, fp32 gradients).
+/// An operator that writes in place counts the tensor it wrote; one that returns nothing (the fused
+/// AdamW step) counts nothing; plexus' own kernels count what they return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BytesWritten {
+    /// fp32 (and fp64) outputs.
+    pub f32: u64,
+    /// bf16 (and fp16) outputs.
+    pub half: u64,
+    /// Integer and boolean outputs.
+    pub other: u64,
 }
 
 impl OpCount {
@@ -100,20 +119,51 @@ pub fn count_ops<T>(f: impl FnOnce() -> T) -> Result<(T, OpCount)> {
     let value = f();
     session.finished();
     let (out, names) = end_count()?;
-    // "name calls nanoseconds" per line; a name may contain spaces, the two numbers do not.
-    let rows: Vec<(String, u64, u64)> = names
-        .lines()
-        .filter_map(|l| {
-            let (rest, ns) = l.rsplit_once(' ')?;
-            let (name, calls) = rest.rsplit_once(' ')?;
-            Some((name.to_string(), calls.parse().ok()?, ns.parse().ok()?))
-        })
-        .collect();
-    let mut by_name: Vec<(String, u64)> = rows.iter().map(|(n, c, _)| (n.clone(), *c)).collect();
+    let rows = parse_count_rows(&names);
+    let mut by_name: Vec<(String, u64)> = rows.iter().map(|r| (r.name.clone(), r.calls)).collect();
     by_name.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let mut ms_by_name: Vec<(String, f64)> = rows.iter().map(|(n, _, ns)| (n.clone(), *ns as f64 / 1e6)).collect();
+    let mut ms_by_name: Vec<(String, f64)> = rows.iter().map(|r| (r.name.clone(), r.ns as f64 / 1e6)).collect();
     ms_by_name.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    Ok((value, OpCount { kernels: out[0], metadata: out[1], calls: out[2], by_name, ms_by_name }))
+    let mut f32_bytes_by_name: Vec<(String, u64)> =
+        rows.iter().filter(|r| r.bytes.f32 > 0).map(|r| (r.name.clone(), r.bytes.f32)).collect();
+    f32_bytes_by_name.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let bytes_written = rows.iter().fold(BytesWritten::default(), |t, r| BytesWritten {
+        f32: t.f32 + r.bytes.f32,
+        half: t.half + r.bytes.half,
+        other: t.other + r.bytes.other,
+    });
+    let count = OpCount {
+        kernels: out[0],
+        metadata: out[1],
+        calls: out[2],
+        by_name,
+        ms_by_name,
+        bytes_written,
+        f32_bytes_by_name,
+    };
+    Ok((value, count))
+}
+
+/// One line of the C++ side's count.
+struct CountRow {
+    name: String,
+    calls: u64,
+    ns: u64,
+    bytes: BytesWritten,
+}
+
+/// "name calls ns fp32-bytes half-bytes other-bytes" per line; a name may contain spaces, the
+/// numbers do not.
+fn parse_count_rows(text: &str) -> Vec<CountRow> {
+    text.lines()
+        .filter_map(|l| {
+            let mut fields = l.rsplitn(6, ' ');
+            let mut num = || fields.next()?.parse::<u64>().ok();
+            let (other, half, f32, ns, calls) = (num()?, num()?, num()?, num()?, num()?);
+            let name = fields.next()?.to_string();
+            Some(CountRow { name, calls, ns, bytes: BytesWritten { f32, half, other } })
+        })
+        .collect()
 }
 
 /// Ends the C++ side's count: [working leaf operators, view/allocation leaves, all calls] and the
