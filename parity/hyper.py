@@ -33,9 +33,13 @@ class HyperLayer(nn.Module):
 
     def forward(self, H, f):
         if self.dynamic:
+            # Both projections as one product with [dynamic_alpha | dynamic_beta] (one read of
+            # norm(H), one bf16 rounding of its gradient), then split, as the Rust side does.
             N = self.norm(H)
-            A = self.static_alpha + torch.tanh(common.mm(N, self.dynamic_alpha)) * self.alpha_scale
-            Bv = self.static_beta + torch.tanh(common.mm(N, self.dynamic_beta)) * self.beta_scale
+            W = torch.cat([self.dynamic_alpha, self.dynamic_beta.unsqueeze(1)], dim=1)
+            za, zb = torch.split(common.mm(N, W), [self.n + 1, 1], dim=-1)
+            A = self.static_alpha + torch.tanh(za) * self.alpha_scale
+            Bv = self.static_beta + torch.tanh(zb.squeeze(-1)) * self.beta_scale
         else:
             A = self.static_alpha
             Bv = self.static_beta

@@ -124,26 +124,28 @@ struct Dynamic {
 const NORM_EPS: f64 = 1e-5;
 
 impl Dynamic {
-    /// The dynamic logits of streams `h` `[.., n, D]`: `(Norm(H) W_a [.., n, n+1], Norm(H) w_b [.., n])`.
+    /// The dynamic logits of streams `h` `[.., n, D]`: `(Norm(H) W_a [.., n, n+1], Norm(H) w_b [.., n])`,
+    /// as one product with `W = [W_a | w_b]` `[D, n+2]`, split.
     ///
-    /// In fp32 on the CPU one fused kernel computes both ([`native::norm_project`] with `[W_a | w_b]`):
-    /// the normalised streams, an `[.., n, D]` tensor written, read by two matrix products and
-    /// saved for backward, are never materialised. Otherwise LayerNorm, then the two products in
-    /// the compute precision (bf16 under `precision: bf16`, as every `Linear`).
+    /// In fp32 on the CPU one fused kernel computes it ([`native::norm_project`]): the normalised
+    /// streams, an `[.., n, D]` tensor written, read by the product and saved for backward, are
+    /// never materialised. Otherwise LayerNorm, then the product in the compute precision (bf16
+    /// under `precision: bf16`, as every `Linear`): one read of the normalised streams, not two.
     fn logits(&self, h: &Tensor, compute: Kind) -> (Tensor, Tensor) {
+        let k = self.alpha.size()[1];
+        let w = Tensor::cat(&[&self.alpha, &self.beta.unsqueeze(1)], 1);
         let (gamma, beta) = (self.norm.ws.as_ref(), self.norm.bs.as_ref());
-        if let (Some(gamma), Some(beta), Kind::Float) = (gamma, beta, compute) {
-            if h.kind() == Kind::Float && native::fused_streams_take_all(&[h, gamma, beta, &self.alpha]) {
-                let k = self.alpha.size()[1];
-                let w = Tensor::cat(&[&self.alpha, &self.beta.unsqueeze(1)], 1);
-                let z = native::norm_project(h, gamma, beta, &w, NORM_EPS)
-                    .unwrap_or_else(|e| panic!("fused norm and projection: {e:#}"));
-                let parts = z.split_with_sizes([k, 1], -1);
-                return (parts[0].shallow_clone(), parts[1].squeeze_dim(-1));
+        let z = match (gamma, beta, compute) {
+            (Some(gamma), Some(beta), Kind::Float)
+                if h.kind() == Kind::Float && native::fused_streams_take_all(&[h, gamma, beta, &self.alpha]) =>
+            {
+                native::norm_project(h, gamma, beta, &w, NORM_EPS)
+                    .unwrap_or_else(|e| panic!("fused norm and projection: {e:#}"))
             }
-        }
-        let normed = self.norm.forward(&h.to_kind(Kind::Float));
-        (common::matmul(&normed, &self.alpha, compute), common::matmul(&normed, &self.beta, compute))
+            _ => common::matmul(&self.norm.forward(&h.to_kind(Kind::Float)), &w, compute),
+        };
+        let parts = z.split_with_sizes([k, 1], -1);
+        (parts[0].shallow_clone(), parts[1].squeeze_dim(-1))
     }
 }
 
