@@ -112,6 +112,7 @@ fn build_native(lib_dir: Option<&Path>) {
         "src/native/streams.cu",
         "src/native/losses.cu",
         "src/native/norms.cu",
+        "src/native/norm_project.cu",
         "src/native/activations.cu",
         "src/native/rope.cu",
     ];

@@ -30,9 +30,10 @@
 //!   Sinkhorn ([`sinkhorn_cuda`]), the stream read and write (through [`stream_read_fused`] and
 //!   [`stream_write_fused`] for fp32 CUDA tensors), the language-model loss
 //!   ([`cross_entropy_cuda`]), the pre-norms written in bf16 ([`norm_cuda`]), SwiGLU's gate
-//!   ([`swiglu_cuda`]) and RoPE with the split into heads ([`rope_cuda`]); for the tests and
+//!   ([`swiglu_cuda`]), RoPE with the split into heads ([`rope_cuda`]) and Hyper-Connections'
+//!   dynamic logits ([`norm_project_gpu`]); for the tests and
 //!   `doctor`, [`sinkhorn_cuda_host`], [`streams_host`], [`cross_entropy_host`], [`norm_host`],
-//!   [`swiglu_host`], [`rope_host`], [`cuda_kernels_compile`], [`nvrtc_version`].
+//!   [`swiglu_host`], [`rope_host`], [`norm_project_host`], [`cuda_kernels_compile`], [`nvrtc_version`].
 //!
 //! * the choice between them: [`stream_read`], [`stream_write`] and [`sinkhorn`] run the fused CPU
 //!   kernel, the CUDA kernel or the composite libtorch graph ([`stream_read_composite`], …, the
@@ -206,6 +207,26 @@ mod ffi {
             gy: *mut C_tensor,
             eps: f64,
             layer: i64,
+            threads: i64,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
+        pub fn plexus_norm_project_cuda(
+            x: *mut C_tensor,
+            gamma: *mut C_tensor,
+            beta: *mut C_tensor,
+            w: *mut C_tensor,
+            eps: f64,
+            round: i64,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
+        pub fn plexus_norm_project_host(
+            x: *mut C_tensor,
+            gamma: *mut C_tensor,
+            beta: *mut C_tensor,
+            w: *mut C_tensor,
+            gz: *mut C_tensor,
+            eps: f64,
+            round: i64,
             threads: i64,
             out: *mut *mut C_tensor,
         ) -> *mut c_char;
@@ -578,6 +599,71 @@ mod tests {
         }
     }
 
+    /// Hyper-Connections' dynamic-logit kernels' arithmetic (run on the CPU, each block as 1, 7 and
+    /// 256 threads, n = 1, 4, 8) against the composite they replace — libtorch's LayerNorm and
+    /// product, in fp32, and with the bf16 product's casts — and fp64. fp32: z and every gradient
+    /// (x, γ, β, W) no further from fp64 than 8× the composite's error plus 4 units of fp32. bf16:
+    /// the roundings are the composite's, so the two differ only where an fp32 sum taken in another
+    /// order tips a bf16 rounding to its neighbour — rare, and by one bf16 unit — and otherwise by
+    /// fp32 roundoff: at most 2 % of the elements of each tensor more than 2⁻¹⁶ of its largest
+    /// magnitude apart, none more than 2⁻⁷ (a rounding left out would move most elements by about
+    /// 2⁻⁹); z and W's gradient are bf16 values.
+    #[test]
+    fn the_norm_project_kernels_arithmetic_equals_the_composite() {
+        use tch::{Device, Kind};
+        let (r, d) = (70i64, 300i64);
+        let grid = |phase: f64, shape: &[i64]| {
+            let n: i64 = shape.iter().product();
+            (Tensor::arange(n, (Kind::Double, Device::Cpu)) * phase).sin().reshape(shape)
+        };
+        let x = (grid(0.43, &[r, d]) * 3.0 + 0.5).to_kind(Kind::Float);
+        let gamma = (grid(1.3, &[d]) + 1.0).to_kind(Kind::Float);
+        let beta = grid(2.1, &[d]).to_kind(Kind::Float);
+        for n in [1i64, 4, 8] {
+            let k = n + 2;
+            let w = (grid(0.91, &[d, k]) * 0.1).to_kind(Kind::Float);
+            let gz = grid(1.7, &[r, k]).to_kind(Kind::Float);
+            // The composite at `dtype`, its product in `compute`: [z, gx, gγ, gβ, gW].
+            let composite = |dtype: Kind, compute: Kind| {
+                let leaf = |t: &Tensor| t.to_kind(dtype).detach().set_requires_grad(true);
+                let (xv, gv, bv, wv) = (leaf(&x), leaf(&gamma), leaf(&beta), leaf(&w));
+                let normed = xv.layer_norm([d], Some(&gv), Some(&bv), 1e-5, false);
+                let z = normed.to_kind(compute).matmul(&wv.to_kind(compute)).to_kind(dtype);
+                (&z * gz.to_kind(dtype)).sum(dtype).backward();
+                [z.detach(), xv.grad(), gv.grad(), bv.grad(), wv.grad()]
+            };
+            let truth = composite(Kind::Double, Kind::Double);
+            let max = |t: &Tensor| crate::host::scalar(&t.to_kind(Kind::Double).abs().max());
+            let names = ["z", "x gradient", "γ gradient", "β gradient", "W gradient"];
+            for round in [false, true] {
+                let want = composite(Kind::Float, if round { Kind::BFloat16 } else { Kind::Float });
+                for threads in [1, 7, 256] {
+                    let got = norm_project_host(&x, &gamma, &beta, &w, &gz, 1e-5, round, threads).unwrap();
+                    for (i, what) in names.iter().enumerate() {
+                        let case = format!("n {n} {} threads {threads}: {what}", if round { "bf16" } else { "fp32" });
+                        if round {
+                            let gap =
+                                (got[i].to_kind(Kind::Double) - want[i].to_kind(Kind::Double)).abs() / max(&want[i]);
+                            let apart =
+                                crate::host::scalar(&gap.gt(2f64.powi(-16)).to_kind(Kind::Double).mean(Kind::Double));
+                            let largest = max(&gap);
+                            assert!(apart <= 0.02 && largest <= 2f64.powi(-7), "{case}: {apart} apart, {largest:e}");
+                            if i == 0 || i == 4 {
+                                let bf16 = got[i].to_kind(Kind::BFloat16).to_kind(Kind::Float);
+                                assert!(got[i].equal(&bf16), "{case}: not bf16 values");
+                            }
+                        } else {
+                            let err = |a: &Tensor| max(&(a.to_kind(Kind::Double) - &truth[i])) / max(&truth[i]);
+                            let (e, e_ref) = (err(&got[i]), err(&want[i]));
+                            let floor = 4.0 * f64::from(f32::EPSILON);
+                            assert!(e <= 8.0 * e_ref + floor, "{case}: {e:e} against the composite's {e_ref:e}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// The CUDA SwiGLU kernels' arithmetic (run on the CPU) against libtorch's `silu(g) · u` and its
     /// gradients, and fp64: fp32 within 8× libtorch's error plus 4 units of fp32; bf16 (one rounding
     /// where libtorch rounds twice) at most one bf16 unit from libtorch's.
@@ -723,6 +809,8 @@ mod tests {
                     "plexus_swiglu_backward_f32",
                     "plexus_rope_forward_bf16",
                     "plexus_rope_backward_f32",
+                    "plexus_norm_project_forward",
+                    "plexus_norm_project_backward",
                 ] {
                     assert!(k.log.contains(name), "n = {n}, {}: no {name} in ptxas' log", k.target);
                 }

@@ -47,6 +47,7 @@
 #include "streams.cu"
 #include "losses.cu"
 #include "norms.cu"
+#include "norm_project.cu"
 #include "activations.cu"
 #include "rope.cu"
 
@@ -76,6 +77,7 @@ constexpr unsigned kStreamThreads = 128;  // the stream kernels: threads per blo
 constexpr unsigned kLossThreads = 256;    // the loss kernels: threads per block, one block per row of logits
 constexpr unsigned kNormThreads = 256;    // the norm kernels: threads per block (forward: a row; backward: rows)
 constexpr int64_t kNormRows = 32;         // the norm's backward: rows per block (their weight gradients summed there)
+constexpr int64_t kNormProjectRows = 64;  // HC's dynamic logits, backward: rows per block (their partial gradients)
 
 // Calls f with std::integral_constant<int, n> for n in 1..=kMaxStreams.
 template <typename F>
@@ -208,6 +210,55 @@ void host_norm(const float* x, const float* w, const float* b, const unsigned sh
   }
 }
 
+// HC's dynamic logits on the CPU (norm_project.cu's per-thread functions, each block emulated by
+// `threads` calls whose partial sums add in thread order): z [R, K] (K = n + 2), mean and rstd [R];
+// with gz, gx [R, D] and the parameters' gradients summed over all rows in row order (gW rounded as
+// the kernels' caller does).
+void host_norm_project(const float* x, const float* gamma, const float* beta, const float* w, const float* gz, float* z,
+                       float* mean, float* rstd, float* gx, float* ggamma, float* gbeta, float* gw, int64_t rows,
+                       int64_t d, int64_t n, float eps, bool round, int64_t threads) {
+  with_n(n, [&](auto fixed) {
+    constexpr int K = decltype(fixed)::value + 2;
+    for (int64_t r = 0; r < rows; ++r) {
+      float s = 0.0f, q = 0.0f;
+      for (int64_t t = 0; t < threads; ++t) s += plexus_norms::row_sum(x, r, d, t, threads);
+      const float m = s / static_cast<float>(d);
+      for (int64_t t = 0; t < threads; ++t) q += plexus_norms::row_sq(x, r, d, m, t, threads);
+      const float rs = 1.0f / std::sqrt(q / static_cast<float>(d) + eps);
+      float acc[K] = {};
+      for (int64_t t = 0; t < threads; ++t) {
+        float part[K];
+        plexus_norm_project::forward_partial<K>(x, gamma, beta, w, r, d, m, rs, round, t, threads, part);
+        for (int k = 0; k < K; ++k) acc[k] += part[k];
+      }
+      for (int k = 0; k < K; ++k) z[r * K + k] = plexus_norm_project::rho(acc[k], round);
+      mean[r] = m;
+      rstd[r] = rs;
+    }
+    if (gz == nullptr) return;
+    std::vector<float> part(static_cast<size_t>(2 * d + d * K), 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      float g[K];
+      plexus_norm_project::load_gz<K>(gz, r, round, g);
+      float sg = 0.0f, sgx = 0.0f;
+      for (int64_t t = 0; t < threads; ++t) {
+        float a = 0.0f, c = 0.0f;
+        plexus_norm_project::backward_sums<K>(x, gamma, w, g, r, d, mean[r], rstd[r], round, t, threads, &a, &c);
+        sg += a;
+        sgx += c;
+      }
+      const float mg = sg / static_cast<float>(d), mgx = sgx / static_cast<float>(d);
+      for (int64_t t = 0; t < threads; ++t) {
+        plexus_norm_project::backward_row<K>(x, gamma, beta, w, g, gx, part.data(), r, d, mean[r], rstd[r], mg, mgx,
+                                             round, t, threads);
+      }
+    }
+    std::copy(part.begin(), part.begin() + d, ggamma);
+    std::copy(part.begin() + d, part.begin() + 2 * d, gbeta);
+    for (int64_t i = 0; i < d * K; ++i) gw[i] = plexus_norm_project::rho(part[2 * d + i], round);
+  });
+}
+
 // SwiGLU's per-element functions on the CPU over n elements (bf16 as raw bits, or fp32): h, and
 // with gh, gg and gu.
 template <typename T>
@@ -320,6 +371,29 @@ void run_rope_forward_on_host(const at::Tensor& x, const at::Tensor& cs, const a
     plexus_rope::rope_forward(cptr<T>(x), cptr<T>(cs), cptr<T>(sn), mptr<T>(y), y.size(0), y.size(2), heads, y.size(3),
                               x.stride(1), 0, 1);
   });
+}
+
+// HC's dynamic logits: x [R, D], gamma, beta [D], w [D, K] fp32 contiguous CPU tensors; z [R, K], mean,
+// rstd [R]. Backward recomputes the statistics, as the forward's.
+void run_norm_project_forward_on_host(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta,
+                                      const at::Tensor& w, const at::Tensor& z, const at::Tensor& mean,
+                                      const at::Tensor& rstd, double eps, bool round) {
+  host_norm_project(cptr<float>(x), cptr<float>(gamma), cptr<float>(beta), cptr<float>(w), nullptr, mptr<float>(z),
+                    mptr<float>(mean), mptr<float>(rstd), nullptr, nullptr, nullptr, nullptr, x.size(0), x.size(1),
+                    w.size(1) - 2, static_cast<float>(eps), round, kNormThreads);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> run_norm_project_backward_on_host(
+    const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta, const at::Tensor& w, const at::Tensor& gz,
+    double eps, bool round) {
+  const int64_t rows = x.size(0), d = x.size(1), kk = w.size(1);
+  auto z = at::empty({rows, kk}, x.options()), mean = at::empty({rows}, x.options()), rstd = at::empty({rows}, x.options());
+  auto gx = at::empty_like(x), gg = at::empty({d}, x.options()), gb = at::empty({d}, x.options()),
+       gw = at::empty({d, kk}, x.options());
+  host_norm_project(cptr<float>(x), cptr<float>(gamma), cptr<float>(beta), cptr<float>(w), cptr<float>(gz),
+                    mptr<float>(z), mptr<float>(mean), mptr<float>(rstd), mptr<float>(gx), mptr<float>(gg),
+                    mptr<float>(gb), mptr<float>(gw), rows, d, kk - 2, static_cast<float>(eps), round, kNormThreads);
+  return {gx, gg, gb, gw};
 }
 
 void run_rope_backward_on_host(const at::Tensor& gy, const at::Tensor& cs, const at::Tensor& sn, const at::Tensor& gx) {
@@ -611,6 +685,7 @@ struct Kernels {
   // The loss, by the logits' dtype: [0] bf16, [1] fp32.
   CUfunction ce_forward[2] = {nullptr, nullptr}, ce_backward[2] = {nullptr, nullptr};
   CUfunction norm_forward = nullptr, norm_backward = nullptr;  // pre-norms written in bf16
+  CUfunction norm_project_forward = nullptr, norm_project_backward = nullptr;  // HC's dynamic logits (K = n + 2)
   CUfunction swiglu_forward[2] = {nullptr, nullptr}, swiglu_backward[2] = {nullptr, nullptr};  // [0] bf16, [1] fp32
   CUfunction rope_forward[2] = {nullptr, nullptr}, rope_backward[2] = {nullptr, nullptr};      // [0] bf16, [1] fp32
   int64_t n = 0;
@@ -821,6 +896,52 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> launch_norm_backward(const Kernel
   return {gx, gw, gb};
 }
 
+// HC's dynamic logits (K = n + 2 of the kernels): x [R, D], gamma, beta [D], w [D, K] fp32 contiguous on the
+// kernels' device; z [R, K], mean and rstd [R] fp32. Backward: gz [R, K] fp32 → (gx [R, D], gγ, gβ [D],
+// gW [D, K]; libtorch sums the blocks' partial gradients, and rounds gW when `round`).
+void launch_norm_project_forward(const Kernels& k, const at::Tensor& x, const at::Tensor& gamma,
+                                 const at::Tensor& beta, const at::Tensor& w, const at::Tensor& z,
+                                 const at::Tensor& mean, const at::Tensor& rstd, double eps, bool round) {
+  const float* xp = x.const_data_ptr<float>();
+  const float* gp = gamma.const_data_ptr<float>();
+  const float* bp = beta.const_data_ptr<float>();
+  const float* wp = w.const_data_ptr<float>();
+  float* zp = z.mutable_data_ptr<float>();
+  float* mp = mean.mutable_data_ptr<float>();
+  float* rp = rstd.mutable_data_ptr<float>();
+  long long d = x.size(1);
+  float e = static_cast<float>(eps);
+  int rd = round ? 1 : 0;
+  void* args[] = {&xp, &gp, &bp, &wp, &zp, &mp, &rp, &d, &e, &rd};
+  launch(k, k.norm_project_forward, "norm-project forward", x.device(), x.size(0), kNormThreads, args);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> launch_norm_project_backward(
+    const Kernels& k, const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta, const at::Tensor& w,
+    const at::Tensor& gz, const at::Tensor& mean, const at::Tensor& rstd, bool round) {
+  const int64_t rows_total = x.size(0), d = x.size(1), kk = w.size(1);
+  const int64_t blocks = std::max<int64_t>((rows_total + kNormProjectRows - 1) / kNormProjectRows, 1);
+  auto gx = at::empty_like(x);
+  auto part = at::zeros({blocks, 2 * d + d * kk}, x.options());
+  const float* xp = x.const_data_ptr<float>();
+  const float* gp = gamma.const_data_ptr<float>();
+  const float* bp = beta.const_data_ptr<float>();
+  const float* wp = w.const_data_ptr<float>();
+  const float* zp = gz.const_data_ptr<float>();
+  const float* mp = mean.const_data_ptr<float>();
+  const float* rp = rstd.const_data_ptr<float>();
+  float* gxp = gx.mutable_data_ptr<float>();
+  float* pp = part.mutable_data_ptr<float>();
+  long long rr = rows_total, dd = d, per = kNormProjectRows;
+  int rd = round ? 1 : 0;
+  void* args[] = {&xp, &gp, &bp, &wp, &zp, &mp, &rp, &gxp, &pp, &rr, &dd, &per, &rd};
+  launch(k, k.norm_project_backward, "norm-project backward", x.device(), blocks, kNormThreads, args);
+  const auto sums = part.sum(0);
+  auto gw = sums.narrow(0, 2 * d, d * kk).view({d, kk});
+  if (round) gw = gw.to(at::kBFloat16).to(at::kFloat);
+  return {gx, sums.narrow(0, 0, d), sums.narrow(0, d, d), gw};
+}
+
 // SwiGLU: g, u (and gh) contiguous bf16 or fp32 on the kernels' device; h (gg, gu) alike. Blocks
 // of kLossThreads threads, a grid-stride loop over the elements.
 int64_t elementwise_blocks(int64_t n) {
@@ -1018,6 +1139,42 @@ void self_check_norm(const Kernels& k, c10::Device device) {
   }
 }
 
+// HC's dynamic-logit kernels (K = n + 2) against their per-thread functions on the CPU, fp32 and
+// bf16 roundings: more rows than one backward block, a width some threads loop over twice.
+void self_check_norm_project(const Kernels& k, c10::Device device) {
+  const int64_t n = k.n, kk = n + 2, rows = 2 * kNormProjectRows + 5, d = kNormThreads + 37;
+  const auto x = pattern({rows, d}, 0.37).to(at::kFloat) * 2.0 + 0.3;
+  const auto gamma = pattern({d}, 1.1).to(at::kFloat) + 1.0, beta = pattern({d}, 2.3).to(at::kFloat);
+  const auto w = pattern({d, kk}, 0.9).to(at::kFloat), gz = pattern({rows, kk}, 1.7).to(at::kFloat);
+  for (const bool round : {false, true}) {
+    auto z = at::empty({rows, kk}, at::kFloat), mean = at::empty({rows}, at::kFloat), rstd = at::empty({rows}, at::kFloat),
+         gx = at::empty({rows, d}, at::kFloat), gg = at::empty({d}, at::kFloat), gb = at::empty({d}, at::kFloat),
+         gw = at::empty({d, kk}, at::kFloat);
+    host_norm_project(x.const_data_ptr<float>(), gamma.const_data_ptr<float>(), beta.const_data_ptr<float>(),
+                      w.const_data_ptr<float>(), gz.const_data_ptr<float>(), z.mutable_data_ptr<float>(),
+                      mean.mutable_data_ptr<float>(), rstd.mutable_data_ptr<float>(), gx.mutable_data_ptr<float>(),
+                      gg.mutable_data_ptr<float>(), gb.mutable_data_ptr<float>(), gw.mutable_data_ptr<float>(), rows, d,
+                      n, 1e-5f, round, kNormThreads);
+    const auto xd = x.to(device), gd = gamma.to(device), bd = beta.to(device), wd = w.to(device), gzd = gz.to(device);
+    auto z_d = at::empty({rows, kk}, xd.options()), mean_d = at::empty({rows}, xd.options()),
+         rstd_d = at::empty({rows}, xd.options());
+    launch_norm_project_forward(k, xd, gd, bd, wd, z_d, mean_d, rstd_d, 1e-5, round);
+    const auto [gx_d, gg_d, gb_d, gw_d] = launch_norm_project_backward(k, xd, gd, bd, wd, gzd, mean_d, rstd_d, round);
+    // bf16-rounded values may round the other way where the two summation orders differ in the last bit.
+    const double tol = round ? 1e-2 : 1e-4;
+    const double dz = deviation(z_d, z.to(at::kDouble)), dx = deviation(gx_d, gx.to(at::kDouble)),
+                 dg = deviation(gg_d, gg.to(at::kDouble)), db = deviation(gb_d, gb.to(at::kDouble)),
+                 dw = deviation(gw_d, gw.to(at::kDouble));
+    if (!(dz <= tol && dx <= tol && dg <= tol && db <= tol && dw <= tol)) {
+      throw std::runtime_error("the CUDA norm-project kernels (n = " + std::to_string(n) + ", " +
+                               (round ? "bf16" : "fp32") + ", " + k.target +
+                               ") disagree with their CPU reference: z off by " + std::to_string(dz) + ", gx by " +
+                               std::to_string(dx) + ", gγ by " + std::to_string(dg) + ", gβ by " + std::to_string(db) +
+                               ", gW by " + std::to_string(dw));
+    }
+  }
+}
+
 // The SwiGLU kernels against their per-element functions on the CPU, bf16 and fp32, over more
 // elements than one block (a grid-stride loop): the same arithmetic, expf apart.
 void self_check_swiglu(const Kernels& k, c10::Device device) {
@@ -1184,8 +1341,11 @@ const Kernels& kernels_for(c10::Device device, int64_t n) {
         d.check(d.ModuleGetFunction(&k->rope_backward[i], module, rb.c_str()), "cuModuleGetFunction");
       }
       d.check(d.ModuleGetFunction(&k->norm_backward, module, "plexus_norm_backward_bf16"), "cuModuleGetFunction");
+      d.check(d.ModuleGetFunction(&k->norm_project_forward, module, "plexus_norm_project_forward"), "cuModuleGetFunction");
+      d.check(d.ModuleGetFunction(&k->norm_project_backward, module, "plexus_norm_project_backward"), "cuModuleGetFunction");
       self_check(*k, device);
       self_check_streams(*k, device);
+      self_check_norm_project(*k, device);
       if (n == 1) {
         self_check_loss(*k, device);
         self_check_norm(*k, device);
@@ -1319,6 +1479,51 @@ struct NormCuda : public torch::autograd::Function<NormCuda> {
                                           layer, with_bias);
     PLEXUS_RECORD_OUTPUTS(gx, gw, gb);
     return {gx.view(grads[0].sizes()), gw, with_bias ? gb : at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// HC's dynamic logits z = LayerNorm(x; γ, β) · W (norm_project.cu) of x [.., D] fp32 with γ, β [D] and
+// W [D, K] fp32 (K = n + 2, 3 ≤ K ≤ kMaxStreams + 2) → z [.., K] fp32, its values bf16-rounded with
+// `round`. Saved: x, γ, β, W, mean and rstd [R].
+struct NormProjectCuda : public torch::autograd::Function<NormProjectCuda> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& gamma_in,
+                            const at::Tensor& beta_in, const at::Tensor& w_in, double eps, bool round) {
+    const c10::DeviceGuard device_guard(x_in.device());
+    const int64_t d = x_in.size(-1), kk = w_in.size(1);
+    const auto x = x_in.reshape({-1, d}).contiguous();
+    const auto gamma = gamma_in.contiguous(), beta = beta_in.contiguous(), w = w_in.contiguous();
+    RECORD_FUNCTION("plexus::norm_project", std::vector<c10::IValue>({x}));
+    auto z = at::empty({x.size(0), kk}, x.options());
+    auto mean = at::empty({x.size(0)}, x.options()), rstd = at::empty({x.size(0)}, x.options());
+    if (x.is_cpu()) {
+      run_norm_project_forward_on_host(x, gamma, beta, w, z, mean, rstd, eps, round);
+    } else {
+      launch_norm_project_forward(kernels_for(x.device(), kk - 2), x, gamma, beta, w, z, mean, rstd, eps, round);
+    }
+    PLEXUS_RECORD_OUTPUTS(z, mean, rstd);
+    ctx->save_for_backward({x, gamma, beta, w, mean, rstd});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["round"] = round;
+    auto sizes = x_in.sizes().vec();
+    sizes.back() = kk;
+    return z.view(sizes);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &gamma = saved[1], &beta = saved[2], &w = saved[3];
+    const c10::DeviceGuard device_guard(x.device());
+    const bool round = ctx->saved_data["round"].toBool();
+    const auto gz = grads[0].to(at::kFloat).reshape({-1, w.size(1)}).contiguous();
+    RECORD_FUNCTION("plexus::norm_project_backward", std::vector<c10::IValue>({gz}));
+    auto [gx, gg, gb, gw] =
+        x.is_cpu() ? run_norm_project_backward_on_host(x, gamma, beta, w, gz, ctx->saved_data["eps"].toDouble(), round)
+                   : launch_norm_project_backward(kernels_for(x.device(), w.size(1) - 2), x, gamma, beta, w, gz,
+                                                  saved[4], saved[5], round);
+    PLEXUS_RECORD_OUTPUTS(gx, gg, gb, gw);
+    auto sizes = grads[0].sizes().vec();
+    sizes.back() = x.size(1);
+    return {gx.view(sizes), gg, gb, gw, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -1511,6 +1716,58 @@ char* plexus_norm_host(at::Tensor* x, at::Tensor* w, at::Tensor* b, at::Tensor* 
     out[1] = new at::Tensor(gx);
     out[2] = new at::Tensor(gw);
     out[3] = new at::Tensor(gb);
+  });
+}
+
+// HC's dynamic logits on a CUDA device (or the CPU, through the kernels' host build): z = LayerNorm(x;
+// γ, β, eps) · W for x [.., D] fp32, γ, β [D], W [D, K] fp32 (3 ≤ K ≤ 10), bf16 roundings with
+// `round`; differentiable (x, γ, β, W).
+char* plexus_norm_project_cuda(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w, double eps,
+                               int64_t round, at::Tensor** out) {
+  return guarded([&] {
+    const int64_t d = x->dim() >= 1 ? x->size(-1) : 0;
+    const auto fp32_on = [&](const at::Tensor& t) {
+      return on_kernel_device(t) && t.scalar_type() == at::kFloat && t.device() == x->device();
+    };
+    const bool ok = fp32_on(*x) && d >= 1 && fp32_on(*gamma) && fp32_on(*beta) && fp32_on(*w) && gamma->dim() == 1 &&
+                    gamma->size(0) == d && beta->dim() == 1 && beta->size(0) == d && w->dim() == 2 &&
+                    w->size(0) == d && w->size(1) >= 3 && w->size(1) <= kMaxStreams + 2;
+    if (!ok) {
+      throw std::invalid_argument(
+          "the CUDA norm-project takes fp32 x [.., D], γ, β [D] and W [D, K] (3 ≤ K ≤ " +
+          std::to_string(kMaxStreams + 2) + ") on one CUDA device (or the CPU)");
+    }
+    *out = new at::Tensor(NormProjectCuda::apply(*x, *gamma, *beta, *w, eps, round != 0));
+  });
+}
+
+// The norm-project kernels' per-thread arithmetic on the CPU, each block as `threads` threads: x [R, D],
+// γ, β [D], W [D, K], gz [R, K] (fp32, contiguous) → out[0] = z, out[1] = gx, out[2] = gγ, out[3] = gβ,
+// out[4] = gW.
+char* plexus_norm_project_host(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w, at::Tensor* gz,
+                               double eps, int64_t round, int64_t threads, at::Tensor** out) {
+  return guarded([&] {
+    const auto cpu_f32 = [](const at::Tensor& t) {
+      return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
+    };
+    const bool ok = x->dim() == 2 && cpu_f32(*x) && cpu_f32(*gamma) && cpu_f32(*beta) && cpu_f32(*w) && cpu_f32(*gz) &&
+                    gamma->numel() == x->size(1) && beta->numel() == x->size(1) && w->dim() == 2 &&
+                    w->size(0) == x->size(1) && w->size(1) >= 3 && w->size(1) <= kMaxStreams + 2 && gz->dim() == 2 &&
+                    gz->size(0) == x->size(0) && gz->size(1) == w->size(1);
+    if (!ok) throw std::invalid_argument("plexus_norm_project_host takes contiguous fp32 CPU x [R, D], γ, β [D], W [D, K], gz [R, K]");
+    if (threads < 1) throw std::invalid_argument("plexus_norm_project_host takes threads ≥ 1");
+    const int64_t rows = x->size(0), d = x->size(1), kk = w->size(1);
+    auto z = at::empty({rows, kk}, at::kFloat), mean = at::empty({rows}, at::kFloat), rstd = at::empty({rows}, at::kFloat),
+         gx = at::empty({rows, d}, at::kFloat), gg = at::empty({d}, at::kFloat), gb = at::empty({d}, at::kFloat),
+         gw = at::empty({d, kk}, at::kFloat);
+    host_norm_project(cptr<float>(*x), cptr<float>(*gamma), cptr<float>(*beta), cptr<float>(*w), cptr<float>(*gz),
+                      mptr<float>(z), mptr<float>(mean), mptr<float>(rstd), mptr<float>(gx), mptr<float>(gg),
+                      mptr<float>(gb), mptr<float>(gw), rows, d, kk - 2, static_cast<float>(eps), round != 0, threads);
+    out[0] = new at::Tensor(z);
+    out[1] = new at::Tensor(gx);
+    out[2] = new at::Tensor(gg);
+    out[3] = new at::Tensor(gb);
+    out[4] = new at::Tensor(gw);
   });
 }
 

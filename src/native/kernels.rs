@@ -674,6 +674,79 @@ pub fn norm_host(
     fused_results(err, out)
 }
 
+/// Hyper-Connections' dynamic logits `z = LayerNorm(x; γ, β, eps) · W` of the streams `x` `[.., D]`
+/// (fp32) with `W = [W_a | w_b]` `[D, K]` (K = n + 2) → `[.., K]` fp32, through plexus' kernels
+/// (`src/native/norm_project.cu`: one pass over x each way, the normalised streams never written)
+/// where a step takes the GPU's fused paths (a CUDA device, or the CPU under
+/// [`gpu_paths_on_cpu`]); `None` elsewhere, where the kernels cannot run, or for K outside 3..=10.
+/// With `compute` bf16 the kernels round where the composite's bf16 product does (the normalised
+/// streams and W before the product, z after it; backward the same), so that the two differ only
+/// in the order of their fp32 sums.
+pub fn norm_project_gpu(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    w: &Tensor,
+    eps: f64,
+    compute: Kind,
+) -> Option<Tensor> {
+    let k = w.size().get(1).copied().unwrap_or(0);
+    let takes = takes_gpu_paths(x)
+        && [x, gamma, beta, w].iter().all(|t| t.kind() == Kind::Float)
+        && matches!(compute, Kind::Float | Kind::BFloat16)
+        && (3..=10).contains(&k);
+    if !takes {
+        return None;
+    }
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: live handles for the call; the C++ side writes a new, caller-owned tensor.
+    let err = unsafe {
+        ffi::plexus_norm_project_cuda(
+            x.as_ptr() as *mut _,
+            gamma.as_ptr() as *mut _,
+            beta.as_ptr() as *mut _,
+            w.as_ptr() as *mut _,
+            eps,
+            (compute == Kind::BFloat16) as i64,
+            &mut out,
+        )
+    };
+    cuda_result(fused_result(err, out))
+}
+
+/// The norm-project kernels' per-thread arithmetic run on the CPU (each block as `threads`
+/// threads): `[z [R, K], gx [R, D], gγ [D], gβ [D], gW [D, K]]` for `x` `[R, D]`, `γ`, `β` `[D]`,
+/// `W` `[D, K]` and `gz` `[R, K]` (fp32), with bf16 roundings where `round`. For the tests.
+#[allow(clippy::too_many_arguments)]
+pub fn norm_project_host(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    w: &Tensor,
+    gz: &Tensor,
+    eps: f64,
+    round: bool,
+    threads: i64,
+) -> Result<[Tensor; 5]> {
+    let ts: Vec<Tensor> = [x, gamma, beta, w, gz].iter().map(|t| t.contiguous()).collect();
+    let mut out: [*mut torch_sys::C_tensor; 5] = [std::ptr::null_mut(); 5];
+    // SAFETY: live handles for the call; on success five new, caller-owned tensors in `out`.
+    let err = unsafe {
+        ffi::plexus_norm_project_host(
+            ts[0].as_ptr() as *mut _,
+            ts[1].as_ptr() as *mut _,
+            ts[2].as_ptr() as *mut _,
+            ts[3].as_ptr() as *mut _,
+            ts[4].as_ptr() as *mut _,
+            eps,
+            round as i64,
+            threads,
+            out.as_mut_ptr(),
+        )
+    };
+    fused_results(err, out)
+}
+
 /// Elements of a chunk of [`cross_entropy_chunked`] (its fp32 temporaries): large on a GPU, where
 /// each chunk is a few kernels (2²⁶ = 268 MB of fp32), cache-sized on a CPU (2²² = 16 MB).
 fn cross_entropy_chunk_elems(device: tch::Device) -> i64 {

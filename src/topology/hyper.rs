@@ -127,16 +127,22 @@ impl Dynamic {
     /// The dynamic logits of streams `h` `[.., n, D]`: `(Norm(H) W_a [.., n, n+1], Norm(H) w_b [.., n])`,
     /// as one product with `W = [W_a | w_b]` `[D, n+2]`, split.
     ///
-    /// In fp32 on the CPU one fused kernel computes it ([`native::norm_project`]): the normalised
-    /// streams, an `[.., n, D]` tensor written, read by the product and saved for backward, are
-    /// never materialised. Otherwise LayerNorm, then the product in the compute precision (bf16
-    /// under `precision: bf16`, as every `Linear`): one read of the normalised streams, not two.
+    /// On a GPU one kernel each way computes it ([`native::norm_project_gpu`], with the composite's
+    /// bf16 roundings under `precision: bf16`); in fp32 on the CPU one fused kernel
+    /// ([`native::norm_project`]): the normalised streams, an `[.., n, D]` tensor written, read by
+    /// the product and saved for backward, are never materialised. Otherwise LayerNorm, then the
+    /// product in the compute precision (bf16 under `precision: bf16`, as every `Linear`).
     fn logits(&self, h: &Tensor, compute: Kind) -> (Tensor, Tensor) {
         let k = self.alpha.size()[1];
         let w = Tensor::cat(&[&self.alpha, &self.beta.unsqueeze(1)], 1);
         let (gamma, beta) = (self.norm.ws.as_ref(), self.norm.bs.as_ref());
-        let z = match (gamma, beta, compute) {
-            (Some(gamma), Some(beta), Kind::Float)
+        let gpu = match (gamma, beta) {
+            (Some(gamma), Some(beta)) => native::norm_project_gpu(h, gamma, beta, &w, NORM_EPS, compute),
+            _ => None,
+        };
+        let z = match (gpu, gamma, beta, compute) {
+            (Some(z), ..) => z,
+            (None, Some(gamma), Some(beta), Kind::Float)
                 if h.kind() == Kind::Float && native::fused_streams_take_all(&[h, gamma, beta, &self.alpha]) =>
             {
                 native::norm_project(h, gamma, beta, &w, NORM_EPS)
@@ -199,9 +205,11 @@ impl StreamMixing for Hyper {
 impl Hyper {
     /// Unit k's parameters for the fused pre step, when it applies: dynamic mixing computed in
     /// fp32, and the streams `h` and the parameters all fp32 (or all fp64) on the CPU.
+    /// Not under [`native::gpu_paths_on_cpu`]: a GPU has no such kernel, and that setting runs the
+    /// GPU's paths (the dynamic logits' kernel, then the read).
     fn fused_pre(&self, k: usize, h: &Tensor) -> Option<native::HyperPreParams<'_>> {
         let l = &self.layers[k];
-        let d = l.dynamic.as_ref().filter(|_| self.compute == Kind::Float)?;
+        let d = l.dynamic.as_ref().filter(|_| self.compute == Kind::Float && !native::gpu_paths_on_cpu())?;
         let (gamma, beta) = (d.norm.ws.as_ref()?, d.norm.bs.as_ref()?);
         let all = [h, gamma, beta, &d.alpha, &d.beta, &l.static_alpha, &l.static_beta, &d.alpha_scale, &d.beta_scale];
         native::fused_streams_take_all(&all).then_some(native::HyperPreParams {

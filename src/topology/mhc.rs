@@ -135,9 +135,9 @@ struct Mhc {
 /// autograd function, whose backward forms the streams' gradient in one pass where autograd ran the
 /// norm's backward and added two `[.., n·D]` gradients. Otherwise the RMS as one norm kernel (not
 /// square → mean → sqrt with an `[.., n·D]` temporary saved for backward) and the product in the
-/// compute precision.
+/// compute precision (also on the CPU under [`native::gpu_paths_on_cpu`], which runs a GPU's paths).
 fn project(v: &Tensor, phi: &Tensor, compute: Kind) -> Tensor {
-    if v.kind() == compute && native::fused_streams_take_all(&[v, phi]) {
+    if v.kind() == compute && native::fused_streams_take_all(&[v, phi]) && !native::gpu_paths_on_cpu() {
         return native::rms_project(v, phi).unwrap_or_else(|e| panic!("fused rms projection: {e:#}"));
     }
     let nd = v.size()[v.dim() - 1] as f64;
