@@ -106,7 +106,7 @@ fn main() {
         ),
         (
             "rms + projection (mHC)",
-            Box::new(|x| native::rms_project(&x[0], &x[1]).unwrap()),
+            Box::new(|x| native::rms_project(&x[0], &x[1], x[0].kind()).unwrap()),
             Box::new(|x| {
                 let nd = x[0].size()[1] as f64;
                 x[0].matmul(&x[1]) / (x[0].norm_scalaropt_dim(2.0, [-1i64], true) / nd.sqrt())

@@ -143,7 +143,12 @@ mod ffi {
             out: *mut *mut C_tensor,
         ) -> *mut c_char;
         pub fn plexus_sinkhorn(logits: *mut C_tensor, iters: i64, isa: i64, out: *mut *mut C_tensor) -> *mut c_char;
-        pub fn plexus_rms_project(v: *mut C_tensor, phi: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
+        pub fn plexus_rms_project(
+            v: *mut C_tensor,
+            phi: *mut C_tensor,
+            bf16: i64,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
         pub fn plexus_sinkhorn_cuda(logits: *mut C_tensor, iters: i64, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn plexus_sinkhorn_host(
             logits: *mut C_tensor,

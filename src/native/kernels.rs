@@ -828,12 +828,27 @@ pub fn history_mix(buf: &Tensor, gbuf: &Tensor, slots: &[usize], states: &[&Tens
 
 /// `(v @ phi) / rms(v)` row by row, `rms(v) = ‖v‖₂ / √N` (mHC's mixing logits): `v` `[.., N]`,
 /// `phi` `[N, K]` → `[.., K]`, one autograd function whose backward forms the input gradient in one
-/// pass (the products are libtorch's). CPU fp32/fp64 tensors of one dtype.
-pub fn rms_project(v: &Tensor, phi: &Tensor) -> Result<Tensor> {
+/// pass (the products are libtorch's) and keeps nothing of `v`'s size but `v`. fp32/fp64 tensors
+/// of one dtype on one device; with `compute` bf16 the products run in bf16 with the composite's
+/// roundings.
+pub fn rms_project(v: &Tensor, phi: &Tensor, compute: Kind) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    let bf16 = (compute == Kind::BFloat16) as i64;
     // SAFETY: as in `stream_read_fused`.
-    let err = unsafe { ffi::plexus_rms_project(v.as_ptr() as *mut _, phi.as_ptr() as *mut _, &mut out) };
+    let err = unsafe { ffi::plexus_rms_project(v.as_ptr() as *mut _, phi.as_ptr() as *mut _, bf16, &mut out) };
     fused_result(err, out)
+}
+
+/// mHC's mixing logits ([`rms_project`]) where a step takes the GPU's fused paths (a CUDA device,
+/// or the CPU under [`gpu_paths_on_cpu`]) and `v`, `phi` are fp32 with `compute` fp32 or bf16;
+/// `None` elsewhere (the caller runs its own code).
+pub fn rms_project_gpu(v: &Tensor, phi: &Tensor, compute: Kind) -> Option<Tensor> {
+    let takes = takes_gpu_paths(v)
+        && v.kind() == Kind::Float
+        && phi.kind() == Kind::Float
+        && phi.device() == v.device()
+        && matches!(compute, Kind::Float | Kind::BFloat16);
+    takes.then(|| rms_project(v, phi, compute).unwrap_or_else(|e| panic!("mHC's rms projection: {e:#}")))
 }
 
 /// `LayerNorm(x; gamma, beta, eps) @ w` row by row, without materialising the normalised rows

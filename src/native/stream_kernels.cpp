@@ -689,17 +689,21 @@ struct NormProject : public torch::autograd::Function<NormProject> {
 // ----------------------------------------------------------------------------------------------
 // rms_project: q = (v @ φ) / r with r = ‖v‖₂ / √N per row: v [R, N], φ [N, K] → q [R, K]. mHC's
 // mixing logits come from exactly this, v being a token's flattened streams (N = n·D) and K = n² + 2n.
-// The matrix products are libtorch's (BLAS); what the function saves is autograd's graph around
-// them: the norm's backward (a masked fill, a product and a quotient over [R, N]) and the addition
-// of the two [R, N] input gradients become one in-place pass, dv = (dq/r) φᵀ − c ⊙ v with
-// c = Σ_j dq_j q_j / (r² N).
+// The matrix products are libtorch's (BLAS, cuBLAS); what the function saves is autograd's graph
+// around them: the norm's backward (a masked fill, a product and a quotient over [R, N]) and the
+// addition of the two [R, N] input gradients become one pass, dv = (dq/r) φᵀ − c ⊙ v with
+// c = Σ_j dq_j q_j / (r² N). On any device. With `bf16` the products run in bf16 with the composite's
+// roundings (v and φ rounded before the product, its result rounded and read back in fp32; backward
+// the same for both gradients), and the bf16 copy of v is made again in backward instead of being
+// kept: nothing of size [R, N] is saved but v, which the caller keeps anyway.
 
 struct RmsProject : public torch::autograd::Function<RmsProject> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& v_in, const at::Tensor& phi_in) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& v_in, const at::Tensor& phi_in, bool bf16) {
     const auto dtype = v_in.scalar_type();
-    if (!(dtype == at::kFloat || dtype == at::kDouble)) throw std::invalid_argument("rms_project takes float32/64");
-    check_cpu_float(v_in, "rms_project input", dtype);
-    check_cpu_float(phi_in, "rms_project weight", dtype);
+    if (!(dtype == at::kFloat || dtype == at::kDouble) || phi_in.scalar_type() != dtype ||
+        phi_in.device() != v_in.device()) {
+      throw std::invalid_argument("rms_project takes float32/64 v and φ of one dtype on one device");
+    }
     if (v_in.dim() < 1 || phi_in.dim() != 2 || phi_in.size(0) != v_in.size(-1)) {
       throw std::invalid_argument("rms_project: v must be [.., N] and φ [N, K]");
     }
@@ -707,9 +711,10 @@ struct RmsProject : public torch::autograd::Function<RmsProject> {
     const auto v = v_in.contiguous().view({-1, n});
     const auto phi = phi_in.contiguous();
     const auto r = at::linalg_vector_norm(v, 2, {1}, /*keepdim=*/true).mul_(1.0 / std::sqrt(double(n)));
-    auto q = at::mm(v, phi).div_(r);
+    auto q = product(v, phi, bf16).div_(r);
     ctx->save_for_backward({v, phi, r, q});
     ctx->saved_data["sizes"] = v_in.sizes().vec();
+    ctx->saved_data["bf16"] = bf16;
     auto out_sizes = v_in.sizes().vec();
     out_sizes.back() = phi.size(1);
     return q.view(out_sizes);
@@ -718,13 +723,21 @@ struct RmsProject : public torch::autograd::Function<RmsProject> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &v = saved[0], &phi = saved[1], &r = saved[2], &q = saved[3];
+    const bool bf16 = ctx->saved_data["bf16"].toBool();
     const auto dq = grads[0].contiguous().view({-1, phi.size(1)});
     const auto a = dq / r;                                                              // [R, K]
     const auto c = (dq * q).sum(1, /*keepdim=*/true).div_(r * r * double(v.size(1)));  // [R, 1]
-    auto dv = at::mm(a, phi.t());
-    dv.addcmul_(v, c, -1.0);
-    auto dphi = at::mm(v.t(), a);
-    return {dv.view(ctx->saved_data["sizes"].toIntVector()), dphi};
+    // (dq/r) φᵀ (bf16 under bf16: the composite's rounding), then − c ⊙ v in the same pass, in v's dtype.
+    auto dv = bf16 ? at::addcmul(at::mm(a.to(at::kBFloat16), phi.to(at::kBFloat16).t()), v, c, -1.0)
+                   : at::mm(a, phi.t()).addcmul_(v, c, -1.0);
+    auto dphi = product(v.t(), a, bf16);
+    return {dv.view(ctx->saved_data["sizes"].toIntVector()), dphi, at::Tensor()};
+  }
+
+  // a @ b in fp32 (or fp64), or with both rounded to bf16 and the bf16 result read back in a's dtype.
+  static at::Tensor product(const at::Tensor& a, const at::Tensor& b, bool bf16) {
+    if (!bf16) return at::mm(a, b);
+    return at::mm(a.to(at::kBFloat16), b.to(at::kBFloat16)).to(a.scalar_type());
   }
 };
 
@@ -898,8 +911,8 @@ char* plexus_sinkhorn(at::Tensor* logits, int64_t iters, int64_t isa, at::Tensor
   return guarded([&] { *out = new at::Tensor(Sinkhorn::apply(*logits, iters, isa)); });
 }
 
-char* plexus_rms_project(at::Tensor* v, at::Tensor* phi, at::Tensor** out) {
-  return guarded([&] { *out = new at::Tensor(RmsProject::apply(*v, *phi)); });
+char* plexus_rms_project(at::Tensor* v, at::Tensor* phi, int64_t bf16, at::Tensor** out) {
+  return guarded([&] { *out = new at::Tensor(RmsProject::apply(*v, *phi, bf16 != 0)); });
 }
 
 // params: γ, β, W_a, w_b, A_static, B_static, s_a, s_b. outs: u, res, post (three fresh handles on

@@ -131,14 +131,18 @@ struct Mhc {
 /// The mixing logits `(v @ φ) / r` of the flattened streams `v` `[.., n·D]` (φ `[n·D, n² + 2n]`),
 /// `r = ‖v‖₂ / √(n·D)` their RMS → `[.., n² + 2n]`.
 ///
-/// On the CPU, in fp32 or fp64 with the compute precision the same, [`native::rms_project`]: one
-/// autograd function, whose backward forms the streams' gradient in one pass where autograd ran the
-/// norm's backward and added two `[.., n·D]` gradients. Otherwise the RMS as one norm kernel (not
-/// square → mean → sqrt with an `[.., n·D]` temporary saved for backward) and the product in the
-/// compute precision (also on the CPU under [`native::gpu_paths_on_cpu`], which runs a GPU's paths).
+/// [`native::rms_project`], one autograd function whose backward forms the streams' gradient in one
+/// pass where autograd ran the norm's backward and added two `[.., n·D]` gradients, and which keeps
+/// no bf16 copy of the streams for backward (it casts them again there): on a GPU in fp32 or bf16
+/// ([`native::rms_project_gpu`], with the composite's roundings), on the CPU in fp32 or fp64 with
+/// the compute precision the same. Otherwise the RMS as one norm kernel (not square → mean → sqrt
+/// with an `[.., n·D]` temporary saved for backward) and the product in the compute precision.
 fn project(v: &Tensor, phi: &Tensor, compute: Kind) -> Tensor {
-    if v.kind() == compute && native::fused_streams_take_all(&[v, phi]) && !native::gpu_paths_on_cpu() {
-        return native::rms_project(v, phi).unwrap_or_else(|e| panic!("fused rms projection: {e:#}"));
+    if let Some(q) = native::rms_project_gpu(v, phi, compute) {
+        return q;
+    }
+    if v.kind() == compute && native::fused_streams_take_all(&[v, phi]) {
+        return native::rms_project(v, phi, compute).unwrap_or_else(|e| panic!("fused rms projection: {e:#}"));
     }
     let nd = v.size()[v.dim() - 1] as f64;
     let r = v.norm_scalaropt_dim(2.0, [-1i64], true) / nd.sqrt();
@@ -188,6 +192,39 @@ impl Topology for Mhc {
 mod tests {
     use super::*;
 
+    /// The RMS projection with bf16 products ([`native::rms_project`] with compute bf16, what a GPU
+    /// step runs under `precision: bf16`) against the composite it replaces (`project`'s last lines:
+    /// the norm, then the bf16 product read back in fp32), q and the gradients of v and φ. The
+    /// roundings are the composite's, so the two differ only where an fp32 sum taken in another
+    /// order tips a bf16 rounding (rare, by one bf16 unit) and otherwise by fp32 roundoff: at most
+    /// 2 % of the elements more than 2⁻¹⁶ of the tensor's largest magnitude apart, none more than
+    /// 2⁻⁷ (a rounding left out moves most elements by about 2⁻⁹).
+    #[test]
+    fn the_rms_projection_in_bf16_rounds_as_the_composite() {
+        tch::manual_seed(5);
+        let opts = (Kind::Float, tch::Device::Cpu);
+        let inputs = [Tensor::randn([3, 7, 40], opts) * 2.0 + 0.5, Tensor::randn([40, 24], opts) * 0.1];
+        let g = Tensor::randn([3, 7, 24], opts);
+        let run = |fused: bool| -> Vec<Tensor> {
+            let xs: Vec<Tensor> = inputs.iter().map(|t| t.detach().set_requires_grad(true)).collect();
+            let q = if fused {
+                native::rms_project(&xs[0], &xs[1], Kind::BFloat16).unwrap()
+            } else {
+                let r = xs[0].norm_scalaropt_dim(2.0, [-1i64], true) / 40f64.sqrt();
+                common::matmul(&xs[0], &xs[1], Kind::BFloat16) / r
+            };
+            (&q * &g).sum(Kind::Float).backward();
+            std::iter::once(q.detach()).chain(xs.iter().map(|x| x.grad())).collect()
+        };
+        let (fused, composite) = (run(true), run(false));
+        for (i, (a, b)) in fused.iter().zip(&composite).enumerate() {
+            let gap = (a - b).abs() / b.abs().max();
+            let apart = gap.gt(2f64.powi(-16)).to_kind(Kind::Double).mean(Kind::Double).double_value(&[]);
+            let largest = gap.max().double_value(&[]);
+            assert!(apart <= 0.02 && largest <= 2f64.powi(-7), "output {i} (q, dv, dφ): {apart} apart, {largest:e}");
+        }
+    }
+
     /// The fused RMS projection against the composite formula (fp64, fp32): the value and the
     /// gradients of the streams and of φ. (The model's own fused-against-composite check is
     /// `plexus parity` on the mHC cases.)
@@ -201,7 +238,7 @@ mod tests {
             let run = |fused: bool| -> Vec<Tensor> {
                 let xs: Vec<Tensor> = inputs.iter().map(|t| t.detach().set_requires_grad(true)).collect();
                 let q = if fused {
-                    native::rms_project(&xs[0], &xs[1]).unwrap()
+                    native::rms_project(&xs[0], &xs[1], xs[0].kind()).unwrap()
                 } else {
                     // The composite formula in the inputs' precision (`project` returns fp32).
                     let r = xs[0].norm_scalaropt_dim(2.0, [-1i64], true) / 40f64.sqrt();
