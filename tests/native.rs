@@ -271,6 +271,12 @@ fn operators_are_counted_as_kernels_views_and_calls() {
     let b = Tensor::ones([4, 3], (Kind::Float, Device::Cpu));
     let (_, add) = count_ops(|| &a + &b).unwrap();
     assert_eq!((add.kernels, add.metadata), (1, 0), "{add:?}");
+    // Its bytes: a [4, 3] fp32 result written, two [4, 3] fp32 operands read. A bf16 cast is a
+    // `copy_` into a new bf16 tensor: 24 bytes written; its operands, the fp32 source and the
+    // destination, 72 (what is read is at most the operands).
+    assert_eq!((add.bytes.f32, add.bytes.half, add.bytes.read), (48, 0, 96), "{add:?}");
+    let (_, cast) = count_ops(|| a.to_kind(Kind::BFloat16)).unwrap();
+    assert_eq!((cast.bytes.f32, cast.bytes.half, cast.bytes.read), (0, 24, 72), "{cast:?}");
     let (_, views) = count_ops(|| a.view([3, 4]).transpose(0, 1).select(0, 1)).unwrap();
     assert_eq!(views.kernels, 0, "{views:?}");
     assert!(views.metadata >= 3, "{views:?}");

@@ -515,6 +515,13 @@ pub struct CompareRow {
     /// For multi-stream topologies: the traffic bound's time, forward and backward, ms (the extra
     /// bytes of [`stream_update_bytes`] per phase over every unit, at the measured copy bandwidth).
     pub traffic_bound_ms: Option<[f64; 2]>,
+    /// The bytes one training step's operators write and read ([`crate::native::OpBytes`]), counted
+    /// on the CPU (`None` on a GPU): under `PLEXUS_FUSED_KERNELS=cuda-host` a GPU step's paths.
+    pub op_bytes: Option<crate::native::OpBytes>,
+    /// Units of the stack, and the extra bytes per unit over residual that the stream update must
+    /// move at least, forward and backward ([`stream_update_bytes`]; 0 for one stream).
+    pub units: usize,
+    pub bound_bytes_per_unit: u64,
 }
 
 /// Topology overhead measured in one process: every experiment is built, warmed up, then stepped
@@ -557,7 +564,7 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
             }
             let (stepped, ops) = crate::native::count_ops(|| t.step())?;
             stepped?;
-            Ok(Some(ops.kernels))
+            Ok(Some((ops.kernels, ops.bytes)))
         })
         .collect::<Result<Vec<_>>>()?;
     let profiles = ts
@@ -590,7 +597,14 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
                 traffic_bound_pct: traffic_bound_pct(streams, units, elems, dtype_bytes, bandwidth, first_ms),
                 flop_bound_pct: matmul_rate
                     .and_then(|rate| flop_bound_pct(e.topology.connection_flops(), units, tokens, rate, first_ms)),
-                kernels: kernels[i],
+                kernels: kernels[i].map(|k| k.0),
+                op_bytes: kernels[i].map(|k| k.1),
+                units,
+                bound_bytes_per_unit: if streams > 1 {
+                    stream_update_bytes(streams, elems, dtype_bytes) - stream_update_bytes(1, elems, dtype_bytes)
+                } else {
+                    0
+                },
                 kernel_profile: profiles[i].clone(),
                 traffic_bound_ms: (streams > 1).then(|| {
                     let [f, b] = stream_update_tensors(streams);

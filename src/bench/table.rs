@@ -73,16 +73,17 @@ pub fn print_bench(rows: &[super::BenchRow]) {
                 slowest.join(", ")
             );
             let mb = |b: u64| b as f64 / 1e6;
-            let w = ops.bytes_written;
+            let w = ops.bytes;
             let writers: Vec<String> =
                 ops.f32_bytes_by_name.iter().take(shown).map(|(n, b)| format!("{n} {:.1}", mb(*b))).collect();
             println!(
-                "{:<30} bytes those operators wrote: fp32 {:.1} MB, bf16/fp16 {:.1} MB, other {:.1} MB (the fused \
-                 AdamW step's updates not included); fp32 MB by operator: {}",
+                "{:<30} bytes those operators wrote: fp32 {:.1} MB, bf16/fp16 {:.1} MB, other {:.1} MB, and read at \
+                 most {:.1} MB (the fused AdamW step's updates not included); fp32 MB by operator: {}",
                 "",
                 mb(w.f32),
                 mb(w.half),
                 mb(w.other),
+                mb(w.read),
                 writers.join(", ")
             );
         }
@@ -148,8 +149,44 @@ pub fn print_compare(case: &str, rows: &[super::CompareRow]) -> String {
             r.label, r.ms, r.act_mem_mb
         );
     }
+    print_topology_traffic(rows);
     print_topology_cost(rows);
     text
+}
+
+/// On the CPU: the bytes each topology's step writes and reads more than the first one's, per unit,
+/// beside the least its stream update must move more than residual's (the traffic bound's bytes):
+/// how far its operators are from what its connection needs. Under `PLEXUS_FUSED_KERNELS=cuda-host`
+/// the operators are a GPU step's.
+fn print_topology_traffic(rows: &[super::CompareRow]) {
+    let Some(first) = rows.first().and_then(|r| r.op_bytes) else { return };
+    let mb = |b: f64| b / 1e6;
+    println!(
+        "\nbytes one step's operators move, per unit, more than {}'s (counted on the CPU{}), against the least the \
+         stream update must move more than residual's:",
+        rows[0].label,
+        if crate::native::gpu_paths_on_cpu() { ", on a GPU step's paths" } else { "" }
+    );
+    println!(
+        "{:<24} {:>16} {:>16} {:>16} {:>16}",
+        "topology", "fp32 written MB", "bf16 written MB", "read MB (≤)", "bound MB"
+    );
+    for r in rows {
+        let Some(b) = r.op_bytes else { continue };
+        let per_unit = |x: u64, y: u64| mb((x as f64 - y as f64) / r.units.max(1) as f64);
+        println!(
+            "{:<24} {:>16.2} {:>16.2} {:>16.2} {:>16}",
+            r.label,
+            per_unit(b.f32, first.f32),
+            per_unit(b.half, first.half),
+            per_unit(b.read, first.read),
+            if r.bound_bytes_per_unit > 0 {
+                format!("{:.2}", mb(r.bound_bytes_per_unit as f64))
+            } else {
+                String::new()
+            }
+        );
+    }
 }
 
 /// With `--profile`: what each topology's own kernels (GPU) or operators (CPU) cost in one eager

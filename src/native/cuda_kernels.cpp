@@ -19,9 +19,9 @@
 
 #include "cuda_kernels.h"
 #include "guarded.h"
+#include "record.h"
 
 #include <ATen/ATen.h>
-#include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -55,11 +55,6 @@ using plexus_native::dup_string;
 using plexus_native::guarded;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// The outputs of the operator that RECORD_FUNCTION opened in this scope (its `guard`), for the
-// callbacks that ask for them: the operator counter's bytes written (plexus_native.cpp, part 3).
-#define PLEXUS_RECORD_OUTPUTS(...) \
-  if (guard.needsOutputs()) guard.setOutputs(std::vector<c10::IValue>{__VA_ARGS__})
 
 namespace {
 

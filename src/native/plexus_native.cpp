@@ -612,8 +612,10 @@ char* plexus_fused_adamw(at::Tensor** params, at::Tensor** grads, at::Tensor** e
 //
 // And the bytes each counted call writes, by dtype: the sizes of its output tensors (an in-place
 // operator's output is the tensor it wrote; an operator that returns nothing, like the fused AdamW
-// step, adds none). On a GPU, where the step's elementwise work is bound by memory traffic, the fp32
-// bytes written are the step's fp32 temporaries, which a bf16 path or a fused kernel saves.
+// step, adds none), and the bytes of its tensor operands (what it reads, at most: an embedding's
+// lookup counts its whole table). On a GPU, where the step's elementwise work is bound by memory
+// traffic, these are its traffic; the fp32 bytes written are the step's fp32 temporaries, which a
+// bf16 path or a fused kernel saves.
 
 namespace op_count {
 std::atomic<uint64_t> leaves{0}, metadata{0}, calls{0};
@@ -626,7 +628,24 @@ struct NameStats {
   uint64_t bytes_f32 = 0;   // fp32 (and fp64) outputs
   uint64_t bytes_half = 0;  // bf16 and fp16 outputs
   uint64_t bytes_other = 0;
+  uint64_t bytes_read = 0;  // tensor operands, every dtype
 };
+
+// The bytes of the tensors in `values` (tensors and tensor lists).
+uint64_t tensor_bytes(c10::ArrayRef<c10::IValue> values) {
+  uint64_t total = 0;
+  const auto add = [&](const at::Tensor& t) {
+    if (t.defined()) total += static_cast<uint64_t>(t.numel()) * t.element_size();
+  };
+  for (const auto& v : values) {
+    if (v.isTensor()) {
+      add(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) add(t);
+    }
+  }
+  return total;
+}
 
 // Adds the bytes of the tensors in `outputs` (tensors and tensor lists) to `st`, by dtype.
 void add_output_bytes(const std::vector<c10::IValue>& outputs, NameStats& st) {
@@ -656,6 +675,7 @@ std::map<std::string, NameStats> by_name;
 struct OpenCall {
   bool had_work_child = false;
   bool product = false;
+  uint64_t bytes_in = 0;  // its tensor operands (read at the start: the end callback may not see them)
   std::chrono::steady_clock::time_point start;
 };
 thread_local std::vector<OpenCall> open_calls;
@@ -695,6 +715,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     call.product = true;
     inside_product++;
   }
+  call.bytes_in = tensor_bytes(fn.inputs());
   call.start = std::chrono::steady_clock::now();
   open_calls.push_back(call);
   return nullptr;
@@ -709,6 +730,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     auto& stats = by_name[fn.name()];
     stats.calls++;
     add_output_bytes(fn.outputs(), stats);
+    stats.bytes_read += call.bytes_in;
     stats.ns += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - call.start).count());
   };
@@ -758,14 +780,15 @@ char* plexus_op_count_begin() {
     op_count::inside_product = 0;
     op_count::handle = at::addGlobalCallback(
         at::RecordFunctionCallback(op_count::on_start, op_count::on_end)
+            .needsInputs(true)
             .needsOutputs(true)
             .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
   });
 }
 
 // out: [leaf operators that do work, leaf view/allocation operators, all operator calls];
-// names: "name calls nanoseconds fp32-bytes half-bytes other-bytes" lines of the working leaf
-// operators (malloc'd).
+// names: "name calls nanoseconds fp32-bytes half-bytes other-bytes read-bytes" lines of the working
+// leaf operators (malloc'd).
 char* plexus_op_count_end(uint64_t* out, char** names) {
   return guarded([&] {
     if (!op_count::handle) throw std::runtime_error("operator counting is not running");
@@ -777,7 +800,8 @@ char* plexus_op_count_end(uint64_t* out, char** names) {
     std::string text;
     for (const auto& [name, st] : op_count::by_name) {
       text += name + " " + std::to_string(st.calls) + " " + std::to_string(st.ns) + " " + std::to_string(st.bytes_f32) +
-              " " + std::to_string(st.bytes_half) + " " + std::to_string(st.bytes_other) + "\n";
+              " " + std::to_string(st.bytes_half) + " " + std::to_string(st.bytes_other) + " " +
+              std::to_string(st.bytes_read) + "\n";
     }
     *names = dup_string(text);
   });

@@ -76,25 +76,36 @@ pub struct OpCount {
     /// The same operators by wall time in ms, longest first (a product's includes what it calls;
     /// the counting callback inflates small operators by about a microsecond per call).
     pub ms_by_name: Vec<(String, f64)>,
-    /// Bytes the working operators wrote (their outputs' sizes), by the outputs' dtype.
-    pub bytes_written: BytesWritten,
+    /// Bytes the working operators wrote (their outputs' sizes, by dtype) and read.
+    pub bytes: OpBytes,
     /// The same operators by fp32 bytes written, most first (those that wrote none left out).
     pub f32_bytes_by_name: Vec<(String, u64)>,
 }
 
-/// Bytes written by a step's working operators, by the dtype of what they wrote: on a GPU, where
-/// elementwise work is bound by memory traffic, a proxy of that traffic which a CPU measures
-/// exactly (the fp32 bytes are the step's fp32 temporaries: norm outputs, casts, fp32 gradients).
-/// An operator that writes in place counts the tensor it wrote; one that returns nothing (the fused
-/// AdamW step) counts nothing; plexus' own kernels count what they return.
+/// Bytes a step's working operators wrote, by the dtype of what they wrote, and read: on a GPU,
+/// where elementwise work is bound by memory traffic, a proxy of that traffic which a CPU measures
+/// exactly (the fp32 bytes written are the step's fp32 temporaries: norm outputs, casts, fp32
+/// gradients). An operator that writes in place counts the tensor it wrote; one that returns
+/// nothing (the fused AdamW step) counts nothing; plexus' own kernels count what they return.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct BytesWritten {
+pub struct OpBytes {
     /// fp32 (and fp64) outputs.
     pub f32: u64,
     /// bf16 (and fp16) outputs.
     pub half: u64,
     /// Integer and boolean outputs.
     pub other: u64,
+    /// The working operators' tensor operands, every dtype: what they read, at most (an in-place
+    /// operator's tensor, or a copy's destination, counts as an operand and as written; an
+    /// embedding lookup counts its table).
+    pub read: u64,
+}
+
+impl OpBytes {
+    /// Every byte written, any dtype.
+    pub fn written(&self) -> u64 {
+        self.f32 + self.half + self.other
+    }
 }
 
 impl OpCount {
@@ -127,20 +138,14 @@ pub fn count_ops<T>(f: impl FnOnce() -> T) -> Result<(T, OpCount)> {
     let mut f32_bytes_by_name: Vec<(String, u64)> =
         rows.iter().filter(|r| r.bytes.f32 > 0).map(|r| (r.name.clone(), r.bytes.f32)).collect();
     f32_bytes_by_name.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let bytes_written = rows.iter().fold(BytesWritten::default(), |t, r| BytesWritten {
+    let bytes = rows.iter().fold(OpBytes::default(), |t, r| OpBytes {
         f32: t.f32 + r.bytes.f32,
         half: t.half + r.bytes.half,
         other: t.other + r.bytes.other,
+        read: t.read + r.bytes.read,
     });
-    let count = OpCount {
-        kernels: out[0],
-        metadata: out[1],
-        calls: out[2],
-        by_name,
-        ms_by_name,
-        bytes_written,
-        f32_bytes_by_name,
-    };
+    let count =
+        OpCount { kernels: out[0], metadata: out[1], calls: out[2], by_name, ms_by_name, bytes, f32_bytes_by_name };
     Ok((value, count))
 }
 
@@ -149,19 +154,19 @@ struct CountRow {
     name: String,
     calls: u64,
     ns: u64,
-    bytes: BytesWritten,
+    bytes: OpBytes,
 }
 
-/// "name calls ns fp32-bytes half-bytes other-bytes" per line; a name may contain spaces, the
-/// numbers do not.
+/// "name calls ns fp32-bytes half-bytes other-bytes read-bytes" per line; a name may contain
+/// spaces, the numbers do not.
 fn parse_count_rows(text: &str) -> Vec<CountRow> {
     text.lines()
         .filter_map(|l| {
-            let mut fields = l.rsplitn(6, ' ');
+            let mut fields = l.rsplitn(7, ' ');
             let mut num = || fields.next()?.parse::<u64>().ok();
-            let (other, half, f32, ns, calls) = (num()?, num()?, num()?, num()?, num()?);
+            let (read, other, half, f32, ns, calls) = (num()?, num()?, num()?, num()?, num()?, num()?);
             let name = fields.next()?.to_string();
-            Some(CountRow { name, calls, ns, bytes: BytesWritten { f32, half, other } })
+            Some(CountRow { name, calls, ns, bytes: OpBytes { f32, half, other, read } })
         })
         .collect()
 }

@@ -41,6 +41,7 @@
 
 #include "cuda_kernels.h"
 #include "guarded.h"
+#include "record.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -252,7 +253,8 @@ struct StreamRead : public torch::autograd::Function<StreamRead> {
     if (h.is_cuda()) {
       plexus_cuda::stream_read(h, pre, u, sh.m, sh.n, sh.d, sh.mr != 1);
     } else {
-      RECORD_FUNCTION("plexus::stream_read", std::vector<c10::IValue>());
+      RECORD_FUNCTION("plexus::stream_read", std::vector<c10::IValue>({h, pre}));
+      PLEXUS_RECORD_OUTPUTS(u);
       AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stream_read", [&] {
         const scalar_t* hp = h.const_data_ptr<scalar_t>();
         const scalar_t* pp = pre.const_data_ptr<scalar_t>();
@@ -281,7 +283,8 @@ struct StreamRead : public torch::autograd::Function<StreamRead> {
     if (h.is_cuda()) {
       plexus_cuda::stream_read_backward(h, pre, gu, gh, gpre_tok, sh.m, sh.n, sh.d, sh.mr != 1);
     } else {
-      RECORD_FUNCTION("plexus::stream_read_backward", std::vector<c10::IValue>());
+      RECORD_FUNCTION("plexus::stream_read_backward", std::vector<c10::IValue>({h, pre, gu}));
+      PLEXUS_RECORD_OUTPUTS(gh, gpre_tok);
       AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stream_read_backward", [&] {
         const scalar_t* hp = h.const_data_ptr<scalar_t>();
         const scalar_t* pp = pre.const_data_ptr<scalar_t>();
@@ -317,7 +320,8 @@ struct StreamWrite : public torch::autograd::Function<StreamWrite> {
     if (h.is_cuda()) {
       plexus_cuda::stream_write(h, res, post, o, out, sh.m, sh.n, sh.d, sh.mr != 1);
     } else {
-      RECORD_FUNCTION("plexus::stream_write", std::vector<c10::IValue>());
+      RECORD_FUNCTION("plexus::stream_write", std::vector<c10::IValue>({h, res, post, o}));
+      PLEXUS_RECORD_OUTPUTS(out);
       AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stream_write", [&] {
         const scalar_t* hp = h.const_data_ptr<scalar_t>();
         const scalar_t* rp = res.const_data_ptr<scalar_t>();
@@ -356,7 +360,8 @@ struct StreamWrite : public torch::autograd::Function<StreamWrite> {
     } else {
       gres_tok = at::empty({sh.m, n, n}, h.options());
       gpost_tok = at::empty({sh.m, n}, h.options());
-      RECORD_FUNCTION("plexus::stream_write_backward", std::vector<c10::IValue>());
+      RECORD_FUNCTION("plexus::stream_write_backward", std::vector<c10::IValue>({h, res, post, o, g}));
+      PLEXUS_RECORD_OUTPUTS(gh, go, gres_tok, gpost_tok);
       AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stream_write_backward", [&] {
         const scalar_t* hp = h.const_data_ptr<scalar_t>();
         const scalar_t* rp = res.const_data_ptr<scalar_t>();
@@ -512,7 +517,8 @@ struct Sinkhorn : public torch::autograd::Function<Sinkhorn> {
     const int64_t m = logits.numel() / (n * n);
     auto out = at::empty_like(logits);
     {
-      RECORD_FUNCTION("plexus::sinkhorn", std::vector<c10::IValue>());
+      RECORD_FUNCTION("plexus::sinkhorn", std::vector<c10::IValue>({logits}));
+      PLEXUS_RECORD_OUTPUTS(out);
       AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "sinkhorn", [&] {
         const scalar_t* lp = logits.const_data_ptr<scalar_t>();
         scalar_t* op = out.mutable_data_ptr<scalar_t>();
@@ -549,7 +555,8 @@ struct Sinkhorn : public torch::autograd::Function<Sinkhorn> {
     const auto g = grads[0].contiguous();
     auto gl = at::empty_like(logits);
     {
-      RECORD_FUNCTION("plexus::sinkhorn_backward", std::vector<c10::IValue>());
+      RECORD_FUNCTION("plexus::sinkhorn_backward", std::vector<c10::IValue>({logits, g}));
+      PLEXUS_RECORD_OUTPUTS(gl);
       AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "sinkhorn_backward", [&] {
         const scalar_t* lp = logits.const_data_ptr<scalar_t>();
         const scalar_t* gp = g.const_data_ptr<scalar_t>();
@@ -629,7 +636,8 @@ struct NormProject : public torch::autograd::Function<NormProject> {
     auto z = at::empty(z_sizes, x.options());
     auto stats = at::empty({rows, 2}, x.options());  // mean, 1/σ
     {
-      RECORD_FUNCTION("plexus::norm_project", std::vector<c10::IValue>());
+      RECORD_FUNCTION("plexus::norm_project", std::vector<c10::IValue>({x, gamma, beta, wt}));
+      PLEXUS_RECORD_OUTPUTS(z, stats);
       AT_DISPATCH_FLOATING_TYPES(dtype, "norm_project", [&] {
         const scalar_t* xp = x.const_data_ptr<scalar_t>();
         const scalar_t* gp = gamma.const_data_ptr<scalar_t>();
@@ -660,7 +668,8 @@ struct NormProject : public torch::autograd::Function<NormProject> {
     auto partial = at::zeros({tasks, k + 2, d}, x.options());
     auto gx = at::empty_like(x);
     {
-      RECORD_FUNCTION("plexus::norm_project_backward", std::vector<c10::IValue>());
+      RECORD_FUNCTION("plexus::norm_project_backward", std::vector<c10::IValue>({x, gamma, beta, wt, stats, gz}));
+      PLEXUS_RECORD_OUTPUTS(gx, partial);
       AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "norm_project_backward", [&] {
         const scalar_t* xp = x.const_data_ptr<scalar_t>();
         const scalar_t* gp = gamma.const_data_ptr<scalar_t>();
@@ -785,7 +794,8 @@ struct HyperPre : public torch::autograd::Function<HyperPre> {
     auto stats = at::empty({m * n, 2}, h.options());
     const double scale_a = cpu_scalar(s_a), scale_b = cpu_scalar(s_b);
     {
-      RECORD_FUNCTION("plexus::hyper_pre", std::vector<c10::IValue>());
+      RECORD_FUNCTION("plexus::hyper_pre", std::vector<c10::IValue>({h, gamma, beta, wt, sa, sb}));
+      PLEXUS_RECORD_OUTPUTS(u, res, post, t, stats);
       AT_DISPATCH_FLOATING_TYPES(dtype, "hyper_pre", [&] {
         const auto kernel = row_kernels<scalar_t>(isa).hyper_pre;
         at::parallel_for(0, m, grain(n * d * (k + 1)), [&](int64_t b, int64_t e) {
@@ -830,7 +840,8 @@ struct HyperPre : public torch::autograd::Function<HyperPre> {
     auto gh = at::empty_like(h);
     auto gz = at::empty({m * n, k}, h.options());
     {
-      RECORD_FUNCTION("plexus::hyper_pre_backward", std::vector<c10::IValue>());
+      RECORD_FUNCTION("plexus::hyper_pre_backward", std::vector<c10::IValue>({h, gamma, beta, wt, sa, t, stats, gu, gres, gpost}));
+      PLEXUS_RECORD_OUTPUTS(gh, gz, partial);
       AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "hyper_pre_backward", [&] {
         const auto kernel = row_kernels<scalar_t>(ctx->saved_data["isa"].toInt()).hyper_pre_backward;
         const auto scale_a = scalar_t(ctx->saved_data["scale_a"].toDouble());
