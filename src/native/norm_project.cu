@@ -24,8 +24,8 @@
 // columns d and add their gradients over the chunk into part[block] = [gγ (D), gβ (D), gW (D·K)];
 // the caller sums over blocks.
 
-// PLEXUS_DEVICE, bf16 helpers, plexus_norms::row_sum/row_sq: from cuda_prelude.cuh, losses.cu and
-// norms.cu.
+// PLEXUS_DEVICE, bf16 helpers, plexus_norms::row_sum/row_sq, norm_block_sum, block_sum_of: from
+// cuda_prelude.cuh, losses.cu, norms.cu and streams.cu.
 
 namespace plexus_norm_project {
 
@@ -101,32 +101,6 @@ PLEXUS_DEVICE void backward_row(const float* x, const float* gamma, const float*
 #ifndef PLEXUS_KERNELS_ON_HOST
 #define PLEXUS_NP_K (PLEXUS_N + 2)
 
-// The block's sums of each thread's PLEXUS_NP_K partial sums, in every thread (`part` in place).
-__device__ __forceinline__ void norm_project_block_sums(float* part) {
-  __shared__ float warps[PLEXUS_NORM_THREADS / 32][PLEXUS_NP_K];
-#pragma unroll
-  for (int k = 0; k < PLEXUS_NP_K; ++k) {
-    float v = part[k];
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    part[k] = v;
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) {
-#pragma unroll
-    for (int k = 0; k < PLEXUS_NP_K; ++k) warps[warp][k] = part[k];
-  }
-  __syncthreads();
-#pragma unroll
-  for (int k = 0; k < PLEXUS_NP_K; ++k) {
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < PLEXUS_NORM_THREADS / 32; ++i) s += warps[i][k];
-    part[k] = s;
-  }
-  __syncthreads();  // `warps` is reused by the next call
-}
-
 // One block per row (blockIdx.x): z [R, K] fp32 (bf16 values when `round`), mean and rstd [R].
 extern "C" __global__ void __launch_bounds__(PLEXUS_NORM_THREADS)
     plexus_norm_project_forward(const float* x, const float* gamma, const float* beta, const float* w, float* z,
@@ -138,10 +112,12 @@ extern "C" __global__ void __launch_bounds__(PLEXUS_NORM_THREADS)
   float part[PLEXUS_NP_K];
   plexus_norm_project::forward_partial<PLEXUS_NP_K>(x, gamma, beta, w, r, D, mean, rstd, round != 0, threadIdx.x,
                                                     blockDim.x, part);
-  norm_project_block_sums(part);
+  __shared__ float sums[PLEXUS_NP_K];
+  block_sum_of<PLEXUS_NP_K, PLEXUS_NORM_THREADS>(part, sums);  // streams.cu
+  __syncthreads();
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int k = 0; k < PLEXUS_NP_K; ++k) z[r * PLEXUS_NP_K + k] = plexus_norm_project::rho(part[k], round != 0);
+    for (int k = 0; k < PLEXUS_NP_K; ++k) z[r * PLEXUS_NP_K + k] = plexus_norm_project::rho(sums[k], round != 0);
     mean_out[r] = mean;
     rstd_out[r] = rstd;
   }

@@ -145,10 +145,12 @@ PLEXUS_DEVICE void write_backward(const T* h, const T* res, const T* post, const
 }  // namespace plexus_streams
 
 #ifndef PLEXUS_KERNELS_ON_HOST
-// The block's sum of each thread's K partial sums, into out[K] (every thread of the block calls it).
-template <int K>
-__device__ __forceinline__ void block_sum(float* part, float* out) {
-  __shared__ float warps[PLEXUS_STREAM_THREADS / 32][K];
+// The sum over a block of THREADS threads of each thread's K partial sums, into out[K] (every
+// thread of the block calls it; out[k] is written by thread k, so a reader in another thread waits
+// for __syncthreads).
+template <int K, int THREADS>
+__device__ __forceinline__ void block_sum_of(float* part, float* out) {
+  __shared__ float warps[THREADS / 32][K];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     float v = part[k];
@@ -165,9 +167,15 @@ __device__ __forceinline__ void block_sum(float* part, float* out) {
   for (int k = threadIdx.x; k < K; k += blockDim.x) {
     float s = 0.0f;
 #pragma unroll
-    for (int w = 0; w < PLEXUS_STREAM_THREADS / 32; ++w) s += warps[w][k];
+    for (int w = 0; w < THREADS / 32; ++w) s += warps[w][k];
     out[k] = s;
   }
+}
+
+// block_sum_of for the stream kernels' blocks.
+template <int K>
+__device__ __forceinline__ void block_sum(float* part, float* out) {
+  block_sum_of<K, PLEXUS_STREAM_THREADS>(part, out);
 }
 
 // One block of PLEXUS_STREAM_THREADS threads per token (blockIdx.x), threads over d.
