@@ -114,6 +114,7 @@ fn build_native(lib_dir: Option<&Path>) {
         "src/native/norms.cu",
         "src/native/norm_project.cu",
         "src/native/activations.cu",
+        "src/native/hacn.cu",
         "src/native/rope.cu",
     ];
     let shim = "src/native/gloo_decl";

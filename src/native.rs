@@ -30,8 +30,9 @@
 //!   Sinkhorn ([`sinkhorn_cuda`]), the stream read and write (through [`stream_read_fused`] and
 //!   [`stream_write_fused`] for fp32 CUDA tensors), the language-model loss
 //!   ([`cross_entropy_cuda`]), the pre-norms written in bf16 ([`norm_cuda`]), SwiGLU's gate
-//!   ([`swiglu_cuda`]), RoPE with the split into heads ([`rope_cuda`]) and Hyper-Connections'
-//!   dynamic logits ([`norm_project_gpu`]); for the tests and
+//!   ([`swiglu_cuda`]), RoPE with the split into heads ([`rope_cuda`]), Hyper-Connections'
+//!   dynamic logits ([`norm_project_gpu`]) and H-ACN's update with its long path ([`hacn_step`]);
+//!   for the tests and
 //!   `doctor`, [`sinkhorn_cuda_host`], [`streams_host`], [`cross_entropy_host`], [`norm_host`],
 //!   [`swiglu_host`], [`rope_host`], [`norm_project_host`], [`cuda_kernels_compile`], [`nvrtc_version`].
 //!
@@ -213,6 +214,13 @@ mod ffi {
             eps: f64,
             layer: i64,
             threads: i64,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
+        pub fn plexus_hacn_step(
+            x: *mut C_tensor,
+            acc: *mut C_tensor,
+            h: *mut C_tensor,
+            a: *mut C_tensor,
             out: *mut *mut C_tensor,
         ) -> *mut c_char;
         pub fn plexus_norm_project_cuda(
@@ -669,6 +677,63 @@ mod tests {
         }
     }
 
+    /// H-ACN's update kernels' arithmetic (run on the CPU: [`hacn_step`] on CPU tensors runs their
+    /// host build) against the composite they replace — `h` cast to fp32, `h.addcmul(x, a)` and
+    /// `acc + h` — and fp64: both outputs and the gradients of x, acc, h and a, with h in fp32
+    /// (within 8× the composite's error from fp64 plus 4 units of fp32) and in bf16 (h's gradient
+    /// rounded once from the same fp32 sum, so equal to the composite's but where an fp32 sum taken
+    /// in another order tips the rounding: at most 1 % of its elements, one bf16 unit each), with
+    /// and without a gradient for the last x' (the long path does not read the last stream).
+    #[test]
+    fn the_hacn_kernels_arithmetic_equals_the_composite() {
+        use tch::{Device, Kind};
+        let n = 3000i64;
+        let grid = |phase: f64| (Tensor::arange(n, (Kind::Double, Device::Cpu)) * phase).sin().reshape([3, 1000]);
+        let (x0, acc0, h0, gx0, gacc0) = (grid(0.31), grid(1.7), grid(1.1) * 2.0, grid(2.3), grid(0.9));
+        let a0 = Tensor::from(0.75f64);
+        for h_kind in [Kind::Float, Kind::BFloat16] {
+            for last in [false, true] {
+                // [x', acc', gx, gacc, gh, ga] at `dtype`, through the kernels or the composite.
+                let run = |dtype: Kind, kernels: bool| {
+                    let leaf = |t: &Tensor, k: Kind| t.to_kind(k).detach().set_requires_grad(true);
+                    let x = leaf(&x0, dtype);
+                    let acc = leaf(&acc0, dtype);
+                    let h = leaf(&h0.to_kind(h_kind), if dtype == Kind::Double { Kind::Double } else { h_kind });
+                    let a = leaf(&a0, dtype);
+                    let (xo, acco) = if kernels {
+                        hacn_step(&x, &acc, &h, &a).unwrap()
+                    } else {
+                        let h32 = h.to_kind(dtype);
+                        (h32.addcmul(&x, &a), &acc + &h32)
+                    };
+                    let g = (&acco * gacc0.to_kind(dtype)).sum(dtype);
+                    let loss = if last { g } else { g + (&xo * gx0.to_kind(dtype)).sum(dtype) };
+                    loss.backward();
+                    // The composite leaves an unused input's gradient undefined: zero.
+                    let grad = |t: &Tensor| if t.grad().defined() { t.grad() } else { t.zeros_like() };
+                    [xo.detach(), acco.detach(), grad(&x), grad(&acc), grad(&h), grad(&a)]
+                };
+                let (got, want, truth) = (run(Kind::Float, true), run(Kind::Float, false), run(Kind::Double, false));
+                let names = ["x'", "acc'", "x gradient", "acc gradient", "h gradient", "a gradient"];
+                let max = |t: &Tensor| crate::host::scalar(&t.to_kind(Kind::Double).abs().max());
+                for (i, what) in names.iter().enumerate() {
+                    let case = format!("h {h_kind:?}, last {last}: {what}");
+                    assert_eq!(got[i].kind(), want[i].kind(), "{case}: dtype");
+                    if i == 4 && h_kind == Kind::BFloat16 {
+                        let gap = (got[i].to_kind(Kind::Double) - want[i].to_kind(Kind::Double)).abs();
+                        let apart = crate::host::scalar(&gap.gt(0.0).to_kind(Kind::Double).mean(Kind::Double));
+                        assert!(apart <= 0.01 && max(&gap) <= max(&want[i]) / 128.0, "{case}: {apart} apart");
+                        continue;
+                    }
+                    let err = |t: &Tensor| max(&(t.to_kind(Kind::Double) - &truth[i])) / max(&truth[i]).max(1e-30);
+                    let (e, e_ref) = (err(&got[i]), err(&want[i]));
+                    let floor = 4.0 * f64::from(f32::EPSILON);
+                    assert!(e <= 8.0 * e_ref + floor, "{case}: {e:e} against the composite's {e_ref:e}");
+                }
+            }
+        }
+    }
+
     /// The CUDA SwiGLU kernels' arithmetic (run on the CPU) against libtorch's `silu(g) · u` and its
     /// gradients, and fp64: fp32 within 8× libtorch's error plus 4 units of fp32; bf16 (one rounding
     /// where libtorch rounds twice) at most one bf16 unit from libtorch's.
@@ -816,6 +881,8 @@ mod tests {
                     "plexus_rope_backward_f32",
                     "plexus_norm_project_forward",
                     "plexus_norm_project_backward",
+                    "plexus_hacn_forward_bf16",
+                    "plexus_hacn_backward_f32",
                 ] {
                     assert!(k.log.contains(name), "n = {n}, {}: no {name} in ptxas' log", k.target);
                 }

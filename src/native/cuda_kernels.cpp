@@ -49,6 +49,7 @@
 #include "norms.cu"
 #include "norm_project.cu"
 #include "activations.cu"
+#include "hacn.cu"
 #include "rope.cu"
 
 using plexus_native::dup_string;
@@ -368,6 +369,29 @@ void run_rope_forward_on_host(const at::Tensor& x, const at::Tensor& cs, const a
   });
 }
 
+// H-ACN's update (hacn.cu): as launch_hacn_forward/backward, CPU tensors.
+void run_hacn_forward_on_host(const at::Tensor& x, const at::Tensor& acc, const at::Tensor& h, const at::Tensor& a,
+                              const at::Tensor& xo, const at::Tensor& acco) {
+  with_element(h, [&](auto e) {
+    using T = decltype(e);
+    plexus_hacn::forward(cptr<float>(x), cptr<float>(acc), cptr<T>(h), *cptr<float>(a), mptr<float>(xo),
+                         mptr<float>(acco), x.numel(), 0, 1);
+  });
+}
+
+// → ga.
+float run_hacn_backward_on_host(const at::Tensor& x, const at::Tensor& gx_out, const at::Tensor& gacc_out,
+                                const at::Tensor& a, const at::Tensor& gx, const at::Tensor& gh) {
+  float ga = 0.0f;
+  with_element(gh, [&](auto e) {
+    using T = decltype(e);
+    ga = plexus_hacn::backward(cptr<float>(x), cptr<float>(gx_out),
+                               gacc_out.defined() ? cptr<float>(gacc_out) : nullptr, *cptr<float>(a),
+                               mptr<float>(gx), mptr<T>(gh), x.numel(), 0, 1);
+  });
+  return ga;
+}
+
 // HC's dynamic logits: x [R, D], gamma, beta [D], w [D, K] fp32 contiguous CPU tensors; z [R, K], mean,
 // rstd [R]. Backward recomputes the statistics, as the forward's.
 void run_norm_project_forward_on_host(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta,
@@ -683,6 +707,7 @@ struct Kernels {
   CUfunction norm_project_forward = nullptr, norm_project_backward = nullptr;  // HC's dynamic logits (K = n + 2)
   CUfunction swiglu_forward[2] = {nullptr, nullptr}, swiglu_backward[2] = {nullptr, nullptr};  // [0] bf16, [1] fp32
   CUfunction rope_forward[2] = {nullptr, nullptr}, rope_backward[2] = {nullptr, nullptr};      // [0] bf16, [1] fp32
+  CUfunction hacn_forward[2] = {nullptr, nullptr}, hacn_backward[2] = {nullptr, nullptr};      // by h: [0] bf16, [1] fp32
   int64_t n = 0;
   std::string target;
 };
@@ -965,6 +990,40 @@ void launch_swiglu_backward(const Kernels& k, const at::Tensor& g, const at::Ten
          args);
 }
 
+// H-ACN's update: x, acc [N] fp32, h [N] bf16 or fp32 (contiguous, one size), a one fp32, all on the
+// kernels' device; xo, acco [N] fp32. Backward: gx_out [N] fp32, gacc_out [N] fp32 or undefined (zero)
+// → gx [N] fp32, gh [N] in h's dtype, and ga's partial sums, one per block (the caller adds them).
+void launch_hacn_forward(const Kernels& k, const at::Tensor& x, const at::Tensor& acc, const at::Tensor& h,
+                         const at::Tensor& a, const at::Tensor& xo, const at::Tensor& acco) {
+  const float* xp = x.const_data_ptr<float>();
+  const float* cp = acc.const_data_ptr<float>();
+  const void* hp = h.const_data_ptr();
+  const float* ap = a.const_data_ptr<float>();
+  float* xop = xo.mutable_data_ptr<float>();
+  float* cop = acco.mutable_data_ptr<float>();
+  long long n = x.numel();
+  void* args[] = {&xp, &cp, &hp, &ap, &xop, &cop, &n};
+  launch(k, k.hacn_forward[loss_kind(h)], "H-ACN forward", x.device(), elementwise_blocks(n), kLossThreads, args);
+}
+
+at::Tensor launch_hacn_backward_parts(const Kernels& k, const at::Tensor& x, const at::Tensor& gx_out,
+                                const at::Tensor& gacc_out, const at::Tensor& a, const at::Tensor& gx,
+                                const at::Tensor& gh) {
+  const int64_t n = x.numel(), blocks = elementwise_blocks(n);
+  auto part = at::empty({blocks}, x.options());
+  const float* xp = x.const_data_ptr<float>();
+  const float* gp = gx_out.const_data_ptr<float>();
+  const float* cp = gacc_out.defined() ? gacc_out.const_data_ptr<float>() : nullptr;
+  const float* ap = a.const_data_ptr<float>();
+  float* gxp = gx.mutable_data_ptr<float>();
+  void* ghp = gh.mutable_data_ptr();
+  float* pp = part.mutable_data_ptr<float>();
+  long long nn = n;
+  void* args[] = {&xp, &gp, &cp, &ap, &gxp, &ghp, &pp, &nn};
+  launch(k, k.hacn_backward[loss_kind(gh)], "H-ACN backward", x.device(), blocks, kLossThreads, args);
+  return part;
+}
+
 // RoPE: x [B, T, ≥ H·hd] with rows `stride` apart (its last dimension contiguous), tables cs, sn
 // [≥ T, hd] contiguous, all of one dtype on the kernels' device; y [B, H, T, hd]; gx [B, T, H·hd].
 void launch_rope_forward(const Kernels& k, const at::Tensor& x, const at::Tensor& cs, const at::Tensor& sn,
@@ -1130,6 +1189,36 @@ void self_check_norm(const Kernels& k, c10::Device device) {
                                k.target + ") disagree with their CPU reference: output off by " + std::to_string(dy) +
                                ", input gradient by " + std::to_string(dx) + ", weight gradient by " +
                                std::to_string(dw) + ", bias gradient by " + std::to_string(db));
+    }
+  }
+}
+
+// The H-ACN kernels against their per-element functions on the CPU, h in bf16 and fp32, over more
+// elements than one grid-stride pass of a block; the backward with and without gacc.
+void self_check_hacn(const Kernels& k, c10::Device device) {
+  const int64_t n = 3 * kLossThreads + 53;
+  const auto x = pattern({n}, 0.31).to(at::kFloat), acc = pattern({n}, 1.7).to(at::kFloat);
+  const auto gxo = pattern({n}, 2.3).to(at::kFloat), gacc = pattern({n}, 0.9).to(at::kFloat);
+  const auto a = at::full({}, 0.75, at::kFloat);
+  for (const auto dtype : {at::kBFloat16, at::kFloat}) {
+    const auto h = pattern({n}, 1.1).to(dtype);
+    for (const bool with_acc : {true, false}) {
+      const at::Tensor gc = with_acc ? gacc : at::Tensor();
+      auto xo = at::empty_like(x), acco = at::empty_like(x), gx = at::empty_like(x), gh = at::empty_like(h);
+      run_hacn_forward_on_host(x, acc, h, a, xo, acco);
+      const double ga = run_hacn_backward_on_host(x, gxo, gc, a, gx, gh);
+      const auto xd = x.to(device), ad = a.to(device), hd = h.to(device);
+      auto xo_d = at::empty_like(xd), acco_d = at::empty_like(xd), gx_d = at::empty_like(xd), gh_d = at::empty_like(hd);
+      launch_hacn_forward(k, xd, acc.to(device), hd, ad, xo_d, acco_d);
+      const auto ga_d =
+          launch_hacn_backward_parts(k, xd, gxo.to(device), with_acc ? gacc.to(device) : at::Tensor(), ad, gx_d, gh_d).sum();
+      const double worst = std::max({deviation(xo_d, xo.to(at::kDouble)), deviation(acco_d, acco.to(at::kDouble)),
+                                     deviation(gx_d, gx.to(at::kDouble)), deviation(gh_d.to(at::kFloat), gh.to(at::kDouble)),
+                                     deviation(ga_d.reshape({1}), at::full({1}, ga, at::kDouble))});
+      if (!(worst <= 1e-4)) {
+        throw std::runtime_error(std::string("the CUDA H-ACN kernels (h ") + (dtype == at::kFloat ? "fp32" : "bf16") + ", " +
+                                 k.target + ") disagree with their CPU reference by " + std::to_string(worst));
+      }
     }
   }
 }
@@ -1334,6 +1423,10 @@ const Kernels& kernels_for(c10::Device device, int64_t n) {
         const std::string rb = std::string("plexus_rope_backward_") + suffix[i];
         d.check(d.ModuleGetFunction(&k->rope_forward[i], module, rf.c_str()), "cuModuleGetFunction");
         d.check(d.ModuleGetFunction(&k->rope_backward[i], module, rb.c_str()), "cuModuleGetFunction");
+        const std::string hf = std::string("plexus_hacn_forward_") + suffix[i];
+        const std::string hb = std::string("plexus_hacn_backward_") + suffix[i];
+        d.check(d.ModuleGetFunction(&k->hacn_forward[i], module, hf.c_str()), "cuModuleGetFunction");
+        d.check(d.ModuleGetFunction(&k->hacn_backward[i], module, hb.c_str()), "cuModuleGetFunction");
       }
       d.check(d.ModuleGetFunction(&k->norm_backward, module, "plexus_norm_backward_bf16"), "cuModuleGetFunction");
       d.check(d.ModuleGetFunction(&k->norm_project_forward, module, "plexus_norm_project_forward"), "cuModuleGetFunction");
@@ -1346,6 +1439,7 @@ const Kernels& kernels_for(c10::Device device, int64_t n) {
         self_check_norm(*k, device);
         self_check_swiglu(*k, device);
         self_check_rope(*k, device);
+        self_check_hacn(*k, device);
       }
     } catch (const c10::Error& e) {
       k.reset();
@@ -1474,6 +1568,53 @@ struct NormCuda : public torch::autograd::Function<NormCuda> {
                                           layer, with_bias);
     PLEXUS_RECORD_OUTPUTS(gx, gw, gb);
     return {gx.view(grads[0].sizes()), gw, with_bias ? gb : at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// H-ACN's update with its long path (hacn.cu): x, acc fp32 and h (bf16 or fp32) of one shape, a one
+// fp32 → (x' = h + a·x, acc' = acc + h), fp32. Saved: x, a; h's dtype for its gradient.
+struct HacnStep : public torch::autograd::Function<HacnStep> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& acc_in,
+                               const at::Tensor& h_in, const at::Tensor& a) {
+    const c10::DeviceGuard device_guard(x_in.device());
+    const auto x = x_in.contiguous(), acc = acc_in.contiguous(), h = h_in.contiguous();
+    auto xo = at::empty_like(x), acco = at::empty_like(x);
+    {
+      RECORD_FUNCTION("plexus::hacn_step", std::vector<c10::IValue>({x, acc, h}));
+      PLEXUS_RECORD_OUTPUTS(xo, acco);
+      if (x.is_cpu()) {
+        run_hacn_forward_on_host(x, acc, h, a, xo, acco);
+      } else {
+        launch_hacn_forward(kernels_for(x.device(), 1), x, acc, h, a, xo, acco);
+      }
+    }
+    ctx->save_for_backward({x, a});
+    ctx->saved_data["h_bf16"] = h.scalar_type() == at::kBFloat16;
+    return {xo.view(x_in.sizes()), acco.view(x_in.sizes())};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &a = saved[1];
+    const c10::DeviceGuard device_guard(x.device());
+    // x' unused (the last unit's, whose stream the long path does not read): its gradient is zero.
+    const auto gxo = grads[0].defined() ? grads[0].to(at::kFloat).contiguous() : at::zeros_like(x);
+    const auto gacc = grads[1].defined() ? grads[1].to(at::kFloat).contiguous() : at::Tensor();
+    auto gx = at::empty_like(x);
+    auto gh = at::empty_like(x, x.options().dtype(ctx->saved_data["h_bf16"].toBool() ? at::kBFloat16 : at::kFloat));
+    at::Tensor parts;
+    float host_ga = 0.0f;
+    {  // the kernel alone in the operator's scope (ga's sum over blocks below is libtorch's)
+      RECORD_FUNCTION("plexus::hacn_step_backward", std::vector<c10::IValue>({x, gxo, gacc}));
+      PLEXUS_RECORD_OUTPUTS(gx, gh);
+      if (x.is_cpu()) {
+        host_ga = run_hacn_backward_on_host(x, gxo, gacc, a, gx, gh);
+      } else {
+        parts = launch_hacn_backward_parts(kernels_for(x.device(), 1), x, gxo, gacc, a, gx, gh);
+      }
+    }
+    const auto ga = x.is_cpu() ? at::full(a.sizes(), host_ga, a.options()) : parts.sum().view(a.sizes());
+    return {gx.view(grads[0].defined() ? grads[0].sizes() : x.sizes()), grads[1], gh.view(x.sizes()), ga};
   }
 };
 
@@ -1711,6 +1852,26 @@ char* plexus_norm_host(at::Tensor* x, at::Tensor* w, at::Tensor* b, at::Tensor* 
     out[1] = new at::Tensor(gx);
     out[2] = new at::Tensor(gw);
     out[3] = new at::Tensor(gb);
+  });
+}
+
+// H-ACN's update on a CUDA device (or the CPU, through the kernels' host build): x, acc [..] fp32 and h
+// (bf16 or fp32) of one shape, a one fp32 value (a 0-dim or one-element tensor) on that device →
+// out[0] = x' = h + a·x, out[1] = acc' = acc + h; differentiable (x, acc, h, a).
+char* plexus_hacn_step(at::Tensor* x, at::Tensor* acc, at::Tensor* h, at::Tensor* a, at::Tensor** out) {
+  return guarded([&] {
+    const bool ok = on_kernel_device(*x) && x->scalar_type() == at::kFloat && acc->scalar_type() == at::kFloat &&
+                    (h->scalar_type() == at::kBFloat16 || h->scalar_type() == at::kFloat) &&
+                    a->scalar_type() == at::kFloat && a->numel() == 1 && acc->sizes() == x->sizes() &&
+                    h->sizes() == x->sizes() && acc->device() == x->device() && h->device() == x->device() &&
+                    a->device() == x->device();
+    if (!ok) {
+      throw std::invalid_argument(
+          "the H-ACN kernels take fp32 x and acc, h (bf16 or fp32) of one shape and a one-value fp32 a, on one device");
+    }
+    auto r = HacnStep::apply(*x, *acc, *h, *a);
+    out[0] = new at::Tensor(r[0]);
+    out[1] = new at::Tensor(r[1]);
   });
 }
 

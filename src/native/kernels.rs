@@ -166,7 +166,7 @@ pub fn with_gpu_paths_on_cpu<T>(on: bool, f: impl FnOnce() -> T) -> T {
 
 /// Whether `t`'s device takes the GPU step's fused paths: a CUDA device with the kernels on and not
 /// found unavailable, or the CPU under [`gpu_paths_on_cpu`].
-fn takes_gpu_paths(t: &Tensor) -> bool {
+pub fn takes_gpu_paths(t: &Tensor) -> bool {
     match t.device() {
         tch::Device::Cpu => gpu_paths_on_cpu(),
         d if d.is_cuda() => fused_kernels_on() && !cuda_kernels_unavailable(),
@@ -672,6 +672,52 @@ pub fn norm_host(
         )
     };
     fused_results(err, out)
+}
+
+/// H-ACN's update of one unit with its long path: `(x' = h + a·x, acc' = acc + h)` for the stream
+/// `x` and the long path's sum `acc` (fp32), the unit's output `h` in its compute dtype (bf16 or
+/// fp32) and its residual weight `a` (one fp32), through plexus' kernels (`src/native/hacn.cu`: one
+/// pass each way; h's two gradients added in fp32 and rounded once, as the composite's cast does).
+/// On a CUDA device or the CPU (the host build); an error otherwise.
+pub fn hacn_step(x: &Tensor, acc: &Tensor, h: &Tensor, a: &Tensor) -> Result<(Tensor, Tensor)> {
+    let mut out: [*mut torch_sys::C_tensor; 2] = [std::ptr::null_mut(); 2];
+    // SAFETY: live handles for the call; on success two new, caller-owned tensors in `out`.
+    let err = unsafe {
+        ffi::plexus_hacn_step(
+            x.as_ptr() as *mut _,
+            acc.as_ptr() as *mut _,
+            h.as_ptr() as *mut _,
+            a.as_ptr() as *mut _,
+            out.as_mut_ptr(),
+        )
+    };
+    let [x, acc] = fused_results(err, out)?;
+    Ok((x, acc))
+}
+
+/// [`hacn_step`] where a step takes the GPU's fused paths (a CUDA device, or the CPU under
+/// [`gpu_paths_on_cpu`]) and the tensors fit it; `None` elsewhere or where the kernels cannot run
+/// (the caller runs its composite).
+pub fn hacn_step_gpu(x: &Tensor, acc: &Tensor, h: &Tensor, a: &Tensor) -> Option<(Tensor, Tensor)> {
+    let takes = takes_gpu_paths(x)
+        && x.kind() == Kind::Float
+        && acc.kind() == Kind::Float
+        && matches!(h.kind(), Kind::BFloat16 | Kind::Float)
+        && a.kind() == Kind::Float
+        && a.numel() == 1
+        && acc.size() == x.size()
+        && h.size() == x.size();
+    if !takes {
+        return None;
+    }
+    match hacn_step(x, acc, h, a) {
+        Ok(pair) => Some(pair),
+        Err(e) => {
+            // Unavailable kernels: None (and the composite from now on); any other error stops.
+            let _ = cuda_result(Err(e));
+            None
+        }
+    }
 }
 
 /// Hyper-Connections' dynamic logits `z = LayerNorm(x; γ, β, eps) · W` of the streams `x` `[.., D]`

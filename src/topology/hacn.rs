@@ -14,6 +14,7 @@
 
 use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
 use crate::config::{parse_options, OptionError};
+use crate::native;
 use serde::Deserialize;
 use tch::{nn, Kind, Tensor};
 
@@ -238,6 +239,19 @@ impl Topology for Hacn {
         let mut acc = x0.shallow_clone();
         for (k, f) in units.iter().enumerate() {
             let norm = scales.as_ref().map_or(Norm::Default, |s| Norm::Scaled(&s[k]));
+            // On a GPU the long path's update is one kernel each way ([`native::hacn_step_gpu`]),
+            // reading `h` in its compute dtype.
+            if self.long && native::takes_gpu_paths(&x) {
+                let h = f.forward_compute(&x, norm, train);
+                if let Some((xn, accn)) = native::hacn_step_gpu(&x, &acc, &h, &a[k]) {
+                    (x, acc) = (xn, accn);
+                    continue;
+                }
+                let h = h.to_kind(Kind::Float);
+                x = h.addcmul(&x, &a[k]);
+                acc = acc + h;
+                continue;
+            }
             // `h` is read once without the long path, so in its compute dtype there (see
             // `Unit::forward_compute`); the long path also sums it into `acc`, in fp32.
             let h = if self.long { f.forward(&x, norm, train) } else { f.forward_compute(&x, norm, train) };
