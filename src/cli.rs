@@ -68,9 +68,10 @@ pub enum Cmd {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
         /// A sweep spec whose `report:` settings and `claims:` apply (default: the sweep folder's
-        /// own); each claim gets its verdict.
+        /// own); each claim gets its verdict. With --format verdicts, one per path (in order) for
+        /// several studies at once.
         #[arg(long, value_name = "SPEC.yaml")]
-        spec: Option<PathBuf>,
+        spec: Vec<PathBuf>,
         /// Config keys to group by, comma-separated (default: the sweep's report.by, else every
         /// key whose value differs between the runs, except seed).
         #[arg(long, value_delimiter = ',')]
@@ -85,9 +86,10 @@ pub enum Cmd {
         /// Curves to draw with a band over seeds, comma-separated (loss, gamma, eval.accuracy, …).
         #[arg(long, value_delimiter = ',')]
         curves: Vec<String>,
-        /// What to print: md, csv or latex (all three are written to --out), or summary (the
-        /// first table and the claims' verdicts).
-        #[arg(long, default_value = "md", value_parser = ["md", "csv", "latex", "summary"])]
+        /// What to print: md, csv or latex (all three are written to --out), summary (the first
+        /// table and the claims' verdicts), or verdicts (one row per claim, of one study or of
+        /// several: one --spec per path).
+        #[arg(long, default_value = "md", value_parser = ["md", "csv", "latex", "summary", "verdicts"])]
         format: String,
         /// Figure files of the curves, comma-separated: png, svg, pdf.
         #[arg(long, default_value = "png,svg,pdf")]
@@ -486,7 +488,7 @@ pub fn run(cli: Cli) -> Result<()> {
             crate::plot::set_formats(crate::plot::Formats::parse(&formats)?);
             crate::plot::set_width(crate::plot::Width::parse(&width)?);
             let options = crate::study::ReportOptions { by, metrics, baseline, curves };
-            commands::report(&paths, spec.as_deref(), &options, &format, out.as_deref())
+            commands::report(&paths, &spec, &options, &format, out.as_deref())
         }
         Cmd::Demo { figure, out, overrides } => commands::demo(&figure, &out, &overrides),
         Cmd::Bench { dist, .. } if dist.launches() => crate::dist::launch(dist.nproc as usize),

@@ -818,22 +818,56 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
     }
     if r.only.is_empty() {
         // The runs are done whatever the report makes of them.
-        if let Err(e) = report(std::slice::from_ref(&out), None, &Default::default(), "md", None) {
+        if let Err(e) = report(std::slice::from_ref(&out), &[], &Default::default(), "md", None) {
             eprintln!("report: {e:#} (the runs are finished; see `plexus report --help`)");
         }
     }
     Ok(())
 }
 
-/// `plexus report PATH... [--by K,…] [--metric M,…] [--baseline K=V] [--curves …] [--format md|csv|latex] [--out DIR]`.
+/// `plexus report PATH... --spec SPEC... --format verdicts`: every claim of the studies, one row
+/// each. One spec for all the paths (one study), or one spec per path, in order (a study each,
+/// named by its spec's file stem).
+fn report_verdicts(paths: &[PathBuf], specs: &[PathBuf], options: &crate::study::ReportOptions) -> Result<()> {
+    let pairs: Vec<(Vec<PathBuf>, &PathBuf)> = match specs {
+        [] => bail!("--format verdicts needs the studies' specs (--spec SPEC.yaml, one per path or one for all)"),
+        [one] => vec![(paths.to_vec(), one)],
+        many if many.len() == paths.len() => paths.iter().map(|p| vec![p.clone()]).zip(many).collect(),
+        many => bail!(
+            "--format verdicts takes one --spec for all the paths or one per path, in order: {} path(s), {} spec(s)",
+            paths.len(),
+            many.len()
+        ),
+    };
+    let mut studies = Vec::new();
+    for (paths, spec_path) in pairs {
+        let spec = crate::study::spec::SweepSpec::from_file(spec_path)?;
+        let r = crate::study::build(&paths, options, Some(&spec))
+            .with_context(|| format!("the study of {}", spec_path.display()))?;
+        let name =
+            spec_path.file_stem().map_or_else(|| spec_path.display().to_string(), |s| s.to_string_lossy().into());
+        studies.push((name, r.claims));
+    }
+    print!("{}", crate::report::claims_verdicts(&studies));
+    Ok(())
+}
+
+/// `plexus report PATH... [--spec SPEC…] [--by K,…] [--metric M,…] [--baseline K=V] [--curves …]
+/// [--format md|csv|latex|summary|verdicts] [--out DIR]`.
 pub fn report(
     paths: &[PathBuf],
-    spec: Option<&Path>,
+    specs: &[PathBuf],
     options: &crate::study::ReportOptions,
     format: &str,
     out: Option<&Path>,
 ) -> Result<()> {
-    let spec = spec.map(crate::study::spec::SweepSpec::from_file).transpose()?;
+    if format == "verdicts" {
+        return report_verdicts(paths, specs, options);
+    }
+    if specs.len() > 1 {
+        bail!("--spec is given {} times: several specs (one per path) go with --format verdicts only", specs.len());
+    }
+    let spec = specs.first().map(|p| crate::study::spec::SweepSpec::from_file(p)).transpose()?;
     let r = crate::study::build(paths, options, spec.as_ref())?;
     let md = crate::report::study_markdown(&r);
     let runs_csv = crate::report::study_runs_csv(&r)?;

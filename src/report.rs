@@ -542,6 +542,41 @@ fn study_markdown_of(r: &crate::study::StudyReport, full: bool) -> String {
     s
 }
 
+/// Every claim of several studies, one row each (`plexus report … --format verdicts`): the study,
+/// the claim, its source, its metric and arms, n, Δ with its corrected interval, p after Holm and the
+/// verdict — the overview of a page of studies, each study's own table having the rest.
+pub fn claims_verdicts(studies: &[(String, Vec<crate::study::claims::ClaimResult>)]) -> String {
+    use crate::study::claims::Scale;
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(s, "| study | claim | source | metric | A vs B | n | Δ [interval] | p (Holm) | verdict |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+    for (study, claims) in studies {
+        for c in claims {
+            let cl = &c.claim;
+            let sh =
+                Shown { percent: cl.scale == Scale::Linear && is_accuracy(&cl.metric), log: cl.scale == Scale::Log };
+            let _ = writeln!(
+                s,
+                "| `{}` | {} | {} | {}{} | {} vs {} | {} | {} {} | {} | **{}** |",
+                md_cell(study),
+                md_cell(&cl.id),
+                md_cell(&cl.source),
+                md_cell(&cl.metric),
+                if sh.percent { " (%)" } else { "" },
+                md_cell(&cl.a),
+                md_cell(&cl.b),
+                c.diff.n,
+                sh.diff(c.diff.mean),
+                sh.interval(Some(c.interval), true),
+                p_text(c.p_holm),
+                c.verdict
+            );
+        }
+    }
+    s
+}
+
 /// The claims' verdicts as markdown: one row per claim, then each claim's statement and deviation.
 pub fn claims_markdown(claims: &[crate::study::claims::ClaimResult]) -> String {
     use crate::study::claims::{Expect, Scale};

@@ -208,7 +208,8 @@ fn the_backbone_table_matches_the_options_in_the_code() {
 }
 
 /// docs/claims.md's study blocks (and the README's) are what `plexus report --format summary` prints from the committed
-/// per-run values: each block opens with `<!-- plexus report ARGS -->` and ends with
+/// per-run values (the overview at the top of claims.md: `--format verdicts` over every study):
+/// each block opens with `<!-- plexus report ARGS -->` and ends with
 /// `<!-- end -->`, and the text between is the command's output, byte for byte. With
 /// `PLEXUS_REGENERATE_DOCS=1` the test writes the outputs into the page instead (after a re-run).
 #[test]
@@ -229,9 +230,11 @@ fn check_generated_blocks(page: &str, least: usize) {
         let args: Vec<String> =
             rest[start + "<!-- plexus ".len()..head_end - 4].split_whitespace().map(String::from).collect();
         let end = head_end + rest[head_end..].find("<!-- end -->").expect("a block without <!-- end -->");
+        // A block's format is `summary` unless its command names one (the overview: `verdicts`).
+        let format: &[&str] = if args.iter().any(|a| a == "--format") { &[] } else { &["--format", "summary"] };
         let o = std::process::Command::new(env!("CARGO_BIN_EXE_plexus"))
             .args(&args)
-            .args(["--format", "summary"])
+            .args(format)
             .current_dir(repo())
             .output()
             .unwrap();

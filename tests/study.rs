@@ -620,4 +620,23 @@ fn claims_are_judged_from_runs_and_again_from_their_runs_csv() {
     let again = plexus(&["report", &s(&out.join("runs.csv")), "--spec", &s(&spec), "--format", "summary"], tmp.path());
     assert!(again.status.success(), "{}", text(&again).1);
     assert_eq!(text(&again).0, first);
+    // The overview of two studies (here the same one twice, from its runs and from its runs.csv):
+    // one row per claim each, named by the spec's file stem, with the summary's verdicts.
+    let csv = s(&out.join("runs.csv"));
+    let both = plexus(
+        &["report", &s(&runs), &csv, "--spec", &s(&spec), "--spec", &s(&spec), "--format", "verdicts"],
+        tmp.path(),
+    );
+    let (table, err) = text(&both);
+    assert!(both.status.success(), "{err}");
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| `spec` |")).collect();
+    assert_eq!(rows.len(), 4, "{table}");
+    assert!(rows[0].contains("| acc |") && rows[0].ends_with("| **holds** |"), "{table}");
+    assert!(rows[3].contains("| loss |") && rows[3].ends_with("| **does not hold** |"), "{table}");
+    // Several specs only with `verdicts`, and as many as the paths.
+    let e = plexus(&["report", &s(&runs), &csv, "--spec", &s(&spec), "--spec", &s(&spec)], tmp.path());
+    assert!(!e.status.success() && text(&e).1.contains("--format verdicts only"), "{}", text(&e).1);
+    let e =
+        plexus(&["report", &s(&runs), "--spec", &s(&spec), "--spec", &s(&spec), "--format", "verdicts"], tmp.path());
+    assert!(!e.status.success() && text(&e).1.contains("1 path(s), 2 spec(s)"), "{}", text(&e).1);
 }
