@@ -14,9 +14,10 @@ use tch::{Kind, Tensor};
 /// `0`/`false`: off, the composite libtorch code everywhere, as a GPU runs (an escape hatch, and
 /// what makes `bench --compare`'s kernels per step stand for a GPU on hyper and mHC);
 /// `cuda-host`: on, and a CPU step also takes the fused paths a GPU step takes — the
-/// language-model loss, the pre-norms written in bf16, RoPE into heads, SwiGLU — through the CUDA
-/// kernels' host build ([`gpu_paths_on_cpu`]; slow: for parity of those paths on a CPU and for
-/// counting the kernels a GPU step launches).
+/// language-model loss, the pre-norms written in bf16, RoPE into heads, SwiGLU, Hyper-Connections'
+/// dynamic logits, mHC's RMS projection, H-ACN's update — through the CUDA kernels' host build
+/// ([`gpu_paths_on_cpu`]; slow: for parity of those paths on a CPU and for counting the kernels
+/// and bytes of a GPU step).
 pub const FUSED_KERNELS_VAR: &str = "PLEXUS_FUSED_KERNELS";
 
 /// A value of [`FUSED_KERNELS_VAR`].
@@ -149,11 +150,12 @@ pub fn with_fused_kernels<T>(on: bool, f: impl FnOnce() -> T) -> T {
 }
 
 /// Whether a CPU step on this thread takes the fused paths a GPU step takes (the language-model
-/// loss, the pre-norms written in bf16, RoPE into heads, SwiGLU), their arithmetic run by the CUDA
-/// kernels' host build (`src/native/cuda_kernels.cpp`, "The GPU paths on the CPU"):
-/// [`with_gpu_paths_on_cpu`]'s setting if inside one, else `PLEXUS_FUSED_KERNELS=cuda-host`. The
-/// multi-stream topologies keep their CPU kernels (whose arithmetic the tests hold to the CUDA
-/// kernels' host build).
+/// loss, the pre-norms written in bf16, RoPE into heads, SwiGLU, Hyper-Connections' dynamic
+/// logits, mHC's RMS projection, H-ACN's update), their arithmetic run by the CUDA kernels' host
+/// build (`src/native/cuda_kernels.cpp`, "The GPU paths on the CPU"): [`with_gpu_paths_on_cpu`]'s
+/// setting if inside one, else `PLEXUS_FUSED_KERNELS=cuda-host`. The multi-stream read, write and
+/// Sinkhorn keep their CPU kernels (whose arithmetic the tests hold to the CUDA kernels' host
+/// build); the CPU-only ones a GPU lacks (HC's `hyper_pre`) are left out.
 pub fn gpu_paths_on_cpu() -> bool {
     GPU_PATHS_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| fused_kernels_env() == FusedKernels::CudaHost)
 }
@@ -174,8 +176,8 @@ pub fn takes_gpu_paths(t: &Tensor) -> bool {
     }
 }
 
-/// Whether a step on `device` takes the GPU step's fused paths (the language-model loss, the
-/// bf16 pre-norms, RoPE into heads, SwiGLU): on the CPU under [`gpu_paths_on_cpu`]; on a CUDA device
+/// Whether a step on `device` takes the GPU step's fused paths ([`gpu_paths_on_cpu`]'s list): on
+/// the CPU under [`gpu_paths_on_cpu`]; on a CUDA device
 /// when the kernels are on and run there (a one-element call makes their first use, which compiles
 /// and checks them). `plexus parity` asks, so that its reference rounds as those kernels do.
 pub fn gpu_paths_taken(device: tch::Device) -> bool {

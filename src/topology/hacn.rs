@@ -239,27 +239,22 @@ impl Topology for Hacn {
         let mut acc = x0.shallow_clone();
         for (k, f) in units.iter().enumerate() {
             let norm = scales.as_ref().map_or(Norm::Default, |s| Norm::Scaled(&s[k]));
-            // On a GPU the long path's update is one kernel each way ([`native::hacn_step_gpu`]),
-            // reading `h` in its compute dtype.
-            if self.long && native::takes_gpu_paths(&x) {
-                let h = f.forward_compute(&x, norm, train);
-                if let Some((xn, accn)) = native::hacn_step_gpu(&x, &acc, &h, &a[k]) {
-                    (x, acc) = (xn, accn);
-                    continue;
-                }
-                let h = h.to_kind(Kind::Float);
+            // `h` in its compute dtype (see `Unit::forward_compute`).
+            let h = f.forward_compute(&x, norm, train);
+            if !self.long {
+                // Read once: `h + a_k·x` as one kernel, type promotion making it fp32.
                 x = h.addcmul(&x, &a[k]);
-                acc = acc + h;
                 continue;
             }
-            // `h` is read once without the long path, so in its compute dtype there (see
-            // `Unit::forward_compute`); the long path also sums it into `acc`, in fp32.
-            let h = if self.long { f.forward(&x, norm, train) } else { f.forward_compute(&x, norm, train) };
-            // `h + a_k·x` as one kernel.
-            x = h.addcmul(&x, &a[k]);
-            if self.long {
-                acc = acc + h;
+            // The long path: on a GPU one kernel each way ([`native::hacn_step_gpu`]); otherwise
+            // `h` in fp32, read twice, so that its two gradients add in fp32.
+            if let Some((xn, accn)) = native::hacn_step_gpu(&x, &acc, &h, &a[k]) {
+                (x, acc) = (xn, accn);
+                continue;
             }
+            let h = h.to_kind(Kind::Float);
+            x = h.addcmul(&x, &a[k]);
+            acc = acc + h;
         }
         if self.long {
             acc
