@@ -542,33 +542,39 @@ fn study_markdown_of(r: &crate::study::StudyReport, full: bool) -> String {
     s
 }
 
+/// A claim's cells that its tables share: `[claim, source, metric, A vs B]` and `[n, Δ [interval]]`,
+/// and how its metric is shown.
+fn claim_cells(c: &crate::study::claims::ClaimResult) -> (Shown, [String; 4], [String; 2]) {
+    use crate::study::claims::Scale;
+    let cl = &c.claim;
+    let sh = Shown { percent: cl.scale == Scale::Linear && is_accuracy(&cl.metric), log: cl.scale == Scale::Log };
+    let head = [
+        md_cell(&cl.id),
+        md_cell(&cl.source),
+        format!("{}{}", md_cell(&cl.metric), if sh.percent { " (%)" } else { "" }),
+        format!("{} vs {}", md_cell(&cl.a), md_cell(&cl.b)),
+    ];
+    let tail = [c.diff.n.to_string(), format!("{} {}", sh.diff(c.diff.mean), sh.interval(Some(c.interval), true))];
+    (sh, head, tail)
+}
+
 /// Every claim of several studies, one row each (`plexus report … --format verdicts`): the study,
 /// the claim, its source, its metric and arms, n, Δ with its corrected interval, p after Holm and the
 /// verdict — the overview of a page of studies, each study's own table having the rest.
 pub fn claims_verdicts(studies: &[(String, Vec<crate::study::claims::ClaimResult>)]) -> String {
-    use crate::study::claims::Scale;
     use std::fmt::Write;
     let mut s = String::new();
     let _ = writeln!(s, "| study | claim | source | metric | A vs B | n | Δ [interval] | p (Holm) | verdict |");
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
     for (study, claims) in studies {
         for c in claims {
-            let cl = &c.claim;
-            let sh =
-                Shown { percent: cl.scale == Scale::Linear && is_accuracy(&cl.metric), log: cl.scale == Scale::Log };
+            let (_, head, tail) = claim_cells(c);
             let _ = writeln!(
                 s,
-                "| `{}` | {} | {} | {}{} | {} vs {} | {} | {} {} | {} | **{}** |",
+                "| `{}` | {} | {} | {} | **{}** |",
                 md_cell(study),
-                md_cell(&cl.id),
-                md_cell(&cl.source),
-                md_cell(&cl.metric),
-                if sh.percent { " (%)" } else { "" },
-                md_cell(&cl.a),
-                md_cell(&cl.b),
-                c.diff.n,
-                sh.diff(c.diff.mean),
-                sh.interval(Some(c.interval), true),
+                head.join(" | "),
+                tail.join(" | "),
                 p_text(c.p_holm),
                 c.verdict
             );
@@ -579,7 +585,7 @@ pub fn claims_verdicts(studies: &[(String, Vec<crate::study::claims::ClaimResult
 
 /// The claims' verdicts as markdown: one row per claim, then each claim's statement and deviation.
 pub fn claims_markdown(claims: &[crate::study::claims::ClaimResult]) -> String {
-    use crate::study::claims::{Expect, Scale};
+    use crate::study::claims::Expect;
     use std::fmt::Write;
     let mut s = String::new();
     let _ = writeln!(
@@ -596,7 +602,7 @@ pub fn claims_markdown(claims: &[crate::study::claims::ClaimResult]) -> String {
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
     for c in claims {
         let cl = &c.claim;
-        let sh = Shown { percent: cl.scale == Scale::Linear && is_accuracy(&cl.metric), log: cl.scale == Scale::Log };
+        let (sh, head, tail) = claim_cells(c);
         let expected = match (cl.expect, cl.margin) {
             (Expect::Less, _) => "A < B".to_string(),
             (Expect::Greater, _) => "A > B".to_string(),
@@ -608,16 +614,9 @@ pub fn claims_markdown(claims: &[crate::study::claims::ClaimResult]) -> String {
             if sh.log { format!("×÷{}", sig3(c.detectable.exp())) } else { sig3(c.detectable * sh.unit()) };
         let _ = writeln!(
             s,
-            "| {} | {} | {}{} | {} vs {} | {expected} | {} | {} {} | {} (raw {}, m = {}) | {} | {detectable} | **{}** |",
-            md_cell(&cl.id),
-            md_cell(&cl.source),
-            md_cell(&cl.metric),
-            if sh.percent { " (%)" } else { "" },
-            md_cell(&cl.a),
-            md_cell(&cl.b),
-            c.diff.n,
-            sh.diff(c.diff.mean),
-            sh.interval(Some(c.interval), true),
+            "| {} | {expected} | {} | {} (raw {}, m = {}) | {} | {detectable} | **{}** |",
+            head.join(" | "),
+            tail.join(" | "),
             p_text(c.p_holm),
             p_text(c.p),
             c.family_size,
