@@ -116,6 +116,7 @@ fn build_native(lib_dir: Option<&Path>) {
         "src/native/activations.cu",
         "src/native/hacn.cu",
         "src/native/rope.cu",
+        "src/native/attnres.cu",
     ];
     let shim = "src/native/gloo_decl";
     println!("cargo:rerun-if-changed={src}");
@@ -130,6 +131,7 @@ fn build_native(lib_dir: Option<&Path>) {
         println!("cargo:rerun-if-changed={cu}");
     }
     println!("cargo:rerun-if-changed=src/native/guarded.h");
+    println!("cargo:rerun-if-changed=src/native/history.h");
     println!("cargo:rerun-if-changed=src/native/stream_rows.inc");
     println!("cargo:rerun-if-changed={shim}");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");

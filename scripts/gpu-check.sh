@@ -23,7 +23,7 @@
 #                AdamW's fused CUDA kernel against the f64 rule, the CUDA Sinkhorn and stream kernels
 #                against their CPU reference, every topology × backbone, tiny, fp32 and bf16
 #   kernels      a small GPT (bench/configs/gpu/slot-kernels.yaml) with hyper and mHC in fp32 and
-#                bf16, eager, under PLEXUS_CUDA_SYNC_CHECK=1 (a fault names its kernel) and
+#                bf16 and AttnRes in fp32, eager, under PLEXUS_CUDA_SYNC_CHECK=1 (a fault names its kernel) and
 #                PLEXUS_COUNT_SYNCS=1 (libtorch's count of host-device syncs; must be 0 on steps that
 #                read nothing), then with PLEXUS_FUSED_KERNELS=0: the fused run's losses must follow
 #                the composite graph's; residual in bf16 with the loss's and the pre-norms' CUDA
@@ -65,10 +65,12 @@ doctor 15
 selftest 180"
     [kernels]="hyper-fp32 15
 mhc-fp32 15
+attnres-fp32 15
 hyper-bf16 15
 mhc-bf16 15
 hyper-fp32-composite 15
 mhc-fp32-composite 15
+attnres-fp32-composite 15
 fused-follows-composite 10
 residual-bf16 15
 residual-bf16-composite 15
@@ -340,6 +342,7 @@ group_kernels() {
         --set "device=$DEV" --set train.cuda_graphs=off ${QUICK[@]+"${QUICK[@]}"})
     step hyper-fp32 "${k[@]}" --set topology.kind=hyper --out "$G/runs/hyper-fp32"
     step mhc-fp32 "${k[@]}" --set topology.kind=mhc --out "$G/runs/mhc-fp32"
+    step attnres-fp32 "${k[@]}" --set topology.kind=attnres --out "$G/runs/attnres-fp32"
     # bf16 on a CPU takes minutes for this model (no bf16 matrix units): a CPU dry run skips it.
     if [[ $DEV != cpu ]]; then
         step hyper-bf16 "${k[@]}" --set topology.kind=hyper --set precision=bf16 --out "$G/runs/hyper-bf16"
@@ -349,10 +352,11 @@ group_kernels() {
         --set train.cuda_graphs=off ${QUICK[@]+"${QUICK[@]}"})
     step hyper-fp32-composite "${c[@]}" --set topology.kind=hyper --out "$G/runs/hyper-fp32-composite"
     step mhc-fp32-composite "${c[@]}" --set topology.kind=mhc --out "$G/runs/mhc-fp32-composite"
+    step attnres-fp32-composite "${c[@]}" --set topology.kind=attnres --out "$G/runs/attnres-fp32-composite"
     # fp32, same seed and batches: the logged losses agree to 1e-5 at step 0 and 2e-3 after 30
     # AdamW updates (summation order differs between the kernels and the composite graph).
     step fused-follows-composite "$PY" "$ROOT/scripts/compare-losses.py" "$G/runs" hyper-fp32 hyper-fp32-composite \
-        mhc-fp32 mhc-fp32-composite
+        mhc-fp32 mhc-fp32-composite attnres-fp32 attnres-fp32-composite
     # The bf16 step's CUDA kernels (the language-model loss, the pre-norms written in bf16, RoPE;
     # Hyper-Connections' dynamic logits, mHC's RMS projection, H-ACN's update) against libtorch's
     # composite operators: they round in other places (RoPE rounds once where the composite rounds
@@ -375,7 +379,7 @@ group_kernels() {
             hacn-bf16 hacn-bf16-composite
     fi
     # Every fused run's sync line: 0 syncs on the steps that read nothing.
-    step syncs bash -c 'bad=0; for f in "$1"/hyper-*.log "$1"/mhc-*.log "$1"/hacn-*.log; do
+    step syncs bash -c 'bad=0; for f in "$1"/hyper-*.log "$1"/mhc-*.log "$1"/hacn-*.log "$1"/attnres-*.log; do
         [[ -e $f ]] || continue  # a pattern without a match (the bf16 runs are not made on a CPU)
         case "$f" in *composite*) continue;; esac
         line=$(grep "host-device syncs counted by libtorch" "$f") || { echo "$f: no sync line"; bad=1; continue; }

@@ -3,7 +3,7 @@
 # configs (GPT-2 124M, LLaMA-130M; bf16) stepped once on the CPU at 1 and 4 sequences of 1,024
 # tokens, with the composite operators (PLEXUS_FUSED_KERNELS=1, what a CPU runs) and with the paths
 # a GPU step takes (cuda-host: plexus' CUDA kernels run by their host build), and GPT with
-# Hyper-Connections and mHC at one sequence. Each run's `plexus bench --profile` output goes to
+# Hyper-Connections, mHC and AttnRes at one sequence. Each run's `plexus bench --profile` output goes to
 # OUT/<case>.txt: the operators that do work (a GPU's kernel launches) and the bytes they write by
 # dtype. About 10 minutes on 2 cores; needs ~6 GB of memory.
 #
@@ -35,7 +35,7 @@ for model in gpt llama; do
     step "$model-$batch-gpu-paths" "bench/configs/gpu/$model.yaml" cuda-host "$batch"
   done
 done
-for topology in hyper mhc; do
+for topology in hyper mhc attnres; do
   step "gpt-$topology-1-composite" bench/configs/gpu/gpt.yaml 1 1 --set "topology.kind=$topology"
   step "gpt-$topology-1-gpu-paths" bench/configs/gpu/gpt.yaml cuda-host 1 --set "topology.kind=$topology"
 done

@@ -26,12 +26,14 @@
 //! * the dense topologies' history buffer (`src/native/history.cpp`, any device):
 //!   [`history_push`], [`history_mix`] (used through `topology::common::History`);
 //! * CUDA kernels compiled at run time with NVRTC (`src/native/cuda_kernels.cpp`, the kernels in
-//!   `src/native/sinkhorn.cu`, `streams.cu`, `losses.cu`, `norms.cu`, `activations.cu` and `rope.cu`): mHC's
+//!   `src/native/sinkhorn.cu`, `streams.cu`, `losses.cu`, `norms.cu`, `norm_project.cu`,
+//!   `activations.cu`, `hacn.cu`, `rope.cu` and `attnres.cu`): mHC's
 //!   Sinkhorn ([`sinkhorn_cuda`]), the stream read and write (through [`stream_read_fused`] and
 //!   [`stream_write_fused`] for fp32 CUDA tensors), the language-model loss
 //!   ([`cross_entropy_cuda`]), the pre-norms written in bf16 ([`norm_cuda`]), SwiGLU's gate
 //!   ([`swiglu_cuda`]), RoPE with the split into heads ([`rope_cuda`]), Hyper-Connections'
-//!   dynamic logits ([`norm_project_gpu`]) and H-ACN's update with its long path ([`hacn_step`]);
+//!   dynamic logits ([`norm_project_gpu`]), H-ACN's update with its long path ([`hacn_step`]) and
+//!   AttnRes' depth attention over a history buffer ([`history_attend`], `attnres.cu`);
 //!   for the tests and
 //!   `doctor`, [`sinkhorn_cuda_host`], [`streams_host`], [`cross_entropy_host`], [`norm_host`],
 //!   [`swiglu_host`], [`rope_host`], [`norm_project_host`], [`cuda_kernels_compile`], [`nvrtc_version`].
@@ -275,6 +277,15 @@ mod ffi {
             states: *mut *mut C_tensor,
             k: i64,
             w: *mut C_tensor,
+            out: *mut *mut C_tensor,
+        ) -> *mut c_char;
+        pub fn plexus_history_attend(
+            buf: *mut C_tensor,
+            gbuf: *mut C_tensor,
+            slots: *const i64,
+            states: *mut *mut C_tensor,
+            k: i64,
+            q: *mut C_tensor,
             out: *mut *mut C_tensor,
         ) -> *mut c_char;
         pub fn plexus_norm_project(
@@ -734,6 +745,81 @@ mod tests {
         }
     }
 
+    /// AttnRes' depth-attention kernels' arithmetic (run on the CPU: [`history_attend`] on CPU
+    /// tensors runs their host build) against the composite they replace — per source
+    /// `(v·q)/rms(v)`, a softmax over the sources, the weighted sum — and fp64: both outputs, α,
+    /// and the gradients of both queries and of every source, through a history whose sources are
+    /// read by two attentions (all five, and three at uneven slots, as block AttnRes reads them)
+    /// and one of them also directly (as the next partial sum reads it): within 8× the
+    /// composite's error from fp64 plus 4 units of fp32, for a width under one block of threads
+    /// and one that some threads loop over twice.
+    #[test]
+    fn the_attnres_kernels_arithmetic_equals_the_composite() {
+        use tch::{Device, Kind};
+        for d in [37i64, 300] {
+            let grid = |phase: f64, scale: f64| {
+                (Tensor::arange(21 * d, (Kind::Double, Device::Cpu)) * phase).sin().reshape([3, 7, d]) * scale
+            };
+            let v0: Vec<Tensor> = (0..5).map(|i| grid(0.31 + 0.17 * i as f64, 0.5 + i as f64)).collect();
+            let (q1, q2) = (grid(0.7, 0.3).get(0).get(0), grid(1.3, 0.8).get(1).get(2));
+            let (g1, g2, g3) = (grid(2.3, 1.0), grid(0.9, 1.0), grid(1.9, 1.0));
+            let picks = [0usize, 2, 4];
+            // [y1, y2, α1, α2, gq1, gq2, gv_0 .. gv_4] at `dtype`, through the kernels or the composite.
+            let run = |dtype: Kind, kernels: bool| {
+                let leaf = |t: &Tensor| t.to_kind(dtype).detach().set_requires_grad(true);
+                let vs: Vec<Tensor> = v0.iter().map(leaf).collect();
+                let (q1, q2) = (leaf(&q1), leaf(&q2));
+                let composite = |xs: &[&Tensor], q: &Tensor| {
+                    let logits: Vec<Tensor> = xs
+                        .iter()
+                        .map(|v| v.matmul(q) * (v.square().mean_dim(-1, false, dtype) + 1e-6).rsqrt())
+                        .collect();
+                    let alpha = Tensor::stack(&logits, -1).softmax(-1, dtype);
+                    let y = xs
+                        .iter()
+                        .enumerate()
+                        .fold(Tensor::zeros_like(xs[0]), |y, (i, v)| y + *v * alpha.select(-1, i as i64).unsqueeze(-1));
+                    (y, alpha)
+                };
+                let (buf, gbuf) =
+                    (Tensor::zeros([5, 21 * d], (dtype, Device::Cpu)), Tensor::empty([0], (dtype, Device::Cpu)));
+                let states: Vec<Tensor> = if kernels {
+                    vs.iter().enumerate().map(|(i, v)| history_push(&buf, &gbuf, i, v).unwrap()).collect()
+                } else {
+                    vs.iter().map(|v| v.shallow_clone()).collect()
+                };
+                let all: Vec<&Tensor> = states.iter().collect();
+                let some: Vec<&Tensor> = picks.iter().map(|&i| &states[i]).collect();
+                let ((y1, a1), (y2, a2)) = if kernels {
+                    (
+                        history_attend(&buf, &gbuf, &[0, 1, 2, 3, 4], &all, &q1).unwrap(),
+                        history_attend(&buf, &gbuf, &picks, &some, &q2).unwrap(),
+                    )
+                } else {
+                    (composite(&all, &q1), composite(&some, &q2))
+                };
+                let g = |t: &Tensor| t.to_kind(dtype);
+                let loss = (&y1 * g(&g1)).sum(dtype) + (&y2 * g(&g2)).sum(dtype) + (&states[3] * g(&g3)).sum(dtype);
+                loss.backward();
+                let mut out = vec![y1.detach(), y2.detach(), a1.detach(), a2.detach(), q1.grad(), q2.grad()];
+                out.extend(vs.iter().map(|v| v.grad()));
+                out
+            };
+            let (got, want, truth) = (run(Kind::Float, true), run(Kind::Float, false), run(Kind::Double, false));
+            let max = |t: &Tensor| crate::host::scalar(&t.to_kind(Kind::Double).abs().max());
+            for (i, ((g, w), t)) in got.iter().zip(&want).zip(&truth).enumerate() {
+                let what = ["y1", "y2", "α1", "α2", "q1 gradient", "q2 gradient"]
+                    .get(i)
+                    .map_or_else(|| format!("v{} gradient", i - 6), |s| s.to_string());
+                assert_eq!(g.size(), w.size(), "D {d}: {what}: shape");
+                let err = |x: &Tensor| max(&(x.to_kind(Kind::Double) - t)) / max(t).max(1e-30);
+                let (e, e_ref) = (err(g), err(w));
+                let floor = 4.0 * f64::from(f32::EPSILON);
+                assert!(e <= 8.0 * e_ref + floor, "D {d}: {what}: {e:e} against the composite's {e_ref:e}");
+            }
+        }
+    }
+
     /// The CUDA SwiGLU kernels' arithmetic (run on the CPU) against libtorch's `silu(g) · u` and its
     /// gradients, and fp64: fp32 within 8× libtorch's error plus 4 units of fp32; bf16 (one rounding
     /// where libtorch rounds twice) at most one bf16 unit from libtorch's.
@@ -883,6 +969,8 @@ mod tests {
                     "plexus_norm_project_backward",
                     "plexus_hacn_forward_bf16",
                     "plexus_hacn_backward_f32",
+                    "plexus_attnres_forward",
+                    "plexus_attnres_backward",
                 ] {
                     assert!(k.log.contains(name), "n = {n}, {}: no {name} in ptxas' log", k.target);
                 }

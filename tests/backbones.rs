@@ -304,7 +304,8 @@ fn adding_a_bf16_unit_output_to_the_stream_equals_casting_it_first_bit_for_bit()
 
 /// `PLEXUS_FUSED_KERNELS=cuda-host` sends a CPU step down the paths a GPU step takes: GPT's
 /// pre-norms written in bf16, RoPE into heads and the loss on bf16 logits, LLaMA's SwiGLU,
-/// Hyper-Connections' dynamic logits, H-ACN's update, each one operator of plexus' own each way (the
+/// Hyper-Connections' dynamic logits, H-ACN's update, AttnRes' depth attention (full and block),
+/// each one operator of plexus' own each way (the
 /// CUDA kernels' host build), none of them otherwise. What
 /// they compute is held to the PyTorch reference by `plexus parity` under that setting
 /// (tests/parity.rs); this test makes sure the setting is not silently ignored.
@@ -315,6 +316,8 @@ fn the_gpu_paths_run_on_the_cpu_under_cuda_host_and_only_there() {
         (LLAMA, "residual", &["plexus::swiglu", "plexus::rope_heads", "plexus::cross_entropy"][..]),
         (GPT, "hyper", &["plexus::norm_project"][..]),
         (GPT, "hacn", &["plexus::hacn_step"][..]),
+        (GPT, "attnres", &["plexus::history_attend"][..]),
+        (GPT, "attnres, blocks: 2", &["plexus::history_attend"][..]),
     ] {
         let e = Experiment::from_str(
             &format!("name: t\nseed: 5\nprecision: bf16\n{backbone}topology: {{kind: {topology}}}\n"),

@@ -19,6 +19,7 @@
 
 #include "cuda_kernels.h"
 #include "guarded.h"
+#include "history.h"
 #include "record.h"
 
 #include <ATen/ATen.h>
@@ -51,6 +52,7 @@
 #include "activations.cu"
 #include "hacn.cu"
 #include "rope.cu"
+#include "attnres.cu"
 
 using plexus_native::dup_string;
 using plexus_native::guarded;
@@ -74,6 +76,7 @@ constexpr unsigned kLossThreads = 256;    // the loss kernels: threads per block
 constexpr unsigned kNormThreads = 256;    // the norm kernels: threads per block (forward: a row; backward: rows)
 constexpr int64_t kNormRows = 32;         // the norm's backward: rows per block (their weight gradients summed there)
 constexpr int64_t kNormProjectRows = 64;  // HC's dynamic logits, backward: rows per block (their partial gradients)
+constexpr int64_t kAttnResRows = 16;      // AttnRes' depth attention, backward: rows per block (their share of gq)
 
 // Calls f with std::integral_constant<int, n> for n in 1..=kMaxStreams.
 template <typename F>
@@ -392,6 +395,38 @@ float run_hacn_backward_on_host(const at::Tensor& x, const at::Tensor& gx_out, c
   return ga;
 }
 
+// AttnRes' depth attention (attnres.cu) on the CPU, each block emulated by `threads` calls whose
+// partial sums add in thread order: y [R, D] and alpha [R, m] of the sources `s` in buf; with gy
+// [R, D], instead the sources' gradients added into gbuf and gq [D] (overwritten) summed over rows
+// in row order.
+void host_attnres(const float* buf, const plexus_attnres::Sources& s, const float* q, const float* gy, float* y,
+                  float* alpha_out, float* gbuf, float* gq, int64_t rows, int64_t d, int64_t threads) {
+  const int m = s.m;
+  std::vector<float> stats(3 * m), alpha(m), rho(m), c2(m), c3(m);
+  if (gq != nullptr) std::fill(gq, gq + d, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int i = 0; i < m; ++i) {
+      float total[3] = {0.0f, 0.0f, 0.0f};
+      for (int64_t t = 0; t < threads; ++t) {
+        float part[3];
+        plexus_attnres::source_sums(buf + s.at[i] + r * d, q, gy != nullptr ? gy + r * d : nullptr, d, t, threads,
+                                    part);
+        for (int j = 0; j < 3; ++j) total[j] += part[j];
+      }
+      std::copy(total, total + 3, stats.begin() + 3 * i);
+    }
+    plexus_attnres::row_weights(stats.data(), m, d, gy != nullptr, alpha.data(), rho.data(), c2.data(), c3.data());
+    if (gy == nullptr) {
+      std::copy(alpha.begin(), alpha.end(), alpha_out + r * m);
+      for (int64_t t = 0; t < threads; ++t) plexus_attnres::mix(buf, s, r, d, alpha.data(), y, t, threads);
+    } else {
+      for (int64_t t = 0; t < threads; ++t) {
+        plexus_attnres::mix_backward(buf, gbuf, s, r, d, q, gy, alpha.data(), c2.data(), c3.data(), gq, t, threads);
+      }
+    }
+  }
+}
+
 // HC's dynamic logits: x [R, D], gamma, beta [D], w [D, K] fp32 contiguous CPU tensors; z [R, K], mean,
 // rstd [R]. Backward recomputes the statistics, as the forward's.
 void run_norm_project_forward_on_host(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta,
@@ -708,6 +743,7 @@ struct Kernels {
   CUfunction swiglu_forward[2] = {nullptr, nullptr}, swiglu_backward[2] = {nullptr, nullptr};  // [0] bf16, [1] fp32
   CUfunction rope_forward[2] = {nullptr, nullptr}, rope_backward[2] = {nullptr, nullptr};      // [0] bf16, [1] fp32
   CUfunction hacn_forward[2] = {nullptr, nullptr}, hacn_backward[2] = {nullptr, nullptr};      // by h: [0] bf16, [1] fp32
+  CUfunction attnres_forward = nullptr, attnres_backward = nullptr;  // AttnRes' depth attention
   int64_t n = 0;
   std::string target;
 };
@@ -1024,6 +1060,39 @@ at::Tensor launch_hacn_backward_parts(const Kernels& k, const at::Tensor& x, con
   return part;
 }
 
+// AttnRes' depth attention: the sources `s` in buf [cap, N] (fp32, contiguous, on the kernels'
+// device), q [D] fp32 contiguous there; y [R, D], alpha [R, m] (R = N / D). Backward: gy [R, D] →
+// the sources' gradients added into gbuf [cap, N], and gq's partial sums [blocks, D] (the caller
+// adds them).
+void launch_attnres_forward(const Kernels& k, const at::Tensor& buf, const plexus_attnres::Sources& s,
+                            const at::Tensor& q, const at::Tensor& y, const at::Tensor& alpha) {
+  const float* bp = buf.const_data_ptr<float>();
+  plexus_attnres::Sources sv = s;
+  const float* qp = q.const_data_ptr<float>();
+  float* yp = y.mutable_data_ptr<float>();
+  float* ap = alpha.mutable_data_ptr<float>();
+  long long d = q.numel();
+  void* args[] = {&bp, &sv, &qp, &yp, &ap, &d};
+  launch(k, k.attnres_forward, "AttnRes forward", buf.device(), y.size(0), kNormThreads, args);
+}
+
+at::Tensor launch_attnres_backward_parts(const Kernels& k, const at::Tensor& buf, const at::Tensor& gbuf,
+                                         const plexus_attnres::Sources& s, const at::Tensor& q, const at::Tensor& gy) {
+  const int64_t rows = gy.size(0), d = q.numel();
+  const int64_t blocks = std::max<int64_t>((rows + kAttnResRows - 1) / kAttnResRows, 1);
+  auto part = at::zeros({blocks, d}, q.options());
+  const float* bp = buf.const_data_ptr<float>();
+  float* gbp = gbuf.mutable_data_ptr<float>();
+  plexus_attnres::Sources sv = s;
+  const float* qp = q.const_data_ptr<float>();
+  const float* gp = gy.const_data_ptr<float>();
+  float* pp = part.mutable_data_ptr<float>();
+  long long rr = rows, dd = d, per = kAttnResRows;
+  void* args[] = {&bp, &gbp, &sv, &qp, &gp, &pp, &rr, &dd, &per};
+  launch(k, k.attnres_backward, "AttnRes backward", buf.device(), blocks, kNormThreads, args);
+  return part;
+}
+
 // RoPE: x [B, T, ≥ H·hd] with rows `stride` apart (its last dimension contiguous), tables cs, sn
 // [≥ T, hd] contiguous, all of one dtype on the kernels' device; y [B, H, T, hd]; gx [B, T, H·hd].
 void launch_rope_forward(const Kernels& k, const at::Tensor& x, const at::Tensor& cs, const at::Tensor& sn,
@@ -1220,6 +1289,45 @@ void self_check_hacn(const Kernels& k, c10::Device device) {
                                  k.target + ") disagree with their CPU reference by " + std::to_string(worst));
       }
     }
+  }
+}
+
+// The sources of buffer rows `slots` (row length n) for the AttnRes kernels.
+plexus_attnres::Sources attnres_sources(const std::vector<int64_t>& slots, int64_t n) {
+  if (slots.empty() || slots.size() > PLEXUS_ATTNRES_MAX_SOURCES) {
+    throw std::invalid_argument("AttnRes' kernels take 1 to " + std::to_string(PLEXUS_ATTNRES_MAX_SOURCES) +
+                                " sources (" + std::to_string(slots.size()) + " given)");
+  }
+  plexus_attnres::Sources s{};
+  s.m = static_cast<int>(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) s.at[i] = slots[i] * n;
+  return s;
+}
+
+// The AttnRes kernels against their per-thread functions on the CPU: sources at uneven slots, more
+// rows than one backward block, a width some threads loop over twice, a gradient buffer that
+// already holds gradients (the kernels add to it).
+void self_check_attnres(const Kernels& k, c10::Device device) {
+  const int64_t rows = 2 * kAttnResRows + 5, d = kNormThreads + 37, n = rows * d;
+  const std::vector<int64_t> slots{0, 2, 3, 5, 6};
+  const auto s = attnres_sources(slots, n);
+  const auto buf = pattern({7, n}, 0.37).to(at::kFloat), q = (pattern({d}, 1.3) * 0.2).to(at::kFloat);
+  const auto gy = pattern({rows, d}, 2.1).to(at::kFloat), gbuf0 = pattern({7, n}, 0.9).to(at::kFloat);
+  auto y = at::empty({rows, d}, buf.options()), alpha = at::empty({rows, s.m}, buf.options());
+  auto gbuf = gbuf0.clone(), gq = at::empty({d}, buf.options());
+  host_attnres(cptr<float>(buf), s, cptr<float>(q), nullptr, mptr<float>(y), mptr<float>(alpha), nullptr, nullptr,
+               rows, d, kNormThreads);
+  host_attnres(cptr<float>(buf), s, cptr<float>(q), cptr<float>(gy), nullptr, nullptr, mptr<float>(gbuf),
+               mptr<float>(gq), rows, d, kNormThreads);
+  const auto buf_d = buf.to(device), q_d = q.to(device), gbuf_d = gbuf0.to(device);
+  auto y_d = at::empty({rows, d}, buf_d.options()), alpha_d = at::empty({rows, s.m}, buf_d.options());
+  launch_attnres_forward(k, buf_d, s, q_d, y_d, alpha_d);
+  const auto gq_d = launch_attnres_backward_parts(k, buf_d, gbuf_d, s, q_d, gy.to(device)).sum(0);
+  const double worst = std::max({deviation(y_d, y.to(at::kDouble)), deviation(alpha_d, alpha.to(at::kDouble)),
+                                 deviation(gbuf_d, gbuf.to(at::kDouble)), deviation(gq_d, gq.to(at::kDouble))});
+  if (!(worst <= 1e-4)) {
+    throw std::runtime_error("the CUDA AttnRes kernels (" + k.target + ") disagree with their CPU reference by " +
+                             std::to_string(worst));
   }
 }
 
@@ -1431,6 +1539,8 @@ const Kernels& kernels_for(c10::Device device, int64_t n) {
       d.check(d.ModuleGetFunction(&k->norm_backward, module, "plexus_norm_backward_bf16"), "cuModuleGetFunction");
       d.check(d.ModuleGetFunction(&k->norm_project_forward, module, "plexus_norm_project_forward"), "cuModuleGetFunction");
       d.check(d.ModuleGetFunction(&k->norm_project_backward, module, "plexus_norm_project_backward"), "cuModuleGetFunction");
+      d.check(d.ModuleGetFunction(&k->attnres_forward, module, "plexus_attnres_forward"), "cuModuleGetFunction");
+      d.check(d.ModuleGetFunction(&k->attnres_backward, module, "plexus_attnres_backward"), "cuModuleGetFunction");
       self_check(*k, device);
       self_check_streams(*k, device);
       self_check_norm_project(*k, device);
@@ -1440,6 +1550,7 @@ const Kernels& kernels_for(c10::Device device, int64_t n) {
         self_check_swiglu(*k, device);
         self_check_rope(*k, device);
         self_check_hacn(*k, device);
+        self_check_attnres(*k, device);
       }
     } catch (const c10::Error& e) {
       k.reset();
@@ -1615,6 +1726,78 @@ struct HacnStep : public torch::autograd::Function<HacnStep> {
     }
     const auto ga = x.is_cpu() ? at::full(a.sizes(), host_ga, a.options()) : parts.sum().view(a.sizes());
     return {gx.view(grads[0].defined() ? grads[0].sizes() : x.sizes()), grads[1], gh.view(x.sizes()), ga};
+  }
+};
+
+// AttnRes' depth attention (attnres.cu) over the history rows `slots` (buf [cap, N] fp32) with the
+// query q [D] fp32 → (y shaped like the states [.., D], α [.., m] without gradient). `states`: the
+// pushes' outputs of those slots, inputs only so that autograd runs their pushes' backwards after
+// this one's, which adds the sources' gradients into gbuf (history.cpp). Saved: q; the buffers.
+// For an operator's record: `first`, then rows `slots` of each of `histories` (what it reads or
+// writes of a history, not the whole buffer). Built only while a record asks for them.
+std::vector<c10::IValue> history_rows(std::vector<at::Tensor> first, const std::vector<int64_t>& slots,
+                                      std::initializer_list<at::Tensor> histories) {
+  std::vector<c10::IValue> out(first.begin(), first.end());
+  for (const auto& h : histories) {
+    for (const auto slot : slots) out.emplace_back(h.select(0, slot));
+  }
+  return out;
+}
+
+struct HistoryAttend : public torch::autograd::Function<HistoryAttend> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, at::TensorList states,
+                               plexus_history::Buffers h, std::vector<int64_t> slots) {
+    const c10::DeviceGuard device_guard(h.buf.device());
+    const auto q = q_in.contiguous();
+    const int64_t d = q.numel(), n = h.buf.size(1), rows = n / d;
+    const auto s = attnres_sources(slots, n);
+    auto y = at::empty({rows, d}, h.buf.options()), alpha = at::empty({rows, s.m}, h.buf.options());
+    {
+      RECORD_FUNCTION("plexus::history_attend", history_rows({q}, slots, {h.buf}));
+      PLEXUS_RECORD_OUTPUTS(y, alpha);
+      if (h.buf.is_cpu()) {
+        host_attnres(cptr<float>(h.buf), s, cptr<float>(q), nullptr, mptr<float>(y), mptr<float>(alpha), nullptr,
+                     nullptr, rows, d, kNormThreads);
+      } else {
+        launch_attnres_forward(kernels_for(h.buf.device(), 1), h.buf, s, q, y, alpha);
+      }
+    }
+    ctx->save_for_backward({q});
+    ctx->saved_data["buf"] = h.buf;
+    ctx->saved_data["gbuf"] = h.gbuf;
+    ctx->saved_data["slots"] = slots;
+    ctx->mark_non_differentiable({alpha});
+    auto alpha_sizes = states[0].sizes().vec();
+    alpha_sizes.back() = s.m;
+    return {y.view(states[0].sizes()), alpha.view(alpha_sizes)};
+  }
+
+  // (gy, -) → (gq [D], no gradient for the states: it goes to gbuf, which their pushes return)
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    plexus_history::Buffers h{ctx->saved_data["buf"].toTensor(), ctx->saved_data["gbuf"].toTensor()};
+    const auto q = ctx->get_saved_variables()[0];
+    const auto slots = ctx->saved_data["slots"].toIntVector();
+    variable_list out(1 + slots.size() + 2);  // q, the states, the buffers and the slots
+    if (!grads[0].defined()) return out;
+    const c10::DeviceGuard device_guard(h.buf.device());
+    const int64_t d = q.numel(), n = h.buf.size(1);
+    const auto s = attnres_sources(slots, n);
+    const auto gy = grads[0].to(at::kFloat).reshape({-1, d}).contiguous();
+    plexus_history::ensure_gradient_buffer(h);
+    at::Tensor gq, parts;
+    {  // the kernel alone in the operator's scope (gq's sum over blocks below is libtorch's)
+      RECORD_FUNCTION("plexus::history_attend_backward", history_rows({q, gy}, slots, {h.buf, h.gbuf}));
+      if (h.buf.is_cpu()) {
+        gq = at::empty({d}, q.options());
+        host_attnres(cptr<float>(h.buf), s, cptr<float>(q), cptr<float>(gy), nullptr, nullptr, mptr<float>(h.gbuf),
+                     mptr<float>(gq), gy.size(0), d, kNormThreads);
+      } else {
+        parts = launch_attnres_backward_parts(kernels_for(h.buf.device(), 1), h.buf, h.gbuf, s, q, gy);
+      }
+      if (guard.needsOutputs()) guard.setOutputs(history_rows({}, slots, {h.gbuf}));
+    }
+    out[0] = h.buf.is_cpu() ? gq : parts.sum(0);
+    return out;
   }
 };
 
@@ -1870,6 +2053,38 @@ char* plexus_hacn_step(at::Tensor* x, at::Tensor* acc, at::Tensor* h, at::Tensor
           "the H-ACN kernels take fp32 x and acc, h (bf16 or fp32) of one shape and a one-value fp32 a, on one device");
     }
     auto r = HacnStep::apply(*x, *acc, *h, *a);
+    out[0] = new at::Tensor(r[0]);
+    out[1] = new at::Tensor(r[1]);
+  });
+}
+
+// AttnRes' depth attention over a history of the dense topologies (history.cpp) on a CUDA device (or
+// the CPU, through the kernels' host build): the k sources at rows `slots` of buf [cap, N] (fp32),
+// `states` their pushes' outputs, q [D] fp32 (D divides N) → out[0] = y shaped like the states,
+// out[1] = α [.., k] (no gradient); differentiable in q and, through gbuf, the states.
+char* plexus_history_attend(at::Tensor* buf, at::Tensor* gbuf, const int64_t* slots, at::Tensor** states, int64_t k,
+                            at::Tensor* q, at::Tensor** out) {
+  return guarded([&] {
+    const bool ok = buf->dim() == 2 && buf->is_contiguous() && buf->scalar_type() == at::kFloat &&
+                    on_kernel_device(*buf) && gbuf->scalar_type() == at::kFloat && gbuf->device() == buf->device() &&
+                    q->dim() == 1 && q->scalar_type() == at::kFloat && q->device() == buf->device() &&
+                    q->numel() > 0 && buf->size(1) % q->numel() == 0;
+    if (!ok) {
+      throw std::invalid_argument(
+          "AttnRes' kernels take a contiguous fp32 history [cap, N] with its gradient buffer and an fp32 query [D] "
+          "(D dividing N) on one device");
+    }
+    std::vector<int64_t> s(slots, slots + std::max<int64_t>(k, 0));
+    std::vector<at::Tensor> xs;
+    for (int64_t i = 0; i < k; ++i) {
+      if (s[i] < 0 || s[i] >= buf->size(0)) throw std::invalid_argument("history slot out of range");
+      if (states[i]->numel() != buf->size(1) || states[i]->size(-1) != q->numel()) {
+        throw std::invalid_argument("an AttnRes source must have the history's row size and the query's width");
+      }
+      xs.push_back(*states[i]);
+    }
+    attnres_sources(s, buf->size(1));  // the count's check
+    auto r = HistoryAttend::apply(*q, at::TensorList(xs), plexus_history::Buffers{*buf, *gbuf}, s);
     out[0] = new at::Tensor(r[0]);
     out[1] = new at::Tensor(r[1]);
   });

@@ -1,4 +1,5 @@
-// The history of the dense topologies (ANCRe, DenseFormer, LayerComb) in one buffer, so that a
+// The history of the dense topologies (ANCRe, DenseFormer, LayerComb; AttnRes on a GPU, whose
+// depth attention reads it in cuda_kernels.cpp) in one buffer, so that a
 // weighted sum over earlier states is one matrix-vector product forward and two kernels backward,
 // on any device. Rust reaches these through src/native.rs (`history_push`, `history_mix`) and
 // src/topology/common.rs (`History`).
@@ -24,6 +25,7 @@
 // that read them): they live in the nodes' saved_data. Rows are written once and read only after.
 
 #include "guarded.h"
+#include "history.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -39,12 +41,7 @@ using torch::autograd::variable_list;
 
 namespace {
 
-// The two buffers of one history, passed as one non-tensor argument so that autograd does not
-// track them as inputs.
-struct HistoryBuffers {
-  at::Tensor buf;
-  at::Tensor gbuf;
-};
+using HistoryBuffers = plexus_history::Buffers;
 
 void check_buffers(const HistoryBuffers& h) {
   if (!h.buf.defined() || h.buf.dim() != 2 || !h.buf.is_contiguous()) {
@@ -67,15 +64,6 @@ bool rows_view(const at::Tensor& t, const std::vector<int64_t>& slots, at::Tenso
   const int64_t n = t.size(1);
   *out = t.as_strided({k, n}, {step * n, 1}, t.storage_offset() + slots[0] * n);
   return true;
-}
-
-// The gradient buffer, allocated and zeroed the first time a backward needs it. (gbuf is one
-// TensorImpl shared by every node of the history, so resizing it here resizes it for all.)
-void ensure_gbuf(HistoryBuffers& h) {
-  if (h.gbuf.numel() == 0) {
-    h.gbuf.resize_(h.buf.sizes());
-    h.gbuf.zero_();
-  }
 }
 
 struct HistoryPush : public torch::autograd::Function<HistoryPush> {
@@ -148,7 +136,7 @@ struct HistoryMix : public torch::autograd::Function<HistoryMix> {
     const auto w = ctx->get_saved_variables()[0];
     const auto slots = ctx->saved_data["slots"].toIntVector();
     const auto g = grads[0].reshape({-1});
-    ensure_gbuf(h);
+    plexus_history::ensure_gradient_buffer(h);
     at::Tensor rows, grows;
     at::Tensor gw;
     if (rows_view(h.buf, slots, &rows)) {

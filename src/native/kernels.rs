@@ -15,7 +15,8 @@ use tch::{Kind, Tensor};
 /// what makes `bench --compare`'s kernels per step stand for a GPU on hyper and mHC);
 /// `cuda-host`: on, and a CPU step also takes the fused paths a GPU step takes — the
 /// language-model loss, the pre-norms written in bf16, RoPE into heads, SwiGLU, Hyper-Connections'
-/// dynamic logits, mHC's RMS projection, H-ACN's update — through the CUDA kernels' host build
+/// dynamic logits, mHC's RMS projection, H-ACN's update, AttnRes' depth attention — through the
+/// CUDA kernels' host build
 /// ([`gpu_paths_on_cpu`]; slow: for parity of those paths on a CPU and for counting the kernels
 /// and bytes of a GPU step).
 pub const FUSED_KERNELS_VAR: &str = "PLEXUS_FUSED_KERNELS";
@@ -151,7 +152,8 @@ pub fn with_fused_kernels<T>(on: bool, f: impl FnOnce() -> T) -> T {
 
 /// Whether a CPU step on this thread takes the fused paths a GPU step takes (the language-model
 /// loss, the pre-norms written in bf16, RoPE into heads, SwiGLU, Hyper-Connections' dynamic
-/// logits, mHC's RMS projection, H-ACN's update), their arithmetic run by the CUDA kernels' host
+/// logits, mHC's RMS projection, H-ACN's update, AttnRes' depth attention), their arithmetic run
+/// by the CUDA kernels' host
 /// build (`src/native/cuda_kernels.cpp`, "The GPU paths on the CPU"): [`with_gpu_paths_on_cpu`]'s
 /// setting if inside one, else `PLEXUS_FUSED_KERNELS=cuda-host`. The multi-stream read, write and
 /// Sinkhorn keep their CPU kernels (whose arithmetic the tests hold to the CUDA kernels' host
@@ -848,16 +850,20 @@ pub fn history_push(buf: &Tensor, gbuf: &Tensor, slot: usize, x: &Tensor) -> Res
     fused_result(err, out)
 }
 
+/// The slots a reader of a history takes and its states' handles, for the FFI: one state per slot.
+fn history_reads(what: &str, slots: &[usize], states: &[&Tensor]) -> Result<(Vec<i64>, Vec<*mut torch_sys::C_tensor>)> {
+    if states.len() != slots.len() {
+        bail!("{what}: {} slots but {} states", slots.len(), states.len());
+    }
+    Ok((slots.iter().map(|&s| s as i64).collect(), states.iter().map(|t| t.as_ptr() as *mut _).collect()))
+}
+
 /// `Σ_i w[i] · state slots[i]` from a history buffer (see [`history_push`]): one matrix-vector
 /// product forward; backward, `dw` (another) and one rank-1 update of the slots' rows of `gbuf`.
 /// `states`: the pushes' outputs of those slots (autograd orders the pushes' backwards after this
 /// one's through them); `w` `[k]` in the buffer's dtype → a tensor shaped like the states.
 pub fn history_mix(buf: &Tensor, gbuf: &Tensor, slots: &[usize], states: &[&Tensor], w: &Tensor) -> Result<Tensor> {
-    let slots: Vec<i64> = slots.iter().map(|&s| s as i64).collect();
-    let mut ptrs: Vec<*mut torch_sys::C_tensor> = states.iter().map(|t| t.as_ptr() as *mut _).collect();
-    if ptrs.len() != slots.len() {
-        bail!("history_mix: {} slots but {} states", slots.len(), ptrs.len());
-    }
+    let (slots, mut ptrs) = history_reads("history_mix", slots, states)?;
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
     // SAFETY: as in `history_push`; `slots` and `ptrs` hold k live entries for the call.
     let err = unsafe {
@@ -872,6 +878,69 @@ pub fn history_mix(buf: &Tensor, gbuf: &Tensor, slots: &[usize], states: &[&Tens
         )
     };
     fused_result(err, out)
+}
+
+/// The most sources one call of [`history_attend`] takes (`PLEXUS_ATTNRES_MAX_SOURCES` of
+/// `src/native/attnres.cu`).
+pub const ATTNRES_MAX_SOURCES: usize = 64;
+
+/// Attention Residuals' depth attention over a history buffer (see [`history_push`]): for the
+/// sources at rows `slots` of `buf` (fp32; at most [`ATTNRES_MAX_SOURCES`]) and the unit's query `q`
+/// `[D]` fp32, per row (token) `α = softmax_i(q · rms(v_i))` and `y = Σ_i α_i v_i`
+/// (`src/native/attnres.cu`: one kernel each way, reading the sources in place; backward recomputes
+/// the weights and adds each source's gradient into its row of `gbuf`). `states`: the pushes'
+/// outputs of those slots, `[.., D]`. Returns `(y [.., D], α [.., k])`, α without gradient. On a
+/// CUDA device or the CPU (the kernels' host build); an error otherwise.
+pub fn history_attend(
+    buf: &Tensor,
+    gbuf: &Tensor,
+    slots: &[usize],
+    states: &[&Tensor],
+    q: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let (slots, mut ptrs) = history_reads("history_attend", slots, states)?;
+    let mut out: [*mut torch_sys::C_tensor; 2] = [std::ptr::null_mut(); 2];
+    // SAFETY: as in `history_mix`; on success two new, caller-owned tensors in `out`.
+    let err = unsafe {
+        ffi::plexus_history_attend(
+            buf.as_ptr() as *mut _,
+            gbuf.as_ptr() as *mut _,
+            slots.as_ptr(),
+            ptrs.as_mut_ptr(),
+            slots.len() as i64,
+            q.as_ptr() as *mut _,
+            out.as_mut_ptr(),
+        )
+    };
+    let [y, alpha] = fused_results(err, out)?;
+    Ok((y, alpha))
+}
+
+/// [`history_attend`] where a step takes the GPU's fused paths (a CUDA device, or the CPU under
+/// [`gpu_paths_on_cpu`]) and the call fits the kernels (fp32, 1 to [`ATTNRES_MAX_SOURCES`]
+/// sources); `None` elsewhere or where the kernels cannot run (the caller runs its composite).
+pub fn history_attend_gpu(
+    buf: &Tensor,
+    gbuf: &Tensor,
+    slots: &[usize],
+    states: &[&Tensor],
+    q: &Tensor,
+) -> Option<(Tensor, Tensor)> {
+    let takes = takes_gpu_paths(buf)
+        && buf.kind() == Kind::Float
+        && q.kind() == Kind::Float
+        && (1..=ATTNRES_MAX_SOURCES).contains(&slots.len());
+    if !takes {
+        return None;
+    }
+    match history_attend(buf, gbuf, slots, states, q) {
+        Ok(pair) => Some(pair),
+        Err(e) => {
+            // Unavailable kernels: None (and the composite from now on); any other error stops.
+            let _ = cuda_result(Err(e));
+            None
+        }
+    }
 }
 
 /// `(v @ phi) / rms(v)` row by row, `rms(v) = ‖v‖₂ / √N` (mHC's mixing logits): `v` `[.., N]`,

@@ -6,10 +6,17 @@
 //! groups; sources are `x0`, the sums of completed groups and the current group's partial sum.
 //! The RMS norm and the softmax run in fp32. Effective C: the attention weights, averaged over
 //! batch and tokens, spread over the units each source sums.
+//!
+//! Where a step takes the GPU's fused paths (a CUDA device, or the CPU under
+//! `PLEXUS_FUSED_KERNELS=cuda-host`) and the stream is fp32, every source is also pushed into a
+//! history buffer ([`common::History`]) and each unit's attention is one kernel each way over it
+//! (`src/native/attnres.cu`); elsewhere the composite below.
 
 use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
 use crate::config::{parse_options, OptionError};
+use crate::native;
 use serde::Deserialize;
+use std::cell::OnceCell;
 use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry = TopologyEntry {
@@ -73,35 +80,56 @@ struct AttnRes {
     full: bool,
 }
 
-/// A source: its value `[.., D]`, the reciprocal of its RMS `[..]` (fp32, computed once, however
-/// many later units attend to it), and which unit outputs it sums (0 = x0).
+/// A source: its value `[.., D]`, which unit outputs it sums (0 = x0), its row in the history
+/// buffer (the fused path), and the reciprocal of its RMS `[..]` (fp32; the composite's, computed
+/// once on first use, however many later units attend to it).
 struct Source {
     value: Tensor,
-    inv_rms: Tensor,
     members: Vec<usize>,
+    slot: usize,
+    inv_rms: OnceCell<Tensor>,
 }
 
 impl Source {
-    fn new(value: Tensor, members: Vec<usize>) -> Source {
-        // 1/√(mean(v²) + ε) from one norm over D (one read of v, forward and backward), not a
-        // squared temporary and a mean.
-        let d = *value.size().last().expect("a source has a feature axis") as f64;
-        let norm = value.norm_scalaropt_dim_dtype(2.0, [-1i64].as_slice(), false, Kind::Float);
-        let inv_rms = (norm.square() / d + 1e-6).rsqrt();
-        Source { value, inv_rms, members }
+    /// A new source; with a history, `value` is pushed into it (its next row) and the source holds
+    /// the push's output, through which the history's readers send it their gradients.
+    fn new(value: Tensor, members: Vec<usize>, history: Option<&mut common::History>) -> Source {
+        let (value, slot) = match history {
+            Some(h) => (h.push(value).shallow_clone(), h.len() - 1),
+            None => (value, 0),
+        };
+        Source { value, members, slot, inv_rms: OnceCell::new() }
+    }
+
+    /// 1/√(mean(v²) + ε) `[..]` from one norm over D (one read of v, forward and backward), not a
+    /// squared temporary and a mean.
+    fn inv_rms(&self) -> &Tensor {
+        self.inv_rms.get_or_init(|| {
+            let d = *self.value.size().last().expect("a source has a feature axis") as f64;
+            let norm = self.value.norm_scalaropt_dim_dtype(2.0, [-1i64].as_slice(), false, Kind::Float);
+            (norm.square() / d + 1e-6).rsqrt()
+        })
     }
 }
 
 impl AttnRes {
-    /// Attention of query `q` over the sources; returns the mixture `[.., D]` and the weights `[.., m]`.
+    /// Attention of query `q` `[D]` over the sources; returns the mixture `[.., D]` and the weights
+    /// `[.., m]`. With a history, plexus' kernels where they run ([`common::History::attend`]).
     ///
-    /// `rms(v_i)·w = (v_i·w)/rms(v_i)`: each logit is one matrix–vector product over the source as
-    /// it is, scaled by its cached `1/rms` — the normalised source is never materialised (the
-    /// first version normalised every earlier source again for every unit: O(L²) full-size
-    /// temporaries). The mixture is an `addcmul` chain: one pass per source, no `α_i v_i` temporaries.
-    fn attend(&self, query: &Tensor, sources: &[&Source]) -> (Tensor, Tensor) {
+    /// The composite: `rms(v_i)·w = (v_i·w)/rms(v_i)`: each logit is one matrix–vector product over
+    /// the source as it is, scaled by its cached `1/rms` — the normalised source is never
+    /// materialised (the first version normalised every earlier source again for every unit: O(L²)
+    /// full-size temporaries). The mixture is an `addcmul` chain: one pass per source, no `α_i v_i`
+    /// temporaries.
+    fn attend(&self, query: &Tensor, sources: &[&Source], history: Option<&common::History>) -> (Tensor, Tensor) {
+        if let Some(h) = history {
+            let slots: Vec<usize> = sources.iter().map(|s| s.slot).collect();
+            if let Some(fused) = h.attend(&slots, query) {
+                return fused;
+            }
+        }
         let logits: Vec<Tensor> =
-            sources.iter().map(|s| s.value.to_kind(Kind::Float).matmul(query) * &s.inv_rms).collect();
+            sources.iter().map(|s| s.value.to_kind(Kind::Float).matmul(query) * s.inv_rms()).collect();
         let alpha = Tensor::stack(&logits, -1).softmax(-1, Kind::Float);
         let weight = |i: usize, s: &Source| alpha.select(-1, i as i64).unsqueeze(-1).to_kind(s.value.kind());
         let first = &sources[0].value * weight(0, sources[0]);
@@ -127,20 +155,24 @@ impl AttnRes {
                 cols.push(col);
             }
         };
-        let mut done: Vec<Source> = vec![Source::new(x0.shallow_clone(), vec![0])];
+        // The fused path's history: x0, then every unit's output (full) or its group's partial sum
+        // after it (block), one row each.
+        let fused = native::takes_gpu_paths(x0) && x0.kind() == Kind::Float && l < native::ATTNRES_MAX_SOURCES;
+        let mut history = fused.then(|| common::History::new(l + 1, x0));
+        let mut done: Vec<Source> = vec![Source::new(x0.shallow_clone(), vec![0], history.as_mut())];
         let mut partial: Option<Source> = None;
         for (k, f) in units.iter().enumerate() {
             let sources: Vec<&Source> = done.iter().chain(partial.as_ref()).collect();
-            let (input, alpha) = self.attend(&queries[k], &sources);
+            let (input, alpha) = self.attend(&queries[k], &sources, history.as_ref());
             column(&alpha, &sources);
             let h = f.forward(&input, Norm::Default, train);
             if self.full {
-                done.push(Source::new(h, vec![k + 1]));
+                done.push(Source::new(h, vec![k + 1], history.as_mut()));
                 continue;
             }
             let p = match partial.take() {
-                Some(p) => Source::new(p.value + h, [p.members, vec![k + 1]].concat()),
-                None => Source::new(h, vec![k + 1]),
+                Some(p) => Source::new(p.value + h, [p.members, vec![k + 1]].concat(), history.as_mut()),
+                None => Source::new(h, vec![k + 1], history.as_mut()),
             };
             if (k + 1) % self.group == 0 || k + 1 == l {
                 done.push(p);
@@ -149,7 +181,7 @@ impl AttnRes {
             }
         }
         let sources: Vec<&Source> = done.iter().collect();
-        let (y, alpha) = self.attend(&queries[l], &sources);
+        let (y, alpha) = self.attend(&queries[l], &sources, history.as_ref());
         column(&alpha, &sources);
         y
     }
