@@ -1,5 +1,5 @@
 //! Micro-benchmark of the fused CPU kernels of the multi-stream topologies
-//! (`src/native/stream_kernels.cpp`) against the composite libtorch code they replace, one unit at
+//! (`native/src/stream_kernels.cpp`) against the composite libtorch code they replace, one unit at
 //! a time: the stream read and write, Sinkhorn–Knopp, Hyper-Connections' LayerNorm + projection,
 //! mHC's RMS + projection and Hyper-Connections' whole pre-unit step (`hyper_pre`: the norm, the
 //! projection, the tanh-scaled weights and the read), forward alone and forward + backward; the

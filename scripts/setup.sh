@@ -36,7 +36,7 @@ else
   log "reusing Python environment $VENV"
 fi
 
-# NCCL for data-parallel GPU training: the native layer (src/native/) compiles ProcessGroupNCCL
+# NCCL for data-parallel GPU training: the native layer (native/src/) compiles ProcessGroupNCCL
 # against the wheel's CUDA headers, two of which the torch wheel does not pull in (crt/, nv/target):
 # a few MB of headers, matching the wheel's CUDA version. Without them plexus still builds, with
 # Gloo only (`plexus train --nproc` then works on CPUs, not GPUs).

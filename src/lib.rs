@@ -32,5 +32,6 @@ pub mod study;
 pub mod task;
 pub mod tensorboard;
 pub mod topology;
-pub mod torch_panic;
+/// libtorch's errors in words (the native crate's module, re-exported).
+pub use plexus_native::torch_panic;
 pub mod train;

@@ -496,13 +496,15 @@ fn files_missing_from_the_tree(src: &Path, doc: &str) -> Vec<String> {
     missing
 }
 
-/// docs/architecture.md's tree names every file under src/ (a new file must be placed in the
-/// architecture, in words), and the check finds a file planted in a copy of src/.
+/// docs/architecture.md's tree names every file under src/ and native/src/ (a new file must be
+/// placed in the architecture, in words), and the check finds a file planted in a copy of src/.
 #[test]
 fn the_architecture_tree_names_every_source_file() {
     let doc = std::fs::read_to_string(repo().join("docs/architecture.md")).unwrap();
-    let missing = files_missing_from_the_tree(&repo().join("src"), &doc);
-    assert!(missing.is_empty(), "files under src/ not in docs/architecture.md's tree: {missing:?}");
+    for dir in ["src", "native/src"] {
+        let missing = files_missing_from_the_tree(&repo().join(dir), &doc);
+        assert!(missing.is_empty(), "files under {dir}/ not in docs/architecture.md's tree: {missing:?}");
+    }
     let tmp = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(tmp.path().join("model")).unwrap();
     std::fs::write(tmp.path().join("model/gpt.rs"), "").unwrap();

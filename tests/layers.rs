@@ -3,7 +3,9 @@
 //! foundation). This test reads `src/` and fails on any import (a `crate::` path outside plain comments
 //! and test modules) from a lower layer into a higher one, or any cycle, naming the file, the line
 //! and the path. Doc comments count (a lower module that names a higher one knows of it); plain
-//! `//` comments do not. A new top-level module must be given a layer here.
+//! `//` comments do not. A new top-level module must be given a layer here. The native crate
+//! (`native/src/`, below all of plexus, which Cargo enforces) is held to its own layers the same
+//! way, its top-level files' `super::` paths read as the `crate::` paths they are.
 
 mod common;
 use common::rust_files;
@@ -13,10 +15,7 @@ use std::path::{Path, PathBuf};
 /// Bottom to top. Within a layer, imports are allowed as long as they form no cycle.
 const LAYERS: &[(&str, &[&str])] = &[
     // No domain knowledge: host reads, allocator, libtorch FFI, processes, devices, files.
-    (
-        "foundation",
-        &["host", "input_file", "malloc", "torch_panic", "sets", "tensorboard", "native", "dist", "device", "run_dir"],
-    ),
+    ("foundation", &["host", "input_file", "malloc", "sets", "tensorboard", "native", "dist", "device", "run_dir"]),
     // Plain data types of the YAML schema.
     ("config", &["config"]),
     // What a model learns from a batch (losses, DDPM noising), and the batch.
@@ -31,13 +30,24 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("command line", &["cli"]),
 ];
 
+/// The native crate's layers, bottom to top (the FFI declarations and the error convention are its
+/// root, lib.rs, below them all).
+const NATIVE_LAYERS: &[(&str, &[&str])] = &[
+    ("libtorch's errors in words", &["torch_panic"]),
+    ("bindings by concern", &["cuda", "cuda_graph", "process_group", "profile", "kineto", "optim", "kernels"]),
+];
+
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
-/// The top-level module a file belongs to (`src/data/tokens.rs` → `data`).
-fn module_of(file: &Path) -> String {
-    let rel = file.strip_prefix(src()).unwrap();
+fn native_src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("native/src")
+}
+
+/// The top-level module a file under `root` belongs to (`src/data/tokens.rs` → `data`).
+fn module_of(root: &Path, file: &Path) -> String {
+    let rel = file.strip_prefix(root).unwrap();
     let first = rel.components().next().unwrap().as_os_str().to_string_lossy().into_owned();
     first.strip_suffix(".rs").map(str::to_string).unwrap_or(first)
 }
@@ -103,23 +113,36 @@ fn imports(text: &str) -> Vec<(usize, String)> {
 
 #[test]
 fn modules_import_only_from_their_layer_or_below_and_form_no_cycle() {
+    check_layers(&src(), "src", LAYERS);
+}
+
+#[test]
+fn the_native_crates_modules_import_only_from_their_layer_or_below_and_form_no_cycle() {
+    check_layers(&native_src(), "native/src", NATIVE_LAYERS);
+}
+
+/// The layer rule for the crate whose sources are `root` (named `label` in messages).
+fn check_layers(root: &Path, label: &str, layers: &[(&str, &[&str])]) {
     let layer_of: BTreeMap<&str, (usize, &str)> =
-        LAYERS.iter().enumerate().flat_map(|(i, (name, mods))| mods.iter().map(move |m| (*m, (i, *name)))).collect();
+        layers.iter().enumerate().flat_map(|(i, (name, mods))| mods.iter().map(move |m| (*m, (i, *name)))).collect();
     // Every module of lib.rs has a layer, and every layer entry is a module.
-    let lib = std::fs::read_to_string(src().join("lib.rs")).unwrap();
+    let lib = std::fs::read_to_string(root.join("lib.rs")).unwrap();
     let declared: BTreeSet<String> = lib
         .lines()
         .filter_map(|l| l.trim().strip_prefix("pub mod ").map(|m| m.trim_end_matches(';').to_string()))
         .collect();
     for m in &declared {
-        assert!(layer_of.contains_key(m.as_str()), "src/lib.rs declares `{m}`, which has no layer in tests/layers.rs");
+        assert!(
+            layer_of.contains_key(m.as_str()),
+            "{label}/lib.rs declares `{m}`, which has no layer in tests/layers.rs"
+        );
     }
     for m in layer_of.keys() {
-        assert!(declared.contains(*m), "tests/layers.rs places `{m}`, which src/lib.rs does not declare");
+        assert!(declared.contains(*m), "tests/layers.rs places `{m}`, which {label}/lib.rs does not declare");
     }
 
     let mut files = Vec::new();
-    rust_files(&src(), &mut files);
+    rust_files(root, &mut files);
     files.sort();
     let mut violations = Vec::new();
     let mut edges: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
@@ -128,15 +151,21 @@ fn modules_import_only_from_their_layer_or_below_and_form_no_cycle() {
         if name == "lib.rs" || name == "main.rs" {
             continue;
         }
-        let me = module_of(f);
-        let (mine, my_layer) = layer_of[me.as_str()];
-        let text = std::fs::read_to_string(f).unwrap();
+        let me = module_of(root, f);
+        let Some(&(mine, my_layer)) = layer_of.get(me.as_str()) else {
+            panic!("{}: module `{me}` has no layer in tests/layers.rs", f.display());
+        };
+        let mut text = std::fs::read_to_string(f).unwrap();
+        // In a file directly under the crate root, `super::` is `crate::`.
+        if f.parent() == Some(root) {
+            text = text.replace("super::", "crate::");
+        }
         for (line, target) in imports(&text) {
             let Some(&(theirs, their_layer)) = layer_of.get(target.as_str()) else { continue };
             if target == me {
                 continue;
             }
-            let at = format!("src/{}:{line}", f.strip_prefix(src()).unwrap().display());
+            let at = format!("{label}/{}:{line}", f.strip_prefix(root).unwrap().display());
             if theirs > mine {
                 violations.push(format!(
                     "{at}: `{me}` ({my_layer}) imports `crate::{target}` ({their_layer}), a layer above it"
@@ -209,24 +238,32 @@ fn the_training_loop_fits_in_80_lines() {
     assert!(end - start < 80, "train::train is {} lines; move a job into a component", end - start + 1);
 }
 
-/// Every `pub fn` of the library's top layers (train, model, topology, study, native) has a doc
+/// Every `pub fn` of the library's top layers (train, model, topology, study) and of the native
+/// crate has a doc
 /// comment (attributes may stand between): what it does, and the shapes of the tensors it takes
 /// and returns where tensors cross.
 #[test]
 fn every_pub_fn_of_the_top_layers_is_documented() {
     let mut files = Vec::new();
-    for dir in ["train", "model", "topology", "study", "native"] {
-        rust_files(&common::repo().join("src").join(dir), &mut files);
+    for dir in ["src/train", "src/model", "src/topology", "src/study", "native/src"] {
+        rust_files(&common::repo().join(dir), &mut files);
     }
     let mut missing = Vec::new();
     for f in &files {
         let text = std::fs::read_to_string(f).unwrap();
         let lines: Vec<&str> = text.lines().collect();
+        let mut in_ffi = false;
         for (i, l) in lines.iter().enumerate() {
             if l.starts_with("#[cfg(test)]") {
                 break;
             }
+            // The native crate's private `mod ffi` holds the C declarations, documented at their
+            // definitions in C++.
+            in_ffi = (in_ffi || l.starts_with("mod ffi {")) && *l != "}";
             let t = l.trim_start();
+            if in_ffi {
+                continue;
+            }
             if !(t.starts_with("pub fn ") || t.starts_with("pub(crate) fn ")) {
                 continue;
             }

@@ -20,7 +20,7 @@ const SLACK: Duration = Duration::from_secs(15);
 #[test]
 fn cuda_built_matches_the_libtorch_build() {
     // build.rs compiles the CUDA parts exactly when libtorch is a CUDA build (libtorch_cuda.so).
-    assert_eq!(native::cuda_built(), env!("PLEXUS_NATIVE_WITH_CUDA") == "1");
+    assert_eq!(native::cuda_built(), native::BUILT_WITH_CUDA);
 }
 
 #[test]

@@ -10,7 +10,7 @@
 //! Where a step takes the GPU's fused paths (a CUDA device, or the CPU under
 //! `PLEXUS_FUSED_KERNELS=cuda-host`) and the stream is fp32, every source is also pushed into a
 //! history buffer ([`common::History`]) and each unit's attention is one kernel each way over it
-//! (`src/native/attnres.cu`); elsewhere the composite below.
+//! (`native/src/attnres.cu`); elsewhere the composite below.
 
 use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
 use crate::config::{parse_options, OptionError};

@@ -209,7 +209,7 @@ pub fn weighted_sum(xs: &[&Tensor], w: &Tensor) -> Tensor {
 /// from every later sum that read it, which was O(L²) kernels per step. Under
 /// `PLEXUS_FUSED_KERNELS=0`, [`weighted_sum`] over the states.
 pub struct History {
-    /// `(buf [capacity, numel], gbuf)`, see `src/native/history.cpp`.
+    /// `(buf [capacity, numel], gbuf)`, see `native/src/history.cpp`.
     buffers: Option<(Tensor, Tensor)>,
     states: Vec<Tensor>,
 }
@@ -432,7 +432,7 @@ mod tests {
         out
     }
 
-    /// The history buffer (`src/native/history.cpp`) against per-state sums ([`weighted_sum`],
+    /// The history buffer (`native/src/history.cpp`) against per-state sums ([`weighted_sum`],
     /// what `PLEXUS_FUSED_KERNELS=0` runs) in fp64: the output and every gradient, twice through a
     /// retained graph (each state's gradient row is zeroed once taken, so the second pass is not
     /// doubled); and without autograd (no_grad) the same output.
@@ -524,7 +524,7 @@ mod tests {
         }
     }
 
-    /// The CUDA stream kernels' arithmetic (`src/native/streams.cu`, its per-token functions run on
+    /// The CUDA stream kernels' arithmetic (`native/src/streams.cu`, its per-token functions run on
     /// the CPU, a token's block as 1, 7, 16 or 128 threads, more than D = 13 among them) against the
     /// composite versions' autograd: every n the kernels take, per-token and shared weights, fp64
     /// and fp32, D = 13 and 200: the value and every

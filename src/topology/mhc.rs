@@ -354,7 +354,7 @@ mod tests {
         assert_eq!(pv, vec![0.5, 0.0, 0.5, 0.0], "column 1 underflowed entirely and stays 0");
     }
 
-    /// The CUDA kernels' arithmetic (`src/native/sinkhorn.cu`, its per-token functions run on the
+    /// The CUDA kernels' arithmetic (`native/src/sinkhorn.cu`, its per-token functions run on the
     /// CPU) against the log-domain graph in fp64: every n the kernels take, 1, 7 and 20 iterations,
     /// value and gradient, in fp64 (where only the order of operations differs) and in fp32 (the
     /// kernels' precision on the GPU). The backward walks back from the final matrix by the saved

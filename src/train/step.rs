@@ -181,14 +181,14 @@ impl Stepper {
     pub fn use_cuda_graphs(&mut self, mode: CudaGraphs) -> anyhow::Result<Option<String>> {
         let why_not = match self.device {
             _ if mode == CudaGraphs::Off => return Ok(None),
-            Device::Cuda(_) if !crate::native::cuda_graphs_built() => Some(concat!(
-                "this plexus was built without the CUDA and NCCL headers its CUDA graphs are compiled with (",
-                env!("PLEXUS_NATIVE_NCCL_MISSING"),
-                "; scripts/setup.sh installs them)"
+            Device::Cuda(_) if !crate::native::cuda_graphs_built() => Some(format!(
+                "this plexus was built without the CUDA and NCCL headers its CUDA graphs are compiled with ({}; \
+                 scripts/setup.sh installs them)",
+                crate::native::NCCL_MISSING
             )),
             Device::Cuda(_) => None,
             _ if mode == CudaGraphs::Auto => return Ok(None),
-            _ => Some("the run is on the CPU"),
+            _ => Some("the run is on the CPU".to_string()),
         };
         match (why_not, self.device) {
             (None, Device::Cuda(i)) => {

@@ -1,5 +1,5 @@
 // Attention Residuals' depth attention on a CUDA GPU: for every row r (a token) of the m sources
-// v_i [R, D] (fp32, rows of the dense topologies' history buffer, src/native/history.cpp) and the
+// v_i [R, D] (fp32, rows of the dense topologies' history buffer, native/src/history.cpp) and the
 // unit's query q [D],
 //
 //   forward:   ρ_i = 1/√(v_i·v_i / D + ε),  z_i = ρ_i (v_i·q),  α = softmax(z),  y = Σ_i α_i v_i

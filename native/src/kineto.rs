@@ -1,4 +1,4 @@
-//! libtorch's profiler (Kineto, `src/native/kineto.cpp`): the CPU operators of a closure and, on a
+//! libtorch's profiler (Kineto, `native/src/kineto.cpp`): the CPU operators of a closure and, on a
 //! GPU, the CUDA runtime calls and the kernels (CUPTI), as events; and plexus' scopes, named ranges
 //! that tell which part of plexus asked for an operator (the topology, a unit, RoPE, the loss,
 //! the optimizer), as `torch.profiler.record_function` does in PyTorch.

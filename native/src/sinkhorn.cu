@@ -3,7 +3,7 @@
 // forward and more backward, most of mHC's step on a GPU).
 //
 // This file is compiled two ways:
-// * at run time with NVRTC (src/native/cuda_kernels.cpp, one program with streams.cu), with PLEXUS_N
+// * at run time with NVRTC (native/src/cuda_kernels.cpp, one program with streams.cu), with PLEXUS_N
 //   the number of streams, into the two `extern "C"` kernels at the bottom (NVRTC has no standard
 //   headers: built-ins only);
 // * into the native library as plain C++, with PLEXUS_KERNELS_ON_HOST defined, where the per-token

@@ -1,4 +1,4 @@
-// The CUDA half of the multi-stream read and write (src/native/streams.cu, compiled at run time
+// The CUDA half of the multi-stream read and write (native/src/streams.cu, compiled at run time
 // with NVRTC by cuda_kernels.cpp), called by the autograd functions of stream_kernels.cpp for CUDA
 // tensors. Every tensor is fp32, contiguous and on one CUDA device; shapes as the CPU row loops':
 // m tokens, n streams, width d, weights per token (`per_token`) or one shared set. The first call

@@ -1,5 +1,5 @@
 // libtorch's profiler (Kineto: CPU operators, and on a GPU the CUDA runtime calls and the kernels
-// CUPTI reports) behind a C ABI, for `plexus bench --profile` (src/native/kineto.rs reads the
+// CUPTI reports) behind a C ABI, for `plexus bench --profile` (native/src/kineto.rs reads the
 // events and sorts the time into categories), and plexus' own scopes (RecordFunction user
 // scopes, as torch.profiler.record_function) that tell where a kernel was asked for.
 //

@@ -1,7 +1,7 @@
 // The history of the dense topologies (ANCRe, DenseFormer, LayerComb; AttnRes on a GPU, whose
 // depth attention reads it in cuda_kernels.cpp) in one buffer, so that a
 // weighted sum over earlier states is one matrix-vector product forward and two kernels backward,
-// on any device. Rust reaches these through src/native.rs (`history_push`, `history_mix`) and
+// on any device. Rust reaches these through native/src/lib.rs (`history_push`, `history_mix`) and
 // src/topology/common.rs (`History`).
 //
 // Why: written with libtorch operators, `Σ_i w_i x_i` over k earlier states is k kernels forward

@@ -1,4 +1,4 @@
-// The two buffers of one history of the dense topologies (src/native/history.cpp), shared with the
+// The two buffers of one history of the dense topologies (native/src/history.cpp), shared with the
 // autograd functions that read a history elsewhere (AttnRes' depth attention in cuda_kernels.cpp).
 #pragma once
 

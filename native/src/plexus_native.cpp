@@ -1,5 +1,5 @@
 // plexus' native layer: the few libtorch / c10d calls tch does not expose, behind a C ABI that
-// src/native.rs (the only Rust code touching it) wraps into a safe API.
+// native/src/lib.rs (the only Rust code touching it) wraps into a safe API.
 //
 // Conventions of every entry point:
 // * it catches every exception and returns it as a malloc'd error string (NULL on success), so no
@@ -16,7 +16,7 @@
 //   the separate nvidia-cuda-crt package), so no c10/cuda or ATen/cuda header compiles against it.
 // * PLEXUS_WITH_NCCL: CUDA runtime headers that do compile (crt/ included) and nccl.h were found.
 // * PLEXUS_WITH_GLOO: ProcessGroupGloo.hpp is present; USE_C10D_GLOO is defined with it and the gloo
-//   types come from src/native/gloo_decl (the wheel has no gloo headers).
+//   types come from native/src/gloo_decl (the wheel has no gloo headers).
 
 #include "guarded.h"
 

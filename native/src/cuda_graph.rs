@@ -1,4 +1,4 @@
-//! Whole-step CUDA graphs (`src/native/cuda_graph.cpp`, libtorch's `at::cuda::CUDAGraph`) and
+//! Whole-step CUDA graphs (`native/src/cuda_graph.cpp`, libtorch's `at::cuda::CUDAGraph`) and
 //! the memory pool the graphs of a process share.
 //!
 //! The lifecycle a process must survive (the first GPU slot's self-test did not): a run captures

@@ -37,7 +37,7 @@ pub enum FusedKernels {
     CudaHost,
 }
 
-/// The instruction set of the fused kernels' row loops (`src/native/stream_rows.inc`, built once
+/// The instruction set of the fused kernels' row loops (`native/src/stream_rows.inc`, built once
 /// per set): libtorch dispatches its own CPU kernels by the CPU's vector width, and so do these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum KernelIsa {
@@ -154,7 +154,7 @@ pub fn with_fused_kernels<T>(on: bool, f: impl FnOnce() -> T) -> T {
 /// loss, the pre-norms written in bf16, RoPE into heads, SwiGLU, Hyper-Connections' dynamic
 /// logits, mHC's RMS projection, H-ACN's update, AttnRes' depth attention), their arithmetic run
 /// by the CUDA kernels' host
-/// build (`src/native/cuda_kernels.cpp`, "The GPU paths on the CPU"): [`with_gpu_paths_on_cpu`]'s
+/// build (`native/src/cuda_kernels.cpp`, "The GPU paths on the CPU"): [`with_gpu_paths_on_cpu`]'s
 /// setting if inside one, else `PLEXUS_FUSED_KERNELS=cuda-host`. The multi-stream read, write and
 /// Sinkhorn keep their CPU kernels (whose arithmetic the tests hold to the CUDA kernels' host
 /// build); the CPU-only ones a GPU lacks (HC's `hyper_pre`) are left out.
@@ -326,7 +326,7 @@ pub fn sinkhorn_cuda(logits: &Tensor, iters: usize) -> Result<Tensor> {
 
 /// The per-token arithmetic of [`sinkhorn_cuda`]'s kernels, run on the CPU: `logits` `[.., n, n]`
 /// (contiguous fp32 or fp64 CPU) → P, and with `grad` (P's gradient) the logits' gradient. The
-/// same source as the kernels (`src/native/sinkhorn.cu`), so a CPU test checks their arithmetic.
+/// same source as the kernels (`native/src/sinkhorn.cu`), so a CPU test checks their arithmetic.
 pub fn sinkhorn_cuda_host(logits: &Tensor, grad: Option<&Tensor>, iters: usize) -> Result<(Tensor, Option<Tensor>)> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
     let mut gl: *mut torch_sys::C_tensor = std::ptr::null_mut();
@@ -344,7 +344,7 @@ pub fn sinkhorn_cuda_host(logits: &Tensor, grad: Option<&Tensor>, iters: usize) 
 /// `[H', gH, go, gws]`.
 pub type StreamsHost = Vec<Tensor>;
 
-/// The per-token arithmetic of the CUDA stream kernels (`src/native/streams.cu`), run on the CPU,
+/// The per-token arithmetic of the CUDA stream kernels (`native/src/streams.cu`), run on the CPU,
 /// for the tests: contiguous fp32 or fp64 CPU tensors of one dtype, `h` `[M, n, D]`.
 /// `weights` = `[pre]` (the read; `[M, n]` or `[n]`) with `grad` = gu `[M, D]` → `[u, gH, gpre
 /// [M, n]]`; `weights` = `[res, post, o]` (the write; `[M, n, n]` or `[n, n]`, `[M, n]` or `[n]`,
@@ -457,7 +457,7 @@ pub fn cross_entropy_lm(logits: &Tensor, target: &Tensor) -> Result<Tensor> {
     cross_entropy_chunked(logits, target)
 }
 
-/// [`cross_entropy_lm`] through plexus' CUDA loss kernels (`src/native/losses.cu`): forward one
+/// [`cross_entropy_lm`] through plexus' CUDA loss kernels (`native/src/losses.cu`): forward one
 /// block per row reads the logits once (an online softmax: the row's log-sum-exp and its loss),
 /// backward one block per row reads them once more and writes the gradient in their dtype. bf16 or
 /// fp32 logits on a CUDA device; an error (starting [`CUDA_KERNELS_UNAVAILABLE_PREFIX`] where the
@@ -499,7 +499,7 @@ pub fn cross_entropy_host(
 /// Rotary position embedding of `x` `[B, T, H·hd]` (a query or key projection; its token rows may
 /// lie further apart, as a block of a packed qkv does) into heads `[B, H, T, hd]`, with RoPE's tables
 /// `cos`, `sin_signed` `[≥ T, hd]` (see `model::layers::Rope`), through plexus' CUDA kernels
-/// (`src/native/rope.cu`: the split, the layout and the rotation in one pass each way). `None`
+/// (`native/src/rope.cu`: the split, the layout and the rotation in one pass each way). `None`
 /// where they do not apply (not CUDA, `PLEXUS_FUSED_KERNELS=0`, another dtype or layout, or the
 /// kernels cannot run here): the caller then runs its composite.
 pub fn rope_heads(x: &Tensor, cos: &Tensor, sin_signed: &Tensor, heads: i64) -> Option<Tensor> {
@@ -570,7 +570,7 @@ pub fn swiglu(g: &Tensor, u: &Tensor) -> Tensor {
     g.silu() * u
 }
 
-/// [`swiglu`] through plexus' CUDA kernels (`src/native/activations.cu`): fp32 arithmetic, one
+/// [`swiglu`] through plexus' CUDA kernels (`native/src/activations.cu`): fp32 arithmetic, one
 /// rounding per output. An error where they cannot run.
 pub fn swiglu_cuda(g: &Tensor, u: &Tensor) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
@@ -623,7 +623,7 @@ pub fn norm_to_bf16(
     composite().to_kind(Kind::BFloat16)
 }
 
-/// [`norm_to_bf16`] through plexus' CUDA norm kernels (`src/native/norms.cu`): forward one block
+/// [`norm_to_bf16`] through plexus' CUDA norm kernels (`native/src/norms.cu`): forward one block
 /// per row (mean and variance in two passes over the row, the output in bf16, mean and rstd saved),
 /// backward one block per 32 rows (the input's gradient in fp32, the weight's and bias's summed
 /// per block, then over blocks). fp32 tensors on one CUDA device; an error otherwise.
@@ -680,7 +680,7 @@ pub fn norm_host(
 
 /// H-ACN's update of one unit with its long path: `(x' = h + a·x, acc' = acc + h)` for the stream
 /// `x` and the long path's sum `acc` (fp32), the unit's output `h` in its compute dtype (bf16 or
-/// fp32) and its residual weight `a` (one fp32), through plexus' kernels (`src/native/hacn.cu`: one
+/// fp32) and its residual weight `a` (one fp32), through plexus' kernels (`native/src/hacn.cu`: one
 /// pass each way; h's two gradients added in fp32 and rounded once, as the composite's cast does).
 /// On a CUDA device or the CPU (the host build); an error otherwise.
 pub fn hacn_step(x: &Tensor, acc: &Tensor, h: &Tensor, a: &Tensor) -> Result<(Tensor, Tensor)> {
@@ -726,7 +726,7 @@ pub fn hacn_step_gpu(x: &Tensor, acc: &Tensor, h: &Tensor, a: &Tensor) -> Option
 
 /// Hyper-Connections' dynamic logits `z = LayerNorm(x; γ, β, eps) · W` of the streams `x` `[.., D]`
 /// (fp32) with `W = [W_a | w_b]` `[D, K]` (K = n + 2) → `[.., K]` fp32, through plexus' kernels
-/// (`src/native/norm_project.cu`: one pass over x each way, the normalised streams never written)
+/// (`native/src/norm_project.cu`: one pass over x each way, the normalised streams never written)
 /// where a step takes the GPU's fused paths (a CUDA device, or the CPU under
 /// [`gpu_paths_on_cpu`]); `None` elsewhere, where the kernels cannot run, or for K outside 3..=10.
 /// With `compute` bf16 the kernels round where the composite's bf16 product does (the normalised
@@ -811,7 +811,7 @@ fn cross_entropy_chunk_elems(device: tch::Device) -> i64 {
 /// device), computed in fp32 as autocast's `cross_entropy` is, without a full fp32 copy of the
 /// logits: chunks of rows are cast and reduced one at a time, backward recomputes softmax from the
 /// saved logits and the per-row log-sum-exp and writes the gradient in the logits' dtype
-/// (`src/native/losses.cpp`). → 0-dim fp32.
+/// (`native/src/losses.cpp`). → 0-dim fp32.
 pub fn cross_entropy_chunked(logits: &Tensor, target: &Tensor) -> Result<Tensor> {
     let v = logits.size().last().copied().unwrap_or(1).max(1);
     cross_entropy_in_chunks(logits, target, (cross_entropy_chunk_elems(logits.device()) / v).max(1))
@@ -832,7 +832,7 @@ pub fn cross_entropy_in_chunks(logits: &Tensor, target: &Tensor, rows: i64) -> R
 /// Pushes state `x` into row `slot` of a history buffer `buf` `[cap, N]` (`x` has N elements, the
 /// buffer's dtype and device) and returns `x` through an autograd function that owns its gradient:
 /// the gradient of its other consumers plus row `slot` of `gbuf`, where every [`history_mix`] that
-/// read the slot put its share (`src/native/history.cpp`). Any device. Use the returned tensor, not
+/// read the slot put its share (`native/src/history.cpp`). Any device. Use the returned tensor, not
 /// `x`, downstream, and pass it to the sums that read the slot.
 pub fn history_push(buf: &Tensor, gbuf: &Tensor, slot: usize, x: &Tensor) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
@@ -881,13 +881,13 @@ pub fn history_mix(buf: &Tensor, gbuf: &Tensor, slots: &[usize], states: &[&Tens
 }
 
 /// The most sources one call of [`history_attend`] takes (`PLEXUS_ATTNRES_MAX_SOURCES` of
-/// `src/native/attnres.cu`).
+/// `native/src/attnres.cu`).
 pub const ATTNRES_MAX_SOURCES: usize = 64;
 
 /// Attention Residuals' depth attention over a history buffer (see [`history_push`]): for the
 /// sources at rows `slots` of `buf` (fp32; at most [`ATTNRES_MAX_SOURCES`]) and the unit's query `q`
 /// `[D]` fp32, per row (token) `α = softmax_i(q · rms(v_i))` and `y = Σ_i α_i v_i`
-/// (`src/native/attnres.cu`: one kernel each way, reading the sources in place; backward recomputes
+/// (`native/src/attnres.cu`: one kernel each way, reading the sources in place; backward recomputes
 /// the weights and adds each source's gradient into its row of `gbuf`). `states`: the pushes'
 /// outputs of those slots, `[.., D]`. Returns `(y [.., D], α [.., k])`, α without gradient. On a
 /// CUDA device or the CPU (the kernels' host build); an error otherwise.
@@ -1047,7 +1047,7 @@ pub fn fused_streams_take_all(ts: &[&Tensor]) -> bool {
     ts.iter().all(|t| fused_streams_take(t) && t.kind() == ts[0].kind())
 }
 
-/// Whether plexus' CUDA kernels (compiled at run time with NVRTC, `src/native/cuda_kernels.cpp`)
+/// Whether plexus' CUDA kernels (compiled at run time with NVRTC, `native/src/cuda_kernels.cpp`)
 /// take an operation on these tensors: all fp32 on one CUDA device, `n` streams within what they
 /// are built for, `PLEXUS_FUSED_KERNELS` not 0, and the kernels not found unavailable earlier in
 /// this process.
@@ -1065,7 +1065,7 @@ pub fn cuda_fused(ts: &[&Tensor], n: i64) -> bool {
 static CUDA_KERNELS_UNAVAILABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// How the native layer starts the errors that mean "the kernels cannot run here"
-/// (`kUnavailable` in `src/native/cuda_kernels.cpp`).
+/// (`kUnavailable` in `native/src/cuda_kernels.cpp`).
 pub const CUDA_KERNELS_UNAVAILABLE_PREFIX: &str = "plexus' CUDA kernels are unavailable: ";
 
 /// Whether the CUDA kernels said they cannot run here, earlier in this process.

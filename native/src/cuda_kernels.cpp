@@ -1,8 +1,8 @@
 // plexus' CUDA kernels, compiled at run time with NVRTC for the GPU at hand and the number of
 // streams n, loaded and launched through the CUDA driver API:
-// * mHC's Sinkhorn–Knopp (src/native/sinkhorn.cu), behind one autograd function here; Rust reaches
-//   it through src/native.rs (`sinkhorn_cuda`), and src/topology/mhc.rs uses it on CUDA tensors;
-// * the multi-stream read and write (src/native/streams.cu), the CUDA half of the autograd functions
+// * mHC's Sinkhorn–Knopp (native/src/sinkhorn.cu), behind one autograd function here; Rust reaches
+//   it through native/src/lib.rs (`sinkhorn_cuda`), and src/topology/mhc.rs uses it on CUDA tensors;
+// * the multi-stream read and write (native/src/streams.cu), the CUDA half of the autograd functions
 //   of stream_kernels.cpp, which call `plexus_cuda::stream_*` (cuda_kernels.h) for CUDA tensors.
 //
 // No CUDA header and no link to a CUDA library (as in plexus_native.cpp): NVRTC (libnvrtc, which the

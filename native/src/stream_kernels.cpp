@@ -1,5 +1,5 @@
 // Fused CPU kernels of the multi-stream topologies (Hyper-Connections, mHC), as libtorch autograd
-// functions with hand-written backwards. Rust reaches them through src/native.rs
+// functions with hand-written backwards. Rust reaches them through native/src/lib.rs
 // (`stream_read`, `stream_write`, `sinkhorn`, `norm_project`); src/topology/common.rs, hyper.rs and
 // mhc.rs call them for fp32/fp64 CPU tensors (unless PLEXUS_FUSED_KERNELS=0) and keep their
 // composite libtorch code for every other device and dtype.

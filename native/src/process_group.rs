@@ -81,7 +81,7 @@ impl ProcessGroup {
             bail!("process group: the timeout must be at least 1 ms, got {timeout:?}");
         }
         if backend == Backend::Nccl && !nccl_built() {
-            bail!("process group: plexus was built without NCCL: {}", env!("PLEXUS_NATIVE_NCCL_MISSING"));
+            bail!("process group: plexus was built without NCCL: {}", crate::NCCL_MISSING);
         }
         let c_addr = CString::new(addr).map_err(|_| anyhow!("process group: address {addr:?} contains a NUL byte"))?;
         let (rank_i, world_i) = (i64::try_from(rank)?, i64::try_from(world_size)?);

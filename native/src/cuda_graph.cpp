@@ -1,4 +1,4 @@
-// Whole-step CUDA graphs: libtorch's at::cuda::CUDAGraph behind a C ABI (src/native.rs wraps it in
+// Whole-step CUDA graphs: libtorch's at::cuda::CUDAGraph behind a C ABI (native/src/lib.rs wraps it in
 // `CudaGraph`; src/train/step.rs drives it).
 //
 // Why: a training step of plexus on a GPU is hundreds to thousands of kernels; for the multi-stream
@@ -63,7 +63,7 @@ struct Graph {
       : device(c10::DeviceType::CUDA, d), side(cuda().getStreamFromGlobalPool(device, /*isHighPriority=*/false)) {}
 };
 
-// The memory pool is chosen on the Rust side (src/native/cuda_graph.rs, `SharedPool`): graphs
+// The memory pool is chosen on the Rust side (native/src/cuda_graph.rs, `SharedPool`): graphs
 // alive at the same time share one (`bench --compare` holds a graph per topology; separate pools
 // would each keep a step's peak), and a capture after every earlier graph is gone gets a new one,
 // because libtorch refuses a capture into a pool that outlived all of its graphs.

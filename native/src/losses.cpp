@@ -1,5 +1,5 @@
 // The language-model loss on bf16 logits without a full fp32 copy of them, on any device. Rust
-// reaches it through src/native.rs (`cross_entropy_chunked`), used by `Task::loss` for logits in a
+// reaches it through native/src/lib.rs (`cross_entropy_chunked`), used by `Task::loss` for logits in a
 // compute dtype other than fp32.
 //
 // Why: autocast's rule (and plexus's, parity/SPEC.md "Precision") computes the cross-entropy in
