@@ -33,8 +33,10 @@ const LAYERS: &[(&str, &[&str])] = &[
 /// The native crate's layers, bottom to top (the FFI declarations and the error convention are its
 /// root, lib.rs, below them all).
 const NATIVE_LAYERS: &[(&str, &[&str])] = &[
-    ("libtorch's errors in words", &["torch_panic"]),
+    ("libtorch's errors in words; the fused kernels' settings", &["torch_panic", "setting"]),
     ("bindings by concern", &["cuda", "cuda_graph", "process_group", "profile", "kineto", "optim", "kernels"]),
+    ("the composite code the kernels fuse", &["composite"]),
+    ("the choice between kernel and composite", &["choice"]),
 ];
 
 fn src() -> PathBuf {

@@ -214,8 +214,8 @@ char* plexus_cuda_graph_replay(void* g) {
 
 namespace {
 char* not_built() {
-  return plexus_native::dup_string(
-      "plexus was built without CUDA headers: no CUDA graphs (scripts/setup.sh installs them)");
+  return plexus_native::dup_error(plexus_native::ErrorKind::Failed,
+                                  "plexus was built without CUDA headers: no CUDA graphs (scripts/setup.sh installs them)");
 }
 }  // namespace
 

@@ -715,10 +715,11 @@ const Driver& driver() {
   return *loaded.first;
 }
 
-// The start of every error that means "these kernels cannot run here" (no driver, no NVRTC, a
-// failed first-use check, a first use inside a CUDA graph capture): the Rust side
-// (native::cuda_result) runs the composite code instead. Any other error of a kernel call (a
-// failed launch, a fault that PLEXUS_CUDA_SYNC_CHECK pins) is a failure of the run.
+// The start of the message of every error that means "these kernels cannot run here" (no driver,
+// no NVRTC, a failed first-use check; thrown as ErrorKind::KernelsUnavailable, or
+// UnavailableInCapture for a first use inside a CUDA graph capture): the Rust side
+// (native::cuda_result) reads the kind and runs the composite code instead. Any other error of a
+// kernel call (a failed launch, a fault that PLEXUS_CUDA_SYNC_CHECK pins) is a failure of the run.
 constexpr const char* kUnavailable = "plexus' CUDA kernels are unavailable: ";
 
 // driver(), its failure marked as the kernels' unavailability.
@@ -726,7 +727,8 @@ const Driver& driver_or_unavailable() {
   try {
     return driver();
   } catch (const std::exception& e) {
-    throw std::runtime_error(kUnavailable + std::string(e.what()));
+    throw plexus_native::KindedError(plexus_native::ErrorKind::KernelsUnavailable,
+                                     kUnavailable + std::string(e.what()));
   }
 }
 
@@ -1485,8 +1487,9 @@ const Kernels& kernels_for(c10::Device device, int64_t n) {
       int capture_status = 0;
       if (d.StreamIsCapturing(static_cast<CUstream>(stream.native_handle()), &capture_status) == 0 &&
           capture_status != 0) {
-        throw std::runtime_error(std::string(kUnavailable) +
-                                 "their first use on this device is inside a CUDA graph capture");
+        throw plexus_native::KindedError(plexus_native::ErrorKind::UnavailableInCapture,
+                                         std::string(kUnavailable) +
+                                             "their first use on this device is inside a CUDA graph capture");
       }
     }
     std::unique_ptr<Kernels> k;
@@ -1561,7 +1564,9 @@ const Kernels& kernels_for(c10::Device device, int64_t n) {
     }
     it = cache.emplace(key, std::make_pair(std::move(k), error)).first;
   }
-  if (!it->second.first) throw std::runtime_error(kUnavailable + it->second.second);
+  if (!it->second.first) {
+    throw plexus_native::KindedError(plexus_native::ErrorKind::KernelsUnavailable, kUnavailable + it->second.second);
+  }
   return *it->second.first;
 }
 
@@ -1969,6 +1974,14 @@ bool on_kernel_device(const at::Tensor& t) { return t.is_cuda() || t.is_cpu(); }
 }  // namespace
 
 extern "C" {
+
+// For the tests of the error convention: fails with an error of `kind` (guarded.h's ErrorKind)
+// and `message`, as an entry point whose work threw it.
+char* plexus_fail_with(int kind, const char* message) {
+  return guarded([&] {
+    throw plexus_native::KindedError(static_cast<plexus_native::ErrorKind>(kind), message);
+  });
+}
 
 // P = Sinkhorn(exp(logits)) on a CUDA device (fp32 logits [.., n, n], 1 ≤ n ≤ 8), differentiable.
 char* plexus_sinkhorn_cuda(at::Tensor* logits, int64_t iters, at::Tensor** out) {

@@ -1,211 +1,12 @@
-//! The fused kernels of the topologies (CPU autograd functions, CUDA kernels compiled with NVRTC),
-//! the chunked language-model loss and the dense topologies' history buffer; `PLEXUS_FUSED_KERNELS`
-//! and the CPU instruction set they run with.
+//! The safe wrappers of the fused kernels (CPU autograd functions, CUDA kernels compiled with
+//! NVRTC and their host builds), the chunked language-model loss and the dense topologies' history
+//! buffer: each calls its C++ entry point and nothing else (choice.rs, above, decides which runs).
 
+use super::setting::kernel_isa;
 use super::{check, ffi, take_string};
 use anyhow::{bail, Result};
 use std::ffi::{c_char, c_int};
 use tch::{Kind, Tensor};
-
-/// The environment variable that sets the fused CPU kernels: `1`/`true` or unset: on, with the
-/// widest instruction set the CPU has ([`KernelIsa::best`]); `avx2`: on, with the AVX2 loops even
-/// where AVX-512 exists; `baseline`: on, with the baseline x86-64 loops (what a CPU without AVX2
-/// runs; to compare, or to rule the wider loops out);
-/// `0`/`false`: off, the composite libtorch code everywhere, as a GPU runs (an escape hatch, and
-/// what makes `bench --compare`'s kernels per step stand for a GPU on hyper and mHC);
-/// `cuda-host`: on, and a CPU step also takes the fused paths a GPU step takes — the
-/// language-model loss, the pre-norms written in bf16, RoPE into heads, SwiGLU, Hyper-Connections'
-/// dynamic logits, mHC's RMS projection, H-ACN's update, AttnRes' depth attention — through the
-/// CUDA kernels' host build
-/// ([`gpu_paths_on_cpu`]; slow: for parity of those paths on a CPU and for counting the kernels
-/// and bytes of a GPU step).
-pub const FUSED_KERNELS_VAR: &str = "PLEXUS_FUSED_KERNELS";
-
-/// A value of [`FUSED_KERNELS_VAR`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FusedKernels {
-    /// The composite libtorch code.
-    Off,
-    /// The fused kernels with the baseline loops.
-    Baseline,
-    /// The fused kernels with the AVX2 loops at most (baseline on a CPU without AVX2).
-    Avx2,
-    /// The fused kernels with the widest loops the CPU has (the default).
-    Best,
-    /// [`Best`](FusedKernels::Best), and the GPU step's fused paths taken on the CPU through the
-    /// CUDA kernels' host build.
-    CudaHost,
-}
-
-/// The instruction set of the fused kernels' row loops (`native/src/stream_rows.inc`, built once
-/// per set): libtorch dispatches its own CPU kernels by the CPU's vector width, and so do these.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum KernelIsa {
-    /// Baseline x86-64 (SSE2), or whatever the target's default is elsewhere.
-    Baseline,
-    /// AVX2 with fused multiply-add (x86-64 CPUs since 2013, in a GCC build).
-    Avx2Fma,
-    /// AVX-512 F/VL/BW/DQ: 16 floats per instruction, 32 registers (server x86-64 CPUs; in a GCC build).
-    Avx512,
-}
-
-impl KernelIsa {
-    /// Every set, narrowest first.
-    pub(super) const ALL: [KernelIsa; 3] = [KernelIsa::Baseline, KernelIsa::Avx2Fma, KernelIsa::Avx512];
-
-    /// The widest set this build and this CPU have, and no wider than libtorch's own CPU kernels
-    /// use (`torch.backends.cpu.get_cpu_capability()`, which `ATEN_CPU_CAPABILITY` lowers): where
-    /// libtorch keeps off AVX-512, so do these.
-    pub fn best() -> KernelIsa {
-        // SAFETY: a pure query of the CPU and of libtorch (cached on the C++ side).
-        let code = unsafe { ffi::plexus_stream_kernels_best_isa() };
-        KernelIsa::ALL.into_iter().find(|i| i.code() == code).unwrap_or(KernelIsa::Baseline)
-    }
-
-    /// Whether this build and this CPU run the set (whatever libtorch uses).
-    pub fn runs_here(self) -> bool {
-        // SAFETY: a pure query of the CPU.
-        unsafe { ffi::plexus_stream_kernels_cpu_runs(self.code()) != 0 }
-    }
-
-    /// The `isa` argument of the C++ entry points.
-    fn code(self) -> i64 {
-        match self {
-            KernelIsa::Baseline => 0,
-            KernelIsa::Avx2Fma => 1,
-            KernelIsa::Avx512 => 2,
-        }
-    }
-
-    /// How reports name it.
-    pub fn name(self) -> &'static str {
-        match self {
-            KernelIsa::Baseline => "baseline",
-            KernelIsa::Avx2Fma => "avx2+fma",
-            KernelIsa::Avx512 => "avx512",
-        }
-    }
-}
-
-/// Parses a value of [`FUSED_KERNELS_VAR`] (`None`: unset).
-pub fn parse_fused_kernels(value: Option<&str>) -> Result<FusedKernels> {
-    match value.map(|v| v.trim().to_ascii_lowercase()) {
-        None => Ok(FusedKernels::Best),
-        Some(v) if v == "1" || v == "true" => Ok(FusedKernels::Best),
-        Some(v) if v == "baseline" => Ok(FusedKernels::Baseline),
-        Some(v) if v == "avx2" => Ok(FusedKernels::Avx2),
-        Some(v) if v == "0" || v == "false" => Ok(FusedKernels::Off),
-        Some(v) if v == "cuda-host" => Ok(FusedKernels::CudaHost),
-        Some(v) => bail!(
-            "environment variable {FUSED_KERNELS_VAR}={v:?}: expected 1/true (the default), avx2 (on, at most \
-             AVX2), baseline (on, without AVX2), 0/false (off) or cuda-host (on, and a CPU step takes a GPU \
-             step's fused paths through the CUDA kernels' host build)"
-        ),
-    }
-}
-
-/// [`FUSED_KERNELS_VAR`]'s setting, read once; an unreadable value counts as the default (the CLI
-/// checks the value at start: [`check_fused_kernels_setting`]).
-fn fused_kernels_env() -> FusedKernels {
-    static SETTING: std::sync::OnceLock<FusedKernels> = std::sync::OnceLock::new();
-    *SETTING.get_or_init(|| {
-        parse_fused_kernels(std::env::var(FUSED_KERNELS_VAR).ok().as_deref()).unwrap_or(FusedKernels::Best)
-    })
-}
-
-thread_local! {
-    /// [`with_fused_kernels`]'s setting for this thread, over the environment's.
-    static FUSED_OVERRIDE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
-    /// [`with_gpu_paths_on_cpu`]'s setting for this thread, over the environment's.
-    static GPU_PATHS_OVERRIDE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
-    /// [`with_kernel_isa`]'s setting for this thread, over the environment's.
-    static ISA_OVERRIDE: std::cell::Cell<Option<KernelIsa>> = const { std::cell::Cell::new(None) };
-}
-
-/// Runs `f` with a thread-local cell set to `value`, restoring it afterwards (also on panic).
-fn with_override<V: Copy + 'static, T>(
-    cell: &'static std::thread::LocalKey<std::cell::Cell<Option<V>>>,
-    value: V,
-    f: impl FnOnce() -> T,
-) -> T {
-    struct Restore<V: Copy + 'static>(&'static std::thread::LocalKey<std::cell::Cell<Option<V>>>, Option<V>);
-    impl<V: Copy + 'static> Drop for Restore<V> {
-        fn drop(&mut self) {
-            self.0.with(|c| c.set(self.1));
-        }
-    }
-    let _restore = Restore(cell, cell.with(|c| c.replace(Some(value))));
-    f()
-}
-
-/// Whether the fused CPU kernels are on for this thread: [`with_fused_kernels`]'s setting if inside
-/// one, else [`FUSED_KERNELS_VAR`]'s.
-pub fn fused_kernels_on() -> bool {
-    FUSED_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| fused_kernels_env() != FusedKernels::Off)
-}
-
-/// Runs `f` with the fused CPU kernels on or off on this thread (where a CPU forward and its
-/// backward run), e.g. to count the kernels of the composite code a GPU runs.
-pub fn with_fused_kernels<T>(on: bool, f: impl FnOnce() -> T) -> T {
-    with_override(&FUSED_OVERRIDE, on, f)
-}
-
-/// Whether a CPU step on this thread takes the fused paths a GPU step takes (the language-model
-/// loss, the pre-norms written in bf16, RoPE into heads, SwiGLU, Hyper-Connections' dynamic
-/// logits, mHC's RMS projection, H-ACN's update, AttnRes' depth attention), their arithmetic run
-/// by the CUDA kernels' host
-/// build (`native/src/cuda_kernels.cpp`, "The GPU paths on the CPU"): [`with_gpu_paths_on_cpu`]'s
-/// setting if inside one, else `PLEXUS_FUSED_KERNELS=cuda-host`. The multi-stream read, write and
-/// Sinkhorn keep their CPU kernels (whose arithmetic the tests hold to the CUDA kernels' host
-/// build); the CPU-only ones a GPU lacks (HC's `hyper_pre`) are left out.
-pub fn gpu_paths_on_cpu() -> bool {
-    GPU_PATHS_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| fused_kernels_env() == FusedKernels::CudaHost)
-}
-
-/// Runs `f` with [`gpu_paths_on_cpu`] set to `on` on this thread (where a CPU forward and its
-/// backward run).
-pub fn with_gpu_paths_on_cpu<T>(on: bool, f: impl FnOnce() -> T) -> T {
-    with_override(&GPU_PATHS_OVERRIDE, on, f)
-}
-
-/// Whether `t`'s device takes the GPU step's fused paths: a CUDA device with the kernels on and not
-/// found unavailable, or the CPU under [`gpu_paths_on_cpu`].
-pub fn takes_gpu_paths(t: &Tensor) -> bool {
-    match t.device() {
-        tch::Device::Cpu => gpu_paths_on_cpu(),
-        d if d.is_cuda() => fused_kernels_on() && !cuda_kernels_unavailable(),
-        _ => false,
-    }
-}
-
-/// Whether a step on `device` takes the GPU step's fused paths ([`gpu_paths_on_cpu`]'s list): on
-/// the CPU under [`gpu_paths_on_cpu`]; on a CUDA device
-/// when the kernels are on and run there (a one-element call makes their first use, which compiles
-/// and checks them). `plexus parity` asks, so that its reference rounds as those kernels do.
-pub fn gpu_paths_taken(device: tch::Device) -> bool {
-    match device {
-        tch::Device::Cpu => gpu_paths_on_cpu(),
-        d if d.is_cuda() => {
-            if !fused_kernels_on() || cuda_kernels_unavailable() {
-                return false;
-            }
-            let t = Tensor::zeros([1], (Kind::Float, d));
-            cuda_result(swiglu_cuda(&t, &t)).is_some()
-        }
-        _ => false,
-    }
-}
-
-/// The instruction set the fused kernels use on this thread: [`with_kernel_isa`]'s if inside one,
-/// else [`KernelIsa::Baseline`] under `PLEXUS_FUSED_KERNELS=baseline`, at most
-/// [`KernelIsa::Avx2Fma`] under `avx2`, and [`KernelIsa::best`] otherwise.
-pub fn kernel_isa() -> KernelIsa {
-    ISA_OVERRIDE.with(|o| o.get()).unwrap_or_else(|| match fused_kernels_env() {
-        FusedKernels::Baseline => KernelIsa::Baseline,
-        FusedKernels::Avx2 => KernelIsa::best().min(KernelIsa::Avx2Fma),
-        _ => KernelIsa::best(),
-    })
-}
 
 /// How many threads the fused kernels' parallel loops (`at::parallel_for` in the native layer) run
 /// on, measured with `tasks` tasks: libtorch's intra-op threads ([`tch::get_num_threads`], at most
@@ -214,30 +15,6 @@ pub fn kernel_isa() -> KernelIsa {
 pub fn parallel_for_threads(tasks: usize) -> usize {
     // SAFETY: no pointers; the function only runs a parallel loop.
     unsafe { ffi::plexus_parallel_for_threads(tasks as i64) as usize }
-}
-
-/// Every instruction set this build and CPU can run the fused kernels' row loops with, narrowest
-/// first (the tests run each: they are separate copies of the loops).
-pub fn kernel_isas() -> Vec<KernelIsa> {
-    KernelIsa::ALL.into_iter().filter(|i| i.runs_here()).collect()
-}
-
-/// Runs `f` with the fused kernels' row loops of `isa` on this thread — the tests run every set the
-/// machine has. A set the CPU lacks makes the kernels fail with an error naming it.
-pub fn with_kernel_isa<T>(isa: KernelIsa, f: impl FnOnce() -> T) -> T {
-    with_override(&ISA_OVERRIDE, isa, f)
-}
-
-/// Fails with a clear message when [`FUSED_KERNELS_VAR`] holds a value other than
-/// 0/1/true/false/avx2/baseline.
-pub fn check_fused_kernels_setting() -> Result<()> {
-    parse_fused_kernels(std::env::var(FUSED_KERNELS_VAR).ok().as_deref()).map(|_| ())
-}
-
-/// Whether the fused kernels take tensors of this device and dtype: fp32 or fp64 on the CPU, and
-/// [`fused_kernels_on`]. Elsewhere (CUDA, bf16) the topologies use their composite libtorch code.
-pub fn fused_streams_take(t: &Tensor) -> bool {
-    t.device() == tch::Device::Cpu && matches!(t.kind(), tch::Kind::Float | tch::Kind::Double) && fused_kernels_on()
 }
 
 /// A tensor returned through an out-parameter of a fused kernel.
@@ -257,7 +34,7 @@ fn fused_results<const N: usize>(err: *mut c_char, out: [*mut torch_sys::C_tenso
 
 /// The read of a multi-stream unit, `u = Σ_s pre[s] H[s]`, as one fused pass forward and one
 /// backward (an autograd function): `h` `[.., n, D]`, `pre` `[.., n]` (per token) or `[n]`
-/// (static) → `u` `[.., D]`. CPU fp32/fp64 tensors of one dtype ([`fused_streams_take`]), or fp32
+/// (static) → `u` `[.., D]`. CPU fp32/fp64 tensors of one dtype (`fused_streams_take`), or fp32
 /// tensors on one CUDA device with n ≤ [`CUDA_KERNELS_MAX_STREAMS`] (the CUDA kernels; an error if
 /// they cannot run there).
 pub fn stream_read_fused(h: &Tensor, pre: &Tensor) -> Result<Tensor> {
@@ -289,7 +66,7 @@ pub fn stream_write_fused(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -
     fused_result(err, out)
 }
 
-/// Whether [`sinkhorn`] takes `n` streams and `iters` iterations (its per-token scratch,
+/// Whether `sinkhorn` takes `n` streams and `iters` iterations (its per-token scratch,
 /// `(2·iters + 1)·n²` values, is bounded).
 pub fn sinkhorn_fits(n: usize, iters: usize) -> bool {
     // SAFETY: a pure function of two integers.
@@ -308,8 +85,8 @@ pub fn sinkhorn_fused(logits: &Tensor, iters: usize) -> Result<Tensor> {
     fused_result(err, out)
 }
 
-/// The largest number of streams the CUDA kernels take ([`sinkhorn_cuda`], and [`stream_read`] and
-/// [`stream_write`] on CUDA tensors): a Sinkhorn thread keeps 2·n² values in registers.
+/// The largest number of streams the CUDA kernels take ([`sinkhorn_cuda`], and `stream_read` and
+/// `stream_write` on CUDA tensors): a Sinkhorn thread keeps 2·n² values in registers.
 pub const CUDA_KERNELS_MAX_STREAMS: usize = 8;
 
 /// Sinkhorn–Knopp of `exp(logits)` on a CUDA device: `logits` `[.., n, n]` fp32, 1 ≤ n ≤
@@ -442,25 +219,10 @@ pub fn nvrtc_version() -> Result<(i32, String)> {
     Ok((version, take_string(path)))
 }
 
-/// The language-model loss on logits in a compute dtype other than fp32: the mean cross-entropy of
-/// `logits` `[N, V]` against `target` `[N]` (int64, same device), in fp32 arithmetic as autocast's
-/// `cross_entropy`, without an fp32 copy of the logits. On a GPU, plexus' CUDA loss kernels
-/// ([`cross_entropy_cuda`]: one pass over the logits each way); elsewhere, and where those cannot
-/// run or `PLEXUS_FUSED_KERNELS=0`, [`cross_entropy_chunked`]. → 0-dim fp32.
-pub fn cross_entropy_lm(logits: &Tensor, target: &Tensor) -> Result<Tensor> {
-    let takes = takes_gpu_paths(logits) && matches!(logits.kind(), Kind::BFloat16 | Kind::Float);
-    if takes {
-        if let Some(loss) = cuda_result(cross_entropy_cuda(logits, target)) {
-            return Ok(loss);
-        }
-    }
-    cross_entropy_chunked(logits, target)
-}
-
-/// [`cross_entropy_lm`] through plexus' CUDA loss kernels (`native/src/losses.cu`): forward one
+/// `cross_entropy_lm` through plexus' CUDA loss kernels (`native/src/losses.cu`): forward one
 /// block per row reads the logits once (an online softmax: the row's log-sum-exp and its loss),
 /// backward one block per row reads them once more and writes the gradient in their dtype. bf16 or
-/// fp32 logits on a CUDA device; an error (starting [`CUDA_KERNELS_UNAVAILABLE_PREFIX`] where the
+/// fp32 logits on a CUDA device; an error (of kind [`crate::ErrorKind::KernelsUnavailable`] where the
 /// kernels cannot run) otherwise.
 pub fn cross_entropy_cuda(logits: &Tensor, target: &Tensor) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
@@ -496,27 +258,7 @@ pub fn cross_entropy_host(
     Ok((a, b, c))
 }
 
-/// Rotary position embedding of `x` `[B, T, H·hd]` (a query or key projection; its token rows may
-/// lie further apart, as a block of a packed qkv does) into heads `[B, H, T, hd]`, with RoPE's tables
-/// `cos`, `sin_signed` `[≥ T, hd]` (see `model::layers::Rope`), through plexus' CUDA kernels
-/// (`native/src/rope.cu`: the split, the layout and the rotation in one pass each way). `None`
-/// where they do not apply (not CUDA, `PLEXUS_FUSED_KERNELS=0`, another dtype or layout, or the
-/// kernels cannot run here): the caller then runs its composite.
-pub fn rope_heads(x: &Tensor, cos: &Tensor, sin_signed: &Tensor, heads: i64) -> Option<Tensor> {
-    let s = x.stride();
-    let takes = takes_gpu_paths(x)
-        && matches!(x.kind(), Kind::BFloat16 | Kind::Float)
-        && cos.kind() == x.kind()
-        && x.dim() == 3
-        && s[2] == 1
-        && s[0] == x.size()[1] * s[1];
-    if !takes {
-        return None;
-    }
-    cuda_result(rope_cuda(x, cos, sin_signed, heads))
-}
-
-/// [`rope_heads`] through the kernels, or an error.
+/// `rope_heads` through the kernels, or an error.
 pub fn rope_cuda(x: &Tensor, cos: &Tensor, sin_signed: &Tensor, heads: i64) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
     // SAFETY: live handles for the call; the C++ side writes a new, caller-owned tensor.
@@ -552,25 +294,7 @@ pub fn rope_host(x: &Tensor, cos: &Tensor, sin_signed: &Tensor, gy: &Tensor, hea
     fused_results(err, out)
 }
 
-/// SwiGLU's gate `silu(g) · u` (LLaMA's MLP; `g`, `u` the gate and up projections, one shape and
-/// dtype): on a GPU one CUDA kernel each way ([`swiglu_cuda`]; libtorch runs silu, the product,
-/// and three kernels backward, and keeps silu(g)); elsewhere, and where the kernels cannot run or
-/// `PLEXUS_FUSED_KERNELS=0`, libtorch's `silu` and product.
-pub fn swiglu(g: &Tensor, u: &Tensor) -> Tensor {
-    let takes = takes_gpu_paths(g)
-        && g.kind() == u.kind()
-        && matches!(g.kind(), Kind::BFloat16 | Kind::Float)
-        && g.size() == u.size()
-        && u.device() == g.device();
-    if takes {
-        if let Some(h) = cuda_result(swiglu_cuda(g, u)) {
-            return h;
-        }
-    }
-    g.silu() * u
-}
-
-/// [`swiglu`] through plexus' CUDA kernels (`native/src/activations.cu`): fp32 arithmetic, one
+/// `swiglu` through plexus' CUDA kernels (`native/src/activations.cu`): fp32 arithmetic, one
 /// rounding per output. An error where they cannot run.
 pub fn swiglu_cuda(g: &Tensor, u: &Tensor) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
@@ -598,32 +322,7 @@ pub enum NormKind {
     Rms,
 }
 
-/// A unit's pre-norm of the fp32 stream `x` `[.., D]` (weight `w` `[D]`, bias `b` `[D]` for
-/// LayerNorm), written in bf16 for the unit's bf16 branch: on a GPU one CUDA kernel each way
-/// ([`norm_cuda`]: the norm and the cast in one pass, no fp32 output); elsewhere, and where the
-/// kernels cannot run or `PLEXUS_FUSED_KERNELS=0`, libtorch's `layer_norm`/`rms_norm` and a cast
-/// (`composite`, the same values to fp32 summation order).
-pub fn norm_to_bf16(
-    x: &Tensor,
-    w: &Tensor,
-    b: Option<&Tensor>,
-    eps: f64,
-    kind: NormKind,
-    composite: impl FnOnce() -> Tensor,
-) -> Tensor {
-    let takes = takes_gpu_paths(x)
-        && x.kind() == Kind::Float
-        && w.kind() == Kind::Float
-        && b.is_none_or(|b| b.kind() == Kind::Float);
-    if takes {
-        if let Some(y) = cuda_result(norm_cuda(x, w, b, eps, kind)) {
-            return y;
-        }
-    }
-    composite().to_kind(Kind::BFloat16)
-}
-
-/// [`norm_to_bf16`] through plexus' CUDA norm kernels (`native/src/norms.cu`): forward one block
+/// `norm_to_bf16` through plexus' CUDA norm kernels (`native/src/norms.cu`): forward one block
 /// per row (mean and variance in two passes over the row, the output in bf16, mean and rstd saved),
 /// backward one block per 32 rows (the input's gradient in fp32, the weight's and bias's summed
 /// per block, then over blocks). fp32 tensors on one CUDA device; an error otherwise.
@@ -678,6 +377,33 @@ pub fn norm_host(
     fused_results(err, out)
 }
 
+/// Hyper-Connections' dynamic logits through plexus' kernels (chosen by `norm_project_gpu`): `x`
+/// `[.., D]`, `gamma`, `beta` `[D]`, `w` `[D, K]` fp32 on a CUDA device or the CPU (the host build),
+/// bf16 roundings where `round`; an error where they cannot run.
+pub fn norm_project_cuda(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    w: &Tensor,
+    eps: f64,
+    round: bool,
+) -> Result<Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: live handles for the call; the C++ side writes a new, caller-owned tensor.
+    let err = unsafe {
+        ffi::plexus_norm_project_cuda(
+            x.as_ptr() as *mut _,
+            gamma.as_ptr() as *mut _,
+            beta.as_ptr() as *mut _,
+            w.as_ptr() as *mut _,
+            eps,
+            round as i64,
+            &mut out,
+        )
+    };
+    fused_result(err, out)
+}
+
 /// H-ACN's update of one unit with its long path: `(x' = h + a·x, acc' = acc + h)` for the stream
 /// `x` and the long path's sum `acc` (fp32), the unit's output `h` in its compute dtype (bf16 or
 /// fp32) and its residual weight `a` (one fp32), through plexus' kernels (`native/src/hacn.cu`: one
@@ -697,71 +423,6 @@ pub fn hacn_step(x: &Tensor, acc: &Tensor, h: &Tensor, a: &Tensor) -> Result<(Te
     };
     let [x, acc] = fused_results(err, out)?;
     Ok((x, acc))
-}
-
-/// [`hacn_step`] where a step takes the GPU's fused paths (a CUDA device, or the CPU under
-/// [`gpu_paths_on_cpu`]) and the tensors fit it; `None` elsewhere or where the kernels cannot run
-/// (the caller runs its composite).
-pub fn hacn_step_gpu(x: &Tensor, acc: &Tensor, h: &Tensor, a: &Tensor) -> Option<(Tensor, Tensor)> {
-    let takes = takes_gpu_paths(x)
-        && x.kind() == Kind::Float
-        && acc.kind() == Kind::Float
-        && matches!(h.kind(), Kind::BFloat16 | Kind::Float)
-        && a.kind() == Kind::Float
-        && a.numel() == 1
-        && acc.size() == x.size()
-        && h.size() == x.size();
-    if !takes {
-        return None;
-    }
-    match hacn_step(x, acc, h, a) {
-        Ok(pair) => Some(pair),
-        Err(e) => {
-            // Unavailable kernels: None (and the composite from now on); any other error stops.
-            let _ = cuda_result(Err(e));
-            None
-        }
-    }
-}
-
-/// Hyper-Connections' dynamic logits `z = LayerNorm(x; γ, β, eps) · W` of the streams `x` `[.., D]`
-/// (fp32) with `W = [W_a | w_b]` `[D, K]` (K = n + 2) → `[.., K]` fp32, through plexus' kernels
-/// (`native/src/norm_project.cu`: one pass over x each way, the normalised streams never written)
-/// where a step takes the GPU's fused paths (a CUDA device, or the CPU under
-/// [`gpu_paths_on_cpu`]); `None` elsewhere, where the kernels cannot run, or for K outside 3..=10.
-/// With `compute` bf16 the kernels round where the composite's bf16 product does (the normalised
-/// streams and W before the product, z after it; backward the same), so that the two differ only
-/// in the order of their fp32 sums.
-pub fn norm_project_gpu(
-    x: &Tensor,
-    gamma: &Tensor,
-    beta: &Tensor,
-    w: &Tensor,
-    eps: f64,
-    compute: Kind,
-) -> Option<Tensor> {
-    let k = w.size().get(1).copied().unwrap_or(0);
-    let takes = takes_gpu_paths(x)
-        && [x, gamma, beta, w].iter().all(|t| t.kind() == Kind::Float)
-        && matches!(compute, Kind::Float | Kind::BFloat16)
-        && (3..=10).contains(&k);
-    if !takes {
-        return None;
-    }
-    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
-    // SAFETY: live handles for the call; the C++ side writes a new, caller-owned tensor.
-    let err = unsafe {
-        ffi::plexus_norm_project_cuda(
-            x.as_ptr() as *mut _,
-            gamma.as_ptr() as *mut _,
-            beta.as_ptr() as *mut _,
-            w.as_ptr() as *mut _,
-            eps,
-            (compute == Kind::BFloat16) as i64,
-            &mut out,
-        )
-    };
-    cuda_result(fused_result(err, out))
 }
 
 /// The norm-project kernels' per-thread arithmetic run on the CPU (each block as `threads`
@@ -916,33 +577,6 @@ pub fn history_attend(
     Ok((y, alpha))
 }
 
-/// [`history_attend`] where a step takes the GPU's fused paths (a CUDA device, or the CPU under
-/// [`gpu_paths_on_cpu`]) and the call fits the kernels (fp32, 1 to [`ATTNRES_MAX_SOURCES`]
-/// sources); `None` elsewhere or where the kernels cannot run (the caller runs its composite).
-pub fn history_attend_gpu(
-    buf: &Tensor,
-    gbuf: &Tensor,
-    slots: &[usize],
-    states: &[&Tensor],
-    q: &Tensor,
-) -> Option<(Tensor, Tensor)> {
-    let takes = takes_gpu_paths(buf)
-        && buf.kind() == Kind::Float
-        && q.kind() == Kind::Float
-        && (1..=ATTNRES_MAX_SOURCES).contains(&slots.len());
-    if !takes {
-        return None;
-    }
-    match history_attend(buf, gbuf, slots, states, q) {
-        Ok(pair) => Some(pair),
-        Err(e) => {
-            // Unavailable kernels: None (and the composite from now on); any other error stops.
-            let _ = cuda_result(Err(e));
-            None
-        }
-    }
-}
-
 /// `(v @ phi) / rms(v)` row by row, `rms(v) = ‖v‖₂ / √N` (mHC's mixing logits): `v` `[.., N]`,
 /// `phi` `[N, K]` → `[.., K]`, one autograd function whose backward forms the input gradient in one
 /// pass (the products are libtorch's) and keeps nothing of `v`'s size but `v`. fp32/fp64 tensors
@@ -954,18 +588,6 @@ pub fn rms_project(v: &Tensor, phi: &Tensor, compute: Kind) -> Result<Tensor> {
     // SAFETY: as in `stream_read_fused`.
     let err = unsafe { ffi::plexus_rms_project(v.as_ptr() as *mut _, phi.as_ptr() as *mut _, bf16, &mut out) };
     fused_result(err, out)
-}
-
-/// mHC's mixing logits ([`rms_project`]) where a step takes the GPU's fused paths (a CUDA device,
-/// or the CPU under [`gpu_paths_on_cpu`]) and `v`, `phi` are fp32 with `compute` fp32 or bf16;
-/// `None` elsewhere (the caller runs its own code).
-pub fn rms_project_gpu(v: &Tensor, phi: &Tensor, compute: Kind) -> Option<Tensor> {
-    let takes = takes_gpu_paths(v)
-        && v.kind() == Kind::Float
-        && phi.kind() == Kind::Float
-        && phi.device() == v.device()
-        && matches!(compute, Kind::Float | Kind::BFloat16);
-    takes.then(|| rms_project(v, phi, compute).unwrap_or_else(|e| panic!("mHC's rms projection: {e:#}")))
 }
 
 /// `LayerNorm(x; gamma, beta, eps) @ w` row by row, without materialising the normalised rows
@@ -1037,196 +659,4 @@ pub fn hyper_pre(h: &Tensor, p: &HyperPreParams) -> Result<(Tensor, Tensor, Tens
     // SAFETY: on success each handle is a fresh tensor that nothing else owns.
     let [u, res, post] = outs.map(|t| unsafe { Tensor::from_ptr(t) });
     Ok((u, res, post))
-}
-
-// ---- Fused or composite: the dispatching operations the topologies call. Each runs the fused CPU
-// kernel, plexus' CUDA kernel or the composite libtorch graph (same values), whichever applies.
-
-/// Whether the fused CPU kernels take these tensors: all fp32 or all fp64 on the CPU.
-pub fn fused_streams_take_all(ts: &[&Tensor]) -> bool {
-    ts.iter().all(|t| fused_streams_take(t) && t.kind() == ts[0].kind())
-}
-
-/// Whether plexus' CUDA kernels (compiled at run time with NVRTC, `native/src/cuda_kernels.cpp`)
-/// take an operation on these tensors: all fp32 on one CUDA device, `n` streams within what they
-/// are built for, `PLEXUS_FUSED_KERNELS` not 0, and the kernels not found unavailable earlier in
-/// this process.
-pub fn cuda_fused(ts: &[&Tensor], n: i64) -> bool {
-    let dev = ts[0].device();
-    dev.is_cuda()
-        && fused_kernels_on()
-        && !cuda_kernels_unavailable()
-        && (1..=CUDA_KERNELS_MAX_STREAMS as i64).contains(&n)
-        && ts.iter().all(|t| t.device() == dev && t.kind() == Kind::Float)
-}
-
-/// Set once the CUDA kernels have said they cannot run here: later calls go straight to the
-/// composite code, without a call into the native layer.
-static CUDA_KERNELS_UNAVAILABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// How the native layer starts the errors that mean "the kernels cannot run here"
-/// (`kUnavailable` in `native/src/cuda_kernels.cpp`).
-pub const CUDA_KERNELS_UNAVAILABLE_PREFIX: &str = "plexus' CUDA kernels are unavailable: ";
-
-/// Whether the CUDA kernels said they cannot run here, earlier in this process.
-pub fn cuda_kernels_unavailable() -> bool {
-    CUDA_KERNELS_UNAVAILABLE.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Forgets [`cuda_kernels_unavailable`] (for the test that sets it).
-#[cfg(test)]
-pub(crate) fn reset_cuda_kernels_unavailable() {
-    CUDA_KERNELS_UNAVAILABLE.store(false, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// A CUDA kernel's result, or `None` when the kernels cannot run on this machine (no NVRTC, no
-/// driver, their first-use check failed, a first use inside a CUDA graph capture), after one
-/// warning per process; the caller then runs its composite code, which computes the same values.
-/// Any other error (a failed launch, a fault pinned by `PLEXUS_CUDA_SYNC_CHECK`, a bad argument)
-/// panics: after a fault the device is unusable, and carrying on would report it somewhere else.
-pub fn cuda_result(r: anyhow::Result<Tensor>) -> Option<Tensor> {
-    let e = match r {
-        Ok(t) => return Some(t),
-        Err(e) => format!("{e:#}"),
-    };
-    if !e.contains(CUDA_KERNELS_UNAVAILABLE_PREFIX) {
-        match crate::torch_panic::hint(&e) {
-            Some(hint) => panic!("plexus' CUDA kernel failed: {e}\n  hint: {hint}"),
-            None => panic!("plexus' CUDA kernel failed: {e}"),
-        }
-    }
-    // A first use inside a capture is refused for that call only (the C++ side does not keep it):
-    // the kernels may still load on a later eager call.
-    if !e.contains("inside a CUDA graph capture") {
-        CUDA_KERNELS_UNAVAILABLE.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-    static WARNED: std::sync::Once = std::sync::Once::new();
-    WARNED.call_once(|| {
-        eprintln!(
-            "warning: plexus' CUDA kernels cannot run here, so Hyper-Connections' and mHC's stream mixing, \
-             the language-model loss, the bf16 pre-norms and SwiGLU run as composite libtorch operators (the same values, more \
-             kernels; PLEXUS_FUSED_KERNELS=0 chooses that without this warning): {e}"
-        )
-    });
-    None
-}
-
-/// The read of unit k, `u = Σ_s pre[s] H_s`: `h` `[.., n, D]`, `pre` `[.., n]` or `[n]` → `[.., D]`.
-/// On the CPU in fp32/fp64 one fused pass forward and one backward ([`stream_read_fused`]); in
-/// fp32 on a GPU the same through plexus' CUDA kernels ([`cuda_fused`]); elsewhere, and if those
-/// cannot run, [`stream_read_composite`].
-pub fn stream_read(h: &Tensor, pre: &Tensor) -> Tensor {
-    if fused_streams_take_all(&[h, pre]) {
-        return stream_read_fused(h, pre).unwrap_or_else(|e| panic!("fused stream read: {e:#}"));
-    }
-    if cuda_fused(&[h, pre], stream_count(h)) {
-        if let Some(u) = cuda_result(stream_read_fused(h, pre)) {
-            return u;
-        }
-    }
-    stream_read_composite(h, pre)
-}
-
-/// n of streams `[.., n, D]`.
-fn stream_count(h: &Tensor) -> i64 {
-    let s = h.size();
-    if s.len() >= 2 {
-        s[s.len() - 2]
-    } else {
-        0
-    }
-}
-
-/// [`stream_read`] in libtorch operators: `pre [.., 1, n] @ H [.., n, D]`, one (batched) matmul
-/// that reads H once, instead of `(pre ⊗ 1) * H` (an `[.., n, D]` temporary, forward and
-/// backward) and a sum.
-pub fn stream_read_composite(h: &Tensor, pre: &Tensor) -> Tensor {
-    pre.unsqueeze(-2).matmul(h).squeeze_dim(-2)
-}
-
-/// The write of unit k, `H'_t = Σ_s res[s, t] H_s + post[t] · o`: `h` `[.., n, D]`, `res`
-/// `[.., n, n]` or `[n, n]`, `post` `[.., n]` or `[n]`, `o` `[.., D]` → `[.., n, D]`. On the CPU in
-/// fp32/fp64 one fused pass forward and one backward ([`stream_write_fused`]): the composite
-/// version's per-token matrix products and their backwards were most of Hyper-Connections'
-/// overhead over residual there. On a GPU with fp32 streams, one kernel each way through plexus'
-/// CUDA kernels ([`cuda_fused`]). Elsewhere, and if those cannot run, [`stream_write_composite`].
-pub fn stream_write(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Tensor {
-    if fused_streams_take_all(&[h, res, post, o]) {
-        return stream_write_fused(h, res, post, o).unwrap_or_else(|e| panic!("fused stream write: {e:#}"));
-    }
-    // On a GPU the unit output may be bf16 (autocast's rule) where the streams are fp32: the
-    // composite addcmul promotes it, exactly as this conversion does.
-    if h.device().is_cuda() {
-        let o32 =
-            if matches!(o.kind(), Kind::BFloat16 | Kind::Half) { o.to_kind(Kind::Float) } else { o.shallow_clone() };
-        if cuda_fused(&[h, res, post, &o32], stream_count(h)) {
-            if let Some(out) = cuda_result(stream_write_fused(h, res, post, &o32)) {
-                return out;
-            }
-        }
-    }
-    stream_write_composite(h, res, post, o)
-}
-
-/// [`stream_write`] in libtorch operators: `resᵀ H` as a (batched) matmul with the rank-1 term
-/// fused into one addcmul (`post [.., n, 1]` times `o [.., 1, D]` added to the `[.., n, D]` matmul
-/// output), not a materialised outer product and a separate add. (A `baddbmm` with the outer
-/// product as a k = 1 bmm measured slower on CPU: its batch operands are stride-0 expansions for
-/// static mixing.)
-pub fn stream_write_composite(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Tensor {
-    res.transpose(-1, -2).matmul(h).addcmul(&post.unsqueeze(-1), &o.unsqueeze(-2))
-}
-
-/// Sinkhorn–Knopp on `exp(logits)` `[.., n, n]` → `[.., n, n]`: alternate row and column
-/// normalisation; the result is doubly stochastic (columns exactly, rows to the iteration's
-/// accuracy).
-///
-/// On the CPU in fp32/fp64 the fused [`sinkhorn_fused`] runs (the iteration on `exp(logits)`, one
-/// pass per block of tokens, a hand-written backward that recomputes the iterates and saves only
-/// the logits): the composite graph was most of mHC's overhead over Hyper-Connections there.
-/// On a CUDA device, [`sinkhorn_cuda`] (n ≤ 8, any logits dtype, fp32 result): one thread
-/// per token, one kernel each way, where the composite graph launches 4·iters kernels forward.
-/// If it cannot run (no NVRTC, no driver, a failed self-check), one warning and the composite
-/// graph from then on. Elsewhere, and with `PLEXUS_FUSED_KERNELS=0`, [`sinkhorn_composite`].
-pub fn sinkhorn(logits: &Tensor, iters: usize) -> Tensor {
-    let n = logits.size().last().copied().unwrap_or(0) as usize;
-    if fused_streams_take(logits) && sinkhorn_fits(n, iters) {
-        return sinkhorn_fused(logits, iters).unwrap_or_else(|e| panic!("fused sinkhorn: {e:#}"));
-    }
-    if logits.device().is_cuda() {
-        // Both ways in fp32: the conversion made once (the composite's own is then a no-op).
-        let logits32 = logits.to_kind(Kind::Float);
-        // The CUDA backward's scratch grows with `iters` as the CPU kernel's does: the same bound.
-        if cuda_fused(&[&logits32], n as i64) && sinkhorn_fits(n, iters) {
-            if let Some(p) = cuda_result(sinkhorn_cuda(&logits32, iters)) {
-                return p;
-            }
-        }
-        return sinkhorn_composite(&logits32, iters);
-    }
-    sinkhorn_composite(logits, iters)
-}
-
-/// [`sinkhorn`] in libtorch operators, in the log domain: normalising the rows of `exp(L)` is a
-/// softmax over each row of `L`, so each half-iteration is one `log_softmax` — one kernel forward
-/// and one backward — where a sum and a division take two forward and about five backward. On a
-/// GPU, where these `[.., n, n]` tensors are tiny and every kernel is a launch, that matters when
-/// the CUDA kernel cannot run.
-///
-/// The kernels iterate on `exp(L − rowmax)` instead, where a column whose every entry underflows
-/// is 0 and stays 0 (a log-domain iteration would spread it to 1/n): such columns are found once
-/// (`exp(L − rowmax)` summing to 0 over the column) and held at `−10³⁰` after every column
-/// normalisation, so that they carry no mass into the row sums and end at exactly 0. Composite,
-/// CPU kernel and CUDA kernel then give the same matrix and gradient on saturated logits too
-/// (tested), at one more kernel per iteration (an addition, whose backward is free).
-pub fn sinkhorn_composite(logits: &Tensor, iters: usize) -> Tensor {
-    let mut l = logits.to_kind(Kind::Float);
-    let dead = tch::no_grad(|| {
-        let x = (&l - l.amax([-1i64], true)).exp();
-        x.sum_dim_intlist(-2, true, Kind::Float).eq(0.0).to_kind(Kind::Float) * -1e30
-    });
-    for _ in 0..iters {
-        l = l.log_softmax(-1, Kind::Float).log_softmax(-2, Kind::Float) + &dead;
-    }
-    l.exp()
 }

@@ -48,9 +48,14 @@
 //! By concern: the FFI declarations and the error convention here; [`cuda`] (device facts, the
 //! TF32 switch, NVRTC), [`cuda_graph`] (whole-step CUDA graphs and their shared memory pool), [`process_group`] (c10d, pinned memory), [`profile`]
 //! (operator and sync counters, traces), [`kineto`] (libtorch's profiler, plexus' scopes), [`optim`] (fused AdamW, dropped gradients), [`kernels`]
-//! (the fused topology kernels, the chunked loss, the history buffer). Everything is re-exported
+//! (the fused topology kernels, the chunked loss, the history buffer: bindings only); above them
+//! [`composite`] (the libtorch code the kernels fuse) and [`choice`] (which of the two runs, and
+//! what a CUDA kernel's error means), and below them [`setting`] (`PLEXUS_FUSED_KERNELS`, the
+//! instruction set). Errors are typed at the boundary ([`NativeError`], [`ErrorKind`]). Everything is re-exported
 //! at the crate root: plexus (which re-exports this crate as `crate::native`) writes
 //! `crate::native::stream_read`.
+// Every `unsafe` block says why it is sound (clippy, with -D warnings in the checks).
+#![warn(clippy::undocumented_unsafe_blocks)]
 use anyhow::{anyhow, Result};
 use std::ffi::{c_char, CStr};
 
@@ -85,6 +90,8 @@ mod ffi {
         pub fn plexus_pg_broadcast(pg: *mut c_void, tensor: *mut C_tensor, root: i64) -> *mut c_char;
         pub fn plexus_pg_barrier(pg: *mut c_void) -> *mut c_char;
         pub fn plexus_free_string(s: *mut c_char);
+        #[cfg(test)]
+        pub fn plexus_fail_with(kind: c_int, message: *const c_char) -> *mut c_char;
         pub fn plexus_cuda_built() -> c_int;
         pub fn plexus_cuda_driver_version(out: *mut c_int) -> *mut c_char;
         pub fn plexus_cuda_runtime_version(out: *mut c_int) -> *mut c_char;
@@ -328,23 +335,70 @@ fn take_string(s: *mut c_char) -> String {
     }
     // SAFETY: the C++ side returns NUL-terminated strings allocated with malloc, freed only here.
     let out = unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned();
+    // SAFETY: as above; not used after this.
     unsafe { ffi::plexus_free_string(s) };
     out
 }
 
-/// Turns the error-string convention of every entry point into a `Result`.
+/// What kind of failure a native call reported: the first byte of its error block (`ErrorKind` in
+/// `native/src/guarded.h`, in this order), so that callers tell kinds apart without reading text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Anything else: a libtorch error, a bad argument, a failed kernel launch.
+    Failed,
+    /// plexus' CUDA kernels cannot run here (no NVRTC or driver, a failed first-use check).
+    KernelsUnavailable,
+    /// Their first use would fall inside a CUDA graph capture: refused for this call only.
+    UnavailableInCapture,
+}
+
+/// The error of a native call: its kind and its message (libtorch's or plexus').
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NativeError {
+    /// What kind of failure it is.
+    pub kind: ErrorKind,
+    /// What the C++ side said.
+    pub message: String,
+}
+
+impl std::fmt::Display for NativeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for NativeError {}
+
+/// The kind of the native error in `e` (through any context added to it), if it holds one.
+pub fn native_error_kind(e: &anyhow::Error) -> Option<ErrorKind> {
+    e.chain().find_map(|c| c.downcast_ref::<NativeError>()).map(|n| n.kind)
+}
+
+/// Turns the error convention of every entry point (NULL, or a malloc'd block: the kind's byte,
+/// then the NUL-terminated message) into a `Result` with a [`NativeError`].
 fn check(err: *mut c_char) -> Result<()> {
     if err.is_null() {
-        Ok(())
-    } else {
-        Err(anyhow!(take_string(err)))
+        return Ok(());
     }
+    // SAFETY: a non-null error is a block from `dup_error` (guarded.h): one byte of kind, then a
+    // NUL-terminated message; it is freed here, once, after both are read.
+    let (code, message) = unsafe { (*err.cast::<u8>(), CStr::from_ptr(err.add(1)).to_string_lossy().into_owned()) };
+    // SAFETY: allocated with malloc by the C++ side and not used after this.
+    unsafe { ffi::plexus_free_string(err) };
+    let kind = match code {
+        2 => ErrorKind::KernelsUnavailable,
+        3 => ErrorKind::UnavailableInCapture,
+        _ => ErrorKind::Failed,
+    };
+    Err(NativeError { kind, message }.into())
 }
 
 fn device_index(index: usize) -> Result<i64> {
     i64::try_from(index).map_err(|_| anyhow!("CUDA device index {index} is out of range"))
 }
 
+pub mod choice;
+pub mod composite;
 pub mod cuda;
 pub mod cuda_graph;
 pub mod kernels;
@@ -352,6 +406,9 @@ pub mod kineto;
 pub mod optim;
 pub mod process_group;
 pub mod profile;
+pub mod setting;
+pub use choice::*;
+pub use composite::*;
 pub use cuda::*;
 pub use cuda_graph::*;
 pub use kernels::*;
@@ -359,6 +416,7 @@ pub use kineto::*;
 pub use optim::*;
 pub use process_group::*;
 pub use profile::*;
+pub use setting::*;
 
 #[cfg(test)]
 mod tests {
@@ -398,26 +456,49 @@ mod tests {
         assert!(count.by_name.iter().any(|(n, c)| n == "aten::_local_scalar_dense" && *c >= 2), "{count:?}");
     }
 
-    /// An error that says the CUDA kernels cannot run here (the prefix the C++ side writes) falls
-    /// back to the composite code and keeps later calls off the kernels; any other kernel error
-    /// ends the run.
+    /// An error of each kind crosses the boundary as that kind with its message (the C++ side's
+    /// `ErrorKind`, guarded.h: read from the error block, not from the text), through any context
+    /// added to it; the CUDA kernels' unavailability falls back to the composite code and keeps
+    /// later calls off the kernels, a refusal inside a capture holds for that call only, and any
+    /// other kernel error ends the run.
     #[test]
-    fn a_cuda_kernel_error_falls_back_only_when_the_kernels_are_unavailable() {
-        let source = include_str!("cuda_kernels.cpp");
-        let prefix = kernels::CUDA_KERNELS_UNAVAILABLE_PREFIX;
-        assert!(source.contains(&format!("kUnavailable = \"{prefix}\"")), "the C++ side's prefix changed");
-        let unavailable = anyhow::anyhow!("{prefix}libnvrtc.so.13 not found");
+    fn native_errors_keep_their_kind_and_only_unavailable_kernels_fall_back() {
+        let fail = |kind: i32, message: &str| {
+            let text = std::ffi::CString::new(message).unwrap();
+            // SAFETY: a NUL-terminated message live for the call; the error block is freed by check.
+            check(unsafe { ffi::plexus_fail_with(kind, text.as_ptr()) }).unwrap_err()
+        };
+        for (code, kind) in
+            [(1, ErrorKind::Failed), (2, ErrorKind::KernelsUnavailable), (3, ErrorKind::UnavailableInCapture)]
+        {
+            let e = fail(code, "the message");
+            assert_eq!(native_error_kind(&e), Some(kind), "{e:#}");
+            assert_eq!(native_error_kind(&e.context("in a caller")), Some(kind));
+        }
+        assert_eq!(format!("{}", fail(2, "libnvrtc.so.13 not found")), "libnvrtc.so.13 not found");
+        // Any other error of an entry point (a bad argument here) is a failure.
+        let (buf, q) = (
+            Tensor::zeros([2, 6], (tch::Kind::Float, tch::Device::Cpu)),
+            Tensor::zeros([4], (tch::Kind::Float, tch::Device::Cpu)),
+        );
+        let e = history_attend(&buf, &buf, &[0], &[&buf.get(0)], &q).unwrap_err();
+        assert_eq!(native_error_kind(&e), Some(ErrorKind::Failed), "{e:#}");
+        assert_eq!(native_error_kind(&anyhow::anyhow!("plain")), None);
+
+        let unavailable = fail(2, "plexus' CUDA kernels are unavailable: libnvrtc.so.13 not found");
         assert!(cuda_result(Err(unavailable.context("sinkhorn"))).is_none());
-        assert!(kernels::cuda_kernels_unavailable(), "later calls skip the kernels");
-        kernels::reset_cuda_kernels_unavailable();
-        let in_capture = anyhow::anyhow!("{prefix}their first use on this device is inside a CUDA graph capture");
-        assert!(cuda_result(Err(in_capture)).is_none());
-        assert!(!kernels::cuda_kernels_unavailable(), "a refusal inside a capture holds for that call only");
-        let failed =
-            std::panic::catch_unwind(|| cuda_result(Err(anyhow::anyhow!("cuLaunchKernel: an illegal address"))));
+        assert!(choice::cuda_kernels_unavailable(), "later calls skip the kernels");
+        choice::reset_cuda_kernels_unavailable();
+        assert!(cuda_result(Err(fail(3, "their first use on this device is inside a CUDA graph capture"))).is_none());
+        assert!(!choice::cuda_kernels_unavailable(), "a refusal inside a capture holds for that call only");
+        // The kind decides, not the text: an unavailability's words in a failure still end the run.
+        let failed = std::panic::catch_unwind(|| {
+            cuda_result(Err(fail(1, "cuLaunchKernel: an illegal address (plexus' CUDA kernels are unavailable: )")))
+        });
         let message = failed.expect_err("a launch failure must not fall back");
         let text = message.downcast_ref::<String>().cloned().unwrap_or_default();
         assert!(text.contains("illegal address"), "{text}");
+        assert!(!choice::cuda_kernels_unavailable());
         let oom =
             std::panic::catch_unwind(|| cuda_result(Err(anyhow::anyhow!("CUDA out of memory. Tried to allocate"))));
         let text = oom.expect_err("out of memory").downcast_ref::<String>().cloned().unwrap_or_default();
