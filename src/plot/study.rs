@@ -1,5 +1,7 @@
-//! `plexus report`'s figures: each curve (loss, Γ, an eval metric) of every setting as its mean
-//! over seeds with a band of ± one standard deviation.
+//! `plexus report`'s figures: each curve (loss, Γ, an eval metric over training; after `plexus
+//! analyze`, a metric against the exit depth or the input noise) of every setting as its mean over
+//! seeds with a band of ± one standard deviation. Accuracies are drawn in percent, as the tables
+//! show them.
 
 use super::{line_chart, LineChart, Series, PALETTE};
 use crate::study::{self, StudyReport};
@@ -12,8 +14,13 @@ pub fn band_curves(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for name in &r.curves {
         // A loss spanning decades is drawn on a log axis, its band in log space.
+        let percent = name.ends_with("accuracy");
+        let scale = |band: Vec<(f64, f64, f64, f64)>| match percent {
+            true => band.into_iter().map(|(x, m, lo, hi)| (x, 100.0 * m, 100.0 * lo, 100.0 * hi)).collect(),
+            false => band,
+        };
         let linear: Vec<Vec<(f64, f64, f64, f64)>> =
-            r.groups.iter().map(|g| study::band(r, g, name, false)).collect::<Result<_>>()?;
+            r.groups.iter().map(|g| study::band(r, g, name, false).map(scale)).collect::<Result<_>>()?;
         let ys: Vec<f64> = linear.iter().flatten().map(|p| p.1).collect();
         let (lo, hi) = ys.iter().fold((f64::MAX, f64::MIN), |(a, b), &y| (a.min(y), b.max(y)));
         let log_y = name.ends_with("loss") && lo > 0.0 && hi / lo > 20.0;
@@ -59,14 +66,21 @@ pub fn band_curves(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
                 }
             }
         }
-        let x = if name == "success" { "environment steps" } else { "step" };
+        let x = match name.split('.').next() {
+            Some("success") => "environment steps",
+            Some("layerwise") => "units before the exit (the shared head reads the stream there)",
+            Some("noise") => {
+                "input noise level (Gaussian σ on the standardised input; text: a token's replacement probability)"
+            }
+            _ => "step",
+        };
         let chart = LineChart {
             title: match log_y {
                 true => format!("{name}: geometric mean ×÷ geometric sd over seeds"),
                 false => format!("{name}: mean ± sd over seeds"),
             },
             x_label: x.into(),
-            y_label: name.clone(),
+            y_label: if percent { format!("{name} (%)") } else { name.clone() },
             log_y,
             series,
         };

@@ -279,35 +279,62 @@ fn read_csv(path: &Path) -> Result<NumberTable> {
     Ok((cols, rows))
 }
 
-/// The curve `name` of a run, as `(step, value)`: `eval.<column>` from `eval.csv`, any other
-/// name a column of `metrics.csv` (`loss`, `gamma`, `grad_norm`; `success` of RL runs, against
-/// environment steps). Empty when the run does not log it.
+/// The curve `name` of a run, as `(x, value)`: `eval.<column>` from `eval.csv`, any other name a
+/// column of `metrics.csv` (`loss`, `gamma`, `grad_norm`; `success` of RL runs, against environment
+/// steps), both against the step; after `plexus analyze`, `layerwise.<column>` from
+/// `layerwise.csv` against the units before the exit, and `noise.<column>` from `noise.csv` against
+/// the noise level (the mean over its draws). Empty when the run does not log it.
 pub fn curve(dir: &Path, name: &str) -> Result<Vec<(f64, f64)>> {
-    let (file, col) = match name.strip_prefix("eval.") {
-        Some(c) => ("eval.csv", c),
-        None => ("metrics.csv", name),
+    let (file, col, x_cols): (&str, &str, &[&str]) = if let Some(c) = name.strip_prefix("eval.") {
+        ("eval.csv", c, &["step"])
+    } else if let Some(c) = name.strip_prefix("layerwise.") {
+        ("layerwise.csv", c, &["units"])
+    } else if let Some(c) = name.strip_prefix("noise.") {
+        ("noise.csv", c, &["level"])
+    } else {
+        ("metrics.csv", name, &["step", "env_steps"])
     };
     let path = dir.join(file);
     if !path.is_file() {
         return Ok(vec![]);
     }
     let (cols, rows) = read_csv(&path)?;
-    let (Some(y), Some(x)) = (
-        cols.iter().position(|c| c == col),
-        cols.iter().position(|c| c == "step").or_else(|| cols.iter().position(|c| c == "env_steps")),
-    ) else {
+    let (Some(y), Some(x)) =
+        (cols.iter().position(|c| c == col), x_cols.iter().find_map(|want| cols.iter().position(|c| c == want)))
+    else {
         return Ok(vec![]);
     };
-    Ok(rows.iter().filter_map(|r| Some((r[x]?, r[y]?))).collect())
+    let points: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((r[x]?, r[y]?))).collect();
+    if file != "noise.csv" {
+        return Ok(points);
+    }
+    // Several draws per level, in order: their mean.
+    let mut means: Vec<(f64, f64, usize)> = Vec::new();
+    for (x, y) in points {
+        match means.iter_mut().find(|m| m.0 == x) {
+            Some(m) => {
+                m.1 += y;
+                m.2 += 1;
+            }
+            None => means.push((x, y, 1)),
+        }
+    }
+    Ok(means.into_iter().map(|(x, sum, n)| (x, sum / n as f64)).collect())
 }
 
 /// The curves a run logs: the columns of `metrics.csv` and, as `eval.<column>`, of `eval.csv`
-/// (the step columns aside).
+/// (the step columns aside); after `plexus analyze`, `layerwise.<column>` and `noise.<column>`.
 pub fn curve_names(dir: &Path) -> Vec<String> {
     let mut names = Vec::new();
-    for (file, prefix) in [("metrics.csv", ""), ("eval.csv", "eval.")] {
+    for (file, prefix) in
+        [("metrics.csv", ""), ("eval.csv", "eval."), ("layerwise.csv", "layerwise."), ("noise.csv", "noise.")]
+    {
         if let Ok((cols, _)) = read_csv(&dir.join(file)) {
-            names.extend(cols.iter().filter(|c| *c != "step" && *c != "env_steps").map(|c| format!("{prefix}{c}")));
+            names.extend(
+                cols.iter()
+                    .filter(|c| !["step", "env_steps", "units", "kind", "level", "repeat"].contains(&c.as_str()))
+                    .map(|c| format!("{prefix}{c}")),
+            );
         }
     }
     names
@@ -335,4 +362,43 @@ pub fn group(runs: &[RunRecord], by: &[String]) -> Vec<(Vec<String>, Vec<usize>)
         }
     }
     groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `plexus analyze`'s files as curves: the layer-wise exits against the units before the exit,
+    /// the noise rows against the level with the draws averaged (text cells such as `kind` and
+    /// empty ones read as missing), and their names listed without the x columns.
+    #[test]
+    fn exits_and_noise_levels_are_curves_against_depth_and_level() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("layerwise.csv"),
+            "units,loss,accuracy,perplexity\n0,2.2,0.2,\n1,1.9,0.3,\n2,0.5,0.8,\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("noise.csv"),
+            "kind,level,repeat,loss,accuracy,perplexity\ngaussian,0.0,0,0.4,0.8,\ngaussian,0.0,1,0.4,0.8,\n\
+             gaussian,0.1,0,0.5,0.7,\ngaussian,0.1,1,0.5,0.6,\n",
+        )
+        .unwrap();
+        assert_eq!(curve(dir.path(), "layerwise.accuracy").unwrap(), [(0.0, 0.2), (1.0, 0.3), (2.0, 0.8)]);
+        let noise = curve(dir.path(), "noise.accuracy").unwrap();
+        assert_eq!(noise.len(), 2);
+        assert_eq!(noise[0], (0.0, 0.8));
+        assert!((noise[1].0 - 0.1).abs() < 1e-12 && (noise[1].1 - 0.65).abs() < 1e-12, "{noise:?}");
+        assert!(curve(dir.path(), "layerwise.perplexity").unwrap().is_empty(), "an empty column is no curve");
+        assert!(curve(dir.path(), "eval.accuracy").unwrap().is_empty(), "no eval.csv");
+        let names = curve_names(dir.path());
+        for want in ["layerwise.loss", "layerwise.accuracy", "noise.accuracy"] {
+            assert!(names.contains(&want.to_string()), "{names:?}");
+        }
+        assert!(
+            !names.iter().any(|n| n.ends_with(".units") || n.ends_with(".level") || n.ends_with(".repeat")),
+            "{names:?}"
+        );
+    }
 }

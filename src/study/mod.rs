@@ -336,15 +336,18 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
 /// (geometric mean, × and ÷ the geometric standard deviation), for curves drawn on a log axis
 /// whose values span decades (values ≤ 0 are left out there).
 pub fn band(report: &StudyReport, group: &GroupResult, name: &str, log: bool) -> Result<Vec<(f64, f64, f64, f64)>> {
-    let curves: Vec<std::collections::BTreeMap<u64, f64>> = group
+    // Keyed by x in units of 10⁻⁹ (steps, exit depths and noise levels alike), so that equal x
+    // of different runs meet.
+    let key = |x: f64| (x * 1e9).round() as i64;
+    let curves: Vec<std::collections::BTreeMap<i64, f64>> = group
         .runs
         .iter()
-        .map(|&i| Ok(collect::curve(&report.runs[i].dir, name)?.into_iter().map(|(x, y)| (x as u64, y)).collect()))
+        .map(|&i| Ok(collect::curve(&report.runs[i].dir, name)?.into_iter().map(|(x, y)| (key(x), y)).collect()))
         .collect::<Result<_>>()?;
     if curves.iter().any(|c| c.is_empty()) {
         return Ok(vec![]);
     }
-    let steps: Vec<u64> = curves[0].keys().filter(|s| curves.iter().all(|c| c.contains_key(s))).cloned().collect();
+    let steps: Vec<i64> = curves[0].keys().filter(|s| curves.iter().all(|c| c.contains_key(s))).cloned().collect();
     Ok(steps
         .into_iter()
         .filter_map(|s| {
@@ -356,11 +359,11 @@ pub fn band(report: &StudyReport, group: &GroupResult, name: &str, log: bool) ->
                 }
                 let st = stats::describe(&logs);
                 let sd = if st.sd.is_finite() { st.sd } else { 0.0 };
-                return Some((s as f64, st.mean.exp(), (st.mean - sd).exp(), (st.mean + sd).exp()));
+                return Some((s as f64 / 1e9, st.mean.exp(), (st.mean - sd).exp(), (st.mean + sd).exp()));
             }
             let st = stats::describe(&ys);
             let sd = if st.sd.is_finite() { st.sd } else { 0.0 };
-            Some((s as f64, st.mean, st.mean - sd, st.mean + sd))
+            Some((s as f64 / 1e9, st.mean, st.mean - sd, st.mean + sd))
         })
         .collect())
 }
