@@ -551,7 +551,7 @@ fn claim_cells(c: &crate::study::claims::ClaimResult) -> (Shown, [String; 4], [S
     let head = [
         md_cell(&cl.id),
         md_cell(&cl.source),
-        format!("{}{}", md_cell(&cl.metric), if sh.percent { " (%)" } else { "" }),
+        format!("{}{}", md_cell(&cl.metrics().join(" vs ")), if sh.percent { " (%)" } else { "" }),
         format!("{} vs {}", md_cell(&cl.a), md_cell(&cl.b)),
     ];
     let tail = [c.diff.n.to_string(), format!("{} {}", sh.diff(c.diff.mean), sh.interval(Some(c.interval), true))];
@@ -650,8 +650,10 @@ pub fn study_runs_csv(r: &crate::study::StudyReport) -> Result<String> {
     keys.retain(|k| seen.insert(k.clone()));
     let mut metrics = r.metrics.clone();
     for c in &r.claims {
-        if !metrics.contains(&c.claim.metric) {
-            metrics.push(c.claim.metric.clone());
+        for m in c.claim.metrics() {
+            if !metrics.iter().any(|x| x == m) {
+                metrics.push(m.to_string());
+            }
         }
     }
     let mut w = csv::Writer::from_writer(Vec::new());

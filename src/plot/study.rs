@@ -118,7 +118,7 @@ pub fn claim_figures(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
         let chart = LineChart {
             title: format!("{} ({}): {delta}, {}", cl.id, cl.source, c.verdict),
             x_label: "seed (A and B paired on it)".into(),
-            y_label: cl.metric.clone(),
+            y_label: cl.metrics().join(" (A) vs ") + if cl.b_metric.is_some() { " (B)" } else { "" },
             log_y: log,
             series: vec![arm("A", &cl.a, |v| v.0, 0), arm("B", &cl.b, |v| v.1, 1)],
         };

@@ -65,6 +65,11 @@ pub struct Claim {
     /// A run metric as `plexus report` names it (`final_loss`, `best.eval.accuracy`, …), or
     /// `CURVE@STEP` for a logged curve's value at a step (`loss@300`, `eval.accuracy@400`).
     pub metric: String,
+    /// Arm B's metric where it is not `metric`: with `b` the same arm as `a`, a claim about two
+    /// numbers of the same runs, such as Γ at the end against its start (`metric: gamma`,
+    /// `b_metric: initial.gamma`), paired run by run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub b_metric: Option<String>,
     /// Arm A: `KEY=VALUE[,KEY=VALUE…]` on the runs' config (`name=lnn-fig2b-0to2`).
     pub a: String,
     /// Arm B, the same way.
@@ -89,6 +94,22 @@ pub struct Claim {
     /// How the setting departs from the paper's, and why (shown beside the verdict).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deviation: Option<String>,
+}
+
+impl Claim {
+    /// The metric arm B is read at: `b_metric`, else `metric`.
+    pub fn metric_of_b(&self) -> &str {
+        self.b_metric.as_deref().unwrap_or(&self.metric)
+    }
+
+    /// The metrics the claim reads: `metric`, and `b_metric` where it differs.
+    pub fn metrics(&self) -> Vec<&str> {
+        let mut m = vec![self.metric.as_str()];
+        if self.metric_of_b() != self.metric {
+            m.push(self.metric_of_b());
+        }
+        m
+    }
 }
 
 /// The outcome of the rule (see the module's doc).
@@ -185,8 +206,13 @@ pub fn check(claims: &[Claim]) -> Result<()> {
         }
         arm(&c.a, "a", &c.id)?;
         arm(&c.b, "b", &c.id)?;
-        if c.a == c.b {
-            bail!("claim `{}`: arms a and b are the same ({})", c.id, c.a);
+        if c.a == c.b && c.b_metric.as_ref().is_none_or(|m| *m == c.metric) {
+            bail!(
+                "claim `{}`: arms a and b are the same ({}) with the same metric; compare two arms, or two metrics \
+                 of the same runs with b_metric",
+                c.id,
+                c.a
+            );
         }
         if !(c.alpha > 0.0 && c.alpha < 0.5) {
             bail!("claim `{}`: alpha {} must be in (0, 0.5)", c.id, c.alpha);
@@ -215,7 +241,7 @@ pub fn evaluate(claims: &[Claim], runs: &[RunRecord]) -> Result<Vec<ClaimResult>
         for ra in runs.iter().filter(|r| member(r, &a)) {
             let Some(seed) = ra.seed() else { continue };
             if let Some(rb) = runs.iter().find(|r| member(r, &b) && r.seed() == Some(seed)) {
-                let (x, y) = (metric_value(ra, &c.metric)?, metric_value(rb, &c.metric)?);
+                let (x, y) = (metric_value(ra, &c.metric)?, metric_value(rb, c.metric_of_b())?);
                 if c.scale == Scale::Log && (x <= 0.0 || y <= 0.0) {
                     bail!("claim `{}`: scale log needs positive values; seed {seed} has {x} and {y}", c.id);
                 }
@@ -339,6 +365,7 @@ mod tests {
             statement: String::new(),
             source: String::new(),
             metric: "m".into(),
+            b_metric: None,
             a: "name=a".into(),
             b: "name=b".into(),
             expect,
@@ -385,6 +412,33 @@ mod tests {
         assert_eq!(one.seeds, vec![0, 1, 2, 3, 4]);
         assert!((one.diff.mean + 1.0).abs() < 1e-12);
         assert_eq!(one.p_sign_flip, Some(2.0 / 32.0));
+    }
+
+    /// Two metrics of the same runs: arm B read at `b_metric`, paired run by run (Γ at the end
+    /// against its start); the same arm and the same metric twice is refused.
+    #[test]
+    fn b_metric_compares_two_numbers_of_the_same_runs() {
+        let start_end = |seed: u64, start: f64, end: f64| {
+            let mut r = run("a", seed, end);
+            r.metrics.insert("start".into(), start);
+            r
+        };
+        let r = vec![
+            start_end(0, 0.25, 0.31),
+            start_end(1, 0.25, 0.29),
+            start_end(2, 0.26, 0.33),
+            start_end(3, 0.25, 0.30),
+        ];
+        let mut c = claim("grows", Expect::Greater, None);
+        c.b = "name=a".into();
+        c.b_metric = Some("start".into());
+        let res = evaluate(std::slice::from_ref(&c), &r).unwrap().remove(0);
+        assert_eq!(res.values, [(0.31, 0.25), (0.29, 0.25), (0.33, 0.26), (0.30, 0.25)]);
+        assert_eq!(res.verdict, Verdict::Holds);
+        assert_eq!(c.metrics(), ["m", "start"]);
+        c.b_metric = Some("m".into());
+        let e = check(&[c]).unwrap_err().to_string();
+        assert!(e.contains("same") && e.contains("b_metric"), "{e}");
     }
 
     #[test]

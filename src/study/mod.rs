@@ -149,11 +149,11 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
         }
     }
     // A claim's `CURVE@STEP` value becomes a metric of each run (and a column of runs.csv).
-    for c in claims.iter().filter(|c| c.metric.contains('@')) {
+    for m in claims.iter().flat_map(|c| c.metrics()).filter(|m| m.contains('@')) {
         for r in runs.iter_mut() {
-            if !r.metrics.contains_key(&c.metric) {
-                if let Ok(v) = claims::metric_value(r, &c.metric) {
-                    r.metrics.insert(c.metric.clone(), v);
+            if !r.metrics.contains_key(m) {
+                if let Ok(v) = claims::metric_value(r, m) {
+                    r.metrics.insert(m.to_string(), v);
                 }
             }
         }
@@ -323,10 +323,10 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
     // A claim whose metric not every run has yet (`analysis.*` before `plexus analyze`, `fd.*`
     // before `plexus fd`) waits, named, like the spec's metrics above; asked for with --spec, the
     // claims are the point, and a missing metric is an error.
-    let (claims, waiting): (Vec<claims::Claim>, Vec<claims::Claim>) = claims
-        .into_iter()
-        .partition(|c| spec.is_some() || runs.iter().all(|r| claims::metric_value(r, &c.metric).is_ok()));
-    missing.extend(waiting.iter().map(|c| format!("{} (claim `{}`)", c.metric, c.id)));
+    let (claims, waiting): (Vec<claims::Claim>, Vec<claims::Claim>) = claims.into_iter().partition(|c| {
+        spec.is_some() || c.metrics().iter().all(|m| runs.iter().all(|r| claims::metric_value(r, m).is_ok()))
+    });
+    missing.extend(waiting.iter().map(|c| format!("{} (claim `{}`)", c.metrics().join(", "), c.id)));
     let claims = claims::evaluate(&claims, &runs)?;
     Ok(StudyReport { by, metrics, log_scale, baseline, groups, runs, unfinished, curves, missing, claims })
 }
