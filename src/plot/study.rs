@@ -69,9 +69,7 @@ pub fn band_curves(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
         let x = match name.split('.').next() {
             Some("success") => "environment steps",
             Some("layerwise") => "units before the exit (the shared head reads the stream there)",
-            Some("noise") => {
-                "input noise level (Gaussian σ on the standardised input; text: a token's replacement probability)"
-            }
+            Some("noise") => "input noise level (Gaussian σ; for text, replacement probability)",
             _ => "step",
         };
         let chart = LineChart {
