@@ -33,7 +33,7 @@
 #   bench        GPT-2 124M at 16×1024 in bf16: the residual step (ms, MFU against the GPU's
 #                data-sheet peak and the measured matmul rate) and the paired overheads of hacn,
 #                ancre, denseformer, hyper, mhc, attnres, each with CUDA graphs and eager
-#   profile      `bench --profile` of GPT-2 124M with residual, hyper and mHC: one step's GPU kernel
+#   profile      `bench --profile` of GPT-2 124M with residual, hyper, mHC and AttnRes: one step's GPU kernel
 #                time by category (GEMM, attention, norm, …, topology-own) and its Chrome trace
 #   bench-more   hyper/mHC with PLEXUS_FUSED_KERNELS=0 (what the CUDA kernels buy), LLaMA-130M at
 #                16×1024, the paper Mixer with every topology, graphs and eager
@@ -96,7 +96,8 @@ gpt-compare 45
 gpt-compare-eager 40"
     [profile]="gpt-residual 45
 gpt-hyper 45
-gpt-mhc 45"
+gpt-mhc 45
+gpt-attnres 45"
     [bench-more]="gpt-composite 30
 llama-residual 15
 llama-compare 30
@@ -427,7 +428,7 @@ group_bench() {
 
 group_profile() {
     local gpt=bench/configs/gpu/gpt.yaml topo
-    for topo in residual hyper mhc; do
+    for topo in residual hyper mhc attnres; do
         step "gpt-$topo" "$PLEXUS" bench "$gpt" --set topology.kind=$topo --steps 5 --warmup 3 --profile \
             --trace "$G/trace-gpt-$topo.json" --case "gpt/$topo"
     done

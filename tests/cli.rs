@@ -338,7 +338,7 @@ fn every_shipped_config_is_valid() {
 }
 
 /// The GPU slot plan's plumbing, dry-run on the CPU (scripts/gpu-check.sh --device cpu --quick
-/// kernels graphs): from the prebuilt binary alone, hyper and mHC trained with the fused kernels
+/// kernels graphs): from the prebuilt binary alone, hyper, mHC and AttnRes trained with the fused kernels
 /// (sync check and sync count on) and with the composite graph, the losses compared, the sync lines
 /// read; the graphs group's runs (eager on a CPU) and their comparison; one archive per group with
 /// every step's log and a summary; an unknown group is refused with the list.
@@ -360,9 +360,16 @@ fn the_gpu_slot_plan_runs_its_kernels_group_dry_on_the_cpu() {
     let o = run(&["--device", "cpu", "--quick", "--out", out.to_str().unwrap(), "kernels", "graphs"]);
     let (stdout, stderr) = text(&o);
     assert!(o.status.success(), "{stdout}{stderr}");
-    for s in
-        ["hyper-fp32", "mhc-fp32", "hyper-fp32-composite", "mhc-fp32-composite", "fused-follows-composite", "syncs"]
-    {
+    for s in [
+        "hyper-fp32",
+        "mhc-fp32",
+        "attnres-fp32",
+        "hyper-fp32-composite",
+        "mhc-fp32-composite",
+        "attnres-fp32-composite",
+        "fused-follows-composite",
+        "syncs",
+    ] {
         assert!(stdout.lines().any(|l| l.trim_start().starts_with(s) && l.contains(" ok ")), "{s}:\n{stdout}");
     }
     assert!(stdout.contains("hyper-fp32 step 4: ") && stdout.contains("mhc-fp32 step 0: "), "{stdout}");
