@@ -97,13 +97,18 @@ pub fn claim_figures(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for c in &r.claims {
         let cl = &c.claim;
+        let log = cl.scale == Scale::Log;
+        // Accuracies in percent, as the tables show them.
+        let unit = match !log && cl.metrics().iter().all(|m| m.ends_with("accuracy")) {
+            true => 100.0,
+            false => 1.0,
+        };
         let arm = |label: &str, text: &str, pick: fn(&(f64, f64)) -> f64, color: usize| Series {
             label: format!("{label}: {text}"),
-            points: c.seeds.iter().zip(&c.values).map(|(&s, v)| (s as f64, pick(v))).collect(),
+            points: c.seeds.iter().zip(&c.values).map(|(&s, v)| (s as f64, unit * pick(v))).collect(),
             color: Some(PALETTE[color]),
             band: None,
         };
-        let log = cl.scale == Scale::Log;
         // Three significant digits, an exponent where the fixed point would hide them.
         let num = |v: f64| match v.abs() {
             a if a != 0.0 && !(1e-3..1e6).contains(&a) => format!("{v:.2e}"),
@@ -111,12 +116,14 @@ pub fn claim_figures(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
         };
         let delta = match log {
             true => format!("A/B = ×{}", num(c.diff.mean.exp())),
-            false => format!("Δ = A − B = {}", num(c.diff.mean)),
+            false => format!("Δ = A − B = {}", num(unit * c.diff.mean)),
         };
         let chart = LineChart {
             title: format!("{} ({}): {delta}, {}", cl.id, cl.source, c.verdict),
             x_label: "seed (A and B paired on it)".into(),
-            y_label: cl.metrics().join(" (A) vs ") + if cl.b_metric.is_some() { " (B)" } else { "" },
+            y_label: cl.metrics().join(" (A) vs ")
+                + if cl.b_metric.is_some() { " (B)" } else { "" }
+                + if unit == 100.0 { " (%)" } else { "" },
             log_y: log,
             series: vec![arm("A", &cl.a, |v| v.0, 0), arm("B", &cl.b, |v| v.1, 1)],
         };
