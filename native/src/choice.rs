@@ -137,14 +137,7 @@ pub fn hacn_step_gpu(x: &Tensor, acc: &Tensor, h: &Tensor, a: &Tensor) -> Option
     if !takes {
         return None;
     }
-    match hacn_step(x, acc, h, a) {
-        Ok(pair) => Some(pair),
-        Err(e) => {
-            // Unavailable kernels: None (and the composite from now on); any other error stops.
-            let _ = cuda_result(Err(e));
-            None
-        }
-    }
+    cuda_result(hacn_step(x, acc, h, a))
 }
 
 /// Hyper-Connections' dynamic logits `z = LayerNorm(x; γ, β, eps) · W` of the streams `x` `[.., D]`
@@ -191,14 +184,7 @@ pub fn history_attend_gpu(
     if !takes {
         return None;
     }
-    match history_attend(buf, gbuf, slots, states, q) {
-        Ok(pair) => Some(pair),
-        Err(e) => {
-            // Unavailable kernels: None (and the composite from now on); any other error stops.
-            let _ = cuda_result(Err(e));
-            None
-        }
-    }
+    cuda_result(history_attend(buf, gbuf, slots, states, q))
 }
 
 /// mHC's mixing logits ([`rms_project`]) where a step takes the GPU's fused paths (a CUDA device,
@@ -251,7 +237,7 @@ pub(crate) fn reset_cuda_kernels_unavailable() {
 /// warning per process; the caller then runs its composite code, which computes the same values.
 /// Any other error (a failed launch, a fault pinned by `PLEXUS_CUDA_SYNC_CHECK`, a bad argument)
 /// panics: after a fault the device is unusable, and carrying on would report it somewhere else.
-pub fn cuda_result(r: anyhow::Result<Tensor>) -> Option<Tensor> {
+pub fn cuda_result<T>(r: anyhow::Result<T>) -> Option<T> {
     let (kind, e) = match r {
         Ok(t) => return Some(t),
         Err(e) => (crate::native_error_kind(&e), format!("{e:#}")),
@@ -271,9 +257,10 @@ pub fn cuda_result(r: anyhow::Result<Tensor>) -> Option<Tensor> {
     static WARNED: std::sync::Once = std::sync::Once::new();
     WARNED.call_once(|| {
         eprintln!(
-            "warning: plexus' CUDA kernels cannot run here, so Hyper-Connections' and mHC's stream mixing, \
-             the language-model loss, the bf16 pre-norms and SwiGLU run as composite libtorch operators (the same values, more \
-             kernels; PLEXUS_FUSED_KERNELS=0 chooses that without this warning): {e}"
+            "warning: plexus' CUDA kernels cannot run here, so the step's fused paths (the multi-stream \
+             mixing, the language-model loss, the bf16 pre-norms, RoPE, SwiGLU, H-ACN's update, AttnRes' attention) \
+             run as composite libtorch operators (the same values, more kernels; PLEXUS_FUSED_KERNELS=0 chooses \
+             that without this warning): {e}"
         )
     });
     None

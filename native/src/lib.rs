@@ -486,21 +486,26 @@ mod tests {
         assert_eq!(native_error_kind(&anyhow::anyhow!("plain")), None);
 
         let unavailable = fail(2, "plexus' CUDA kernels are unavailable: libnvrtc.so.13 not found");
-        assert!(cuda_result(Err(unavailable.context("sinkhorn"))).is_none());
+        assert!(cuda_result::<Tensor>(Err(unavailable.context("sinkhorn"))).is_none());
         assert!(choice::cuda_kernels_unavailable(), "later calls skip the kernels");
         choice::reset_cuda_kernels_unavailable();
-        assert!(cuda_result(Err(fail(3, "their first use on this device is inside a CUDA graph capture"))).is_none());
+        assert!(cuda_result::<Tensor>(Err(fail(3, "their first use on this device is inside a CUDA graph capture")))
+            .is_none());
         assert!(!choice::cuda_kernels_unavailable(), "a refusal inside a capture holds for that call only");
         // The kind decides, not the text: an unavailability's words in a failure still end the run.
         let failed = std::panic::catch_unwind(|| {
-            cuda_result(Err(fail(1, "cuLaunchKernel: an illegal address (plexus' CUDA kernels are unavailable: )")))
+            cuda_result::<Tensor>(Err(fail(
+                1,
+                "cuLaunchKernel: an illegal address (plexus' CUDA kernels are unavailable: )",
+            )))
         });
         let message = failed.expect_err("a launch failure must not fall back");
         let text = message.downcast_ref::<String>().cloned().unwrap_or_default();
         assert!(text.contains("illegal address"), "{text}");
         assert!(!choice::cuda_kernels_unavailable());
-        let oom =
-            std::panic::catch_unwind(|| cuda_result(Err(anyhow::anyhow!("CUDA out of memory. Tried to allocate"))));
+        let oom = std::panic::catch_unwind(|| {
+            cuda_result::<Tensor>(Err(anyhow::anyhow!("CUDA out of memory. Tried to allocate")))
+        });
         let text = oom.expect_err("out of memory").downcast_ref::<String>().cloned().unwrap_or_default();
         assert!(text.contains("data.batch_size"), "the out-of-memory advice: {text}");
     }
