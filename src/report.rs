@@ -336,7 +336,7 @@ struct Shown {
 
 impl Shown {
     fn of(r: &crate::study::StudyReport, i: usize) -> Shown {
-        Shown { percent: is_accuracy(&r.metrics[i]), log: r.log_scale[i] }
+        Shown { percent: crate::study::in_percent(&r.metrics[i]), log: r.log_scale[i] }
     }
 
     /// The metric's column title: its name, with `(%)` or `(geometric)`.
@@ -389,11 +389,6 @@ impl Shown {
         let f = |v: f64| if of_diff { self.diff(v) } else { self.value(v) };
         ci.map_or("—".into(), |(lo, hi)| format!("[{}, {}]", f(lo), f(hi)))
     }
-}
-
-/// Accuracies are shown in percent (`eval.accuracy`, `best.eval.accuracy`, `analysis.…accuracy`).
-fn is_accuracy(metric: &str) -> bool {
-    metric.ends_with("accuracy") || metric.ends_with("accuracy_drop")
 }
 
 /// A p-value: `<0.001`, else three decimals.
@@ -547,7 +542,10 @@ fn study_markdown_of(r: &crate::study::StudyReport, full: bool) -> String {
 fn claim_cells(c: &crate::study::claims::ClaimResult) -> (Shown, [String; 4], [String; 2]) {
     use crate::study::claims::Scale;
     let cl = &c.claim;
-    let sh = Shown { percent: cl.scale == Scale::Linear && is_accuracy(&cl.metric), log: cl.scale == Scale::Log };
+    let sh = Shown {
+        percent: cl.scale == Scale::Linear && crate::study::in_percent(&cl.metric),
+        log: cl.scale == Scale::Log,
+    };
     let head = [
         md_cell(&cl.id),
         md_cell(&cl.source),

@@ -14,7 +14,7 @@ pub fn band_curves(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for name in &r.curves {
         // A loss spanning decades is drawn on a log axis, its band in log space.
-        let percent = name.ends_with("accuracy");
+        let percent = study::in_percent(name);
         let scale = |band: Vec<(f64, f64, f64, f64)>| match percent {
             true => band.into_iter().map(|(x, m, lo, hi)| (x, 100.0 * m, 100.0 * lo, 100.0 * hi)).collect(),
             false => band,
@@ -99,7 +99,7 @@ pub fn claim_figures(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
         let cl = &c.claim;
         let log = cl.scale == Scale::Log;
         // Accuracies in percent, as the tables show them.
-        let unit = match !log && cl.metrics().iter().all(|m| m.ends_with("accuracy")) {
+        let unit = match !log && cl.metrics().iter().all(|m| study::in_percent(m)) {
             true => 100.0,
             false => 1.0,
         };

@@ -331,6 +331,11 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
     Ok(StudyReport { by, metrics, log_scale, baseline, groups, runs, unfinished, curves, missing, claims })
 }
 
+/// Whether `metric` is an accuracy (or a drop of one), which tables and figures show in percent.
+pub fn in_percent(metric: &str) -> bool {
+    metric.ends_with("accuracy") || metric.ends_with("accuracy_drop")
+}
+
 /// The curve `name` of a group over its runs: at each step every run logged, the mean and the
 /// mean ± one standard deviation, as `(step, mean, low, high)`. With `log`, the same in log space
 /// (geometric mean, × and ÷ the geometric standard deviation), for curves drawn on a log axis
