@@ -21,9 +21,10 @@
 //
 // `m` runs over the flattened leading dimensions (batch, tokens); the mixing weights either have
 // them too (dynamic, input-dependent mixing: Mr = M) or not (static mixing: Mr = 1, the gradient
-// is then summed over the tokens). The backward of sinkhorn recomputes the forward iterates of a
-// block of tokens and differentiates through them by hand, saving only the logits for backward
-// where autograd would keep 2·iters [M, n, n] tensors.
+// is then summed over the tokens). The backward of sinkhorn recomputes the forward of a group of
+// tokens, keeping its line sums, and walks back through them by hand, saving only the logits for
+// backward where autograd would keep 2·iters [M, n, n] tensors; its arithmetic is sinkhorn.cu's,
+// the CUDA kernels' (one lane per token here, one thread per token there).
 //
 // The row loops of the stream read, write and norm_project live in stream_rows.inc, built three
 // times: for baseline x86-64, for AVX2 + FMA and for AVX-512 (the last two with GCC on x86-64).
@@ -73,7 +74,11 @@ double cpu_scalar(const at::Tensor& t) {
   return t.to(at::kDouble).contiguous().const_data_ptr<double>()[0];
 }
 
-// The row loops, once per instruction set (see stream_rows.inc).
+// The row loops, once per instruction set (see stream_rows.inc); the Sinkhorn's arithmetic among
+// them is sinkhorn.cu's, compiled as host code.
+#define PLEXUS_KERNELS_ON_HOST
+#include "cuda_prelude.cuh"
+
 #define PLEXUS_VECTOR_BYTES 16
 namespace isa_baseline {
 #include "stream_rows.inc"
@@ -396,114 +401,65 @@ struct StreamWrite : public torch::autograd::Function<StreamWrite> {
 };
 
 // ----------------------------------------------------------------------------------------------
-// sinkhorn: alternate row and column normalisation of exp(logits), on blocks of kBlock tokens laid
-// out entry-major (x[e·kBlock + w] = entry e = i·n + j of token w), so every step is a loop over
-// the block's tokens that the compiler vectorises.
-//
-// Normalising the rows of exp(L) first makes the result independent of a per-row shift of L, so
-// exp(L - rowmax) gives the same matrix without overflow; the gradient of that shift is zero. A row
-// or column sum of 0 (every entry underflowed, logits ~87 (fp32) below their row maximum) is taken
-// as 1, so such a line stays 0 instead of becoming NaN.
+// sinkhorn for any n (the register-resident loops of stream_rows.inc take n = 2, 4, 8): blocks of
+// kBlock tokens, each matrix entry a vector of the block's tokens (`Lanes`, one lane per token, as
+// wide as the baseline build splits into its registers), through sinkhorn.cu's arithmetic with n at
+// run time — the CUDA kernels' and the register-resident loops' arithmetic, lane by lane.
 
 constexpr int64_t kBlock = 16;
 
 template <typename T>
 struct SinkhornBlock {
-  int64_t n, iters;
-  // Whether every iterate is kept (for the backward); without, two states alternate and the
-  // block's working set stays in L1.
+  typedef T Lanes __attribute__((vector_size(kBlock * sizeof(T))));
+  int n, iters;
+  // Whether the line sums are kept (for the backward); without, one slot takes them all.
   bool keep;
-  // states[k]: the matrix after k normalisation steps (k = 0: exp(L - rowmax)), 2·iters + 1 of them
-  // (or 2, alternating).
-  std::vector<T> states;
-  // sums[k]: 1 / the n row (k even) or column (k odd) sums that step k+1 divided by (or 1 slot).
-  std::vector<T> sums;
+  // x (the state, n² entries), then with `keep` x0 (the first state, kept where the GPU recomputes
+  // it), g (the gradient, n²) and the line sums (2·iters·n), in `storage`, aligned by hand:
+  // std::allocator does not honour a vector type's alignment.
+  std::vector<T> storage;
+  Lanes* x;
+  Lanes* x0;
+  Lanes* g;
+  Lanes* sums;
+  std::vector<T> token;  // one token's n² values, for sinkhorn_load
 
   SinkhornBlock(int64_t n_, int64_t iters_, bool keep_)
-      : n(n_),
-        iters(iters_),
+      : n(static_cast<int>(n_)),
+        iters(static_cast<int>(iters_)),
         keep(keep_),
-        states((keep_ ? 2 * iters_ + 1 : 2) * n_ * n_ * kBlock),
-        sums((keep_ ? 2 * iters_ : 1) * n_ * kBlock) {}
+        storage(((keep_ ? 3 * n_ * n_ + 2 * iters_ * n_ : n_ * n_) + 1) * kBlock),
+        token(n_ * n_) {
+    const auto base = reinterpret_cast<std::uintptr_t>(storage.data());
+    x = reinterpret_cast<Lanes*>((base + sizeof(Lanes) - 1) / sizeof(Lanes) * sizeof(Lanes));
+    x0 = keep ? x + n * n : nullptr;
+    g = keep ? x0 + n * n : nullptr;
+    sums = keep ? g + n * n : nullptr;
+  }
 
-  T* state(int64_t k) { return states.data() + (keep ? k : k % 2) * n * n * kBlock; }
-  T* sum(int64_t k) { return sums.data() + (keep ? k : 0) * n * kBlock; }
-
-  // Entry (i, j) of a state, as a pointer to its kBlock tokens.
-  static T* at_(T* x, int64_t n, int64_t i, int64_t j) { return x + (i * n + j) * kBlock; }
-
-  // Loads tokens [m0, m0 + cnt) of `logits` ([M, n, n]) and runs the iterations.
+  // Loads tokens [m0, m0 + cnt) of `logits` ([M, n, n]) and runs the iterations; x is then P.
   void forward(const T* logits, int64_t m0, int64_t cnt) {
-    const int64_t nn = n * n;
-    T* x = state(0);
-    for (int64_t e = 0; e < nn; ++e) {
-      for (int64_t w = 0; w < kBlock; ++w) x[e * kBlock + w] = w < cnt ? logits[(m0 + w) * nn + e] : T(0);
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      T mx[kBlock];
-      for (int64_t w = 0; w < kBlock; ++w) mx[w] = at_(x, n, i, 0)[w];
-      for (int64_t j = 1; j < n; ++j) {
-        for (int64_t w = 0; w < kBlock; ++w) mx[w] = std::max(mx[w], at_(x, n, i, j)[w]);
-      }
-      for (int64_t j = 0; j < n; ++j) {
-        T* xe = at_(x, n, i, j);
-        for (int64_t w = 0; w < kBlock; ++w) xe[w] = std::exp(xe[w] - mx[w]);
-      }
-    }
-    for (int64_t k = 0; k < 2 * iters; ++k) {
-      const bool rows = k % 2 == 0;
-      T* src = state(k);
-      T* dst = state(k + 1);
-      for (int64_t a = 0; a < n; ++a) {
-        // line a: row a (rows) or column a (columns); accumulated in a local array, which the
-        // compiler knows aliases nothing, so every loop over the block's tokens vectorises.
-        T inv[kBlock] = {};
-        for (int64_t b = 0; b < n; ++b) {
-          const T* __restrict xe = rows ? at_(src, n, a, b) : at_(src, n, b, a);
-          for (int64_t w = 0; w < kBlock; ++w) inv[w] += xe[w];
-        }
-        // Kept as 1/sum: one division per line and token, then multiplications.
-        for (int64_t w = 0; w < kBlock; ++w) inv[w] = inv[w] > T(0) ? T(1) / inv[w] : T(1);
-        std::copy(inv, inv + kBlock, sum(k) + a * kBlock);
-        for (int64_t b = 0; b < n; ++b) {
-          const T* __restrict xe = rows ? at_(src, n, a, b) : at_(src, n, b, a);
-          T* __restrict ye = rows ? at_(dst, n, a, b) : at_(dst, n, b, a);
-          for (int64_t w = 0; w < kBlock; ++w) ye[w] = xe[w] * inv[w];
-        }
-      }
+    isa_baseline::sinkhorn_load<T, 0>(logits, m0, cnt, x, n, token.data());
+    if (keep) {
+      std::copy(x, x + n * n, x0);
+      isa_baseline::plexus_sinkhorn::iterate_keeping_sums<T, 0>(x, sums, 1, n, iters);
+    } else {
+      isa_baseline::plexus_sinkhorn::iterate<T, 0>(x, n, iters);
     }
   }
 
-  // Given the forward of this block, turns g (the gradient of the final state, entry-major) into
+  // After `forward` with `keep`: turns g (the gradient of P, n² entries, set by the caller) into
   // the gradient of the logits, in place.
-  void backward(T* g) {
-    for (int64_t k = 2 * iters - 1; k >= 0; --k) {
-      const bool rows = k % 2 == 0;
-      T* y = state(k + 1);
-      // y = x / s along each line: dx = (dy - <dy, y>_line) / s
-      for (int64_t a = 0; a < n; ++a) {
-        T inv[kBlock], dotv[kBlock] = {};
-        std::copy(sum(k) + a * kBlock, sum(k) + (a + 1) * kBlock, inv);
-        for (int64_t b = 0; b < n; ++b) {
-          const T* __restrict ye = rows ? at_(y, n, a, b) : at_(y, n, b, a);
-          const T* __restrict ge = rows ? at_(g, n, a, b) : at_(g, n, b, a);
-          for (int64_t w = 0; w < kBlock; ++w) dotv[w] += ge[w] * ye[w];
-        }
-        for (int64_t b = 0; b < n; ++b) {
-          T* __restrict ge = rows ? at_(g, n, a, b) : at_(g, n, b, a);
-          for (int64_t w = 0; w < kBlock; ++w) ge[w] = (ge[w] - dotv[w]) * inv[w];
-        }
-      }
-    }
-    // x0 = exp(L - rowmax): dL = dx0 · x0
-    const T* x0 = state(0);
-    for (int64_t e = 0; e < n * n * kBlock; ++e) g[e] *= x0[e];
+  void backward() {
+    isa_baseline::plexus_sinkhorn::iterate_backward<T, 0>(x, g, sums, 1, n, iters);
+    isa_baseline::plexus_sinkhorn::exp_rows_backward<0>(g, x0, n);
   }
 };
 
-// Scratch per block of tokens: (2·iters + 1)·n² + 2·iters·n values per token. Larger problems
-// (many streams and iterations) are refused; the caller then uses the composite version.
-int64_t sinkhorn_scratch(int64_t n, int64_t iters) { return ((2 * iters + 1) * n * n + 2 * iters * n) * kBlock; }
+// Scratch per block of tokens in the backward: 3·n² + 2·iters·n values per token (the state, the
+// first state, the gradient and the line sums). Larger problems (many streams and iterations) are
+// refused; the caller then uses the composite version.
+int64_t sinkhorn_scratch(int64_t n, int64_t iters) { return (3 * n * n + 2 * iters * n) * kBlock; }
 constexpr int64_t kMaxSinkhornScratch = int64_t{1} << 22;
 // Tokens per parallel task of the register-resident loops (each token is 2·iters·n² operations).
 constexpr int64_t kSinkhornGrain = 64;
@@ -533,9 +489,8 @@ struct Sinkhorn : public torch::autograd::Function<Sinkhorn> {
           for (int64_t bi = b; bi < e; ++bi) {
             const int64_t m0 = bi * kBlock, cnt = std::min(kBlock, m - m0);
             blk.forward(lp, m0, cnt);
-            const scalar_t* x = blk.state(2 * iters);
             for (int64_t w = 0; w < cnt; ++w) {
-              for (int64_t e2 = 0; e2 < n * n; ++e2) op[(m0 + w) * n * n + e2] = x[e2 * kBlock + w];
+              for (int64_t e2 = 0; e2 < n * n; ++e2) op[(m0 + w) * n * n + e2] = blk.x[e2][w];
             }
           }
         });
@@ -569,18 +524,17 @@ struct Sinkhorn : public torch::autograd::Function<Sinkhorn> {
         const int64_t blocks = (m + kBlock - 1) / kBlock;
         at::parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
           SinkhornBlock<scalar_t> blk(n, iters, /*keep=*/true);
-          std::vector<scalar_t> gb(n * n * kBlock);
           for (int64_t bi = b; bi < e; ++bi) {
             const int64_t m0 = bi * kBlock, cnt = std::min(kBlock, m - m0);
             blk.forward(lp, m0, cnt);
             for (int64_t e2 = 0; e2 < n * n; ++e2) {
               for (int64_t w = 0; w < kBlock; ++w) {
-                gb[e2 * kBlock + w] = w < cnt ? gp[(m0 + w) * n * n + e2] : scalar_t(0);
+                blk.g[e2][w] = w < cnt ? gp[(m0 + w) * n * n + e2] : scalar_t(0);
               }
             }
-            blk.backward(gb.data());
+            blk.backward();
             for (int64_t w = 0; w < cnt; ++w) {
-              for (int64_t e2 = 0; e2 < n * n; ++e2) glp[(m0 + w) * n * n + e2] = gb[e2 * kBlock + w];
+              for (int64_t e2 = 0; e2 < n * n; ++e2) glp[(m0 + w) * n * n + e2] = blk.g[e2][w];
             }
           }
         });
@@ -600,7 +554,7 @@ struct Sinkhorn : public torch::autograd::Function<Sinkhorn> {
     check_cpu_float(logits, "logits", logits.scalar_type());
     const int64_t n = logits.size(-1);
     if (iters < 1 || sinkhorn_scratch(n, iters) > kMaxSinkhornScratch) {
-      throw std::invalid_argument("the fused sinkhorn takes 1 ≤ iters and (2·iters + 1)·n² ≤ " +
+      throw std::invalid_argument("the fused sinkhorn takes 1 ≤ iters and 3·n² + 2·iters·n ≤ " +
                                   std::to_string(kMaxSinkhornScratch / kBlock) + " (n = " + std::to_string(n) +
                                   ", iters = " + std::to_string(iters) + ")");
     }

@@ -328,6 +328,42 @@ mod tests {
         }
     }
 
+    /// One arithmetic (`native/src/sinkhorn.cu`): the fused CPU loops — the register-resident ones
+    /// (n = 2, 4, 8) and the block loops (any other n) — and the CUDA kernels' host build give the
+    /// same bits, value and gradient, fp32 and fp64, for every n the kernels take, on token counts
+    /// that leave partial vectors and blocks. Exact in the baseline build, where neither side can
+    /// fuse a multiply-add. The wider instruction sets contract the backward's dot products
+    /// ⟨g, y⟩ into FMAs: the same value, and a gradient that differs by at most one rounding of
+    /// each of a line's n products per normalisation, 2·iters·n·u·max|g| in all (u the unit
+    /// roundoff; the walk back does not amplify it, its steps scale by line sums of a
+    /// doubly-stochastic matrix).
+    #[test]
+    fn the_cpu_loops_and_the_cuda_kernels_run_one_sinkhorn() {
+        tch::manual_seed(3);
+        for isa in native::kernel_isas() {
+            for n in 1..=native::CUDA_KERNELS_MAX_STREAMS as i64 {
+                for (iters, tokens) in [(20, 37), (3, 5)] {
+                    for (kind, u) in [(Kind::Float, f64::from(f32::EPSILON) / 2.0), (Kind::Double, f64::EPSILON / 2.0)]
+                    {
+                        let logits =
+                            (Tensor::randn([tokens, n, n], (Kind::Double, tch::Device::Cpu)) * 1.5).to_kind(kind);
+                        let g = Tensor::randn([tokens, n, n], (Kind::Double, tch::Device::Cpu)).to_kind(kind);
+                        let (p_cpu, g_cpu) = native::with_kernel_isa(isa, || {
+                            value_and_grad(|l| native::sinkhorn_fused(l, iters).unwrap(), &logits, &g)
+                        });
+                        let (p_k, g_k) = native::sinkhorn_cuda_host(&logits, Some(&g), iters).unwrap();
+                        let (dp, dg) = (max_diff(&p_cpu, &p_k), max_diff(&g_cpu, &g_k.unwrap()));
+                        let what = format!("{} n={n} iters={iters} {kind:?}", isa.name());
+                        assert_eq!(dp, 0.0, "{what}: the values differ by {dp:e}");
+                        let fma_bound = (2 * iters) as f64 * n as f64 * u * max_diff(&g, &g.zeros_like());
+                        let bound = if isa == native::KernelIsa::Baseline { 0.0 } else { fma_bound };
+                        assert!(dg <= bound, "{what}: the gradients differ by {dg:e} (allowed {bound:e})");
+                    }
+                }
+            }
+        }
+    }
+
     /// No tokens (an empty batch slice): both loops return empty values and gradients.
     #[test]
     fn the_fused_sinkhorn_takes_zero_tokens() {
