@@ -26,12 +26,13 @@
 //! Determinism: initialisation is seeded; the environments, exploration noise, replay sampling
 //! and the actor's reparameterisation noise come from host generators seeded by `seed`; so the
 //! same config gives the same `metrics.csv` on the CPU (up to the `seconds` column).
-//! Host reads: one per environment step (the actions), one per rollout (the divergence check: every
-//! update's losses and the parameters) and one per logged row (the losses).
+//! Host reads: one per environment step (the actions), two per rollout (the divergence check: the
+//! record of the update statistics and the parameters) and one per logged row (the losses).
 //!
 //! A run whose losses or parameters go non-finite stops at the end of that rollout, naming the
 //! update, the losses and the first parameter that are not finite; no checkpoint is written after
-//! it. Every file a resume reads is covered by the checkpoint marker's CRC-32s.
+//! it. Every update's statistics go through `plexus train`'s divergence guard
+//! ([`crate::train::divergence`]), which keeps the first non-finite update on the device. Every file a resume reads is covered by the checkpoint marker's CRC-32s.
 
 use super::config::RlExperiment;
 use super::crl::{normals, Agent, UPDATE_STATS};
@@ -40,6 +41,7 @@ use super::replay::Replay;
 use super::RlRng;
 use crate::run_dir::{atomic_write, atomic_write_with, RunDir};
 use crate::train::checkpoint::{self, TrainerState};
+use crate::train::divergence::DivergenceGuard;
 use crate::train::lifecycle;
 use anyhow::{Context, Result};
 use rand::{Rng, SeedableRng};
@@ -157,32 +159,20 @@ fn new_replay(exp: &RlExperiment) -> Result<Replay> {
     Replay::new(t_len, episodes).with_context(|| format!("{}: train.replay_episodes = {episodes}", exp.file.display()))
 }
 
-/// Whether the updates of a rollout diverged: `stats` holds each update's [`UPDATE_STATS`] `[5]`
-/// (the first is update `first_update`), read once together with a check of the parameters.
-/// Returns what went non-finite, for the error.
-fn divergence(stats: &[tch::Tensor], first_update: u64, agent: &Agent) -> Option<String> {
-    if stats.is_empty() {
-        return None;
-    }
-    let finite = tch::Tensor::stack(stats, 0).isfinite();
+/// Whether the updates so far diverged: `guard` watched each update's [`UPDATE_STATS`]; the
+/// parameters are checked too, for the updates `updates` (this rollout's). Returns what went
+/// non-finite, for the error.
+fn divergence(guard: &DivergenceGuard, updates: std::ops::RangeInclusive<u64>, agent: &Agent) -> Option<String> {
+    let stats = guard.read();
     let params = agent.vs.variables();
-    if crate::host::scalar(&finite.all()) != 0.0 && checkpoint::first_non_finite(&params).is_none() {
+    let param = checkpoint::first_non_finite(&params);
+    if stats.is_none() && param.is_none() {
         return None;
     }
-    let rows = crate::host::matrix(&finite.to_kind(tch::Kind::Float));
-    let param = checkpoint::first_non_finite(&params)
-        .map(|p| format!("; the first parameter that is not finite is `{p}`"))
-        .unwrap_or_default();
-    Some(match rows.rows().into_iter().position(|r| r.iter().any(|v| *v == 0.0)) {
-        Some(i) => {
-            let names: Vec<&str> =
-                rows.row(i).iter().zip(UPDATE_STATS).filter(|(v, _)| **v == 0.0).map(|(_, n)| n).collect();
-            format!("update {}: {} went non-finite{param}", first_update + i as u64, names.join(", "))
-        }
-        None => format!(
-            "the parameters went non-finite in updates {first_update}..={}{param}",
-            first_update + stats.len() as u64 - 1
-        ),
+    let param = param.map(|p| format!("; the first parameter that is not finite is `{p}`")).unwrap_or_default();
+    Some(match stats {
+        Some(d) => format!("update {}: {} went non-finite{param}", d.index, d.what.join(", ")),
+        None => format!("the parameters went non-finite in updates {}..={}{param}", updates.start(), updates.end()),
     })
 }
 
@@ -398,6 +388,7 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
             if opts.resume { format!("; resumed at {env_steps} environment steps") } else { String::new() }
         );
     }
+    let mut guard = DivergenceGuard::new(&UPDATE_STATS, device);
     while env_steps < t.env_steps {
         // One rollout: an episode of every environment.
         let random = env_steps < t.prefill_env_steps;
@@ -425,20 +416,20 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
 
         if env_steps >= t.prefill_env_steps {
             let first_update = updates + 1;
-            let mut rollout_stats = Vec::with_capacity(t.updates_per_rollout);
             for _ in 0..t.updates_per_rollout {
                 let batch = replay.sample(t.batch_size, cfg.crl.discount, &mut rng);
                 let eps = normals(&mut rng, 2 * t.batch_size);
                 let s = agent.update(&batch, &eps, t.lr);
-                rollout_stats.push(s.shallow_clone());
+                updates += 1;
+                guard.at(updates);
+                guard.record(&[&s]);
                 stats = Some(match stats.take() {
                     Some(acc) => acc + s,
                     None => s,
                 });
-                updates += 1;
                 stat_updates += 1;
             }
-            if let Some(what) = divergence(&rollout_stats, first_update, &agent) {
+            if let Some(what) = divergence(&guard, first_update..=updates, &agent) {
                 anyhow::bail!(
                     "{}: {what} (in the rollout that ended at {env_steps} environment steps); metrics up to here are \
                      in {}, and no checkpoint after the divergence was written (lower train.lr, or set \

@@ -8,6 +8,7 @@
 //! `metrics.csv` as an uninterrupted one.
 
 pub mod checkpoint;
+pub mod divergence;
 pub mod eval;
 pub mod lifecycle;
 pub mod optim;
@@ -353,7 +354,7 @@ fn diverged(
     dir: &RunDir,
     log: &RunLog,
     t: &Stepper,
-    (first, what, now): (u64, step::NonFinite, u64),
+    (first, what, now): (u64, &str, u64),
     main: bool,
 ) -> anyhow::Error {
     if main {
@@ -361,10 +362,6 @@ fn diverged(
             return e;
         }
     }
-    let what = match what {
-        step::NonFinite::Loss => "the loss",
-        step::NonFinite::Gradient => "the gradient",
-    };
     anyhow::anyhow!(
         "{}: step {first}: {what} went non-finite: {}; metrics up to here are in {}, and no checkpoint after the \
          divergence was kept",

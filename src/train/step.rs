@@ -5,12 +5,17 @@
 //! recorded there (step and kind) by [`Stepper::step`]. The trainer reads all of it in one read
 //! ([`Stepper::read`]) on logging and checkpoint steps only. See `crate::host`.
 
+use super::divergence::DivergenceGuard;
 use super::optim::Optim;
 use crate::config::CudaGraphs;
 use crate::data::{Batch, DeviceTransform, InputTransform, Task};
 use crate::dist::Dist;
 use crate::model::Model;
 use tch::{Device, Kind, Tensor};
+
+/// The numbers whose first non-finite step the step records, in the order a divergence names
+/// them: a non-finite loss is what to report, even where the gradient went with it.
+const WATCHED: &[&str] = &["the loss", "the gradient"];
 
 /// What a step leaves on the device.
 pub struct StepStats {
@@ -30,8 +35,9 @@ pub struct Logged {
     pub loss: f64,
     pub grad_norm: f64,
     pub gamma: Option<f64>,
-    /// The first step whose loss or gradient was non-finite, if any, and what went non-finite.
-    pub diverged: Option<(u64, NonFinite)>,
+    /// The first step whose loss or gradient was non-finite, if any, and what went non-finite
+    /// ("the loss", or "the gradient" where the loss stayed finite).
+    pub diverged: Option<(u64, &'static str)>,
 }
 
 impl Logged {
@@ -40,12 +46,6 @@ impl Logged {
         let (loss, grad_norm, gamma) = (self.loss, self.grad_norm, self.gamma);
         crate::run_dir::MetricsRow { step, epoch, loss, lr, grad_norm, gamma }
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NonFinite {
-    Loss,
-    Gradient,
 }
 
 /// How the step runs: eagerly, or captured once as CUDA graphs and replayed.
@@ -94,10 +94,9 @@ pub struct Stepper {
     pub clip: Option<f64>,
     pub device: Device,
     transform: DeviceTransform,
-    /// `[first non-finite step or −1, 1 = loss | 2 = gradient]`, int64 on the device.
-    divergence: Tensor,
-    /// The step's index, 0-dim int64 on the device (the divergence record reads it).
-    step_index: Tensor,
+    /// The first step whose loss or gradient norm went non-finite, on the device; its index
+    /// tensor holds the step's index.
+    divergence: DivergenceGuard,
     /// The step's raw micro-batches, on the device: copied in before each step.
     inputs: Vec<Batch>,
     /// Mean loss of the last step, 0-dim f64; global gradient norm before clipping, 0-dim fp32.
@@ -126,7 +125,7 @@ impl Stepper {
         transform: &InputTransform,
     ) -> Self {
         let device = model.vs.device();
-        let divergence = Tensor::from_slice(&[-1i64, 0]).to_device(device);
+        let divergence = DivergenceGuard::new(WATCHED, device);
         Self {
             model,
             optim,
@@ -136,7 +135,6 @@ impl Stepper {
             device,
             transform: transform.on(device),
             divergence,
-            step_index: Tensor::zeros([], (Kind::Int64, device)),
             inputs: Vec::new(),
             loss: Tensor::zeros([], (Kind::Double, device)),
             grad_norm: Tensor::zeros([], (Kind::Float, device)),
@@ -314,9 +312,7 @@ impl Stepper {
             self.execution = Execution::Eager;
             self.note = Some(format!("CUDA graph: off from step {step} (the batch shape changed); eager steps"));
         }
-        tch::no_grad(|| {
-            let _ = self.step_index.fill_(step as i64);
-        });
+        self.divergence.at(step);
         let Some(lr) = lr else {
             // A measuring step (the last one): no update, eager.
             self.run(false)?;
@@ -469,7 +465,7 @@ impl Stepper {
         let grad_norm = self.optim.grad_norm();
         tch::no_grad(|| self.grad_norm.copy_(&grad_norm));
         let loss = self.loss.shallow_clone();
-        self.record_divergence(&loss, &grad_norm);
+        self.divergence.record(&[&loss, &grad_norm]);
         if update {
             if let Some(max) = self.clip {
                 self.optim.clip(&grad_norm, max);
@@ -488,28 +484,14 @@ impl Stepper {
             out.push((format!("target{i}"), b.target.shallow_clone()));
         }
         for (name, t) in [
-            ("step_index", &self.step_index),
+            ("step_index", self.divergence.index_tensor()),
             ("loss", &self.loss),
             ("grad_norm", &self.grad_norm),
-            ("divergence", &self.divergence),
+            ("divergence", self.divergence.record_tensor()),
         ] {
             out.push((name.to_string(), t.shallow_clone()));
         }
         out
-    }
-
-    /// Keeps the first step whose loss (1) or gradient norm (2) is non-finite, on the device, in
-    /// place.
-    fn record_divergence(&mut self, loss: &Tensor, grad_norm: &Tensor) {
-        tch::no_grad(|| {
-            let code =
-                Tensor::where_scalar(&grad_norm.isfinite(), 0i64, 2i64).where_scalarother(&loss.isfinite(), 1i64);
-            let bad_step = self.step_index.where_scalarother(&code.gt(0), -1i64);
-            let now = Tensor::stack(&[bad_step, code], 0);
-            let seen = self.divergence.get(0).ge(0);
-            let kept = self.divergence.where_self(&seen, &now);
-            self.divergence.copy_(&kept);
-        })
     }
 
     /// Reads a step's loss and gradient norm, the divergence record and Γ (if the topology has
@@ -529,16 +511,16 @@ impl Stepper {
         let mut parts = vec![
             loss.to_kind(Kind::Double),
             stats.grad_norm.to_kind(Kind::Double),
-            self.divergence.to_kind(Kind::Double),
+            self.divergence.record_tensor().to_kind(Kind::Double),
         ];
         if let Some(g) = &gamma {
             parts.push(g.to_kind(Kind::Double).to_device(self.device).view([1]));
         }
         let parts: Vec<Tensor> = parts.iter().map(|t| t.view([-1])).collect();
         let v = crate::host::values(&Tensor::cat(&parts, 0));
-        let diverged =
-            (v[2] >= 0.0).then(|| (v[2] as u64, if v[3] == 1.0 { NonFinite::Loss } else { NonFinite::Gradient }));
-        Ok(Logged { loss: v[0], grad_norm: v[1], gamma: gamma.map(|_| v[4]), diverged })
+        let record = &v[2..2 + WATCHED.len() + 1];
+        let diverged = self.divergence.decode(record).map(|d| (d.index, d.first()));
+        Ok(Logged { loss: v[0], grad_norm: v[1], gamma: gamma.map(|_| v[3 + WATCHED.len()]), diverged })
     }
 
     /// Names what went non-finite, for the error of a run that diverged at `first` and was found
