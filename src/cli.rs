@@ -332,9 +332,11 @@ pub enum Cmd {
     List,
     /// Goal-conditioned contrastive RL on the point maze (ANCRe §5.3): train each config (a
     /// directory stands for its *.yaml files) and draw success rate against environment steps;
-    /// with --plot, only draw the figure for finished run directories.
+    /// with --plot, only draw the figure for finished run directories; with --eval, evaluate them
+    /// again on held-out tasks.
     #[command(
-        after_help = "Examples:\n  plexus rl configs/crl-maze/cpu --out runs/crl\n  plexus rl --plot runs/crl/*"
+        after_help = "Examples:\n  plexus rl configs/crl-maze/cpu --out runs/crl\n  plexus rl --plot runs/crl/*\n  \
+                      plexus rl --eval runs/crl/* --episodes 2000"
     )]
     Rl {
         /// Config files or directories of configs to train; with --plot, run directories.
@@ -342,7 +344,7 @@ pub enum Cmd {
         inputs: Vec<PathBuf>,
         /// Continue the run in this directory from its latest checkpoint, with its own config
         /// (`--set train.env_steps=N` extends it; other keys may not change).
-        #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["inputs", "out", "overwrite", "plot"])]
+        #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["inputs", "out", "overwrite", "plot", "eval"])]
         resume: Option<PathBuf>,
         /// Run directory (one config) or parent of the runs (several); with --plot, the figure
         /// directory. Default: `runs/<name>`.
@@ -360,6 +362,13 @@ pub enum Cmd {
         /// Only draw the success figure of existing run directories.
         #[arg(long, conflicts_with_all = ["overrides", "overwrite"])]
         plot: bool,
+        /// Evaluate finished runs again: each final policy, the straight-line walker and the
+        /// random policy on --episodes tasks the run never saw (writes held_out_eval.json).
+        #[arg(long, conflicts_with_all = ["overrides", "overwrite", "plot", "out"])]
+        eval: bool,
+        /// Tasks of --eval, one episode each.
+        #[arg(long, default_value_t = 1000, requires = "eval")]
+        episodes: usize,
         /// No per-evaluation lines on stderr.
         #[arg(long)]
         quiet: bool,
@@ -545,7 +554,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Rl { resume: Some(run), overrides, device, quiet, .. } => {
             commands::rl_resume(&run, &with_device(overrides, device), quiet)
         }
-        Cmd::Rl { inputs, out, overrides, device, overwrite, plot, quiet, resume: None } => {
+        Cmd::Rl { inputs, eval: true, episodes, device, .. } => commands::rl_eval(&inputs, episodes, device.as_deref()),
+        Cmd::Rl { inputs, out, overrides, device, overwrite, plot, quiet, resume: None, .. } => {
             commands::rl_run(&inputs, out.as_deref(), &with_device(overrides, device), overwrite, plot, quiet)
         }
         Cmd::List => {

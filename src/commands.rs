@@ -320,6 +320,26 @@ pub fn rl_run(
     Ok(())
 }
 
+/// `plexus rl --eval RUN_DIR... [--episodes N]`: each finished run's final policy, the
+/// straight-line walker and the random policy on the same `episodes` tasks the run never saw;
+/// a table on stdout, and `held_out_eval.json` in each run directory.
+pub fn rl_eval(runs: &[PathBuf], episodes: usize, device: Option<&str>) -> Result<()> {
+    anyhow::ensure!(episodes >= 1, "--episodes must be at least 1");
+    let device = device
+        .map(|d| crate::device::parse_device(d).map_err(anyhow::Error::msg).and_then(crate::device::resolve))
+        .transpose()?;
+    let mut rows = Vec::new();
+    for r in runs {
+        let run = crate::rl::trained::open(r, device)?;
+        let e = crate::rl::trained::held_out(&run, episodes);
+        let row = crate::report::RlHeldOutRow::new(&run.exp.config.name, r, &e);
+        crate::run_dir::atomic_write(&r.join("held_out_eval.json"), serde_json::to_string_pretty(&row)?.as_bytes())?;
+        rows.push(row);
+    }
+    crate::report::print_rl_held_out(&rows, episodes);
+    Ok(())
+}
+
 /// `plexus rl --resume RUN_DIR [--set train.env_steps=N]`: continues a run from its latest
 /// checkpoint with the config it was trained with (plus the overrides the trainer accepts).
 pub fn rl_resume(run: &Path, overrides: &[String], quiet: bool) -> Result<()> {

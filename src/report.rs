@@ -191,6 +191,85 @@ pub fn print_rl(rows: &[crate::rl::trainer::RlSummary]) {
     println!("(|b: on the evaluation tasks whose straight line to the goal crosses a wall, `blocked` of them)");
 }
 
+/// One run of `plexus rl --eval`: the final policy and the two baselines on the same held-out
+/// tasks, with 95 % intervals (success: Wilson; time at goal: over the tasks).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RlHeldOutRow {
+    pub run: String,
+    pub dir: String,
+    pub tasks: usize,
+    pub blocked_share: f64,
+    /// `[rate, low, high]` for the trained policy, the straight-line walker and the random policy.
+    pub success: [f64; 3],
+    pub straight_success: [f64; 3],
+    pub random_success: [f64; 3],
+    pub time_at_goal: [f64; 3],
+    pub straight_time_at_goal: [f64; 3],
+    /// Success on the tasks whose straight line crosses a wall.
+    pub success_blocked: [f64; 3],
+    pub straight_success_blocked: [f64; 3],
+}
+
+impl RlHeldOutRow {
+    pub fn new(name: &str, dir: &std::path::Path, e: &crate::rl::trained::HeldOut) -> Self {
+        use crate::rl::trained::{time_at_goal95, wilson95};
+        let rate = |ep: &crate::rl::trainer::Episodes, blocked: Option<bool>| {
+            let hits: Vec<bool> = ep
+                .reached
+                .iter()
+                .zip(&ep.blocked)
+                .filter(|(_, b)| blocked.is_none_or(|want| **b == want))
+                .map(|(r, _)| *r)
+                .collect();
+            let k = hits.iter().filter(|&&h| h).count();
+            let (lo, hi) = wilson95(k, hits.len());
+            [k as f64 / hits.len() as f64, lo, hi]
+        };
+        let time = |ep: &crate::rl::trainer::Episodes| {
+            let (m, lo, hi) = time_at_goal95(ep);
+            [m, lo, hi]
+        };
+        Self {
+            run: name.to_string(),
+            dir: dir.display().to_string(),
+            tasks: e.trained.reached.len(),
+            blocked_share: e.trained.blocked_share(),
+            success: rate(&e.trained, None),
+            straight_success: rate(&e.straight, None),
+            random_success: rate(&e.random, None),
+            time_at_goal: time(&e.trained),
+            straight_time_at_goal: time(&e.straight),
+            success_blocked: rate(&e.trained, Some(true)),
+            straight_success_blocked: rate(&e.straight, Some(true)),
+        }
+    }
+}
+
+/// The `plexus rl --eval` table: success and time at goal in percent with their 95 % intervals.
+pub fn print_rl_held_out(rows: &[RlHeldOutRow], tasks: usize) {
+    let pct = |v: [f64; 3]| format!("{:.1} [{:.1}, {:.1}]", 100.0 * v[0], 100.0 * v[1], 100.0 * v[2]);
+    println!(
+        "{:<32} {:>20} {:>20} {:>20} {:>20} {:>20} {:>8}",
+        "run", "success %", "at goal %", "straight %", "random %", "success|b %", "blocked"
+    );
+    for r in rows {
+        println!(
+            "{:<32} {:>20} {:>20} {:>20} {:>20} {:>20} {:>7.0}%",
+            r.run,
+            pct(r.success),
+            pct(r.time_at_goal),
+            pct(r.straight_success),
+            pct(r.random_success),
+            pct(r.success_blocked),
+            100.0 * r.blocked_share
+        );
+    }
+    println!(
+        "({tasks} held-out tasks per run, the same for every run of one seed; [95 % interval]; |b: on the tasks whose \
+         straight line to the goal crosses a wall, `blocked` of them)"
+    );
+}
+
 /// The correlation matrix of `plexus analyze --correlate` as CSV (`run,<run>,…` header, one row
 /// per run).
 pub fn correlation_csv(runs: &[std::path::PathBuf], m: &ndarray::Array2<f64>) -> String {

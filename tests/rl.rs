@@ -451,6 +451,73 @@ fn plexus_rl_resume_extends_a_run_from_the_command_line() {
     assert!(std::fs::read_to_string(run.join("config.yaml")).unwrap().contains("env_steps: 640"));
 }
 
+/// A finished run opens again with its final weights (`rl::trained::open`, the loader of `plexus
+/// train`'s runs): its policy on the run's own evaluation tasks gives the summary's final success
+/// and time at goal exactly. A run laid out as before 2026-11-27 (final weights in its root)
+/// opens the same; one without final weights says how far it got. `plexus rl --eval` evaluates
+/// it on held-out tasks and writes what it printed.
+#[test]
+fn a_finished_run_opens_with_its_final_weights_and_evaluates_on_held_out_tasks() {
+    use plexus::rl::trained;
+    let tmp = tempfile::tempdir().unwrap();
+    let exp = tiny("{kind: ancre, granularity: block}", &["log.checkpoint_every=160"]);
+    let dir = tmp.path().join("r");
+    let s = trainer::train(&exp, &dir, &RlOptions::default()).unwrap();
+    let (spec, seeds) = (exp.config.env.spec(), eval_seeds(exp.config.seed, exp.config.log.eval_envs));
+    let rates = |d: &Path| {
+        let run = trained::open(d, Some(tch::Device::Cpu)).unwrap();
+        trainer::evaluate(&spec, &seeds, |st, g| run.agent.act(st, g, None)).rates()
+    };
+    assert_eq!(rates(&dir), (s.success, s.time_at_goal));
+    // Every weight is the file's, and training moved them from the initialisation.
+    let run = trained::open(&dir, Some(tch::Device::Cpu)).unwrap();
+    let saved: std::collections::HashMap<String, Tensor> =
+        Tensor::read_safetensors(dir.join("checkpoints/final.safetensors")).unwrap().into_iter().collect();
+    let fresh =
+        plexus::device::with_seed(exp.config.seed, || Agent::new(&exp.config, exp.topology.as_ref(), tch::Device::Cpu));
+    let (vars, init) = (run.agent.vs.variables(), fresh.vs.variables());
+    assert_eq!(vars.len(), saved.len());
+    assert!(vars.iter().all(|(k, v)| v.equal(&saved[k])));
+    assert!(vars.iter().any(|(k, v)| !v.equal(&init[k])), "no weight moved from its initialisation");
+    // The layout of older runs.
+    let final_weights = dir.join("checkpoints/final.safetensors");
+    let legacy = tmp.path().join("legacy");
+    std::fs::create_dir(&legacy).unwrap();
+    std::fs::copy(dir.join("config.yaml"), legacy.join("config.yaml")).unwrap();
+    std::fs::copy(&final_weights, legacy.join("final.safetensors")).unwrap();
+    assert_eq!(rates(&legacy), (s.success, s.time_at_goal));
+    std::fs::remove_file(legacy.join("final.safetensors")).unwrap();
+    let e = trained::open(&legacy, Some(tch::Device::Cpu)).err().unwrap().to_string();
+    assert!(e.contains("final.safetensors is missing"), "{e}");
+    let e = trained::open(tmp.path(), None).err().unwrap().to_string();
+    assert!(e.contains("not a `plexus rl` run directory"), "{e}");
+    let unfinished = tmp.path().join("unfinished");
+    std::fs::create_dir_all(unfinished.join("checkpoints")).unwrap();
+    for f in std::fs::read_dir(dir.join("checkpoints")).unwrap() {
+        let f = f.unwrap().path();
+        if f.file_name().unwrap() != "final.safetensors" {
+            std::fs::copy(&f, unfinished.join("checkpoints").join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    std::fs::copy(dir.join("config.yaml"), unfinished.join("config.yaml")).unwrap();
+    let e = trained::open(&unfinished, Some(tch::Device::Cpu)).err().unwrap().to_string();
+    assert!(e.contains("latest checkpoint is at step 320") && e.contains("`plexus rl --resume"), "{e}");
+
+    let r = dir.to_str().unwrap();
+    let o = common::plexus(&["rl", "--eval", r, "--episodes", "40"], tmp.path());
+    let (out, err) = common::text(&o);
+    assert!(o.status.success(), "{out}{err}");
+    assert!(out.contains("40 held-out tasks"), "{out}");
+    let row: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("held_out_eval.json")).unwrap()).unwrap();
+    assert_eq!(row["tasks"], 40);
+    // The straight-line walker needs no weights: its numbers are those of the same tasks here.
+    let straight = trainer::straight_line_policy(&spec, &trained::held_out_seeds(exp.config.seed, 40)).rates().0;
+    assert_eq!(row["straight_success"][0].as_f64().unwrap(), straight);
+    let [rate, lo, hi] = [0, 1, 2].map(|i| row["success"][i].as_f64().unwrap());
+    assert!(lo <= rate && rate <= hi && (0.0..=1.0).contains(&lo) && hi <= 1.0, "{row}");
+}
+
 /// A learning rate that blows the networks up stops the run at the end of the rollout where it
 /// happened, naming the update, the losses and the first parameter that are not finite, with no
 /// checkpoint, final weights or summary after it (it used to exit 0 with every weight NaN).

@@ -8,6 +8,7 @@
 //! * [`net`]: Linear → LayerNorm → Swish encoders wired by a topology (sublayer or 4-layer blocks).
 //! * [`crl`]: the InfoNCE critic, the tanh-Gaussian actor and the update.
 //! * [`trainer`]: the loop, evaluation, `metrics.csv`, checkpoints; the figure is plot/rl.rs's.
+//! * [`trained`]: a finished run opened again (its final weights), evaluated on held-out tasks.
 //! * [`config`]: the strict YAML schema.
 //!
 //! Networks are built on the configured device and every tensor is made on the VarStore's device;
@@ -24,4 +25,5 @@ pub mod crl;
 pub mod env;
 pub mod net;
 pub mod replay;
+pub mod trained;
 pub mod trainer;

@@ -318,13 +318,14 @@ pub fn verify_weights(path: &Path, require_record: bool) -> Result<()> {
 }
 
 /// Loads the final weights `path` of the run `run` into `vs`: the file must exist (a missing one
-/// says how far the run got), match the checksum recorded when it was written (runs written
-/// before checksums have none), hold exactly the model's parameters, and be finite.
-pub fn load_final(vs: &mut tch::nn::VarStore, run: &RunDir, path: &Path) -> Result<()> {
+/// says how far the run got, and how to finish it: `trainer` is the verb that trained it, `train`
+/// or `rl`), match the checksum recorded when it was written (runs written before checksums have
+/// none), hold exactly the model's parameters, and be finite.
+pub fn load_final(vs: &mut tch::nn::VarStore, run: &RunDir, path: &Path, trainer: &str) -> Result<()> {
     if !path.is_file() {
         let how_far = match latest(run) {
             Ok(Some(s)) => format!(
-                "the run's latest checkpoint is at step {}; finish it with `plexus train --resume {}`",
+                "the run's latest checkpoint is at step {}; finish it with `plexus {trainer} --resume {}`",
                 s.step,
                 run.path.display()
             ),

@@ -59,6 +59,6 @@ pub fn open(path: &Path, o: &OpenOptions) -> Result<TrainedRun> {
     let mut model =
         crate::device::with_seed(cfg.seed, || Model::new(exp.model.as_ref(), exp.topology.as_ref(), device, compute));
     let weights = (o.weights)(&dir)?;
-    load_final(&mut model.vs, &dir, &weights)?;
+    load_final(&mut model.vs, &dir, &weights, "train")?;
     Ok(TrainedRun { dir, exp, model })
 }
