@@ -329,7 +329,7 @@ pub fn rl_eval(runs: &[PathBuf], episodes: usize, device: Option<&str>) -> Resul
         .map(|d| crate::device::parse_device(d).map_err(anyhow::Error::msg).and_then(crate::device::resolve))
         .transpose()?;
     let mut rows = Vec::new();
-    for r in runs {
+    for r in &runs_among(runs, "rl --eval")? {
         let run = crate::rl::trained::open(r, device)?;
         let e = crate::rl::trained::held_out(&run, episodes);
         let row = crate::report::RlHeldOutRow::new(&run.exp.config.name, r, &e);

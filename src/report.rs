@@ -625,6 +625,19 @@ fn claim_cells(c: &crate::study::claims::ClaimResult) -> (Shown, [String; 4], [S
         percent: cl.scale == Scale::Linear && crate::study::in_percent(&cl.metric),
         log: cl.scale == Scale::Log,
     };
+    if cl.across_seeds.is_some() {
+        // One arm, a vector metric: r̄ over the pairs of seeds and its bootstrap interval.
+        let sh = Shown { percent: false, log: false };
+        let head = [
+            md_cell(&cl.id),
+            md_cell(&cl.source),
+            format!("{}[0..{}]", md_cell(&cl.metric), cl.size.unwrap_or(0)),
+            format!("{} across seeds", md_cell(&cl.a)),
+        ];
+        let (lo, hi) = c.interval;
+        let tail = [c.diff.n.to_string(), format!("r̄ = {:.3} [{lo:.3}, {hi:.3}]", c.diff.mean)];
+        return (sh, head, tail);
+    }
     let head = [
         md_cell(&cl.id),
         md_cell(&cl.source),
@@ -670,7 +683,9 @@ pub fn claims_markdown(claims: &[crate::study::claims::ClaimResult]) -> String {
         "Claims, by the rule of docs/studies.md (\"Claims and verdicts\"): Δ = A − B over the seeds both \
          arms ran (on a log scale the ratio A/B), its interval at the level corrected for the family \
          (1 − α/m; equivalence 1 − 2α/m), p of the paired t-test (equivalence: TOST) after Holm's \
-         correction, p_sf the exact sign-flip p, and the smallest |Δ| these seeds detect with 80 % power.\n"
+         correction, p_sf the exact sign-flip p, and the smallest |Δ| these seeds detect with 80 % power. \
+         A claim across seeds has one arm: r̄, the mean correlation of its vector over the pairs of seeds, \
+         its bootstrap interval over seeds, and p of the layer permutations.\n"
     );
     let _ = writeln!(
         s,
@@ -681,14 +696,18 @@ pub fn claims_markdown(claims: &[crate::study::claims::ClaimResult]) -> String {
         let cl = &c.claim;
         let (sh, head, tail) = claim_cells(c);
         let expected = match (cl.expect, cl.margin) {
+            _ if cl.across_seeds.is_some() => "r̄ > permuted".to_string(),
             (Expect::Less, _) => "A < B".to_string(),
             (Expect::Greater, _) => "A > B".to_string(),
             (Expect::Equivalent, Some(m)) if sh.log => format!("A/B within ×÷{}", sig3(m.exp())),
             (Expect::Equivalent, Some(m)) => format!("|Δ| < {}", sig3(m * sh.unit())),
             (Expect::Equivalent, None) => unreachable!("checked"),
         };
-        let detectable =
-            if sh.log { format!("×÷{}", sig3(c.detectable.exp())) } else { sig3(c.detectable * sh.unit()) };
+        let detectable = match () {
+            _ if !c.detectable.is_finite() => "—".to_string(),
+            _ if sh.log => format!("×÷{}", sig3(c.detectable.exp())),
+            _ => sig3(c.detectable * sh.unit()),
+        };
         let _ = writeln!(
             s,
             "| {} | {expected} | {} | {} (raw {}, m = {}) | {} | {detectable} | **{}** |",
@@ -728,8 +747,8 @@ pub fn study_runs_csv(r: &crate::study::StudyReport) -> Result<String> {
     let mut metrics = r.metrics.clone();
     for c in &r.claims {
         for m in c.claim.metrics() {
-            if !metrics.iter().any(|x| x == m) {
-                metrics.push(m.to_string());
+            if !metrics.contains(&m) {
+                metrics.push(m);
             }
         }
     }

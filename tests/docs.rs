@@ -392,6 +392,7 @@ fn tiny(part: &str) -> String {
     let words: Vec<&str> = part.split_whitespace().collect();
     match words.get(1).copied() {
         Some("train" | "sweep") => format!("{part}{}", sets(TRAIN)),
+        Some("rl") if words.contains(&"--eval") => with_value(part, "--episodes", "32"),
         Some("rl") if !words.contains(&"--plot") => format!("{part}{} --quiet", sets(RL)),
         Some("sample") => with_value(&with_value(part, "--steps", "4"), "--per-class", "2"),
         Some("fd") => with_value(part, "--samples", "64"),
@@ -411,7 +412,7 @@ fn with_value(line: &str, flag: &str, value: &str) -> String {
 /// Every complete command on the pages runs, at tiny size (see [`tiny`]), in the order of the pages,
 /// in one scratch folder where `configs/` is the repository's: trainings, then the analyses,
 /// figures, samples and reports that read them, through a shell as a reader types them (globs,
-/// `&&`). The commands that only read runs (`analyze`, `plot`, `rl --plot`, `report`,
+/// `&&`). The commands that only read runs (`analyze`, `plot`, `rl --plot`, `rl --eval`, `report`,
 /// `connectivity`) run a second time, as a reader runs them again after more runs.
 #[test]
 #[ignore = "needs real data: cifar10"]
@@ -435,7 +436,7 @@ fn the_pages_commands_run_at_tiny_size() {
         let reads_only = cmd.split("&&").all(|p| {
             let w: Vec<&str> = p.split_whitespace().collect();
             matches!(w.get(1).copied(), Some("analyze" | "plot" | "report" | "connectivity"))
-                || (w.get(1) == Some(&"rl") && w.contains(&"--plot"))
+                || (w.get(1) == Some(&"rl") && (w.contains(&"--plot") || w.contains(&"--eval")))
         });
         for round in 0..if reads_only { 2 } else { 1 } {
             let t = std::time::Instant::now();

@@ -97,6 +97,10 @@ pub fn claim_figures(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for c in &r.claims {
         let cl = &c.claim;
+        if cl.across_seeds.is_some() {
+            files.extend(profiles_figure(c, out)?);
+            continue;
+        }
         let log = cl.scale == Scale::Log;
         // Accuracies in percent, as the tables show them.
         let unit = match !log && cl.metrics().iter().all(|m| study::in_percent(m)) {
@@ -132,6 +136,34 @@ pub fn claim_figures(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
         files.extend(line_chart(&chart, &out.join(file))?);
     }
     Ok(files)
+}
+
+/// An `across_seeds` claim's figure: each seed's vector against its index (the residual weights
+/// unit by unit), titled with r̄ and the verdict.
+fn profiles_figure(c: &crate::study::claims::ClaimResult, out: &Path) -> Result<Vec<PathBuf>> {
+    let cl = &c.claim;
+    let series = c
+        .seeds
+        .iter()
+        .zip(&c.profiles)
+        .enumerate()
+        .map(|(k, (seed, v))| Series {
+            label: format!("seed {seed}"),
+            points: v.iter().enumerate().map(|(i, y)| (i as f64, *y)).collect(),
+            color: Some(PALETTE[k % PALETTE.len()]),
+            band: None,
+        })
+        .collect();
+    let chart = LineChart {
+        title: format!("{} ({}): r̄ = {:.3} over {} seeds, {}", cl.id, cl.source, c.diff.mean, c.seeds.len(), c.verdict),
+        x_label: format!("index of {} (unit)", cl.metric),
+        y_label: format!("{} ({})", cl.metric, cl.a),
+        log_y: false,
+        series,
+    };
+    std::fs::create_dir_all(out)?;
+    let file = format!("claim-{}", cl.id.replace(|ch: char| !ch.is_ascii_alphanumeric() && ch != '-', "_"));
+    line_chart(&chart, &out.join(file))
 }
 
 /// `topology.init.mu` → `mu` in legends.

@@ -15,6 +15,14 @@
 //!   α/m; else inconclusive;
 //! - an inconclusive claim with the paper's `effect` is **underpowered** when that effect needs
 //!   more seeds than ran (80 % power at α/m, with the spread the runs showed).
+//!
+//! A claim about one arm across its seeds (`across_seeds: correlation`, with the vector metric's
+//! `size`) has no arm B: its statistic is the mean Pearson correlation r̄ of the vector (say, the
+//! converged residual weights `final.a[0..size]`) over every pair of seeds, and its p the share of
+//! layer permutations (each seed's vector shuffled on its own, 9,999 of them, a fixed stream) with
+//! an r̄ as high: the null is that the seeds share no profile over the layers. It **holds** when
+//! that p is significant after Holm and r̄ > 0, **does not hold** when r̄ is as significantly
+//! below what the permutations give, else inconclusive; its interval is the bootstrap over seeds.
 
 use super::collect::RunRecord;
 use super::stats::{self, Stats};
@@ -72,8 +80,17 @@ pub struct Claim {
     pub b_metric: Option<String>,
     /// Arm A: `KEY=VALUE[,KEY=VALUE…]` on the runs' config (`name=lnn-fig2b-0to2`).
     pub a: String,
-    /// Arm B, the same way.
+    /// Arm B, the same way (none for an `across_seeds` claim).
+    #[serde(default)]
     pub b: String,
+    /// A statistic of arm A across its seeds instead of a paired comparison (see the module's
+    /// doc): `metric` is then a vector, read as `metric[0]` … `metric[size − 1]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub across_seeds: Option<AcrossSeeds>,
+    /// The length of an `across_seeds` claim's vector (2 × layers for the Mixer's residual
+    /// weights: one per sublayer), fixed when the claim is written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<usize>,
     pub expect: Expect,
     #[serde(default)]
     pub scale: Scale,
@@ -96,17 +113,29 @@ pub struct Claim {
     pub deviation: Option<String>,
 }
 
+/// A statistic of one arm over its seeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AcrossSeeds {
+    /// The mean pairwise Pearson correlation of a vector metric over the arm's seeds.
+    Correlation,
+}
+
 impl Claim {
     /// The metric arm B is read at: `b_metric`, else `metric`.
     pub fn metric_of_b(&self) -> &str {
         self.b_metric.as_deref().unwrap_or(&self.metric)
     }
 
-    /// The metrics the claim reads: `metric`, and `b_metric` where it differs.
-    pub fn metrics(&self) -> Vec<&str> {
-        let mut m = vec![self.metric.as_str()];
+    /// The metrics the claim reads: `metric`, and `b_metric` where it differs; an
+    /// `across_seeds` claim's `metric[0]` … `metric[size − 1]`.
+    pub fn metrics(&self) -> Vec<String> {
+        if self.across_seeds.is_some() {
+            return (0..self.size.unwrap_or(0)).map(|i| format!("{}[{i}]", self.metric)).collect();
+        }
+        let mut m = vec![self.metric.clone()];
         if self.metric_of_b() != self.metric {
-            m.push(self.metric_of_b());
+            m.push(self.metric_of_b().to_string());
         }
         m
     }
@@ -149,6 +178,8 @@ pub struct ClaimResult {
     pub p_holm: f64,
     /// The exact sign-flip p of the differences (n ≤ 10), beside the t-test's.
     pub p_sign_flip: Option<f64>,
+    /// An `across_seeds` claim's vector on each seed (`seeds`' order); empty otherwise.
+    pub profiles: Vec<Vec<f64>>,
     /// The family's size m and the interval of Δ at the corrected level (1 − α/m; for
     /// equivalence 1 − 2α/m, TOST's).
     pub family_size: usize,
@@ -205,6 +236,16 @@ pub fn check(claims: &[Claim]) -> Result<()> {
             bail!("claim `{}` is listed twice (ids must be unique in a study)", c.id);
         }
         arm(&c.a, "a", &c.id)?;
+        if c.across_seeds.is_some() {
+            check_across_seeds(c)?;
+            continue;
+        }
+        if c.b.is_empty() {
+            bail!("claim `{}`: no arm `b` (a paired claim compares two arms; `across_seeds` claims have one)", c.id);
+        }
+        if c.size.is_some() {
+            bail!("claim `{}`: `size` is for `across_seeds` claims", c.id);
+        }
         arm(&c.b, "b", &c.id)?;
         if c.a == c.b && c.b_metric.as_ref().is_none_or(|m| *m == c.metric) {
             bail!(
@@ -229,14 +270,122 @@ pub fn check(claims: &[Claim]) -> Result<()> {
     Ok(())
 }
 
+/// The fields an `across_seeds` claim needs and those it may not have.
+fn check_across_seeds(c: &Claim) -> Result<()> {
+    let bad = |what: &str| bail!("claim `{}`: an `across_seeds` claim {what}", c.id);
+    if !c.b.is_empty() || c.b_metric.is_some() {
+        return bad("has one arm, `a`: no `b` or `b_metric`");
+    }
+    if c.expect != Expect::Greater {
+        return bad("expects `greater` (a correlation above the permutations')");
+    }
+    if c.margin.is_some() || c.scale != Scale::Linear {
+        return bad("takes no `margin` and no `scale`");
+    }
+    if c.size.is_none_or(|n| n < 3) {
+        return bad("needs the vector's `size`, at least 3 (a correlation of 2 values is ±1)");
+    }
+    if !(c.alpha > 0.0 && c.alpha < 0.5) {
+        bail!("claim `{}`: alpha {} must be in (0, 0.5)", c.id, c.alpha);
+    }
+    Ok(())
+}
+
+/// Pearson's r of two equally long vectors (NaN where one is constant).
+fn pearson(x: &[f64], y: &[f64]) -> f64 {
+    let n = x.len() as f64;
+    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
+    let cov: f64 = x.iter().zip(y).map(|(a, b)| (a - mx) * (b - my)).sum();
+    let vx: f64 = x.iter().map(|a| (a - mx) * (a - mx)).sum();
+    let vy: f64 = y.iter().map(|b| (b - my) * (b - my)).sum();
+    cov / (vx * vy).sqrt()
+}
+
+/// The mean Pearson correlation over every pair of `v`'s vectors whose indices `idx` differ as
+/// runs (`idx[i] != idx[j]`: a bootstrap sample may hold a run twice).
+fn mean_pairwise_r(v: &[Vec<f64>], idx: &[usize]) -> f64 {
+    let (mut sum, mut n) = (0.0, 0usize);
+    for i in 0..idx.len() {
+        for j in i + 1..idx.len() {
+            if idx[i] != idx[j] {
+                sum += pearson(&v[idx[i]], &v[idx[j]]);
+                n += 1;
+            }
+        }
+    }
+    sum / n as f64
+}
+
+/// Permutations of the layer order and bootstrap resamples of the seeds behind an `across_seeds`
+/// claim; a fixed stream, so that a report is reproducible.
+const PERMUTATIONS: usize = 9_999;
+const RESAMPLES: usize = 2_000;
+
+/// r̄ of `v` (one vector per seed), its one-sided permutation p's (as high, as low) and the
+/// bootstrap interval over seeds at `level`.
+pub fn seed_correlation(v: &[Vec<f64>], level: f64) -> (f64, f64, f64, (f64, f64)) {
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
+    let all: Vec<usize> = (0..v.len()).collect();
+    let r = mean_pairwise_r(v, &all);
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(0x5eed_c0de);
+    let (mut high, mut low) = (0usize, 0usize);
+    let mut shuffled = v.to_vec();
+    for _ in 0..PERMUTATIONS {
+        for s in shuffled.iter_mut() {
+            s.shuffle(&mut rng);
+        }
+        let rp = mean_pairwise_r(&shuffled, &all);
+        high += usize::from(rp >= r);
+        low += usize::from(rp <= r);
+    }
+    let p = |k: usize| (1 + k) as f64 / (1 + PERMUTATIONS) as f64;
+    let mut boot: Vec<f64> = (0..RESAMPLES)
+        .filter_map(|_| {
+            let idx: Vec<usize> = (0..v.len()).map(|_| rng.gen_range(0..v.len())).collect();
+            let r = mean_pairwise_r(v, &idx);
+            r.is_finite().then_some(r)
+        })
+        .collect();
+    boot.sort_by(f64::total_cmp);
+    let q = |f: f64| boot[((f * (boot.len() - 1) as f64).round() as usize).min(boot.len() - 1)];
+    let tail = (1.0 - level) / 2.0;
+    (r, p(high), p(low), (q(tail), q(1.0 - tail)))
+}
+
 /// Evaluates `claims` on `runs`: pairs each claim's arms by seed, then applies the rule with
 /// Holm's correction within each family.
 pub fn evaluate(claims: &[Claim], runs: &[RunRecord]) -> Result<Vec<ClaimResult>> {
     check(claims)?;
     let mut partial = Vec::new();
     for c in claims {
-        let (a, b) = (arm(&c.a, "a", &c.id)?, arm(&c.b, "b", &c.id)?);
         let member = |r: &RunRecord, kv: &[(String, String)]| kv.iter().all(|(k, v)| r.config.get(k) == Some(v));
+        if c.across_seeds.is_some() {
+            let a = arm(&c.a, "a", &c.id)?;
+            let mut per_seed = Vec::new();
+            for r in runs.iter().filter(|r| member(r, &a)) {
+                let Some(seed) = r.seed() else { continue };
+                let v = c.metrics().iter().map(|m| metric_value(r, m)).collect::<Result<Vec<f64>>>()?;
+                per_seed.push((seed, v));
+            }
+            if per_seed.len() < 3 {
+                bail!(
+                    "claim `{}`: {} seed(s) of a ({}); a correlation across seeds needs at least 3",
+                    c.id,
+                    per_seed.len(),
+                    c.a
+                );
+            }
+            per_seed.sort_by_key(|p| p.0);
+            // Kept in the paired claims' places: the seeds, r̄ as the mean, p (one-sided, as high).
+            let profiles: Vec<Vec<f64>> = per_seed.iter().map(|p| p.1.clone()).collect();
+            let (r, p_high, _, _) = seed_correlation(&profiles, 0.95);
+            let diff = Stats { n: profiles.len(), mean: r, sd: f64::NAN, ci95: None };
+            let pairs = per_seed.iter().map(|p| (p.0, f64::NAN, f64::NAN)).collect();
+            partial.push((c.clone(), pairs, diff, p_high, None, profiles));
+            continue;
+        }
+        let (a, b) = (arm(&c.a, "a", &c.id)?, arm(&c.b, "b", &c.id)?);
         let mut pairs = Vec::new();
         for ra in runs.iter().filter(|r| member(r, &a)) {
             let Some(seed) = ra.seed() else { continue };
@@ -266,7 +415,7 @@ pub fn evaluate(claims: &[Claim], runs: &[RunRecord]) -> Result<Vec<ClaimResult>
             _ => stats::t_test_p(&diff),
         };
         let p_sign_flip = if d.len() <= 10 { stats::sign_flip_p(&d) } else { None };
-        partial.push((c.clone(), pairs, diff, p, p_sign_flip));
+        partial.push((c.clone(), pairs, diff, p, p_sign_flip, Vec::new()));
     }
     // Holm within each family.
     let mut p_holm = vec![0.0; partial.len()];
@@ -285,12 +434,37 @@ pub fn evaluate(claims: &[Claim], runs: &[RunRecord]) -> Result<Vec<ClaimResult>
     Ok(partial
         .into_iter()
         .enumerate()
-        .map(|(i, (claim, pairs, diff, p, p_sign_flip))| {
+        .map(|(i, (claim, pairs, diff, p, p_sign_flip, profiles))| {
             let seeds: Vec<u64> = pairs.iter().map(|p| p.0).collect();
             let values: Vec<(f64, f64)> = pairs.iter().map(|&(_, a, b)| (a, b)).collect();
             let m = family_size[i];
             let alpha_m = claim.alpha / m as f64;
             let significant = p_holm[i] < claim.alpha;
+            if claim.across_seeds.is_some() {
+                let (r, _, p_low, interval) = seed_correlation(&profiles, 1.0 - alpha_m);
+                let verdict = if significant && r > 0.0 {
+                    Verdict::Holds
+                } else if p_low < alpha_m {
+                    Verdict::DoesNotHold
+                } else {
+                    Verdict::Inconclusive
+                };
+                return ClaimResult {
+                    interval,
+                    detectable: f64::NAN,
+                    claim,
+                    seeds,
+                    values,
+                    diff,
+                    p,
+                    p_holm: p_holm[i],
+                    p_sign_flip,
+                    profiles,
+                    family_size: m,
+                    seeds_needed: None,
+                    verdict,
+                };
+            }
             let verdict = match claim.expect {
                 Expect::Less | Expect::Greater => {
                     let right_way = (claim.expect == Expect::Less) == (diff.mean < 0.0);
@@ -337,6 +511,7 @@ pub fn evaluate(claims: &[Claim], runs: &[RunRecord]) -> Result<Vec<ClaimResult>
                 p,
                 p_holm: p_holm[i],
                 p_sign_flip,
+                profiles,
                 family_size: m,
                 seeds_needed,
                 verdict,
@@ -368,6 +543,8 @@ mod tests {
             b_metric: None,
             a: "name=a".into(),
             b: "name=b".into(),
+            across_seeds: None,
+            size: None,
             expect,
             scale: Scale::Linear,
             margin,
@@ -481,5 +658,103 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("twice"));
+    }
+
+    /// Runs of arm `a` on seeds 0, 1, … with these vectors as `v[0]` ….
+    fn vector_runs(vs: &[Vec<f64>]) -> Vec<RunRecord> {
+        vs.iter()
+            .enumerate()
+            .map(|(seed, v)| {
+                let mut r = run("a", seed as u64, 0.0);
+                r.metrics = v.iter().enumerate().map(|(i, x)| (format!("v[{i}]"), *x)).collect();
+                r
+            })
+            .collect()
+    }
+
+    fn across(size: usize) -> Claim {
+        Claim {
+            metric: "v".into(),
+            b: String::new(),
+            across_seeds: Some(AcrossSeeds::Correlation),
+            size: Some(size),
+            ..claim("c", Expect::Greater, None)
+        }
+    }
+
+    /// The permutation p against its exact value: 3 seeds of 4 entries have (4!)³ = 13,824 layer
+    /// orders, all enumerated here. The Monte Carlo p of 9,999 permutations is a binomial
+    /// estimate: within 4 standard errors (√(p(1 − p)/9,999)) and the +1 of its estimator.
+    #[test]
+    fn the_permutation_p_matches_the_exact_one() {
+        let v = vec![vec![0.1, 0.5, 0.2, 0.9], vec![0.3, 0.4, 0.1, 0.7], vec![0.2, 0.1, 0.3, 0.8]];
+        let all = [0, 1, 2];
+        let r = mean_pairwise_r(&v, &all);
+        let orders: Vec<Vec<usize>> = {
+            let mut out = Vec::new();
+            for a in 0..4 {
+                for b in 0..4 {
+                    for c in 0..4 {
+                        for d in 0..4 {
+                            let o = vec![a, b, c, d];
+                            if o.iter().collect::<std::collections::BTreeSet<_>>().len() == 4 {
+                                out.push(o);
+                            }
+                        }
+                    }
+                }
+            }
+            out
+        };
+        let (mut hits, mut total) = (0usize, 0usize);
+        for o1 in &orders {
+            for o2 in &orders {
+                let w =
+                    vec![v[0].clone(), o1.iter().map(|&i| v[1][i]).collect(), o2.iter().map(|&i| v[2][i]).collect()];
+                // Shuffling the first vector too changes nothing: r depends on the orders relative to it.
+                hits += usize::from(mean_pairwise_r(&w, &all) >= r - 1e-12);
+                total += 1;
+            }
+        }
+        let exact = hits as f64 / total as f64;
+        let (r2, p, _, (lo, hi)) = seed_correlation(&v, 0.95);
+        assert_eq!(r, r2);
+        let se = (exact * (1.0 - exact) / PERMUTATIONS as f64).sqrt();
+        assert!((p - exact).abs() < 4.0 * se + 1.0 / PERMUTATIONS as f64, "p {p} against exact {exact}");
+        assert!(lo <= r && r <= hi, "{lo} {r} {hi}");
+    }
+
+    /// Seeds that share a profile (plus noise) hold; seeds drawn independently do not.
+    #[test]
+    fn a_shared_profile_across_seeds_holds_and_independent_ones_do_not() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(7);
+        let profile = [0.2, 0.3, 0.25, 0.28, 0.37, 0.24, 0.23, 0.25];
+        let shared: Vec<Vec<f64>> =
+            (0..6).map(|_| profile.iter().map(|p| p + rng.gen_range(-0.02..0.02)).collect()).collect();
+        let own: Vec<Vec<f64>> = (0..6).map(|_| (0..8).map(|_| rng.gen_range(0.2..0.4)).collect()).collect();
+        let verdict = |vs: &[Vec<f64>]| evaluate(&[across(8)], &vector_runs(vs)).unwrap().remove(0);
+        let held = verdict(&shared);
+        assert_eq!(held.verdict, Verdict::Holds, "r̄ {} p {}", held.diff.mean, held.p);
+        assert!(held.diff.mean > 0.8 && held.interval.0 > 0.5, "{:?}", held.interval);
+        assert_eq!(held.profiles.len(), 6);
+        let apart = verdict(&own);
+        assert_ne!(apart.verdict, Verdict::Holds, "r̄ {} p {}", apart.diff.mean, apart.p);
+        assert!(apart.p > 0.05, "{}", apart.p);
+    }
+
+    /// An across-seeds claim has one arm, `greater`, and a size; a paired claim has arm b.
+    #[test]
+    fn across_seeds_claims_are_checked() {
+        assert!(check(&[across(8)]).is_ok());
+        for (c, why) in [
+            (Claim { b: "name=b".into(), ..across(8) }, "one arm"),
+            (Claim { size: Some(2), ..across(8) }, "at least 3"),
+            (Claim { expect: Expect::Less, ..across(8) }, "greater"),
+            (Claim { b: String::new(), ..claim("p", Expect::Greater, None) }, "no arm `b`"),
+        ] {
+            let e = check(&[c]).unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+        }
     }
 }

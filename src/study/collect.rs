@@ -15,6 +15,7 @@ pub struct RunRecord {
     /// `success`, …; RL runs also `success_over_straight` and `success_blocked_over_straight`, the
     /// trained policy's success minus the straight-line policy's); `best.eval.<column>`: the best value over the run's evaluations (`eval.csv`;
     /// highest for accuracy and success, lowest otherwise); `initial.gamma` (the first logged Γ);
+    /// `final.<view>[i]` (a topology's one-row parameter view at the end: H-ACN's `final.a[i]`);
     /// `eps_by_t.<bucket>` (a diffusion run's last validation ε-MSE per timestep bucket); and
     /// after `plexus analyze`, `analysis.half_depth.<metric>` (the exit after ⌊L/2⌋ units) and
     /// `analysis.noise[<level>].<metric>` (under input noise of that σ or probability; also
@@ -167,6 +168,17 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
     ] {
         if let (Some(a), Some(b)) = (metrics.get(trained), metrics.get(straight)) {
             metrics.insert(name.into(), a - b);
+        }
+    }
+    // The topology's parameter view at the end (`summary.json`'s `parameter_view`: a name and a
+    // matrix), where it is one row: H-ACN's residual weights as `final.a[0]` …
+    if let Some([name, serde_json::Value::Array(rows)]) = json["parameter_view"].as_array().map(Vec::as_slice) {
+        if let (Some(name), [serde_json::Value::Array(row)]) = (name.as_str(), rows.as_slice()) {
+            for (i, v) in row.iter().enumerate() {
+                if let Some(v) = v.as_f64() {
+                    metrics.insert(format!("final.{name}[{i}]"), v);
+                }
+            }
         }
     }
     if let Some(g) = curve(dir, "gamma")?.first() {

@@ -151,9 +151,9 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
     // A claim's `CURVE@STEP` value becomes a metric of each run (and a column of runs.csv).
     for m in claims.iter().flat_map(|c| c.metrics()).filter(|m| m.contains('@')) {
         for r in runs.iter_mut() {
-            if !r.metrics.contains_key(m) {
-                if let Ok(v) = claims::metric_value(r, m) {
-                    r.metrics.insert(m.to_string(), v);
+            if !r.metrics.contains_key(&m) {
+                if let Ok(v) = claims::metric_value(r, &m) {
+                    r.metrics.insert(m.clone(), v);
                 }
             }
         }
