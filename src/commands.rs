@@ -360,9 +360,6 @@ pub fn rl_resume(run: &Path, overrides: &[String], quiet: bool) -> Result<()> {
     Ok(())
 }
 
-// ------------------------------------------------------------------------------------------------
-// `plexus bench --compare` and `--depths`.
-
 // ---- The verbs, one function each (cli.rs parses and calls them).
 
 /// `plexus train --resume RUN [CONFIG]`: continues a run (its config.yaml, or the one CONFIG).

@@ -683,9 +683,14 @@ pub fn claims_markdown(claims: &[crate::study::claims::ClaimResult]) -> String {
         "Claims, by the rule of docs/studies.md (\"Claims and verdicts\"): Δ = A − B over the seeds both \
          arms ran (on a log scale the ratio A/B), its interval at the level corrected for the family \
          (1 − α/m; equivalence 1 − 2α/m), p of the paired t-test (equivalence: TOST) after Holm's \
-         correction, p_sf the exact sign-flip p, and the smallest |Δ| these seeds detect with 80 % power. \
-         A claim across seeds has one arm: r̄, the mean correlation of its vector over the pairs of seeds, \
-         its bootstrap interval over seeds, and p of the layer permutations.\n"
+         correction, p_sf the exact sign-flip p, and the smallest |Δ| these seeds detect with 80 % power.{}\n",
+        if claims.iter().any(|c| c.claim.across_seeds.is_some()) {
+            " A claim across seeds has one arm: r̄, the mean correlation of its vector over the pairs of seeds, its \
+             bootstrap interval over seeds at the corrected level, and p of the layer permutations after Holm's \
+             correction (docs/studies.md, \"Claims across seeds\")."
+        } else {
+            ""
+        }
     );
     let _ = writeln!(
         s,

@@ -155,7 +155,14 @@ fn profiles_figure(c: &crate::study::claims::ClaimResult, out: &Path) -> Result<
         })
         .collect();
     let chart = LineChart {
-        title: format!("{} ({}): r̄ = {:.3} over {} seeds, {}", cl.id, cl.source, c.diff.mean, c.seeds.len(), c.verdict),
+        title: format!(
+            "{} ({}): mean r = {:.3} over {} seeds, {}",
+            cl.id,
+            cl.source,
+            c.diff.mean,
+            c.seeds.len(),
+            c.verdict
+        ),
         x_label: format!("index of {} (unit)", cl.metric),
         y_label: format!("{} ({})", cl.metric, cl.a),
         log_y: false,
