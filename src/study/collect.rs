@@ -16,6 +16,7 @@ pub struct RunRecord {
     /// trained policy's success minus the straight-line policy's); `best.eval.<column>`: the best value over the run's evaluations (`eval.csv`;
     /// highest for accuracy and success, lowest otherwise); `initial.gamma` (the first logged Γ);
     /// `final.<view>[i]` (a topology's one-row parameter view at the end: H-ACN's `final.a[i]`);
+    /// after `plexus rl --eval`, `held_out.success`, `held_out.time_at_goal`, … (held-out tasks);
     /// `eps_by_t.<bucket>` (a diffusion run's last validation ε-MSE per timestep bucket); and
     /// after `plexus analyze`, `analysis.half_depth.<metric>` (the exit after ⌊L/2⌋ units) and
     /// `analysis.noise[<level>].<metric>` (under input noise of that σ or probability; also
@@ -192,6 +193,17 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
                 if let Some(v) = last[c] {
                     metrics.insert(format!("eps_by_t.{name}"), v);
                 }
+            }
+        }
+    }
+    // After `plexus rl --eval`: the final policy on held-out tasks (each value's first entry; the
+    // other two are its interval).
+    let held_out = dir.join("held_out_eval.json");
+    if held_out.is_file() {
+        let json: serde_json::Value = crate::input_file::read_json(&held_out, "a held-out evaluation")?;
+        for k in ["success", "time_at_goal", "success_blocked", "straight_success", "straight_success_blocked"] {
+            if let Some(v) = json[k][0].as_f64() {
+                metrics.insert(format!("held_out.{k}"), v);
             }
         }
     }
@@ -412,5 +424,43 @@ mod tests {
             !names.iter().any(|n| n.ends_with(".units") || n.ends_with(".level") || n.ends_with(".repeat")),
             "{names:?}"
         );
+    }
+
+    /// A topology's one-row parameter view at the end becomes `final.<name>[i]`, and `plexus rl
+    /// --eval`'s file the `held_out.*` metrics (each value's first entry); a view of several rows
+    /// adds nothing.
+    #[test]
+    fn final_parameter_views_and_held_out_evaluations_are_metrics() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.yaml"), "name: r\nseed: 3\n").unwrap();
+        std::fs::write(
+            dir.path().join("summary.json"),
+            r#"{"final_loss": 0.5, "parameter_view": ["a", [[0.2, 0.3, 0.25]]]}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("held_out_eval.json"),
+            r#"{"success": [0.6, 0.5, 0.7], "time_at_goal": [0.4, 0.3, 0.5], "tasks": 100}"#,
+        )
+        .unwrap();
+        let r = read_run(dir.path()).unwrap().unwrap();
+        let got: Vec<(&str, f64)> = r.metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        for want in [
+            ("final.a[0]", 0.2),
+            ("final.a[1]", 0.3),
+            ("final.a[2]", 0.25),
+            ("held_out.success", 0.6),
+            ("held_out.time_at_goal", 0.4),
+        ] {
+            assert!(got.contains(&want), "{want:?} not in {got:?}");
+        }
+        assert!(!got.iter().any(|(k, _)| k.starts_with("parameter_view") || k.starts_with("held_out.tasks")));
+        std::fs::write(
+            dir.path().join("summary.json"),
+            r#"{"final_loss": 0.5, "parameter_view": ["H_res", [[1.0, 0.0], [0.0, 1.0]]]}"#,
+        )
+        .unwrap();
+        let r = read_run(dir.path()).unwrap().unwrap();
+        assert!(!r.metrics.keys().any(|k| k.starts_with("final.")), "{:?}", r.metrics.keys());
     }
 }
