@@ -291,16 +291,6 @@ fn check_across_seeds(c: &Claim) -> Result<()> {
     Ok(())
 }
 
-/// Pearson's r of two equally long vectors (NaN where one is constant).
-fn pearson(x: &[f64], y: &[f64]) -> f64 {
-    let n = x.len() as f64;
-    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
-    let cov: f64 = x.iter().zip(y).map(|(a, b)| (a - mx) * (b - my)).sum();
-    let vx: f64 = x.iter().map(|a| (a - mx) * (a - mx)).sum();
-    let vy: f64 = y.iter().map(|b| (b - my) * (b - my)).sum();
-    cov / (vx * vy).sqrt()
-}
-
 /// The mean Pearson correlation over every pair of `v`'s vectors whose indices `idx` differ as
 /// runs (`idx[i] != idx[j]`: a bootstrap sample may hold a run twice).
 fn mean_pairwise_r(v: &[Vec<f64>], idx: &[usize]) -> f64 {
@@ -308,7 +298,7 @@ fn mean_pairwise_r(v: &[Vec<f64>], idx: &[usize]) -> f64 {
     for i in 0..idx.len() {
         for j in i + 1..idx.len() {
             if idx[i] != idx[j] {
-                sum += pearson(&v[idx[i]], &v[idx[j]]);
+                sum += crate::analysis::pearson(&v[idx[i]], &v[idx[j]]);
                 n += 1;
             }
         }
@@ -352,6 +342,65 @@ pub fn seed_correlation(v: &[Vec<f64>], level: f64) -> (f64, f64, f64, (f64, f64
     let tail = (1.0 - level) / 2.0;
     (r, p(high), p(low), (q(tail), q(1.0 - tail)))
 }
+
+/// A paired claim's verdict (`significant`: its Holm p below α; `alpha_m`: α over the family's
+/// size), its interval at the corrected level, the smallest detectable |Δ| and the seeds the
+/// paper's effect would need.
+fn paired_verdict(claim: &Claim, diff: &Stats, significant: bool, alpha_m: f64) -> Judged {
+    let verdict = match claim.expect {
+        Expect::Less | Expect::Greater => {
+            let right_way = (claim.expect == Expect::Less) == (diff.mean < 0.0);
+            let shown_small = claim.margin.is_some_and(|mg| stats::tost_p(diff, mg) < alpha_m);
+            if significant && diff.mean != 0.0 && right_way {
+                Verdict::Holds
+            } else if (significant && diff.mean != 0.0) || shown_small {
+                Verdict::DoesNotHold
+            } else {
+                Verdict::Inconclusive
+            }
+        }
+        Expect::Equivalent => {
+            let mg = claim.margin.expect("checked");
+            let outside = stats::p_greater(diff, mg).min(stats::p_less(diff, -mg));
+            if significant {
+                Verdict::Holds
+            } else if outside < alpha_m {
+                Verdict::DoesNotHold
+            } else {
+                Verdict::Inconclusive
+            }
+        }
+    };
+    let sd = if diff.sd.is_finite() { diff.sd } else { 0.0 };
+    let seeds_needed = claim.effect.map(|e| stats::pairs_needed(sd, e, alpha_m, 0.8));
+    let verdict = match (verdict, seeds_needed) {
+        (Verdict::Inconclusive, Some(need)) if need.is_none_or(|n| n > diff.n) => Verdict::Underpowered(need),
+        (v, _) => v,
+    };
+    let level = match claim.expect {
+        Expect::Equivalent => 1.0 - 2.0 * alpha_m,
+        _ => 1.0 - alpha_m,
+    };
+    (verdict, stats::interval(diff, level), stats::detectable(sd, diff.n, alpha_m, 0.8), seeds_needed)
+}
+
+/// An across-seeds claim's verdict, its bootstrap interval at the corrected level, and no power
+/// line (the permutation test has none).
+fn across_seeds_verdict(profiles: &[Vec<f64>], significant: bool, alpha_m: f64) -> Judged {
+    let (r, _, p_low, interval) = seed_correlation(profiles, 1.0 - alpha_m);
+    let verdict = if significant && r > 0.0 {
+        Verdict::Holds
+    } else if p_low < alpha_m {
+        Verdict::DoesNotHold
+    } else {
+        Verdict::Inconclusive
+    };
+    (verdict, interval, f64::NAN, None)
+}
+
+/// A verdict, the interval of the claim's statistic, the smallest detectable effect and the seeds
+/// the paper's effect would need.
+type Judged = (Verdict, (f64, f64), f64, Option<Option<usize>>);
 
 /// Evaluates `claims` on `runs`: pairs each claim's arms by seed, then applies the rule with
 /// Holm's correction within each family.
@@ -440,70 +489,13 @@ pub fn evaluate(claims: &[Claim], runs: &[RunRecord]) -> Result<Vec<ClaimResult>
             let m = family_size[i];
             let alpha_m = claim.alpha / m as f64;
             let significant = p_holm[i] < claim.alpha;
-            if claim.across_seeds.is_some() {
-                let (r, _, p_low, interval) = seed_correlation(&profiles, 1.0 - alpha_m);
-                let verdict = if significant && r > 0.0 {
-                    Verdict::Holds
-                } else if p_low < alpha_m {
-                    Verdict::DoesNotHold
-                } else {
-                    Verdict::Inconclusive
-                };
-                return ClaimResult {
-                    interval,
-                    detectable: f64::NAN,
-                    claim,
-                    seeds,
-                    values,
-                    diff,
-                    p,
-                    p_holm: p_holm[i],
-                    p_sign_flip,
-                    profiles,
-                    family_size: m,
-                    seeds_needed: None,
-                    verdict,
-                };
-            }
-            let verdict = match claim.expect {
-                Expect::Less | Expect::Greater => {
-                    let right_way = (claim.expect == Expect::Less) == (diff.mean < 0.0);
-                    let shown_small = claim.margin.is_some_and(|mg| stats::tost_p(&diff, mg) < alpha_m);
-                    if significant && diff.mean != 0.0 && right_way {
-                        Verdict::Holds
-                    } else if (significant && diff.mean != 0.0) || shown_small {
-                        Verdict::DoesNotHold
-                    } else {
-                        Verdict::Inconclusive
-                    }
-                }
-                Expect::Equivalent => {
-                    let mg = claim.margin.expect("checked");
-                    let outside = stats::p_greater(&diff, mg).min(stats::p_less(&diff, -mg));
-                    if significant {
-                        Verdict::Holds
-                    } else if outside < alpha_m {
-                        Verdict::DoesNotHold
-                    } else {
-                        Verdict::Inconclusive
-                    }
-                }
-            };
-            let sd = if diff.sd.is_finite() { diff.sd } else { 0.0 };
-            let seeds_needed = claim.effect.map(|e| stats::pairs_needed(sd, e, alpha_m, 0.8));
-            let verdict = match (verdict, seeds_needed) {
-                (Verdict::Inconclusive, Some(need)) if need.is_none_or(|n| n > seeds.len()) => {
-                    Verdict::Underpowered(need)
-                }
-                (v, _) => v,
-            };
-            let level = match claim.expect {
-                Expect::Equivalent => 1.0 - 2.0 * alpha_m,
-                _ => 1.0 - alpha_m,
+            let (verdict, interval, detectable, seeds_needed) = match claim.across_seeds {
+                Some(_) => across_seeds_verdict(&profiles, significant, alpha_m),
+                None => paired_verdict(&claim, &diff, significant, alpha_m),
             };
             ClaimResult {
-                interval: stats::interval(&diff, level),
-                detectable: stats::detectable(sd, diff.n, alpha_m, 0.8),
+                interval,
+                detectable,
                 claim,
                 seeds,
                 values,
