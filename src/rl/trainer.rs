@@ -416,19 +416,22 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
 
         if env_steps >= t.prefill_env_steps {
             let first_update = updates + 1;
+            let mut rollout_stats = Vec::with_capacity(t.updates_per_rollout);
             for _ in 0..t.updates_per_rollout {
                 let batch = replay.sample(t.batch_size, cfg.crl.discount, &mut rng);
                 let eps = normals(&mut rng, 2 * t.batch_size);
                 let s = agent.update(&batch, &eps, t.lr);
                 updates += 1;
-                guard.at(updates);
-                guard.record(&[&s]);
+                rollout_stats.push(s.shallow_clone());
                 stats = Some(match stats.take() {
                     Some(acc) => acc + s,
                     None => s,
                 });
                 stat_updates += 1;
             }
+            // One record per rollout, of every update's statistics.
+            guard.at(first_update);
+            guard.record_rows(&tch::Tensor::stack(&rollout_stats, 0));
             if let Some(what) = divergence(&guard, first_update..=updates, &agent) {
                 anyhow::bail!(
                     "{}: {what} (in the rollout that ended at {env_steps} environment steps); metrics up to here are \

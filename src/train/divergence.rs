@@ -50,13 +50,22 @@ impl DivergenceGuard {
     /// Records the watched numbers at the current index, in place: `values` holds them in the
     /// order of `names`, as 0-dim tensors or one [names.len()] tensor, any float dtype.
     pub fn record(&mut self, values: &[&Tensor]) {
+        let flat: Vec<Tensor> = values.iter().map(|v| v.view([-1])).collect();
+        self.record_rows(&Tensor::cat(&flat, 0).view([1, -1]));
+    }
+
+    /// Records several steps at once, in place: `rows` [steps, names.len()] holds the watched
+    /// numbers of steps index, index + 1, … (the RL loop's updates of one rollout, recorded after
+    /// it: one record per rollout, not per update).
+    pub fn record_rows(&mut self, rows: &Tensor) {
         tch::no_grad(|| {
-            let flat: Vec<Tensor> = values.iter().map(|v| v.to_kind(Kind::Double).view([-1])).collect();
-            let bad = Tensor::cat(&flat, 0).isfinite().logical_not();
-            debug_assert_eq!(bad.size(), [self.names.len() as i64]);
-            let any = bad.any();
-            let at = self.index.where_scalarother(&any, -1i64).view([1]);
-            let now = Tensor::cat(&[at, bad.to_kind(Kind::Int64)], 0);
+            let bad = rows.isfinite().logical_not();
+            debug_assert_eq!(bad.size()[1], self.names.len() as i64);
+            let bad_row = bad.any_dim(1, false);
+            // The first row with a non-finite number (argmax takes the first of equal maxima).
+            let first = bad_row.to_kind(Kind::Int64).argmax(0, false);
+            let at = (&self.index + &first).where_scalarother(&bad_row.any(), -1i64).view([1]);
+            let now = Tensor::cat(&[at, bad.index_select(0, &first.view([1])).view([-1]).to_kind(Kind::Int64)], 0);
             let seen = self.record.get(0).ge(0);
             let kept = self.record.where_self(&seen, &now);
             self.record.copy_(&kept);
@@ -130,5 +139,23 @@ mod tests {
         assert_eq!(g.read(), Some(Diverged { index: 3, what: vec!["a", "c"] }));
         let v = crate::host::values(&g.record_tensor().to_kind(Kind::Double));
         assert_eq!(g.decode(&v), g.read());
+    }
+
+    /// Several steps at once: the first row with a non-finite number gives the index (the
+    /// rows' start plus its position) and what went non-finite there; all finite rows change
+    /// nothing.
+    #[test]
+    fn rows_of_several_steps_keep_the_first_non_finite_one() {
+        const STATS: &[&str] = &["a", "b"];
+        let mut g = DivergenceGuard::new(STATS, Device::Cpu);
+        g.at(10);
+        g.record_rows(&Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([2, 2]));
+        assert_eq!(g.read(), None);
+        g.at(12);
+        g.record_rows(&Tensor::from_slice(&[1.0f32, 2.0, 3.0, f32::NAN, f32::INFINITY, f32::NAN]).view([3, 2]));
+        assert_eq!(g.read(), Some(Diverged { index: 13, what: vec!["b"] }));
+        g.at(20);
+        g.record_rows(&Tensor::from_slice(&[f32::NAN, 1.0]).view([1, 2]));
+        assert_eq!(g.read().unwrap().index, 13, "the first divergence is kept");
     }
 }
