@@ -78,14 +78,14 @@ fn main() {
     let ops: Vec<Op> = vec![
         (
             "stream read",
-            Box::new(|x| native::stream_read_fused(&x[0], &x[1]).unwrap()),
+            Box::new(|x| native::stream_read_fused(&x[0], &x[1], None).unwrap()),
             Box::new(|x| native::stream_read_composite(&x[0], &x[1])),
             vec![h.copy(), pre],
             vec![m, d],
         ),
         (
             "stream write",
-            Box::new(|x| native::stream_write_fused(&x[0], &x[1], &x[2], &x[3]).unwrap()),
+            Box::new(|x| native::stream_write_fused(&x[0], &x[1], &x[2], &x[3], None).unwrap()),
             Box::new(|x| native::stream_write_composite(&x[0], &x[1], &x[2], &x[3])),
             vec![h.copy(), res, post, out],
             vec![m, n, d],

@@ -6,7 +6,7 @@
 
 use super::composite::{sinkhorn_composite, stream_read_composite, stream_write_composite};
 use super::kernels::*;
-use super::setting::{fused_kernels_on, gpu_paths_on_cpu};
+use super::setting::{fused_kernels_on, gpu_paths_on_cpu, stream_grads_gathered};
 use anyhow::Result;
 use tch::{Kind, Tensor};
 
@@ -147,7 +147,8 @@ pub fn hacn_step_gpu(x: &Tensor, acc: &Tensor, h: &Tensor, a: &Tensor) -> Option
 /// [`gpu_paths_on_cpu`]); `None` elsewhere, where the kernels cannot run, or for K outside 3..=10.
 /// With `compute` bf16 the kernels round where the composite's bf16 product does (the normalised
 /// streams and W before the product, z after it; backward the same), so that the two differ only
-/// in the order of their fp32 sums.
+/// in the order of their fp32 sums. `grad`: x's gradient cell (x being the streams of
+/// [`gather_stream_grads`]), which the backward adds into.
 pub fn norm_project_gpu(
     x: &Tensor,
     gamma: &Tensor,
@@ -155,6 +156,7 @@ pub fn norm_project_gpu(
     w: &Tensor,
     eps: f64,
     compute: Kind,
+    grad: Option<&StreamGrad>,
 ) -> Option<Tensor> {
     let k = w.size().get(1).copied().unwrap_or(0);
     let takes = takes_gpu_paths(x)
@@ -164,7 +166,7 @@ pub fn norm_project_gpu(
     if !takes {
         return None;
     }
-    cuda_result(norm_project_cuda(x, gamma, beta, w, eps, compute == Kind::BFloat16))
+    cuda_result(norm_project_cuda(x, gamma, beta, w, eps, compute == Kind::BFloat16, grad))
 }
 
 /// [`history_attend`] where a step takes the GPU's fused paths (a CUDA device, or the CPU under
@@ -270,16 +272,34 @@ pub fn cuda_result<T>(r: anyhow::Result<T>) -> Option<T> {
 /// On the CPU in fp32/fp64 one fused pass forward and one backward ([`stream_read_fused`]); in
 /// fp32 on a GPU the same through plexus' CUDA kernels ([`cuda_fused`]); elsewhere, and if those
 /// cannot run, [`stream_read_composite`].
-pub fn stream_read(h: &Tensor, pre: &Tensor) -> Tensor {
+/// `grad`: h's gradient cell ([`gather_stream_grads`]), which the fused backward adds into.
+pub fn stream_read(h: &Tensor, pre: &Tensor, grad: Option<&StreamGrad>) -> Tensor {
     if fused_streams_take_all(&[h, pre]) {
-        return stream_read_fused(h, pre).unwrap_or_else(|e| panic!("fused stream read: {e:#}"));
+        return stream_read_fused(h, pre, grad).unwrap_or_else(|e| panic!("fused stream read: {e:#}"));
     }
     if cuda_fused(&[h, pre], stream_count(h)) {
-        if let Some(u) = cuda_result(stream_read_fused(h, pre)) {
+        if let Some(u) = cuda_result(stream_read_fused(h, pre, grad)) {
             return u;
         }
     }
     stream_read_composite(h, pre)
+}
+
+/// The streams `h` `[.., n, D]` of a step that will run backward, through the pass-through that
+/// owns their one gradient ([`StreamGrad`], `native/src/stream_grad.h`), where the fused stream
+/// kernels take them (fp32/fp64 on the CPU, fp32 on a GPU with the kernels on): `(h, Some(cell))`,
+/// the cell for every fused reader of the returned `h` ([`stream_read`], [`stream_write`],
+/// [`norm_project_gpu`]); otherwise `(h, None)`, and autograd adds the readers' gradients.
+pub fn gather_stream_grads(h: Tensor) -> (Tensor, Option<StreamGrad>) {
+    let takes =
+        stream_grads_gathered() && h.requires_grad() && (fused_streams_take(&h) || cuda_fused(&[&h], stream_count(&h)));
+    if !takes {
+        return (h, None);
+    }
+    match stream_gather(&h) {
+        Ok((gathered, cell)) => (gathered, Some(cell)),
+        Err(e) => panic!("stream gradient gather: {e:#}"),
+    }
 }
 
 /// n of streams `[.., n, D]`.
@@ -298,9 +318,10 @@ fn stream_count(h: &Tensor) -> i64 {
 /// version's per-token matrix products and their backwards were most of Hyper-Connections'
 /// overhead over residual there. On a GPU with fp32 streams, one kernel each way through plexus'
 /// CUDA kernels ([`cuda_fused`]). Elsewhere, and if those cannot run, [`stream_write_composite`].
-pub fn stream_write(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Tensor {
+/// `grad`: h's gradient cell ([`gather_stream_grads`]), which the fused backward writes.
+pub fn stream_write(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor, grad: Option<&StreamGrad>) -> Tensor {
     if fused_streams_take_all(&[h, res, post, o]) {
-        return stream_write_fused(h, res, post, o).unwrap_or_else(|e| panic!("fused stream write: {e:#}"));
+        return stream_write_fused(h, res, post, o, grad).unwrap_or_else(|e| panic!("fused stream write: {e:#}"));
     }
     // On a GPU the unit output may be bf16 (autocast's rule) where the streams are fp32: the
     // composite addcmul promotes it, exactly as this conversion does.
@@ -308,7 +329,7 @@ pub fn stream_write(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Tens
         let o32 =
             if matches!(o.kind(), Kind::BFloat16 | Kind::Half) { o.to_kind(Kind::Float) } else { o.shallow_clone() };
         if cuda_fused(&[h, res, post, &o32], stream_count(h)) {
-            if let Some(out) = cuda_result(stream_write_fused(h, res, post, &o32)) {
+            if let Some(out) = cuda_result(stream_write_fused(h, res, post, &o32, grad)) {
                 return out;
             }
         }

@@ -21,6 +21,7 @@
 #include "guarded.h"
 #include "history.h"
 #include "record.h"
+#include "stream_grad.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
@@ -121,7 +122,7 @@ void host_sinkhorn(const T* logits, const T* grad, T* out, T* grad_logits, int64
 // gws [M, n² + n]: gres, then gpost) for the write. `per_token`: the weights hold M sets, else one.
 template <typename T>
 void host_stream_read(const T* h, const T* pre, const T* gu, T* u, T* gh, T* gpre, int64_t m_total, int64_t n,
-                      int64_t d, bool per_token, int64_t threads) {
+                      int64_t d, bool per_token, int64_t threads, bool accumulate = false) {
   with_n(n, [&](auto fixed) {
     constexpr int N = decltype(fixed)::value;
     for (int64_t m = 0; m < m_total; ++m) {
@@ -131,7 +132,7 @@ void host_stream_read(const T* h, const T* pre, const T* gu, T* u, T* gh, T* gpr
         plexus_streams::read_forward<T, N>(h, pre, u, m, d, per_token, i, threads);
         if (sum == nullptr) continue;
         T part[N];
-        plexus_streams::read_backward<T, N>(h, pre, gu, gh, m, d, per_token, i, threads, part);
+        plexus_streams::read_backward<T, N>(h, pre, gu, gh, m, d, per_token, i, threads, part, accumulate);
         for (int k = 0; k < N; ++k) sum[k] += part[k];
       }
     }
@@ -215,7 +216,7 @@ void host_norm(const float* x, const float* w, const float* b, const unsigned sh
 // the kernels' caller does).
 void host_norm_project(const float* x, const float* gamma, const float* beta, const float* w, const float* gz, float* z,
                        float* mean, float* rstd, float* gx, float* ggamma, float* gbeta, float* gw, int64_t rows,
-                       int64_t d, int64_t n, float eps, bool round, int64_t threads) {
+                       int64_t d, int64_t n, float eps, bool round, int64_t threads, bool accumulate = false) {
   with_n(n, [&](auto fixed) {
     constexpr int K = decltype(fixed)::value + 2;
     for (int64_t r = 0; r < rows; ++r) {
@@ -249,7 +250,7 @@ void host_norm_project(const float* x, const float* gamma, const float* beta, co
       const float mg = sg / static_cast<float>(d), mgx = sgx / static_cast<float>(d);
       for (int64_t t = 0; t < threads; ++t) {
         plexus_norm_project::backward_row<K>(x, gamma, beta, w, g, gx, part.data(), r, d, mean[r], rstd[r], mg, mgx,
-                                             round, t, threads);
+                                             round, t, threads, accumulate);
       }
     }
     std::copy(part.begin(), part.begin() + d, ggamma);
@@ -437,17 +438,18 @@ void run_norm_project_forward_on_host(const at::Tensor& x, const at::Tensor& gam
                     w.size(1) - 2, static_cast<float>(eps), round, kNormThreads);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> run_norm_project_backward_on_host(
+// gx [R, D] written, or with `accumulate` added to.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run_norm_project_backward_on_host(
     const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta, const at::Tensor& w, const at::Tensor& gz,
-    double eps, bool round) {
+    double eps, bool round, const at::Tensor& gx, bool accumulate) {
   const int64_t rows = x.size(0), d = x.size(1), kk = w.size(1);
   auto z = at::empty({rows, kk}, x.options()), mean = at::empty({rows}, x.options()), rstd = at::empty({rows}, x.options());
-  auto gx = at::empty_like(x), gg = at::empty({d}, x.options()), gb = at::empty({d}, x.options()),
-       gw = at::empty({d, kk}, x.options());
+  auto gg = at::empty({d}, x.options()), gb = at::empty({d}, x.options()), gw = at::empty({d, kk}, x.options());
   host_norm_project(cptr<float>(x), cptr<float>(gamma), cptr<float>(beta), cptr<float>(w), cptr<float>(gz),
                     mptr<float>(z), mptr<float>(mean), mptr<float>(rstd), mptr<float>(gx), mptr<float>(gg),
-                    mptr<float>(gb), mptr<float>(gw), rows, d, kk - 2, static_cast<float>(eps), round, kNormThreads);
-  return {gx, gg, gb, gw};
+                    mptr<float>(gb), mptr<float>(gw), rows, d, kk - 2, static_cast<float>(eps), round, kNormThreads,
+                    accumulate);
+  return {gg, gb, gw};
 }
 
 void run_rope_backward_on_host(const at::Tensor& gy, const at::Tensor& cs, const at::Tensor& sn, const at::Tensor& gx) {
@@ -834,15 +836,16 @@ void launch_read(const Kernels& k, const at::Tensor& h, const at::Tensor& pre, c
 }
 
 void launch_read_backward(const Kernels& k, const at::Tensor& h, const at::Tensor& pre, const at::Tensor& gu,
-                          const at::Tensor& gh, const at::Tensor& gpre, int64_t m, int64_t d, bool per_token) {
+                          const at::Tensor& gh, const at::Tensor& gpre, int64_t m, int64_t d, bool per_token,
+                          bool accumulate) {
   const float* hp = h.const_data_ptr<float>();
   const float* pp = pre.const_data_ptr<float>();
   const float* gp = gu.const_data_ptr<float>();
   float* ghp = gh.mutable_data_ptr<float>();
   float* gwp = gpre.mutable_data_ptr<float>();
   long long dd = d;
-  int pt = per_token ? 1 : 0;
-  void* args[] = {&hp, &pp, &gp, &ghp, &gwp, &dd, &pt};
+  int pt = per_token ? 1 : 0, acc = accumulate ? 1 : 0;
+  void* args[] = {&hp, &pp, &gp, &ghp, &gwp, &dd, &pt, &acc};
   launch(k, k.read_backward, "stream read backward", h.device(), m, kStreamThreads, args);
 }
 
@@ -974,12 +977,13 @@ void launch_norm_project_forward(const Kernels& k, const at::Tensor& x, const at
   launch(k, k.norm_project_forward, "norm-project forward", x.device(), x.size(0), kNormThreads, args);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> launch_norm_project_backward(
+// gx [R, D] written, or with `accumulate` added to; returns gγ, gβ, gW.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> launch_norm_project_backward(
     const Kernels& k, const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta, const at::Tensor& w,
-    const at::Tensor& gz, const at::Tensor& mean, const at::Tensor& rstd, bool round) {
+    const at::Tensor& gz, const at::Tensor& mean, const at::Tensor& rstd, bool round, const at::Tensor& gx,
+    bool accumulate) {
   const int64_t rows_total = x.size(0), d = x.size(1), kk = w.size(1);
   const int64_t blocks = std::max<int64_t>((rows_total + kNormProjectRows - 1) / kNormProjectRows, 1);
-  auto gx = at::empty_like(x);
   auto part = at::zeros({blocks, 2 * d + d * kk}, x.options());
   const float* xp = x.const_data_ptr<float>();
   const float* gp = gamma.const_data_ptr<float>();
@@ -991,13 +995,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> launch_norm_project_b
   float* gxp = gx.mutable_data_ptr<float>();
   float* pp = part.mutable_data_ptr<float>();
   long long rr = rows_total, dd = d, per = kNormProjectRows;
-  int rd = round ? 1 : 0;
-  void* args[] = {&xp, &gp, &bp, &wp, &zp, &mp, &rp, &gxp, &pp, &rr, &dd, &per, &rd};
+  int rd = round ? 1 : 0, acc = accumulate ? 1 : 0;
+  void* args[] = {&xp, &gp, &bp, &wp, &zp, &mp, &rp, &gxp, &pp, &rr, &dd, &per, &rd, &acc};
   launch(k, k.norm_project_backward, "norm-project backward", x.device(), blocks, kNormThreads, args);
   const auto sums = part.sum(0);
   auto gw = sums.narrow(0, 2 * d, d * kk).view({d, kk});
   if (round) gw = gw.to(at::kBFloat16).to(at::kFloat);
-  return {gx, sums.narrow(0, 0, d), sums.narrow(0, d, d), gw};
+  return {sums.narrow(0, 0, d), sums.narrow(0, d, d), gw};
 }
 
 // SwiGLU: g, u (and gh) contiguous bf16 or fp32 on the kernels' device; h (gg, gu) alike. Blocks
@@ -1150,11 +1154,14 @@ void self_check_streams(const Kernels& k, c10::Device device) {
     const auto h = pattern({m, n, d}, 0.3), pre = pattern({sets, n}, 0.7), res = pattern({sets, n, n}, 1.1),
                post = pattern({sets, n}, 1.7), o = pattern({m, d}, 2.3), gu = pattern({m, d}, 2.9),
                g = pattern({m, n, d}, 3.7);
-    auto u = at::empty({m, d}, at::kDouble), gh_r = at::empty({m, n, d}, at::kDouble),
-         gpre = at::empty({m, n}, at::kDouble);
+    // With shared weights, the read's backward adds into a gradient already there (a stream's
+    // gradient cell, stream_grad.h).
+    const bool accumulate = !per_token;
+    const auto gh0 = accumulate ? pattern({m, n, d}, 4.3) : at::zeros({m, n, d}, at::kDouble);
+    auto u = at::empty({m, d}, at::kDouble), gh_r = gh0.clone(), gpre = at::empty({m, n}, at::kDouble);
     host_stream_read<double>(h.const_data_ptr<double>(), pre.const_data_ptr<double>(), gu.const_data_ptr<double>(),
                              u.mutable_data_ptr<double>(), gh_r.mutable_data_ptr<double>(),
-                             gpre.mutable_data_ptr<double>(), m, n, d, per_token, 1);
+                             gpre.mutable_data_ptr<double>(), m, n, d, per_token, 1, accumulate);
     auto out = at::empty({m, n, d}, at::kDouble), gh_w = at::empty({m, n, d}, at::kDouble),
          go = at::empty({m, d}, at::kDouble), gws = at::empty({m, n * n + n}, at::kDouble);
     host_stream_write<double>(h.const_data_ptr<double>(), res.const_data_ptr<double>(),
@@ -1163,9 +1170,9 @@ void self_check_streams(const Kernels& k, c10::Device device) {
                               go.mutable_data_ptr<double>(), gws.mutable_data_ptr<double>(), m, n, d, per_token, 1);
     const auto hd = h.to(opts), pred = pre.to(opts), resd = res.to(opts), postd = post.to(opts), od = o.to(opts),
                gud = gu.to(opts), gd = g.to(opts);
-    auto u_d = at::empty({m, d}, opts), gh_rd = at::empty({m, n, d}, opts), gpre_d = at::empty({m, n}, opts);
+    auto u_d = at::empty({m, d}, opts), gh_rd = gh0.to(opts), gpre_d = at::empty({m, n}, opts);
     launch_read(k, hd, pred, u_d, m, d, per_token);
-    launch_read_backward(k, hd, pred, gud, gh_rd, gpre_d, m, d, per_token);
+    launch_read_backward(k, hd, pred, gud, gh_rd, gpre_d, m, d, per_token, accumulate);
     auto out_d = at::empty({m, n, d}, opts), gh_wd = at::empty({m, n, d}, opts), go_d = at::empty({m, d}, opts),
          gws_d = at::empty({m, n * n + n}, opts);
     launch_write(k, hd, resd, postd, od, out_d, m, d, per_token);
@@ -1341,19 +1348,24 @@ void self_check_norm_project(const Kernels& k, c10::Device device) {
   const auto gamma = pattern({d}, 1.1).to(at::kFloat) + 1.0, beta = pattern({d}, 2.3).to(at::kFloat);
   const auto w = pattern({d, kk}, 0.9).to(at::kFloat), gz = pattern({rows, kk}, 1.7).to(at::kFloat);
   for (const bool round : {false, true}) {
+    // The bf16 case adds gx into a gradient already there (a stream's gradient cell, stream_grad.h).
+    const bool accumulate = round;
+    const auto gx0 = accumulate ? pattern({rows, d}, 3.1).to(at::kFloat) : at::zeros({rows, d}, at::kFloat);
     auto z = at::empty({rows, kk}, at::kFloat), mean = at::empty({rows}, at::kFloat), rstd = at::empty({rows}, at::kFloat),
-         gx = at::empty({rows, d}, at::kFloat), gg = at::empty({d}, at::kFloat), gb = at::empty({d}, at::kFloat),
+         gx = gx0.clone(), gg = at::empty({d}, at::kFloat), gb = at::empty({d}, at::kFloat),
          gw = at::empty({d, kk}, at::kFloat);
     host_norm_project(x.const_data_ptr<float>(), gamma.const_data_ptr<float>(), beta.const_data_ptr<float>(),
                       w.const_data_ptr<float>(), gz.const_data_ptr<float>(), z.mutable_data_ptr<float>(),
                       mean.mutable_data_ptr<float>(), rstd.mutable_data_ptr<float>(), gx.mutable_data_ptr<float>(),
                       gg.mutable_data_ptr<float>(), gb.mutable_data_ptr<float>(), gw.mutable_data_ptr<float>(), rows, d,
-                      n, 1e-5f, round, kNormThreads);
+                      n, 1e-5f, round, kNormThreads, accumulate);
     const auto xd = x.to(device), gd = gamma.to(device), bd = beta.to(device), wd = w.to(device), gzd = gz.to(device);
     auto z_d = at::empty({rows, kk}, xd.options()), mean_d = at::empty({rows}, xd.options()),
          rstd_d = at::empty({rows}, xd.options());
     launch_norm_project_forward(k, xd, gd, bd, wd, z_d, mean_d, rstd_d, 1e-5, round);
-    const auto [gx_d, gg_d, gb_d, gw_d] = launch_norm_project_backward(k, xd, gd, bd, wd, gzd, mean_d, rstd_d, round);
+    const auto gx_d = gx0.to(device);
+    const auto [gg_d, gb_d, gw_d] =
+        launch_norm_project_backward(k, xd, gd, bd, wd, gzd, mean_d, rstd_d, round, gx_d, accumulate);
     // bf16-rounded values may round the other way where the two summation orders differ in the last bit.
     const double tol = round ? 1e-2 : 1e-4;
     const double dz = deviation(z_d, z.to(at::kDouble)), dx = deviation(gx_d, gx.to(at::kDouble)),
@@ -1583,9 +1595,9 @@ void stream_read(const at::Tensor& h, const at::Tensor& pre, const at::Tensor& u
 }
 
 void stream_read_backward(const at::Tensor& h, const at::Tensor& pre, const at::Tensor& gu, const at::Tensor& gh,
-                          const at::Tensor& gpre, int64_t m, int64_t n, int64_t d, bool per_token) {
+                          const at::Tensor& gpre, int64_t m, int64_t n, int64_t d, bool per_token, bool accumulate) {
   const c10::DeviceGuard device_guard(h.device());
-  launch_read_backward(kernels_for(h.device(), n), h, pre, gu, gh, gpre, m, d, per_token);
+  launch_read_backward(kernels_for(h.device(), n), h, pre, gu, gh, gpre, m, d, per_token, accumulate);
 }
 
 void stream_write(const at::Tensor& h, const at::Tensor& res, const at::Tensor& post, const at::Tensor& o,
@@ -1810,8 +1822,10 @@ struct HistoryAttend : public torch::autograd::Function<HistoryAttend> {
 // W [D, K] fp32 (K = n + 2, 3 ≤ K ≤ kMaxStreams + 2) → z [.., K] fp32, its values bf16-rounded with
 // `round`. Saved: x, γ, β, W, mean and rstd [R].
 struct NormProjectCuda : public torch::autograd::Function<NormProjectCuda> {
+  // `cell`: where x's gradient goes (x being a multi-stream state, stream_grad.h), or none.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& gamma_in,
-                            const at::Tensor& beta_in, const at::Tensor& w_in, double eps, bool round) {
+                            const at::Tensor& beta_in, const at::Tensor& w_in, double eps, bool round,
+                            plexus_stream_grad::Cell cell) {
     const c10::DeviceGuard device_guard(x_in.device());
     const int64_t d = x_in.size(-1), kk = w_in.size(1);
     const auto x = x_in.reshape({-1, d}).contiguous();
@@ -1828,6 +1842,7 @@ struct NormProjectCuda : public torch::autograd::Function<NormProjectCuda> {
     ctx->save_for_backward({x, gamma, beta, w, mean, rstd});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["round"] = round;
+    if (plexus_stream_grad::gathers(cell)) ctx->saved_data["cell"] = cell.grad;
     auto sizes = x_in.sizes().vec();
     sizes.back() = kk;
     return z.view(sizes);
@@ -1839,15 +1854,24 @@ struct NormProjectCuda : public torch::autograd::Function<NormProjectCuda> {
     const c10::DeviceGuard device_guard(x.device());
     const bool round = ctx->saved_data["round"].toBool();
     const auto gz = grads[0].to(at::kFloat).reshape({-1, w.size(1)}).contiguous();
-    RECORD_FUNCTION("plexus::norm_project_backward", std::vector<c10::IValue>({gz}));
-    auto [gx, gg, gb, gw] =
-        x.is_cpu() ? run_norm_project_backward_on_host(x, gamma, beta, w, gz, ctx->saved_data["eps"].toDouble(), round)
+    const auto cell_at = ctx->saved_data.find("cell");
+    const plexus_stream_grad::Cell cell{cell_at == ctx->saved_data.end() ? at::Tensor() : cell_at->second.toTensor()};
+    // gx: x's gradient, written (a fresh tensor, or the cell's first) or added into the cell (then
+    // read too, as x is).
+    const auto [gx, accumulate] = plexus_stream_grad::gathers(cell) ? plexus_stream_grad::target(cell, x.sizes())
+                                                                     : std::make_pair(at::empty_like(x), false);
+    RECORD_FUNCTION("plexus::norm_project_backward",
+                    accumulate ? std::vector<c10::IValue>({x, gz, gx}) : std::vector<c10::IValue>({x, gz}));
+    auto [gg, gb, gw] =
+        x.is_cpu() ? run_norm_project_backward_on_host(x, gamma, beta, w, gz, ctx->saved_data["eps"].toDouble(), round,
+                                                       gx, accumulate)
                    : launch_norm_project_backward(kernels_for(x.device(), w.size(1) - 2), x, gamma, beta, w, gz,
-                                                  saved[4], saved[5], round);
+                                                  saved[4], saved[5], round, gx, accumulate);
     PLEXUS_RECORD_OUTPUTS(gx, gg, gb, gw);
     auto sizes = grads[0].sizes().vec();
     sizes.back() = x.size(1);
-    return {gx.view(sizes), gg, gb, gw, at::Tensor(), at::Tensor()};
+    return {plexus_stream_grad::gathers(cell) ? at::Tensor() : gx.view(sizes), gg, gb, gw, at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -2106,8 +2130,9 @@ char* plexus_history_attend(at::Tensor* buf, at::Tensor* gbuf, const int64_t* sl
 // HC's dynamic logits on a CUDA device (or the CPU, through the kernels' host build): z = LayerNorm(x;
 // γ, β, eps) · W for x [.., D] fp32, γ, β [D], W [D, K] fp32 (3 ≤ K ≤ 10), bf16 roundings with
 // `round`; differentiable (x, γ, β, W).
+// `cell`: x's gradient cell (x a multi-stream state, stream_grad.h), or NULL.
 char* plexus_norm_project_cuda(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w, double eps,
-                               int64_t round, at::Tensor** out) {
+                               int64_t round, at::Tensor* cell, at::Tensor** out) {
   return guarded([&] {
     const int64_t d = x->dim() >= 1 ? x->size(-1) : 0;
     const auto fp32_on = [&](const at::Tensor& t) {
@@ -2121,15 +2146,15 @@ char* plexus_norm_project_cuda(at::Tensor* x, at::Tensor* gamma, at::Tensor* bet
           "the CUDA norm-project takes fp32 x [.., D], γ, β [D] and W [D, K] (3 ≤ K ≤ " +
           std::to_string(kMaxStreams + 2) + ") on one CUDA device (or the CPU)");
     }
-    *out = new at::Tensor(NormProjectCuda::apply(*x, *gamma, *beta, *w, eps, round != 0));
+    *out = new at::Tensor(NormProjectCuda::apply(*x, *gamma, *beta, *w, eps, round != 0, plexus_stream_grad::cell_of(cell)));
   });
 }
 
 // The norm-project kernels' per-thread arithmetic on the CPU, each block as `threads` threads: x [R, D],
-// γ, β [D], W [D, K], gz [R, K] (fp32, contiguous) → out[0] = z, out[1] = gx, out[2] = gγ, out[3] = gβ,
-// out[4] = gW.
+// γ, β [D], W [D, K], gz [R, K] (fp32, contiguous) → out[0] = z, out[1] = gx (added to gx_in unless
+// that is NULL), out[2] = gγ, out[3] = gβ, out[4] = gW.
 char* plexus_norm_project_host(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w, at::Tensor* gz,
-                               double eps, int64_t round, int64_t threads, at::Tensor** out) {
+                               double eps, int64_t round, int64_t threads, at::Tensor* gx_in, at::Tensor** out) {
   return guarded([&] {
     const auto cpu_f32 = [](const at::Tensor& t) {
       return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
@@ -2141,12 +2166,16 @@ char* plexus_norm_project_host(at::Tensor* x, at::Tensor* gamma, at::Tensor* bet
     if (!ok) throw std::invalid_argument("plexus_norm_project_host takes contiguous fp32 CPU x [R, D], γ, β [D], W [D, K], gz [R, K]");
     if (threads < 1) throw std::invalid_argument("plexus_norm_project_host takes threads ≥ 1");
     const int64_t rows = x->size(0), d = x->size(1), kk = w->size(1);
+    if (gx_in != nullptr && !(cpu_f32(*gx_in) && gx_in->sizes() == x->sizes())) {
+      throw std::invalid_argument("plexus_norm_project_host: the gradient added to must be like x");
+    }
     auto z = at::empty({rows, kk}, at::kFloat), mean = at::empty({rows}, at::kFloat), rstd = at::empty({rows}, at::kFloat),
-         gx = at::empty({rows, d}, at::kFloat), gg = at::empty({d}, at::kFloat), gb = at::empty({d}, at::kFloat),
-         gw = at::empty({d, kk}, at::kFloat);
+         gx = gx_in != nullptr ? gx_in->clone() : at::empty({rows, d}, at::kFloat), gg = at::empty({d}, at::kFloat),
+         gb = at::empty({d}, at::kFloat), gw = at::empty({d, kk}, at::kFloat);
     host_norm_project(cptr<float>(*x), cptr<float>(*gamma), cptr<float>(*beta), cptr<float>(*w), cptr<float>(*gz),
                       mptr<float>(z), mptr<float>(mean), mptr<float>(rstd), mptr<float>(gx), mptr<float>(gg),
-                      mptr<float>(gb), mptr<float>(gw), rows, d, kk - 2, static_cast<float>(eps), round != 0, threads);
+                      mptr<float>(gb), mptr<float>(gw), rows, d, kk - 2, static_cast<float>(eps), round != 0, threads,
+                      gx_in != nullptr);
     out[0] = new at::Tensor(z);
     out[1] = new at::Tensor(gx);
     out[2] = new at::Tensor(gg);
@@ -2312,7 +2341,7 @@ char* plexus_sinkhorn_host(at::Tensor* logits, at::Tensor* grad, int64_t iters, 
 
 // The stream kernels' per-token arithmetic on the CPU, each token's block as `threads` threads
 // (contiguous fp32 or fp64 CPU tensors of one dtype): `write` 0, the read (a = h [M, n, D], b = pre [M, n] or [n], c = gu [M, D]: out[0] = u,
-// out[1] = gH, out[2] = gpre [M, n]); `write` 1, the write (a = h, b = res [M, n, n] or [n, n],
+// out[1] = gH, out[2] = gpre [M, n]); `write` 2, the read with gH added to e = gH₀ [M, n, D]; `write` 1, the write (a = h, b = res [M, n, n] or [n, n],
 // c = post [M, n] or [n], d = o [M, D], e = g [M, n, D]: out[0] = H', out[1] = gH, out[2] = go,
 // out[3] = gws [M, n² + n], the per-token gres then gpost).
 char* plexus_streams_host(int64_t write, int64_t threads, at::Tensor* a, at::Tensor* b, at::Tensor* c,
@@ -2324,22 +2353,26 @@ char* plexus_streams_host(int64_t write, int64_t threads, at::Tensor* a, at::Ten
       throw std::invalid_argument("plexus_streams_host takes fp32/fp64 CPU streams [M, n, D]");
     }
     const int64_t m = h.size(0), n = h.size(1), d = h.size(2);
+    if (write < 0 || write > 2) throw std::invalid_argument("plexus_streams_host: `write` is 0, 1 or 2");
     std::vector<const at::Tensor*> ins = {a, b, c};
-    if (write != 0) ins.insert(ins.end(), {d_in, e_in});
+    if (write == 1) ins.insert(ins.end(), {d_in, e_in});
+    if (write == 2) ins.push_back(e_in);
     for (const at::Tensor* t : ins) {
       if (t == nullptr || !t->is_contiguous() || !t->device().is_cpu() || t->scalar_type() != h.scalar_type()) {
         throw std::invalid_argument("plexus_streams_host takes contiguous CPU tensors of the streams' dtype");
       }
     }
-    const bool per_token = b->numel() != (write != 0 ? n * n : n);
+    if (write == 2 && e_in->sizes() != h.sizes()) throw std::invalid_argument("plexus_streams_host: gH₀ is not like h");
+    const bool per_token = b->numel() != (write == 1 ? n * n : n);
     const auto opts = h.options();
     AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "streams_host", [&] {
-      if (write == 0) {
-        auto u = at::empty({m, d}, opts), gh = at::empty({m, n, d}, opts), gpre = at::empty({m, n}, opts);
+      if (write != 1) {
+        auto u = at::empty({m, d}, opts), gh = write == 2 ? e_in->clone() : at::empty({m, n, d}, opts),
+             gpre = at::empty({m, n}, opts);
         host_stream_read<scalar_t>(h.const_data_ptr<scalar_t>(), b->const_data_ptr<scalar_t>(),
                                    c->const_data_ptr<scalar_t>(), u.mutable_data_ptr<scalar_t>(),
                                    gh.mutable_data_ptr<scalar_t>(), gpre.mutable_data_ptr<scalar_t>(), m, n, d,
-                                   per_token, threads);
+                                   per_token, threads, write == 2);
         out[0] = new at::Tensor(u);
         out[1] = new at::Tensor(gh);
         out[2] = new at::Tensor(gpre);

@@ -18,9 +18,9 @@ bool takes_streams(int64_t n);
 void stream_read(const at::Tensor& h, const at::Tensor& pre, const at::Tensor& u, int64_t m, int64_t n, int64_t d,
                  bool per_token);
 
-// gh [m, n, d] and the per-token gpre [m, n] from gu [m, d].
+// gh [m, n, d] (written, or with `accumulate` added to) and the per-token gpre [m, n] from gu [m, d].
 void stream_read_backward(const at::Tensor& h, const at::Tensor& pre, const at::Tensor& gu, const at::Tensor& gh,
-                          const at::Tensor& gpre, int64_t m, int64_t n, int64_t d, bool per_token);
+                          const at::Tensor& gpre, int64_t m, int64_t n, int64_t d, bool per_token, bool accumulate);
 
 // out [m, n, d]: out[t] = Σ_s res[s, t] h[s] + post[t] o; res [m, n, n] or [n, n], post [m, n] or [n].
 void stream_write(const at::Tensor& h, const at::Tensor& res, const at::Tensor& post, const at::Tensor& o,

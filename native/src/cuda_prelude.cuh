@@ -33,3 +33,15 @@ __device__ __forceinline__ unsigned int plexus_float_bits(float f) { return __fl
 #define PLEXUS_INFINITY __int_as_float(0x7f800000)
 #define PLEXUS_NAN __int_as_float(0x7fffffff)
 #endif
+
+// a + b, never contracted with a product in b into a fused multiply-add: a kernel that adds its
+// gradient into another's (stream_grad.h) rounds as autograd's separate addition did. (The host
+// build targets baseline x86-64, which has no fused multiply-add.)
+#ifdef PLEXUS_KERNELS_ON_HOST
+template <typename T>
+inline T plexus_add_rn(T a, T b) {
+  return a + b;
+}
+#else
+__device__ __forceinline__ float plexus_add_rn(float a, float b) { return __fadd_rn(a, b); }
+#endif

@@ -32,25 +32,61 @@ fn fused_results<const N: usize>(err: *mut c_char, out: [*mut torch_sys::C_tenso
     Ok(out.map(|p| unsafe { Tensor::from_ptr(p) }))
 }
 
+/// One gradient tensor for a multi-stream state `H` `[.., n, D]` (`native/src/stream_grad.h`):
+/// the fused backwards of H's readers (the write, the read, the dynamic logits' kernel) write or
+/// add their gradients into it in the pass that computes them, and [`stream_gather`]'s
+/// pass-through hands the sum to autograd, instead of autograd adding three `[.., n, D]`
+/// temporaries. A reader given the cell must read the gather's output.
+pub struct StreamGrad(Tensor);
+
+impl StreamGrad {
+    fn ptr(grad: Option<&StreamGrad>) -> *mut torch_sys::C_tensor {
+        grad.map_or(std::ptr::null_mut(), |g| g.0.as_ptr() as *mut _)
+    }
+}
+
+/// The streams `h` `[.., n, D]` (fp32/fp64) through the pass-through that owns their gradient
+/// cell: `(h, the cell)`, the cell to be handed to every fused reader of the returned tensor.
+pub fn stream_gather(h: &Tensor) -> Result<(Tensor, StreamGrad)> {
+    let cell = Tensor::empty([0], (h.kind(), h.device()));
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: live handles for the call; the C++ side writes a new, caller-owned tensor.
+    let err = unsafe { ffi::plexus_stream_gather(h.as_ptr() as *mut _, cell.as_ptr() as *mut _, &mut out) };
+    Ok((fused_result(err, out)?, StreamGrad(cell)))
+}
+
 /// The read of a multi-stream unit, `u = Σ_s pre[s] H[s]`, as one fused pass forward and one
 /// backward (an autograd function): `h` `[.., n, D]`, `pre` `[.., n]` (per token) or `[n]`
 /// (static) → `u` `[.., D]`. CPU fp32/fp64 tensors of one dtype (`fused_streams_take`), or fp32
 /// tensors on one CUDA device with n ≤ [`CUDA_KERNELS_MAX_STREAMS`] (the CUDA kernels; an error if
-/// they cannot run there).
-pub fn stream_read_fused(h: &Tensor, pre: &Tensor) -> Result<Tensor> {
+/// they cannot run there). `grad`: h's gradient cell, which the backward adds into (or none).
+pub fn stream_read_fused(h: &Tensor, pre: &Tensor, grad: Option<&StreamGrad>) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
-    // SAFETY: the inputs are live `at::Tensor*` for the call; the C++ side only reads them and
-    // writes a new, caller-owned handle to `out` when it returns no error.
-    let err =
-        unsafe { ffi::plexus_stream_read(h.as_ptr() as *mut _, pre.as_ptr() as *mut _, kernel_isa().code(), &mut out) };
+    // SAFETY: the inputs are live `at::Tensor*` for the call (the cell null or live); the C++ side
+    // only reads them and writes a new, caller-owned handle to `out` when it returns no error.
+    let err = unsafe {
+        ffi::plexus_stream_read(
+            h.as_ptr() as *mut _,
+            pre.as_ptr() as *mut _,
+            kernel_isa().code(),
+            StreamGrad::ptr(grad),
+            &mut out,
+        )
+    };
     fused_result(err, out)
 }
 
 /// The write of a multi-stream unit, `H'[t] = Σ_s res[s,t] H[s] + post[t] · o`, as one fused
 /// pass forward and one backward: `h` `[.., n, D]`, `res` `[.., n, n]` or `[n, n]`, `post`
 /// `[.., n]` or `[n]` (per token or static, as `res`), `o` `[.., D]` → `[.., n, D]`. Devices and
-/// dtypes as [`stream_read_fused`].
-pub fn stream_write_fused(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -> Result<Tensor> {
+/// dtypes as [`stream_read_fused`]; `grad`: h's gradient cell, which the backward writes (or none).
+pub fn stream_write_fused(
+    h: &Tensor,
+    res: &Tensor,
+    post: &Tensor,
+    o: &Tensor,
+    grad: Option<&StreamGrad>,
+) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
     // SAFETY: as in `stream_read_fused`.
     let err = unsafe {
@@ -60,6 +96,7 @@ pub fn stream_write_fused(h: &Tensor, res: &Tensor, post: &Tensor, o: &Tensor) -
             post.as_ptr() as *mut _,
             o.as_ptr() as *mut _,
             kernel_isa().code(),
+            StreamGrad::ptr(grad),
             &mut out,
         )
     };
@@ -128,16 +165,29 @@ pub type StreamsHost = Vec<Tensor>;
 /// `[M, D]`) with `grad` = g `[M, n, D]` → `[H', gH, go, gws [M, n² + n]]` (each token's gres,
 /// row-major `[s, t]`, then its gpost). The weights' gradients are per token, unsummed.
 /// Each token's block runs as `threads` calls of the per-thread function (thread i takes d = i,
-/// i + threads, …), their partial sums added as the GPU's block sum does.
-pub fn streams_host(h: &Tensor, weights: &[&Tensor], grad: &Tensor, threads: usize) -> Result<StreamsHost> {
-    let write = match weights.len() {
-        1 => 0,
-        3 => 1,
-        k => bail!("streams_host takes [pre] or [res, post, o], not {k} weights"),
+/// i + threads, …), their partial sums added as the GPU's block sum does. `added_to` (the read
+/// only): gH `[M, n, D]` is added to it, as into a stream's gradient cell ([`StreamGrad`]).
+pub fn streams_host(
+    h: &Tensor,
+    weights: &[&Tensor],
+    grad: &Tensor,
+    threads: usize,
+    added_to: Option<&Tensor>,
+) -> Result<StreamsHost> {
+    let write = match (weights.len(), added_to) {
+        (1, None) => 0,
+        (1, Some(_)) => 2,
+        (3, None) => 1,
+        (3, Some(_)) => bail!("streams_host adds into a gradient for the read only"),
+        (k, _) => bail!("streams_host takes [pre] or [res, post, o], not {k} weights"),
     };
     let mut ins: Vec<*mut torch_sys::C_tensor> = weights.iter().map(|t| t.as_ptr() as *mut _).collect();
     ins.push(grad.as_ptr() as *mut _);
-    ins.resize(4, std::ptr::null_mut());
+    if write != 1 {
+        // The read: pre, gu, (nothing), gH₀.
+        ins.push(std::ptr::null_mut());
+        ins.push(added_to.map_or(std::ptr::null_mut(), |t| t.as_ptr() as *mut _));
+    }
     let mut out: [*mut torch_sys::C_tensor; 4] = [std::ptr::null_mut(); 4];
     // SAFETY: the inputs are live `at::Tensor*` (null past the ones the operation takes) for the
     // call; on success the C++ side writes 3 (read) or 4 (write) fresh caller-owned handles.
@@ -155,7 +205,7 @@ pub fn streams_host(h: &Tensor, weights: &[&Tensor], grad: &Tensor, threads: usi
     };
     check(err)?;
     // SAFETY: fresh handles that nothing else owns (see above).
-    Ok(out[..3 + write as usize].iter().map(|&p| unsafe { Tensor::from_ptr(p) }).collect())
+    Ok(out[..3 + (write == 1) as usize].iter().map(|&p| unsafe { Tensor::from_ptr(p) }).collect())
 }
 
 /// The CUDA kernels as NVRTC compiled them ([`cuda_kernels_compile`]).
@@ -379,7 +429,8 @@ pub fn norm_host(
 
 /// Hyper-Connections' dynamic logits through plexus' kernels (chosen by `norm_project_gpu`): `x`
 /// `[.., D]`, `gamma`, `beta` `[D]`, `w` `[D, K]` fp32 on a CUDA device or the CPU (the host build),
-/// bf16 roundings where `round`; an error where they cannot run.
+/// bf16 roundings where `round`; an error where they cannot run. `grad`: x's gradient cell (x being
+/// the streams), which the backward adds into (or none).
 pub fn norm_project_cuda(
     x: &Tensor,
     gamma: &Tensor,
@@ -387,6 +438,7 @@ pub fn norm_project_cuda(
     w: &Tensor,
     eps: f64,
     round: bool,
+    grad: Option<&StreamGrad>,
 ) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
     // SAFETY: live handles for the call; the C++ side writes a new, caller-owned tensor.
@@ -398,6 +450,7 @@ pub fn norm_project_cuda(
             w.as_ptr() as *mut _,
             eps,
             round as i64,
+            StreamGrad::ptr(grad),
             &mut out,
         )
     };
@@ -427,7 +480,8 @@ pub fn hacn_step(x: &Tensor, acc: &Tensor, h: &Tensor, a: &Tensor) -> Result<(Te
 
 /// The norm-project kernels' per-thread arithmetic run on the CPU (each block as `threads`
 /// threads): `[z [R, K], gx [R, D], gγ [D], gβ [D], gW [D, K]]` for `x` `[R, D]`, `γ`, `β` `[D]`,
-/// `W` `[D, K]` and `gz` `[R, K]` (fp32), with bf16 roundings where `round`. For the tests.
+/// `W` `[D, K]` and `gz` `[R, K]` (fp32), with bf16 roundings where `round`; gx added to
+/// `added_to` `[R, D]` where given (as into a gradient cell). For the tests.
 #[allow(clippy::too_many_arguments)]
 pub fn norm_project_host(
     x: &Tensor,
@@ -438,8 +492,10 @@ pub fn norm_project_host(
     eps: f64,
     round: bool,
     threads: i64,
+    added_to: Option<&Tensor>,
 ) -> Result<[Tensor; 5]> {
     let ts: Vec<Tensor> = [x, gamma, beta, w, gz].iter().map(|t| t.contiguous()).collect();
+    let gx0 = added_to.map(|t| t.contiguous());
     let mut out: [*mut torch_sys::C_tensor; 5] = [std::ptr::null_mut(); 5];
     // SAFETY: live handles for the call; on success five new, caller-owned tensors in `out`.
     let err = unsafe {
@@ -452,6 +508,7 @@ pub fn norm_project_host(
             eps,
             round as i64,
             threads,
+            gx0.as_ref().map_or(std::ptr::null_mut(), |t| t.as_ptr() as *mut _),
             out.as_mut_ptr(),
         )
     };

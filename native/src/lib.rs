@@ -20,7 +20,9 @@
 //!   [`norm_project`], [`rms_project`], [`hyper_pre`] (HC's mixing weights and read in one); the
 //!   read's, the write's, `norm_project`'s and `hyper_pre`'s row loops are
 //!   built for baseline x86-64, AVX2 + FMA and AVX-512 and picked by the CPU ([`KernelIsa`],
-//!   [`kernel_isa`]);
+//!   [`kernel_isa`]); one gradient per stream state ([`StreamGrad`], [`gather_stream_grads`],
+//!   `native/src/stream_grad.h`), which the read's, the write's and the dynamic logits' backwards
+//!   (CPU and CUDA) write and add into;
 //! * the language-model loss on bf16 logits without their fp32 copy ([`cross_entropy_lm`]): on a
 //!   GPU plexus' CUDA loss kernels ([`cross_entropy_cuda`]), elsewhere chunks of composite
 //!   operators (`native/src/losses.cpp`, [`cross_entropy_chunked`]);
@@ -150,10 +152,12 @@ mod ffi {
         pub fn plexus_sinkhorn_fits(n: i64, iters: i64) -> c_int;
         pub fn plexus_stream_kernels_best_isa() -> i64;
         pub fn plexus_stream_kernels_cpu_runs(isa: i64) -> c_int;
+        pub fn plexus_stream_gather(h: *mut C_tensor, cell: *mut C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
         pub fn plexus_stream_read(
             h: *mut C_tensor,
             pre: *mut C_tensor,
             isa: i64,
+            cell: *mut C_tensor,
             out: *mut *mut C_tensor,
         ) -> *mut c_char;
         pub fn plexus_stream_write(
@@ -162,6 +166,7 @@ mod ffi {
             post: *mut C_tensor,
             o: *mut C_tensor,
             isa: i64,
+            cell: *mut C_tensor,
             out: *mut *mut C_tensor,
         ) -> *mut c_char;
         pub fn plexus_sinkhorn(logits: *mut C_tensor, iters: i64, isa: i64, out: *mut *mut C_tensor) -> *mut c_char;
@@ -251,6 +256,7 @@ mod ffi {
             w: *mut C_tensor,
             eps: f64,
             round: i64,
+            cell: *mut C_tensor,
             out: *mut *mut C_tensor,
         ) -> *mut c_char;
         pub fn plexus_norm_project_host(
@@ -262,6 +268,7 @@ mod ffi {
             eps: f64,
             round: i64,
             threads: i64,
+            gx_in: *mut C_tensor,
             out: *mut *mut C_tensor,
         ) -> *mut c_char;
         pub fn plexus_cross_entropy_cuda(
@@ -561,15 +568,23 @@ mod tests {
         let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
         for bad in [3i64, -1] {
             // SAFETY: as in `stream_read_fused`.
-            let err = unsafe { ffi::plexus_stream_read(h.as_ptr() as *mut _, pre.as_ptr() as *mut _, bad, &mut out) };
+            let err = unsafe {
+                ffi::plexus_stream_read(
+                    h.as_ptr() as *mut _,
+                    pre.as_ptr() as *mut _,
+                    bad,
+                    std::ptr::null_mut(),
+                    &mut out,
+                )
+            };
             let e = fused_result(err, out).unwrap_err().to_string();
             assert!(e.contains("instruction set") && e.contains(&bad.to_string()), "{e}");
         }
-        let u = with_kernel_isa(KernelIsa::Baseline, || stream_read_fused(&h, &pre)).unwrap();
+        let u = with_kernel_isa(KernelIsa::Baseline, || stream_read_fused(&h, &pre, None)).unwrap();
         assert_eq!(u.size(), [3, 8]);
         assert_eq!(u.sum(tch::Kind::Float).double_value(&[]), 48.0);
         for isa in KernelIsa::ALL {
-            let result = with_kernel_isa(isa, || stream_read_fused(&h, &pre));
+            let result = with_kernel_isa(isa, || stream_read_fused(&h, &pre, None));
             if isa.runs_here() {
                 assert_eq!(result.unwrap().sum(tch::Kind::Float).double_value(&[]), 48.0, "{}", isa.name());
             } else {
@@ -761,7 +776,13 @@ mod tests {
             for round in [false, true] {
                 let want = composite(Kind::Float, if round { Kind::BFloat16 } else { Kind::Float });
                 for threads in [1, 7, 256] {
-                    let got = norm_project_host(&x, &gamma, &beta, &w, &gz, 1e-5, round, threads).unwrap();
+                    let got = norm_project_host(&x, &gamma, &beta, &w, &gz, 1e-5, round, threads, None).unwrap();
+                    // Added into a gradient already there (a stream's gradient cell): the same
+                    // value, added without a fused multiply-add, so the bits of gx₀ + gx.
+                    let gx0 = grid(2.9, &[r, d]).to_kind(Kind::Float);
+                    let added =
+                        norm_project_host(&x, &gamma, &beta, &w, &gz, 1e-5, round, threads, Some(&gx0)).unwrap();
+                    assert!(added[1].equal(&(&gx0 + &got[1])), "n {n} threads {threads}: gx added to gx₀");
                     for (i, what) in names.iter().enumerate() {
                         let case = format!("n {n} {} threads {threads}: {what}", if round { "bf16" } else { "fp32" });
                         if round {

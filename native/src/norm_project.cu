@@ -78,16 +78,18 @@ PLEXUS_DEVICE void backward_sums(const float* x, const float* gamma, const float
   *sum_gx = c;
 }
 
-// gx for this thread's d of row r, and its columns' shares of gγ, gβ, gW added into part
-// ([gγ (D), gβ (D), gW (D·K)], the block's).
+// gx for this thread's d of row r (with `accumulate` added to gx, the streams' gradient cell of
+// stream_grad.h, without a fused multiply-add), and its columns' shares of gγ, gβ, gW added into
+// part ([gγ (D), gβ (D), gW (D·K)], the block's).
 template <int K>
 PLEXUS_DEVICE void backward_row(const float* x, const float* gamma, const float* beta, const float* w, const float* g,
                                 float* gx, float* part, long long r, long long D, float mean, float rstd, float mean_g,
-                                float mean_gx, bool round, long long d0, long long step) {
+                                float mean_gx, bool round, long long d0, long long step, bool accumulate) {
   for (long long d = d0; d < D; d += step) {
     const float gy = grad_y<K>(w, g, d, round);
     const float xh = (x[r * D + d] - mean) * rstd;
-    gx[r * D + d] = rstd * (gy * gamma[d] - mean_g - xh * mean_gx);
+    const float v = rstd * (gy * gamma[d] - mean_g - xh * mean_gx);
+    gx[r * D + d] = accumulate ? plexus_add_rn(gx[r * D + d], v) : v;
     part[d] += gy * xh;
     part[D + d] += gy;
     const float y = rho(xh * gamma[d] + beta[d], round);
@@ -123,11 +125,12 @@ extern "C" __global__ void __launch_bounds__(PLEXUS_NORM_THREADS)
   }
 }
 
-// One block per `rows` rows: gx [R, D], part [blocks, 2·D + D·K] (zeroed by the caller).
+// One block per `rows` rows: gx [R, D] (written, or with `accumulate` added to), part
+// [blocks, 2·D + D·K] (zeroed by the caller).
 extern "C" __global__ void __launch_bounds__(PLEXUS_NORM_THREADS)
     plexus_norm_project_backward(const float* x, const float* gamma, const float* beta, const float* w,
                                  const float* gz, const float* mean_in, const float* rstd_in, float* gx, float* part,
-                                 long long R, long long D, long long rows, int round) {
+                                 long long R, long long D, long long rows, int round, int accumulate) {
   float* p = part + (long long)blockIdx.x * (2 * D + D * PLEXUS_NP_K);
   const long long end = (blockIdx.x + 1) * rows < R ? (blockIdx.x + 1) * rows : R;
   for (long long r = blockIdx.x * rows; r < end; ++r) {
@@ -140,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(PLEXUS_NORM_THREADS)
     const float mean_g = norm_block_sum(sg) / (float)D;
     const float mean_gx = norm_block_sum(sgx) / (float)D;
     plexus_norm_project::backward_row<PLEXUS_NP_K>(x, gamma, beta, w, g, gx, p, r, D, mean, rstd, mean_g, mean_gx,
-                                                   round != 0, threadIdx.x, blockDim.x);
+                                                   round != 0, threadIdx.x, blockDim.x, accumulate != 0);
   }
 }
 #undef PLEXUS_NP_K

@@ -118,6 +118,8 @@ thread_local! {
     static GPU_PATHS_OVERRIDE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     /// [`with_kernel_isa`]'s setting for this thread, over the environment's.
     static ISA_OVERRIDE: std::cell::Cell<Option<KernelIsa>> = const { std::cell::Cell::new(None) };
+    /// [`with_stream_grads_gathered`]'s setting for this thread (on by default).
+    static STREAM_GRADS_OVERRIDE: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
 }
 
 /// Runs `f` with a thread-local cell set to `value`, restoring it afterwards (also on panic).
@@ -187,6 +189,19 @@ pub fn kernel_isas() -> Vec<KernelIsa> {
 /// machine has. A set the CPU lacks makes the kernels fail with an error naming it.
 pub fn with_kernel_isa<T>(isa: KernelIsa, f: impl FnOnce() -> T) -> T {
     with_override(&ISA_OVERRIDE, isa, f)
+}
+
+/// Whether the multi-stream topologies gather each state's gradient in one tensor where the fused
+/// kernels run (`native/src/stream_grad.h`): yes, unless inside [`with_stream_grads_gathered`]
+/// with `false`.
+pub fn stream_grads_gathered() -> bool {
+    STREAM_GRADS_OVERRIDE.with(|o| o.get()).unwrap_or(true)
+}
+
+/// Runs `f` with the streams' gradients gathered in one tensor or not, on this thread (where the
+/// forward runs): the tests hold the two to the same gradients, the benchmarks compare their bytes.
+pub fn with_stream_grads_gathered<T>(on: bool, f: impl FnOnce() -> T) -> T {
+    with_override(&STREAM_GRADS_OVERRIDE, on, f)
 }
 
 /// Fails with a clear message when [`FUSED_KERNELS_VAR`] holds a value other than

@@ -43,6 +43,7 @@
 #include "cuda_kernels.h"
 #include "guarded.h"
 #include "record.h"
+#include "stream_grad.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -244,11 +245,62 @@ StreamShape stream_shape(const at::Tensor& h, const at::Tensor& weights, int64_t
 }
 
 // ----------------------------------------------------------------------------------------------
+// One gradient per multi-stream state (stream_grad.h): the cell in a node's saved data (not through
+// save_for_backward: the readers resize it after their forward), and the pass-through that owns it.
+
+using plexus_stream_grad::add;
+using plexus_stream_grad::Cell;
+using plexus_stream_grad::cell_of;
+using plexus_stream_grad::gathers;
+using plexus_stream_grad::target;
+
+void save_cell(AutogradContext* ctx, const Cell& cell) {
+  if (gathers(cell)) ctx->saved_data["cell"] = cell.grad;
+}
+
+Cell saved_cell(AutogradContext* ctx) {
+  const auto it = ctx->saved_data.find("cell");
+  return it == ctx->saved_data.end() ? Cell{} : Cell{it->second.toTensor()};
+}
+
+struct StreamGather : public torch::autograd::Function<StreamGather> {
+  // h [.., n, D] → h; `cell`: an empty tensor of h's dtype and device, which h's readers are given
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, Cell cell) {
+    if (!gathers(cell) || cell.grad.numel() != 0 || cell.grad.scalar_type() != h.scalar_type() ||
+        cell.grad.device() != h.device()) {
+      throw std::invalid_argument("a stream gradient cell must be an empty tensor of the streams' dtype and device");
+    }
+    ctx->saved_data["cell"] = cell.grad;
+    ctx->saved_data["sizes"] = h.sizes().vec();
+    // Where every reader used the cell, no gradient comes through autograd: take it undefined, not
+    // as a tensor of zeros written (and then added) for nothing.
+    ctx->set_materialize_grads(false);
+    return h;
+  }
+
+  // g (from readers outside the cell, possibly undefined) → the cell's sum + g; the cell emptied
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const Cell cell = saved_cell(ctx);
+    const auto sizes = ctx->saved_data["sizes"].toIntVector();
+    const auto& g = grads[0];
+    if (cell.grad.numel() == 0) return {g.defined() ? g : at::zeros(sizes, cell.grad.options()), at::Tensor()};
+    auto gh = at::empty({0}, cell.grad.options());
+    gh.set_(cell.grad);  // the sum's storage, which the cell lets go of below
+    cell.grad.set_();
+    gh = gh.view(sizes);
+    if (g.defined()) gh.add_(g);
+    return {gh, at::Tensor()};
+  }
+};
+
+// ----------------------------------------------------------------------------------------------
 // stream_read: u = Σ_s pre[s] H[s]
 
 struct StreamRead : public torch::autograd::Function<StreamRead> {
   // h [.., n, D], pre [.., n] or [n] → u [.., D]; `isa`: the row loops' instruction set
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h_in, const at::Tensor& pre_in, int64_t isa) {
+  // `cell`: where h's gradient goes (stream_grad.h), or none (autograd's).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h_in, const at::Tensor& pre_in, int64_t isa,
+                            Cell cell) {
     const auto h = h_in.contiguous();
     const auto pre = pre_in.contiguous();
     const auto sh = stream_shape(h, pre, sh_n(h), "pre");
@@ -273,6 +325,7 @@ struct StreamRead : public torch::autograd::Function<StreamRead> {
     ctx->save_for_backward({h, pre});
     ctx->saved_data["pre_sizes"] = pre_in.sizes().vec();
     ctx->saved_data["isa"] = isa;
+    save_cell(ctx, cell);
     return u;
   }
 
@@ -283,12 +336,16 @@ struct StreamRead : public torch::autograd::Function<StreamRead> {
     const auto& pre = saved[1];
     const auto gu = grads[0].contiguous();
     const auto sh = stream_shape(h, pre, sh_n(h), "pre");
-    auto gh = at::empty_like(h);
+    const Cell cell = saved_cell(ctx);
+    // gh: h's gradient, written (a fresh tensor, or the cell's first) or added into the cell.
+    const auto [gh, accumulate] = gathers(cell) ? target(cell, h.sizes()) : std::make_pair(at::empty_like(h), false);
     auto gpre_tok = at::empty({sh.m, sh.n}, h.options());
     if (h.is_cuda()) {
-      plexus_cuda::stream_read_backward(h, pre, gu, gh, gpre_tok, sh.m, sh.n, sh.d, sh.mr != 1);
+      plexus_cuda::stream_read_backward(h, pre, gu, gh, gpre_tok, sh.m, sh.n, sh.d, sh.mr != 1, accumulate);
     } else {
-      RECORD_FUNCTION("plexus::stream_read_backward", std::vector<c10::IValue>({h, pre, gu}));
+      // Adding into the cell reads it too.
+      RECORD_FUNCTION("plexus::stream_read_backward",
+                      accumulate ? std::vector<c10::IValue>({h, pre, gu, gh}) : std::vector<c10::IValue>({h, pre, gu}));
       PLEXUS_RECORD_OUTPUTS(gh, gpre_tok);
       AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "stream_read_backward", [&] {
         const scalar_t* hp = h.const_data_ptr<scalar_t>();
@@ -298,12 +355,13 @@ struct StreamRead : public torch::autograd::Function<StreamRead> {
         scalar_t* gwp = gpre_tok.mutable_data_ptr<scalar_t>();
         const auto rows = row_kernels<scalar_t>(ctx->saved_data["isa"].toInt()).read_backward;
         at::parallel_for(0, sh.m, grain(sh.n * sh.d), [&](int64_t b, int64_t e) {
-          rows(hp, pp, gp, ghp, gwp, b, e, sh.n, sh.d, sh.mr != 1);
+          rows(hp, pp, gp, ghp, gwp, b, e, sh.n, sh.d, sh.mr != 1, accumulate);
         });
       });
     }
     auto gpre = sh.mr == 1 ? gpre_tok.sum(0) : gpre_tok;
-    return {gh, gpre.view(ctx->saved_data["pre_sizes"].toIntVector()), at::Tensor()};
+    return {gathers(cell) ? at::Tensor() : gh, gpre.view(ctx->saved_data["pre_sizes"].toIntVector()), at::Tensor(),
+            at::Tensor()};
   }
 
   static int64_t sh_n(const at::Tensor& h) { return h.dim() >= 2 ? h.size(-2) : 1; }
@@ -314,8 +372,9 @@ struct StreamRead : public torch::autograd::Function<StreamRead> {
 
 struct StreamWrite : public torch::autograd::Function<StreamWrite> {
   // h [.., n, D], res [.., n, n] or [n, n], post [.., n] or [n] (as res), o [.., D] → H' [.., n, D]
+  // `cell`: where h's gradient goes (stream_grad.h), or none (autograd's).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h_in, const at::Tensor& res_in,
-                            const at::Tensor& post_in, const at::Tensor& o_in, int64_t isa) {
+                            const at::Tensor& post_in, const at::Tensor& o_in, int64_t isa, Cell cell) {
     const auto h = h_in.contiguous();
     const auto res = res_in.contiguous();
     const auto post = post_in.contiguous();
@@ -343,6 +402,7 @@ struct StreamWrite : public torch::autograd::Function<StreamWrite> {
     ctx->saved_data["res_sizes"] = res_in.sizes().vec();
     ctx->saved_data["post_sizes"] = post_in.sizes().vec();
     ctx->saved_data["isa"] = isa;
+    save_cell(ctx, cell);
     return out;
   }
 
@@ -353,7 +413,11 @@ struct StreamWrite : public torch::autograd::Function<StreamWrite> {
     const auto g = grads[0].contiguous();
     const auto sh = shape(h, res, post, o);
     const int64_t n = sh.n, d = sh.d;
-    auto gh = at::empty_like(h);
+    // The write's backward is the first of the streams' readers (stream_grad.h): it writes the cell.
+    // (Were it not, its gradient would be added to the cell's after the kernel.)
+    const Cell cell = saved_cell(ctx);
+    const bool into_cell = gathers(cell) && cell.grad.numel() == 0;
+    const auto gh = into_cell ? target(cell, h.sizes()).first : at::empty_like(h);
     auto go = at::empty_like(o);
     at::Tensor gres_tok, gpost_tok;
     if (h.is_cuda()) {
@@ -383,10 +447,11 @@ struct StreamWrite : public torch::autograd::Function<StreamWrite> {
         });
       });
     }
+    if (gathers(cell) && !into_cell) add(cell, gh);
     auto gres = sh.mr == 1 ? gres_tok.sum(0) : gres_tok;
     auto gpost = sh.mr == 1 ? gpost_tok.sum(0) : gpost_tok;
-    return {gh, gres.view(ctx->saved_data["res_sizes"].toIntVector()),
-            gpost.view(ctx->saved_data["post_sizes"].toIntVector()), go, at::Tensor()};
+    return {gathers(cell) ? at::Tensor() : gh, gres.view(ctx->saved_data["res_sizes"].toIntVector()),
+            gpost.view(ctx->saved_data["post_sizes"].toIntVector()), go, at::Tensor(), at::Tensor()};
   }
 
   static StreamShape shape(const at::Tensor& h, const at::Tensor& res, const at::Tensor& post, const at::Tensor& o) {
@@ -858,13 +923,19 @@ int plexus_sinkhorn_fits(int64_t n, int64_t iters) {
 int64_t plexus_stream_kernels_best_isa() { return best_isa(); }
 int plexus_stream_kernels_cpu_runs(int64_t isa) { return cpu_runs_isa(isa) ? 1 : 0; }
 
-char* plexus_stream_read(at::Tensor* h, at::Tensor* pre, int64_t isa, at::Tensor** out) {
-  return guarded([&] { *out = new at::Tensor(StreamRead::apply(*h, *pre, isa)); });
+// h → h, the pass-through that owns the state's gradient cell `cell` (stream_grad.h).
+char* plexus_stream_gather(at::Tensor* h, at::Tensor* cell, at::Tensor** out) {
+  return guarded([&] { *out = new at::Tensor(StreamGather::apply(*h, Cell{*cell})); });
+}
+
+// `cell`: h's gradient cell, or NULL.
+char* plexus_stream_read(at::Tensor* h, at::Tensor* pre, int64_t isa, at::Tensor* cell, at::Tensor** out) {
+  return guarded([&] { *out = new at::Tensor(StreamRead::apply(*h, *pre, isa, cell_of(cell))); });
 }
 
 char* plexus_stream_write(at::Tensor* h, at::Tensor* res, at::Tensor* post, at::Tensor* o, int64_t isa,
-                          at::Tensor** out) {
-  return guarded([&] { *out = new at::Tensor(StreamWrite::apply(*h, *res, *post, *o, isa)); });
+                          at::Tensor* cell, at::Tensor** out) {
+  return guarded([&] { *out = new at::Tensor(StreamWrite::apply(*h, *res, *post, *o, isa, cell_of(cell))); });
 }
 
 char* plexus_norm_project(at::Tensor* x, at::Tensor* gamma, at::Tensor* beta, at::Tensor* w, double eps, int64_t isa,

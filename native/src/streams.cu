@@ -4,7 +4,7 @@
 // (write) products and, for the write, an addcmul over the whole [.., n, D] output; backward, the
 // batched products' transposes, two broadcast products and their sums.
 //
-//   read:   u[d]     = Σ_s pre[s] H[s, d]                        gH[s, d] = pre[s] gu[d]
+//   read:   u[d]     = Σ_s pre[s] H[s, d]                        gH[s, d] = pre[s] gu[d]  (or += it)
 //                                                               gpre[s]  = Σ_d H[s, d] gu[d]
 //   write:  H'[t, d] = Σ_s res[s, t] H[s, d] + post[t] o[d]      gH[s, d] = Σ_t res[s, t] g[t, d]
 //                                                               go[d]    = Σ_t post[t] g[t, d]
@@ -42,10 +42,12 @@ PLEXUS_DEVICE void read_forward(const T* h, const T* pre, T* u, long long m, lon
   }
 }
 
-// gH[m] for this thread's d, and its partial sums of gpre[m] in part[N].
+// gH[m] for this thread's d, and its partial sums of gpre[m] in part[N]. With `accumulate`, gH[m]
+// is added to what gh holds (the streams' gradient cell, stream_grad.h), the product rounded
+// before the sum as a separate addition would (plexus_add_rn: no fused multiply-add).
 template <typename T, int N>
 PLEXUS_DEVICE void read_backward(const T* h, const T* pre, const T* gu, T* gh, long long m, long long D,
-                                 bool per_token, long long d0, long long step, T* part) {
+                                 bool per_token, long long d0, long long step, T* part, bool accumulate) {
   const T* p = pre + (per_token ? m * N : 0);
   T w[N];
 #pragma unroll
@@ -59,7 +61,7 @@ PLEXUS_DEVICE void read_backward(const T* h, const T* pre, const T* gu, T* gh, l
     const T g = gu[m * D + d];
 #pragma unroll
     for (int s = 0; s < N; ++s) {
-      ghm[s * D + d] = w[s] * g;
+      ghm[s * D + d] = accumulate ? plexus_add_rn(ghm[s * D + d], w[s] * g) : w[s] * g;
       part[s] += hm[s * D + d] * g;
     }
   }
@@ -186,10 +188,10 @@ extern "C" __global__ void __launch_bounds__(PLEXUS_STREAM_THREADS)
 
 extern "C" __global__ void __launch_bounds__(PLEXUS_STREAM_THREADS)
     plexus_stream_read_backward(const float* h, const float* pre, const float* gu, float* gh, float* gpre, long long D,
-                                int per_token) {
+                                int per_token, int accumulate) {
   float part[PLEXUS_N];
   plexus_streams::read_backward<float, PLEXUS_N>(h, pre, gu, gh, blockIdx.x, D, per_token != 0, threadIdx.x,
-                                                 blockDim.x, part);
+                                                 blockDim.x, part, accumulate != 0);
   block_sum<PLEXUS_N>(part, gpre + (long long)blockIdx.x * PLEXUS_N);
 }
 

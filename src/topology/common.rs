@@ -2,7 +2,7 @@
 
 use super::{Granularity, Norm, StackInfo, Unit};
 use crate::config::OptionError;
-use crate::native::{self, stream_read, stream_write};
+use crate::native::{self, stream_read, stream_write, StreamGrad};
 use std::cell::RefCell;
 use tch::{nn, Device, Kind, Tensor};
 
@@ -294,21 +294,27 @@ pub fn stream_read_write_flops(n: usize, d: usize) -> u64 {
 pub trait StreamMixing {
     fn streams(&self) -> usize;
     /// For unit `k` (0-based) and streams `h` `[.., n, D]`: `(pre [.., n], res [.., n, n], post [.., n])`
-    /// (leading dims may be absent for static mixing).
-    fn mixing(&self, k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor);
+    /// (leading dims may be absent for static mixing). `grad`: h's gradient cell
+    /// ([`native::gather_stream_grads`]), for a fused kernel that reads h (or none).
+    fn mixing(&self, k: usize, h: &Tensor, grad: Option<&StreamGrad>) -> (Tensor, Tensor, Tensor);
     /// Unit `k`'s input and its write weights at once: `(u [.., D], res, post)` with
     /// `u = Σ_s pre[s] H_s`. The default runs [`mixing`](Self::mixing) then [`stream_read`]; a
     /// topology with a kernel that does both in one pass overrides it.
-    fn read_and_mixing(&self, k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor) {
-        mixing_then_read(self, k, h)
+    fn read_and_mixing(&self, k: usize, h: &Tensor, grad: Option<&StreamGrad>) -> (Tensor, Tensor, Tensor) {
+        mixing_then_read(self, k, h, grad)
     }
 }
 
 /// [`StreamMixing::read_and_mixing`] in two steps, [`mixing`](StreamMixing::mixing) then
 /// [`stream_read`]: the default, and the fallback of an override whose kernel does not apply.
-pub fn mixing_then_read(mix: &(impl StreamMixing + ?Sized), k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor) {
-    let (pre, res, post) = mix.mixing(k, h);
-    (stream_read(h, &pre), res, post)
+pub fn mixing_then_read(
+    mix: &(impl StreamMixing + ?Sized),
+    k: usize,
+    h: &Tensor,
+    grad: Option<&StreamGrad>,
+) -> (Tensor, Tensor, Tensor) {
+    let (pre, res, post) = mix.mixing(k, h, grad);
+    (stream_read(h, &pre, grad), res, post)
 }
 
 /// Runs a multi-stream topology: `H_0` = n copies of `x0`, `y` = mean over streams. With
@@ -323,7 +329,9 @@ pub fn multi_stream(
 ) -> (Tensor, Option<StreamTrace>) {
     let n = mix.streams() as i64;
     let l = units.len() as i64;
-    let mut h = x0.unsqueeze(-2).repeat_interleave_self_int(n, Some(-2), None);
+    // Each state's readers send their gradients into one tensor where the fused kernels run
+    // (`grad`, see native::gather_stream_grads), instead of autograd adding three per unit.
+    let (mut h, mut grad) = native::gather_stream_grads(x0.unsqueeze(-2).repeat_interleave_self_int(n, Some(-2), None));
     let lead: Vec<i64> = x0.size()[..x0.dim() - 1].to_vec();
     let mut coef = trace.then(|| {
         let mut shape = lead.clone();
@@ -341,14 +349,14 @@ pub fn multi_stream(
     for (k, f) in units.iter().enumerate() {
         // Tracing needs `pre` itself; a run that does not takes the fused read where there is one.
         let (u, pre, res, post) = if coef.is_some() {
-            let (pre, res, post) = mix.mixing(k, &h);
-            (stream_read(&h, &pre), Some(pre), res, post)
+            let (pre, res, post) = mix.mixing(k, &h, grad.as_ref());
+            (stream_read(&h, &pre, grad.as_ref()), Some(pre), res, post)
         } else {
-            let (u, res, post) = mix.read_and_mixing(k, &h);
+            let (u, res, post) = mix.read_and_mixing(k, &h, grad.as_ref());
             (u, None, res, post)
         };
         let o = f.forward(&u, Norm::Default, train);
-        h = stream_write(&h, &res, &post, &o);
+        (h, grad) = native::gather_stream_grads(stream_write(&h, &res, &post, &o, grad.as_ref()));
         if let (Some(c), Some(pre)) = (coef.as_mut(), pre) {
             let (pre, res, post) = (pre.to_kind(Kind::Double), res.to_kind(Kind::Double), post.to_kind(Kind::Double));
             res_means.push(crate::host::to_cpu(&res.reshape([-1, n, n]).mean_dim(0, false, Kind::Double)));
@@ -407,6 +415,125 @@ mod tests {
         let y = f(&xs);
         (&y * g).sum(y.kind()).backward();
         std::iter::once(y.detach()).chain(xs.iter().map(|x| x.grad())).collect()
+    }
+
+    /// A unit for the multi-stream tests: `tanh(x W)`, W `[D, D]`.
+    struct TanhUnit(Tensor);
+
+    impl Unit for TanhUnit {
+        fn forward(&self, x: &Tensor, _norm: Norm, _train: bool) -> Tensor {
+            x.matmul(&self.0).tanh()
+        }
+    }
+
+    /// `kind` (hyper or mhc, with `options`) over three tanh units of width 13 at `dtype`, stepped
+    /// on a [4, 2, 13] input: the output, then the gradients of the input, of every topology and
+    /// unit parameter, from two backward passes through the retained graph. The parameters, the
+    /// input and the output's gradient are fixed patterns (not draws from the generator other
+    /// tests share), made in fp32 and cast, so that fp32 and fp64 runs start from the same values.
+    fn multi_stream_grads(kind: &str, options: &str, dtype: Kind) -> Vec<Tensor> {
+        let pattern = |phase: f64, shape: &[i64]| {
+            let n: i64 = shape.iter().product();
+            (Tensor::arange(n, (Kind::Float, Device::Cpu)) * phase).sin().reshape(shape)
+        };
+        let d = 13;
+        let stack = StackInfo { sublayers: 3, block_size: 1, width: d, pre_norm: true };
+        let opts: serde_yaml::Mapping = serde_yaml::from_str(options).unwrap();
+        let mut vs = nn::VarStore::new(Device::Cpu);
+        // Products in fp32 (fp64 states still take the fused CPU kernels in fp64).
+        let topology = crate::topology::parse(kind, &opts, stack).unwrap().build(&vs.root(), Kind::Float);
+        let units: Vec<TanhUnit> =
+            (0..3).map(|i| TanhUnit(vs.root().zeros(&format!("unit{i}"), &[d as i64, d as i64]))).collect();
+        // By name: the store's own order is a hash map's.
+        let named: Vec<(String, Tensor)> = {
+            let mut v: Vec<(String, Tensor)> = vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        };
+        // Every parameter away from its init, so that every mixing weight and its gradient matters.
+        tch::no_grad(|| {
+            for (i, (_, v)) in named.iter().enumerate() {
+                v.shallow_clone().copy_(&(pattern(0.37 + 0.11 * i as f64, &v.size()) * 0.4));
+            }
+        });
+        let x0 = pattern(0.71, &[4, 2, d as i64]);
+        let g = pattern(1.13, &[4, 2, d as i64]).to_kind(dtype);
+        if dtype == Kind::Double {
+            vs.double();
+        }
+        let x0 = x0.to_kind(dtype).set_requires_grad(true);
+        let refs: Vec<&dyn Unit> = units.iter().map(|u| u as &dyn Unit).collect();
+        let y = topology.forward(&x0, &refs, true);
+        let loss = (&y * &g).sum(dtype);
+        let inputs: Vec<&Tensor> = std::iter::once(&x0).chain(named.iter().map(|(_, t)| t)).collect();
+        let mut out = vec![y.detach()];
+        for _ in 0..2 {
+            out.extend(Tensor::run_backward(&[&loss], &inputs, true, false));
+        }
+        out
+    }
+
+    /// One gradient per stream state (`native::gather_stream_grads`, `native/src/stream_grad.h`):
+    /// the write's backward writes it, the read's (and on the GPU's paths the dynamic logits')
+    /// add theirs in the same pass, and the rest (HC's fused pre step, mHC's RMS projection, the
+    /// final mean) reach it through autograd; against autograd adding every reader's gradient, the
+    /// output and every gradient, twice through a retained graph (the second must not see the
+    /// first's sums). Bit for bit in the baseline instruction set and on the GPU's paths (the same
+    /// sums in the same order, none contracted into a fused multiply-add). Where a wide
+    /// instruction set contracts the read's product into the sum, one rounding per element
+    /// differs, which the backward carries on through the earlier units (and a scalar gradient
+    /// summed over tokens, such as mHC's α_res, may cancel far below its terms): there, within 4×
+    /// the distance of autograd's sums in the same instruction set from the baseline fp64 run,
+    /// plus 4 units of the dtype of the run's largest value. Hyper-Connections static and dynamic, mHC; n = 4 (register
+    /// loops) and 3 (generic); fp32 and fp64.
+    #[test]
+    fn gathered_stream_gradients_equal_autograds_sums() {
+        let cases = [
+            ("hyper", "{n: 4, dynamic: false}"),
+            ("hyper", "{n: 3, dynamic: true}"),
+            ("hyper", "{n: 4, dynamic: true}"),
+            ("mhc", "{n: 4, sinkhorn_iters: 5}"),
+            ("mhc", "{n: 3, sinkhorn_iters: 5}"),
+        ];
+        let mut settings: Vec<(String, bool, native::KernelIsa)> =
+            native::kernel_isas().into_iter().map(|isa| (isa.name().to_string(), false, isa)).collect();
+        settings.push(("the GPU's paths".into(), true, native::KernelIsa::Baseline));
+        let max = |t: &Tensor| t.abs().max().to_kind(Kind::Double).double_value(&[]);
+        for (kind, options) in cases {
+            let truth = native::with_kernel_isa(native::KernelIsa::Baseline, || {
+                native::with_stream_grads_gathered(false, || multi_stream_grads(kind, options, Kind::Double))
+            });
+            let largest = truth.iter().map(max).fold(0.0, f64::max);
+            for dtype in [Kind::Float, Kind::Double] {
+                for (name, gpu_paths, isa) in &settings {
+                    if *gpu_paths && dtype == Kind::Double && options.contains("dynamic: true") {
+                        continue; // the GPU's dynamic logits are fp32 (as its streams)
+                    }
+                    let run = |gathered: bool| {
+                        native::with_gpu_paths_on_cpu(*gpu_paths, || {
+                            native::with_kernel_isa(*isa, || {
+                                native::with_stream_grads_gathered(gathered, || {
+                                    multi_stream_grads(kind, options, dtype)
+                                })
+                            })
+                        })
+                    };
+                    let (one, autograd) = (run(true), run(false));
+                    assert_eq!((one.len(), autograd.len()), (truth.len(), truth.len()));
+                    for (i, ((a, b), t)) in one.iter().zip(&autograd).zip(&truth).enumerate() {
+                        let case = format!("{kind} {options} {dtype:?} {name}: output {i}");
+                        if *isa == native::KernelIsa::Baseline {
+                            assert!(a.equal(b), "{case}: not the same bits");
+                        } else {
+                            let err = |x: &Tensor| max(&(x.to_kind(Kind::Double) - t));
+                            let unit = if dtype == Kind::Float { f64::from(f32::EPSILON) } else { f64::EPSILON };
+                            let floor = 4.0 * unit * largest;
+                            assert!(err(a) <= 4.0 * err(b) + floor, "{case}: {:e} against {:e}", err(a), err(b));
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// A small dense graph over a [`History`]: six states, each the tanh of a weighted sum of
@@ -499,12 +626,12 @@ mod tests {
                 let pairs = [
                     (
                         "read",
-                        value_and_grads(|x| stream_read(&x[0], &x[1]), &read_in, &g_read),
+                        value_and_grads(|x| stream_read(&x[0], &x[1], None), &read_in, &g_read),
                         value_and_grads(|x| stream_read_composite(&x[0], &x[1]), &read_in, &g_read),
                     ),
                     (
                         "write",
-                        value_and_grads(|x| stream_write(&x[0], &x[1], &x[2], &x[3]), &write_in, &g_write),
+                        value_and_grads(|x| stream_write(&x[0], &x[1], &x[2], &x[3], None), &write_in, &g_write),
                         value_and_grads(|x| stream_write_composite(&x[0], &x[1], &x[2], &x[3]), &write_in, &g_write),
                     ),
                 ];
@@ -529,7 +656,7 @@ mod tests {
     /// composite versions' autograd: every n the kernels take, per-token and shared weights, fp64
     /// and fp32, D = 13 and 200: the value and every
     /// input's gradient (the per-token weight gradients summed over the tokens for shared weights,
-    /// as the autograd functions do).
+    /// as the autograd functions do); and the read's backward adding into a gradient cell.
     #[test]
     fn the_cuda_stream_kernels_arithmetic_matches_the_composite_versions() {
         tch::manual_seed(4);
@@ -551,10 +678,16 @@ mod tests {
                     );
                     let summed =
                         |t: &Tensor| if per_token { t.shallow_clone() } else { t.sum_dim_intlist(0, false, kind) };
-                    let read = native::streams_host(&h, &[&pre], &gu, threads).unwrap();
+                    let read = native::streams_host(&h, &[&pre], &gu, threads, None).unwrap();
+                    // Added into a gradient already there (a stream's gradient cell): the bits of
+                    // gH₀ + gH (no fused multiply-add), the rest as without.
+                    let gh0 = Tensor::randn([m, n, d], opts);
+                    let added = native::streams_host(&h, &[&pre], &gu, threads, Some(&gh0)).unwrap();
+                    assert!(added[1].equal(&(&gh0 + &read[1])), "n = {n}, D = {d}, {kind:?}: gH added to gH₀");
+                    assert!(added[0].equal(&read[0]) && added[2].equal(&read[2]), "n = {n}: the rest as without");
                     let want = value_and_grads(|x| stream_read_composite(&x[0], &x[1]), &[h.copy(), pre.copy()], &gu);
                     let got = [read[0].shallow_clone(), read[1].shallow_clone(), summed(&read[2]).view_as(&pre)];
-                    let write = native::streams_host(&h, &[&res, &post, &o], &g, threads).unwrap();
+                    let write = native::streams_host(&h, &[&res, &post, &o], &g, threads, None).unwrap();
                     let want_w = value_and_grads(
                         |x| stream_write_composite(&x[0], &x[1], &x[2], &x[3]),
                         &[h.copy(), res.copy(), post.copy(), o.copy()],
@@ -605,7 +738,7 @@ mod tests {
                 Tensor::randn([m, 5], opts),
             ];
             let g = Tensor::randn([m, n, 5], opts);
-            let fused = value_and_grads(|x| stream_write(&x[0], &x[1], &x[2], &x[3]), &inputs, &g);
+            let fused = value_and_grads(|x| stream_write(&x[0], &x[1], &x[2], &x[3], None), &inputs, &g);
             let composite = value_and_grads(|x| stream_write_composite(&x[0], &x[1], &x[2], &x[3]), &inputs, &g);
             for (i, (a, b)) in fused.iter().zip(&composite).enumerate() {
                 assert_eq!(a.size(), b.size(), "m = {m}, n = {n}: output {i}");
@@ -615,7 +748,7 @@ mod tests {
                 }
             }
             let gu = Tensor::randn([m, 5], opts);
-            let read = value_and_grads(|x| stream_read(&x[0], &x[1]), &[inputs[0].copy(), inputs[2].copy()], &gu);
+            let read = value_and_grads(|x| stream_read(&x[0], &x[1], None), &[inputs[0].copy(), inputs[2].copy()], &gu);
             let read_ref =
                 value_and_grads(|x| stream_read_composite(&x[0], &x[1]), &[inputs[0].copy(), inputs[2].copy()], &gu);
             for (a, b) in read.iter().zip(&read_ref) {

@@ -132,12 +132,12 @@ impl Dynamic {
     /// ([`native::norm_project`]): the normalised streams, an `[.., n, D]` tensor written, read by
     /// the product and saved for backward, are never materialised. Otherwise LayerNorm, then the
     /// product in the compute precision (bf16 under `precision: bf16`, as every `Linear`).
-    fn logits(&self, h: &Tensor, compute: Kind) -> (Tensor, Tensor) {
+    fn logits(&self, h: &Tensor, compute: Kind, grad: Option<&native::StreamGrad>) -> (Tensor, Tensor) {
         let k = self.alpha.size()[1];
         let w = Tensor::cat(&[&self.alpha, &self.beta.unsqueeze(1)], 1);
         let (gamma, beta) = (self.norm.ws.as_ref(), self.norm.bs.as_ref());
         let gpu = match (gamma, beta) {
-            (Some(gamma), Some(beta)) => native::norm_project_gpu(h, gamma, beta, &w, NORM_EPS, compute),
+            (Some(gamma), Some(beta)) => native::norm_project_gpu(h, gamma, beta, &w, NORM_EPS, compute, grad),
             _ => None,
         };
         let z = match (gpu, gamma, beta, compute) {
@@ -171,12 +171,12 @@ impl StreamMixing for Hyper {
     fn streams(&self) -> usize {
         self.n
     }
-    fn mixing(&self, k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor) {
+    fn mixing(&self, k: usize, h: &Tensor, grad: Option<&native::StreamGrad>) -> (Tensor, Tensor, Tensor) {
         let l = &self.layers[k];
         let (a, b) = match &l.dynamic {
             None => (l.static_alpha.shallow_clone(), l.static_beta.shallow_clone()),
             Some(d) => {
-                let (za, zb) = d.logits(h, self.compute);
+                let (za, zb) = d.logits(h, self.compute, grad);
                 (&l.static_alpha + za.tanh() * &d.alpha_scale, &l.static_beta + zb.tanh() * &d.beta_scale)
             }
         };
@@ -194,10 +194,10 @@ impl StreamMixing for Hyper {
     /// projection, the tanh-scaled weights and the read ([`native::hyper_pre`]), one pass per token
     /// each way, in place of some 15 operators forward and 25 backward over `[.., n, n+2]` tensors
     /// and the read's own pass. Otherwise [`mixing`](StreamMixing::mixing), then the read.
-    fn read_and_mixing(&self, k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor) {
+    fn read_and_mixing(&self, k: usize, h: &Tensor, grad: Option<&native::StreamGrad>) -> (Tensor, Tensor, Tensor) {
         match self.fused_pre(k, h) {
             Some(p) => native::hyper_pre(h, &p).unwrap_or_else(|e| panic!("fused hyper pre: {e:#}")),
-            None => common::mixing_then_read(self, k, h),
+            None => common::mixing_then_read(self, k, h, grad),
         }
     }
 }
@@ -257,7 +257,7 @@ mod tests {
             let vs = nn::VarStore::new(tch::Device::Cpu);
             let hyper = spec.hyper(&vs.root(), Kind::Float);
             let h = Tensor::randn([3, 5, 4, 8], (Kind::Float, tch::Device::Cpu));
-            let (pre, res, post) = hyper.mixing(1, &h);
+            let (pre, res, post) = hyper.mixing(1, &h, None);
             assert_eq!(res.size().last(), Some(&4), "res is n × n");
             for (name, t) in [("pre", &pre), ("res", &res), ("post", &post)] {
                 assert!(t.is_contiguous(), "dynamic {dynamic}: {name} {:?} strides {:?}", t.size(), t.stride());

@@ -153,7 +153,9 @@ impl StreamMixing for Mhc {
     fn streams(&self) -> usize {
         self.n
     }
-    fn mixing(&self, k: usize, h: &Tensor) -> (Tensor, Tensor, Tensor) {
+    /// (The RMS projection's backward is libtorch's products, not a kernel that adds into `h`'s
+    /// gradient cell: its gradient reaches the cell through autograd.)
+    fn mixing(&self, k: usize, h: &Tensor, _grad: Option<&native::StreamGrad>) -> (Tensor, Tensor, Tensor) {
         let l = &self.layers[k];
         let n = self.n as i64;
         let v = h.to_kind(Kind::Float).flatten(-2, -1);
