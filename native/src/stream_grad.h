@@ -49,11 +49,21 @@ inline std::pair<at::Tensor, bool> target(const Cell& c, at::IntArrayRef sizes) 
   return {c.grad.view(sizes), true};
 }
 
-// A reader whose kernel cannot add in place: its gradient `g` taken into the cell (adopted as the
-// cell's storage when first, else added).
+// Empties the cell, letting go of its storage (a view taken before keeps it). Through the
+// TensorImpl, not set_: that operator records a storage pointer, which changes every step and which
+// a captured step must not take (tests/train.rs holds the step's trace to the same operators).
+inline void release(const Cell& c) {
+  auto* impl = c.grad.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(at::empty({0}, c.grad.options()).storage());
+  impl->set_storage_offset(0);
+  impl->set_sizes_contiguous({0});
+}
+
+// A reader whose kernel cannot add in place: its gradient `g` added into the cell (copied when
+// first; not adopted with set_, which records a storage pointer a captured step must not take).
 inline void add(const Cell& c, const at::Tensor& g) {
   if (c.grad.numel() == 0) {
-    c.grad.set_(g.contiguous());
+    c.grad.resize_(g.sizes()).copy_(g);
   } else {
     c.grad.view(g.sizes()).add_(g);
   }

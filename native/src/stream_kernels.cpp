@@ -284,10 +284,9 @@ struct StreamGather : public torch::autograd::Function<StreamGather> {
     const auto sizes = ctx->saved_data["sizes"].toIntVector();
     const auto& g = grads[0];
     if (cell.grad.numel() == 0) return {g.defined() ? g : at::zeros(sizes, cell.grad.options()), at::Tensor()};
-    auto gh = at::empty({0}, cell.grad.options());
-    gh.set_(cell.grad);  // the sum's storage, which the cell lets go of below
-    cell.grad.set_();
-    gh = gh.view(sizes);
+    // A view of the sum keeps its storage, which the cell lets go of.
+    auto gh = cell.grad.view(sizes);
+    plexus_stream_grad::release(cell);
     if (g.defined()) gh.add_(g);
     return {gh, at::Tensor()};
   }
