@@ -366,9 +366,9 @@ pub enum Cmd {
         /// random policy on --episodes tasks the run never saw (writes held_out_eval.json).
         #[arg(long, conflicts_with_all = ["overrides", "overwrite", "plot", "out"])]
         eval: bool,
-        /// Tasks of --eval, one episode each.
-        #[arg(long, default_value_t = 1000, requires = "eval")]
-        episodes: usize,
+        /// Tasks of --eval, one episode each (at most 1,000,000: every task is held in memory).
+        #[arg(long, default_value_t = 1000, requires = "eval", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+        episodes: u32,
         /// No per-evaluation lines on stderr.
         #[arg(long)]
         quiet: bool,
@@ -554,7 +554,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Rl { resume: Some(run), overrides, device, quiet, .. } => {
             commands::rl_resume(&run, &with_device(overrides, device), quiet)
         }
-        Cmd::Rl { inputs, eval: true, episodes, device, .. } => commands::rl_eval(&inputs, episodes, device.as_deref()),
+        Cmd::Rl { inputs, eval: true, episodes, device, .. } => commands::rl_eval(&inputs, episodes as usize, device.as_deref()),
         Cmd::Rl { inputs, out, overrides, device, overwrite, plot, quiet, resume: None, .. } => {
             commands::rl_run(&inputs, out.as_deref(), &with_device(overrides, device), overwrite, plot, quiet)
         }

@@ -727,6 +727,9 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
         }
     };
     let runs = spec.plan(&origin)?;
+    // Every claim must be judgeable on what the sweep plans: refused now, not after the training.
+    crate::study::claims::check_against_plan(&spec.claims, &crate::study::planned_records(&runs)?)
+        .with_context(|| format!("{origin}: the claims against the planned runs"))?;
     let manifest = Manifest { spec, runs };
     if r.slurm.is_some() && manifest.runs.len() > runner::SLURM_MAX_ARRAY {
         bail!(
@@ -857,8 +860,13 @@ fn report_verdicts(paths: &[PathBuf], specs: &[PathBuf], options: &crate::study:
         ),
     };
     let mut studies = Vec::new();
+    if let Some(b) = &options.baseline {
+        bail!("--baseline {b}: --format verdicts prints the claims only, which compare their own arms (leave it out)");
+    }
     for (paths, spec_path) in pairs {
-        let spec = crate::study::spec::SweepSpec::from_file(spec_path)?;
+        let mut spec = crate::study::spec::SweepSpec::from_file(spec_path)?;
+        // The verdicts read no table: a baseline the spec's tables use is no concern of theirs.
+        spec.report.baseline = None;
         let r = crate::study::build(&paths, options, Some(&spec))
             .with_context(|| format!("the study of {}", spec_path.display()))?;
         let name =

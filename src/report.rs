@@ -470,9 +470,11 @@ impl Shown {
     }
 }
 
-/// A p-value: `<0.001`, else three decimals.
+/// A p-value: `<0.001`, else three decimals; `—` where there is none (NaN).
 fn p_text(p: f64) -> String {
-    if p < 0.001 {
+    if p.is_nan() {
+        "—".into()
+    } else if p < 0.001 {
         "<0.001".into()
     } else {
         format!("{p:.3}")
@@ -635,8 +637,8 @@ fn claim_cells(c: &crate::study::claims::ClaimResult) -> (Shown, [String; 4], [S
             format!("{} across seeds", md_cell(&cl.a)),
         ];
         let (lo, hi) = c.interval;
-        let tail = [c.diff.n.to_string(), format!("r̄ = {:.3} [{lo:.3}, {hi:.3}]", c.diff.mean)];
-        return (sh, head, tail);
+        let stat = if c.diff.mean.is_finite() { format!("r̄ = {:.3} [{lo:.3}, {hi:.3}]", c.diff.mean) } else { "—".into() };
+        return (sh, head, [c.diff.n.to_string(), stat]);
     }
     let head = [
         md_cell(&cl.id),
@@ -644,8 +646,12 @@ fn claim_cells(c: &crate::study::claims::ClaimResult) -> (Shown, [String; 4], [S
         format!("{}{}", md_cell(&cl.metrics().join(" vs ")), if sh.percent { " (%)" } else { "" }),
         format!("{} vs {}", md_cell(&cl.a), md_cell(&cl.b)),
     ];
-    let tail = [c.diff.n.to_string(), format!("{} {}", sh.diff(c.diff.mean), sh.interval(Some(c.interval), true))];
-    (sh, head, tail)
+    let stat = if c.diff.mean.is_finite() {
+        format!("{} {}", sh.diff(c.diff.mean), sh.interval(Some(c.interval), true))
+    } else {
+        "—".into()
+    };
+    (sh, head, [c.diff.n.to_string(), stat])
 }
 
 /// Every claim of several studies, one row each (`plexus report … --format verdicts`): the study,

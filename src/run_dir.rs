@@ -373,6 +373,19 @@ impl RunDir {
     pub fn final_checkpoint(&self) -> PathBuf {
         self.checkpoints_dir().join("final.safetensors")
     }
+    /// The final weights as a finished run of any kind holds them: [`RunDir::final_checkpoint`],
+    /// or, in a `plexus rl` run of plexus before 2026-11-27, `final.safetensors` in the run's root.
+    /// The one place that knows both layouts (a sweep's check of finished runs and `rl --eval`
+    /// read it).
+    pub fn final_weights(&self) -> PathBuf {
+        let current = self.final_checkpoint();
+        let legacy = self.path.join("final.safetensors");
+        if !current.exists() && legacy.exists() {
+            legacy
+        } else {
+            current
+        }
+    }
     /// With `train.ema`: the moving average of the parameters at the end of training (the same
     /// `state_dict` names as [`RunDir::final_checkpoint`]).
     pub fn final_ema_checkpoint(&self) -> PathBuf {

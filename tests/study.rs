@@ -540,7 +540,14 @@ fn raising_train_steps_extends_a_finished_sweep_and_lowering_it_is_refused() {
     assert!(log.contains("\"--resume\"") && log.matches("=== ").count() == 2, "{log}");
     let o = run("100");
     let (_, err) = text(&o);
-    assert!(!o.status.success() && err.contains("`train.steps` is `600` in the run but `100` here"), "{err}");
+    // Said as a sweep's length rule, not as "a run of another config" or a --resume error.
+    assert!(
+        !o.status.success()
+            && err.contains("trained it with train.steps = 600, and the sweep now plans 100")
+            && err.contains("may lengthen its runs, not shorten them")
+            && !err.contains("another config"),
+        "{err}"
+    );
 }
 
 /// One config file per setting (each with its own `name`, and options only one topology has):
@@ -639,4 +646,92 @@ fn claims_are_judged_from_runs_and_again_from_their_runs_csv() {
     let e =
         plexus(&["report", &s(&runs), "--spec", &s(&spec), "--spec", &s(&spec), "--format", "verdicts"], tmp.path());
     assert!(!e.status.success() && text(&e).1.contains("1 path(s), 2 spec(s)"), "{}", text(&e).1);
+}
+
+/// An RL study survives a second sweep, a resume and a requeued Slurm task (`--only`): each
+/// finds its finished runs where `plexus rl` writes the final weights
+/// (`checkpoints/final.safetensors`), skips them and leaves every file byte for byte as it was —
+/// none reported damaged. (Before, the sweep looked for RL weights at the run's root and called
+/// every finished RL run damaged.)
+#[test]
+fn an_rl_study_swept_twice_resumed_and_requeued_keeps_its_finished_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("tiny-rl.yaml");
+    std::fs::write(
+        &cfg,
+        "name: t\nseed: 1\ndevice: cpu\nenv: {layout: u, num_envs: 8, episode_length: 20, max_step: 0.1, \
+         goal_radius: 0.1}\nnetwork: {width: 16, depth: 4, block_size: 4, repr_dim: 8, topology: {kind: residual}}\n\
+         train: {env_steps: 320, batch_size: 32, updates_per_rollout: 2, replay_episodes: 64}\n\
+         log: {eval_every: 160, eval_envs: 8}\n",
+    )
+    .unwrap();
+    let sweep = |extra: &[&str]| {
+        let mut args = vec!["sweep", cfg.to_str().unwrap(), "--seeds", "0,1", "--quiet", "--out", "rl-study"];
+        args.extend_from_slice(extra);
+        plexus(&args, tmp.path())
+    };
+    let o = sweep(&[]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let out = tmp.path().join("rl-study");
+    let runs = run_dirs(&out);
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    for r in &runs {
+        assert!(r.join("checkpoints/final.safetensors").is_file(), "{}", r.display());
+    }
+    let name = runs[0].file_name().unwrap().to_str().unwrap().to_string();
+    let before = snapshot(&out);
+    let again: [(&str, Vec<String>); 3] = [
+        ("a second sweep", vec![]),
+        ("a resume", vec!["--resume".into(), out.display().to_string(), "--quiet".into()]),
+        (
+            "a requeued task",
+            vec!["--resume".into(), out.display().to_string(), "--only".into(), name.clone(), "--quiet".into()],
+        ),
+    ];
+    for (what, args) in again {
+        let o = if args.is_empty() {
+            sweep(&[])
+        } else {
+            let mut a = vec!["sweep"];
+            a.extend(args.iter().map(String::as_str));
+            plexus(&a, tmp.path())
+        };
+        let (_, err) = text(&o);
+        assert!(o.status.success(), "{what}: {err}");
+        assert!(!err.contains("damaged") && !err.contains("FAILED"), "{what}: {err}");
+        let finished_before = if what == "a requeued task" { "1 finished before" } else { "2 finished before" };
+        assert!(err.contains(finished_before) && err.contains("0 finished now"), "{what}: {err}");
+        let after = snapshot(&out);
+        for (path, bytes) in &before {
+            if !path.starts_with(out.join("report")) && !path.starts_with(out.join("logs")) {
+                assert!(after.get(path) == Some(bytes), "{what}: {} changed", path.display());
+            }
+        }
+    }
+}
+
+/// A claim that could never be judged on what the sweep plans (an arm no planned run matches) is
+/// refused before any run trains, naming the claim and what the runs have; the sweep folder is
+/// not created.
+#[test]
+fn a_claim_whose_arm_matches_no_planned_run_is_refused_before_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = tmp.path().join("study.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "configs: [{}]\nseeds: [0, 1]\nset: {{train.steps: 50}}\nclaims:\n  - id: c\n    statement: s\n    \
+             source: x\n    metric: final_loss\n    a: name=lnn-fig2b-none\n    b: name=lnn-fig2b-nnoe\n    expect: less\n",
+            lnn_none()
+        ),
+    )
+    .unwrap();
+    let o = plexus(&["sweep", spec.to_str().unwrap(), "--out", "s", "--quiet"], tmp.path());
+    let (_, err) = text(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("claim `c`") && err.contains("no run has name=lnn-fig2b-nnoe") && err.contains("lnn-fig2b-none"),
+        "{err}"
+    );
+    assert!(!tmp.path().join("s").exists(), "the sweep folder was created");
 }

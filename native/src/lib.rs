@@ -532,6 +532,10 @@ mod tests {
         ] {
             assert_eq!(parse_fused_kernels(Some(v)).unwrap(), want, "{v:?}");
         }
+        for (blank, said) in [("", "set to nothing"), (" ", "only blanks (\" \")")] {
+            let e = parse_fused_kernels(Some(blank)).unwrap_err().to_string();
+            assert!(e.contains(said) && e.contains("unset it"), "{e}");
+        }
         let e = parse_fused_kernels(Some("maybe")).unwrap_err().to_string();
         assert!(
             e.contains("PLEXUS_FUSED_KERNELS")

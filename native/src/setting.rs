@@ -89,15 +89,25 @@ impl KernelIsa {
 pub fn parse_fused_kernels(value: Option<&str>) -> Result<FusedKernels> {
     match value.map(|v| v.trim().to_ascii_lowercase()) {
         None => Ok(FusedKernels::Best),
+        Some(v) if v.is_empty() => bail!(
+            "environment variable {FUSED_KERNELS_VAR} is set to {}: give a value (1, avx2, baseline, 0 or \
+             cuda-host) or unset it for the default",
+            if value.is_some_and(str::is_empty) {
+                "nothing".to_string()
+            } else {
+                format!("only blanks ({:?})", value.unwrap_or_default())
+            }
+        ),
         Some(v) if v == "1" || v == "true" => Ok(FusedKernels::Best),
         Some(v) if v == "baseline" => Ok(FusedKernels::Baseline),
         Some(v) if v == "avx2" => Ok(FusedKernels::Avx2),
         Some(v) if v == "0" || v == "false" => Ok(FusedKernels::Off),
         Some(v) if v == "cuda-host" => Ok(FusedKernels::CudaHost),
         Some(v) => bail!(
-            "environment variable {FUSED_KERNELS_VAR}={v:?}: expected 1/true (the default), avx2 (on, at most \
+            "environment variable {FUSED_KERNELS_VAR}=`{}`: expected 1/true (the default), avx2 (on, at most \
              AVX2), baseline (on, without AVX2), 0/false (off) or cuda-host (on, and a CPU step takes a GPU \
-             step's fused paths through the CUDA kernels' host build)"
+             step's fused paths through the CUDA kernels' host build)",
+            v.chars().take(40).collect::<String>()
         ),
     }
 }

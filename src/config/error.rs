@@ -29,10 +29,41 @@ impl fmt::Display for ConfigError {
             write!(f, ": key `{}`", self.key)?;
         }
         if let Some(v) = &self.value {
-            write!(f, " has value `{v}`")?;
+            write!(f, " has value `{}`", elide(v))?;
         }
-        write!(f, ": {}", self.allowed)
+        write!(f, ": {}", elide(&self.allowed))
     }
+}
+
+/// `text` with every word (a run without blanks) longer than 60 characters shortened to its first
+/// 30, an ellipsis and its length: a 300-digit number or a pasted blob is named, not echoed.
+pub(crate) fn elide(text: &str) -> String {
+    const LONG: usize = 60;
+    if !text.split_whitespace().any(|w| w.chars().count() > LONG) {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(LONG * 4);
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        let n = word.chars().count();
+        if n > LONG {
+            out.extend(word.chars().take(30));
+            out.push_str(&format!("… ({n} characters)"));
+        } else {
+            out.push_str(word);
+        }
+        word.clear();
+    };
+    for ch in text.chars() {
+        if ch.is_whitespace() {
+            flush(&mut word, &mut out);
+            out.push(ch);
+        } else {
+            word.push(ch);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
 }
 
 impl std::error::Error for ConfigError {}
@@ -295,5 +326,20 @@ mod tests {
         assert_eq!(locate_key(src, "topology.kind"), Some(6));
         assert_eq!(locate_key(src, "topology.edges[1]"), Some(9));
         assert_eq!(locate_key(src, "train.lr"), None);
+    }
+
+    /// A 300-digit value is named by its start and length, not echoed; short words stay.
+    #[test]
+    fn long_values_are_elided_in_messages() {
+        let e = ConfigError {
+            file: "c.yaml".into(),
+            key: "seed".into(),
+            value: Some("9".repeat(300)),
+            allowed: format!("invalid value: integer `{}`, expected u64", "9".repeat(300)),
+            line: Some(3),
+        }
+        .to_string();
+        assert!(e.len() < 250 && e.contains("… (300 characters)") && e.contains("expected u64"), "{e}");
+        assert_eq!(elide("a short message"), "a short message");
     }
 }

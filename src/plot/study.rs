@@ -97,6 +97,10 @@ pub fn claim_figures(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for c in &r.claims {
         let cl = &c.claim;
+        // Numbers no statistic could take (a value that is not finite) draw no figure either.
+        if matches!(c.verdict, crate::study::claims::Verdict::NotComputable(_)) {
+            continue;
+        }
         if cl.across_seeds.is_some() {
             files.extend(profiles_figure(c, out)?);
             continue;
@@ -132,7 +136,7 @@ pub fn claim_figures(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
             series: vec![arm("A", &cl.a, |v| v.0, 0), arm("B", &cl.b, |v| v.1, 1)],
         };
         std::fs::create_dir_all(out)?;
-        let file = format!("claim-{}", cl.id.replace(|ch: char| !ch.is_ascii_alphanumeric() && ch != '-', "_"));
+        let file = crate::study::claims::figure_stem(&cl.id);
         files.extend(line_chart(&chart, &out.join(file))?);
     }
     Ok(files)
@@ -169,7 +173,7 @@ fn profiles_figure(c: &crate::study::claims::ClaimResult, out: &Path) -> Result<
         series,
     };
     std::fs::create_dir_all(out)?;
-    let file = format!("claim-{}", cl.id.replace(|ch: char| !ch.is_ascii_alphanumeric() && ch != '-', "_"));
+    let file = crate::study::claims::figure_stem(&cl.id);
     line_chart(&chart, &out.join(file))
 }
 

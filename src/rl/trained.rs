@@ -9,7 +9,7 @@ use super::env::VecEnv;
 use super::trainer::{evaluate, random_policy, straight_line_policy, Episodes};
 use crate::run_dir::RunDir;
 use anyhow::{bail, Result};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// A finished RL run: its directory, its config (as resolved when it ran) and its agent with the
 /// final weights loaded.
@@ -17,18 +17,6 @@ pub struct TrainedAgent {
     pub dir: RunDir,
     pub exp: RlExperiment,
     pub agent: Agent,
-}
-
-/// The run's final weights: `checkpoints/final.safetensors`, or, in a run of plexus before
-/// 2026-11-27, `final.safetensors` in the run's root.
-pub fn final_weights(run: &RunDir) -> PathBuf {
-    let current = run.final_checkpoint();
-    let legacy = run.path.join("final.safetensors");
-    if !current.is_file() && legacy.is_file() {
-        legacy
-    } else {
-        current
-    }
 }
 
 /// Opens the `plexus rl` run at `path` on `device` (the config's if `None`).
@@ -45,7 +33,7 @@ pub fn open(path: &Path, device: Option<tch::Device>) -> Result<TrainedAgent> {
         None => crate::device::resolve(crate::device::parse_device(&cfg.device).map_err(anyhow::Error::msg)?)?,
     };
     let mut agent = crate::device::with_seed(cfg.seed, || Agent::new(cfg, exp.topology.as_ref(), device));
-    let weights = final_weights(&dir);
+    let weights = dir.final_weights();
     crate::train::checkpoint::load_final(&mut agent.vs, &dir, &weights, "rl")?;
     Ok(TrainedAgent { dir, exp, agent })
 }

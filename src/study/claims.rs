@@ -131,7 +131,8 @@ impl Claim {
     /// `across_seeds` claim's `metric[0]` … `metric[size − 1]`.
     pub fn metrics(&self) -> Vec<String> {
         if self.across_seeds.is_some() {
-            return (0..self.size.unwrap_or(0)).map(|i| format!("{}[{i}]", self.metric)).collect();
+            // Bounded here too: a spec read back from a sweep record has not been through `check`.
+            return (0..self.size.unwrap_or(0).min(MAX_SIZE)).map(|i| format!("{}[{i}]", self.metric)).collect();
         }
         let mut m = vec![self.metric.clone()];
         if self.metric_of_b() != self.metric {
@@ -149,6 +150,9 @@ pub enum Verdict {
     Inconclusive,
     /// Inconclusive, and the paper's effect needs this many seeds (`None`: more than 100,000).
     Underpowered(Option<usize>),
+    /// No statistic can be computed from these numbers (the reason: a seed's value is not
+    /// finite, a vector is constant, …): no p, no interval, no verdict.
+    NotComputable(String),
 }
 
 impl std::fmt::Display for Verdict {
@@ -159,6 +163,7 @@ impl std::fmt::Display for Verdict {
             Verdict::Inconclusive => write!(f, "inconclusive"),
             Verdict::Underpowered(Some(n)) => write!(f, "underpowered (needs {n} seeds)"),
             Verdict::Underpowered(None) => write!(f, "underpowered (needs > 100,000 seeds)"),
+            Verdict::NotComputable(why) => write!(f, "not computable: {why}"),
         }
     }
 }
@@ -227,13 +232,46 @@ pub fn metric_value(run: &RunRecord, metric: &str) -> Result<f64> {
     )
 }
 
-/// Checks a study's claims before any run: unique ids, valid arms, a margin where one is needed,
-/// α in (0, 0.5), finite margins and effects.
+/// The longest claim id (it names the claim's figure file).
+pub const MAX_ID_CHARS: usize = 80;
+
+/// The longest vector an `across_seeds` claim reads (far above any network's depth).
+pub const MAX_SIZE: usize = 4_096;
+
+/// The file stem of a claim's figure: `claim-<id>`, with every character other than ASCII letters,
+/// digits and `-` written `_` (so `x.y` and `x_y` share a stem: [`check`] refuses that pair).
+pub fn figure_stem(id: &str) -> String {
+    format!("claim-{}", id.replace(|ch: char| !ch.is_ascii_alphanumeric() && ch != '-', "_"))
+}
+
+/// Checks a study's claims before any run: ids of letters, digits, `.`, `_` and `-` (at most
+/// [`MAX_ID_CHARS`]), unique, and unique as figure files; valid arms; a margin where one is needed;
+/// α in (0, 0.5); finite margins and effects; an `across_seeds` vector of at most [`MAX_SIZE`].
 pub fn check(claims: &[Claim]) -> Result<()> {
     let mut ids = std::collections::BTreeSet::new();
+    let mut stems: std::collections::BTreeMap<String, &str> = std::collections::BTreeMap::new();
     for c in claims {
+        let shown: String = c.id.chars().take(40).collect();
+        if c.id.is_empty()
+            || c.id.chars().count() > MAX_ID_CHARS
+            || !c.id.chars().all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '_' | '-'))
+        {
+            bail!(
+                "claim id `{shown}{}`: ids are 1 to {MAX_ID_CHARS} ASCII letters, digits, `.`, `_` or `-` \
+                 (it names the claim's figure file), e.g. fig2b-0to2-faster",
+                if c.id.chars().count() > 40 { "…" } else { "" }
+            );
+        }
         if !ids.insert(&c.id) {
             bail!("claim `{}` is listed twice (ids must be unique in a study)", c.id);
+        }
+        if let Some(other) = stems.insert(figure_stem(&c.id), &c.id) {
+            bail!(
+                "claims `{other}` and `{}` would draw to one figure file ({}.png): ids must differ in more than \
+                 `.` against `_`",
+                c.id,
+                figure_stem(&c.id)
+            );
         }
         arm(&c.a, "a", &c.id)?;
         if c.across_seeds.is_some() {
@@ -284,6 +322,9 @@ fn check_across_seeds(c: &Claim) -> Result<()> {
     }
     if c.size.is_none_or(|n| n < 3) {
         return bad("needs the vector's `size`, at least 3 (a correlation of 2 values is ±1)");
+    }
+    if c.size.is_some_and(|n| n > MAX_SIZE) {
+        return bad(&format!("reads at most {MAX_SIZE} entries (`size`; one per layer or unit)"));
     }
     if !(c.alpha > 0.0 && c.alpha < 0.5) {
         bail!("claim `{}`: alpha {} must be in (0, 0.5)", c.id, c.alpha);
@@ -338,7 +379,11 @@ pub fn seed_correlation(v: &[Vec<f64>], level: f64) -> (f64, f64, f64, (f64, f64
         })
         .collect();
     boot.sort_by(f64::total_cmp);
-    let q = |f: f64| boot[((f * (boot.len() - 1) as f64).round() as usize).min(boot.len() - 1)];
+    // Every resample degenerate (one run drawn every time) leaves no interval rather than a panic.
+    let q = |f: f64| match boot.len() {
+        0 => f64::NAN,
+        n => boot[((f * (n - 1) as f64).round() as usize).min(n - 1)],
+    };
     let tail = (1.0 - level) / 2.0;
     (r, p(high), p(low), (q(tail), q(1.0 - tail)))
 }
@@ -347,6 +392,13 @@ pub fn seed_correlation(v: &[Vec<f64>], level: f64) -> (f64, f64, f64, (f64, f64
 /// size), its interval at the corrected level, the smallest detectable |Δ| and the seeds the
 /// paper's effect would need.
 fn paired_verdict(claim: &Claim, diff: &Stats, significant: bool, alpha_m: f64) -> Judged {
+    assert!(
+        diff.mean.is_finite() && (diff.n < 2 || diff.sd.is_finite()),
+        "claim `{}`: a verdict from non-finite differences (mean {}, sd {})",
+        claim.id,
+        diff.mean,
+        diff.sd
+    );
     let verdict = match claim.expect {
         Expect::Less | Expect::Greater => {
             let right_way = (claim.expect == Expect::Less) == (diff.mean < 0.0);
@@ -388,6 +440,7 @@ fn paired_verdict(claim: &Claim, diff: &Stats, significant: bool, alpha_m: f64) 
 /// line (the permutation test has none).
 fn across_seeds_verdict(profiles: &[Vec<f64>], significant: bool, alpha_m: f64) -> Judged {
     let (r, _, p_low, interval) = seed_correlation(profiles, 1.0 - alpha_m);
+    assert!(r.is_finite(), "a verdict across seeds from a correlation that is not finite ({r})");
     let verdict = if significant && r > 0.0 {
         Verdict::Holds
     } else if p_low < alpha_m {
@@ -402,70 +455,258 @@ fn across_seeds_verdict(profiles: &[Vec<f64>], significant: bool, alpha_m: f64) 
 /// the paper's effect would need.
 type Judged = (Verdict, (f64, f64), f64, Option<Option<usize>>);
 
-/// Evaluates `claims` on `runs`: pairs each claim's arms by seed, then applies the rule with
-/// Holm's correction within each family.
-pub fn evaluate(claims: &[Claim], runs: &[RunRecord]) -> Result<Vec<ClaimResult>> {
+/// The runs of one arm (`text`: `KEY=VALUE[,…]`) by seed, in seed order. An arm that names a key
+/// no run has, or a value no run has, is an error saying which and what the runs have; so is a
+/// run of the arm without a seed, or two runs of the arm with one seed (one run counted twice, or
+/// arm keys that leave a setting open): a claim pairs one run per arm and seed.
+fn arm_runs<'r>(claim: &Claim, which: &str, text: &str, runs: &'r [RunRecord]) -> Result<Vec<(u64, &'r RunRecord)>> {
+    let kv = arm(text, which, &claim.id)?;
+    let of_arm: Vec<&RunRecord> = runs.iter().filter(|r| kv.iter().all(|(k, v)| r.config.get(k) == Some(v))).collect();
+    if of_arm.is_empty() {
+        bail!("claim `{}`: arm {which} ({text}) {}", claim.id, why_no_run(&kv, runs));
+    }
+    let mut by_seed: Vec<(u64, &RunRecord)> = Vec::new();
+    for r in of_arm {
+        let Some(seed) = r.seed() else {
+            bail!(
+                "claim `{}`: run {} of arm {which} ({text}) has no seed (its config's `seed`{}); a claim pairs runs by seed",
+                claim.id,
+                r.dir.display(),
+                r.config.get("seed").map(|s| format!(" is `{s}`, not a whole number ≥ 0")).unwrap_or_default()
+            );
+        };
+        if let Some((_, other)) = by_seed.iter().find(|(s, _)| *s == seed) {
+            bail!(
+                "claim `{}`: arm {which} ({text}) has two runs with seed {seed}: {} and {}; a claim pairs one run per \
+                 arm and seed (is one run counted twice, or do the arm's keys leave a setting open? add KEY=VALUE)",
+                claim.id,
+                other.dir.display(),
+                r.dir.display()
+            );
+        }
+        by_seed.push((seed, r));
+    }
+    by_seed.sort_by_key(|p| p.0);
+    Ok(by_seed)
+}
+
+/// Why no run matches the arm `kv`: a key no run's config has (with the keys of its section), a
+/// value no run has (with the values they have), or no run with all of them at once.
+fn why_no_run(kv: &[(String, String)], runs: &[RunRecord]) -> String {
+    let list = |mut v: Vec<String>| {
+        v.sort();
+        v.dedup();
+        let more = v.len().saturating_sub(12);
+        v.truncate(12);
+        format!("{}{}", v.join(", "), if more > 0 { format!(", … ({more} more)") } else { String::new() })
+    };
+    for (k, v) in kv {
+        if !runs.iter().any(|r| r.config.contains_key(k)) {
+            let section = k.split('.').next().unwrap_or(k);
+            let near: Vec<String> = runs
+                .iter()
+                .flat_map(|r| r.config.keys())
+                .filter(|c| c.split('.').next() == Some(section))
+                .cloned()
+                .collect();
+            return if near.is_empty() {
+                format!(
+                    "matches no run: no run's config has the key `{k}` (their sections: {})",
+                    list(
+                        runs.iter()
+                            .flat_map(|r| r.config.keys())
+                            .map(|c| c.split('.').next().unwrap_or(c).to_string())
+                            .collect()
+                    )
+                )
+            } else {
+                format!("matches no run: no run's config has the key `{k}` (keys of `{section}`: {})", list(near))
+            };
+        }
+        if !runs.iter().any(|r| r.config.get(k) == Some(v)) {
+            return format!(
+                "matches no run: no run has {k}={v} (the runs' values of {k}: {})",
+                list(runs.iter().filter_map(|r| r.config.get(k).cloned()).collect())
+            );
+        }
+    }
+    "matches no run: each KEY=VALUE is some run's, but no run has all of them".into()
+}
+
+/// The first value in `values` (seed, value) that no statistic can take: not finite, or (for a
+/// log scale) not positive.
+fn not_computable(what: &str, values: &[(u64, f64)], log: bool) -> Option<String> {
+    values.iter().find_map(|&(seed, v)| {
+        if !v.is_finite() {
+            Some(format!("seed {seed}'s {what} is {v}"))
+        } else if log && v <= 0.0 {
+            Some(format!("seed {seed}'s {what} is {v}, and `scale: log` needs positive values"))
+        } else {
+            None
+        }
+    })
+}
+
+/// Checks `claims` against the runs a sweep plans, before any of them trains (`planned`: each
+/// planned run's resolved config, flattened as a report reads it, without metrics): every arm
+/// matches planned runs, one per seed; a paired claim's arms share at least 2 seeds and an
+/// `across_seeds` claim's arm has at least 3. A claim that could never be judged is refused here,
+/// not after the training.
+pub fn check_against_plan(claims: &[Claim], planned: &[RunRecord]) -> Result<()> {
     check(claims)?;
-    let mut partial = Vec::new();
     for c in claims {
-        let member = |r: &RunRecord, kv: &[(String, String)]| kv.iter().all(|(k, v)| r.config.get(k) == Some(v));
+        let a = arm_runs(c, "a", &c.a, planned)?;
         if c.across_seeds.is_some() {
-            let a = arm(&c.a, "a", &c.id)?;
-            let mut per_seed = Vec::new();
-            for r in runs.iter().filter(|r| member(r, &a)) {
-                let Some(seed) = r.seed() else { continue };
-                let v = c.metrics().iter().map(|m| metric_value(r, m)).collect::<Result<Vec<f64>>>()?;
-                per_seed.push((seed, v));
-            }
-            if per_seed.len() < 3 {
+            if a.len() < 3 {
                 bail!(
-                    "claim `{}`: {} seed(s) of a ({}); a correlation across seeds needs at least 3",
+                    "claim `{}`: the sweep plans {} seed(s) of a ({}); a correlation across seeds needs at least 3",
                     c.id,
-                    per_seed.len(),
+                    a.len(),
                     c.a
                 );
             }
-            per_seed.sort_by_key(|p| p.0);
-            // Kept in the paired claims' places: the seeds, r̄ as the mean, p (one-sided, as high).
-            let profiles: Vec<Vec<f64>> = per_seed.iter().map(|p| p.1.clone()).collect();
-            let (r, p_high, _, _) = seed_correlation(&profiles, 0.95);
-            let diff = Stats { n: profiles.len(), mean: r, sd: f64::NAN, ci95: None };
-            let pairs = per_seed.iter().map(|p| (p.0, f64::NAN, f64::NAN)).collect();
-            partial.push((c.clone(), pairs, diff, p_high, None, profiles));
             continue;
         }
-        let (a, b) = (arm(&c.a, "a", &c.id)?, arm(&c.b, "b", &c.id)?);
-        let mut pairs = Vec::new();
-        for ra in runs.iter().filter(|r| member(r, &a)) {
-            let Some(seed) = ra.seed() else { continue };
-            if let Some(rb) = runs.iter().find(|r| member(r, &b) && r.seed() == Some(seed)) {
-                let (x, y) = (metric_value(ra, &c.metric)?, metric_value(rb, c.metric_of_b())?);
-                if c.scale == Scale::Log && (x <= 0.0 || y <= 0.0) {
-                    bail!("claim `{}`: scale log needs positive values; seed {seed} has {x} and {y}", c.id);
-                }
-                pairs.push((seed, x, y));
-            }
-        }
-        if pairs.len() < 2 {
+        let b = arm_runs(c, "b", &c.b, planned)?;
+        let shared = a.iter().filter(|(s, _)| b.iter().any(|(t, _)| s == t)).count();
+        if shared < 2 {
             bail!(
-                "claim `{}`: {} shared seed(s) between a ({}) and b ({}); a verdict needs at least 2",
+                "claim `{}`: the sweep plans {shared} seed(s) shared by a ({}) and b ({}); a verdict needs at least 2",
                 c.id,
-                pairs.len(),
                 c.a,
                 c.b
             );
         }
-        pairs.sort_by_key(|p| p.0);
-        let d: Vec<f64> =
-            pairs.iter().map(|&(_, x, y)| if c.scale == Scale::Log { x.ln() - y.ln() } else { x - y }).collect();
-        let diff = stats::describe(&d);
-        let p = match c.expect {
-            Expect::Equivalent => stats::tost_p(&diff, c.margin.expect("checked")),
-            _ => stats::t_test_p(&diff),
-        };
-        let p_sign_flip = if d.len() <= 10 { stats::sign_flip_p(&d) } else { None };
-        partial.push((c.clone(), pairs, diff, p, p_sign_flip, Vec::new()));
     }
+    Ok(())
+}
+
+/// One claim's numbers before Holm's correction.
+struct Partial {
+    claim: Claim,
+    /// `(seed, A, B)` (an `across_seeds` claim: `(seed, NaN, NaN)`).
+    pairs: Vec<(u64, f64, f64)>,
+    diff: Stats,
+    p: f64,
+    p_sign_flip: Option<f64>,
+    profiles: Vec<Vec<f64>>,
+    /// Why no statistic can be computed, where none can.
+    not_computable: Option<String>,
+}
+
+/// An across-seeds claim's numbers: its arm's vector on each seed (of length `size` exactly), then
+/// r̄ and its permutation p — or why they cannot be computed (an entry that is not finite, a
+/// constant vector: no correlation).
+fn across_seeds_partial(c: &Claim, runs: &[RunRecord]) -> Result<Partial> {
+    let of_arm = arm_runs(c, "a", &c.a, runs)?;
+    if of_arm.len() < 3 {
+        bail!("claim `{}`: {} seed(s) of a ({}); a correlation across seeds needs at least 3", c.id, of_arm.len(), c.a);
+    }
+    let size = c.size.expect("checked");
+    let mut per_seed = Vec::new();
+    for &(seed, r) in &of_arm {
+        let past = format!("{}[{size}]", c.metric);
+        if r.metrics.contains_key(&past) {
+            let len = (size..).take_while(|i| r.metrics.contains_key(&format!("{}[{i}]", c.metric))).count() + size;
+            bail!(
+                "claim `{}`: `size: {size}`, but run {} has {len} entries of `{}` ({}[0..{len}]); `size` must be the \
+                 vector's length (a shorter one would test a prefix)",
+                c.id,
+                r.dir.display(),
+                c.metric,
+                c.metric
+            );
+        }
+        let v = c.metrics().iter().map(|m| metric_value(r, m)).collect::<Result<Vec<f64>>>()?;
+        per_seed.push((seed, v));
+    }
+    let why = per_seed.iter().find_map(|(seed, v)| {
+        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            Some(format!("seed {seed}'s {}[{i}] is {}", c.metric, v[i]))
+        } else if v.iter().all(|x| *x == v[0]) {
+            Some(format!("seed {seed}'s vector {}[0..{size}] is constant (it has no correlation)", c.metric))
+        } else {
+            None
+        }
+    });
+    let profiles: Vec<Vec<f64>> = per_seed.iter().map(|p| p.1.clone()).collect();
+    let pairs = per_seed.iter().map(|p| (p.0, f64::NAN, f64::NAN)).collect();
+    // Kept in the paired claims' places: the seeds, r̄ as the mean, p (one-sided, as high).
+    let (r, p_high) = match why {
+        None => {
+            let (r, p_high, _, _) = seed_correlation(&profiles, 0.95);
+            (r, p_high)
+        }
+        Some(_) => (f64::NAN, f64::NAN),
+    };
+    let diff = Stats { n: profiles.len(), mean: r, sd: f64::NAN, ci95: None };
+    Ok(Partial { claim: c.clone(), pairs, diff, p: p_high, p_sign_flip: None, profiles, not_computable: why })
+}
+
+/// A paired claim's numbers: the runs of arms a and b on the seeds both ran, their differences,
+/// the test's p and the sign-flip p — or why they cannot be computed (a value that is not finite,
+/// or not positive on a log scale).
+fn paired_partial(c: &Claim, runs: &[RunRecord]) -> Result<Partial> {
+    let (a, b) = (arm_runs(c, "a", &c.a, runs)?, arm_runs(c, "b", &c.b, runs)?);
+    let mut pairs = Vec::new();
+    for &(seed, ra) in &a {
+        if let Some((_, rb)) = b.iter().find(|(s, _)| *s == seed) {
+            pairs.push((seed, metric_value(ra, &c.metric)?, metric_value(rb, c.metric_of_b())?));
+        }
+    }
+    if pairs.len() < 2 {
+        let seeds = |v: &[(u64, &RunRecord)]| v.iter().map(|p| p.0.to_string()).collect::<Vec<_>>().join(", ");
+        bail!(
+            "claim `{}`: {} shared seed(s) between a ({}: seeds {}) and b ({}: seeds {}); a verdict needs at least 2",
+            c.id,
+            pairs.len(),
+            c.a,
+            seeds(&a),
+            c.b,
+            seeds(&b)
+        );
+    }
+    let log = c.scale == Scale::Log;
+    let why = not_computable(&format!("A ({})", c.metric), &pairs.iter().map(|p| (p.0, p.1)).collect::<Vec<_>>(), log)
+        .or_else(|| {
+            not_computable(
+                &format!("B ({})", c.metric_of_b()),
+                &pairs.iter().map(|p| (p.0, p.2)).collect::<Vec<_>>(),
+                log,
+            )
+        });
+    if let Some(why) = why {
+        let diff = Stats { n: pairs.len(), mean: f64::NAN, sd: f64::NAN, ci95: None };
+        return Ok(Partial {
+            claim: c.clone(),
+            pairs,
+            diff,
+            p: f64::NAN,
+            p_sign_flip: None,
+            profiles: vec![],
+            not_computable: Some(why),
+        });
+    }
+    let d: Vec<f64> = pairs.iter().map(|&(_, x, y)| if log { x.ln() - y.ln() } else { x - y }).collect();
+    let diff = stats::describe(&d);
+    let p = match c.expect {
+        Expect::Equivalent => stats::tost_p(&diff, c.margin.expect("checked")),
+        _ => stats::t_test_p(&diff),
+    };
+    let p_sign_flip = if d.len() <= 10 { stats::sign_flip_p(&d) } else { None };
+    Ok(Partial { claim: c.clone(), pairs, diff, p, p_sign_flip, profiles: vec![], not_computable: None })
+}
+
+/// Evaluates `claims` on `runs`: pairs each claim's arms by seed, then applies the rule with
+/// Holm's correction within each family. A claim whose numbers admit no statistic is "not
+/// computable" (with the reason) and counts in its family's size with p = 1, so that it cannot
+/// make the others' correction milder; every other outcome is computed from finite numbers only.
+pub fn evaluate(claims: &[Claim], runs: &[RunRecord]) -> Result<Vec<ClaimResult>> {
+    check(claims)?;
+    let partial = claims
+        .iter()
+        .map(|c| if c.across_seeds.is_some() { across_seeds_partial(c, runs) } else { paired_partial(c, runs) })
+        .collect::<Result<Vec<Partial>>>()?;
     // Holm within each family.
     let mut p_holm = vec![0.0; partial.len()];
     let mut families: Vec<&String> = claims.iter().map(|c| &c.family).collect();
@@ -473,25 +714,27 @@ pub fn evaluate(claims: &[Claim], runs: &[RunRecord]) -> Result<Vec<ClaimResult>
     families.dedup();
     let mut family_size = vec![0; partial.len()];
     for f in families {
-        let idx: Vec<usize> = (0..partial.len()).filter(|&i| &partial[i].0.family == f).collect();
-        let adjusted = stats::holm(&idx.iter().map(|&i| partial[i].3).collect::<Vec<_>>());
+        let idx: Vec<usize> = (0..partial.len()).filter(|&i| &partial[i].claim.family == f).collect();
+        let ps: Vec<f64> =
+            idx.iter().map(|&i| if partial[i].not_computable.is_some() { 1.0 } else { partial[i].p }).collect();
+        let adjusted = stats::holm(&ps);
         for (k, &i) in idx.iter().enumerate() {
-            p_holm[i] = adjusted[k];
+            p_holm[i] = if partial[i].not_computable.is_some() { f64::NAN } else { adjusted[k] };
             family_size[i] = idx.len();
         }
     }
     Ok(partial
         .into_iter()
         .enumerate()
-        .map(|(i, (claim, pairs, diff, p, p_sign_flip, profiles))| {
+        .map(|(i, Partial { claim, pairs, diff, p, p_sign_flip, profiles, not_computable })| {
             let seeds: Vec<u64> = pairs.iter().map(|p| p.0).collect();
             let values: Vec<(f64, f64)> = pairs.iter().map(|&(_, a, b)| (a, b)).collect();
             let m = family_size[i];
             let alpha_m = claim.alpha / m as f64;
-            let significant = p_holm[i] < claim.alpha;
-            let (verdict, interval, detectable, seeds_needed) = match claim.across_seeds {
-                Some(_) => across_seeds_verdict(&profiles, significant, alpha_m),
-                None => paired_verdict(&claim, &diff, significant, alpha_m),
+            let (verdict, interval, detectable, seeds_needed) = match (not_computable, claim.across_seeds) {
+                (Some(why), _) => (Verdict::NotComputable(why), (f64::NAN, f64::NAN), f64::NAN, None),
+                (None, Some(_)) => across_seeds_verdict(&profiles, p_holm[i] < claim.alpha, alpha_m),
+                (None, None) => paired_verdict(&claim, &diff, p_holm[i] < claim.alpha, alpha_m),
             };
             ClaimResult {
                 interval,
@@ -643,9 +886,15 @@ mod tests {
         let mut c = claim("x", Expect::Less, None);
         c.a = "a".into();
         assert!(e(c).contains("KEY=VALUE"));
+        // An arm that matches no run says why: the value, or the key, no run has.
         let mut c = claim("x", Expect::Less, None);
         c.b = "name=zzz".into();
-        assert!(e(c).contains("0 shared seed(s)"));
+        let why = e(c);
+        assert!(why.contains("no run has name=zzz") && why.contains("values of name: a, b"), "{why}");
+        let mut c = claim("x", Expect::Less, None);
+        c.b = "nmae=b".into();
+        let why = e(c);
+        assert!(why.contains("no run's config has the key `nmae`"), "{why}");
         assert!(evaluate(&[claim("x", Expect::Less, None), claim("x", Expect::Less, None)], &r)
             .unwrap_err()
             .to_string()
@@ -748,5 +997,131 @@ mod tests {
             let e = check(&[c]).unwrap_err().to_string();
             assert!(e.contains(why), "{e}");
         }
+    }
+
+    /// A seed's value that is not finite (or not positive on a log scale) makes the claim "not
+    /// computable", with the seed named and no p or interval; the rest of the family is still
+    /// judged, with the claim counted in m at p = 1.
+    #[test]
+    fn values_no_statistic_can_take_make_a_claim_not_computable() {
+        for (a0, log, want) in [
+            (f64::INFINITY, true, "seed 0's A (m) is inf"),
+            (f64::NAN, false, "seed 0's A (m) is NaN"),
+            (f64::NEG_INFINITY, false, "seed 0's A (m) is -inf"),
+            (0.0, true, "seed 0's A (m) is 0, and `scale: log` needs positive values"),
+        ] {
+            let r = arms(&[(a0, 1.1), (1.0, 1.9), (2.0, 3.0), (3.0, 4.2), (4.0, 4.8)]);
+            let mut c = claim("x", Expect::Less, None);
+            if log {
+                c.scale = Scale::Log;
+            }
+            let mut other = claim("y", Expect::Less, None);
+            other.a = "name=a".into();
+            other.metric = "n".into();
+            other.b_metric = Some("n".into());
+            let mut r = r;
+            for run in r.iter_mut() {
+                let s = run.seed().unwrap() as f64;
+                run.metrics.insert("n".into(), if run.config["name"] == "a" { s } else { s + 1.0 });
+            }
+            let res = evaluate(&[c, other], &r).unwrap();
+            assert_eq!(res[0].verdict, Verdict::NotComputable(want.into()), "{a0} {log}");
+            assert!(res[0].p.is_nan() && res[0].p_holm.is_nan() && res[0].interval.0.is_nan());
+            // The other claim of the family: judged, with m = 2 (the bad claim's p taken as 1).
+            assert_eq!(res[1].verdict, Verdict::Holds);
+            assert_eq!(res[1].family_size, 2);
+            assert_eq!(res[1].p_holm, (2.0 * res[1].p).min(1.0));
+        }
+    }
+
+    /// The verdict code itself refuses non-finite differences (an assertion, not a silent p).
+    #[test]
+    #[should_panic(expected = "non-finite differences")]
+    fn the_verdict_asserts_finite_inputs() {
+        let diff = Stats { n: 3, mean: f64::NAN, sd: 1.0, ci95: None };
+        paired_verdict(&claim("x", Expect::Less, None), &diff, true, 0.05);
+    }
+
+    /// One run per arm and seed: an arm with two runs of one seed (one run copied, or ten rows
+    /// all carrying seed 0) is an error naming both, never n = 10 from one seed.
+    #[test]
+    fn an_arm_with_two_runs_of_one_seed_is_refused() {
+        let mut r = runs();
+        let mut copy = run("a", 0, 0.5);
+        copy.dir = PathBuf::from("a-copy");
+        r.push(copy);
+        let e = evaluate(&[claim("x", Expect::Less, None)], &r).unwrap_err().to_string();
+        assert!(e.contains("two runs with seed 0") && e.contains("a-copy") && e.contains("a-seed=0"), "{e}");
+        // Ten runs of arm a, all seed 0, against one b run of seed 0.
+        let r: Vec<RunRecord> = (0..10)
+            .map(|i| RunRecord { dir: PathBuf::from(format!("a{i}")), ..run("a", 0, i as f64) })
+            .chain([run("b", 0, 5.0)])
+            .collect();
+        let e = evaluate(&[claim("x", Expect::Less, None)], &r).unwrap_err().to_string();
+        assert!(e.contains("two runs with seed 0"), "{e}");
+        // A run of the arm without a seed is named.
+        let mut r = runs();
+        r[0].config.remove("seed");
+        let e = evaluate(&[claim("x", Expect::Less, None)], &r).unwrap_err().to_string();
+        assert!(e.contains("has no seed"), "{e}");
+    }
+
+    /// An across-seeds claim reads the whole vector or refuses: a `size` shorter than the runs'
+    /// vector is an error (it would test a prefix); a constant or non-finite vector makes the
+    /// claim not computable, with the seed named, instead of a panic or a p from NaN.
+    #[test]
+    fn across_seeds_vectors_are_checked() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(3);
+        let good: Vec<Vec<f64>> =
+            (0..5).map(|_| (0..8).map(|i| i as f64 + rng.gen_range(-0.3..0.3)).collect()).collect();
+        let e = evaluate(&[across(3)], &vector_runs(&good)).unwrap_err().to_string();
+        assert!(e.contains("`size: 3`") && e.contains("8 entries"), "{e}");
+        assert_eq!(evaluate(&[across(8)], &vector_runs(&good)).unwrap()[0].verdict, Verdict::Holds);
+        let mut constant = good.clone();
+        constant[2] = vec![0.25; 8];
+        let res = evaluate(&[across(8)], &vector_runs(&constant)).unwrap().remove(0);
+        assert_eq!(
+            res.verdict,
+            Verdict::NotComputable("seed 2's vector v[0..8] is constant (it has no correlation)".into())
+        );
+        assert!(res.p.is_nan() && res.diff.mean.is_nan());
+        let mut nan = good.clone();
+        nan[4][5] = f64::NAN;
+        let res = evaluate(&[across(8)], &vector_runs(&nan)).unwrap().remove(0);
+        assert_eq!(res.verdict, Verdict::NotComputable("seed 4's v[5] is NaN".into()));
+    }
+
+    /// Ids are bounded and file-safe, and two ids that would draw to one figure file are refused;
+    /// an across-seeds `size` is bounded before anything is allocated for it.
+    #[test]
+    fn ids_and_sizes_are_bounded() {
+        let e = |c: Claim| check(&[c]).unwrap_err().to_string();
+        assert!(e(claim(&"x".repeat(300), Expect::Less, None)).contains("1 to 80"));
+        assert!(e(claim("a/b", Expect::Less, None)).contains("ASCII letters"));
+        let e2 = check(&[claim("x.y", Expect::Less, None), claim("x_y", Expect::Less, None)]).unwrap_err().to_string();
+        assert!(e2.contains("one figure file"), "{e2}");
+        assert!(check(&[claim("hacn-mu-0.25-beats-1", Expect::Less, None)]).is_ok());
+        assert!(e(Claim { size: Some(100_000_000_000), ..across(8) }).contains("at most 4096"));
+    }
+
+    /// Claims are checked against a sweep's plan before training: an arm that matches no planned
+    /// run is refused, naming the claim and what the runs have.
+    #[test]
+    fn claims_are_checked_against_the_planned_runs() {
+        let planned: Vec<RunRecord> = runs()
+            .into_iter()
+            .map(|mut r| {
+                r.metrics.clear();
+                r
+            })
+            .collect();
+        assert!(check_against_plan(&[claim("x", Expect::Less, None)], &planned).is_ok());
+        let mut c = claim("x", Expect::Less, None);
+        c.b = "name=bb".into();
+        let e = check_against_plan(&[c], &planned).unwrap_err().to_string();
+        assert!(e.contains("claim `x`") && e.contains("no run has name=bb"), "{e}");
+        let e = check_against_plan(&[across(8)], &planned[..4]).unwrap_err().to_string();
+        assert!(e.contains("2 seed(s) of a"), "{e}");
     }
 }

@@ -108,28 +108,113 @@ pub const CONFIG_COLUMN: &str = "config:";
 /// run, its config keys the report used and its metrics at full precision), so that a report and
 /// its claims' verdicts can be recomputed from a small committed file. Runs read this way have no
 /// curves: their `dir` is the run's name.
+///
+/// A table is checked as data, since a verdict computed from a damaged one would be silently
+/// wrong: the file is read within [`crate::input_file::MAX_RECORD_BYTES`]; its header has `run`
+/// first and no column twice; it has at least one row; `config:seed` is a whole number ≥ 0; each
+/// metric cell is empty or a finite number (plexus writes no other); and a run listed twice is one
+/// run when its rows agree, else an error naming both rows.
 pub fn read_runs_csv(path: &Path) -> Result<Vec<RunRecord>> {
-    let mut r = csv::Reader::from_reader(crate::input_file::open_regular(path)?);
+    read_runs_tables(&[path])
+}
+
+/// [`read_runs_csv`] over several tables: a run (by its name) in two of them, or twice in one,
+/// is one run when its rows agree, else an error naming both places.
+pub fn read_runs_tables(paths: &[&Path]) -> Result<Vec<RunRecord>> {
+    let mut runs: Vec<RunRecord> = Vec::new();
+    let mut origin: Vec<String> = Vec::new();
+    let mut repeated = 0usize;
+    for path in paths {
+        for (row, run) in read_one_runs_csv(path)? {
+            let here = format!("{} row {row}", path.display());
+            match runs.iter().position(|r| r.dir == run.dir) {
+                None => {
+                    runs.push(run);
+                    origin.push(here);
+                }
+                Some(i) if runs[i].config == run.config && runs[i].metrics == run.metrics => repeated += 1,
+                Some(i) => bail!(
+                    "run {} is listed twice with different values: {} and {here}; a run is one row (remove the \
+                     stale copy)",
+                    run.dir.display(),
+                    origin[i]
+                ),
+            }
+        }
+    }
+    if repeated > 0 {
+        eprintln!("report: {repeated} row(s) repeat a run already read with the same values; each run counted once");
+    }
+    Ok(runs)
+}
+
+/// One runs.csv's rows as `(row number, run)` (see [`read_runs_csv`]).
+fn read_one_runs_csv(path: &Path) -> Result<Vec<(usize, RunRecord)>> {
+    let bytes = crate::input_file::read_bounded(path, crate::input_file::MAX_RECORD_BYTES, "a report's runs.csv")?;
+    let mut r = csv::ReaderBuilder::new().flexible(false).from_reader(bytes.as_slice());
     let head: Vec<String> =
         r.headers().with_context(|| format!("reading {}", path.display()))?.iter().map(String::from).collect();
     if head.first().map(String::as_str) != Some("run") {
         bail!("{}: not a report's runs.csv (its first column must be `run`)", path.display());
     }
+    for (i, col) in head.iter().enumerate() {
+        if let Some(j) = head[..i].iter().position(|c| c == col) {
+            bail!(
+                "{}: column `{col}` appears twice (columns {} and {}); each config key and metric is one column",
+                path.display(),
+                j + 1,
+                i + 1
+            );
+        }
+    }
     let mut runs = Vec::new();
     for (line, rec) in r.records().enumerate() {
-        let rec = rec.with_context(|| format!("{}: row {}", path.display(), line + 2))?;
+        let row = line + 2;
+        let rec = rec.with_context(|| format!("{}: row {row}", path.display()))?;
+        if rec[0].trim().is_empty() {
+            bail!("{}: row {row} has no run name (column `run`)", path.display());
+        }
         let mut run = RunRecord { dir: PathBuf::from(&rec[0]), config: BTreeMap::new(), metrics: BTreeMap::new() };
         for (col, value) in head.iter().zip(rec.iter()).skip(1) {
+            let shown = || -> String {
+                let v: String = value.chars().take(24).collect();
+                if value.chars().count() > 24 {
+                    format!("{v}…")
+                } else {
+                    v
+                }
+            };
             if let Some(key) = col.strip_prefix(CONFIG_COLUMN) {
+                if key == "seed" && value.parse::<u64>().is_err() {
+                    bail!(
+                        "{}: row {row} (run {}), column `{col}`: `{}` is not a seed (a whole number ≥ 0, as a run's \
+                         config has it)",
+                        path.display(),
+                        &rec[0],
+                        shown()
+                    );
+                }
                 run.config.insert(key.to_string(), value.to_string());
             } else if !value.is_empty() {
                 let v: f64 = value.parse().map_err(|_| {
-                    anyhow::anyhow!("{}: row {}, column {col}: `{value}` is not a number", path.display(), line + 2)
+                    anyhow::anyhow!("{}: row {row}, column {col}: `{}` is not a number", path.display(), shown())
                 })?;
+                if !v.is_finite() {
+                    bail!(
+                        "{}: row {row} (run {}), column `{col}`: `{}` is not a finite number; plexus report writes \
+                         none (a run without the metric leaves the cell empty)",
+                        path.display(),
+                        &rec[0],
+                        shown()
+                    );
+                }
                 run.metrics.insert(col.clone(), v);
             }
         }
-        runs.push(run);
+        runs.push((row, run));
+    }
+    if runs.is_empty() {
+        bail!("{}: a runs.csv without rows (only its header): no run to report", path.display());
     }
     Ok(runs)
 }
@@ -140,7 +225,9 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
     if !summary.is_file() {
         return Ok(None);
     }
-    let text = crate::config::read_config_text(&dir.join("config.yaml")).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let text =
+        crate::input_file::read_text(&dir.join("config.yaml"), crate::input_file::MAX_CONFIG_BYTES, "a config file")
+            .with_context(|| format!("reading the run {}", dir.display()))?;
     let yaml: serde_yaml::Value =
         serde_yaml::from_str(&text).with_context(|| format!("parsing {}", dir.join("config.yaml").display()))?;
     let mut config = BTreeMap::new();
@@ -244,6 +331,14 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
         metrics.extend(flat);
     }
     Ok(Some(RunRecord { dir: dir.to_path_buf(), config, metrics }))
+}
+
+/// A config's YAML as a report keys it: every scalar as `section.key` (lists as `key[i]`), as text.
+pub fn flatten_config(yaml: &str) -> Result<BTreeMap<String, String>> {
+    let value: serde_yaml::Value = serde_yaml::from_str(yaml).context("parsing a resolved config")?;
+    let mut out = BTreeMap::new();
+    flatten_yaml(&value, "", &mut out);
+    Ok(out)
 }
 
 fn flatten_yaml(v: &serde_yaml::Value, prefix: &str, out: &mut BTreeMap<String, String>) {
@@ -462,5 +557,48 @@ mod tests {
         .unwrap();
         let r = read_run(dir.path()).unwrap().unwrap();
         assert!(!r.metrics.keys().any(|k| k.starts_with("final.")), "{:?}", r.metrics.keys());
+    }
+
+    /// A runs.csv is checked as data: a run repeated with the same values is one run (within a
+    /// file or across two), with other values an error naming both rows; a column twice, a seed
+    /// that is not a whole number ≥ 0, a value that is not finite and a table without rows are
+    /// errors naming the file, row and column.
+    #[test]
+    fn runs_tables_are_checked_as_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let head = "run,config:name,config:seed,m\n";
+        let a = write("a.csv", &format!("{head}r0,a,0,1.5\nr1,a,1,2.5\nr0,a,0,1.5\n"));
+        let runs = read_runs_csv(&a).unwrap();
+        assert_eq!(runs.len(), 2, "a repeated row is one run");
+        let b = write("b.csv", &format!("{head}r1,a,1,2.5\nr2,a,2,3.5\n"));
+        assert_eq!(read_runs_tables(&[&a, &b]).unwrap().len(), 3, "a run in two files is one run");
+        let c = write("c.csv", &format!("{head}r1,a,1,9.0\n"));
+        let e = read_runs_tables(&[&a, &c]).unwrap_err().to_string();
+        assert!(
+            e.contains("run r1 is listed twice with different values")
+                && e.contains("a.csv row 3")
+                && e.contains("c.csv row 2"),
+            "{e}"
+        );
+        for (text, want) in [
+            ("run,config:seed,m,m\nr0,0,1,2\n", "column `m` appears twice (columns 3 and 4)"),
+            ("run,config:seed,m\nr0,3.0,1\n", "row 2 (run r0), column `config:seed`: `3.0` is not a seed"),
+            ("run,config:seed,m\nr0,-3,1\n", "`-3` is not a seed"),
+            ("run,config:seed,m\nr0,0,NaN\n", "row 2 (run r0), column `m`: `NaN` is not a finite number"),
+            ("run,config:seed,m\nr0,0,inf\n", "`inf` is not a finite number"),
+            ("run,config:seed,m\n", "without rows"),
+            ("run,config:seed,m\n,0,1\n", "row 2 has no run name"),
+        ] {
+            let e = read_runs_csv(&write("x.csv", text)).unwrap_err().to_string();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+        // A device is refused as one, and read no further.
+        let e = read_runs_csv(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(e.contains("character device"), "{e}");
     }
 }

@@ -41,6 +41,23 @@ impl Manifest {
     }
 }
 
+/// The runs a sweep plans as a report will read them: each run's resolved config (its
+/// `config.yaml` once it trains), flattened, with no metrics yet; for checking claims before
+/// training ([`claims::check_against_plan`]).
+pub fn planned_records(runs: &[PlannedRun]) -> Result<Vec<RunRecord>> {
+    use anyhow::Context;
+    runs.iter()
+        .map(|run| {
+            let yaml = runner::resolved_yaml(run).with_context(|| format!("sweep run {}", run.name))?;
+            Ok(RunRecord {
+                dir: PathBuf::from(&run.name),
+                config: collect::flatten_config(&yaml)?,
+                metrics: Default::default(),
+            })
+        })
+        .collect()
+}
+
 /// What to report; `None`/empty fields fall back to the sweep's `report:` section, then to
 /// defaults (see [`ReportSpec`]).
 pub type ReportOptions = ReportSpec;
@@ -131,15 +148,15 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
     let pick = |a: &Vec<String>, b: &Vec<String>| if a.is_empty() { b.clone() } else { a.clone() };
     let mut runs = Vec::new();
     let mut unfinished = Vec::new();
-    let tables: Vec<&PathBuf> = paths.iter().filter(|p| p.is_file()).collect();
+    // Anything that exists and is not a directory is read as a table (a device or FIFO is then
+    // refused as not a regular file, rather than looked for as a folder of runs).
+    let tables: Vec<&PathBuf> = paths.iter().filter(|p| p.exists() && !p.is_dir()).collect();
     let from_tables = !tables.is_empty();
     if from_tables {
         if tables.len() < paths.len() {
             bail!("give either run directories and sweep folders, or a report's runs.csv files, not both");
         }
-        for t in tables {
-            runs.extend(collect::read_runs_csv(t)?);
-        }
+        runs = collect::read_runs_tables(&tables.iter().map(|t| t.as_path()).collect::<Vec<_>>())?;
     } else {
         for d in collect::find_runs(&paths)? {
             match collect::read_run(&d)? {

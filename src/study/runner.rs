@@ -102,14 +102,31 @@ pub fn state_of(dir: &Path, run: &PlannedRun, yaml: &str) -> Result<RunState> {
         return Ok(RunState::Fresh);
     }
     let p = policy(&run.verb);
-    let changed = lifecycle::config_changes(&rd, yaml, p).with_context(|| {
-        format!(
-            "sweep run {}: the directory holds a run of another config (a different sweep in the same folder?)",
-            run.name
-        )
-    })?;
+    let diff = lifecycle::config_diff(&rd, yaml, p).with_context(|| format!("sweep run {}", run.name))?;
+    if let [(key, old, new)] = diff.refused.as_slice() {
+        if key == p.length {
+            bail!(
+                "sweep run {}: {} trained it with {key} = {old}, and the sweep now plans {new}; a sweep may lengthen \
+                 its runs, not shorten them (give the shorter runs another --out)",
+                run.name,
+                dir.display()
+            );
+        }
+    }
+    if !diff.refused.is_empty() {
+        let list: Vec<String> =
+            diff.refused.iter().map(|(k, a, b)| format!("`{k}` is `{a}` there but `{b}` in the sweep")).collect();
+        bail!(
+            "sweep run {}: {} holds a run of another config ({}): a different sweep in the same folder? Give this \
+             one another --out",
+            run.name,
+            dir.display(),
+            list.join("; ")
+        );
+    }
+    let changed = diff.allowed;
     if rd.summary_file().is_file() && !changed.iter().any(|k| k == p.length) {
-        return Ok(match damage(&rd, &run.verb) {
+        return Ok(match damage(&rd) {
             None => RunState::Done,
             Some(why) => RunState::Damaged(why),
         });
@@ -123,7 +140,7 @@ pub fn state_of(dir: &Path, run: &PlannedRun, yaml: &str) -> Result<RunState> {
 /// What is wrong with the files of a finished run, if anything: `summary.json` must parse as a
 /// JSON object, `metrics.csv` hold a header and whole rows of its width, ending in a newline, and
 /// the final weights match the checksum recorded when they were written.
-pub fn damage(rd: &RunDir, verb: &str) -> Option<String> {
+pub fn damage(rd: &RunDir) -> Option<String> {
     use crate::input_file::{read_bounded, read_json, MAX_RECORD_BYTES};
     let summary = rd.summary_file();
     let check = || -> Result<()> {
@@ -144,11 +161,8 @@ pub fn damage(rd: &RunDir, verb: &str) -> Option<String> {
         if width < 2 || rows == 0 {
             bail!("{} holds no rows of metrics", metrics.display());
         }
-        let weights = match verb {
-            "rl" => rd.file("final.safetensors"),
-            _ => rd.final_checkpoint(),
-        };
-        if !weights.is_file() {
+        let weights = rd.final_weights();
+        if !weights.exists() {
             bail!("{} is missing", weights.display());
         }
         crate::train::checkpoint::verify_weights(&weights, true)
@@ -336,7 +350,10 @@ pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quie
                 }
             } else {
                 let log = logs.join(format!("{}.log", r.name));
-                let tail = last_lines(&log, 3);
+                let tail = match last_lines(&log, 3) {
+                    t if t.is_empty() => format!("it exited ({status}) without writing a line to its log"),
+                    t => t,
+                };
                 say(format!("FAILED {} ({status}): {tail} (log: {})", r.name, log.display()));
                 outcome.failed.push((r.name.clone(), log, tail));
             }
@@ -375,7 +392,16 @@ pub fn write_hparams(dir: &Path, run: &PlannedRun) -> Result<()> {
 }
 
 fn last_lines(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+    use std::io::{Read, Seek, SeekFrom};
+    // The last 64 KiB hold the last lines of any log; a run's log can be far longer.
+    let mut bytes = Vec::new();
+    if let Ok(mut f) = crate::input_file::open_regular(path) {
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = f
+            .seek(SeekFrom::Start(len.saturating_sub(64 << 10)))
+            .and_then(|_| f.take(64 << 10).read_to_end(&mut bytes));
+    }
+    let text = String::from_utf8_lossy(&bytes);
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("=== ")).collect();
     lines[lines.len().saturating_sub(n)..].join(" | ")
 }

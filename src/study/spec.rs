@@ -114,7 +114,22 @@ pub fn is_spec_file(p: &Path) -> Result<bool> {
 impl SweepSpec {
     /// Reads a spec file; config paths become absolute (relative to the file).
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = config::read_config_text(path).map_err(|e| anyhow::anyhow!("the sweep spec {e}"))?;
+        let text = crate::input_file::read_text(path, crate::input_file::MAX_CONFIG_BYTES, "a sweep spec")
+            .context("reading the sweep spec")?;
+        // Not a mapping at all (a runs.csv given as --spec, a list): say what it is, without
+        // echoing the file back.
+        let top = match serde_yaml::from_str::<serde_yaml::Value>(&text) {
+            Ok(serde_yaml::Value::Mapping(_)) | Err(_) => None,
+            Ok(serde_yaml::Value::Sequence(_)) => Some("a list"),
+            Ok(serde_yaml::Value::Null) => Some("nothing"),
+            Ok(_) => Some("a single value (plain text or a number; a CSV table reads so)"),
+        };
+        if let Some(top) = top {
+            bail!(
+                "{} is not a sweep spec: it holds {top}, not a mapping of `configs:`, `grid:`, `seeds:`, `claims:`, …",
+                path.display()
+            );
+        }
         let (mut spec, _): (SweepSpec, String) = config::parse_document(&text, path, &[])?;
         let base = path.parent().unwrap_or(Path::new("."));
         for c in &mut spec.configs {
@@ -132,8 +147,14 @@ impl SweepSpec {
             let (k, v) = split_kv(s, "--set")?;
             self.set.insert(k.into(), v.into());
         }
+        let mut axes: Vec<(&str, &String)> = Vec::new();
         for g in grid {
             let (k, v) = split_kv(g, "--grid")?;
+            // A second --grid of one key would replace the first without a word.
+            if let Some((_, first)) = axes.iter().find(|(key, _)| *key == k) {
+                bail!("--grid {k} is given twice ({first} and {g}): give its values once, as --grid {k}=V1,V2,…");
+            }
+            axes.push((k, g));
             let values: Vec<serde_yaml::Value> = v.split(',').map(|x| x.trim().into()).collect();
             self.grid.insert(k.into(), values.into());
         }
@@ -212,8 +233,8 @@ impl SweepSpec {
         for config in &self.configs {
             let config =
                 std::path::absolute(config).with_context(|| format!("{origin}: config {}", config.display()))?;
-            let text = config::read_config_text(&config)
-                .map_err(|e| anyhow::anyhow!("{origin}: the config {}: {e}", config.display()))?;
+            let text = crate::input_file::read_text(&config, crate::input_file::MAX_CONFIG_BYTES, "a config file")
+                .with_context(|| format!("{origin}: reading the config {}", config.display()))?;
             let stem = config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
             let name = serde_yaml::from_str::<serde_yaml::Value>(&text)
                 .ok()
@@ -326,5 +347,26 @@ mod tests {
         assert_eq!(product(&axes), vec![vec!["1", "p"], vec!["1", "q"], vec!["2", "p"], vec!["2", "q"]]);
         assert_eq!(short_names(&axes), vec!["a.x", "b.x"]);
         assert_eq!(product(&[]), vec![Vec::<String>::new()]);
+    }
+
+    /// One key's values are given once: a second --grid of it is refused, not a silent replacement.
+    #[test]
+    fn a_grid_key_given_twice_is_refused() {
+        let mut spec = SweepSpec::default();
+        let e = spec.extend(&[], &[], &["k=0.1".into(), "k=0.2,0.3".into()], &[]).unwrap_err().to_string();
+        assert!(e.contains("--grid k is given twice (k=0.1 and k=0.2,0.3)"), "{e}");
+        spec.extend(&[], &[], &["k=0.1,0.2".into(), "j=1".into()], &[]).unwrap();
+        assert_eq!(spec.grid.len(), 2);
+    }
+
+    /// A file that is not a mapping (a runs.csv given as --spec) is named by what it holds, and
+    /// its text is not echoed back.
+    #[test]
+    fn a_spec_that_is_not_a_mapping_says_what_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("runs.csv");
+        std::fs::write(&p, "run,config:seed,final_loss\nr0,0,0.123456\nr1,1,0.654321\n").unwrap();
+        let e = format!("{:#}", SweepSpec::from_file(&p).unwrap_err());
+        assert!(e.contains("is not a sweep spec: it holds a single value") && !e.contains("0.123456"), "{e}");
     }
 }

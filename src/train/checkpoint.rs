@@ -275,7 +275,7 @@ fn read_manifest(path: &Path) -> Result<std::collections::BTreeMap<String, Recor
 pub fn save_weights(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let mut recorded = None;
     atomic_write_with(path, |p| {
-        write(p)?;
+        write(p).map_err(|e| plain_io_error(e, path))?;
         let bytes = std::fs::metadata(p)?.len();
         recorded = Some(Recorded { crc32: format!("{:08x}", crc32_of(p)?), bytes });
         Ok(())
@@ -285,6 +285,17 @@ pub fn save_weights(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Res
     let name = path.file_name().expect("a weights file name").to_string_lossy().into_owned();
     all.insert(name, recorded.expect("written"));
     atomic_write(&manifest, (serde_json::to_string_pretty(&all)? + "\n").as_bytes())
+}
+
+/// An I/O error of tch's safetensors writer (a full disk) said plainly: its own text is Rust debug
+/// output (`IoError(Os { code: 28, … })`).
+fn plain_io_error(e: anyhow::Error, path: &Path) -> anyhow::Error {
+    match e.downcast_ref::<tch::TchError>() {
+        Some(tch::TchError::SafeTensorError { err: safetensors::SafeTensorError::IoError(io), .. }) => {
+            anyhow::anyhow!("writing {}: {io}", path.display())
+        }
+        _ => e,
+    }
 }
 
 /// Checks weights written by [`save_weights`] against the CRC-32 and size recorded beside them in
@@ -322,6 +333,17 @@ pub fn verify_weights(path: &Path, require_record: bool) -> Result<()> {
 /// or `rl`), match the checksum recorded when it was written (runs written before checksums have
 /// none), hold exactly the model's parameters, and be finite.
 pub fn load_final(vs: &mut tch::nn::VarStore, run: &RunDir, path: &Path, trainer: &str) -> Result<()> {
+    // Something else at the path (a directory, a device) is damage, not an unfinished run.
+    if let Ok(meta) = std::fs::metadata(path) {
+        if !meta.is_file() {
+            bail!(
+                "{} is {}, not a weights file: the run's final weights are damaged (retrain it with `plexus \
+                 {trainer} … --overwrite`, or restore the file)",
+                path.display(),
+                crate::input_file::kind_name(&meta.file_type())
+            );
+        }
+    }
     if !path.is_file() {
         let how_far = match latest(run) {
             Ok(Some(s)) => format!(

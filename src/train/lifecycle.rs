@@ -13,7 +13,6 @@
 //! Checkpoints themselves are [`super::checkpoint`]'s.
 
 use super::checkpoint::{self, TrainerState};
-use crate::config::ResumeDiff;
 use crate::run_dir::{self, atomic_write, RunDir, RunLock};
 use anyhow::{bail, Context, Result};
 
@@ -29,9 +28,9 @@ pub struct ResumePolicy {
     pub describe: &'static str,
 }
 
-/// The keys in which `config_yaml` differs from the config the run in `dir` was trained with,
-/// when `policy` allows every one of them; else an error naming each refused key with both values.
-pub fn config_changes(dir: &RunDir, config_yaml: &str, policy: &ResumePolicy) -> Result<Vec<String>> {
+/// How `config_yaml` differs from the config the run in `dir` was trained with, under `policy`:
+/// the keys it allows, and those it refuses with both values.
+pub fn config_diff(dir: &RunDir, config_yaml: &str, policy: &ResumePolicy) -> Result<crate::config::ResumeDiff> {
     let path = dir.config_file();
     let text = crate::config::read_config_text(&path).map_err(|e| {
         anyhow::anyhow!("--resume: {} is not a run directory (no readable config.yaml: {e})", dir.path.display())
@@ -39,7 +38,14 @@ pub fn config_changes(dir: &RunDir, config_yaml: &str, policy: &ResumePolicy) ->
     let old: serde_yaml::Value = serde_yaml::from_str(&text)
         .with_context(|| format!("--resume: reading the config the run was trained with, {}", path.display()))?;
     let new: serde_yaml::Value = serde_yaml::from_str(config_yaml).context("the resolved config")?;
-    let diff = ResumeDiff::of_values(&old, &new, policy.length, &policy.may_change);
+    Ok(crate::config::ResumeDiff::of_values(&old, &new, policy.length, &policy.may_change))
+}
+
+/// The keys in which `config_yaml` differs from the config the run in `dir` was trained with,
+/// when `policy` allows every one of them; else an error naming each refused key with both values.
+pub fn config_changes(dir: &RunDir, config_yaml: &str, policy: &ResumePolicy) -> Result<Vec<String>> {
+    let path = dir.config_file();
+    let diff = config_diff(dir, config_yaml, policy)?;
     if !diff.refused.is_empty() {
         let list: Vec<String> =
             diff.refused.iter().map(|(k, a, b)| format!("`{k}` is `{a}` in the run but `{b}` here")).collect();

@@ -7,7 +7,7 @@ use super::checkpoint::load_final;
 use crate::experiment::Experiment;
 use crate::model::Model;
 use crate::run_dir::RunDir;
-use anyhow::Result;
+use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind};
 
@@ -48,6 +48,19 @@ impl Default for OpenOptions<'_> {
 /// weights do not cover a buffer still starts as training did.
 pub fn open(path: &Path, o: &OpenOptions) -> Result<TrainedRun> {
     let dir = RunDir::open(path)?;
+    // An RL run's config would be refused as "a `plexus rl` config: run it with plexus rl", which
+    // reads as advice to retrain a finished run: say what can be done with it instead.
+    if let Ok(text) = crate::config::read_config_text(&dir.config_file()) {
+        if crate::config::verb_of(&text) == crate::config::Verb::Rl {
+            bail!(
+                "{} is a `plexus rl` run; this command reads `plexus train` runs. For an RL run, `plexus rl --plot {}` \
+                 draws its success curve and `plexus rl --eval {}` evaluates its final policy on held-out tasks",
+                path.display(),
+                path.display(),
+                path.display()
+            );
+        }
+    }
     let exp = Experiment::from_file(&dir.config_file(), o.overrides)?;
     let cfg = exp.config();
     let device = match o.device {
