@@ -219,6 +219,7 @@ pub fn sample_run(
 ) -> anyhow::Result<std::path::PathBuf> {
     use anyhow::Context;
     let dir = crate::run_dir::RunDir::open(run)?;
+    crate::train::trained::refuse_rl_run(&dir)?;
     let exp = crate::experiment::Experiment::from_file(&dir.config_file(), &[])?;
     let crate::data::Task::Diffusion(d) = exp.task() else {
         anyhow::bail!("{}: not a diffusion run (model.kind is `{}`, not `dit`)", run.display(), exp.model.kind());

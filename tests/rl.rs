@@ -629,3 +629,37 @@ fn the_straight_line_baseline_reaches_open_goals_and_is_stopped_by_the_wall() {
     let clear = (s.success - share * s.success_blocked) / (1.0 - share);
     assert!((0.0..=1.0 + 1e-9).contains(&clear), "success {} blocked {} share {share}", s.success, s.success_blocked);
 }
+
+/// What the other verbs say of a finished RL run: `analyze` and `connectivity` point to what can be
+/// done with it (`rl --plot`, `rl --eval`) instead of advising to retrain it; `--episodes` past its
+/// bound is refused before anything is allocated; final weights replaced by a directory are named
+/// as damage, not as an unfinished run.
+#[test]
+fn other_verbs_on_an_rl_run_say_what_it_is() {
+    let tmp = tempfile::tempdir().unwrap();
+    let exp = tiny("{kind: residual}", &[]);
+    let dir = tmp.path().join("r");
+    trainer::train(&exp, &dir, &RlOptions::default()).unwrap();
+    let d = dir.to_str().unwrap();
+    for args in [vec!["analyze", d], vec!["connectivity", d]] {
+        let o = common::plexus(&args, tmp.path());
+        let (_, err) = common::text(&o);
+        assert!(
+            !o.status.success() && err.contains("is a `plexus rl` run") && err.contains("rl --eval"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("run it with"), "{err}");
+    }
+    for n in ["18446744073709551615", "1000000000", "0"] {
+        let o = common::plexus(&["rl", "--eval", d, "--episodes", n], tmp.path());
+        let (_, err) = common::text(&o);
+        assert_eq!(o.status.code(), Some(2), "{n}: {err}");
+        assert!(err.contains("--episodes") && !err.contains("panicked"), "{n}: {err}");
+    }
+    let weights = dir.join("checkpoints/final.safetensors");
+    std::fs::remove_file(&weights).unwrap();
+    std::fs::create_dir(&weights).unwrap();
+    let o = common::plexus(&["rl", "--eval", d, "--episodes", "4"], tmp.path());
+    let (_, err) = common::text(&o);
+    assert!(!o.status.success() && err.contains("is a directory, not a weights file"), "{err}");
+}

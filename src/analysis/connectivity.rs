@@ -10,6 +10,7 @@ use std::path::Path;
 pub fn csv(path: &Path, step: Option<u64>, overrides: &[String]) -> Result<String> {
     let dev = tch::Device::Cpu;
     let (exp, model) = if path.is_dir() {
+        crate::train::trained::refuse_rl_run(&RunDir::open(path)?)?;
         if let Some(step) = step {
             let run = RunDir::open(path)?;
             let f = run.connectivity_file(step);

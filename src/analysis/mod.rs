@@ -33,7 +33,9 @@ impl Run {
 
     /// Loads the run onto `device`, or the config's device if `None`.
     pub fn load_on(path: &Path, device: Option<Device>) -> Result<Run> {
-        let exp = Experiment::from_file(&RunDir::open(path)?.config_file(), &[])?;
+        let dir = RunDir::open(path)?;
+        crate::train::trained::refuse_rl_run(&dir)?;
+        let exp = Experiment::from_file(&dir.config_file(), &[])?;
         anyhow::ensure!(
             exp.model.diffusion().is_none(),
             "{}: a diffusion run (model.kind `{}`): plexus analyze measures classifiers and language models \

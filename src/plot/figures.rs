@@ -26,6 +26,7 @@ pub fn open_runs(dirs: &[PathBuf]) -> Result<Vec<PlotRun>> {
     dirs.iter()
         .map(|d| {
             let rd = RunDir::open(d)?;
+            crate::train::trained::refuse_rl_run(&rd)?;
             let exp = Experiment::from_file(&rd.config_file(), &[])?;
             let kind = exp.topology.kind().to_string();
             let v = seen.entry(kind.clone()).or_default();

@@ -44,23 +44,27 @@ impl Default for OpenOptions<'_> {
     }
 }
 
+/// An error when `dir` holds a `plexus rl` run: its config would otherwise be refused as "a `plexus
+/// rl` config: run it with plexus rl", which reads as advice to retrain a finished run; this says
+/// what can be done with it instead.
+pub fn refuse_rl_run(dir: &RunDir) -> Result<()> {
+    if let Ok(text) = crate::config::read_config_text(&dir.config_file()) {
+        if crate::config::verb_of(&text) == crate::config::Verb::Rl {
+            let p = dir.path.display();
+            bail!(
+                "{p} is a `plexus rl` run; this command reads `plexus train` runs. For an RL run, `plexus rl --plot \
+                 {p}` draws its success curve and `plexus rl --eval {p}` evaluates its final policy on held-out tasks"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Opens the run at `path` as `o` says. The model is built from the config's seed, so a run whose
 /// weights do not cover a buffer still starts as training did.
 pub fn open(path: &Path, o: &OpenOptions) -> Result<TrainedRun> {
     let dir = RunDir::open(path)?;
-    // An RL run's config would be refused as "a `plexus rl` config: run it with plexus rl", which
-    // reads as advice to retrain a finished run: say what can be done with it instead.
-    if let Ok(text) = crate::config::read_config_text(&dir.config_file()) {
-        if crate::config::verb_of(&text) == crate::config::Verb::Rl {
-            bail!(
-                "{} is a `plexus rl` run; this command reads `plexus train` runs. For an RL run, `plexus rl --plot {}` \
-                 draws its success curve and `plexus rl --eval {}` evaluates its final policy on held-out tasks",
-                path.display(),
-                path.display(),
-                path.display()
-            );
-        }
-    }
+    refuse_rl_run(&dir)?;
     let exp = Experiment::from_file(&dir.config_file(), o.overrides)?;
     let cfg = exp.config();
     let device = match o.device {
