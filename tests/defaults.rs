@@ -203,7 +203,7 @@ fn topology_defaults_are_the_documented_ones() {
         "{init: {kind: exp_decay, mu_end: 0.2}}",
     );
     same("laurel", t("laurel"), "{}", "{variant: rw, rank: 4, history: 2}", "{variant: lr}");
-    same("mhc", t("mhc"), "{}", "{n: 4, sinkhorn_iters: 20, res_bias: zeros}", "{sinkhorn_iters: 10}");
+    same("mhc", t("mhc"), "{}", "{n: 4, sinkhorn_iters: 20, init: residual}", "{init: symmetric}");
     same("denseformer", t("denseformer"), "{}", "{dilation: 1, period: 1}", "{dilation: 2}");
 }
 
@@ -215,7 +215,7 @@ fn train_and_log_defaults_are_the_documented_ones() {
     let explicit = parse(
         "seed: 0\ndevice: auto\nprecision: fp32\ntf32: false\n\
          train: {optimizer: gd, lr: 0.001, steps: 1000, weight_decay: 0.0, betas: [0.9, 0.999], eps: 1.0e-8, \
-         schedule: constant, warmup_steps: 0, min_lr_ratio: 0.0, accumulation: 1, topology_lr_mult: 1.0}\n\
+         schedule: constant, warmup_steps: 0, min_lr_ratio: 0.0, accumulation: 1, topology_lr_mult: 1.0, topology_decay: false}\n\
          log: {every: 10, connectivity_every: 0, eval_every: 0, checkpoint_every: 0, keep_checkpoints: 2}\n",
     );
     assert_eq!(implicit, explicit);

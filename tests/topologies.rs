@@ -203,3 +203,62 @@ fn every_registered_topology_runs_on_every_test_backbone() {
         }
     }
 }
+
+/// mHC's state at step 0, from its rule (docs/topologies.md, `init`): under the default
+/// `init: residual` it is the pre-norm residual network — unit k reads stream k mod n (`H_pre`
+/// one-hot to σ(−8)), `H_res` within (n − 1)·e⁻⁸ of the identity, `H_post = 1`, so its output is
+/// residual's — and its streams are not interchangeable: each unit reads its own, so the streams'
+/// post weights get gradients that differ by more than a tenth of their size. The symmetric start
+/// (every map alike on every stream) is the planted wrong init: it must fail that last check.
+#[test]
+fn mhc_starts_as_the_residual_network_with_streams_that_differ() {
+    let n = 4usize;
+    let res = output(MIXER, "{kind: residual}");
+    let mhc = output(MIXER, "{kind: mhc}");
+    let d = max_diff(&mhc, &res) / res.abs().max().double_value(&[]).max(1.0);
+    assert!(d < 1e-5, "mhc at init is {d:e} from the residual network");
+    let (m, x) = build(MIXER, "{kind: mhc}");
+    let (name, h_res) = tch::no_grad(|| m.parameter_view(&x)).unwrap();
+    assert_eq!(name, "H_res");
+    let eye = Tensor::eye(n as i64, (Kind::Double, Device::Cpu));
+    let gap = (h_res.to_kind(Kind::Double).reshape([-1, n as i64, n as i64]) - eye).abs().max().double_value(&[]);
+    assert!(gap <= (n - 1) as f64 * (-8f64).exp(), "H_res is {gap:e} from the identity");
+    // The spread of each unit's post-weight gradient over the streams, relative to its largest.
+    let spread = |topology: &str| -> f64 {
+        let (m, x) = build(MIXER, topology);
+        let y = m.forward(&x, true);
+        tch::manual_seed(11);
+        (&y * Tensor::randn(y.size(), (Kind::Float, Device::Cpu))).sum(Kind::Float).backward();
+        let vars = m.vs.variables();
+        let units = m.depth();
+        // The last unit's streams are read only by the readout's mean: alike by construction.
+        (0..units - 1)
+            .map(|k| {
+                let g = vars[&format!("topology.layers.{k}.bias_post")].grad();
+                let (hi, lo) = (g.max().double_value(&[]), g.min().double_value(&[]));
+                (hi - lo) / g.abs().max().double_value(&[])
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let own = spread("{kind: mhc}");
+    assert!(own > 0.1, "the streams' post weights get gradients within {own:.3} of each other");
+    let alike = spread("{kind: mhc, init: symmetric}");
+    eprintln!(
+        "mhc at init: {d:e} from residual, H_res {gap:e} from I; post-gradient spread {own:.3} (symmetric {alike:.3})"
+    );
+    assert!(alike < 0.1, "the planted symmetric start passes the check ({alike:.3}): it cannot fail");
+}
+
+/// ReZero at step 0 is the identity: every α is 0, so C takes node 0 (the stem) alone into every
+/// unit and the readout, and no unit's output anywhere.
+#[test]
+fn rezero_starts_as_the_identity() {
+    let c = connectivity(MLP, "{kind: rezero}");
+    let l = c.len() - 2;
+    for k in 1..=l + 1 {
+        assert_eq!(c[0][k], 1.0, "C[0][{k}]");
+        for (i, row) in c.iter().enumerate().take(k).skip(1) {
+            assert_eq!(row[k], 0.0, "C[{i}][{k}]");
+        }
+    }
+}

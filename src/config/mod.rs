@@ -149,6 +149,9 @@ pub struct TrainConfig {
     pub accumulation: u64,
     /// Learning-rate multiplier of the topology's own parameters (ANCRe logits, H-ACN a, …).
     pub topology_lr_mult: f64,
+    /// Weight-decay the topology's own parameters like the backbone's weights (at `weight_decay`),
+    /// as epfml's DenseFormer code decays its DWA weights; by default they are never decayed.
+    pub topology_decay: bool,
     /// Keep an exponential moving average of the parameters with this decay (e.g. 0.9999, as DiT),
     /// updated after every step, checkpointed, and written as `checkpoints/final_ema.safetensors`;
     /// `plexus sample` and `plexus fd` use it when present. None: no average.
@@ -172,6 +175,7 @@ impl Default for TrainConfig {
             clip_grad_norm: None,
             accumulation: 1,
             topology_lr_mult: 1.0,
+            topology_decay: false,
             ema: None,
             cuda_graphs: CudaGraphs::Auto,
         }

@@ -3,9 +3,22 @@
 //! flattened, RMS-normalised streams:
 //! `[H̃pre, H̃post, H̃res] = x̃ φ / r`, `H_pre = σ(α_pre H̃pre + b_pre)`, `H_post = 2σ(α_post H̃post + b_post)`,
 //! `H_res = Sinkhorn(α_res H̃res + b_res)`, and `H' = H_resᵀ H + H_postᵀ f(H_pre H)`.
-//! Init as in the reference ports: `α = 0.01`, `b = 0` (H_pre = 0.5, H_post = 1, H_res uniform),
-//! `φ ~ N(0, 0.02²)`; `res_bias: identity` biases `b_res` towards the identity (5·I) instead.
 //! Streams expand from copies of `x0` and reduce by the mean (see `hyper`).
+//!
+//! Init (`init`, docs/topologies.md): every option has `α = 0.01`.
+//! - `residual` (default): Hyper-Connections' own static init carried through mHC's maps — unit k
+//!   reads stream `k mod n` (`b_pre` = +8 there, −8 elsewhere: `H_pre` one-hot to 3·10⁻⁴), `H_res`
+//!   starts at the identity (`b_res` = 0 on the diagonal, −8 off it, the public port of
+//!   tokenbender's logits), `H_post = 1` (`b_post = 0`), `φ = 0` (as lucidrains' port): the network
+//!   starts as the pre-norm residual network, and the streams are not interchangeable (each unit
+//!   reads its own), so they specialise.
+//! - `lucidrains`: his port's static init — `b_pre` = one-hot(k mod n) (so `H_pre` = σ(1) = 0.73
+//!   there and 0.5 elsewhere), `b_res = I` (`H_res` = Sinkhorn(e^I)), `b_post = 0`, `φ = 0`.
+//! - `symmetric`: every bias 0 and `φ ~ N(0, 0.02²)` (`H_pre` = 0.5, `H_post` = 1, `H_res` ≈ 1/n on
+//!   every stream): the streams start as copies and every map treats them alike, so only the ~1 %
+//!   φ term tells them apart; kept to reproduce runs made before 2026-11-28.
+//!
+//! `res_bias: zeros | identity` (`5·I`), when given, replaces `b_res` of any init.
 
 use super::common::{self, StreamMixing};
 use super::{Granularity, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
@@ -28,20 +41,34 @@ enum ResBias {
     Identity,
 }
 
+/// Where the mixing starts (see the module's doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Init {
+    Residual,
+    Lucidrains,
+    Symmetric,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 struct Options {
     n: usize,
     sinkhorn_iters: usize,
-    res_bias: ResBias,
+    init: Init,
+    res_bias: Option<ResBias>,
     granularity: Option<Granularity>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { n: 4, sinkhorn_iters: 20, res_bias: ResBias::Zeros, granularity: None }
+        Options { n: 4, sinkhorn_iters: 20, init: Init::Residual, res_bias: None, granularity: None }
     }
 }
+
+/// The logit that puts a sigmoid at 1 − 3.4·10⁻⁴ (or, negated, 3.4·10⁻⁴), and a Sinkhorn entry at
+/// e⁻⁸ of its diagonal: tokenbender's port's −8.
+const SATURATED: f64 = 8.0;
 
 #[derive(Debug)]
 struct Spec {
@@ -50,7 +77,8 @@ struct Spec {
     width: usize,
     n: usize,
     iters: usize,
-    res_bias: ResBias,
+    init: Init,
+    res_bias: Option<ResBias>,
 }
 
 fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn TopologySpec>, OptionError> {
@@ -62,7 +90,15 @@ fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn Topolog
     if o.sinkhorn_iters == 0 || o.sinkhorn_iters > 1000 {
         return Err(OptionError::new("sinkhorn_iters", o.sinkhorn_iters, "an integer in 1..=1000"));
     }
-    Ok(Box::new(Spec { granularity, depth, width: stack.width, n: o.n, iters: o.sinkhorn_iters, res_bias: o.res_bias }))
+    Ok(Box::new(Spec {
+        granularity,
+        depth,
+        width: stack.width,
+        n: o.n,
+        iters: o.sinkhorn_iters,
+        init: o.init,
+        res_bias: o.res_bias,
+    }))
 }
 
 impl TopologySpec for Spec {
@@ -70,7 +106,11 @@ impl TopologySpec for Spec {
         ENTRY.name
     }
     fn label(&self) -> String {
-        format!("n={}", self.n)
+        match self.init {
+            Init::Residual => format!("n={}", self.n),
+            Init::Lucidrains => format!("n={}, lucidrains init", self.n),
+            Init::Symmetric => format!("n={}, symmetric init", self.n),
+        }
     }
     fn granularity(&self) -> Granularity {
         self.granularity
@@ -87,23 +127,39 @@ impl TopologySpec for Spec {
     }
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Topology> {
         let (n, d) = (self.n as i64, self.width as i64);
+        let opts = (Kind::Float, vs.device());
         let layers = (0..self.depth)
             .map(|k| {
                 let p = vs / "layers" / k;
+                // One-hot at stream k mod n, scaled to the init's logits: `(on, off)`.
+                let onehot = |on: f64, off: f64| {
+                    let t = Tensor::full([n], off, opts);
+                    let _ = t.get((k as i64) % n).fill_(on);
+                    t
+                };
+                let diagonal = |on: f64, off: f64| Tensor::full([n, n], off, opts) + Tensor::eye(n, opts) * (on - off);
+                let (bias_pre, bias_res) = match self.init {
+                    Init::Residual => (onehot(SATURATED, -SATURATED), diagonal(0.0, -SATURATED)),
+                    Init::Lucidrains => (onehot(1.0, 0.0), diagonal(1.0, 0.0)),
+                    Init::Symmetric => (Tensor::zeros([n], opts), Tensor::zeros([n, n], opts)),
+                };
                 let bias_res = match self.res_bias {
-                    ResBias::Zeros => p.zeros("bias_res", &[n, n]),
-                    ResBias::Identity => {
-                        common::param_from(&p, "bias_res", &(Tensor::eye(n, (Kind::Float, vs.device())) * 5.0), true)
-                    }
+                    None => bias_res,
+                    Some(ResBias::Zeros) => Tensor::zeros([n, n], opts),
+                    Some(ResBias::Identity) => Tensor::eye(n, opts) * 5.0,
+                };
+                let phi = match self.init {
+                    Init::Symmetric => nn::Init::Randn { mean: 0.0, stdev: 0.02 },
+                    Init::Residual | Init::Lucidrains => nn::Init::Const(0.0),
                 };
                 Layer {
-                    phi: p.var("phi", &[n * d, n * n + 2 * n], nn::Init::Randn { mean: 0.0, stdev: 0.02 }),
+                    phi: p.var("phi", &[n * d, n * n + 2 * n], phi),
                     alpha_pre: p.var("alpha_pre", &[], nn::Init::Const(0.01)),
                     alpha_post: p.var("alpha_post", &[], nn::Init::Const(0.01)),
                     alpha_res: p.var("alpha_res", &[], nn::Init::Const(0.01)),
-                    bias_pre: p.zeros("bias_pre", &[n]),
+                    bias_pre: common::param_from(&p, "bias_pre", &bias_pre, true),
                     bias_post: p.zeros("bias_post", &[n]),
-                    bias_res,
+                    bias_res: common::param_from(&p, "bias_res", &bias_res, true),
                 }
             })
             .collect();

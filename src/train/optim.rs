@@ -3,9 +3,10 @@
 //!
 //! Groups: `decay` = the ≥2-D weights of the backbone (matrices and embeddings); `no_decay` =
 //! norms, biases and other 1-D parameters; `topology` = everything the topology owns (built under
-//! `topology.` by `Model::new`): never decayed — nanoGPT's rule "decay every ≥2-D parameter" would
-//! otherwise decay ANCRe's logits or mHC's projections towards zero — with learning rate ×
-//! `train.topology_lr_mult`. No backbone has learned position embeddings (ViT's are fixed sin-cos,
+//! `topology.` by `Model::new`): not decayed — nanoGPT's rule "decay every ≥2-D parameter" would
+//! otherwise decay ANCRe's logits or mHC's projections towards zero — unless
+//! `train.topology_decay` asks for it (epfml's DenseFormer decays its DWA weights), with learning
+//! rate × `train.topology_lr_mult`. No backbone has learned position embeddings (ViT's are fixed sin-cos,
 //! GPT's and LLaMA's rotary), which nanoGPT also exempts.
 
 use crate::config::{Optimizer, TrainConfig};
@@ -77,6 +78,8 @@ pub struct Optim {
     betas: [f64; 2],
     eps: f64,
     weight_decay: f64,
+    /// `train.topology_decay`: the topology group decayed at `weight_decay` too.
+    topology_decay: bool,
     topology_lr_mult: f64,
     /// `train.ema`: the decay of the parameters' moving average, updated after every step.
     ema_decay: Option<f64>,
@@ -157,6 +160,7 @@ impl Optim {
             betas: cfg.betas,
             eps: cfg.eps,
             weight_decay: cfg.weight_decay,
+            topology_decay: cfg.topology_decay,
             topology_lr_mult: cfg.topology_lr_mult,
             ema_decay: cfg.ema,
             steps_done: 0,
@@ -322,7 +326,11 @@ impl Optim {
                     // in libtorch's fused kernel: one pass per bucket instead of eight.
                     let hyper = AdamwHyper {
                         betas: self.betas,
-                        weight_decay: if b.group == Group::Decay { self.weight_decay } else { 0.0 },
+                        weight_decay: match b.group {
+                            Group::Decay => self.weight_decay,
+                            Group::Topology if self.topology_decay => self.weight_decay,
+                            _ => 0.0,
+                        },
                         eps: self.eps,
                     };
                     let lr = group_lr(b.group);
@@ -463,9 +471,17 @@ impl Optim {
 /// steps with fixed gradients; returns the largest absolute deviation. The unit tests run it on
 /// the CPU; `plexus doctor --selftest` on the device it tests (the fused kernel there is CUDA's).
 pub fn adamw_error_on(device: tch::Device) -> f64 {
-    let cfg: TrainConfig = serde_yaml::from_str(
-        "{optimizer: adamw, lr: 0.1, weight_decay: 0.5, betas: [0.8, 0.9], eps: 0.01, topology_lr_mult: 3.0}",
-    )
+    adamw_error_with(device, false)
+}
+
+/// [`adamw_error_on`], with the topology group decayed too (`train.topology_decay`) when
+/// `topology_decay`: then `a ← a(1 − 3·lr·wd)` before its step, as torch.optim.AdamW decays a group
+/// at its own learning rate.
+fn adamw_error_with(device: tch::Device, topology_decay: bool) -> f64 {
+    let cfg: TrainConfig = serde_yaml::from_str(&format!(
+        "{{optimizer: adamw, lr: 0.1, weight_decay: 0.5, betas: [0.8, 0.9], eps: 0.01, topology_lr_mult: 3.0, \
+         topology_decay: {topology_decay}}}"
+    ))
     .expect("a valid train section");
     let w0 = [0.5f64, -1.0, 2.0, 0.25];
     let w = Tensor::from_slice(&w0).to_kind(Kind::Float).reshape([2, 2]).to_device(device).set_requires_grad(true);
@@ -489,7 +505,10 @@ pub fn adamw_error_on(device: tch::Device) -> f64 {
             s[i] = 0.9 * s[i] + 0.1 * g[i] * g[i];
             want[i] -= 0.1 / c1 * m[i] / (s[i].sqrt() / c2.sqrt() + 0.01);
         }
-        // Topology group: no decay, lr × 3.
+        // Topology group: lr × 3, decayed only with `topology_decay`.
+        if topology_decay {
+            want_a *= 1.0 - 0.3 * 0.5;
+        }
         let ga = g[0] * 10.0;
         ma = 0.8 * ma + 0.2 * ga;
         sa = 0.9 * sa + 0.1 * ga * ga;
@@ -504,6 +523,17 @@ pub fn adamw_error_on(device: tch::Device) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `train.topology_decay`: the topology's parameters decayed at the group's learning rate, as
+    /// torch.optim.AdamW does; without it, not at all (both against the rule written out in f64,
+    /// so an optimizer that ignored the flag fails one of the two).
+    #[test]
+    fn the_topology_group_is_decayed_only_when_asked() {
+        for decay in [false, true] {
+            let err = adamw_error_with(tch::Device::Cpu, decay);
+            assert!(err < 1e-6, "topology_decay {decay}: {err:e}");
+        }
+    }
 
     /// Two AdamW steps on a decayed weight and a topology parameter, against the update rule of
     /// torch.optim.AdamW written out in f64.
