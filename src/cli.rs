@@ -270,8 +270,9 @@ pub enum Cmd {
         #[arg(long)]
         profile: bool,
         /// With --profile: the Chrome trace of the profiled step (chrome://tracing or
-        /// ui.perfetto.dev) [default: runs/bench-profile/CASE.json].
-        #[arg(long, value_name = "FILE")]
+        /// ui.perfetto.dev) [default: runs/bench-profile/CASE.json]; a new path or a regular file,
+        /// which is replaced.
+        #[arg(long, value_name = "FILE", requires = "profile")]
         trace: Option<PathBuf>,
         /// Topology overhead in one process: these topologies (the first is the baseline) stepped
         /// round-robin; prints the paired overhead and appends rows to --csv.

@@ -126,6 +126,7 @@ pub fn run_set(set: &sets::ConfigSet, exps: &[Experiment], out: &Path) -> Result
 }
 
 pub fn demo(figure: &str, out: &Path, overrides: &[String]) -> Result<()> {
+    crate::run_dir::check_output_dir(out, "--out")?;
     let started = std::time::Instant::now();
     let mut figures = Vec::new();
     if figure == "showcase" {
@@ -272,6 +273,7 @@ pub fn rl_run(
     if plot_only {
         let inputs = runs_among(inputs, "rl --plot")?;
         let dir = out.map(Path::to_path_buf).unwrap_or_else(|| default_figure_dir(&inputs));
+        crate::run_dir::check_output_dir(&dir, "the figure folder")?;
         for p in crate::plot::rl::success(&inputs, &dir)? {
             println!("{}", p.display());
         }
@@ -489,21 +491,60 @@ pub fn bench(r: &BenchRequest) -> Result<()> {
         }
         return Ok(());
     }
+    if opts.trace.is_some() && (!r.compare.is_empty() || !r.depths.is_empty()) {
+        bail!("--trace is the Chrome trace of one config's profiled step: not with --compare or --depths");
+    }
+    // Every output is checked before anything is measured: a CSV to append to (bounded, its
+    // columns), the depth sweep's folder; the trace below.
+    if let Some(path) = &r.csv {
+        let header =
+            if r.compare.is_empty() { crate::bench::CSV_HEADER } else { crate::bench::table::COMPARE_CSV_HEADER };
+        crate::report::csv_to_append_to(path, header)?;
+    }
     if !r.compare.is_empty() {
         crate::bench::depth::compare(&r.config, &r.overrides, opts, &r.compare, r.csv.as_deref())
     } else if r.depths.is_empty() {
         let exp = Experiment::from_file(&r.config, &r.overrides)?;
         let mut opts = opts.clone();
-        if opts.profile && opts.trace.is_none() {
-            let case = opts.case.clone().unwrap_or_else(|| exp.config().name.clone());
-            opts.trace = Some(Path::new("runs/bench-profile").join(format!("{case}.json")));
-        }
-        if let Some(dir) = opts.trace.as_deref().and_then(Path::parent).filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
+        let trace = match (&opts.trace, opts.profile) {
+            (Some(t), true) => Some(t.clone()),
+            (None, true) => {
+                let case = opts.case.clone().unwrap_or_else(|| exp.config().name.clone());
+                Some(Path::new("runs/bench-profile").join(format!("{case}.json")))
+            }
+            (_, false) => None,
+        };
+        // The profiler writes the trace into a private folder beside it (libtorch writes a
+        // temporary file of its own and renames it, and says nothing when that fails); the trace
+        // is renamed into place once it is there, and the folder goes with whatever else is in it.
+        let staging = match &trace {
+            Some(t) => {
+                crate::run_dir::check_output_file(t, "--trace")?;
+                let dir = t.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+                std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+                let staging = tempfile::Builder::new().prefix(".tmp-trace-").tempdir_in(dir).with_context(|| {
+                    format!("--trace {}: creating a temporary folder in {}", t.display(), dir.display())
+                })?;
+                opts.trace = Some(staging.path().join("trace.json"));
+                Some(staging)
+            }
+            None => None,
+        };
         let row = crate::bench::bench(&exp, &opts)?;
+        if let (Some(trace), Some(staging)) = (&trace, &staging) {
+            let written = staging.path().join("trace.json");
+            if !written.is_file() {
+                bail!(
+                    "--trace {}: the profiler wrote no Chrome trace (libtorch's profiler failed to save it)",
+                    trace.display()
+                );
+            }
+            crate::run_dir::check_output_file(trace, "--trace")?;
+            std::fs::rename(&written, trace)
+                .with_context(|| format!("writing the Chrome trace {}", trace.display()))?;
+        }
         crate::bench::table::print_bench(std::slice::from_ref(&row));
-        if let (Some(trace), true) = (&opts.trace, opts.profile) {
+        if let Some(trace) = &trace {
             println!("Chrome trace of the profiled step: {} (chrome://tracing or ui.perfetto.dev)", trace.display());
         }
         if let Some(path) = &r.csv {
@@ -511,6 +552,7 @@ pub fn bench(r: &BenchRequest) -> Result<()> {
         }
         Ok(())
     } else {
+        crate::run_dir::check_output_dir(&r.out, "--out")?;
         crate::bench::depth::sweep(&r.config, &r.overrides, opts, &r.depths, &r.topologies, &r.out)
     }
 }
@@ -519,6 +561,7 @@ pub fn bench(r: &BenchRequest) -> Result<()> {
 pub fn plot(runs: &[PathBuf], out: Option<&Path>, title: Option<&str>, step: Option<u64>) -> Result<()> {
     let runs = &runs_among(runs, "plot")?;
     let out = out.map(Path::to_path_buf).unwrap_or_else(|| default_figure_dir(runs));
+    crate::run_dir::check_output_dir(&out, "the figure folder")?;
     let written = crate::plot::figures::all(runs, &out, title, step)?;
     if written.is_empty() {
         let names: Vec<String> = runs.iter().map(|r| r.display().to_string()).collect();
@@ -550,11 +593,15 @@ pub fn analyze(
     };
     let runs = &runs_among(runs, "analyze")?;
     let opts = AnalyzeOptions { sigmas, char_probs: probs, repeats, seed: 0, device };
+    let correlation = default_figure_dir(runs).parent().map(|p| p.join("correlation.csv")).unwrap_or_default();
+    if correlate {
+        crate::run_dir::check_output_file(&correlation, "--correlate's output")?;
+    }
     let summaries = runs.iter().map(|r| analysis::analyze(r, &opts)).collect::<Result<Vec<_>>>()?;
     crate::report::print_analysis(&summaries);
     if correlate {
         let m = analysis::correlate(runs)?;
-        let path = default_figure_dir(runs).parent().map(|p| p.join("correlation.csv")).unwrap_or_default();
+        let path = correlation;
         let csv = crate::report::correlation_csv(runs, &m);
         atomic_write(&path, csv.as_bytes())?;
         println!("\nPearson correlation of the converged residual weights a:\n{csv}→ {}", path.display());
@@ -634,6 +681,7 @@ pub fn tokenize(
     quiet: bool,
 ) -> Result<()> {
     use crate::data::{text::Tokenizer, tokenize};
+    crate::run_dir::check_output_dir(out, "--out")?;
     let encoding = if encoding == "char" { Tokenizer::Char } else { Tokenizer::Gpt2 };
     let defaults = tokenize::TokenizeOptions::default();
     let opts = tokenize::TokenizeOptions {
@@ -743,6 +791,14 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
     // one on the same folder is refused before it reads a run's state (it could otherwise plan a
     // fresh start of a run the first is finishing, and delete it); `--only` runs (Slurm's array
     // tasks) share it with each other, each run guarded by its own directory's lock.
+    // The outputs, before anything is created: the sweep folder is one (or a link to one), the job
+    // script a new path or a regular file. A sweep folder this command creates goes again if it
+    // fails before its record (and, with --slurm, the script) is written.
+    crate::run_dir::check_output_dir(&out, "the sweep folder")?;
+    if let Some(file) = &r.slurm {
+        crate::run_dir::check_output_file(file, "--slurm")?;
+    }
+    let created = crate::run_dir::CreatedDir::if_absent(&out);
     let _lock = if !r.dry_run || r.slurm.is_some() {
         Some(crate::run_dir::lock_dir_as(&out, "sweep folder", "give another --out", !r.only.is_empty())?)
     } else {
@@ -789,6 +845,7 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
         std::fs::create_dir_all(out.join("logs"))
             .with_context(|| format!("creating {}", out.join("logs").display()))?;
         crate::run_dir::atomic_write(file, script.as_bytes())?;
+        created.keep();
         println!(
             "{}: a job array of {} tasks (one per run of {}); submit it with `sbatch {}`",
             file.display(),
@@ -798,6 +855,7 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
         );
         return Ok(());
     }
+    created.keep();
     if r.dry_run {
         for run in &manifest.runs {
             let yaml = runner::resolved_yaml(run).with_context(|| format!("sweep run {}", run.name))?;
@@ -848,7 +906,12 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
 /// `plexus report PATH... --spec SPEC... --format verdicts`: every claim of the studies, one row
 /// each. One spec for all the paths (one study), or one spec per path, in order (a study each,
 /// named by its spec's file stem).
-fn report_verdicts(paths: &[PathBuf], specs: &[PathBuf], options: &crate::study::ReportOptions) -> Result<()> {
+fn report_verdicts(
+    paths: &[PathBuf],
+    specs: &[PathBuf],
+    options: &crate::study::ReportOptions,
+    out: Option<&Path>,
+) -> Result<()> {
     let pairs: Vec<(Vec<PathBuf>, &PathBuf)> = match specs {
         [] => bail!("--format verdicts needs the studies' specs (--spec SPEC.yaml, one per path or one for all)"),
         [one] => vec![(paths.to_vec(), one)],
@@ -873,7 +936,15 @@ fn report_verdicts(paths: &[PathBuf], specs: &[PathBuf], options: &crate::study:
             spec_path.file_stem().map_or_else(|| spec_path.display().to_string(), |s| s.to_string_lossy().into());
         studies.push((name, r.claims));
     }
-    print!("{}", crate::report::claims_verdicts(&studies));
+    let table = crate::report::claims_verdicts(&studies);
+    print!("{table}");
+    if let Some(out) = out {
+        let written = crate::run_dir::write_all_or_nothing(out, |dir| {
+            crate::run_dir::atomic_write(&dir.join("verdicts.md"), table.as_bytes())?;
+            Ok(vec![dir.join("verdicts.md")])
+        })?;
+        eprintln!("report: {}", written[0].display());
+    }
     Ok(())
 }
 
@@ -886,8 +957,16 @@ pub fn report(
     format: &str,
     out: Option<&Path>,
 ) -> Result<()> {
+    // Where the report goes, checked before anything is read: a folder (or a new path).
+    let out = out.map(Path::to_path_buf).or_else(|| match paths {
+        [one] if format != "verdicts" && one.is_dir() && !one.join("config.yaml").is_file() => Some(one.join("report")),
+        _ => None,
+    });
+    if let Some(out) = &out {
+        crate::run_dir::check_output_dir(out, "the report folder")?;
+    }
     if format == "verdicts" {
-        return report_verdicts(paths, specs, options);
+        return report_verdicts(paths, specs, options, out.as_deref());
     }
     if specs.len() > 1 {
         bail!("--spec is given {} times: several specs (one per path) go with --format verdicts only", specs.len());
@@ -908,10 +987,6 @@ pub fn report(
             _ => &md,
         }
     );
-    let out = out.map(Path::to_path_buf).or_else(|| match paths {
-        [one] if one.is_dir() && !one.join("config.yaml").is_file() => Some(one.join("report")),
-        _ => None,
-    });
     if let Some(out) = out {
         // A sweep's own report/ (written by the sweep with its spec's settings) replaced by a
         // report of other settings: said, so that it is not lost by surprise.
@@ -921,19 +996,37 @@ pub fn report(
                 out.join("report.md").display()
             );
         }
-        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-        for (name, text) in [("report.md", &md), ("report.csv", &csv), ("report.tex", &tex), ("runs.csv", &runs_csv)] {
-            crate::run_dir::atomic_write(&out.join(name), text.as_bytes())?;
+        // All or nothing: the tables and figures are written aside and moved in once all are.
+        let tables = ["report.md", "report.csv", "report.tex", "runs.csv"];
+        let written = crate::run_dir::write_all_or_nothing(&out, |dir| {
+            let mut files = Vec::new();
+            for (name, text) in tables.iter().zip([&md, &csv, &tex, &runs_csv]) {
+                crate::run_dir::atomic_write(&dir.join(name), text.as_bytes())?;
+                files.push(dir.join(name));
+            }
+            files.extend(crate::plot::study::band_curves(&r, dir)?);
+            files.extend(crate::plot::study::claim_figures(&r, dir)?);
+            Ok(files)
+        })?;
+        let figures = &written[tables.len()..];
+        // The formats written, as the figures' extensions say (`--formats`).
+        let mut kinds: Vec<String> = Vec::new();
+        for f in figures {
+            let ext = f.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
+            if !kinds.contains(&ext) {
+                kinds.push(ext);
+            }
         }
-        let mut figures = crate::plot::study::band_curves(&r, &out)?;
-        figures.extend(crate::plot::study::claim_figures(&r, &out)?);
+        let claims = figures.iter().any(|f| f.file_name().is_some_and(|n| n.to_string_lossy().starts_with("claim-")));
+        let stems = if claims { "curve-*, claim-*" } else { "curve-*" };
         eprintln!(
-            "report: {} (report.md, report.csv, report.tex, runs.csv){}",
+            "report: {} ({}){}",
             out.display(),
+            tables.join(", "),
             if figures.is_empty() {
                 String::new()
             } else {
-                format!(", {} figures (curve-*, claim-*: .png, .svg, .pdf)", figures.len())
+                format!(", {} figure files ({stems}: {})", figures.len(), kinds.join(", "))
             }
         );
     }

@@ -7,33 +7,40 @@ use crate::train::Summary;
 use anyhow::{Context, Result};
 use std::path::Path;
 
+/// The text of the CSV `path` that rows are to be appended to: `None` when it does not exist yet;
+/// refused when it is not a regular file ([`crate::run_dir::check_output_file`]), larger than
+/// [`crate::input_file::MAX_RECORD_BYTES`] (read with that bound), or has other columns than
+/// `header`. `plexus bench` calls it before it measures anything, [`append_csv`] again when it writes.
+pub fn csv_to_append_to(path: &Path, header: &str) -> Result<Option<String>> {
+    (|| -> Result<Option<String>> {
+        crate::run_dir::check_output_file(path, "--csv")?;
+        if !path.exists() {
+            return Ok(None);
+        }
+        let text = crate::input_file::read_text(path, crate::input_file::MAX_RECORD_BYTES, "a benchmark CSV")?;
+        // Rows under another header (a CSV from an older plexus) would be read as wrong columns.
+        let first = text.lines().next().unwrap_or("");
+        if !first.is_empty() && first != header {
+            anyhow::bail!(
+                "it has other columns ({first}) than this plexus writes ({header}); move it away or delete it"
+            );
+        }
+        Ok(Some(text))
+    })()
+    .with_context(|| format!("appending to the CSV {}", path.display()))
+}
+
 /// Appends `rows` (CSV lines, each ending in a newline) to the CSV at `path`, writing `header`
-/// first when the file is new.
+/// first when the file is new (see [`csv_to_append_to`] for what is refused).
 pub fn append_csv(path: &Path, header: &str, rows: &str) -> Result<()> {
-    let result = (|| -> std::io::Result<()> {
-        if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(d)?;
-        }
-        let new = !path.exists();
-        if !new {
-            // Rows under another header (a CSV from an older plexus) would be read as wrong columns.
-            let text = std::fs::read_to_string(path)?;
-            let first = text.lines().next().unwrap_or("");
-            if !first.is_empty() && first != header {
-                return Err(std::io::Error::other(format!(
-                    "it has other columns ({first}) than this plexus writes ({header}); move it away or delete it"
-                )));
-            }
-        }
-        // The whole file rewritten atomically, not appended to: a full disk leaves it as it was.
-        let mut text = if new { format!("{header}\n") } else { std::fs::read_to_string(path)? };
-        if !text.is_empty() && !text.ends_with('\n') {
-            text.push('\n');
-        }
-        text.push_str(rows);
-        crate::run_dir::atomic_write(path, text.as_bytes()).map_err(std::io::Error::other)
-    })();
-    result.with_context(|| format!("appending to the CSV {}", path.display()))
+    // The whole file rewritten atomically, not appended to: a full disk leaves it as it was.
+    let mut text = csv_to_append_to(path, header)?.unwrap_or_else(|| format!("{header}\n"));
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(rows);
+    crate::run_dir::atomic_write(path, text.as_bytes())
+        .with_context(|| format!("appending to the CSV {}", path.display()))
 }
 
 /// The analysis table: final metric, Γ, the exit at half depth, robustness at the largest noise.

@@ -35,6 +35,133 @@ fn parent_dir(path: &Path) -> &Path {
     path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
 }
 
+/// What is at `path`, for an output check: `None` when nothing is; else its kind in words ("a
+/// regular file", "a directory", "a symbolic link to a character device", …) and whether it is a
+/// regular file (not through a link) and whether it is a directory (a link to one included).
+fn output_kind(path: &Path) -> Result<Option<(String, bool, bool)>> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot inspect {}", path.display())),
+    };
+    let kind = meta.file_type();
+    if kind.is_file() {
+        return Ok(Some(("a regular file".into(), true, false)));
+    }
+    if kind.is_symlink() {
+        let to = std::fs::read_link(path).map(|t| format!(" ({})", t.display())).unwrap_or_default();
+        return Ok(Some(match std::fs::metadata(path) {
+            Ok(m) if m.is_file() => (format!("a symbolic link to a regular file{to}"), false, false),
+            Ok(m) => {
+                (format!("a symbolic link to {}{to}", crate::input_file::kind_name(&m.file_type())), false, m.is_dir())
+            }
+            Err(_) => (format!("a symbolic link to nothing{to}"), false, false),
+        }));
+    }
+    Ok(Some((crate::input_file::kind_name(&kind).to_string(), false, kind.is_dir())))
+}
+
+/// An existing ancestor of `path` that is not a directory, as an error (a file cannot go inside it).
+fn check_ancestors(path: &Path) -> Result<()> {
+    if let Some(a) = path.ancestors().skip(1).find(|a| !a.as_os_str().is_empty() && a.exists() && !a.is_dir()) {
+        bail!("{} exists and is not a directory ({} would go inside it)", a.display(), path.display());
+    }
+    Ok(())
+}
+
+/// Checks an output file before any work: `path` must be absent (it is created) or a regular file
+/// (replaced whole, atomically); a directory, a device (`/dev/null`, `/dev/full`), a FIFO, a socket
+/// or a symbolic link (whatever it points to) is refused, naming the path and what it is, so that a
+/// verb never replaces what it did not create. `what` names the path in the error (`--trace`).
+pub fn check_output_file(path: &Path, what: &str) -> Result<()> {
+    check_ancestors(path).with_context(|| format!("{what} {}", path.display()))?;
+    match output_kind(path)? {
+        None | Some((_, true, _)) => Ok(()),
+        Some((kind, false, _)) => bail!(
+            "{what} {} is {kind}: an output file must be a new path or a regular file, which plexus replaces \
+             whole; give another path",
+            path.display()
+        ),
+    }
+}
+
+/// Checks an output folder before any work: `path` must be absent (it is created) or a directory (a
+/// symbolic link to one included: the files go inside it); a regular file, a device, a FIFO, a
+/// socket or a link to one of them is refused, naming the path and what it is.
+pub fn check_output_dir(path: &Path, what: &str) -> Result<()> {
+    check_ancestors(path).with_context(|| format!("{what} {}", path.display()))?;
+    match output_kind(path)? {
+        None | Some((_, _, true)) => Ok(()),
+        Some((kind, _, false)) => bail!(
+            "{what} {} is {kind}: an output folder must be a new path or a directory; give another path",
+            path.display()
+        ),
+    }
+}
+
+/// A folder a verb is about to create, removed with everything in it if the verb fails before
+/// [`CreatedDir::keep`] (dropped armed: on an error's early return): a failed `sweep --slurm` or
+/// `report` leaves no folder of its own behind. A folder that existed before is never removed.
+#[derive(Debug)]
+pub struct CreatedDir(Option<PathBuf>);
+
+impl CreatedDir {
+    /// Arms the guard for `dir` if nothing is there yet (call it before creating the folder).
+    pub fn if_absent(dir: &Path) -> Self {
+        Self(std::fs::symlink_metadata(dir).is_err().then(|| dir.to_path_buf()))
+    }
+    /// The verb succeeded: the folder stays.
+    pub fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for CreatedDir {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Writes a set of files into the folder `dir` all or nothing: `write` writes them into a private
+/// temporary folder (`.tmp-*`) inside `dir` and returns their paths; once it has succeeded, and none
+/// of the final paths is anything but absent or a regular file ([`check_output_file`]), each is
+/// renamed into place. On any failure the temporary folder goes, and `dir` too if this call created
+/// it: a failed report leaves no half-written folder. Returns the final paths, in `write`'s order.
+pub fn write_all_or_nothing(dir: &Path, write: impl FnOnce(&Path) -> Result<Vec<PathBuf>>) -> Result<Vec<PathBuf>> {
+    check_output_dir(dir, "the output folder")?;
+    let created = CreatedDir::if_absent(dir);
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let staging = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempdir_in(dir)
+        .with_context(|| format!("creating a temporary folder in {}", dir.display()))?;
+    // Errors name the final paths, not the temporary folder's.
+    let (inside, instead) = (format!("{}/", staging.path().display()), format!("{}/", dir.display()));
+    let written = write(staging.path()).map_err(|e| anyhow::anyhow!(format!("{e:#}").replace(&inside, &instead)))?;
+    let moves = written
+        .iter()
+        .map(|p| {
+            let rel = p
+                .strip_prefix(staging.path())
+                .with_context(|| format!("{} is not in the staging folder", p.display()))?;
+            Ok((p.clone(), dir.join(rel)))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for (_, to) in &moves {
+        check_output_file(to, "the output")?;
+    }
+    for (from, to) in &moves {
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        }
+        std::fs::rename(from, to).with_context(|| format!("writing {}", to.display()))?;
+    }
+    created.keep();
+    Ok(moves.into_iter().map(|(_, to)| to).collect())
+}
+
 /// Writes `bytes` to `path` atomically (temp file in the same directory, fsync, rename). Errors
 /// name `path`, never the temporary file.
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -47,12 +174,16 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
 
 /// Runs `write` on a temporary path in `path`'s directory, then renames it to `path`. For writers
 /// that want a path (libtorch's safetensors saver). Errors name `path` (the temporary file, which
-/// is removed on failure, is an implementation detail).
+/// is removed on failure, is an implementation detail). `path` must be absent or a regular file
+/// ([`check_output_file`]): a rename would replace a link, a device or an empty directory.
 pub fn atomic_write_with(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let result = (|| -> Result<()> {
         let dir = parent_dir(path);
         if let Some(file) = dir.ancestors().find(|a| a.exists() && !a.is_dir()) {
             bail!("{} exists and is not a directory (the file goes inside it)", file.display());
+        }
+        if let Some((kind, false, _)) = output_kind(path)? {
+            bail!("it is {kind}, not a regular file plexus may replace");
         }
         std::fs::create_dir_all(dir).with_context(|| format!("creating the directory {}", dir.display()))?;
         // Keep the extension: some writers pick the format from it (tch: `.safetensors`).
@@ -242,6 +373,7 @@ pub fn contents(dir: &Path) -> Result<Option<Vec<PathBuf>>> {
 /// Checks that a new run may be written into `dir`: it does not exist, or holds nothing (see
 /// [`contents`]), or `overwrite` was asked for.
 pub fn check_new(dir: &Path, overwrite: bool) -> Result<()> {
+    check_output_dir(dir, "the run directory")?;
     if overwrite {
         return check_overwritable(dir);
     }
@@ -655,6 +787,64 @@ mod tests {
         assert!(left.is_empty(), "{left:?}");
         let e = atomic_write(Path::new("/dev/null/x/y.csv"), b"1").unwrap_err();
         assert!(format!("{e:#}").contains("/dev/null/x/y.csv"), "{e:#}");
+    }
+
+    #[test]
+    fn outputs_are_new_paths_or_regular_files_and_a_failed_set_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("file"), b"x").unwrap();
+        std::fs::create_dir(d.join("folder")).unwrap();
+        std::os::unix::fs::symlink("file", d.join("link")).unwrap();
+        std::os::unix::fs::symlink("folder", d.join("folder-link")).unwrap();
+        check_output_file(&d.join("new"), "--x").unwrap();
+        check_output_file(&d.join("file"), "--x").unwrap();
+        for (name, kind) in [("folder", "a directory"), ("link", "a symbolic link to a regular file (file)")] {
+            let e = check_output_file(&d.join(name), "--x").unwrap_err().to_string();
+            assert!(e.contains(&format!("--x {} is {kind}", d.join(name).display())), "{e}");
+        }
+        let e = check_output_file(Path::new("/dev/null"), "--x").unwrap_err().to_string();
+        assert!(e.contains("/dev/null is a character device"), "{e}");
+        let e = format!("{:#}", check_output_file(&d.join("file/x.csv"), "--x").unwrap_err());
+        assert!(e.contains("file exists and is not a directory"), "{e}");
+        check_output_dir(&d.join("folder"), "--out").unwrap();
+        check_output_dir(&d.join("folder-link"), "--out").unwrap();
+        let e = check_output_dir(&d.join("file"), "--out").unwrap_err().to_string();
+        assert!(e.contains("file is a regular file"), "{e}");
+        // The atomic write itself refuses too, and leaves the link as it was.
+        let e = format!("{:#}", atomic_write(&d.join("link"), b"y").unwrap_err());
+        assert!(e.contains("is a symbolic link"), "{e}");
+        assert!(std::fs::symlink_metadata(d.join("link")).unwrap().file_type().is_symlink());
+
+        // All or nothing: a failure leaves neither the files nor the folder it created.
+        let out = d.join("report");
+        let e = write_all_or_nothing(&out, |tmp| {
+            atomic_write(&tmp.join("a.md"), b"a")?;
+            bail!("drawing {} failed", tmp.join("b.png").display())
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains(&format!("drawing {} failed", out.join("b.png").display())), "{e}");
+        assert!(!out.exists());
+        std::fs::create_dir(&out).unwrap();
+        std::fs::create_dir(out.join("b.png")).unwrap();
+        let e = write_all_or_nothing(&out, |tmp| {
+            atomic_write(&tmp.join("a.md"), b"a")?;
+            atomic_write(&tmp.join("b.png"), b"b")?;
+            Ok(vec![tmp.join("a.md"), tmp.join("b.png")])
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("b.png is a directory"), "{e}");
+        let left: Vec<_> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, ["b.png"]);
+        std::fs::remove_dir(out.join("b.png")).unwrap();
+        let written = write_all_or_nothing(&out, |tmp| {
+            atomic_write(&tmp.join("a.md"), b"a")?;
+            Ok(vec![tmp.join("a.md")])
+        })
+        .unwrap();
+        assert_eq!(written, [out.join("a.md")]);
+        let left: Vec<_> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, ["a.md"]);
     }
 
     #[test]

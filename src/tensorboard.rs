@@ -210,12 +210,22 @@ impl EventWriter {
         let dir = run.join(DIR);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let fin = dir.join(name);
-        let mut w = Self::open_new(&dir)?;
-        write(&mut w)?;
+        crate::run_dir::check_output_file(&fin, "the analysis' event file")?;
+        let w = Self::open_new(&dir)?;
         let tmp = w.path.clone();
-        drop(w);
-        std::fs::rename(&tmp, &fin).with_context(|| format!("renaming {} to {}", tmp.display(), fin.display()))?;
-        Ok(fin)
+        // The file written aside is removed if anything fails: no stray event file (TensorBoard
+        // would read it as another run's) survives a failed analysis.
+        let result = (|| -> Result<()> {
+            let mut w = w;
+            write(&mut w)?;
+            w.file.flush().with_context(|| format!("writing {}", fin.display()))?;
+            drop(w);
+            std::fs::rename(&tmp, &fin).with_context(|| format!("writing {}", fin.display()))
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result.map(|()| fin)
     }
 
     /// A new event file of this process in `dir`, its version event written.

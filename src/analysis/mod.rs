@@ -204,6 +204,12 @@ pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<AnalysisSummary> {
     let d = &run.dir;
     // analyze writes into the run directory: not while a training run holds it (nor a second analyze).
     let _lock = d.lock()?;
+    // Its event file is replaced at the end: checked before the work (a link, a folder, a device
+    // there is refused, not replaced).
+    let events = d.path.join(crate::tensorboard::DIR);
+    if events.is_dir() {
+        crate::run_dir::check_output_file(&events.join(ANALYSIS_EVENTS), "the analysis' event file")?;
+    }
     let exits = layerwise(&run);
     write_rows(&d.layerwise_file(), &exits)?;
     write_rows(&d.pruning_file(), &pruning(&exits))?;
@@ -232,7 +238,7 @@ pub fn analyze(path: &Path, opts: &AnalyzeOptions) -> Result<AnalysisSummary> {
     // Beside the training's events (a run that logs them): Δ_t over the training steps and the
     // early exits' metrics over the units they keep (step = units), in one file that a new
     // analysis replaces.
-    if d.path.join(crate::tensorboard::DIR).is_dir() {
+    if events.is_dir() {
         let deltas = if weights.len() > 1 { delta_series(&weights) } else { Vec::new() };
         crate::tensorboard::EventWriter::replace(&d.path, ANALYSIS_EVENTS, |w| {
             for (step, delta) in &deltas {
