@@ -679,10 +679,28 @@ pub fn claims_verdicts(studies: &[(String, Vec<crate::study::claims::ClaimResult
                 head.join(" | "),
                 tail.join(" | "),
                 p_text(c.p_holm),
-                c.verdict
+                c.verdict_text()
             );
         }
     }
+    // The error rate each verdict carries is its family's, not the page's.
+    let mut families: std::collections::BTreeMap<(&String, &String), f64> = Default::default();
+    for (study, cs) in studies {
+        for c in cs {
+            let a = families.entry((study, &c.claim.family)).or_insert(0.0);
+            *a = a.max(c.claim.alpha);
+        }
+    }
+    let bound = families.values().sum::<f64>().min(1.0);
+    let total: usize = studies.iter().map(|(_, cs)| cs.len()).sum();
+    let _ = writeln!(
+        s,
+        "\n{total} claims in {f} families. Holm's correction holds each family's chance of any false \"holds\" to \
+         its α (0.05 unless a claim says otherwise); the page as a whole is not corrected: the chance of some false \
+         \"holds\" among all {total} is bounded only by the sum of the families' α, {bound:.2}. Read a verdict \
+         with its own family, not the page's count of them.",
+        f = families.len()
+    );
     s
 }
 
@@ -719,7 +737,11 @@ pub fn claims_markdown(claims: &[crate::study::claims::ClaimResult]) -> String {
             (Expect::Greater, _) => "A > B".to_string(),
             (Expect::Equivalent, Some(m)) if sh.log => format!("A/B within ×÷{}", sig3(m.exp())),
             (Expect::Equivalent, Some(m)) => format!("|Δ| < {}", sig3(m * sh.unit())),
-            (Expect::Equivalent, None) => unreachable!("checked"),
+            (Expect::AtMost, Some(m)) if sh.log => format!("A/B < ×{}", sig3(m.exp())),
+            (Expect::AtMost, Some(m)) => format!("A − B < {}", sig3(m * sh.unit())),
+            (Expect::AtLeast, Some(m)) if sh.log => format!("A/B > ÷{}", sig3(m.exp())),
+            (Expect::AtLeast, Some(m)) => format!("A − B > −{}", sig3(m * sh.unit())),
+            (Expect::Equivalent | Expect::AtMost | Expect::AtLeast, None) => unreachable!("checked"),
         };
         let detectable = match () {
             _ if !c.detectable.is_finite() => "—".to_string(),
@@ -735,7 +757,7 @@ pub fn claims_markdown(claims: &[crate::study::claims::ClaimResult]) -> String {
             p_text(c.p),
             c.family_size,
             c.p_sign_flip.map_or("—".into(), p_text),
-            c.verdict
+            c.verdict_text()
         );
     }
     s.push('\n');

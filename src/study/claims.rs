@@ -39,6 +39,11 @@ pub enum Expect {
     Greater,
     /// A and B agree within `margin`.
     Equivalent,
+    /// A is not above B by `margin` or more (non-inferiority where lower is better: a loss "on
+    /// par with the best" is `at_most` the best's plus the margin).
+    AtMost,
+    /// A is not below B by `margin` or more (non-inferiority where higher is better).
+    AtLeast,
 }
 
 /// The scale a claim compares on.
@@ -147,6 +152,9 @@ impl Claim {
 pub enum Verdict {
     Holds,
     DoesNotHold,
+    /// Not shown either way, but the interval excludes the paper's `effect`: whatever the
+    /// difference is at this size, it is smaller than the paper's.
+    EffectExcluded,
     Inconclusive,
     /// Inconclusive, and the paper's effect needs this many seeds (`None`: more than 100,000).
     Underpowered(Option<usize>),
@@ -160,6 +168,7 @@ impl std::fmt::Display for Verdict {
         match self {
             Verdict::Holds => write!(f, "holds"),
             Verdict::DoesNotHold => write!(f, "does not hold"),
+            Verdict::EffectExcluded => write!(f, "the paper's effect excluded at this size"),
             Verdict::Inconclusive => write!(f, "inconclusive"),
             Verdict::Underpowered(Some(n)) => write!(f, "underpowered (needs {n} seeds)"),
             Verdict::Underpowered(None) => write!(f, "underpowered (needs > 100,000 seeds)"),
@@ -193,7 +202,29 @@ pub struct ClaimResult {
     pub detectable: f64,
     /// Seeds the paper's `effect` would need (80 % power at α/m).
     pub seeds_needed: Option<Option<usize>>,
+    /// The power these seeds had for the paper's `effect` (at α/m, with the spread they showed).
+    pub power: Option<f64>,
     pub verdict: Verdict,
+}
+
+impl ClaimResult {
+    /// The verdict with its power line: where the claim gives the paper's effect, the power these
+    /// seeds had for it, and "underpowered" beside any verdict (holds included: an effect found
+    /// with little power is likely overstated) where that power is below 80 %.
+    pub fn verdict_text(&self) -> String {
+        match (self.power, &self.verdict) {
+            (Some(p), Verdict::Underpowered(need)) => format!(
+                "underpowered (needs {}; {:.0} % power for the paper's effect)",
+                need.map_or("> 100,000 seeds".into(), |n| format!("{n} seeds")),
+                100.0 * p
+            ),
+            (Some(p), v) if p < 0.8 => {
+                format!("{v} (underpowered: {:.0} % power for the paper's effect)", 100.0 * p)
+            }
+            (Some(p), v) => format!("{v} ({:.0} % power for the paper's effect)", 100.0 * p),
+            (None, v) => v.to_string(),
+        }
+    }
 }
 
 /// `KEY=VALUE[,KEY=VALUE…]` as pairs.
@@ -298,6 +329,11 @@ pub fn check(claims: &[Claim]) -> Result<()> {
         }
         match (c.expect, c.margin) {
             (Expect::Equivalent, None) => bail!("claim `{}`: `expect: equivalent` needs a `margin`", c.id),
+            (Expect::AtMost | Expect::AtLeast, None) => bail!(
+                "claim `{}`: `expect: {}` needs a `margin` (how much worse than B still counts as on par)",
+                c.id,
+                if c.expect == Expect::AtMost { "at_most" } else { "at_least" }
+            ),
             (_, Some(m)) if !(m.is_finite() && m > 0.0) => bail!("claim `{}`: margin {m} must be > 0", c.id),
             _ => {}
         }
@@ -389,8 +425,11 @@ pub fn seed_correlation(v: &[Vec<f64>], level: f64) -> (f64, f64, f64, (f64, f64
 }
 
 /// A paired claim's verdict (`significant`: its Holm p below α; `alpha_m`: α over the family's
-/// size), its interval at the corrected level, the smallest detectable |Δ| and the seeds the
-/// paper's effect would need.
+/// size), its interval at the corrected level, the smallest detectable |Δ|, the seeds the paper's
+/// effect would need and the power these seeds had for it. The checks run in the documented order
+/// (docs/studies.md, "Claims and verdicts"): for a direction, an effect shown smaller than the
+/// margin that would matter first (a significant but negligible effect does not hold), then the
+/// direction, then the paper's effect excluded, then power.
 fn paired_verdict(claim: &Claim, diff: &Stats, significant: bool, alpha_m: f64) -> Judged {
     assert!(
         diff.mean.is_finite() && (diff.n < 2 || diff.sd.is_finite()),
@@ -403,10 +442,24 @@ fn paired_verdict(claim: &Claim, diff: &Stats, significant: bool, alpha_m: f64) 
         Expect::Less | Expect::Greater => {
             let right_way = (claim.expect == Expect::Less) == (diff.mean < 0.0);
             let shown_small = claim.margin.is_some_and(|mg| stats::tost_p(diff, mg) < alpha_m);
-            if significant && diff.mean != 0.0 && right_way {
-                Verdict::Holds
-            } else if (significant && diff.mean != 0.0) || shown_small {
+            // Δ shown to lie on the near side of the paper's effect (one-sided, at α/m).
+            let excluded = claim.effect.is_some_and(|e| {
+                if e < 0.0 {
+                    stats::p_greater(diff, e) < alpha_m
+                } else {
+                    stats::p_less(diff, e) < alpha_m
+                }
+            });
+            if shown_small {
                 Verdict::DoesNotHold
+            } else if significant && diff.mean != 0.0 {
+                if right_way {
+                    Verdict::Holds
+                } else {
+                    Verdict::DoesNotHold
+                }
+            } else if excluded {
+                Verdict::EffectExcluded
             } else {
                 Verdict::Inconclusive
             }
@@ -422,18 +475,36 @@ fn paired_verdict(claim: &Claim, diff: &Stats, significant: bool, alpha_m: f64) 
                 Verdict::Inconclusive
             }
         }
+        Expect::AtMost | Expect::AtLeast => {
+            let mg = claim.margin.expect("checked");
+            // Worse than B by the margin or more, shown one-sided at α/m.
+            let worse = match claim.expect {
+                Expect::AtMost => stats::p_greater(diff, mg),
+                _ => stats::p_less(diff, -mg),
+            };
+            if significant {
+                Verdict::Holds
+            } else if worse < alpha_m {
+                Verdict::DoesNotHold
+            } else {
+                Verdict::Inconclusive
+            }
+        }
     };
     let sd = if diff.sd.is_finite() { diff.sd } else { 0.0 };
     let seeds_needed = claim.effect.map(|e| stats::pairs_needed(sd, e, alpha_m, 0.8));
+    let power = claim.effect.map(|e| stats::power(sd, diff.n, e, alpha_m));
     let verdict = match (verdict, seeds_needed) {
         (Verdict::Inconclusive, Some(need)) if need.is_none_or(|n| n > diff.n) => Verdict::Underpowered(need),
         (v, _) => v,
     };
+    // A one-sided test at α/m (TOST's two, non-inferiority's one) matches the bound of the
+    // two-sided interval at 1 − 2α/m.
     let level = match claim.expect {
-        Expect::Equivalent => 1.0 - 2.0 * alpha_m,
+        Expect::Equivalent | Expect::AtMost | Expect::AtLeast => 1.0 - 2.0 * alpha_m,
         _ => 1.0 - alpha_m,
     };
-    (verdict, stats::interval(diff, level), stats::detectable(sd, diff.n, alpha_m, 0.8), seeds_needed)
+    (verdict, stats::interval(diff, level), stats::detectable(sd, diff.n, alpha_m, 0.8), seeds_needed, power)
 }
 
 /// An across-seeds claim's verdict, its bootstrap interval at the corrected level, and no power
@@ -448,12 +519,12 @@ fn across_seeds_verdict(profiles: &[Vec<f64>], significant: bool, alpha_m: f64) 
     } else {
         Verdict::Inconclusive
     };
-    (verdict, interval, f64::NAN, None)
+    (verdict, interval, f64::NAN, None, None)
 }
 
-/// A verdict, the interval of the claim's statistic, the smallest detectable effect and the seeds
-/// the paper's effect would need.
-type Judged = (Verdict, (f64, f64), f64, Option<Option<usize>>);
+/// A verdict, the interval of the claim's statistic, the smallest detectable effect, the seeds the
+/// paper's effect would need and the power these seeds had for it.
+type Judged = (Verdict, (f64, f64), f64, Option<Option<usize>>, Option<f64>);
 
 /// The runs of one arm (`text`: `KEY=VALUE[,…]`) by seed, in seed order. An arm that names a key
 /// no run has, or a value no run has, is an error saying which and what the runs have; so is a
@@ -689,8 +760,10 @@ fn paired_partial(c: &Claim, runs: &[RunRecord]) -> Result<Partial> {
     }
     let d: Vec<f64> = pairs.iter().map(|&(_, x, y)| if log { x.ln() - y.ln() } else { x - y }).collect();
     let diff = stats::describe(&d);
-    let p = match c.expect {
-        Expect::Equivalent => stats::tost_p(&diff, c.margin.expect("checked")),
+    let p = match (c.expect, c.margin) {
+        (Expect::Equivalent, Some(mg)) => stats::tost_p(&diff, mg),
+        (Expect::AtMost, Some(mg)) => stats::p_less(&diff, mg),
+        (Expect::AtLeast, Some(mg)) => stats::p_greater(&diff, -mg),
         _ => stats::t_test_p(&diff),
     };
     let p_sign_flip = if d.len() <= 10 { stats::sign_flip_p(&d) } else { None };
@@ -731,8 +804,8 @@ pub fn evaluate(claims: &[Claim], runs: &[RunRecord]) -> Result<Vec<ClaimResult>
             let values: Vec<(f64, f64)> = pairs.iter().map(|&(_, a, b)| (a, b)).collect();
             let m = family_size[i];
             let alpha_m = claim.alpha / m as f64;
-            let (verdict, interval, detectable, seeds_needed) = match (not_computable, claim.across_seeds) {
-                (Some(why), _) => (Verdict::NotComputable(why), (f64::NAN, f64::NAN), f64::NAN, None),
+            let (verdict, interval, detectable, seeds_needed, power) = match (not_computable, claim.across_seeds) {
+                (Some(why), _) => (Verdict::NotComputable(why), (f64::NAN, f64::NAN), f64::NAN, None, None),
                 (None, Some(_)) => across_seeds_verdict(&profiles, p_holm[i] < claim.alpha, alpha_m),
                 (None, None) => paired_verdict(&claim, &diff, p_holm[i] < claim.alpha, alpha_m),
             };
@@ -749,6 +822,7 @@ pub fn evaluate(claims: &[Claim], runs: &[RunRecord]) -> Result<Vec<ClaimResult>
                 profiles,
                 family_size: m,
                 seeds_needed,
+                power,
                 verdict,
             }
         })
@@ -1123,5 +1197,49 @@ mod tests {
         assert!(e.contains("claim `x`") && e.contains("no run has name=bb"), "{e}");
         let e = check_against_plan(&[across(8)], &planned[..4]).unwrap_err().to_string();
         assert!(e.contains("2 seed(s) of a"), "{e}");
+    }
+
+    /// Every outcome of the rule on a constructed case, in the documented order: an effect shown
+    /// smaller than the margin does not hold even when significant in the paper's direction; the
+    /// paper's effect excluded when the interval lies on the near side of it; non-inferiority
+    /// (`at_most`) holds within its margin and does not hold past it; the power line beside every
+    /// verdict, "underpowered" beside a "holds" found with little power.
+    #[test]
+    fn every_outcome_of_the_rule_is_reached() {
+        // A below B by 0.01 with almost no spread: significant, but far below a 0.5 margin.
+        let tiny = arms(&[(0.99, 1.0), (1.989, 2.0), (2.9905, 3.0), (3.99, 4.0), (4.9895, 5.0)]);
+        let res = evaluate(&[claim("x", Expect::Less, Some(0.5))], &tiny).unwrap().remove(0);
+        assert!(res.p_holm < 0.05, "{}", res.p_holm);
+        assert_eq!(res.verdict, Verdict::DoesNotHold, "significant but smaller than the margin");
+        // The paper says A is lower by 5; these runs are inconclusive on the direction but exclude 5.
+        let near_zero = arms(&[(1.01, 1.0), (0.98, 1.0), (1.015, 1.0), (0.99, 1.0), (1.005, 1.0)]);
+        let mut c = claim("x", Expect::Less, None);
+        c.effect = Some(-5.0);
+        let res = evaluate(std::slice::from_ref(&c), &near_zero).unwrap().remove(0);
+        assert_eq!(res.verdict, Verdict::EffectExcluded);
+        assert!(res.interval.0 > -5.0, "{:?}", res.interval);
+        assert_eq!(res.verdict_text(), "the paper's effect excluded at this size (100 % power for the paper's effect)");
+        // Non-inferiority: A at most 0.1 above B.
+        let mut at_most = claim("x", Expect::AtMost, Some(0.1));
+        assert_eq!(evaluate(std::slice::from_ref(&at_most), &near_zero).unwrap()[0].verdict, Verdict::Holds);
+        let worse = arms(&[(1.5, 1.0), (1.6, 1.0), (1.45, 1.0), (1.55, 1.0), (1.5, 1.0)]);
+        assert_eq!(evaluate(std::slice::from_ref(&at_most), &worse).unwrap()[0].verdict, Verdict::DoesNotHold);
+        // Far better than B is not a failure of "at most" (two-sided equivalence would call it one).
+        let better = arms(&[(0.1, 1.0), (0.2, 1.0), (0.15, 1.0), (0.12, 1.0), (0.18, 1.0)]);
+        assert_eq!(evaluate(std::slice::from_ref(&at_most), &better).unwrap()[0].verdict, Verdict::Holds);
+        let mut equivalent = at_most.clone();
+        equivalent.expect = Expect::Equivalent;
+        assert_eq!(evaluate(&[equivalent], &better).unwrap()[0].verdict, Verdict::DoesNotHold);
+        at_most.margin = None;
+        assert!(check(&[at_most]).unwrap_err().to_string().contains("needs a `margin`"));
+        // A "holds" found with little power for the paper's (larger) effect says so.
+        let noisy = arms(&[(0.0, 1.0), (0.3, 1.4), (0.5, 1.0), (-0.2, 0.9), (0.1, 1.3), (0.6, 1.2)]);
+        let mut c = claim("x", Expect::Less, None);
+        c.effect = Some(-0.3);
+        let res = evaluate(&[c], &noisy).unwrap().remove(0);
+        assert_eq!(res.verdict, Verdict::Holds);
+        let power = res.power.unwrap();
+        assert!(power < 0.8, "{power}");
+        assert!(res.verdict_text().starts_with("holds (underpowered:"), "{}", res.verdict_text());
     }
 }

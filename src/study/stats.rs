@@ -148,6 +148,19 @@ pub fn detectable(sd: f64, n: usize, alpha: f64, power: f64) -> f64 {
     (t_quantile(1.0 - alpha / 2.0, n - 1) + t_quantile(power, n - 1)) * sd / (n as f64).sqrt()
 }
 
+/// The power of the two-sided paired t-test at level `alpha` to detect `effect` with `n` pairs of
+/// spread `sd`: the inverse of [`detectable`] (the same normal-shift approximation to the
+/// non-central t), `P(T_{n−1} ≤ |effect|·√n/sd − t(1 − α/2, n − 1))`; 1 without spread.
+pub fn power(sd: f64, n: usize, effect: f64, alpha: f64) -> f64 {
+    if n < 2 {
+        return f64::NAN;
+    }
+    if sd == 0.0 {
+        return 1.0;
+    }
+    t_cdf(effect.abs() * (n as f64).sqrt() / sd - t_quantile(1.0 - alpha / 2.0, n - 1), n - 1)
+}
+
 /// The fewest pairs (2 … 100,000) at which [`detectable`] reaches `effect`; `None` beyond.
 pub fn pairs_needed(sd: f64, effect: f64, alpha: f64, power: f64) -> Option<usize> {
     if sd == 0.0 {
@@ -176,6 +189,18 @@ pub fn pairs_needed(sd: f64, effect: f64, alpha: f64, power: f64) -> Option<usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The power of the test is the inverse of the detectable effect: at the effect detectable with
+    /// 80 % power, 80 %; more at a larger effect, less at a smaller one.
+    #[test]
+    fn power_inverts_the_detectable_effect() {
+        for (sd, n, alpha) in [(1.0, 5, 0.05), (0.3, 10, 0.025), (2.0, 30, 0.01)] {
+            let d = detectable(sd, n, alpha, 0.8);
+            assert!((power(sd, n, d, alpha) - 0.8).abs() < 1e-9, "{sd} {n} {alpha}");
+            assert!(power(sd, n, 2.0 * d, alpha) > 0.99 && power(sd, n, 0.3 * d, alpha) < 0.3);
+        }
+        assert_eq!(power(0.0, 3, 0.1, 0.05), 1.0);
+    }
 
     #[test]
     fn t_quantiles_match_the_tables() {
