@@ -735,17 +735,18 @@ pub struct SweepRequest {
 /// [--jobs N | --gpus all] [--slurm FILE] [--only RUN] [--dry-run]`, or `--resume DIR`.
 pub fn sweep(r: &SweepRequest) -> Result<()> {
     use crate::study::{runner, spec::SweepSpec, Manifest, MANIFEST};
-    let (spec, out, origin) = match &r.resume {
+    let (spec, out, origin, registration) = match &r.resume {
         Some(dir) => {
             let m = Manifest::read(dir).with_context(|| {
                 format!("--resume {}: not a sweep folder (it has no readable {MANIFEST})", dir.display())
             })?;
-            (m.spec, dir.clone(), dir.join(MANIFEST).display().to_string())
+            (m.spec, dir.clone(), dir.join(MANIFEST).display().to_string(), m.registration)
         }
         None => {
             // A YAML file with none of a config's sections is a sweep spec; the rest are configs.
             let mut spec = SweepSpec::default();
             let mut origin = "the sweep flags".to_string();
+            let mut spec_file = None;
             let mut configs = Vec::new();
             for p in &r.inputs {
                 if p.is_dir() {
@@ -759,6 +760,7 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
                     }
                     spec = SweepSpec::from_file(p)?;
                     origin = p.display().to_string();
+                    spec_file = Some(p.clone());
                 } else {
                     configs.push(p.clone());
                 }
@@ -771,14 +773,16 @@ pub fn sweep(r: &SweepRequest) -> Result<()> {
                 *c = std::path::absolute(&*c).with_context(|| format!("config {}", c.display()))?;
             }
             spec.out = Some(out.clone());
-            (spec, out, origin)
+            // What the runs are made under: the spec's commit and its claims' fingerprint.
+            let registration = crate::study::Registration::of(&spec, spec_file.as_deref());
+            (spec, out, origin, Some(registration))
         }
     };
     let runs = spec.plan(&origin)?;
     // Every claim must be judgeable on what the sweep plans: refused now, not after the training.
     crate::study::claims::check_against_plan(&spec.claims, &crate::study::planned_records(&runs)?)
         .with_context(|| format!("{origin}: the claims against the planned runs"))?;
-    let manifest = Manifest { spec, runs };
+    let manifest = Manifest { spec, runs, registration };
     if r.slurm.is_some() && manifest.runs.len() > runner::SLURM_MAX_ARRAY {
         bail!(
             "{origin}: {} runs, but a Slurm job array holds at most {} tasks by default (MaxArraySize); \

@@ -558,6 +558,9 @@ fn study_markdown_of(r: &crate::study::StudyReport, full: bool) -> String {
         if !r.claims.is_empty() {
             s.push('\n');
             s.push_str(&claims_markdown(&r.claims));
+            if let Some(note) = &r.registration {
+                s.push_str(&format!("\n{note}\n"));
+            }
         }
         return s;
     }
@@ -621,6 +624,9 @@ fn study_markdown_of(r: &crate::study::StudyReport, full: bool) -> String {
     if !r.claims.is_empty() {
         s.push('\n');
         s.push_str(&claims_markdown(&r.claims));
+        if let Some(note) = &r.registration {
+            s.push_str(&format!("\n{note}\n"));
+        }
     }
     s
 }
@@ -644,7 +650,8 @@ fn claim_cells(c: &crate::study::claims::ClaimResult) -> (Shown, [String; 4], [S
             format!("{} across seeds", md_cell(&cl.a)),
         ];
         let (lo, hi) = c.interval;
-        let stat = if c.diff.mean.is_finite() { format!("r̄ = {:.3} [{lo:.3}, {hi:.3}]", c.diff.mean) } else { "—".into() };
+        let stat =
+            if c.diff.mean.is_finite() { format!("r̄ = {:.3} [{lo:.3}, {hi:.3}]", c.diff.mean) } else { "—".into() };
         return (sh, head, [c.diff.n.to_string(), stat]);
     }
     let head = [
@@ -766,6 +773,9 @@ pub fn claims_markdown(claims: &[crate::study::claims::ClaimResult]) -> String {
         if let Some(d) = &c.claim.deviation {
             let _ = write!(s, " *Deviation from the paper:* {d}");
         }
+        if let Some(a) = &c.claim.amendment {
+            let _ = write!(s, " *Amended after the runs ({}):* {} — {}", a.date, a.change, a.reason);
+        }
         s.push('\n');
     }
     s
@@ -782,6 +792,12 @@ pub fn study_runs_csv(r: &crate::study::StudyReport) -> Result<String> {
         }
     }
     keys.push("seed".into());
+    // What each run was made under, where its sweep recorded it.
+    for k in ["study.claims", "study.spec_commit"] {
+        if r.runs.iter().any(|run| run.config.contains_key(k)) {
+            keys.push(k.into());
+        }
+    }
     let mut seen = std::collections::BTreeSet::new();
     keys.retain(|k| seen.insert(k.clone()));
     let mut metrics = r.metrics.clone();

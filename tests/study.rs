@@ -735,3 +735,58 @@ fn a_claim_whose_arm_matches_no_planned_run_is_refused_before_training() {
     );
     assert!(!tmp.path().join("s").exists(), "the sweep folder was created");
 }
+
+/// Pre-registration you can check: a sweep records in each run the fingerprint of the claims it
+/// was made under and the spec's commit (`study.json`); the report's runs.csv carries them; a
+/// report whose spec's claims changed since says how many runs were made under other claims.
+#[test]
+fn runs_record_the_claims_they_were_made_under_and_a_changed_claim_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = tmp.path().join("study.yaml");
+    let write_spec = |statement: &str| {
+        std::fs::write(
+            &spec,
+            format!(
+                "configs: [{}]\nseeds: [0, 1, 2]\nset: {{train.steps: 60}}\nclaims:\n  - id: c\n    statement: {statement}\n    \
+                 source: x\n    metric: final_loss\n    b_metric: min_loss\n    a: name=lnn-fig2b-none\n    \
+                 b: name=lnn-fig2b-none\n    expect: greater\n",
+                lnn_none()
+            ),
+        )
+        .unwrap()
+    };
+    write_spec("the last loss is not below the lowest");
+    let o = plexus(&["sweep", spec.to_str().unwrap(), "--out", "s", "--quiet"], tmp.path());
+    assert!(o.status.success(), "{:?}", text(&o));
+    let runs = run_dirs(&tmp.path().join("s"));
+    assert_eq!(runs.len(), 3);
+    let recorded: Vec<serde_json::Value> = runs
+        .iter()
+        .map(|r| serde_json::from_str(&std::fs::read_to_string(r.join("study.json")).unwrap()).unwrap())
+        .collect();
+    let fingerprint = recorded[0]["claims"].as_str().unwrap().to_string();
+    assert_eq!(fingerprint.len(), 8);
+    assert!(recorded.iter().all(|r| r["claims"] == fingerprint.as_str() && r["spec_commit"].is_null()), "{recorded:?}");
+    let csv = std::fs::read_to_string(tmp.path().join("s/report/runs.csv")).unwrap();
+    assert!(csv.lines().next().unwrap().contains("config:study.claims"), "{csv}");
+    assert!(csv.contains(&fingerprint), "{csv}");
+    let report = |args: &[&str]| {
+        let mut a = vec!["report"];
+        a.extend_from_slice(args);
+        let o = plexus(&a, tmp.path());
+        assert!(o.status.success(), "{:?}", text(&o));
+        text(&o).0
+    };
+    let spec_arg = spec.to_str().unwrap();
+    let md = report(&["s", "--spec", spec_arg]);
+    assert!(!md.contains("Made under other claims"), "{md}");
+    // The claim is changed after the runs: the report says so, from the runs and from runs.csv.
+    write_spec("the last loss is above the lowest");
+    for from in ["s", "s/report/runs.csv"] {
+        let md = report(&[from, "--spec", spec_arg]);
+        assert!(
+            md.contains("**Made under other claims:** 3 of the 3 runs") && md.contains(&fingerprint),
+            "{from}: {md}"
+        );
+    }
+}

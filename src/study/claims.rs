@@ -116,6 +116,30 @@ pub struct Claim {
     /// How the setting departs from the paper's, and why (shown beside the verdict).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deviation: Option<String>,
+    /// A change made to the claim after its runs, with its reason (listed with the verdict: a
+    /// pre-registered claim changed later says so on the page).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amendment: Option<Amendment>,
+}
+
+/// A change to a claim after its runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Amendment {
+    /// When (`2026-11-27`).
+    pub date: String,
+    /// What changed (`metric: time_at_goal@48000 → time_at_goal@53760`).
+    pub change: String,
+    /// Why, and what had been seen of the results when it was made.
+    pub reason: String,
+}
+
+/// The fingerprint of a study's claims as written (every field, amendments included): CRC-32C of
+/// their JSON, 8 hex digits. A sweep records it in each run it trains (`study.json`), so a report
+/// can say which runs were made under other claims.
+pub fn claims_fingerprint(claims: &[Claim]) -> String {
+    let json = serde_json::to_string(claims).expect("claims serialise");
+    format!("{:08x}", crc32c::crc32c(json.as_bytes()))
 }
 
 /// A statistic of one arm over its seeds.
@@ -861,6 +885,7 @@ mod tests {
             alpha: 0.05,
             family: "study".into(),
             deviation: None,
+            amendment: None,
         }
     }
 

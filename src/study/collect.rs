@@ -232,6 +232,18 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
         serde_yaml::from_str(&text).with_context(|| format!("parsing {}", dir.join("config.yaml").display()))?;
     let mut config = BTreeMap::new();
     flatten_yaml(&yaml, "", &mut config);
+    // What a sweep made the run under: its claims' fingerprint and the spec's commit.
+    let registration = dir.join(super::REGISTRATION_FILE);
+    if registration.is_file() {
+        let r: super::Registration = crate::input_file::read_json(&registration, "a study registration")?;
+        config.insert("study.claims".into(), r.claims);
+        let commit = match (r.spec_commit, r.spec_modified) {
+            (None, _) => "uncommitted".to_string(),
+            (Some(c), false) => c.chars().take(12).collect(),
+            (Some(c), true) => format!("{}+modified", c.chars().take(12).collect::<String>()),
+        };
+        config.insert("study.spec_commit".into(), commit);
+    }
     let json: serde_json::Value = crate::input_file::read_json(&summary, "a run summary")?;
     let mut metrics = BTreeMap::new();
     flatten_json(&json, "", &mut metrics);
@@ -460,12 +472,13 @@ pub fn curve_names(dir: &Path) -> Vec<String> {
 }
 
 /// The config keys whose values differ between `runs` (a key missing from a run counts as a
-/// value), except `seed`, `name` where configs share one, and the `log.*` keys.
+/// value), except `seed`, `name` where configs share one, the `log.*` keys and what a sweep recorded
+/// of its study (`study.*`).
 pub fn varying_keys(runs: &[RunRecord]) -> Vec<String> {
     let mut keys: Vec<String> = runs.iter().flat_map(|r| r.config.keys().cloned()).collect();
     keys.sort();
     keys.dedup();
-    keys.retain(|k| k != "seed" && !k.starts_with("log."));
+    keys.retain(|k| k != "seed" && !k.starts_with("log.") && !k.starts_with("study."));
     keys.retain(|k| runs.iter().any(|r| r.config.get(k) != runs[0].config.get(k)));
     keys
 }

@@ -26,6 +26,55 @@ pub const MANIFEST: &str = "sweep.json";
 pub struct Manifest {
     pub spec: SweepSpec,
     pub runs: Vec<PlannedRun>,
+    /// Which spec, at which commit, with which claims the sweep was started ([`Registration`]);
+    /// absent in sweeps of plexus before 2026-11-28.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registration: Option<Registration>,
+}
+
+/// What a study's runs were made under, recorded by the sweep in each run it trains
+/// (`study.json`): the spec file, the git commit that last changed it (and whether the working
+/// tree held changes to it besides), and the fingerprint of its claims
+/// ([`claims::claims_fingerprint`]). `plexus report` reads it back as the config keys
+/// `study.claims` and `study.spec_commit`, so a run made under other claims than the report's is
+/// named.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Registration {
+    pub spec: Option<PathBuf>,
+    /// `git log -1 --format=%H -- SPEC`, where the spec is in a git checkout.
+    pub spec_commit: Option<String>,
+    /// The spec file differed from that commit when the sweep started.
+    pub spec_modified: bool,
+    pub claims: String,
+}
+
+/// The file in a run directory that records its study's [`Registration`].
+pub const REGISTRATION_FILE: &str = "study.json";
+
+impl Registration {
+    /// The registration of a sweep of `spec` (the file it was read from, if any).
+    pub fn of(spec: &SweepSpec, file: Option<&Path>) -> Self {
+        let git = |args: &[&str], dir: &Path| -> Option<String> {
+            let o = std::process::Command::new("git").arg("-C").arg(dir).args(args).output().ok()?;
+            o.status.success().then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        };
+        let (commit, modified) = match file.and_then(|f| Some((f.parent()?, f.file_name()?))) {
+            Some((dir, name)) => {
+                let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+                let name = name.to_string_lossy();
+                let commit = git(&["log", "-1", "--format=%H", "--", &name], dir).filter(|c| !c.is_empty());
+                let status = git(&["status", "--porcelain", "--", &name], dir);
+                (commit.clone(), commit.is_none() || status.is_some_and(|s| !s.is_empty()))
+            }
+            None => (None, false),
+        };
+        Registration {
+            spec: file.map(Path::to_path_buf),
+            spec_commit: commit,
+            spec_modified: modified,
+            claims: claims::claims_fingerprint(&spec.claims),
+        }
+    }
 }
 
 impl Manifest {
@@ -100,6 +149,8 @@ pub struct StudyReport {
     pub missing: Vec<String>,
     /// The study's claims and their verdicts ([`claims`]).
     pub claims: Vec<claims::ClaimResult>,
+    /// Runs made under other claims than these, said in a sentence (see `registration_note`).
+    pub registration: Option<String>,
 }
 
 /// Metrics a table shows by default, in this order, when every run has them.
@@ -145,6 +196,8 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
         }
         None => (ReportSpec::default(), vec![], vec![]),
     };
+    // The fingerprint covers the spec's claims as written, those still waiting for a metric too.
+    let all_claims = claims.clone();
     let pick = |a: &Vec<String>, b: &Vec<String>| if a.is_empty() { b.clone() } else { a.clone() };
     let mut runs = Vec::new();
     let mut unfinished = Vec::new();
@@ -344,8 +397,54 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
         spec.is_some() || c.metrics().iter().all(|m| runs.iter().all(|r| claims::metric_value(r, m).is_ok()))
     });
     missing.extend(waiting.iter().map(|c| format!("{} (claim `{}`)", c.metrics().join(", "), c.id)));
+    let registration = registration_note(&all_claims, &runs);
     let claims = claims::evaluate(&claims, &runs)?;
-    Ok(StudyReport { by, metrics, log_scale, baseline, groups, runs, unfinished, curves, missing, claims })
+    Ok(StudyReport {
+        by,
+        metrics,
+        log_scale,
+        baseline,
+        groups,
+        runs,
+        unfinished,
+        curves,
+        missing,
+        claims,
+        registration,
+    })
+}
+
+/// Where runs record the claims they were made under (`study.claims`, from their sweep's
+/// `study.json`) and some differ from `claims` (the report's): a sentence naming how many, the two
+/// fingerprints and the specs' commits, for the page beside the verdicts. `None` when every run
+/// agrees, or none records it (runs of plexus before 2026-11-28, a runs.csv without the column).
+fn registration_note(claims: &[claims::Claim], runs: &[RunRecord]) -> Option<String> {
+    if claims.is_empty() {
+        return None;
+    }
+    let now = claims::claims_fingerprint(claims);
+    let recorded: Vec<&RunRecord> = runs.iter().filter(|r| r.config.contains_key("study.claims")).collect();
+    let other: Vec<&&RunRecord> = recorded.iter().filter(|r| r.config["study.claims"] != now).collect();
+    if other.is_empty() {
+        return None;
+    }
+    let mut theirs: Vec<String> = other
+        .iter()
+        .map(|r| {
+            let commit = r.config.get("study.spec_commit").map_or("?", String::as_str);
+            format!("{} (spec at {commit})", r.config["study.claims"])
+        })
+        .collect();
+    theirs.sort();
+    theirs.dedup();
+    Some(format!(
+        "**Made under other claims:** {} of the {} runs that record it were made under claims other than these \
+         (fingerprint {now}; theirs: {}): a claim was written or changed after those runs — see each claim's \
+         amendment, and read its verdict as not pre-registered for them.",
+        other.len(),
+        recorded.len(),
+        theirs.join(", ")
+    ))
 }
 
 /// Whether `metric` is an accuracy (or a drop of one), which tables and figures show in percent.

@@ -348,6 +348,13 @@ pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quie
                 if let Err(e) = write_hparams(&out.join(&r.name), r) {
                     say(format!("{}: its TensorBoard hparams were not written: {e:#}", r.name));
                 }
+                if let Some(reg) = &manifest.registration {
+                    let file = out.join(&r.name).join(super::REGISTRATION_FILE);
+                    let json = serde_json::to_string_pretty(reg).expect("a registration serialises") + "\n";
+                    if let Err(e) = crate::run_dir::atomic_write(&file, json.as_bytes()) {
+                        say(format!("{}: what it was made under was not recorded ({}): {e:#}", r.name, file.display()));
+                    }
+                }
             } else {
                 let log = logs.join(format!("{}.log", r.name));
                 let tail = match last_lines(&log, 3) {
