@@ -3,7 +3,8 @@
 Options: `init` (alpha init, below), `depth_ln` (false), `long` (true),
 `convention` (`alpha`: a_k = alpha[k-1]; `one_minus_alpha`: a_k = 1 - alpha[k-1]),
 `learnable` (true; false freezes `alpha`).
-Parameters: `topology.alpha` [L]; with depth_ln also `topology.norm_scale` [L] (init 1 + 0.05 l).
+Parameters: `topology.alpha` [L]; with depth_ln also `topology.norm_strength` [L] (init 0.05): unit l's
+pre-norm is scaled by 1 + l * norm_strength[l-1] (l = 1..L).
 Alpha init kinds: normal (mu 0.25, sigma 0.005), half_layers (mu_first 0.4 for the first ceil(L/2)
 units, mu_second 0.15 after, sigma 0.005), exp_decay (mu_start 0.25 to mu_end 0.1, geometric in
 depth, sigma 0.005), constant (value 0.25).
@@ -73,9 +74,8 @@ class Topology(nn.Module):
         self.alpha = nn.Parameter(alpha_init(where, opts["init"], L).float())
         common.freeze([self.alpha], learnable)
         if self.depth_ln:
-            self.norm_scale = nn.Parameter(
-                torch.tensor([1.0 + 0.05 * l for l in range(1, L + 1)], dtype=torch.float32)
-            )
+            # Depth-adaptive LayerNorm (H-ACN App. D, eq. 7): scale_l = 1 + l * s_l, s_l from 0.05.
+            self.norm_strength = nn.Parameter(torch.full((L,), 0.05, dtype=torch.float32))
 
     def weight(self, k):
         a = self.alpha[k]
@@ -86,7 +86,7 @@ class Topology(nn.Module):
         x = x0
         acc = x0
         for k, f in enumerate(units):
-            norm = self.norm_scale[k] if self.depth_ln else None
+            norm = 1.0 + (k + 1) * self.norm_strength[k] if self.depth_ln else None
             h = f(x, norm)
             x = h + self.weight(k) * x
             acc = acc + h

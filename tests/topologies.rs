@@ -80,6 +80,22 @@ fn topologies_that_start_as_the_residual_network_do() {
     }
 }
 
+/// With Depth-adaptive LayerNorm on both, H-ACN with a = 0 is ACN (both learn the same
+/// per-unit strengths from 0.05; on the Mixer, whose units have pre-norms); per layer too.
+#[test]
+fn hacn_with_a_equal_0_is_acn_with_depth_ln_too() {
+    for g in ["sublayer", "block"] {
+        let h = output(
+            MIXER,
+            &format!("{{kind: hacn, init: {{kind: constant, value: 0.0}}, depth_ln: true, granularity: {g}}}"),
+        );
+        let a = output(MIXER, &format!("{{kind: acn, depth_ln: true, granularity: {g}}}"));
+        assert!(max_diff(&h, &a) < REASSOC, "{g}: {:e}", max_diff(&h, &a));
+        let plain = output(MIXER, &format!("{{kind: acn, granularity: {g}}}"));
+        assert!(max_diff(&a, &plain) > 1e-4, "{g}: DepthLN changed nothing");
+    }
+}
+
 #[test]
 fn layercomb_with_acn_init_is_acn() {
     let d = max_diff(&output(MLP, "{kind: layercomb, init: acn}"), &output(MLP, "{kind: acn}"));

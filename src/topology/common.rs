@@ -175,6 +175,30 @@ pub fn parse_parameterless(
     Ok(Box::new(ParameterlessSpec { kind, label, granularity, build }))
 }
 
+/// Depth-adaptive LayerNorm (H-ACN App. D, eq. 7), of H-ACN and ACN: unit l's pre-norm scaled by
+/// `α_l = 1 + l·s_l`, with one learnable strength `s_l` per unit (`topology.norm_strength`
+/// `[L]`, initialised at 0.05). Learning `s_l`, not `α_l`: under AdamW, whose steps are about the
+/// same size for every parameter, `α_l` then moves l times as fast as `s_l`, as in the paper.
+pub struct DepthLn {
+    strength: Tensor,
+    /// `[1, 2, …, L]`.
+    depth: Tensor,
+}
+
+impl DepthLn {
+    /// The strengths of `depth` units under `vs` (`norm_strength`).
+    pub fn new(vs: &nn::Path, depth: usize) -> Self {
+        let opts = (Kind::Float, vs.device());
+        let strength = param_from(vs, "norm_strength", &Tensor::full([depth as i64], 0.05, opts), true);
+        DepthLn { strength, depth: Tensor::arange_start(1, depth as i64 + 1, opts) }
+    }
+
+    /// The pre-norm scales `α_l = 1 + l·s_l`, one 0-dim tensor per unit.
+    pub fn scales(&self) -> Vec<Tensor> {
+        (&self.depth * &self.strength + 1.0).unbind(0)
+    }
+}
+
 /// Sum of a list of same-shape tensors.
 pub fn sum(ts: &[Tensor]) -> Tensor {
     ts.iter().skip(1).fold(ts[0].shallow_clone(), |a, b| a + b)

@@ -9,8 +9,11 @@
 //!   schedules `half_layers`, `exp_decay`, `constant`; drawn from the run's seed.
 //! * `convention: alpha` (the paper, and the authors' ViT/Mixer code): `a = alpha`;
 //!   `one_minus_alpha` (the authors' GPT code): `a = 1 − alpha`, so "μ = 0.25" starts at 0.75.
-//! * `depth_ln: true` (App. D): each unit's pre-norm becomes `s_l · LN(x)` with a learnable scalar
-//!   `topology.norm_scale[l-1]` initialised to `1 + 0.05·l`; the final norm stays plain.
+//! * `depth_ln: true` (App. D, eq. 7): each unit's pre-norm becomes `α_l · LN(x)` with
+//!   `α_l = 1 + l·s_l` and a learnable strength `s_l` per unit (`topology.norm_strength[l-1]`,
+//!   initialised at 0.05: "one extra parameter per layer"); the final norm stays plain. Learning
+//!   `s_l` rather than `α_l` itself matters under AdamW, whose steps are about the same size for
+//!   every parameter: `α_l` then moves l times as fast as `s_l`, as in the paper.
 
 use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
 use crate::config::{parse_options, OptionError};
@@ -204,17 +207,14 @@ impl TopologySpec for Spec {
         let init = Tensor::from_slice(&means).to_kind(Kind::Float).to_device(dev)
             + Tensor::randn([self.depth as i64], (Kind::Float, dev)) * sigma;
         let alpha = common::param_from(vs, "alpha", &init, self.learnable);
-        let norm_scale = self.depth_ln.then(|| {
-            let s: Vec<f64> = (1..=self.depth).map(|l| 1.0 + 0.05 * l as f64).collect();
-            common::param_from(vs, "norm_scale", &Tensor::from_slice(&s).to_kind(Kind::Float).to_device(dev), true)
-        });
-        Box::new(Hacn { alpha, norm_scale, long: self.long, convention: self.convention })
+        let depth_ln = self.depth_ln.then(|| common::DepthLn::new(vs, self.depth));
+        Box::new(Hacn { alpha, depth_ln, long: self.long, convention: self.convention })
     }
 }
 
 struct Hacn {
     alpha: Tensor,
-    norm_scale: Option<Tensor>,
+    depth_ln: Option<common::DepthLn>,
     long: bool,
     convention: Convention,
 }
@@ -234,7 +234,7 @@ impl Topology for Hacn {
         // The per-unit scalars as one `unbind` each: its backward is one `stack`, where a `get(k)`
         // per unit costs a zero-filled `[L]` gradient, a copy and an accumulation per unit.
         let a = self.a().unbind(0);
-        let scales = self.norm_scale.as_ref().map(|s| s.unbind(0));
+        let scales = self.depth_ln.as_ref().map(common::DepthLn::scales);
         let mut x = x0.shallow_clone();
         let mut acc = x0.shallow_clone();
         for (k, f) in units.iter().enumerate() {
