@@ -52,6 +52,27 @@ pub struct TrainOptions {
     pub dist: Option<crate::dist::DistInfo>,
 }
 
+/// The least-squares slope of log10(loss / first loss) against the step, per 1,000 steps, over
+/// `(step, loss)` up to and including the first point at 1e-9 of the first loss (before fp32's
+/// round-off floor); `None` with fewer than 2 such points or a loss that is not positive.
+pub fn loss_rate(points: &[(f64, f64)]) -> Option<f64> {
+    let first = points.first()?.1;
+    if !(first > 0.0) {
+        return None;
+    }
+    let end = points.iter().position(|p| p.1 <= 1e-9 * first).map_or(points.len(), |i| i + 1);
+    let pts: Vec<(f64, f64)> =
+        points[..end].iter().filter(|p| p.1 > 0.0).map(|&(x, y)| (x, (y / first).log10())).collect();
+    if pts.len() < 2 {
+        return None;
+    }
+    let n = pts.len() as f64;
+    let (mx, my) = (pts.iter().map(|p| p.0).sum::<f64>() / n, pts.iter().map(|p| p.1).sum::<f64>() / n);
+    let sxx: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    (sxx > 0.0).then(|| 1000.0 * sxy / sxx)
+}
+
 /// What `summary.json` holds.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
@@ -66,6 +87,15 @@ pub struct Summary {
     /// First logged step whose loss is ≤ 1e-3 × the initial loss (a convergence-speed measure
     /// that, unlike the final loss, does not depend on where fp32 round-off stops progress).
     pub steps_to_1e3: Option<u64>,
+    /// The same at 1e-6 and 1e-9 of the initial loss: the rate question of convergence claims
+    /// asked at several depths of the descent, each before fp32's round-off floor (~1e-12 × the
+    /// initial loss of the linear-network case study).
+    pub steps_to_1e6: Option<u64>,
+    pub steps_to_1e9: Option<u64>,
+    /// The fitted linear rate: the least-squares slope of log10(loss / initial loss) against the
+    /// step, per 1,000 steps, over the logged steps up to the first at 1e-9 of the initial loss
+    /// (before the floor), or all of them (negative: decades gained per 1,000 steps).
+    pub loss_rate: Option<f64>,
     /// The last evaluation on the held-out set, if the dataset has one.
     pub eval: Option<EvalResult>,
     /// Γ = ‖a‖₂/√L at the end, for topologies with residual weights.
@@ -396,6 +426,9 @@ fn summarize(
         final_loss: *losses.last().expect("at least one row"),
         min_loss: losses.iter().cloned().fold(f64::INFINITY, f64::min),
         steps_to_1e3: rows.iter().find(|r| r.loss <= 1e-3 * rows[0].loss).map(|r| r.step),
+        steps_to_1e6: rows.iter().find(|r| r.loss <= 1e-6 * rows[0].loss).map(|r| r.step),
+        steps_to_1e9: rows.iter().find(|r| r.loss <= 1e-9 * rows[0].loss).map(|r| r.step),
+        loss_rate: loss_rate(&rows.iter().map(|r| (r.step as f64, r.loss)).collect::<Vec<_>>()),
         eval: log.evals.last().cloned(),
         gamma: rows.last().and_then(|r| r.gamma),
         num_params: model.num_params(),
@@ -434,4 +467,20 @@ fn step_seed(seed: u64, step: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     (z ^ (z >> 31)) >> 1
+}
+
+#[cfg(test)]
+mod tests {
+    /// A loss falling two decades per 1,000 steps has rate −2; the points past 1e-9 of the first
+    /// (a flat round-off floor) are left out of the fit; a loss that is not positive has none.
+    #[test]
+    fn the_loss_rate_is_the_slope_of_the_log_loss_before_the_floor() {
+        let mut pts: Vec<(f64, f64)> =
+            (0..=450).map(|k| (10.0 * k as f64, 3.0 * 10f64.powf(-0.02 * k as f64))).collect();
+        pts.extend((451..600).map(|k| (10.0 * k as f64, 3e-12)));
+        let r = super::loss_rate(&pts).unwrap();
+        assert!((r + 2.0).abs() < 1e-9, "{r}");
+        assert_eq!(super::loss_rate(&[(0.0, 0.0), (10.0, 1.0)]), None);
+        assert_eq!(super::loss_rate(&[(0.0, 1.0)]), None);
+    }
 }
