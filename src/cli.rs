@@ -307,7 +307,7 @@ pub enum Cmd {
     /// DIR/val.bin (uint16 little-endian token ids) and DIR/meta.json. Streams and encodes on
     /// several threads; the output does not depend on the thread count.
     #[command(
-        after_help = "Example:\n  plexus tokenize corpus/*.txt --out data/mycorpus --encoding gpt2   # then data: {kind: tokens, dir: mycorpus}"
+        after_help = "Example:\n  plexus tokenize corpus/*.txt --out $PLEXUS_DATA/mycorpus --encoding gpt2   # then data: {kind: tokens, dir: mycorpus}\n  (a relative dir is under the data root; an absolute --out and dir work anywhere)"
     )]
     Tokenize {
         /// Text files (UTF-8 for gpt2; any bytes for char), each once; with gpt2 each is a document.

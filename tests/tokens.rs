@@ -292,8 +292,8 @@ fn token_file_errors_say_what_is_wrong_and_where() {
     load(root, "{dir: t, seq_len: 8, vocab: 301}");
 
     std::fs::write(dir.join("meta.json"), r#"{"encoding": "gpt2", "vocab": 50257}"#).unwrap();
-    let e = load_err(root, "{dir: t, seq_len: 8, vocab: 301}");
-    assert!(e.contains("meta.json") && e.contains("50257") && e.contains("data.vocab"), "{e}");
+    let e = format!("{:?}", data::parse_at("tokens", root, &yaml("{dir: t, seq_len: 8, vocab: 301}")).unwrap_err());
+    assert!(e.contains("meta.json") && e.contains("50257") && e.contains("vocab"), "{e}");
 
     for (o, key) in [
         ("{dir: ''}", "dir"),
@@ -419,4 +419,25 @@ fn tokenize_refuses_empty_input_and_cleans_what_a_killed_run_left() {
     let err = String::from_utf8_lossy(&e.stderr);
     assert_eq!(e.status.code(), Some(1), "{err}");
     assert!(err.contains("token folder") && err.contains("in use by another plexus process"), "{err}");
+}
+
+/// The vocabulary comes from the data: a char corpus (meta.json: 256) builds a 256-way model
+/// without `vocab` in the config, a GPT-2 corpus (50,257) the padded 50,304; a config whose
+/// `vocab` the tokens' vocabulary does not fit, or that is larger than it padded (a char corpus
+/// in a 50,304-token model: 3.3 M parameters instead of 141 k), is an error naming both.
+#[test]
+fn the_vocabulary_comes_from_the_tokens_meta_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    corpus(root, "chars", &generated_text(400, 3), &opts(Tokenizer::Char, 1, 1 << 12));
+    let info = |o: &str| data::parse_at("tokens", root, &yaml(o)).map(|s| s.info().output_dim);
+    assert_eq!(info("{dir: chars, seq_len: 16}").unwrap(), 256);
+    assert_eq!(info("{dir: chars, seq_len: 16, vocab: 256}").unwrap(), 256);
+    let e = format!("{:?}", info("{dir: chars, seq_len: 16, vocab: 50304}").unwrap_err());
+    assert!(e.contains("50304") && e.contains("256") && e.contains("char"), "{e}");
+    std::fs::write(root.join("chars/meta.json"), r#"{"encoding": "gpt2", "vocab": 50257}"#).unwrap();
+    assert_eq!(info("{dir: chars, seq_len: 16}").unwrap(), 50304);
+    // No meta.json: GPT-2's padded vocabulary, as before.
+    std::fs::remove_file(root.join("chars/meta.json")).unwrap();
+    assert_eq!(info("{dir: chars, seq_len: 16}").unwrap(), 50304);
 }

@@ -24,9 +24,11 @@
 //! and the value.
 //!
 //! Options: `root`, `dir` (required; relative to the data root, e.g. `owt`), `seq_len` (default
-//! 1024), `batch_size` (default 12), `vocab` (default 50304: GPT-2's 50,257 padded to a multiple
-//! of 64, as nanoGPT does; 256 for `plexus tokenize --encoding char`), `eval_batches` (default
-//! 20), `seed`.
+//! 1024), `batch_size` (default 12), `vocab` (default: the vocabulary in the folder's `meta.json`,
+//! written by `plexus tokenize`, padded up to a multiple of 64 as nanoGPT pads GPT-2's 50,257 to
+//! 50,304 — 256 for `--encoding char`; without a `meta.json`, 50304), `eval_batches` (default 20),
+//! `seed`. A `vocab` that the tokens' vocabulary does not fit, or that is larger than it padded
+//! (a char corpus in a 50,304-token model), is an error naming both.
 
 use super::files::{rng_for, Root};
 use super::{check_ranges, Batch, DataEntry, DataInfo, DataSource, DataSpec, Task, MAX_BATCH};
@@ -58,22 +60,15 @@ struct Options {
     dir: Option<PathBuf>,
     seq_len: usize,
     batch_size: usize,
-    vocab: usize,
+    /// `None`: from `meta.json`, else [`super::text::GPT2_PADDED_VOCAB`].
+    vocab: Option<usize>,
     eval_batches: usize,
     seed: u64,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options {
-            root: None,
-            dir: None,
-            seq_len: 1024,
-            batch_size: 12,
-            vocab: super::text::GPT2_PADDED_VOCAB,
-            eval_batches: 20,
-            seed: 0,
-        }
+        Options { root: None, dir: None, seq_len: 1024, batch_size: 12, vocab: None, eval_batches: 20, seed: 0 }
     }
 }
 
@@ -83,6 +78,8 @@ struct Spec {
     /// The folder under the root holding `train.bin` and `val.bin`.
     dir: PathBuf,
     o: Options,
+    /// The model's vocabulary: `vocab`, else `meta.json`'s padded, else GPT-2's padded.
+    vocab: usize,
 }
 
 fn parse(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn DataSpec>, OptionError> {
@@ -96,15 +93,47 @@ fn parse(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn Da
         ));
     }
     check_ranges(&[("seq_len", o.seq_len, 1, 1 << 20), ("batch_size", o.batch_size, 1, MAX_BATCH)])?;
-    if !(2..=1 << 16).contains(&o.vocab) {
+    if let Some(v) = o.vocab.filter(|v| !(2..=1 << 16).contains(v)) {
         return Err(OptionError::new(
             "vocab",
-            o.vocab,
+            v,
             "an integer in 2..=65536 (uint16 token ids; 50304 for GPT-2, 256 for the char encoding)",
         ));
     }
     check_ranges(&[("eval_batches", o.eval_batches, 0, 1 << 20)])?;
-    Ok(Box::new(Spec { root: Root::new(pinned, o.root.clone()), dir, o }))
+    let root = Root::new(pinned, o.root.clone());
+    // The tokens' own vocabulary, where `plexus tokenize` recorded it: the default, and a check.
+    let meta = tokens_vocab(&root.resolve().join(&dir).join("meta.json"));
+    let vocab = match (o.vocab, &meta) {
+        (None, Some((v, _))) => padded(*v),
+        (None, None) => super::text::GPT2_PADDED_VOCAB,
+        (Some(v), Some((m, enc))) if v < *m || v > padded(*m) => {
+            return Err(OptionError::new(
+                "vocab",
+                v,
+                format!(
+                    "the vocabulary of the tokens in {}: {m} ({enc}, meta.json), padded at most to {}; leave vocab out \
+                     to take it from meta.json",
+                    dir.display(),
+                    padded(*m)
+                ),
+            ))
+        }
+        (Some(v), _) => v,
+    };
+    Ok(Box::new(Spec { root, dir, o, vocab }))
+}
+
+/// `v` rounded up to a multiple of 64 (nanoGPT's padding of GPT-2's 50,257 to 50,304).
+fn padded(v: usize) -> usize {
+    v.div_ceil(64) * 64
+}
+
+/// The vocabulary and encoding recorded in a `meta.json`, if the file is there and says.
+fn tokens_vocab(path: &Path) -> Option<(usize, String)> {
+    let meta: serde_json::Value = crate::input_file::read_json(path, "a tokens meta.json").ok()?;
+    let v = meta.get("vocab")?.as_u64()? as usize;
+    Some((v, meta.get("encoding").and_then(|e| e.as_str()).unwrap_or("unknown encoding").to_string()))
 }
 
 impl DataSpec for Spec {
@@ -112,17 +141,17 @@ impl DataSpec for Spec {
         "tokens"
     }
     fn info(&self) -> DataInfo {
-        DataInfo { input_shape: vec![self.o.seq_len], output_dim: self.o.vocab, task: Task::LanguageModel }
+        DataInfo { input_shape: vec![self.o.seq_len], output_dim: self.vocab, task: Task::LanguageModel }
     }
     fn load(&self) -> anyhow::Result<Box<dyn DataSource>> {
         let dir = self.root.resolve().join(&self.dir);
-        check_meta(&dir, self.o.vocab)?;
+        check_meta(&dir, self.vocab)?;
         let need = self.o.seq_len + 1;
-        let train = TokenFile::open(&dir.join("train.bin"), need, self.o.vocab, false)?;
+        let train = TokenFile::open(&dir.join("train.bin"), need, self.vocab, false)?;
         // The validation split is small (nanoGPT's: 0.05 %): checked whole, so evaluation never fails.
         let val = match self.o.eval_batches {
             0 => None,
-            _ => Some(TokenFile::open(&dir.join("val.bin"), need, self.o.vocab, true)?),
+            _ => Some(TokenFile::open(&dir.join("val.bin"), need, self.vocab, true)?),
         };
         Ok(Box::new(TokenSource {
             train,
