@@ -364,6 +364,21 @@ pub fn check(claims: &[Claim]) -> Result<()> {
         if c.effect.is_some_and(|e| !e.is_finite() || e == 0.0) {
             bail!("claim `{}`: effect must be a non-zero number", c.id);
         }
+        // An accuracy is a fraction in the runs' files and a percentage in the tables: a margin or
+        // effect of 2 meant as 2 points would be a 200-point one, and the claim would hold trivially.
+        if c.scale == Scale::Linear && c.metrics().iter().any(|m| super::in_percent(m)) {
+            for (what, v) in [("margin", c.margin), ("effect", c.effect)] {
+                if let Some(v) = v.filter(|v| v.abs() >= 1.0) {
+                    bail!(
+                        "claim `{}`: {what} {v} on {} — an accuracy is a fraction (0 to 1) in a claim, though the \
+                         tables print percent: did you mean {} ({v} points)?",
+                        c.id,
+                        c.metric,
+                        v / 100.0
+                    );
+                }
+            }
+        }
     }
     Ok(())
 }
@@ -1266,5 +1281,20 @@ mod tests {
         let power = res.power.unwrap();
         assert!(power < 0.8, "{power}");
         assert!(res.verdict_text().starts_with("holds (underpowered:"), "{}", res.verdict_text());
+    }
+
+    /// A margin or effect on an accuracy is a fraction: 2 (meant as 2 points) is refused with the
+    /// fraction it likely means; 0.02 passes.
+    #[test]
+    fn accuracy_margins_are_fractions() {
+        let mut c = claim("x", Expect::Greater, Some(2.0));
+        c.metric = "eval.accuracy".into();
+        let e = check(std::slice::from_ref(&c)).unwrap_err().to_string();
+        assert!(e.contains("margin 2") && e.contains("did you mean 0.02"), "{e}");
+        c.margin = Some(0.02);
+        c.effect = Some(-1.5);
+        assert!(check(std::slice::from_ref(&c)).unwrap_err().to_string().contains("effect -1.5"));
+        c.effect = Some(0.004);
+        assert!(check(&[c]).is_ok());
     }
 }
