@@ -961,9 +961,11 @@ pub fn report(
     format: &str,
     out: Option<&Path>,
 ) -> Result<()> {
-    // Where the report goes, checked before anything is read: a folder (or a new path).
+    // Where the report goes, checked before anything is read: a folder (or a new path). Without
+    // --out only the default markdown report writes `<folder>/report/`: a table printed in another
+    // format (`--format latex` for a paper) leaves the folder as it is.
     let out = out.map(Path::to_path_buf).or_else(|| match paths {
-        [one] if format != "verdicts" && one.is_dir() && !one.join("config.yaml").is_file() => Some(one.join("report")),
+        [one] if format == "md" && one.is_dir() && !one.join("config.yaml").is_file() => Some(one.join("report")),
         _ => None,
     });
     if let Some(out) = &out {

@@ -240,6 +240,10 @@ fn report_statistics_equal_a_hand_computation() {
     let (tex, _) = text(&o);
     // Accuracy in percent; the sd to two significant figures, the mean to the same place.
     assert!(tex.contains("residual & 3 & $83.0 \\pm 3.6$"), "{tex}");
+    // Printing a table in another format leaves the folder as it is; the default report writes it.
+    assert!(!tmp.path().join("runs/report").exists(), "a csv or latex table printed wrote runs/report/");
+    let o = plexus(&["report", "runs", "--metric", "eval.accuracy"], tmp.path());
+    assert!(o.status.success(), "{:?}", text(&o));
     assert!(tmp.path().join("runs/report/report.md").is_file(), "a folder of runs gets report/ written");
 
     // Bad requests name what is wrong and what exists.
