@@ -261,6 +261,15 @@ fn arm(text: &str, which: &str, claim: &str) -> Result<Vec<(String, String)>> {
         .collect()
 }
 
+/// Whether `run` belongs to one of the claim's arms (the runs whose metrics it reads: a metric
+/// that only other runs lack does not hold the claim back).
+pub fn in_an_arm(claim: &Claim, run: &RunRecord) -> bool {
+    [&claim.a, &claim.b]
+        .iter()
+        .filter(|t| !t.is_empty())
+        .any(|t| arm(t, "", &claim.id).is_ok_and(|kv| kv.iter().all(|(k, v)| run.config.get(k) == Some(v))))
+}
+
 /// The value of `metric` in `run` (see [`Claim::metric`]); `CURVE@STEP` is read from the run's
 /// curves unless the record already holds it (a report read back from its runs.csv).
 pub fn metric_value(run: &RunRecord, metric: &str) -> Result<f64> {
@@ -1296,5 +1305,14 @@ mod tests {
         assert!(check(std::slice::from_ref(&c)).unwrap_err().to_string().contains("effect -1.5"));
         c.effect = Some(0.004);
         assert!(check(&[c]).is_ok());
+    }
+
+    /// The runs a claim reads are its arms': a run of a third setting is none of them.
+    #[test]
+    fn a_claims_runs_are_those_of_its_arms() {
+        let c = claim("x", Expect::Less, None);
+        assert!(in_an_arm(&c, &run("a", 0, 1.0)) && in_an_arm(&c, &run("b", 3, 1.0)));
+        assert!(!in_an_arm(&c, &run("c", 0, 1.0)));
+        assert!(!in_an_arm(&across(8), &run("b", 0, 1.0)));
     }
 }

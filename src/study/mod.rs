@@ -394,7 +394,11 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
     // before `plexus fd`) waits, named, like the spec's metrics above; asked for with --spec, the
     // claims are the point, and a missing metric is an error.
     let (claims, waiting): (Vec<claims::Claim>, Vec<claims::Claim>) = claims.into_iter().partition(|c| {
-        spec.is_some() || c.metrics().iter().all(|m| runs.iter().all(|r| claims::metric_value(r, m).is_ok()))
+        spec.is_some()
+            || runs
+                .iter()
+                .filter(|r| claims::in_an_arm(c, r))
+                .all(|r| c.metrics().iter().all(|m| claims::metric_value(r, m).is_ok()))
     });
     missing.extend(waiting.iter().map(|c| format!("{} (claim `{}`)", c.metrics().join(", "), c.id)));
     let registration = registration_note(&all_claims, &runs);
