@@ -25,6 +25,7 @@ pub fn band_curves(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
         let (lo, hi) = ys.iter().fold((f64::MAX, f64::MIN), |(a, b), &y| (a.min(y), b.max(y)));
         let log_y = name.ends_with("loss") && lo > 0.0 && hi / lo > 20.0;
         let mut series = Vec::new();
+        let colors = group_colors(r);
         for (i, (g, band)) in r.groups.iter().zip(linear).enumerate() {
             let band = if log_y { study::band(r, g, name, true)? } else { band };
             if band.is_empty() {
@@ -41,7 +42,7 @@ pub fn band_curves(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
             series.push(Series {
                 label,
                 points: band.iter().map(|&(x, m, _, _)| (x, m)).collect(),
-                color: Some(PALETTE[i % PALETTE.len()]),
+                color: Some(colors[i]),
                 band: Some(band.iter().map(|&(_, _, lo, hi)| (lo, hi)).collect()),
             });
         }
@@ -175,6 +176,48 @@ fn profiles_figure(c: &crate::study::claims::ClaimResult, out: &Path) -> Result<
     std::fs::create_dir_all(out)?;
     let file = crate::study::claims::figure_stem(&cl.id);
     line_chart(&chart, &out.join(file))
+}
+
+/// One colour per group: where every run of a group has one topology (`topology.kind`, or an RL
+/// network's `network.topology.kind`), that topology's colour — the one `plexus plot` draws it in,
+/// lightened for a second group of the same topology — so a topology looks the same in every
+/// figure; otherwise the palette in group order.
+fn group_colors(r: &StudyReport) -> Vec<plotters::style::RGBColor> {
+    let kind_of = |g: &crate::study::GroupResult| -> Option<String> {
+        let kinds: std::collections::BTreeSet<&String> = g
+            .runs
+            .iter()
+            .filter_map(|&i| {
+                let c = &r.runs[i].config;
+                c.get("topology.kind").or_else(|| c.get("network.topology.kind"))
+            })
+            .collect();
+        match kinds.into_iter().collect::<Vec<_>>().as_slice() {
+            [one]
+                if g.runs.iter().all(|&i| {
+                    let c = &r.runs[i].config;
+                    c.contains_key("topology.kind") || c.contains_key("network.topology.kind")
+                }) =>
+            {
+                Some((*one).clone())
+            }
+            _ => None,
+        }
+    };
+    let kinds: Vec<Option<String>> = r.groups.iter().map(kind_of).collect();
+    if kinds.iter().any(Option::is_none) {
+        return (0..r.groups.len()).map(|i| PALETTE[i % PALETTE.len()]).collect();
+    }
+    let mut seen: std::collections::HashMap<&String, usize> = std::collections::HashMap::new();
+    kinds
+        .iter()
+        .map(|k| {
+            let k = k.as_ref().expect("checked");
+            let v = seen.entry(k).or_default();
+            *v += 1;
+            super::topology_color(k, *v - 1)
+        })
+        .collect()
 }
 
 /// `topology.init.mu` → `mu` in legends.
