@@ -555,7 +555,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Rl { resume: Some(run), overrides, device, quiet, .. } => {
             commands::rl_resume(&run, &with_device(overrides, device), quiet)
         }
-        Cmd::Rl { inputs, eval: true, episodes, device, .. } => commands::rl_eval(&inputs, episodes as usize, device.as_deref()),
+        Cmd::Rl { inputs, eval: true, episodes, device, .. } => {
+            commands::rl_eval(&inputs, episodes as usize, device.as_deref())
+        }
         Cmd::Rl { inputs, out, overrides, device, overwrite, plot, quiet, resume: None, .. } => {
             commands::rl_run(&inputs, out.as_deref(), &with_device(overrides, device), overwrite, plot, quiet)
         }

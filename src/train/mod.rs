@@ -57,7 +57,7 @@ pub struct TrainOptions {
 /// round-off floor); `None` with fewer than 2 such points or a loss that is not positive.
 pub fn loss_rate(points: &[(f64, f64)]) -> Option<f64> {
     let first = points.first()?.1;
-    if !(first > 0.0) {
+    if first.is_nan() || first <= 0.0 {
         return None;
     }
     let end = points.iter().position(|p| p.1 <= 1e-9 * first).map_or(points.len(), |i| i + 1);
