@@ -198,15 +198,17 @@ fn showcase_demo_trains_analyses_plots_and_its_table_matches_the_csvs() {
         let eval_acc = 100.0 * eval.last().unwrap()[2];
         assert!((acc_printed - eval_acc).abs() < 0.006, "{run}: table {acc_printed} vs eval.csv {eval_acc}");
         let exits = table(&dir.join(run).join("layerwise.csv"));
-        assert_eq!(exits.len(), 9, "8 sublayer units: exits 0..=8");
-        assert!((100.0 * exits[8][2] - eval_acc).abs() < 0.006, "{run}: full exit = final eval");
-        // At half depth: the 4-unit exit.
+        // Residual per sublayer (8 units), ACN and H-ACN per layer as the paper trains them (4).
+        let units = if run == "showcase-res" { 8 } else { 4 };
+        assert_eq!(exits.len(), units + 1, "{run}: {units} units: exits 0..={units}");
+        assert!((100.0 * exits[units][2] - eval_acc).abs() < 0.006, "{run}: full exit = final eval");
+        // At half depth: the exit after ⌊L/2⌋ units.
         let half = row.split("units:").nth(1).unwrap().split_whitespace().nth(1).unwrap();
         let half: f64 = half.trim_end_matches('%').parse().unwrap();
         assert!(
-            (half - 100.0 * exits[4][2]).abs() < 0.006,
+            (half - 100.0 * exits[units / 2][2]).abs() < 0.006,
             "{run}: half-depth {half} vs layerwise.csv {}",
-            exits[4][2]
+            exits[units / 2][2]
         );
         assert!(eval_acc > 30.0, "{run}: 60 steps on Fashion-MNIST beat chance (10%) clearly: {eval_acc}");
         for f in ["connectivity", "connectivity_grid"] {
