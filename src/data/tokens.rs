@@ -121,6 +121,8 @@ fn parse(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn Da
         }
         (Some(v), _) => v,
     };
+    // The resolved vocabulary in the options too, so that a spec shows what it builds.
+    let o = Options { vocab: Some(vocab), ..o };
     Ok(Box::new(Spec { root, dir, o, vocab }))
 }
 
