@@ -2,12 +2,14 @@
 
     python parity/run.py CASE.yaml OUT.safetensors
     python parity/run.py --out-dir DIR CASE.yaml ...   # several cases, one process
+    python parity/run.py --draw K --out-dir DIR CASE.yaml ...   # draw K: other weights and inputs
     python parity/run.py --count CASE.yaml        # prints the total number of parameters
 """
 
 import argparse
 import math
 import os
+import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -15,6 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import yaml  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import backbones  # noqa: E402
 import common  # noqa: E402
@@ -23,6 +26,12 @@ BATCH = 3
 # Parameter names redrawn as norm gains, 1 + 0.1·N(0,1) (LayerNorm `norm.weight`; LLaMA's RMSNorms
 # `input_layernorm.weight`, `post_attention_layernorm.weight`, `norm.weight`).
 NORM_GAINS = ("norm.weight", "layernorm.weight")
+# Draw K ≥ 1 (`--draw K`, `plexus parity --draws N`) seeds the case with `seed + DRAW_STRIDE·K`:
+# other weights, input and cotangent for the same model, never the seed of a case's own draw 0.
+DRAW_STRIDE = 1_000_003
+# Runs of the reference with sign-randomised rounding errors (SPEC.md "Tolerance"), per case.
+SPREAD_RUNS = 4
+COINS = 1 << 16  # the random signs one such run draws from (SignRandomisedRounding.coins)
 
 
 def load_case(path):
@@ -95,6 +104,116 @@ def forward_backward(model, x, g):
     return out, loss, grads
 
 
+_aten = torch.ops.aten
+# Operators whose float32 results are exact (copies, layout, sign, selections, fills): their error
+# against float64 is zero, so `SignRandomisedRounding` passes them by without the float64 run.
+# `_to_copy` also casts the float64 tables (RoPE, position embeddings) to float32 once: constants,
+# the same numbers on both sides.
+EXACT = {
+    _aten.neg.default, _aten.abs.default, _aten.clone.default, _aten._to_copy.default, _aten.cat.default,
+    _aten.stack.default, _aten.select_backward.default, _aten.slice_backward.default, _aten.zeros_like.default,
+    _aten.ones_like.default, _aten.zeros.default, _aten.ones.default, _aten.full.default, _aten.full_like.default,
+    _aten.empty.memory_format, _aten.empty_like.default, _aten.new_empty_strided.default, _aten.new_zeros.default,
+    _aten.new_ones.default, _aten.new_empty.default, _aten.embedding.default, _aten.index_select.default,
+    _aten.index.Tensor, _aten.gather.default, _aten.masked_fill.Scalar, _aten.masked_fill.Tensor, _aten.where.self,
+    _aten.constant_pad_nd.default, _aten.repeat.default, _aten._unsafe_view.default, _aten.arange.default,
+    _aten.arange.start, _aten.arange.start_step, _aten.tril.default, _aten.triu.default, _aten.relu.default,
+    _aten.threshold_backward.default, _aten.lift_fresh_copy.default, _aten.scalar_tensor.default,
+}
+
+
+class SignRandomisedRounding(TorchDispatchMode):
+    """Another valid float32 computation of the same function (SPEC.md "Tolerance"): every
+    operator that returns a new float32 tensor runs as usual, then once more in float64 on the
+    same (float32) inputs; each element's rounding error, err = result − float64 result, is kept
+    or reflected (the float64 result − err) with probability ½, independently. So each operator
+    errs by as much as float32 made it err — a sum's error included, whatever its length — in a
+    random direction, as another summation order or another rounding would; results that are
+    exact (copies, embeddings, negations, masks) stay exact. Views and in-place operators are left
+    as they are, and so are bf16 results: both sides round to bf16 at the same places."""
+
+    def __init__(self, seed, device):
+        super().__init__()
+        self.generator = generator = torch.Generator().manual_seed(seed)
+        # Independent fair coins, 0 (keep) or 2 (reflect: r − 2·err = float64 result − err), read
+        # from a random offset for each result (drawing them per operator costs more than the rest).
+        self.coins_buf = torch.randint(0, 2, (COINS,), generator=generator, dtype=torch.float64).mul_(2.0).to(device)
+        self.offsets = random.Random(seed)
+        self.passed = set()  # operators seen to return views or write into an argument
+
+    def coins(self, r):
+        n = r.numel()
+        if n > COINS // 2:
+            return torch.randint(0, 2, r.shape, generator=self.generator, dtype=torch.float64).mul_(2.0).to(r.device)
+        start = self.offsets.randrange(COINS - n)
+        return self.coins_buf[start:start + n].view(r.shape).to(r.device)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in EXACT or func in self.passed:
+            return out
+        if any(r.alias_info is not None for r in func._schema.returns):
+            self.passed.add(func)  # a view, or an operator that writes into one of its arguments
+            return out
+        results = list(out) if isinstance(out, (tuple, list)) else [out]
+        if not any(isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.numel() > 0 for t in results):
+            return out
+        try:
+            exact = func(*[_to64(a) for a in args], **{k: _to64(v) for k, v in kwargs.items()})
+        except (RuntimeError, TypeError):
+            return out  # no float64 version of it (mixed dtypes): left as float32 made it
+        exact = list(exact) if isinstance(exact, (tuple, list)) else [exact]
+        if len(exact) != len(results):
+            return out
+        inputs = [t for a in [*args, *kwargs.values()] for t in (a if isinstance(a, (tuple, list)) else [a])]
+        storages = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor) and t.numel() > 0}
+        with torch.no_grad():
+            for r, e in zip(results, exact):
+                if (not isinstance(r, torch.Tensor) or r.dtype != torch.float32 or r.numel() == 0
+                        or not isinstance(e, torch.Tensor) or e.shape != r.shape
+                        or r.untyped_storage().data_ptr() in storages):
+                    continue
+                r64 = r.double()
+                err = torch.nan_to_num_(r64 - e, nan=0.0, posinf=0.0, neginf=0.0)
+                r.copy_(r64.sub_(err.mul_(self.coins(r))))
+        return out
+
+
+def _to64(a):
+    """A float32 tensor (or a list of them) in float64; anything else as it is."""
+    if isinstance(a, torch.Tensor):
+        return a.double() if a.dtype == torch.float32 else a
+    if isinstance(a, (tuple, list)) and any(isinstance(t, torch.Tensor) for t in a):
+        return type(a)(_to64(t) for t in a)
+    return a
+
+
+def spread(model, x, g, seed):
+    """`SPREAD_RUNS` more runs of the reference at the case's precision, each under
+    `SignRandomisedRounding` (its coins seeded from the case's seed and the run): a list of
+    (output, loss, gradients by name), one per run."""
+    runs = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # any thread count is a valid order; one is the fastest on small tensors
+    try:
+        for k in range(SPREAD_RUNS):
+            model.zero_grad(set_to_none=True)
+            with SignRandomisedRounding(seed * SPREAD_RUNS + k, x.device):
+                out, loss, grads = forward_backward(model, x.detach().clone(), g)
+            runs.append((out.detach(), loss.detach(), {n: t.detach() for n, t in grads.items()}))
+    finally:
+        torch.set_num_threads(threads)
+    return runs
+
+
+def furthest(samples, high):
+    """The sample furthest from the float64 result (max |sample − high|), as float32: the
+    reference's worst error over its runs, measured in Rust like every other (src/parity.rs)."""
+    dist = [(s.double().cpu() - high).abs().max().item() for s in samples]
+    return samples[max(range(len(samples)), key=lambda i: dist[i])].detach().to(torch.float32).cpu().contiguous()
+
+
 def high_precision(case, model, x, g):
     """The case once more in float64, from the same parameters, input and cotangent: the model
     built at `precision: fp32` (no bf16 cast anywhere), every parameter, the input, the stream and
@@ -119,10 +238,10 @@ def high_precision(case, model, x, g):
     return f64(out), f64(loss).reshape(()), {n: f64(t) for n, t in grads.items()}
 
 
-def run(case_path, out_path):
+def run(case_path, out_path, draw=0):
     case = load_case(case_path)
     seed = case.get("seed", 0)
-    seed = common.as_int("case", "seed", seed, minimum=0)
+    seed = common.as_int("case", "seed", seed, minimum=0) + DRAW_STRIDE * draw
     model = build_model(case)
 
     torch.manual_seed(seed)
@@ -140,7 +259,10 @@ def run(case_path, out_path):
     model.to(device)
     x, g = x.to(device), g.to(device)
     out, loss, grads = forward_backward(model, x, g)
+    out, loss = out.detach(), loss.detach()
+    grads = {n: t.detach().clone() for n, t in grads.items()}
     high_out, high_loss, high_grads = high_precision(case, model, x, g)
+    runs = spread(model, x, g, seed)
 
     def f32(t):
         return t.detach().to(torch.float32).cpu().contiguous().clone()
@@ -151,15 +273,19 @@ def run(case_path, out_path):
         tensors[f"param.{name}"] = f32(params[name])
         tensors[f"grad.{name}"] = f32(grads[name])
         tensors[f"high.grad.{name}"] = high_grads[name]
+        tensors[f"spread.grad.{name}"] = furthest([r[2][name] for r in runs], high_grads[name])
     tensors["input.x"] = f32(x) if x.is_floating_point() else x.cpu().contiguous().clone()
     tensors["input.g"] = f32(g)
     tensors["output.y"] = f32(out)
     tensors["output.loss"] = f32(loss).reshape(())
     tensors["high.output.y"] = high_out
     tensors["high.output.loss"] = high_loss
+    tensors["spread.output.y"] = furthest([r[0] for r in runs], high_out)
+    tensors["spread.output.loss"] = furthest([r[1] for r in runs], high_loss).reshape(())
     if x.is_floating_point():  # no gradient for integer tokens
         tensors["grad.input"] = f32(grads["input"])
         tensors["high.grad.input"] = high_grads["input"]
+        tensors["spread.grad.input"] = furthest([r[2]["input"] for r in runs], high_grads["input"])
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     save_file(tensors, out_path)
 
@@ -198,8 +324,12 @@ def main(argv=None):
     ap.add_argument("--device-check", action="store_true",
                     help="run each case's forward and backward on the meta device (catches CPU-made tensors)")
     ap.add_argument("--out-dir", help="run every CASE.yaml given, writing OUT_DIR/<case>.safetensors")
+    ap.add_argument("--draw", type=int, default=0,
+                    help="draw K: seed each case with seed + %d·K (0: the case's own draw)" % DRAW_STRIDE)
     ap.add_argument("case", nargs="+", help="CASE.yaml [OUT.safetensors], or several cases with --out-dir")
     args = ap.parse_args(argv)
+    if args.draw < 0:
+        ap.error(f"--draw must be 0 or more, got {args.draw}")
     # `plexus parity` passes its libtorch thread count: both sides sum in the same thread layout.
     threads = os.environ.get("PLEXUS_PARITY_THREADS")
     if threads:
@@ -219,11 +349,11 @@ def main(argv=None):
             os.makedirs(args.out_dir, exist_ok=True)
             for c in cases:
                 stem = os.path.splitext(os.path.basename(c))[0]
-                run(c, os.path.join(args.out_dir, stem + ".safetensors"))
+                run(c, os.path.join(args.out_dir, stem + ".safetensors"), args.draw)
         else:
             if len(cases) != 2:
                 ap.error("expected CASE.yaml OUT.safetensors (or --out-dir DIR CASE.yaml ...)")
-            run(cases[0], cases[1])
+            run(cases[0], cases[1], args.draw)
     except common.OptionError as e:
         print(f"parity/run.py: {e}", file=sys.stderr)
         return 2

@@ -218,6 +218,14 @@ pub enum Cmd {
         /// per core). More threads than cores are allowed: the order of the sums changes with it.
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
         threads: Option<u16>,
+        /// Run every case on N random draws instead of the one it is written with: draw k (1..=N)
+        /// seeds the reference's weights, input and cotangent with the case's seed + 1000003·k.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        draws: Option<u64>,
+        /// Also write every tensor's errors here, one row per case, draw and tensor (plexus's,
+        /// the reference's run and its furthest spread run against float64, direct, bound).
+        #[arg(long, value_name = "FILE")]
+        csv: Option<PathBuf>,
     },
     /// Print the direct layer connectivity matrix C as CSV (row = source node, column = target):
     /// of the initialised model for a config, of the final checkpoint (or a saved step) for a run.
@@ -542,8 +550,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Fd { run, extractor, samples, sampling } => {
             commands::fd(&run, &extractor, samples, &sampling.options, &sampling.device)
         }
-        Cmd::Parity { only, dir, keep, device, threads } => {
-            commands::parity(&dir, only.as_deref(), keep.as_deref(), &device, threads)
+        Cmd::Parity { only, dir, keep, device, threads, draws, csv } => {
+            commands::parity(&dir, only.as_deref(), keep.as_deref(), &device, threads, draws, csv.as_deref())
         }
         Cmd::Connectivity { config_or_run, step, overrides } => {
             commands::connectivity(&config_or_run, step, &overrides)

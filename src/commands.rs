@@ -187,7 +187,17 @@ pub fn default_figure_dir(runs: &[PathBuf]) -> PathBuf {
     }
 }
 
-pub fn parity(dir: &Path, only: Option<&str>, keep: Option<&Path>, device: &str, threads: Option<u16>) -> Result<()> {
+/// `plexus parity`: every case as written, or with `draws` on draws 1..=N of each
+/// (crate::parity::DRAW_STRIDE), one line per case and draw; every tensor's errors to `csv`.
+pub fn parity(
+    dir: &Path,
+    only: Option<&str>,
+    keep: Option<&Path>,
+    device: &str,
+    threads: Option<u16>,
+    draws: Option<u64>,
+    csv: Option<&Path>,
+) -> Result<()> {
     let device = crate::device::from_flag("--device", device)?;
     if let Some(n) = threads {
         tch::set_num_threads(i32::from(n));
@@ -198,55 +208,129 @@ pub fn parity(dir: &Path, only: Option<&str>, keep: Option<&Path>, device: &str,
     }
     let tmp = tempfile::tempdir()?;
     let work = keep.unwrap_or(tmp.path());
-    eprintln!("running {} PyTorch references on {}…", cases.len(), crate::device::describe(device));
-    let results = crate::parity::run_all(dir, &cases, work, device)?;
+    let draw_list: Vec<u64> = match draws {
+        Some(n) => (1..=n).collect(),
+        None => vec![0],
+    };
     // Per case, the tensor nearest its bound: plexus's and the reference's errors against the
     // float64 run, the bound they give (crate::parity::GROWTH), and the direct plexus-reference
     // difference (bound for bf16 only).
-    println!(
-        "{:<26} {:>5} {:<40} {:>10} {:>10} {:>10} {:>6} {:>10} {:>7}  result",
-        "case", "prec", "tensor nearest its bound", "plexus", "reference", "bound", "ratio", "direct", "params"
-    );
-    let mut failed = 0;
-    for (case, r) in cases.iter().zip(results) {
-        match r {
-            Ok(r) => {
-                if !r.pass {
-                    failed += 1;
+    let mut header = true;
+    let (mut failed, mut total) = (0, 0);
+    // bf16 case-draws within the bound but past the direct tolerance, and per case how many: on
+    // several draws they fail only where most of the case's draws do (crate::parity::TOL_BF16_DIRECT).
+    let mut past_direct: Vec<(usize, u64)> = Vec::new();
+    let mut past_direct_per_case = vec![0usize; cases.len()];
+    let mut rows = String::from("case,draw,precision,tensor,plexus,reference,spread,direct,bound\n");
+    for &draw in &draw_list {
+        let (work, label) = match draws {
+            Some(_) => (work.join(format!("draw-{draw}")), format!(", draw {draw}")),
+            None => (work.to_path_buf(), String::new()),
+        };
+        eprintln!("running {} PyTorch references{label} on {}…", cases.len(), crate::device::describe(device));
+        let results = crate::parity::run_draw(dir, &cases, &work, device, draw)?;
+        if header {
+            println!(
+                "{:<26} {:>5} {:<40} {:>10} {:>10} {:>10} {:>6} {:>10} {:>7}  result",
+                "case", "prec", "tensor nearest its bound", "plexus", "reference", "bound", "ratio", "direct", "params"
+            );
+            header = false;
+        }
+        for (i, (case, r)) in cases.iter().zip(results).enumerate() {
+            total += 1;
+            let name = match draws {
+                Some(_) => format!("{}@{draw}", crate::parity::case_name(case)),
+                None => crate::parity::case_name(case),
+            };
+            match r {
+                Ok(r) => {
+                    let result = if r.pass {
+                        "pass"
+                    } else if r.within_bound && draws.is_some() {
+                        past_direct.push((i, draw));
+                        past_direct_per_case[i] += 1;
+                        "direct"
+                    } else {
+                        failed += 1;
+                        "FAIL"
+                    };
+                    for t in &r.tensors {
+                        rows += &format!(
+                            "{},{draw},{},{},{:e},{:e},{:e},{:e},{:e}\n",
+                            r.name,
+                            format!("{:?}", r.precision).to_lowercase(),
+                            t.name,
+                            t.plexus_err,
+                            t.reference_err,
+                            t.spread_err,
+                            t.direct_err,
+                            t.bound
+                        );
+                    }
+                    let w = &r.worst;
+                    let direct = match r.direct_tol {
+                        Some(tol) if r.direct_err > tol => format!("{:.2e}>{tol:.0e}", r.direct_err),
+                        _ => format!("{:.2e}", r.direct_err),
+                    };
+                    println!(
+                        "{:<26} {:>5} {:<40} {:>10.2e} {:>10.2e} {:>10.2e} {:>6.2} {:>10} {:>7}  {}",
+                        name,
+                        format!("{:?}", r.precision).to_lowercase(),
+                        w.name,
+                        w.plexus_err,
+                        w.reference_err.max(w.spread_err),
+                        w.bound,
+                        w.ratio(),
+                        direct,
+                        r.params,
+                        result
+                    );
                 }
-                let w = &r.worst;
-                let direct = match r.direct_tol {
-                    Some(tol) if r.direct_err > tol => format!("{:.2e}>{tol:.0e}", r.direct_err),
-                    _ => format!("{:.2e}", r.direct_err),
-                };
-                println!(
-                    "{:<26} {:>5} {:<40} {:>10.2e} {:>10.2e} {:>10.2e} {:>6.2} {:>10} {:>7}  {}",
-                    r.name,
-                    format!("{:?}", r.precision).to_lowercase(),
-                    w.name,
-                    w.plexus_err,
-                    w.reference_err,
-                    w.bound,
-                    w.ratio(),
-                    direct,
-                    r.params,
-                    if r.pass { "pass" } else { "FAIL" }
-                );
+                Err(e) => {
+                    failed += 1;
+                    println!("{name:<26} ERROR {e:#}");
+                }
             }
-            Err(e) => {
-                failed += 1;
-                println!("{:<26} ERROR {e:#}", crate::parity::case_name(case));
-            }
+        }
+        if let Some(path) = csv {
+            atomic_write(path, rows.as_bytes())?;
         }
     }
     println!(
-        "errors against the float64 run; a case passes when every tensor has plexus ≤ {} × reference + \
-         floor (the reference's worst error over the case), and a bf16 case also direct ≤ {:.0e} \
+        "errors against the float64 run (reference: the worst of its runs); a case passes when every \
+         tensor has plexus ≤ {} × reference + {} units of roundoff, and a bf16 case also direct ≤ {:.0e} \
          (parity/SPEC.md, Tolerance)",
         crate::parity::GROWTH,
+        crate::parity::FLOOR_ULPS,
         crate::parity::TOL_BF16_DIRECT
     );
-    println!("parity: {} passed, {failed} failed", cases.len() - failed);
+    if let Some(n) = draws {
+        println!("{} cases × {n} draws", cases.len());
+        let (mut flips, mut systematic) = (Vec::new(), Vec::new());
+        for (i, draw) in past_direct {
+            let name = format!("{}@{draw}", crate::parity::case_name(&cases[i]));
+            if crate::parity::direct_is_systematic(past_direct_per_case[i], n as usize) {
+                failed += 1;
+                systematic.push(format!("{name} ({} of {n} draws)", past_direct_per_case[i]));
+            } else {
+                flips.push(name);
+            }
+        }
+        if !systematic.is_empty() {
+            println!(
+                "FAIL: past the direct bound on most draws of their case (a cast left out?): {}",
+                systematic.join(", ")
+            );
+        }
+        if !flips.is_empty() {
+            println!(
+                "within the bound, past the direct bound on a few draws of their case (a bf16 rounding that \
+                 flipped; not failures): {}",
+                flips.join(", ")
+            );
+        }
+    }
+    println!("parity: {} passed, {failed} failed", total - failed);
     if failed > 0 {
         bail!("{failed} parity case(s) failed");
     }
