@@ -76,7 +76,9 @@ pub struct Claim {
     /// The paper and its figure or table (`ANCRe Fig. 2b`).
     pub source: String,
     /// A run metric as `plexus report` names it (`final_loss`, `best.eval.accuracy`, …), or
-    /// `CURVE@STEP` for a logged curve's value at a step (`loss@300`, `eval.accuracy@400`).
+    /// `CURVE@STEP` for a logged curve's value at a step (`loss@300`, `eval.accuracy@400`), or
+    /// `CURVE@WHEN>=V` for its value at the first logged step where the curve `WHEN` reaches `V`
+    /// (a stop rule: `gamma@eval.accuracy>=0.69`, Γ when the accuracy first reaches 69 %).
     pub metric: String,
     /// Arm B's metric where it is not `metric`: with `b` the same arm as `a`, a claim about two
     /// numbers of the same runs, such as Γ at the end against its start (`metric: gamma`,
@@ -277,7 +279,14 @@ pub fn metric_value(run: &RunRecord, metric: &str) -> Result<f64> {
         return Ok(*v);
     }
     if let Some((curve, step)) = metric.rsplit_once('@') {
-        let step: f64 = step.parse().map_err(|_| anyhow::anyhow!("metric `{metric}`: STEP must be a number"))?;
+        if let Some((when, threshold)) = step.split_once(">=") {
+            return value_at_first_reach(run, metric, curve, when, threshold);
+        }
+        let step: f64 = step.parse().map_err(|_| {
+            anyhow::anyhow!(
+                "metric `{metric}`: after `@` comes a step (loss@300) or a stop rule (gamma@eval.accuracy>=0.69)"
+            )
+        })?;
         let points = super::collect::curve(&run.dir, curve)?;
         if let Some((_, y)) = points.iter().find(|(x, _)| *x == step) {
             return Ok(*y);
@@ -294,6 +303,39 @@ pub fn metric_value(run: &RunRecord, metric: &str) -> Result<f64> {
         run.dir.display(),
         run.metrics.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
     )
+}
+
+/// `CURVE@WHEN>=V`: the value of `curve` at the first logged step where the curve `when` reaches
+/// `threshold` — the run as a stop rule would have ended it ("train until the accuracy reaches V"),
+/// since a run stopped there holds exactly the weights this run held at that step. An error
+/// (the claim is then not computable for the run) when `when` never reaches `threshold`, or
+/// `curve` is not logged at that step.
+fn value_at_first_reach(run: &RunRecord, metric: &str, curve: &str, when: &str, threshold: &str) -> Result<f64> {
+    let threshold: f64 = threshold.trim().parse().ok().filter(|t: &f64| t.is_finite()).ok_or_else(|| {
+        anyhow::anyhow!("metric `{metric}`: the stop rule's threshold `{threshold}` must be a finite number")
+    })?;
+    let stops = super::collect::curve(&run.dir, when)?;
+    if stops.is_empty() {
+        bail!("run {}: metric `{metric}`: the run logs no curve `{when}` to stop on", run.dir.display());
+    }
+    let Some(&(step, _)) = stops.iter().find(|(_, y)| *y >= threshold) else {
+        let best = stops.iter().map(|p| p.1).fold(f64::NAN, f64::max);
+        bail!(
+            "run {}: metric `{metric}`: `{when}` never reaches {threshold} (its highest: {best} at step {}); \
+             train longer or lower the threshold",
+            run.dir.display(),
+            stops.iter().find(|p| p.1 == best).map_or(f64::NAN, |p| p.0)
+        );
+    };
+    let points = super::collect::curve(&run.dir, curve)?;
+    match points.iter().find(|(x, _)| *x == step) {
+        Some((_, y)) => Ok(*y),
+        None => bail!(
+            "run {}: metric `{metric}`: `{when}` reaches {threshold} at step {step}, where `{curve}` is not logged \
+             (log both at common steps: log.eval_every a multiple of log.every)",
+            run.dir.display()
+        ),
+    }
 }
 
 /// The longest claim id (it names the claim's figure file).
@@ -1314,5 +1356,34 @@ mod tests {
         assert!(in_an_arm(&c, &run("a", 0, 1.0)) && in_an_arm(&c, &run("b", 3, 1.0)));
         assert!(!in_an_arm(&c, &run("c", 0, 1.0)));
         assert!(!in_an_arm(&across(8), &run("b", 0, 1.0)));
+    }
+
+    /// `CURVE@WHEN>=V` reads the curve where the stop rule would have ended the run: Γ at the
+    /// first evaluation whose accuracy reaches 0.6 (step 20, not the later and higher 30), and an
+    /// error naming the best value when the rule never fires or the curve is not logged there.
+    #[test]
+    fn a_stop_rule_reads_the_curve_at_the_first_step_that_reaches_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("metrics.csv"),
+            "step,loss,gamma\n0,2.3,0.25\n10,2.0,0.3\n20,1.8,0.35\n30,1.7,0.4\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("eval.csv"),
+            "step,loss,accuracy\n0,2.3,0.1\n20,1.9,0.61\n25,1.9,0.58\n30,1.8,0.7\n",
+        )
+        .unwrap();
+        let mut r = run("a", 0, 1.0);
+        r.dir = dir.path().to_path_buf();
+        assert_eq!(metric_value(&r, "gamma@eval.accuracy>=0.6").unwrap(), 0.35);
+        assert_eq!(metric_value(&r, "eval.loss@eval.accuracy>=0.7").unwrap(), 1.8);
+        let never = metric_value(&r, "gamma@eval.accuracy>=0.9").unwrap_err().to_string();
+        assert!(never.contains("never reaches 0.9") && never.contains("0.7 at step 30"), "{never}");
+        std::fs::write(dir.path().join("eval.csv"), "step,loss,accuracy\n5,2.3,0.6\n").unwrap();
+        let unlogged = metric_value(&r, "gamma@eval.accuracy>=0.6").unwrap_err().to_string();
+        assert!(unlogged.contains("at step 5") && unlogged.contains("not logged"), "{unlogged}");
+        let bad = metric_value(&r, "gamma@eval.accuracy>=x").unwrap_err().to_string();
+        assert!(bad.contains("finite number"), "{bad}");
     }
 }
