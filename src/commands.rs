@@ -1087,10 +1087,11 @@ pub fn report(
             );
         }
         // All or nothing: the tables and figures are written aside and moved in once all are.
-        let tables = ["report.md", "report.csv", "report.tex", "runs.csv"];
+        let tables = ["report.md", "report.csv", "report.tex", "runs.csv", "runs.curves.csv"];
+        let curves_csv = crate::study::curves_csv(&r)?;
         let written = crate::run_dir::write_all_or_nothing(&out, |dir| {
             let mut files = Vec::new();
-            for (name, text) in tables.iter().zip([&md, &csv, &tex, &runs_csv]) {
+            for (name, text) in tables.iter().zip([&md, &csv, &tex, &runs_csv, &curves_csv]) {
                 crate::run_dir::atomic_write(&dir.join(name), text.as_bytes())?;
                 files.push(dir.join(name));
             }

@@ -287,7 +287,7 @@ pub fn metric_value(run: &RunRecord, metric: &str) -> Result<f64> {
                 "metric `{metric}`: after `@` comes a step (loss@300) or a stop rule (gamma@eval.accuracy>=0.69)"
             )
         })?;
-        let points = super::collect::curve(&run.dir, curve)?;
+        let points = run.curve(curve)?;
         if let Some((_, y)) = points.iter().find(|(x, _)| *x == step) {
             return Ok(*y);
         }
@@ -314,7 +314,7 @@ fn value_at_first_reach(run: &RunRecord, metric: &str, curve: &str, when: &str, 
     let threshold: f64 = threshold.trim().parse().ok().filter(|t: &f64| t.is_finite()).ok_or_else(|| {
         anyhow::anyhow!("metric `{metric}`: the stop rule's threshold `{threshold}` must be a finite number")
     })?;
-    let stops = super::collect::curve(&run.dir, when)?;
+    let stops = run.curve(when)?;
     if stops.is_empty() {
         bail!("run {}: metric `{metric}`: the run logs no curve `{when}` to stop on", run.dir.display());
     }
@@ -327,7 +327,7 @@ fn value_at_first_reach(run: &RunRecord, metric: &str, curve: &str, when: &str, 
             stops.iter().find(|p| p.1 == best).map_or(f64::NAN, |p| p.0)
         );
     };
-    let points = super::collect::curve(&run.dir, curve)?;
+    let points = run.curve(curve)?;
     match points.iter().find(|(x, _)| *x == step) {
         Some((_, y)) => Ok(*y),
         None => bail!(
@@ -930,6 +930,7 @@ mod tests {
             dir: PathBuf::from(format!("{name}-seed={seed}")),
             config: BTreeMap::from([("name".into(), name.into()), ("seed".into(), seed.to_string())]),
             metrics: BTreeMap::from([("m".into(), value)]),
+            curves: BTreeMap::new(),
         }
     }
 

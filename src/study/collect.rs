@@ -23,9 +23,32 @@ pub struct RunRecord {
     /// `accuracy_drop`, the clean accuracy minus that); after
     /// `plexus fd`, `fd.fd`, `fd.real_floor` and `fd.class_agreement` (its latest measurement).
     pub metrics: BTreeMap<String, f64>,
+    /// Curves held in memory, `name → (x, y)` in order: a runs table's companion curves file
+    /// (`NAME.curves.csv` beside `NAME.csv`, see [`read_runs_tables`]). Empty for a run directory,
+    /// whose curves are read from its files ([`curve`]).
+    pub curves: BTreeMap<String, Vec<(f64, f64)>>,
 }
 
 impl RunRecord {
+    /// The curve `name` of this run (see [`curve`]): from its held curves when it was read from a
+    /// table that has them, else from its run directory's files; empty when not logged.
+    pub fn curve(&self, name: &str) -> Result<Vec<(f64, f64)>> {
+        if self.curves.is_empty() {
+            curve(&self.dir, name)
+        } else {
+            Ok(self.curves.get(name).cloned().unwrap_or_default())
+        }
+    }
+
+    /// The curves this run logs (see [`curve_names`]).
+    pub fn curve_names(&self) -> Vec<String> {
+        if self.curves.is_empty() {
+            curve_names(&self.dir)
+        } else {
+            self.curves.keys().cloned().collect()
+        }
+    }
+
     /// The run's `seed` (what pairs runs across settings), if its config has one.
     pub fn seed(&self) -> Option<u64> {
         self.config.get("seed").and_then(|s| s.parse().ok())
@@ -145,7 +168,52 @@ pub fn read_runs_tables(paths: &[&Path]) -> Result<Vec<RunRecord>> {
     if repeated > 0 {
         eprintln!("report: {repeated} row(s) repeat a run already read with the same values; each run counted once");
     }
+    for path in paths {
+        let companion = curves_table_of(path);
+        if companion.is_file() {
+            read_curves_table(&companion, &mut runs)?;
+        }
+    }
     Ok(runs)
+}
+
+/// The curves table that goes with a runs table: `NAME.curves.csv` beside `NAME.csv` (a report
+/// folder's `runs.csv` has `runs.curves.csv`).
+pub fn curves_table_of(runs_csv: &Path) -> PathBuf {
+    let stem = runs_csv.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    runs_csv.with_file_name(format!("{stem}.curves.csv"))
+}
+
+/// Reads a curves table (`run,curve,x,y`, one row per logged point, in order) into the runs it
+/// names; a run the runs tables do not have, or a number that is not one, is an error naming the
+/// row.
+fn read_curves_table(path: &Path, runs: &mut [RunRecord]) -> Result<()> {
+    let bytes = crate::input_file::read_bounded(path, crate::input_file::MAX_RECORD_BYTES, "a report's curves table")?;
+    let mut r = csv::ReaderBuilder::new().flexible(false).from_reader(bytes.as_slice());
+    let head: Vec<String> =
+        r.headers().with_context(|| format!("reading {}", path.display()))?.iter().map(String::from).collect();
+    if head != ["run", "curve", "x", "y"] {
+        bail!(
+            "{}: not a curves table (its columns must be run, curve, x, y; it has {})",
+            path.display(),
+            head.join(", ")
+        );
+    }
+    for (line, rec) in r.records().enumerate() {
+        let row = line + 2;
+        let rec = rec.with_context(|| format!("{}: row {row}", path.display()))?;
+        let Some(run) = runs.iter_mut().find(|run| run.dir.as_os_str() == &rec[0]) else {
+            bail!("{}: row {row} names run `{}`, which the runs table does not list", path.display(), &rec[0]);
+        };
+        let number = |i: usize| -> Result<f64> {
+            rec[i].parse::<f64>().ok().filter(|v| !v.is_nan()).ok_or_else(|| {
+                anyhow::anyhow!("{}: row {row}, column {}: `{}` is not a number", path.display(), head[i], &rec[i])
+            })
+        };
+        let point = (number(2)?, number(3)?);
+        run.curves.entry(rec[1].to_string()).or_default().push(point);
+    }
+    Ok(())
 }
 
 /// One runs.csv's rows as `(row number, run)` (see [`read_runs_csv`]).
@@ -174,7 +242,12 @@ fn read_one_runs_csv(path: &Path) -> Result<Vec<(usize, RunRecord)>> {
         if rec[0].trim().is_empty() {
             bail!("{}: row {row} has no run name (column `run`)", path.display());
         }
-        let mut run = RunRecord { dir: PathBuf::from(&rec[0]), config: BTreeMap::new(), metrics: BTreeMap::new() };
+        let mut run = RunRecord {
+            dir: PathBuf::from(&rec[0]),
+            config: BTreeMap::new(),
+            metrics: BTreeMap::new(),
+            curves: BTreeMap::new(),
+        };
         for (col, value) in head.iter().zip(rec.iter()).skip(1) {
             let shown = || -> String {
                 let v: String = value.chars().take(24).collect();
@@ -342,7 +415,7 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
         }
         metrics.extend(flat);
     }
-    Ok(Some(RunRecord { dir: dir.to_path_buf(), config, metrics }))
+    Ok(Some(RunRecord { dir: dir.to_path_buf(), config, metrics, curves: BTreeMap::new() }))
 }
 
 /// A config's YAML as a report keys it: every scalar as `section.key` (lists as `key[i]`), as text.

@@ -102,6 +102,7 @@ pub fn planned_records(runs: &[PlannedRun]) -> Result<Vec<RunRecord>> {
                 dir: PathBuf::from(&run.name),
                 config: collect::flatten_config(&yaml)?,
                 metrics: Default::default(),
+                curves: Default::default(),
             })
         })
         .collect()
@@ -302,8 +303,8 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
     let mut curves = pick(&opts.curves, &from_sweep.curves);
     // A curve asked for by name must be logged by some run; else nothing would be drawn.
     for c in &opts.curves {
-        if !runs.iter().any(|r| collect::curve(&r.dir, c).is_ok_and(|p| !p.is_empty())) {
-            let logged = collect::curve_names(&runs[0].dir);
+        if !runs.iter().any(|r| r.curve(c).is_ok_and(|p| !p.is_empty())) {
+            let logged = runs[0].curve_names();
             bail!(
                 "--curves {c}: no run logs this curve; {} logs {}",
                 runs[0].dir.display(),
@@ -314,12 +315,12 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
     if curves.is_empty() {
         curves = ["loss", "gamma", "success"]
             .into_iter()
-            .filter(|c| runs.iter().all(|r| collect::curve(&r.dir, c).is_ok_and(|p| !p.is_empty())))
+            .filter(|c| runs.iter().all(|r| r.curve(c).is_ok_and(|p| !p.is_empty())))
             .map(String::from)
             .collect();
     }
-    if from_tables {
-        // Runs read back from runs.csv have no curves to draw.
+    if from_tables && runs.iter().any(|r| r.curves.is_empty()) {
+        // Runs read back from a runs.csv without its curves table have no curves to draw.
         curves.clear();
     }
     // Positive metrics that span two decades or more over the runs (losses near round-off, say)
@@ -451,6 +452,23 @@ fn registration_note(claims: &[claims::Claim], runs: &[RunRecord]) -> Option<Str
     ))
 }
 
+/// The report's curves, every run's logged points, as a table `run,curve,x,y` (runs named as in
+/// runs.csv): written beside runs.csv as `runs.curves.csv`, so that a report recomputed from the
+/// tables (`plexus report runs.csv --spec …`) draws the same curves as the runs did.
+pub fn curves_csv(r: &StudyReport) -> Result<String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record(["run", "curve", "x", "y"])?;
+    for run in &r.runs {
+        let name = run.dir.file_name().map_or(run.dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        for c in &r.curves {
+            for (x, y) in run.curve(c)? {
+                w.write_record([name.clone(), c.clone(), x.to_string(), y.to_string()])?;
+            }
+        }
+    }
+    Ok(String::from_utf8(w.into_inner()?)?)
+}
+
 /// Whether `metric` is an accuracy (or a drop of one), which tables and figures show in percent.
 pub fn in_percent(metric: &str) -> bool {
     metric.ends_with("accuracy") || metric.ends_with("accuracy_drop")
@@ -467,7 +485,7 @@ pub fn band(report: &StudyReport, group: &GroupResult, name: &str, log: bool) ->
     let curves: Vec<std::collections::BTreeMap<i64, f64>> = group
         .runs
         .iter()
-        .map(|&i| Ok(collect::curve(&report.runs[i].dir, name)?.into_iter().map(|(x, y)| (key(x), y)).collect()))
+        .map(|&i| Ok(report.runs[i].curve(name)?.into_iter().map(|(x, y)| (key(x), y)).collect()))
         .collect::<Result<_>>()?;
     if curves.iter().any(|c| c.is_empty()) {
         return Ok(vec![]);
