@@ -184,7 +184,16 @@ impl DataSpec for Spec {
             bail!("CIFAR-10 under {}: no training images of the classes asked for", root.display());
         }
         let transform = InputTransform::Identity; // applied by CifarSource::input_transform
-        let inner = InMemory { x, y, eval: (ex, ey), batch: self.batch_size.min(n), seed: self.seed, transform };
+                                                  // Not recorded for resolved.yaml yet: a reader would need the files' format and the class remap.
+        let inner = InMemory {
+            x,
+            y,
+            eval: (ex, ey),
+            batch: self.batch_size.min(n),
+            seed: self.seed,
+            transform,
+            eval_rows: None,
+        };
         Ok(Box::new(CifarSource { inner, normalize: self.normalize, augment: self.augment, seed: self.seed }))
     }
 }

@@ -101,6 +101,21 @@ pub fn capped_indices(n: usize, cap: Option<usize>, seed: u64, tag: u64) -> Vec<
     }
 }
 
+/// `path` as a run's `resolved.yaml` names a data file: absolute (links resolved where it can
+/// be), so that a reader in another folder finds it.
+pub fn absolute(path: &Path) -> String {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()).display().to_string()
+}
+
+/// The rows a capped split keeps, for a run's `resolved.yaml`: `all` (every row, in file order)
+/// or the list of their indices in the file, in the order they are used.
+pub fn rows_yaml(rows: Option<Vec<i64>>) -> serde_yaml::Value {
+    match rows {
+        None => "all".into(),
+        Some(r) => r.into_iter().map(serde_yaml::Value::from).collect(),
+    }
+}
+
 /// The cache directory for datasets under `root` (see the module docs). Creates it.
 ///
 /// A data root whose permissions say read-only (no write bit; e.g. a shared, read-only dataset

@@ -106,20 +106,29 @@ impl DataSpec for Spec {
             let chosen: Vec<i64> = capped_indices(n, cap, self.seed, tag).into_iter().map(|i| i as i64).collect();
             let x = Tensor::from_slice(&s.pixels).reshape([n as i64, 1, SIDE as i64, SIDE as i64]);
             let y = Tensor::from_slice(&s.labels).to_kind(Kind::Int64);
-            let (x, y) = if chosen.len() == n {
+            let all = chosen.len() == n;
+            let (x, y) = if all {
                 (x, y)
             } else {
                 let sel = Tensor::from_slice(&chosen);
                 (x.index_select(0, &sel), y.index_select(0, &sel))
             };
-            (x, y)
+            (x, y, (!all).then_some(chosen))
         };
-        let (x, y) = tensors(train, self.train_samples, 1);
-        let eval = tensors(test, self.eval_samples, 2);
+        let (x, y, _) = tensors(train, self.train_samples, 1);
+        let (ex, ey, rows) = tensors(test, self.eval_samples, 2);
         let n = y.size()[0] as usize;
         // Pixels stay uint8 until they are on the device (see `InputTransform`).
         let transform = InputTransform::Pixels { mean: vec![mean], std: vec![std] };
-        Ok(Box::new(InMemory { x, y, eval, batch: self.batch_size.min(n), seed: self.seed, transform }))
+        let mut record = serde_yaml::Mapping::new();
+        record.insert("kind".into(), "idx".into());
+        for (key, stem) in [("images", "t10k-images-idx3-ubyte"), ("labels", "t10k-labels-idx1-ubyte")] {
+            record.insert(key.into(), super::files::absolute(&find(&dir, stem, &self.dataset)?).into());
+        }
+        record.insert("rows".into(), super::files::rows_yaml(rows));
+        let eval_rows = Some(record);
+        let eval = (ex, ey);
+        Ok(Box::new(InMemory { x, y, eval, batch: self.batch_size.min(n), seed: self.seed, transform, eval_rows }))
     }
 }
 

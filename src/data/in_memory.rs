@@ -19,6 +19,9 @@ pub struct InMemory {
     pub seed: u64,
     /// Raw input → model input, on the device.
     pub transform: InputTransform,
+    /// The held-out rows as the dataset's files number them ([`DataSource::eval_record`], less the
+    /// batch size, which is added here); `None` where they are not recorded.
+    pub eval_rows: Option<serde_yaml::Mapping>,
 }
 
 /// The permutation of `n` samples for `epoch`, a pure function of `(seed, epoch)`.
@@ -45,6 +48,11 @@ impl DataSource for InMemory {
     }
     fn input_transform(&self) -> InputTransform {
         self.transform.clone()
+    }
+    fn eval_record(&self) -> Option<serde_yaml::Mapping> {
+        let mut m = self.eval_rows.clone()?;
+        m.insert("batch_size".into(), (self.batch as u64).into());
+        Some(m)
     }
     fn make_resident(&mut self, device: Device) -> bool {
         let to = |t: &Tensor| t.to_device(device);

@@ -167,6 +167,7 @@ impl DataSpec for Spec {
             batch: self.o.batch_size.min(n),
             seed: self.o.seed,
             transform: InputTransform::Identity,
+            eval_rows: None,
         }))
     }
 }

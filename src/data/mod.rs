@@ -111,6 +111,26 @@ impl InputTransform {
     }
 }
 
+impl InputTransform {
+    /// The transform as a run's `resolved.yaml` records it: `{kind: identity}`, or `{kind: pixels,
+    /// mean, std}` (model input = `(x/255 − mean) / std` in fp32, one value for all channels or one
+    /// per channel; a per-channel mean and sd are rounded to fp32 before use, as [`Self::on`] does).
+    pub fn to_yaml(&self) -> serde_yaml::Value {
+        let mut m = serde_yaml::Mapping::new();
+        match self {
+            InputTransform::Identity => {
+                m.insert("kind".into(), "identity".into());
+            }
+            InputTransform::Pixels { mean, std } => {
+                m.insert("kind".into(), "pixels".into());
+                m.insert("mean".into(), mean.iter().map(|v| serde_yaml::Value::from(*v)).collect());
+                m.insert("std".into(), std.iter().map(|v| serde_yaml::Value::from(*v)).collect());
+            }
+        }
+        serde_yaml::Value::Mapping(m)
+    }
+}
+
 /// An [`InputTransform`] ready on a device.
 pub enum DeviceTransform {
     Identity,
@@ -153,6 +173,12 @@ pub trait DataSource: Send {
     /// What turns a raw input into the model input, on the device.
     fn input_transform(&self) -> InputTransform {
         InputTransform::Identity
+    }
+    /// The held-out set as a reader outside plexus rebuilds it from the dataset's files, for a
+    /// run's `resolved.yaml`: the files, the rows (or windows) in the order they are evaluated, and
+    /// the batch size. `None` (the default) where the dataset does not record it (generated data).
+    fn eval_record(&self) -> Option<serde_yaml::Mapping> {
+        None
     }
     /// Moves the whole dataset to `device` so that batches are gathered there and nothing crosses
     /// the bus during training; returns whether it did (in-memory datasets without host-side

@@ -233,6 +233,7 @@ impl DataSpec for ImageSpec {
             batch: o.batch_size.min(o.samples),
             seed: o.seed,
             transform: InputTransform::Identity,
+            eval_rows: None,
         }))
     }
 }

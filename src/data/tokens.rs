@@ -369,15 +369,39 @@ impl DataSource for TokenSource {
     }
     fn eval_batches(&self) -> Vec<Batch> {
         let Some(val) = &self.val else { return Vec::new() };
+        self.eval_starts()
+            .chunks(self.batch)
+            .enumerate()
+            .map(|(b, starts)| {
+                // In memory and checked whole at open: cannot fail.
+                val.windows(starts, self.seq_len).unwrap_or_else(|e| panic!("tokens evaluation batch {b}: {e:#}"))
+            })
+            .collect()
+    }
+    /// `{kind: tokens, file: …/val.bin, seq_len, batch_size, starts}`: window `i` is the tokens
+    /// `starts[i] .. starts[i] + seq_len` (input) and one further on (target); batches of
+    /// `batch_size` consecutive windows.
+    fn eval_record(&self) -> Option<serde_yaml::Mapping> {
+        let val = self.val.as_ref()?;
+        let mut m = serde_yaml::Mapping::new();
+        m.insert("kind".into(), "tokens".into());
+        m.insert("file".into(), super::files::absolute(&val.path).into());
+        m.insert("seq_len".into(), (self.seq_len as u64).into());
+        m.insert("batch_size".into(), (self.batch as u64).into());
+        m.insert("starts".into(), self.eval_starts().into_iter().map(|s| serde_yaml::Value::from(s as u64)).collect());
+        Some(m)
+    }
+}
+
+impl TokenSource {
+    /// The starts of the `eval_batches · batch` held-out windows in val.bin: spread evenly from its
+    /// first token to its last full window, the same at every evaluation.
+    fn eval_starts(&self) -> Vec<usize> {
+        let Some(val) = &self.val else { return Vec::new() };
         let windows = self.eval_batches * self.batch;
         let last = (val.len() - self.seq_len - 1) as u128;
-        let start = |i: usize| if windows == 1 { 0 } else { (i as u128 * last / (windows as u128 - 1)) as usize };
-        (0..self.eval_batches)
-            .map(|b| {
-                let starts: Vec<usize> = (b * self.batch..(b + 1) * self.batch).map(start).collect();
-                // In memory and checked whole at open: cannot fail.
-                val.windows(&starts, self.seq_len).unwrap_or_else(|e| panic!("tokens evaluation batch {b}: {e:#}"))
-            })
+        (0..windows)
+            .map(|i| if windows == 1 { 0 } else { (i as u128 * last / (windows as u128 - 1)) as usize })
             .collect()
     }
 }

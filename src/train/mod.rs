@@ -12,6 +12,7 @@ pub mod divergence;
 pub mod eval;
 pub mod lifecycle;
 pub mod optim;
+pub mod resolved;
 pub mod run_log;
 pub mod schedule;
 pub mod step;
@@ -146,6 +147,10 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     // One writer per run directory, until this function returns (or the process dies).
     let mut run = lifecycle::open(dir, &config_yaml, opts.resume, opts.overwrite, &RESUME_POLICY, main)?;
     let resumed = resume(exp, dir, &mut run, &mut t, dev, main)?;
+    if main {
+        let text = resolved::resolved_yaml(exp, &setup.transform, setup.eval_record.take())?;
+        crate::run_dir::atomic_write(&dir.path.join(resolved::RESOLVED_FILE), text.as_bytes())?;
+    }
     let (start, steps) = (resumed.start, tc.steps);
     join_and_capture(exp, &mut t, opts, dev, main)?;
     let mut batches = setup.batches(start * tc.accumulation);
@@ -222,6 +227,8 @@ struct Setup {
     /// Taken by the batch prefetcher when training starts.
     data: Option<Box<dyn crate::data::DataSource>>,
     transform: crate::data::InputTransform,
+    /// The held-out set as the data's files number it, for `resolved.yaml`.
+    eval_record: Option<serde_yaml::Mapping>,
     eval_set: EvalSet,
     per_epoch: u64,
     recorder: Recorder,
@@ -244,6 +251,7 @@ impl Setup {
         let mut data = exp.data.load()?;
         let transform = data.input_transform();
         let eval_set = EvalSet::new(data.eval_batches(), &transform, dev);
+        let eval_record = data.eval_record();
         data.make_resident(dev);
         let per_epoch = data.batches_per_epoch().max(1);
         // The batch the connectivity of input-dependent topologies is averaged over.
@@ -259,7 +267,7 @@ impl Setup {
                 cfg.name
             );
         }
-        Ok(Setup { dev, data: Some(data), transform, eval_set, per_epoch, recorder, place: (rank, world) })
+        Ok(Setup { dev, data: Some(data), transform, eval_record, eval_set, per_epoch, recorder, place: (rank, world) })
     }
 
     /// The training batches from the `index`-th on (batches are addressed by index over the run),

@@ -1,0 +1,138 @@
+//! A run is self-describing: its `resolved.yaml` holds every value plexus derived (shapes,
+//! vocabulary, normalisation, the held-out rows or windows), and `parity/load.py` builds the
+//! PyTorch model from the run's own files, loads its weights and evaluates it to plexus' eval loss
+//! within the error model of parity/load.py's docstring (SPEC.md's bound on one number):
+//! e(plexus, float64) ≤ 8·r + 4·2⁻²⁴, r the worst of PyTorch's float32 evaluation and 4
+//! sign-randomised ones. Accuracies may differ only by near-ties of the two largest logits.
+
+use plexus::experiment::Experiment;
+use plexus::run_dir::RunDir;
+use plexus::train::{self, TrainOptions};
+use std::path::{Path, PathBuf};
+
+/// Trains `config` (YAML text) into `dir`.
+fn train_yaml(config: &str, dir: &Path) -> train::Summary {
+    let exp = Experiment::from_str(config, "<tests/load.rs>", &[]).unwrap_or_else(|e| panic!("{e}"));
+    train::train(&exp, &RunDir::create(dir).unwrap(), &TrainOptions::default()).unwrap()
+}
+
+/// `python parity/load.py RUN --eval --bound`, as JSON.
+fn bound(run: &Path) -> serde_json::Value {
+    let out = std::process::Command::new(plexus::parity::python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("parity/load.py"))
+        .arg(run)
+        .args(["--eval", "--bound"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "parity/load.py failed: {stderr}");
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// The error model's checks on `load.py --bound`'s answer for a run whose summary is `s`.
+fn check_bound(b: &serde_json::Value, s: &train::Summary) {
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or_else(|| panic!("not a number: {v} in {b}"));
+    let eval = s.eval.as_ref().expect("the run evaluated");
+    // load.py reads plexus' numbers from the run's summary.json: the ones this run returned (to the
+    // last bit or two: serde_json's float parser may round the last digit the other way).
+    assert!((f(&b["plexus"]["loss"]) - eval.loss).abs() <= 4.0 * f64::EPSILON * eval.loss.abs(), "{b}");
+    let (err, bound) = (f(&b["plexus_err"]), f(&b["bound"]));
+    println!("plexus eval loss {} vs PyTorch float64 {}: error {err:.2e}, bound {bound:.2e}", eval.loss, b["high"]);
+    assert!(err <= bound, "plexus' eval loss is off PyTorch's by {err:.3e}, past the bound {bound:.3e}: {b}");
+    // PyTorch's own float32 evaluation is a valid one too: within the same bound of plexus'.
+    let torch = f(&b["pytorch"]["loss"]);
+    assert!((torch - eval.loss).abs() / eval.loss.abs().max(1.0) <= 2.0 * bound, "{b}");
+    let samples = f(&b["pytorch"]["samples"]);
+    let flips = (f(&b["pytorch"]["accuracy"]) - eval.accuracy.unwrap()).abs() * samples;
+    assert!(flips.round() <= f(&b["near_ties"]), "accuracies differ by {flips} samples: {b}");
+}
+
+fn resolved(run: &Path) -> serde_yaml::Value {
+    serde_yaml::from_str(&std::fs::read_to_string(run.join("resolved.yaml")).unwrap()).unwrap()
+}
+
+/// Text of `n` pseudo-random words (deterministic).
+fn words(n: usize) -> String {
+    const W: [&str; 12] =
+        ["the", "river", "ran", "past", "old", "stone", "houses", "and", "boats", "drift", "to", "sea"];
+    let mut x: u64 = 7;
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            W[((x >> 33) % 12) as usize]
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A char-level corpus trains with the vocabulary `plexus tokenize` recorded (256, nowhere in the
+/// config), and the run loads into PyTorch from its own files and evaluates to plexus' loss.
+#[test]
+fn a_char_corpus_run_loads_into_pytorch_and_evaluates_to_plexus_loss() {
+    use plexus::data::{
+        text::Tokenizer,
+        tokenize::{tokenize, TokenizeOptions},
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let text = tmp.path().join("corpus.txt");
+    std::fs::write(&text, words(3000)).unwrap();
+    let o = TokenizeOptions {
+        encoding: Tokenizer::Char,
+        val_fraction: 0.1,
+        threads: 1,
+        chunk_bytes: 1 << 12,
+        progress: false,
+    };
+    tokenize(&[text], &tmp.path().join("chars"), &o).unwrap();
+    let config = format!(
+        "name: load-chars\nseed: 3\ndevice: cpu\nmodel: {{kind: llama, width: 32, depth: 2, heads: 2, hidden: 64}}\n\
+         topology: {{kind: residual}}\ndata: {{kind: tokens, dir: {}, seq_len: 16, batch_size: 4, eval_batches: 2}}\n\
+         train: {{optimizer: adamw, lr: 2.0e-3, steps: 20}}\nlog: {{every: 10, eval_every: 20}}\n",
+        tmp.path().join("chars").display()
+    );
+    let run = tmp.path().join("run");
+    let s = train_yaml(&config, &run);
+    let r = resolved(&run);
+    assert_eq!(r["model"]["vocab_size"].as_u64(), Some(256), "the vocabulary of meta.json, padded: 256");
+    assert_eq!(r["model"]["seq_len"].as_u64(), Some(16));
+    assert_eq!(r["data"]["eval"]["starts"].as_sequence().map(Vec::len), Some(8), "2 batches of 4 windows");
+    check_bound(&bound(&run), &s);
+}
+
+/// The data root holding Fashion-MNIST: `$PLEXUS_DATA`, else `../shared/data` (tests/data.rs).
+fn fashion_mnist_root() -> PathBuf {
+    let dir = match std::env::var_os(plexus::data::DATA_ENV) {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data"),
+    };
+    assert!(dir.join("fashion-mnist").is_dir(), "no fashion-mnist/ under {} (set PLEXUS_DATA)", dir.display());
+    dir
+}
+
+/// A Fashion-MNIST run with `eval_samples` (a subset plexus draws with its own generator): the
+/// rows, the normalisation statistics and the shapes are in resolved.yaml, and PyTorch evaluates
+/// the run to plexus' loss from them.
+#[test]
+#[ignore = "needs real data: fashion-mnist"]
+fn a_fashion_mnist_run_with_eval_samples_loads_into_pytorch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = format!(
+        "name: load-fmnist\nseed: 1\ndevice: cpu\nmodel: {{kind: mixer, patch: 7, width: 32, token_hidden: 16, \
+         channel_hidden: 64, depth: 2}}\ntopology: {{kind: hacn, granularity: block}}\ndata: {{kind: mnist, root: {}, \
+         batch_size: 64, train_samples: 1000, eval_samples: 100}}\ntrain: {{optimizer: adamw, lr: 2.0e-3, steps: 15}}\n\
+         log: {{every: 5, eval_every: 15}}\n",
+        fashion_mnist_root().display()
+    );
+    let run = tmp.path().join("run");
+    let s = train_yaml(&config, &run);
+    let r = resolved(&run);
+    assert_eq!((r["model"]["image_size"].as_u64(), r["model"]["channels"].as_u64()), (Some(28), Some(1)));
+    assert_eq!(r["model"]["num_classes"].as_u64(), Some(10));
+    let rows = r["data"]["eval"]["rows"].as_sequence().unwrap();
+    assert_eq!(rows.len(), 100);
+    assert!(rows.windows(2).all(|w| w[0].as_u64() < w[1].as_u64()) && rows.last().unwrap().as_u64() < Some(10_000));
+    // Fashion-MNIST's training-set statistics (Xiao et al. give 0.2860 and 0.3530).
+    let (mean, sd) = (&r["data"]["transform"]["mean"][0], &r["data"]["transform"]["std"][0]);
+    assert!((mean.as_f64().unwrap() - 0.2860).abs() < 1e-4 && (sd.as_f64().unwrap() - 0.3530).abs() < 1e-4, "{r:?}");
+    check_bound(&bound(&run), &s);
+}
