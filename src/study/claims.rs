@@ -104,11 +104,12 @@ pub struct Claim {
     /// For `equivalent`: the largest |Δ| that counts as equal (required). For a direction: the
     /// smallest |Δ| that would matter (optional; an effect shown smaller is "does not hold").
     /// In the metric's unit, or in ln units on `scale: log`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// On an accuracy, a fraction (0.005, half a point) or percentage points written `0.5 pp`.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "fraction_or_points")]
     pub margin: Option<f64>,
     /// The effect the paper reports (Δ in the metric's unit, or ln A/B on `scale: log`), for the
     /// power line: the seeds it would need here.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "fraction_or_points")]
     pub effect: Option<f64>,
     #[serde(default = "default_alpha")]
     pub alpha: f64,
@@ -134,6 +135,71 @@ pub struct Amendment {
     pub change: String,
     /// Why, and what had been seen of the results when it was made.
     pub reason: String,
+}
+
+/// A margin or effect: a number, or percentage points written `N pp` (read as N / 100, the
+/// fraction an accuracy is in the runs' files); a claim's fingerprint holds the number either way.
+fn fraction_or_points<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<f64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Written {
+        Number(f64),
+        Text(String),
+    }
+    match Written::deserialize(d)? {
+        Written::Number(v) => Ok(Some(v)),
+        Written::Text(t) => points(&t).map(Some).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "`{t}` is neither a number nor percentage points (`0.5 pp`: half a point of an accuracy)"
+            ))
+        }),
+    }
+}
+
+/// `N pp` as a fraction (N / 100); `None` for anything else.
+fn points(text: &str) -> Option<f64> {
+    let n: f64 = text.trim().strip_suffix("pp")?.trim().parse().ok()?;
+    n.is_finite().then_some(n / 100.0)
+}
+
+/// The largest bare number a margin or effect on an accuracy may be (20 points as a fraction):
+/// above it the number was more likely meant in points (`margin: 0.5` for half a point is 50
+/// points), and is refused unless written with its unit (`50 pp`).
+pub const MAX_BARE_ACCURACY_AMOUNT: f64 = 0.2;
+
+/// Checks how a spec's claims write their margins and effects (`claims` as the YAML has it): on
+/// an accuracy, a bare number of at least [`MAX_BARE_ACCURACY_AMOUNT`] is refused with the two
+/// readings it may have, and `pp` on a metric that is not an accuracy is refused.
+pub fn check_written_units(claims: Option<&serde_yaml::Value>) -> Result<()> {
+    for c in claims.and_then(|c| c.as_sequence()).into_iter().flatten() {
+        let text = |k: &str| c.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+        let (id, metric, b_metric) = (text("id"), text("metric"), text("b_metric"));
+        let log = text("scale") == "log";
+        let accuracy = !log && (super::in_percent(&metric) || super::in_percent(&b_metric));
+        for what in ["margin", "effect"] {
+            match c.get(what) {
+                Some(serde_yaml::Value::Number(n)) if accuracy => {
+                    let v = n.as_f64().unwrap_or(f64::NAN);
+                    if v.abs() >= MAX_BARE_ACCURACY_AMOUNT && v.abs() < 1.0 {
+                        bail!(
+                            "claim `{id}`: {what} {v} on {metric} reads as {} points of accuracy (a claim takes an \
+                             accuracy as a fraction); write `{what}: {} pp` if you mean that, or {} for {v} points",
+                            v * 100.0,
+                            v * 100.0,
+                            v / 100.0
+                        );
+                    }
+                }
+                Some(serde_yaml::Value::String(t)) if points(t).is_some() && !accuracy => bail!(
+                    "claim `{id}`: {what} `{t}`: percentage points (pp) are for an accuracy on a linear scale; \
+                     {metric} takes a plain number{}",
+                    if log { " (on scale: log, a ln ratio)" } else { "" }
+                ),
+                _ => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The fingerprint of a study's claims as written (every field, amendments included): CRC-32C of

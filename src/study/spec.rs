@@ -118,7 +118,8 @@ impl SweepSpec {
             .context("reading the sweep spec")?;
         // Not a mapping at all (a runs.csv given as --spec, a list): say what it is, without
         // echoing the file back.
-        let top = match serde_yaml::from_str::<serde_yaml::Value>(&text) {
+        let raw = serde_yaml::from_str::<serde_yaml::Value>(&text);
+        let top = match &raw {
             Ok(serde_yaml::Value::Mapping(_)) | Err(_) => None,
             Ok(serde_yaml::Value::Sequence(_)) => Some("a list"),
             Ok(serde_yaml::Value::Null) => Some("nothing"),
@@ -135,7 +136,9 @@ impl SweepSpec {
         for c in &mut spec.configs {
             *c = base.join(&*c);
         }
-        super::claims::check(&spec.claims).with_context(|| format!("the sweep spec {}", path.display()))?;
+        super::claims::check(&spec.claims)
+            .and_then(|_| super::claims::check_written_units(raw.as_ref().ok().and_then(|r| r.get("claims"))))
+            .with_context(|| format!("the sweep spec {}", path.display()))?;
         Ok(spec)
     }
 
@@ -368,5 +371,40 @@ mod tests {
         std::fs::write(&p, "run,config:seed,final_loss\nr0,0,0.123456\nr1,1,0.654321\n").unwrap();
         let e = format!("{:#}", SweepSpec::from_file(&p).unwrap_err());
         assert!(e.contains("is not a sweep spec: it holds a single value") && !e.contains("0.123456"), "{e}");
+    }
+
+    /// A margin on an accuracy written as 0.5 (meant as half a point, read as 50 points) is
+    /// refused with both readings; `50 pp` says it is meant and reads as 0.5; `pp` on a loss is
+    /// refused; a fraction below 20 points passes; the fingerprint holds the number either way.
+    #[test]
+    fn accuracy_margins_say_their_unit() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = |margin: &str, metric: &str| {
+            let p = dir.path().join("s.yaml");
+            std::fs::write(
+                &p,
+                format!(
+                    "configs: [c.yaml]\nclaims:\n  - {{id: x, statement: s, source: p, metric: {metric}, a: k=1, b: k=2, \
+                     expect: greater, margin: {margin}}}\n"
+                ),
+            )
+            .unwrap();
+            SweepSpec::from_file(&p).map_err(|e| format!("{e:#}"))
+        };
+        let e = spec("0.5", "eval.accuracy").unwrap_err();
+        assert!(e.contains("reads as 50 points") && e.contains("`margin: 50 pp`") && e.contains("0.005"), "{e}");
+        let written = spec("'50 pp'", "eval.accuracy").unwrap();
+        assert_eq!(written.claims[0].margin, Some(0.5));
+        let plain = spec("0.5", "final_loss").unwrap();
+        assert_eq!(
+            super::super::claims::claims_fingerprint(&written.claims),
+            super::super::claims::claims_fingerprint(&[super::super::claims::Claim {
+                metric: "eval.accuracy".into(),
+                ..plain.claims[0].clone()
+            }])
+        );
+        assert!(spec("'2 pp'", "final_loss").unwrap_err().contains("percentage points (pp) are for an accuracy"));
+        assert!(spec("'2 points'", "eval.accuracy").unwrap_err().contains("neither a number nor percentage points"));
+        assert_eq!(spec("0.005", "best.eval.accuracy").unwrap().claims[0].margin, Some(0.005));
     }
 }
