@@ -102,7 +102,7 @@ pub fn open_runs(dirs: &[PathBuf]) -> Result<Vec<PlotRun>> {
 
 /// One series per setting from its runs' rows (`points` picks them), for settings that have any:
 /// a single run as its points; several (seeds) as the mean at every x all of them logged, with a
-/// band of ± one standard deviation, the legend saying how many.
+/// band of ± one standard deviation, the legend saying how many (`H-ACN (n = 3)`).
 fn curves(runs: &[PlotRun], points: impl Fn(&RunDir) -> Result<Vec<(f64, f64)>>) -> Result<Vec<Series>> {
     let mut v = Vec::new();
     let settings = runs.iter().map(|r| r.setting).max().map_or(0, |m| m + 1);
@@ -127,7 +127,7 @@ fn curves(runs: &[PlotRun], points: impl Fn(&RunDir) -> Result<Vec<(f64, f64)>>)
             n => {
                 let (points, band) = mean_band(&all);
                 v.push(Series {
-                    label: format!("{} (mean ± sd, {n} seeds)", first.label),
+                    label: format!("{} (n = {n})", first.label),
                     points,
                     color: Some(first.color),
                     band: Some(band),
@@ -162,16 +162,20 @@ fn chart(title: &str, x: &str, y: &str, log_y: bool, mut series: Vec<Series>, ou
     if series.iter().all(|s| s.points.is_empty()) {
         return Ok(Vec::new());
     }
-    // Every line the mean of as many seeds: said once in the title, not in each legend entry.
-    let seeds = |s: &Series| s.label.rsplit_once(" (mean ± sd, ").map(|(l, n)| (l.to_string(), n.to_string()));
+    // Every line the mean of as many seeds: said once in the title, not in each legend entry;
+    // else the entries with seeds say how many and the title what their bands are.
+    let seeds =
+        |s: &Series| s.band.as_ref().and(s.label.rsplit_once(" (n = ")).map(|(l, n)| (l.to_string(), n.to_string()));
     let mut title = title.to_string();
-    if let Some((_, n)) = series.first().and_then(seeds) {
-        if series.iter().all(|s| seeds(s).is_some_and(|(_, m)| m == n)) {
+    match series.first().and_then(seeds) {
+        Some((_, n)) if series.iter().all(|s| seeds(s).is_some_and(|(_, m)| m == n)) => {
             for s in &mut series {
                 s.label = seeds(s).map(|(l, _)| l).unwrap_or_default();
             }
-            title = format!("{title}, mean ± sd over {}", n.trim_end_matches(')'));
+            title = format!("{title}, mean ± sd over {} seeds", n.trim_end_matches(')'));
         }
+        _ if series.iter().any(|s| seeds(s).is_some()) => title = format!("{title}, mean ± sd over n seeds"),
+        _ => {}
     }
     line_chart(&LineChart { title, x_label: x.into(), y_label: y.into(), log_y, series }, out)
 }

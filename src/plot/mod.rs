@@ -679,12 +679,12 @@ where
             fits && !segments.iter().any(|(a, b)| segment_hits_rect(*a, *b, rect))
         })
     };
-    // Outside: to the right where the legend takes at most a third of the width, else below.
+    // Outside: to the right where the legend takes at most 40 % of the width, else below.
     let (plot_area, legend_at) = match inside {
         Some(p) => (area.clone(), p),
         // A single line's legend only where it fits inside (it names the topology of the line).
         None if chart.series.len() <= 1 => (area.clone(), (i32::MIN, 0)),
-        None if lw as u32 <= w / 3 => {
+        None if lw as u32 <= w * 2 / 5 => {
             let (left, right) = area.split_horizontally(w - lw as u32 - pt(4.0));
             let base = right.get_base_pixel();
             (left, (base.0, base.1 + pt(4.0) as i32))
@@ -840,7 +840,8 @@ where
         // A tick on every node where its label fits the cell (with a gap), else on every 2nd, 3rd, …
         let stride = |cell: f64, label: u32| (1..).find(|s| cell * *s as f64 >= 1.1 * f64::from(label)).unwrap_or(1);
         let (sx, sy) = (stride(cell_w, col_w), stride(cell_h, tick_h));
-        let x_keys: Vec<f64> = (0..cols).step_by(sx).map(|c| c as f64 + 0.5).collect();
+        // Skipping columns, the last (the readout, `out`) keeps its tick.
+        let x_keys: Vec<f64> = ((cols.max(1) - 1) % sx..cols).step_by(sx).map(|c| c as f64 + 0.5).collect();
         let y_keys: Vec<f64> = (0..rows).step_by(sy).map(|r| r as f64 + 0.5).collect();
         // Numbers in the cells only where "0.00" fits one (with a margin), centred.
         let annotate = p.annotate && cell_w >= 1.15 * text_width("0.00", font(CELL_PT));
