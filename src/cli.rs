@@ -91,13 +91,15 @@ pub enum Cmd {
         /// several: one --spec per path).
         #[arg(long, default_value = "md", value_parser = ["md", "csv", "latex", "summary", "verdicts"])]
         format: String,
-        /// Figure files of the curves, comma-separated: png, svg, pdf.
-        #[arg(long, default_value = "png,svg,pdf")]
-        formats: String,
+        /// Figure files of the curves, comma-separated: png, svg, pdf [default: the spec's
+        /// report.formats, else png,svg,pdf].
+        #[arg(long)]
+        formats: Option<String>,
         /// Printed width of the figures: single (a column, 3.25 in), double (the text width, 6.75
-        /// in) or inches; text is set at 8–9 pt at that width.
-        #[arg(long, default_value = "double")]
-        width: String,
+        /// in) or inches; text is set at 8–9 pt at that width [default: the spec's report.width,
+        /// else double].
+        #[arg(long)]
+        width: Option<String>,
         /// Folder for report.{md,csv,tex} and the curves. Default: `<folder>/report` for one
         /// sweep folder or folder of runs; nothing is written for a list of runs without it.
         #[arg(long)]
@@ -503,9 +505,10 @@ pub fn run(cli: Cli) -> Result<()> {
             quiet: a.quiet,
         }),
         Cmd::Report { paths, spec, by, metrics, baseline, curves, format, formats, width, out } => {
-            crate::plot::set_formats(crate::plot::Formats::parse(&formats)?);
-            crate::plot::set_width(crate::plot::Width::parse(&width)?);
-            let options = crate::study::ReportOptions { by, metrics, baseline, curves };
+            // Checked here, set from the report (the flag, else the spec's) when it draws.
+            formats.as_deref().map(crate::plot::Formats::parse).transpose()?;
+            width.as_deref().map(crate::plot::Width::parse).transpose()?;
+            let options = crate::study::ReportOptions { by, metrics, baseline, curves, width, formats };
             commands::report(&paths, &spec, &options, &format, out.as_deref())
         }
         Cmd::Demo { figure, out, overrides } => commands::demo(&figure, &out, &overrides),

@@ -1078,6 +1078,9 @@ pub fn report(
         }
     );
     if let Some(out) = out {
+        // The figures' width and formats: the flags, else the spec's `report:` section.
+        crate::plot::set_formats(crate::plot::Formats::parse(r.formats.as_deref().unwrap_or("png,svg,pdf"))?);
+        crate::plot::set_width(crate::plot::Width::parse(r.width.as_deref().unwrap_or("double"))?);
         // A sweep's own report/ (written by the sweep with its spec's settings) replaced by a
         // report of other settings: said, so that it is not lost by surprise.
         if options != &crate::study::ReportOptions::default() && out.join("report.md").is_file() {

@@ -175,7 +175,8 @@ fn heatmaps_at_init_show_the_residual_and_acn_patterns_of_hacn_fig8() {
         }
         // The figure drawn from it exists.
         let figs = plexus::plot::figures::all(std::slice::from_ref(&dir), &dir.join("figures"), None, None).unwrap();
-        let png = dir.join(format!("figures/connectivity_tiny-{topology}.png"));
+        // Named by the run directory (`<tmp>/<topology>`), not by the config's name.
+        let png = dir.join(format!("figures/connectivity_{topology}.png"));
         assert!(figs.contains(&png), "{} not among {figs:?}", png.display());
     }
 }

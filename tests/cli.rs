@@ -155,8 +155,11 @@ fn demo_prints_the_fig2b_table_and_writes_the_figure() {
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     assert!(png.len() > 20_000, "suspiciously small figure: {} bytes", png.len());
     let svg = std::fs::read_to_string(tmp.path().join("demo/figures/loss.svg")).unwrap();
-    for label in ["shortcuts (0:2)", "shortcuts (0:1)", "residual (cascaded)", "ancre (", "training loss (log scale)"] {
-        assert!(svg.contains(label), "legend/axis text `{label}` not in the SVG");
+    // Topologies by their display names, the layout only where two lines share a topology, the
+    // loss with its unit.
+    for label in ["Shortcuts (0:2)", "Shortcuts (0:1)", "Residual", "ANCRe", "training loss (½ squared error)"] {
+        // Each text element on lines of its own.
+        assert!(svg.contains(&format!("\n{label}\n")), "legend/axis text `{label}` not in the SVG");
     }
     let results = std::fs::read_to_string(tmp.path().join("demo/results.csv")).unwrap();
     assert_eq!(results.lines().count(), 6, "{results}");

@@ -794,3 +794,47 @@ fn runs_record_the_claims_they_were_made_under_and_a_changed_claim_is_named() {
         );
     }
 }
+
+/// A spec's `report:` section sets the figures' width and formats (a sweep's own report has no
+/// flags), the flags win over it, the line printed names what was written, and a bad value is
+/// refused naming the file, the key, the value and what is allowed.
+#[test]
+fn a_specs_report_section_sets_the_figures_width_and_formats() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    for (kind, seed, acc) in [("residual", 0, 0.8), ("residual", 1, 0.82), ("hacn", 0, 0.85), ("hacn", 1, 0.84)] {
+        fake_run(&runs.join(format!("{kind}-{seed}")), kind, seed, acc, &[acc - 0.2, acc]);
+    }
+    let spec = tmp.path().join("spec.yaml");
+    std::fs::write(&spec, "report: {curves: [eval.accuracy], width: single, formats: png}\n").unwrap();
+    let png_width = |p: &Path| {
+        let b = std::fs::read(p).unwrap();
+        u32::from_be_bytes([b[16], b[17], b[18], b[19]])
+    };
+    let column = (3.25 * f64::from(plexus::plot::PDF_DPI)).round() as u32;
+    let o = plexus(&["report", "runs", "--spec", "spec.yaml", "--out", "rep"], tmp.path());
+    assert!(o.status.success(), "{}", text(&o).1);
+    let figures: Vec<PathBuf> = std::fs::read_dir(tmp.path().join("rep"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("curve-"))
+        .collect();
+    assert!(!figures.is_empty() && figures.iter().all(|p| p.extension().unwrap() == "png"), "{figures:?}");
+    assert_eq!(png_width(&tmp.path().join("rep/curve-eval_accuracy.png")), column);
+    assert!(text(&o).1.contains(&format!("{} figure files (curve-*: .png)", figures.len())), "{}", text(&o).1);
+    // The flags win.
+    let o = plexus(&["report", "runs", "--spec", "spec.yaml", "--out", "rep2", "--width", "double"], tmp.path());
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert_eq!(png_width(&tmp.path().join("rep2/curve-eval_accuracy.png")), 1200, "6.75 in");
+    std::fs::write(&spec, "report: {width: wide}\n").unwrap();
+    let o = plexus(&["report", "runs", "--spec", "spec.yaml", "--out", "rep3"], tmp.path());
+    let e = text(&o).1;
+    assert!(
+        !o.status.success() && e.contains("spec.yaml") && e.contains("report.width") && e.contains("`wide`"),
+        "{e}"
+    );
+    assert!(e.contains("single") && e.contains("double"), "{e}");
+    std::fs::write(&spec, "report: {formats: \"png,eps\"}\n").unwrap();
+    let e = text(&plexus(&["report", "runs", "--spec", "spec.yaml", "--out", "rep3"], tmp.path())).1;
+    assert!(e.contains("report.formats") && e.contains("png,eps") && e.contains("png, svg, pdf"), "{e}");
+}

@@ -11,71 +11,205 @@ use anyhow::{bail, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-/// A run as the figures see it: its directory, legend label and colour.
+/// A run as the figures see it: its directory, legend label and colour, and the setting (runs
+/// whose configs differ only in `seed` and `name`) it belongs to.
 pub struct PlotRun {
     pub dir: PathBuf,
+    /// The run directory's name: per-run files are named by it, so that no two runs share one.
     pub name: String,
     pub kind: String,
     pub label: String,
     pub color: plotters::style::RGBColor,
+    /// Index of the run's setting; the runs of one setting are drawn as one mean with a band.
+    pub setting: usize,
+    /// The run's objective: what its loss is measured in.
+    pub task: crate::data::Task,
 }
 
-/// Opens the runs and assigns labels and per-topology colours.
+/// A run's config with `seed` and `name` left out: equal for the seeds of one setting.
+fn setting_of(rd: &RunDir) -> Result<String> {
+    let text = std::fs::read_to_string(rd.config_file())?;
+    let mut v: serde_yaml::Value = serde_yaml::from_str(&text)?;
+    if let serde_yaml::Value::Mapping(m) = &mut v {
+        m.remove("seed");
+        m.remove("name");
+    }
+    Ok(serde_yaml::to_string(&v)?)
+}
+
+/// Opens the runs, groups them into settings (configs equal but for `seed` and `name`) and labels
+/// each setting by what tells it apart in this figure: the topology's display name ("H-ACN"), then
+/// its settings where two settings share a topology ("H-ACN (μ=0.25)"), then the config's name.
+/// Colours are per topology ([`topology_color`]), lighter for a topology's second setting.
 pub fn open_runs(dirs: &[PathBuf]) -> Result<Vec<PlotRun>> {
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    dirs.iter()
-        .map(|d| {
-            let rd = RunDir::open(d)?;
-            crate::train::trained::refuse_rl_run(&rd)?;
-            let exp = Experiment::from_file(&rd.config_file(), &[])?;
-            let kind = exp.topology.kind().to_string();
-            let v = seen.entry(kind.clone()).or_default();
-            let color = topology_color(&kind, *v);
-            *v += 1;
-            Ok(PlotRun {
-                dir: d.clone(),
-                name: exp.config().name.clone(),
-                label: format!("{} ({})", kind, exp.topology.label()),
-                kind,
-                color,
-            })
+    let mut settings: Vec<String> = Vec::new();
+    let mut runs = Vec::new();
+    let mut facts = Vec::new();
+    for d in dirs {
+        let rd = RunDir::open(d)?;
+        crate::train::trained::refuse_rl_run(&rd)?;
+        let exp = Experiment::from_file(&rd.config_file(), &[])?;
+        let key = setting_of(&rd)?;
+        let setting = settings.iter().position(|k| *k == key).unwrap_or_else(|| {
+            settings.push(key);
+            settings.len() - 1
+        });
+        let kind = exp.topology.kind().to_string();
+        facts.push((setting, kind.clone(), exp.topology.label(), exp.config().name.clone()));
+        let name = d.file_name().map_or_else(|| d.display().to_string(), |n| n.to_string_lossy().into_owned());
+        runs.push(PlotRun {
+            dir: d.clone(),
+            name,
+            kind,
+            label: String::new(),
+            color: topology_color("", 0),
+            setting,
+            task: exp.task(),
+        });
+    }
+    // One (kind, layout, config name) per setting, in the order the settings first appear.
+    let per_setting: Vec<&(usize, String, String, String)> =
+        (0..settings.len()).map(|s| facts.iter().find(|f| f.0 == s).expect("every setting has a run")).collect();
+    let labels: Vec<String> = per_setting
+        .iter()
+        .map(|(_, kind, layout, name)| {
+            let same_kind: Vec<_> = per_setting.iter().filter(|f| f.1 == *kind).collect();
+            let mut label = super::display_name(kind);
+            if same_kind.len() > 1 && same_kind.iter().any(|f| f.2 != *layout) {
+                label = format!("{label} ({layout})");
+            }
+            if same_kind.iter().filter(|f| f.2 == *layout).count() > 1 {
+                label = format!("{label}, {name}");
+            }
+            label
         })
-        .collect()
+        .collect();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let colors: Vec<_> = per_setting
+        .iter()
+        .map(|(_, kind, _, _)| {
+            let v = seen.entry(kind.clone()).or_default();
+            *v += 1;
+            topology_color(kind, *v - 1)
+        })
+        .collect();
+    for r in &mut runs {
+        r.label = labels[r.setting].clone();
+        r.color = colors[r.setting];
+    }
+    Ok(runs)
 }
 
-/// One series per run from its `RunDir`'s rows (`points` picks them), for runs that have any.
+/// One series per setting from its runs' rows (`points` picks them), for settings that have any:
+/// a single run as its points; several (seeds) as the mean at every x all of them logged, with a
+/// band of ± one standard deviation, the legend saying how many (`H-ACN (n = 3)`).
 fn curves(runs: &[PlotRun], points: impl Fn(&RunDir) -> Result<Vec<(f64, f64)>>) -> Result<Vec<Series>> {
     let mut v = Vec::new();
-    for r in runs {
-        let pts = points(&RunDir::new(&r.dir))?;
-        if !pts.is_empty() {
-            v.push(Series { label: r.label.clone(), points: pts, color: Some(r.color), band: None });
+    let settings = runs.iter().map(|r| r.setting).max().map_or(0, |m| m + 1);
+    for s in 0..settings {
+        let mine: Vec<&PlotRun> = runs.iter().filter(|r| r.setting == s).collect();
+        let mut all = Vec::new();
+        for r in &mine {
+            let pts = points(&RunDir::new(&r.dir))?;
+            if !pts.is_empty() {
+                all.push(pts);
+            }
+        }
+        let Some(first) = mine.first() else { continue };
+        match all.len() {
+            0 => {}
+            1 => v.push(Series {
+                label: first.label.clone(),
+                points: all.remove(0),
+                color: Some(first.color),
+                band: None,
+            }),
+            n => {
+                let (points, band) = mean_band(&all);
+                v.push(Series {
+                    label: format!("{} (n = {n})", first.label),
+                    points,
+                    color: Some(first.color),
+                    band: Some(band),
+                });
+            }
         }
     }
     Ok(v)
 }
 
-fn chart(title: &str, x: &str, y: &str, log_y: bool, series: Vec<Series>, out: &Path) -> Result<Vec<PathBuf>> {
+/// Points of a curve, `(x, y)`, or of a band, `(low, high)`.
+type Points = Vec<(f64, f64)>;
+
+/// The mean and mean ± sd of several curves at every x all of them have.
+fn mean_band(curves: &[Points]) -> (Points, Points) {
+    let (mut points, mut band) = (Vec::new(), Vec::new());
+    for &(x, _) in &curves[0] {
+        let ys: Vec<f64> = curves.iter().filter_map(|c| c.iter().find(|p| p.0 == x).map(|p| p.1)).collect();
+        if ys.len() < curves.len() {
+            continue;
+        }
+        let n = ys.len() as f64;
+        let mean = ys.iter().sum::<f64>() / n;
+        let sd = (ys.iter().map(|y| (y - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+        points.push((x, mean));
+        band.push((mean - sd, mean + sd));
+    }
+    (points, band)
+}
+
+fn chart(title: &str, x: &str, y: &str, log_y: bool, mut series: Vec<Series>, out: &Path) -> Result<Vec<PathBuf>> {
     if series.iter().all(|s| s.points.is_empty()) {
         return Ok(Vec::new());
     }
-    line_chart(&LineChart { title: title.into(), x_label: x.into(), y_label: y.into(), log_y, series }, out)
+    // Every line the mean of as many seeds: said once in the title, not in each legend entry;
+    // else the entries with seeds say how many and the title what their bands are.
+    let seeds =
+        |s: &Series| s.band.as_ref().and(s.label.rsplit_once(" (n = ")).map(|(l, n)| (l.to_string(), n.to_string()));
+    let mut title = title.to_string();
+    match series.first().and_then(seeds) {
+        Some((_, n)) if series.iter().all(|s| seeds(s).is_some_and(|(_, m)| m == n)) => {
+            for s in &mut series {
+                s.label = seeds(s).map(|(l, _)| l).unwrap_or_default();
+            }
+            title = format!("{title}, mean ± sd over {} seeds", n.trim_end_matches(')'));
+        }
+        _ if series.iter().any(|s| seeds(s).is_some()) => title = format!("{title}, mean ± sd over n seeds"),
+        _ => {}
+    }
+    line_chart(&LineChart { title, x_label: x.into(), y_label: y.into(), log_y, series }, out)
+}
+
+/// What the runs' loss is measured in, for an axis title: nats for cross-entropy, the ε-MSE of a
+/// diffusion model, ½‖f(X) − Y‖² of the linear-network regression; nothing when runs differ.
+fn loss_unit(runs: &[PlotRun]) -> &'static str {
+    use crate::data::Task;
+    let unit = |t: &Task| match t {
+        Task::Classification | Task::LanguageModel => " (nats)",
+        Task::Diffusion(_) => " (ε-MSE)",
+        Task::HalfSumSquares => " (½ squared error)",
+    };
+    match runs.first() {
+        Some(r) if runs.iter().all(|o| unit(&o.task) == unit(&r.task)) => unit(&r.task),
+        _ => "",
+    }
 }
 
 /// Training loss of every run (log axis) → `loss.{png,svg}`; eval loss → `eval_loss.{png,svg}`.
 pub fn losses(runs: &[PlotRun], out: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
+    let unit = loss_unit(runs);
     let mut files = chart(
         title.unwrap_or("Training loss"),
-        "step",
-        "training loss (log scale)",
+        "training step",
+        &format!("training loss{unit}"),
         true,
         curves(runs, |d| Ok(d.metrics()?.iter().map(|m| (m.step as f64, m.loss)).collect()))?,
         &out.join("loss"),
     )?;
     files.extend(chart(
         "Evaluation loss",
-        "step",
-        "held-out loss (log scale)",
+        "training step",
+        &format!("held-out loss{unit}"),
         true,
         curves(runs, |d| Ok(d.evals()?.iter().map(|e| (e.step as f64, e.loss)).collect()))?,
         &out.join("eval_loss"),
@@ -100,7 +234,7 @@ pub fn eps_by_t(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
     chart(
         "Validation ε-MSE by timestep (last evaluation)",
         "diffusion timestep t (bucket mid)",
-        "ε-MSE (log scale)",
+        "ε-MSE",
         true,
         series,
         &out.join("eps_by_t"),
@@ -109,32 +243,30 @@ pub fn eps_by_t(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
 
 /// Γ over training (H-ACN Fig. 5) and Δ_t (Fig. 6a) for runs that have residual weights.
 pub fn gamma_delta(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
-    let mut gamma = Vec::new();
-    let mut delta = Vec::new();
-    for r in runs {
-        let g = analysis::gamma_series(&r.dir)?;
-        let w = analysis::weight_series(&r.dir)?;
-        // Γ is drawn for runs with trainable residual weights (those that save them), not for the
-        // constant Γ of residual (1) or ACN (0).
-        if !g.is_empty() && !w.is_empty() {
-            gamma.push(Series {
-                label: r.label.clone(),
-                points: g.iter().map(|&(s, v)| (s as f64, v)).collect(),
-                color: Some(r.color),
-                band: None,
-            });
+    // Γ is drawn for runs with trainable residual weights (those that save them), not for the
+    // constant Γ of residual (1) or ACN (0).
+    let gamma = curves(runs, |d| {
+        let w = analysis::weight_series(&d.path)?;
+        match w.is_empty() {
+            true => Ok(Vec::new()),
+            false => Ok(analysis::gamma_series(&d.path)?.iter().map(|&(s, v)| (s as f64, v)).collect()),
         }
-        if w.len() > 1 {
-            let d = analysis::delta_series(&w);
-            let pts = d.iter().filter(|(_, v)| *v > 0.0).map(|&(s, v)| (s as f64, v)).collect();
-            delta.push(Series { label: r.label.clone(), points: pts, color: Some(r.color), band: None });
+    })?;
+    let delta = curves(runs, |d| {
+        let w = analysis::weight_series(&d.path)?;
+        match w.len() > 1 {
+            false => Ok(Vec::new()),
+            true => {
+                Ok(analysis::delta_series(&w).iter().filter(|(_, v)| *v > 0.0).map(|&(s, v)| (s as f64, v)).collect())
+            }
         }
-    }
-    let mut files = chart("Total connectivity strength Γ = ‖a‖₂/√L", "step", "Γ", false, gamma, &out.join("gamma"))?;
+    })?;
+    let mut files =
+        chart("Total connectivity strength Γ = ‖a‖₂/√L", "training step", "Γ", false, gamma, &out.join("gamma"))?;
     files.extend(chart(
         "Convergence distance Δ_t = ‖a_T − a_t‖₂",
-        "step",
-        "Δ_t (log scale)",
+        "training step",
+        "Δ_t",
         true,
         delta,
         &out.join("delta"),
@@ -149,9 +281,11 @@ pub fn analysis_curves(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
     for r in runs {
         lm |= analysis::read_layerwise(&RunDir::new(&r.dir))?.iter().any(|e| e.perplexity.is_some());
     }
-    let (ylab, log_y) = if lm { ("perplexity (log scale)", true) } else { ("accuracy", false) };
-    // The metric of a row: perplexity for language models, accuracy otherwise.
-    let metric = move |accuracy: Option<f64>, perplexity: Option<f64>| if lm { perplexity } else { accuracy };
+    let (ylab, log_y) = if lm { ("perplexity", true) } else { ("accuracy (%)", false) };
+    // The metric of a row: perplexity for language models, accuracy (in percent, as the tables
+    // show it) otherwise.
+    let metric =
+        move |accuracy: Option<f64>, perplexity: Option<f64>| if lm { perplexity } else { accuracy.map(|a| 100.0 * a) };
     let mut files = chart(
         "Layer-wise exits: final norm + shared head after unit i",
         "units used (i)",
@@ -178,30 +312,25 @@ pub fn analysis_curves(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
         })?,
         &out.join("pruning"),
     )?);
-    // Noise: mean over repeats per level.
-    let mut noise = Vec::new();
-    for r in runs {
-        let pts: Vec<(f64, f64)> = analysis::read_noise(&RunDir::new(&r.dir))?
+    // Noise: the mean over repeats at each level, per run (then over the seeds of a setting).
+    let noise = curves(runs, |d| {
+        let pts: Vec<(f64, f64)> = analysis::read_noise(d)?
             .iter()
             .filter_map(|n| Some((n.level, metric(n.accuracy, n.perplexity)?)))
             .collect();
-        if pts.is_empty() {
-            continue;
-        }
         let mut levels: Vec<f64> = pts.iter().map(|p| p.0).collect();
         levels.dedup();
-        let mean = levels
+        Ok(levels
             .iter()
             .map(|l| {
                 let v: Vec<f64> = pts.iter().filter(|p| p.0 == *l).map(|p| p.1).collect();
                 (*l, v.iter().sum::<f64>() / v.len() as f64)
             })
-            .collect();
-        noise.push(Series { label: r.label.clone(), points: mean, color: Some(r.color), band: None });
-    }
+            .collect())
+    })?;
     files.extend(chart(
         "Robustness to input noise (mean over repeats)",
-        "noise level (σ or p)",
+        if lm { "character noise probability p" } else { "input noise σ" },
         ylab,
         log_y,
         noise,
@@ -242,7 +371,7 @@ fn c_panel(c: &crate::run_dir::Matrix, title: String) -> Heatmap {
         col_labels: labels[1..].to_vec(),
         x_label: "target node".into(),
         y_label: "source node".into(),
-        colorbar_label: "C[source][target]".into(),
+        colorbar_label: "connection strength C".into(),
         // Anchored at 0 and at least 1 (the identity shortcut), so "all ones" reads as full strength.
         range: Some(range),
     }
@@ -264,7 +393,7 @@ pub fn connectivity(runs: &[PlotRun], step: Option<u64>, out: &Path) -> Result<V
         let c = run.connectivity(s)?;
         files.extend(heatmaps(
             &[c_panel(&c, format!("step {s}"))],
-            &format!("Direct layer connectivity C — {}", r.label),
+            &format!("Direct connectivity C — {} ({})", r.label, r.name),
             &out.join(format!("connectivity_{}", r.name)),
         )?);
         let view = crate::topology::SHORTCUT_WEIGHTS;
@@ -295,7 +424,7 @@ pub fn connectivity(runs: &[PlotRun], step: Option<u64>, out: &Path) -> Result<V
             };
             files.extend(heatmaps(
                 &[panel],
-                &format!("ANCRe coefficients — {}", r.label),
+                &format!("ANCRe coefficients — {} ({})", r.label, r.name),
                 &out.join(format!("ancre_p_{}", r.name)),
             )?);
         }
@@ -328,7 +457,7 @@ pub fn connectivity_grid(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
             .collect::<Result<_>>()?;
         files.extend(heatmaps(
             &panels,
-            &format!("C over training — {}", r.label),
+            &format!("C over training — {} ({})", r.label, r.name),
             &out.join(format!("connectivity_grid_{}", r.name)),
         )?);
     }

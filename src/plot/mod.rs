@@ -280,93 +280,453 @@ macro_rules! render_png_and_svg {
 /// Draws `chart` to `<out_base>.png`, `.svg` and `.pdf` (as [`set_formats`] asks) at the printed
 /// width ([`set_width`]), two thirds as tall; returns the paths written.
 pub fn line_chart(chart: &LineChart, out_base: &Path) -> Result<Vec<PathBuf>> {
-    render_png_and_svg!(out_base, chart_size(), draw_lines(chart))
+    render_png_and_svg!(out_base, chart_size(), draw_xy(chart, false))
 }
 
-fn draw_lines<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &LineChart) -> Result<()>
+/// Draws `chart` with both axes logarithmic (growth laws read as slopes: O(L) is slope 1, O(L²)
+/// slope 2), points marked, to `<out_base>.{png,svg,pdf}`. Non-positive values are dropped.
+pub fn loglog_chart(chart: &LineChart, out_base: &Path) -> Result<Vec<PathBuf>> {
+    let chart = LineChart { log_y: true, ..chart.clone() };
+    render_png_and_svg!(out_base, chart_size(), draw_xy(&chart, true))
+}
+
+/// An axis as drawn: its range and ticks in drawing space (log10 of the value on a log axis, so
+/// that one linear coordinate serves linear and log axes alike), and each tick's label.
+#[derive(Debug, Clone)]
+pub struct Axis {
+    pub log: bool,
+    pub lo: f64,
+    pub hi: f64,
+    pub ticks: Vec<(f64, String)>,
+}
+
+impl Axis {
+    /// A value in drawing space.
+    fn at(&self, v: f64) -> f64 {
+        if self.log {
+            v.log10()
+        } else {
+            v
+        }
+    }
+
+    /// The label of the tick at `v` (drawing space); plotters asks for each key point.
+    fn label(&self, v: f64) -> String {
+        let eps = 1e-9 * (self.hi - self.lo).abs().max(f64::MIN_POSITIVE);
+        self.ticks.iter().find(|(t, _)| (t - v).abs() <= eps).map(|t| t.1.clone()).unwrap_or_default()
+    }
+
+    fn points(&self) -> Vec<f64> {
+        self.ticks.iter().map(|t| t.0).collect()
+    }
+}
+
+/// A linear axis over the data `lo..hi`, widened by `pad` of the span on each side, with at most
+/// `max_ticks` ticks at steps of 1, 2, 2.5 or 5 × 10^k, labelled with the decimals the step needs
+/// (`70`, not `70.0`; `0.25`; `20k` from 10⁴ on).
+pub fn linear_axis(lo: f64, hi: f64, pad: f64, max_ticks: usize) -> Axis {
+    let (lo, hi) = match hi > lo {
+        true => (lo, hi),
+        false => {
+            let d = if lo == 0.0 { 1.0 } else { 0.1 * lo.abs() };
+            (lo - d, hi + d)
+        }
+    };
+    let span = hi - lo;
+    let (lo, hi) = (lo - pad * span, hi + pad * span);
+    let raw = (hi - lo) / (max_ticks.max(2) - 1) as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    let (m, step) =
+        [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| (*m, m * mag)).find(|(_, s)| *s >= raw * (1.0 - 1e-9)).unwrap();
+    // Thousands as k and millions as M: `250k` reads where `250000` crowds its neighbours.
+    let top = lo.abs().max(hi.abs());
+    let (unit, suffix) = match () {
+        _ if top >= 1e6 && step >= 1e5 => (1e6, "M"),
+        _ if top >= 1e4 && step >= 1e3 => (1e3, "k"),
+        _ => (1.0, ""),
+    };
+    let k = (step / unit).log10().floor() as i32;
+    let decimals = (-k).max(0) as usize + usize::from(m == 2.5);
+    let (first, last) = ((lo / step).ceil() as i64, (hi / step).floor() as i64);
+    let ticks = (first..=last)
+        .map(|i| {
+            let v = i as f64 * step;
+            let s = format!("{:.decimals$}", v / unit);
+            // No "-0" (nor "-0.0").
+            let s =
+                if s.starts_with('-') && s[1..].chars().all(|c| c == '0' || c == '.') { s[1..].to_string() } else { s };
+            (v, format!("{s}{suffix}"))
+        })
+        .collect();
+    Axis { log: false, lo, hi, ticks }
+}
+
+/// Digits as superscripts: `-3` → `⁻³`.
+fn superscript(n: i32) -> String {
+    n.to_string()
+        .chars()
+        .map(|c| match c {
+            '-' => '⁻',
+            d => ['⁰', '¹', '²', '³', '⁴', '⁵', '⁶', '⁷', '⁸', '⁹'][d.to_digit(10).unwrap_or(0) as usize],
+        })
+        .collect()
+}
+
+/// A log axis over the positive data `lo..hi` (padded by 4 % of its decades), ticked at whole
+/// decades where it spans several (every 2nd, 3rd, … so that at most `max_ticks` remain), else at
+/// 1, 2, 5 × 10^k or at every digit, whichever gives three or more. Labels are plain numbers while
+/// every tick lies in 10⁻³–10⁴ (`0.5`, `2`, `1000`), else powers of ten (`10⁻³`, `2×10⁻⁵`).
+pub fn log_axis(lo: f64, hi: f64, max_ticks: usize) -> Axis {
+    let (a, b) = (lo.log10(), hi.log10());
+    let (a, b) = if b - a < 1e-9 { (a - 0.15, b + 0.15) } else { (a, b) };
+    let pad = 0.04 * (b - a);
+    let (a, b) = (a - pad, b + pad);
+    let decades: Vec<i32> = ((a - 1e-9).ceil() as i32..=(b + 1e-9).floor() as i32).collect();
+    let inside = |mantissas: &[f64]| -> Vec<f64> {
+        (a.floor() as i32..=b.ceil() as i32)
+            .flat_map(|d| mantissas.iter().map(move |m| m * 10f64.powi(d)))
+            .filter(|v| (a - 1e-9..=b + 1e-9).contains(&v.log10()))
+            .collect()
+    };
+    let mut values: Vec<f64> = if decades.len() >= 3 {
+        let stride = [1, 2, 3, 5, 10, 20].into_iter().find(|s| decades.len().div_ceil(*s) <= max_ticks).unwrap_or(50);
+        decades.iter().filter(|d| d.rem_euclid(stride as i32) == 0).map(|d| 10f64.powi(*d)).collect()
+    } else {
+        let sets: [&[f64]; 3] =
+            [&[1.0, 2.0, 5.0], &[1.0, 2.0, 3.0, 5.0], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]];
+        sets.iter().map(|s| inside(s)).find(|v| v.len() >= 3).unwrap_or_else(|| inside(sets[2]))
+    };
+    while values.len() > max_ticks {
+        values = values.into_iter().step_by(2).collect();
+    }
+    let plain = values.iter().all(|v| (1e-3..1e4).contains(v));
+    let ticks = values
+        .into_iter()
+        .map(|v| {
+            let text = if plain {
+                let s = format!("{v:.6}");
+                s.trim_end_matches('0').trim_end_matches('.').to_string()
+            } else {
+                let e = v.log10().floor() as i32;
+                let m = (v / 10f64.powi(e)).round() as i32;
+                match m {
+                    1 => format!("10{}", superscript(e)),
+                    10 => format!("10{}", superscript(e + 1)),
+                    m => format!("{m}×10{}", superscript(e)),
+                }
+            };
+            (v.log10(), text)
+        })
+        .collect();
+    Axis { log: true, lo: a, hi: b, ticks }
+}
+
+/// Light grey of the grid at the major ticks (no minor grid: a dense one prints as a grey band).
+const GRID: RGBColor = RGBColor(222, 222, 222);
+
+/// At most this many points in every series: each point is marked, not only joined.
+const MARKED_UP_TO: usize = 20;
+
+/// A legend entry: its text and colour.
+struct Entry<'a> {
+    label: &'a str,
+    color: RGBColor,
+}
+
+/// Size of a legend of `entries` in drawing units: a frame around rows of (swatch, gap, text).
+fn legend_size<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, entries: &[Entry]) -> (i32, i32) {
+    let style: TextStyle = ("sans-serif", font(LEGEND_PT)).into();
+    let text_w = entries.iter().map(|e| area.estimate_text_size(e.label, &style).map_or(0, |s| s.0)).max().unwrap_or(0);
+    let row = pt(LEGEND_PT * 1.45) as i32;
+    let w = pt(4.0) as i32 + pt(14.0) as i32 + pt(4.0) as i32 + text_w as i32 + pt(5.0) as i32;
+    (w, row * entries.len() as i32 + pt(4.0) as i32)
+}
+
+/// Draws the legend with its top-left corner at `at` (drawing units of the root).
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    entries: &[Entry],
+    at: (i32, i32),
+    markers: bool,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let (w, h) = legend_size(area, entries);
+    let base = area.get_base_pixel();
+    let (x0, y0) = (at.0 - base.0, at.1 - base.1);
+    area.draw(&Rectangle::new([(x0, y0), (x0 + w, y0 + h)], WHITE.filled()))?;
+    area.draw(&Rectangle::new([(x0, y0), (x0 + w, y0 + h)], RGBColor(200, 200, 200).stroke_width(1)))?;
+    let row = pt(LEGEND_PT * 1.45) as i32;
+    let thick = (pt(LINE_PT) as i32).max(1);
+    for (i, e) in entries.iter().enumerate() {
+        let cy = y0 + pt(2.0) as i32 + row * i as i32 + row / 2;
+        let sx = x0 + pt(4.0) as i32;
+        let sw = pt(14.0) as i32;
+        // The swatch is a thin filled bar, not a line: a check of the figure tells data lines from it.
+        area.draw(&Rectangle::new([(sx, cy - thick / 2), (sx + sw, cy - thick / 2 + thick)], e.color.filled()))?;
+        if markers {
+            area.draw(&Circle::new((sx + sw / 2, cy), pt(DOT_PT), e.color.filled()))?;
+        }
+        let style =
+            ("sans-serif", font(LEGEND_PT)).into_font().color(&BLACK).pos(plotters::style::text_anchor::Pos::new(
+                plotters::style::text_anchor::HPos::Left,
+                plotters::style::text_anchor::VPos::Center,
+            ));
+        area.draw(&Text::new(e.label.to_string(), (sx + sw + pt(4.0) as i32, cy), style))?;
+    }
+    Ok(())
+}
+
+/// Whether the segment `a`–`b` meets the rectangle `r` = (x0, y0, x1, y1).
+pub fn segment_hits_rect(a: (f64, f64), b: (f64, f64), r: (f64, f64, f64, f64)) -> bool {
+    // Liang–Barsky: clip the segment's parameter range against each side.
+    let (dx, dy) = (b.0 - a.0, b.1 - a.1);
+    let (mut t0, mut t1) = (0.0f64, 1.0f64);
+    for (p, q) in [(-dx, a.0 - r.0), (dx, r.2 - a.0), (-dy, a.1 - r.1), (dy, r.3 - a.1)] {
+        if p == 0.0 {
+            if q < 0.0 {
+                return false;
+            }
+        } else {
+            let t = q / p;
+            if p < 0.0 {
+                t0 = t0.max(t);
+            } else {
+                t1 = t1.min(t);
+            }
+            if t0 > t1 {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// A linear coordinate over `range` whose ticks (and grid lines) are exactly `keys`: plotters'
+/// own picks its ticks itself, and its key-point wrapper does not format `f64` values.
+#[derive(Debug, Clone)]
+pub struct Ticked {
+    pub range: std::ops::Range<f64>,
+    pub keys: Vec<f64>,
+}
+
+impl Ticked {
+    fn new(range: std::ops::Range<f64>, keys: Vec<f64>) -> Self {
+        Self { range, keys }
+    }
+}
+
+impl plotters::coord::ranged1d::Ranged for Ticked {
+    type FormatOption = plotters::coord::ranged1d::DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
+        // As plotters maps a linear range.
+        let (a, b) = (self.range.start, self.range.end);
+        if a == b {
+            return (limit.1 - limit.0) / 2;
+        }
+        let t = (v - a) / (b - a);
+        let len = f64::from(limit.1 - limit.0);
+        match len >= 0.0 {
+            true => limit.0 + (len * t + 1e-3).floor() as i32,
+            false => limit.0 + (len * t - 1e-3).ceil() as i32,
+        }
+    }
+
+    fn key_points<H: plotters::coord::ranged1d::KeyPointHint>(&self, hint: H) -> Vec<f64> {
+        // No light (minor) points: no minor grid.
+        match hint.weight().allow_light_points() {
+            true => Vec::new(),
+            false => self.keys.clone(),
+        }
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        self.range.clone()
+    }
+}
+
+type Coord = Cartesian2d<Ticked, Ticked>;
+
+fn xy_context<'a, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, Shift>,
+    x: &Axis,
+    y: &Axis,
+    label_areas: (u32, u32),
+) -> Result<ChartContext<'a, DB, Coord>, DrawingAreaErrorKind<DB::ErrorType>> {
+    ChartBuilder::on(area)
+        .margin(pt(4.0))
+        .margin_right(pt(10.0))
+        .x_label_area_size(label_areas.0)
+        .y_label_area_size(label_areas.1)
+        .build_cartesian_2d(Ticked::new(x.lo..x.hi, x.points()), Ticked::new(y.lo..y.hi, y.points()))
+}
+
+/// Width and height of the widest of `labels` at tick size.
+fn widest<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, labels: impl Iterator<Item = String>) -> (u32, u32) {
+    let style: TextStyle = ("sans-serif", font(TICK_PT)).into();
+    labels
+        .map(|l| area.estimate_text_size(&l, &style).unwrap_or((0, 0)))
+        .fold((0, 0), |a, b| (a.0.max(b.0), a.1.max(b.1)))
+}
+
+/// Lines, log or linear axes: ticks from [`linear_axis`] / [`log_axis`], ranges fitted to the data,
+/// points marked where series are short, the legend in the first corner (or edge) of the plot where
+/// it covers no line, band edge or point, else outside the plot.
+fn draw_xy<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &LineChart, log_x: bool) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing: {e:?}");
     root.fill(&WHITE).map_err(err)?;
     let (title, title_size) = fit_title(&chart.title, root.dim_in_pixel().0, TITLE_PT);
-    let mut all: Vec<(f64, f64)> = chart.series.iter().flat_map(|s| s.points.iter().cloned()).collect();
-    anyhow::ensure!(!all.is_empty(), "nothing to plot: no data points");
+    let ok_x = |x: f64| x.is_finite() && (!log_x || x > 0.0);
+    let mut all: Vec<(f64, f64)> = Vec::new();
     for s in &chart.series {
+        all.extend(s.points.iter().cloned().filter(|p| ok_x(p.0) && p.1.is_finite()));
         for (&(x, _), &(lo, hi)) in s.points.iter().zip(s.band.iter().flatten()) {
-            all.extend([(x, lo), (x, hi)]);
+            all.extend([(x, lo), (x, hi)].into_iter().filter(|p| ok_x(p.0) && p.1.is_finite()));
         }
     }
-    let x_max = all.iter().map(|p| p.0).fold(f64::MIN, f64::max).max(1.0);
-    let x_min = all.iter().map(|p| p.0).fold(f64::MAX, f64::min).min(0.0);
-    let mut builder = ChartBuilder::on(root);
-    builder
-        .caption(&title, ("sans-serif", title_size))
-        .margin(pt(6.0))
-        .margin_right(pt(14.0))
-        .x_label_area_size(pt(26.0))
-        .y_label_area_size(pt(38.0));
-    if chart.log_y {
-        // Log axes need positive values; clamp exact zeros (converged to machine precision) to
-        // a decade below the smallest positive value so they stay visible.
-        let pos: Vec<f64> = all.iter().map(|p| p.1).filter(|v| *v > 0.0 && v.is_finite()).collect();
-        let lo = pos.iter().cloned().fold(f64::MAX, f64::min);
-        let hi = pos.iter().cloned().fold(f64::MIN, f64::max);
-        anyhow::ensure!(lo.is_finite() && hi.is_finite(), "nothing positive to plot on a log axis");
-        let floor = lo / 10.0;
-        let y_range = (floor..hi * 2.0).log_scale();
-        let mut ctx = builder.build_cartesian_2d(x_min..x_max, y_range).map_err(err)?;
-        ctx.configure_mesh()
-            .x_desc(&chart.x_label)
-            .y_desc(&chart.y_label)
-            .label_style(("sans-serif", font(TICK_PT)))
-            .axis_desc_style(("sans-serif", font(AXIS_PT)))
-            .x_label_formatter(&|v| format!("{v:.0}"))
-            .y_label_formatter(&|v| format!("{v:.0e}"))
-            .draw()
-            .map_err(err)?;
-        for (i, s) in chart.series.iter().enumerate() {
-            let color = s.color.unwrap_or(PALETTE[i % PALETTE.len()]);
-            let clamp = |y: f64| if y > 0.0 { y } else { floor };
-            if let Some(poly) = band_polygon(s, clamp) {
-                ctx.draw_series(std::iter::once(Polygon::new(poly, color.mix(0.2).filled()))).map_err(err)?;
+    anyhow::ensure!(!all.is_empty(), "nothing to plot: no data points");
+    let fold = |f: fn(f64, f64) -> f64, init: f64, it: &mut dyn Iterator<Item = f64>| it.fold(init, f);
+    let (x_lo, x_hi) = (
+        fold(f64::min, f64::MAX, &mut all.iter().map(|p| p.0)),
+        fold(f64::max, f64::MIN, &mut all.iter().map(|p| p.0)),
+    );
+    // Log axes need positive values: exact zeros (a loss converged to machine precision) are drawn
+    // a decade below the smallest positive value, so they stay visible.
+    let pos = || all.iter().map(|p| p.1).filter(|v| *v > 0.0);
+    let floor = match chart.log_y {
+        true => {
+            let lo = fold(f64::min, f64::MAX, &mut pos());
+            anyhow::ensure!(lo.is_finite() && lo < f64::MAX, "nothing positive to plot on a log axis");
+            if all.iter().any(|p| p.1 <= 0.0) {
+                lo / 10.0
+            } else {
+                lo
             }
-            let pts = s.points.iter().map(|&(x, y)| (x, if y > 0.0 { y } else { floor }));
-            ctx.draw_series(LineSeries::new(pts, color.stroke_width(pt(LINE_PT))))
-                .map_err(err)?
-                .label(&s.label)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + pt(12.0) as i32, y)], color.stroke_width(pt(LINE_PT)))
-                });
         }
-        let corner = legend_corner(chart, floor, hi * 2.0, |v| v.max(floor).ln());
-        legend(&mut ctx, corner).map_err(err)?;
-    } else {
-        let lo = all.iter().map(|p| p.1).fold(f64::MAX, f64::min);
-        let hi = all.iter().map(|p| p.1).fold(f64::MIN, f64::max);
-        let pad = ((hi - lo) * 0.05).max(1e-12);
-        let mut ctx = builder.build_cartesian_2d(x_min..x_max, (lo - pad)..(hi + pad)).map_err(err)?;
-        ctx.configure_mesh()
-            .x_desc(&chart.x_label)
-            .y_desc(&chart.y_label)
-            .label_style(("sans-serif", font(TICK_PT)))
-            .axis_desc_style(("sans-serif", font(AXIS_PT)))
-            .x_label_formatter(&|v| tick(*v))
-            .draw()
-            .map_err(err)?;
-        for (i, s) in chart.series.iter().enumerate() {
-            let color = s.color.unwrap_or(PALETTE[i % PALETTE.len()]);
-            if let Some(poly) = band_polygon(s, |y| y) {
-                ctx.draw_series(std::iter::once(Polygon::new(poly, color.mix(0.2).filled()))).map_err(err)?;
+        false => f64::NAN,
+    };
+    let y_of = |v: f64| if chart.log_y { v.max(floor) } else { v };
+    let (y_lo, y_hi) = (
+        fold(f64::min, f64::MAX, &mut all.iter().map(|p| y_of(p.1))),
+        fold(f64::max, f64::MIN, &mut all.iter().map(|p| y_of(p.1))),
+    );
+    let markers = chart.series.iter().all(|s| s.points.len() <= MARKED_UP_TO);
+    let y = match chart.log_y {
+        true => log_axis(y_lo, y_hi, 6),
+        false => linear_axis(y_lo, y_hi, 0.05, 6),
+    };
+    let area = root.margin(pt(3.0), 0, 0, 0).titled(&title, ("sans-serif", title_size)).map_err(err)?;
+    let (w, _) = area.dim_in_pixel();
+    let y_w = widest(&area, y.ticks.iter().map(|t| t.1.clone())).0;
+    let axis_h = area.estimate_text_size("Mg", &("sans-serif", font(AXIS_PT)).into()).map_err(err)?.1;
+    let y_area = y_w + axis_h + pt(10.0);
+    // As many x ticks as fit their labels with room between them (at most 7).
+    let plot_w = w.saturating_sub(y_area + pt(14.0)) as f64;
+    let mut x = log_axis(1.0, 10.0, 2);
+    for max in (2..=7).rev() {
+        x = match log_x {
+            true => log_axis(x_lo, x_hi, max),
+            false => linear_axis(x_lo, x_hi, if markers { 0.03 } else { 0.0 }, max),
+        };
+        let (lw, _) = widest(&area, x.ticks.iter().map(|t| t.1.clone()));
+        if x.ticks.len() as f64 * (f64::from(lw) + f64::from(pt(10.0))) <= plot_w {
+            break;
+        }
+    }
+    let tick_h = widest(&area, x.ticks.iter().map(|t| t.1.clone())).1;
+    let x_area = tick_h + axis_h + pt(10.0);
+    let color = |i: usize, s: &Series| s.color.unwrap_or(PALETTE[i % PALETTE.len()]);
+    let entries: Vec<Entry> =
+        chart.series.iter().enumerate().map(|(i, s)| Entry { label: &s.label, color: color(i, s) }).collect();
+    let at = |p: &(f64, f64)| (x.at(p.0), y.at(y_of(p.1)));
+    let drawn =
+        |s: &Series| -> Vec<(f64, f64)> { s.points.iter().filter(|p| ok_x(p.0) && p.1.is_finite()).map(at).collect() };
+    // Where the legend goes: the first place inside the plot whose box touches no data.
+    let (lw, lh) = legend_size(&area, &entries);
+    let inside = {
+        let ctx = xy_context(&area, &x, &y, (x_area, y_area)).map_err(err)?;
+        let (xr, yr) = ctx.plotting_area().get_pixel_range();
+        let mut segments: Vec<((f64, f64), (f64, f64))> = Vec::new();
+        let px = |p: (f64, f64)| {
+            let c = ctx.backend_coord(&p);
+            (f64::from(c.0), f64::from(c.1))
+        };
+        let r = f64::from(pt(DOT_PT));
+        for s in &chart.series {
+            let pts: Vec<(f64, f64)> = drawn(s).into_iter().map(px).collect();
+            segments.extend(pts.windows(2).map(|w| (w[0], w[1])));
+            if markers || pts.len() == 1 {
+                // A point as the cross of its marker.
+                segments.extend(
+                    pts.iter().flat_map(|p| [((p.0 - r, p.1), (p.0 + r, p.1)), ((p.0, p.1 - r), (p.0, p.1 + r))]),
+                );
             }
-            ctx.draw_series(LineSeries::new(s.points.iter().cloned(), color.stroke_width(pt(LINE_PT))))
-                .map_err(err)?
-                .label(&s.label)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + pt(12.0) as i32, y)], color.stroke_width(pt(LINE_PT)))
-                });
+            if let Some(poly) = band_polygon(s, |v| y.at(y_of(v))) {
+                let poly: Vec<(f64, f64)> =
+                    poly.into_iter().filter(|p| ok_x(p.0)).map(|p| px((x.at(p.0), p.1))).collect();
+                segments.extend(poly.windows(2).map(|w| (w[0], w[1])));
+            }
         }
-        legend(&mut ctx, legend_corner(chart, lo - pad, hi + pad, |v| v)).map_err(err)?;
+        let inset = pt(4.0) as i32;
+        let (l, rgt, t, b) = (xr.start + inset, xr.end - inset - lw, yr.start + inset, yr.end - inset - lh);
+        let (cx, cy) = ((xr.start + xr.end - lw) / 2, (yr.start + yr.end - lh) / 2);
+        let fits = lw <= xr.end - xr.start - 2 * inset && lh <= yr.end - yr.start - 2 * inset;
+        [(rgt, t), (l, t), (rgt, b), (l, b), (cx, t), (cx, b), (rgt, cy), (l, cy)].into_iter().find(|&(x0, y0)| {
+            let rect = (f64::from(x0) - 2.0, f64::from(y0) - 2.0, f64::from(x0 + lw) + 2.0, f64::from(y0 + lh) + 2.0);
+            fits && !segments.iter().any(|(a, b)| segment_hits_rect(*a, *b, rect))
+        })
+    };
+    // Outside: to the right where the legend takes at most 40 % of the width, else below.
+    let (plot_area, legend_at) = match inside {
+        Some(p) => (area.clone(), p),
+        // A single line's legend only where it fits inside (it names the topology of the line).
+        None if chart.series.len() <= 1 => (area.clone(), (i32::MIN, 0)),
+        None if lw as u32 <= w * 2 / 5 => {
+            let (left, right) = area.split_horizontally(w - lw as u32 - pt(4.0));
+            let base = right.get_base_pixel();
+            (left, (base.0, base.1 + pt(4.0) as i32))
+        }
+        None => {
+            let h = area.dim_in_pixel().1;
+            let (top, bottom) = area.split_vertically(h.saturating_sub(lh as u32 + pt(4.0)));
+            let base = bottom.get_base_pixel();
+            (top, (base.0 + (w as i32 - lw) / 2, base.1 + pt(2.0) as i32))
+        }
+    };
+    let mut ctx = xy_context(&plot_area, &x, &y, (x_area, y_area)).map_err(err)?;
+    ctx.configure_mesh()
+        .x_desc(&chart.x_label)
+        .y_desc(&chart.y_label)
+        .label_style(("sans-serif", font(TICK_PT)))
+        .axis_desc_style(("sans-serif", font(AXIS_PT)))
+        .x_label_formatter(&|v| x.label(*v))
+        .y_label_formatter(&|v| y.label(*v))
+        .bold_line_style(GRID.stroke_width(1))
+        .light_line_style(TRANSPARENT)
+        .axis_style(BLACK.stroke_width(1))
+        .set_all_tick_mark_size(pt(2.5))
+        .draw()
+        .map_err(err)?;
+    for (i, s) in chart.series.iter().enumerate() {
+        let c = color(i, s);
+        if let Some(poly) = band_polygon(s, |v| y.at(y_of(v))) {
+            let poly: Vec<(f64, f64)> = poly.into_iter().filter(|p| ok_x(p.0)).map(|p| (x.at(p.0), p.1)).collect();
+            ctx.draw_series(std::iter::once(Polygon::new(poly, c.mix(0.2).filled()))).map_err(err)?;
+        }
+    }
+    for (i, s) in chart.series.iter().enumerate() {
+        let c = color(i, s);
+        let pts = drawn(s);
+        ctx.draw_series(LineSeries::new(pts.clone(), c.stroke_width(pt(LINE_PT)))).map_err(err)?;
+        if markers || pts.len() == 1 {
+            ctx.draw_series(pts.into_iter().map(|p| Circle::new(p, pt(DOT_PT), c.filled()))).map_err(err)?;
+        }
+    }
+    if legend_at.0 != i32::MIN {
+        draw_legend(root, &entries, legend_at, markers).map_err(err)?;
     }
     Ok(())
 }
@@ -377,34 +737,6 @@ fn band_polygon(s: &Series, y: impl Fn(f64) -> f64) -> Option<Vec<(f64, f64)>> {
     let upper = s.points.iter().zip(band).map(|(&(x, _), &(_, hi))| (x, y(hi)));
     let lower = s.points.iter().zip(band).rev().map(|(&(x, _), &(lo, _))| (x, y(lo)));
     Some(upper.chain(lower).collect())
-}
-
-/// Where the legend hides the least: the right corner (upper or lower) whose box — the right 45 %
-/// of the width, the top or bottom 30 % of the height — holds fewer of the curves' points; upper
-/// on a tie. `y` maps a value to the axis (identity, or log for log axes).
-fn legend_corner(chart: &LineChart, lo: f64, hi: f64, y: impl Fn(f64) -> f64) -> SeriesLabelPosition {
-    let xs = || chart.series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
-    let (x_min, x_max) = (xs().fold(f64::MAX, f64::min), xs().fold(f64::MIN, f64::max));
-    let right = x_max - 0.45 * (x_max - x_min);
-    let (lo, hi) = (y(lo), y(hi));
-    let (top, bottom) = (hi - 0.3 * (hi - lo), lo + 0.3 * (hi - lo));
-    let tail = || chart.series.iter().flat_map(|s| s.points.iter()).filter(|p| p.0 >= right).map(|p| y(p.1));
-    match tail().filter(|v| *v < bottom).count() < tail().filter(|v| *v > top).count() {
-        true => SeriesLabelPosition::LowerRight,
-        false => SeriesLabelPosition::UpperRight,
-    }
-}
-
-fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
-    ctx: &mut ChartContext<'a, DB, CT>,
-    corner: SeriesLabelPosition,
-) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
-    ctx.configure_series_labels()
-        .position(corner)
-        .label_font(("sans-serif", font(LEGEND_PT)))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
 }
 
 /// A matrix heatmap description: `values[r][c]`, drawn with row 0 at the top.
@@ -423,78 +755,6 @@ pub struct Heatmap {
     pub annotate: bool,
 }
 
-/// Draws `chart` with both axes logarithmic (growth laws read as slopes: O(L) is slope 1, O(L²)
-/// slope 2), points marked, to `<out_base>.{png,svg}`. Non-positive values are dropped.
-pub fn loglog_chart(chart: &LineChart, out_base: &Path) -> Result<Vec<PathBuf>> {
-    render_png_and_svg!(out_base, chart_size(), draw_loglog(chart))
-}
-
-fn draw_loglog<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &LineChart) -> Result<()>
-where
-    DB::ErrorType: 'static,
-{
-    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing: {e:?}");
-    root.fill(&WHITE).map_err(err)?;
-    let (title, title_size) = fit_title(&chart.title, root.dim_in_pixel().0, TITLE_PT);
-    let all: Vec<(f64, f64)> = chart
-        .series
-        .iter()
-        .flat_map(|s| s.points.iter().cloned())
-        .filter(|(x, y)| *x > 0.0 && *y > 0.0 && y.is_finite())
-        .collect();
-    anyhow::ensure!(!all.is_empty(), "nothing positive to plot on log-log axes");
-    let fold = |f: fn(f64, f64) -> f64, init: f64, sel: fn(&(f64, f64)) -> f64| all.iter().map(sel).fold(init, f);
-    let (x_lo, x_hi) = (fold(f64::min, f64::MAX, |p| p.0), fold(f64::max, f64::MIN, |p| p.0));
-    let (y_lo, y_hi) = (fold(f64::min, f64::MAX, |p| p.1), fold(f64::max, f64::MIN, |p| p.1));
-    let mut ctx = ChartBuilder::on(root)
-        .caption(&title, ("sans-serif", title_size))
-        .margin(pt(6.0))
-        .margin_right(pt(14.0))
-        .x_label_area_size(pt(26.0))
-        .y_label_area_size(pt(38.0))
-        .build_cartesian_2d((x_lo / 1.2..x_hi * 1.2).log_scale(), (y_lo / 1.5..y_hi * 1.5).log_scale())
-        .map_err(err)?;
-    ctx.configure_mesh()
-        .x_desc(&chart.x_label)
-        .y_desc(&chart.y_label)
-        .label_style(("sans-serif", font(TICK_PT)))
-        .axis_desc_style(("sans-serif", font(AXIS_PT)))
-        .x_label_formatter(&|v| tick(*v))
-        .y_label_formatter(&|v| tick(*v))
-        .draw()
-        .map_err(err)?;
-    for (i, s) in chart.series.iter().enumerate() {
-        let color = s.color.unwrap_or(PALETTE[i % PALETTE.len()]);
-        let pts: Vec<(f64, f64)> = s.points.iter().cloned().filter(|(x, y)| *x > 0.0 && *y > 0.0).collect();
-        ctx.draw_series(LineSeries::new(pts.clone(), color.stroke_width(pt(LINE_PT))))
-            .map_err(err)?
-            .label(&s.label)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + pt(12.0) as i32, y)], color.stroke_width(pt(LINE_PT)))
-            });
-        ctx.draw_series(pts.into_iter().map(|p| Circle::new(p, pt(DOT_PT), color.filled()))).map_err(err)?;
-    }
-    ctx.configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font(("sans-serif", font(LEGEND_PT)))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
-    Ok(())
-}
-
-/// A tick label without trailing zeros: `50`, `0.1`, `2.5` (not `50.0`, `0.10`).
-fn tick(v: f64) -> String {
-    let s = format!("{v:.3}");
-    let s = s.trim_end_matches('0').trim_end_matches('.');
-    if s == "-0" {
-        "0".into()
-    } else {
-        s.into()
-    }
-}
-
 /// Draws one or more heatmaps side by side (a grid of panels sharing one colour scale and one
 /// colorbar) to `<out_base>.png` and `.svg`.
 pub fn heatmaps(panels: &[Heatmap], title: &str, out_base: &Path) -> Result<Vec<PathBuf>> {
@@ -509,8 +769,8 @@ pub fn heatmaps(panels: &[Heatmap], title: &str, out_base: &Path) -> Result<Vec<
     render_png_and_svg!(out_base, size, draw_heatmaps(panels, title, (rows, cols)))
 }
 
-/// The colour bar's share of a heatmap figure's width (0.86 in).
-const COLORBAR: u32 = 153;
+/// The colour bar's share of a heatmap figure's width (0.98 in).
+const COLORBAR: u32 = 175;
 
 /// Rows and columns of heatmap panels on a canvas `width` wide: side by side while each panel is
 /// at least 1.1 in wide, else in rows (five snapshots of C in one column of a paper: 2 × 3).
@@ -546,22 +806,51 @@ where
     });
     let (lo, hi) = if hi > lo { (lo, hi) } else { (lo - 0.5, lo + 0.5) };
     let (title, title_size) = fit_title(title, root.dim_in_pixel().0, TITLE_PT);
-    let area = root.titled(&title, ("sans-serif", title_size)).map_err(err)?;
+    let area = root.margin(pt(3.0), 0, 0, 0).titled(&title, ("sans-serif", title_size)).map_err(err)?;
     let (main, bar) = area.split_horizontally(area.dim_in_pixel().0.saturating_sub(COLORBAR));
     let (grid_rows, grid_cols) = (grid.0 as usize, grid.1 as usize);
+    let axis_h = area.estimate_text_size("Mg", &("sans-serif", font(AXIS_PT)).into()).map_err(err)?.1;
     for (i, (p, panel_area)) in panels.iter().zip(main.split_evenly((grid_rows, grid_cols))).enumerate() {
         // Axis titles on the outer panels only: the left column's y, the bottom row's x.
         let (left, bottom) = (i % grid_cols == 0, i + grid_cols >= panels.len());
         let (rows, cols) = p.values.dim();
+        // Tick labels at 8 pt, or 7 pt where that puts one on every node and 8 pt would not.
+        let (pw, ph) = panel_area.dim_in_pixel();
+        let measure = |points: f64| {
+            let style: TextStyle = ("sans-serif", font(points)).into();
+            let size = |l: &String| panel_area.estimate_text_size(l, &style).unwrap_or((0, 0));
+            let row_w = p.row_labels.iter().map(|l| size(l).0).max().unwrap_or(0);
+            let col_w = p.col_labels.iter().map(|l| size(l).0).max().unwrap_or(0);
+            let tick_h = p.col_labels.iter().chain(&p.row_labels).map(|l| size(l).1).max().unwrap_or(0);
+            (row_w, col_w, tick_h)
+        };
+        let fits = |(row_w, col_w, _): (u32, u32, u32)| {
+            let cell = f64::from(pw.saturating_sub(row_w + axis_h + pt(20.0))) / cols.max(1) as f64;
+            cell >= 1.1 * f64::from(col_w)
+        };
+        let tick_pt = if !fits(measure(TICK_PT)) && fits(measure(TICK_PT - 1.0)) { TICK_PT - 1.0 } else { TICK_PT };
+        let (row_w, col_w, tick_h) = measure(tick_pt);
+        // Room for the tick labels, a gap and (outer panels) the axis title beside them.
+        let y_area = row_w + pt(6.0) + if left { axis_h + pt(3.0) } else { 0 };
+        let x_area = tick_h + pt(6.0) + if bottom { axis_h + pt(3.0) } else { 0 };
+        // The cells' width as in a panel of the left column (with the axis title), so that every
+        // panel ticks the same nodes.
+        let cell_w = f64::from(pw.saturating_sub(row_w + axis_h + pt(19.0))) / cols.max(1) as f64;
+        let cell_h = f64::from(ph.saturating_sub(x_area + pt(20.0))) / rows.max(1) as f64;
+        // A tick on every node where its label fits the cell (with a gap), else on every 2nd, 3rd, …
+        let stride = |cell: f64, label: u32| (1..).find(|s| cell * *s as f64 >= 1.1 * f64::from(label)).unwrap_or(1);
+        let (sx, sy) = (stride(cell_w, col_w), stride(cell_h, tick_h));
+        // Skipping columns, the last (the readout, `out`) keeps its tick.
+        let x_keys: Vec<f64> = ((cols.max(1) - 1) % sx..cols).step_by(sx).map(|c| c as f64 + 0.5).collect();
+        let y_keys: Vec<f64> = (0..rows).step_by(sy).map(|r| r as f64 + 0.5).collect();
         // Numbers in the cells only where "0.00" fits one (with a margin), centred.
-        let cell_width = f64::from(panel_area.dim_in_pixel().0.saturating_sub(pt(34.0))) / cols.max(1) as f64;
-        let annotate = p.annotate && cell_width >= 1.15 * text_width("0.00", font(CELL_PT));
+        let annotate = p.annotate && cell_w >= 1.15 * text_width("0.00", font(CELL_PT));
         let mut chart = ChartBuilder::on(&panel_area)
             .caption(&p.title, ("sans-serif", font(AXIS_PT)))
-            .margin(pt(5.0))
-            .x_label_area_size(pt(22.0))
-            .y_label_area_size(pt(24.0))
-            .build_cartesian_2d(0.0..cols as f64, rows as f64..0.0)
+            .margin(pt(4.0))
+            .x_label_area_size(x_area)
+            .y_label_area_size(y_area)
+            .build_cartesian_2d(Ticked::new(0.0..cols as f64, x_keys), Ticked::new(rows as f64..0.0, y_keys))
             .map_err(err)?;
         let (rl, cl) = (p.row_labels.clone(), p.col_labels.clone());
         chart
@@ -569,12 +858,11 @@ where
             .disable_mesh()
             .x_desc(if bottom { p.x_label.as_str() } else { "" })
             .y_desc(if left { p.y_label.as_str() } else { "" })
-            .x_labels(cols.min(if grid_cols > 2 { 5 } else { 12 }))
-            .y_labels(rows.min(12))
             .x_label_formatter(&|v| cl.get(v.floor() as usize).cloned().unwrap_or_default())
             .y_label_formatter(&|v| rl.get(v.floor() as usize).cloned().unwrap_or_default())
-            .label_style(("sans-serif", font(TICK_PT)))
+            .label_style(("sans-serif", font(tick_pt)))
             .axis_desc_style(("sans-serif", font(AXIS_PT)))
+            .set_all_tick_mark_size(pt(2.0))
             .draw()
             .map_err(err)?;
         for (r, row) in p.values.rows().into_iter().enumerate() {
@@ -605,23 +893,27 @@ where
             }
         }
     }
-    // Colorbar, with as many tick labels as fit its height (one per 14 pt, 2 to 11).
-    let ticks = ((bar.dim_in_pixel().1.saturating_sub(pt(48.0))) / pt(14.0)).clamp(2, 11) as usize;
+    // The colour bar: its ticks and title on its right, as matplotlib draws one, ticked at nice
+    // values (one per 24 pt of height at most).
+    let max_ticks = ((bar.dim_in_pixel().1.saturating_sub(pt(48.0))) / pt(24.0)).clamp(2, 8) as usize;
+    let axis = linear_axis(lo, hi, 0.0, max_ticks);
+    let label_w = widest(&bar, axis.ticks.iter().map(|t| t.1.clone())).0;
     let mut cb = ChartBuilder::on(&bar)
         .margin_top(pt(22.0))
         .margin_bottom(pt(26.0))
-        .margin_right(pt(2.0))
-        .y_label_area_size(pt(44.0))
-        .build_cartesian_2d(0.0..1.0, lo..hi)
+        .margin_left(pt(6.0))
+        .margin_right(axis_h)
+        .right_y_label_area_size(label_w + axis_h + pt(14.0))
+        .build_cartesian_2d(Ticked::new(0.0..1.0, vec![]), Ticked::new(lo..hi, axis.points()))
         .map_err(err)?;
     cb.configure_mesh()
         .disable_mesh()
         .disable_x_axis()
         .y_desc(&panels[0].colorbar_label)
-        .y_labels(ticks)
         .label_style(("sans-serif", font(TICK_PT)))
         .axis_desc_style(("sans-serif", font(AXIS_PT)))
-        .y_label_formatter(&|v| format!("{v:.2}"))
+        .y_label_formatter(&|v| axis.label(*v))
+        .set_all_tick_mark_size(pt(2.0))
         .draw()
         .map_err(err)?;
     let steps = 100;
@@ -633,6 +925,196 @@ where
             viridis(i as f64 / steps as f64).filled(),
         )))
         .map_err(err)?;
+    }
+    Ok(())
+}
+
+/// A topology's name as the papers print it (`hacn` → `H-ACN`), for legends.
+pub fn display_name(kind: &str) -> String {
+    match kind {
+        "residual" => "Residual",
+        "plain" => "Plain",
+        "shortcuts" => "Shortcuts",
+        "acn" => "ACN",
+        "hacn" => "H-ACN",
+        "ancre" => "ANCRe",
+        "attnres" => "AttnRes",
+        "denseformer" => "DenseFormer",
+        "densenet" => "DenseNet",
+        "hyper" => "HC",
+        "laurel" => "LAuReL",
+        "layercomb" => "LayerComb",
+        "mhc" => "mHC",
+        "rezero" => "ReZero",
+        other => other,
+    }
+    .to_string()
+}
+
+/// The axis title of a logged quantity, with its unit: `loss` → `training loss (nats)` (the unit
+/// given), `eval.accuracy` → `held-out accuracy (%)`, `gamma` → `Γ`, …; a name it does not know
+/// is shown as it is.
+pub fn quantity(name: &str, loss_unit: &str) -> String {
+    let (prefix, base) = match name.split_once('.') {
+        Some((p, b)) => (p, b),
+        None => ("", name),
+    };
+    let what = match prefix {
+        "eval" => "held-out ",
+        "layerwise" => "exit ",
+        "noise" => "",
+        _ => "",
+    };
+    match base {
+        "loss" if prefix.is_empty() => format!("training loss{loss_unit}"),
+        "loss" => format!("{what}loss{loss_unit}"),
+        b if b.ends_with("accuracy") => format!("{what}accuracy (%)"),
+        "perplexity" => format!("{what}perplexity"),
+        "gamma" => "Γ".into(),
+        "success" => "success rate".into(),
+        "grad_norm" => "gradient norm".into(),
+        "lr" => "learning rate".into(),
+        _ => name.to_string(),
+    }
+}
+
+/// A claim's figure: each seed's value under arm A and arm B joined by a line (a slope chart, the
+/// mean of each arm in black over them), and beside it each seed's difference with the mean's
+/// interval, the line of no effect and the claim's margin where it has one.
+#[derive(Debug, Clone)]
+pub struct Paired {
+    pub title: String,
+    /// The metric, with its unit.
+    pub y_label: String,
+    /// How the arms are named under their columns.
+    pub arms: [String; 2],
+    pub colors: [RGBColor; 2],
+    /// `(A, B)` on each seed.
+    pub values: Vec<(f64, f64)>,
+    /// Values and differences on log axes (a claim on a log scale: differences are ratios A/B).
+    pub log: bool,
+    pub diff_label: String,
+    pub diffs: Vec<f64>,
+    /// The interval of the mean difference (ratio on a log scale).
+    pub interval: (f64, f64),
+    /// The margins drawn on the differences (none, one or two).
+    pub margin: Vec<f64>,
+}
+
+/// Draws a [`Paired`] figure to `<out_base>.{png,svg,pdf}` at the printed width.
+pub fn paired_chart(c: &Paired, out_base: &Path) -> Result<Vec<PathBuf>> {
+    render_png_and_svg!(out_base, chart_size(), draw_paired(c))
+}
+
+fn draw_paired<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &Paired) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing: {e:?}");
+    root.fill(&WHITE).map_err(err)?;
+    let (title, title_size) = fit_title(&c.title, root.dim_in_pixel().0, TITLE_PT);
+    let area = root.margin(pt(3.0), 0, 0, 0).titled(&title, ("sans-serif", title_size)).map_err(err)?;
+    let (w, _) = area.dim_in_pixel();
+    let (left, right) = area.split_horizontally(w * 3 / 5);
+    let ok = |v: &f64| v.is_finite() && (!c.log || *v > 0.0);
+    let span =
+        |v: &mut dyn Iterator<Item = f64>| v.filter(ok).fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
+    let axis = |(lo, hi): (f64, f64)| if c.log { log_axis(lo, hi, 5) } else { linear_axis(lo, hi, 0.08, 6) };
+    let (lo, hi) = span(&mut c.values.iter().flat_map(|v| [v.0, v.1]));
+    anyhow::ensure!(lo <= hi, "nothing to plot: no paired values");
+    let y = axis((lo, hi));
+    let axis_h = area.estimate_text_size("Mg", &("sans-serif", font(AXIS_PT)).into()).map_err(err)?.1;
+    // The arms' names under their columns where they fit half the panel, else A and B there and
+    // the names in the axis title.
+    let (names_w, tick_h) = widest(&left, c.arms.iter().cloned());
+    let fits = f64::from(names_w) <= 0.42 * f64::from(left.dim_in_pixel().0);
+    let (ticks, x_desc) = match fits {
+        true => (c.arms.clone(), String::new()),
+        false => (["A".to_string(), "B".to_string()], format!("A: {}, B: {}", c.arms[0], c.arms[1])),
+    };
+    let x = Axis { log: false, lo: -0.35, hi: 1.35, ticks: vec![(0.0, ticks[0].clone()), (1.0, ticks[1].clone())] };
+    let y_area = widest(&left, y.ticks.iter().map(|t| t.1.clone())).0 + axis_h + pt(10.0);
+    let x_area = tick_h + pt(8.0) + if x_desc.is_empty() { 0 } else { axis_h + pt(2.0) };
+    let mut ctx = xy_context(&left, &x, &y, (x_area, y_area)).map_err(err)?;
+    ctx.configure_mesh()
+        .x_desc(&x_desc)
+        .y_desc(&c.y_label)
+        .label_style(("sans-serif", font(TICK_PT)))
+        .axis_desc_style(("sans-serif", font(AXIS_PT)))
+        .x_label_formatter(&|v| x.label(*v))
+        .y_label_formatter(&|v| y.label(*v))
+        .bold_line_style(GRID.stroke_width(1))
+        .light_line_style(TRANSPARENT)
+        .axis_style(BLACK.stroke_width(1))
+        .set_all_tick_mark_size(pt(2.5))
+        .draw()
+        .map_err(err)?;
+    let grey = RGBColor(170, 170, 170);
+    let pairs: Vec<(f64, f64)> =
+        c.values.iter().filter(|v| ok(&v.0) && ok(&v.1)).map(|v| (y.at(v.0), y.at(v.1))).collect();
+    for &(a, b) in &pairs {
+        ctx.draw_series(LineSeries::new([(0.0, a), (1.0, b)], grey.stroke_width(pt(0.8)))).map_err(err)?;
+    }
+    for (k, col) in c.colors.iter().enumerate() {
+        ctx.draw_series(
+            pairs.iter().map(|p| Circle::new((k as f64, if k == 0 { p.0 } else { p.1 }), pt(DOT_PT), col.filled())),
+        )
+        .map_err(err)?;
+    }
+    if !pairs.is_empty() {
+        // The arms' means (of what is drawn: the geometric mean on a log axis).
+        let n = pairs.len() as f64;
+        let (ma, mb) = (pairs.iter().map(|p| p.0).sum::<f64>() / n, pairs.iter().map(|p| p.1).sum::<f64>() / n);
+        ctx.draw_series(LineSeries::new([(0.0, ma), (1.0, mb)], BLACK.stroke_width(pt(LINE_PT * 1.5)))).map_err(err)?;
+    }
+    // The differences: each seed's, the mean's interval, no effect and the margins.
+    let none = if c.log { 1.0 } else { 0.0 };
+    let (dlo, dhi) =
+        span(&mut c.diffs.iter().copied().chain([c.interval.0, c.interval.1, none]).chain(c.margin.iter().copied()));
+    let dy = axis((dlo, dhi));
+    let dx = Axis { log: false, lo: -1.0, hi: 1.0, ticks: vec![] };
+    let dy_area = widest(&right, dy.ticks.iter().map(|t| t.1.clone())).0 + axis_h + pt(10.0);
+    let mut dctx = xy_context(&right, &dx, &dy, (x_area, dy_area)).map_err(err)?;
+    dctx.configure_mesh()
+        .x_desc(&c.diff_label)
+        .label_style(("sans-serif", font(TICK_PT)))
+        .axis_desc_style(("sans-serif", font(AXIS_PT)))
+        .y_label_formatter(&|v| dy.label(*v))
+        .bold_line_style(GRID.stroke_width(1))
+        .light_line_style(TRANSPARENT)
+        .axis_style(BLACK.stroke_width(1))
+        .set_all_tick_mark_size(pt(2.5))
+        .draw()
+        .map_err(err)?;
+    dctx.draw_series(LineSeries::new([(-1.0, dy.at(none)), (1.0, dy.at(none))], BLACK.stroke_width(1))).map_err(err)?;
+    for m in &c.margin {
+        let red = RGBColor(214, 39, 40);
+        dctx.draw_series(LineSeries::new([(-1.0, dy.at(*m)), (1.0, dy.at(*m))], red.stroke_width(pt(0.8))))
+            .map_err(err)?;
+        // Named at its right end, above the line.
+        let style =
+            ("sans-serif", font(LEGEND_PT)).into_font().color(&red).pos(plotters::style::text_anchor::Pos::new(
+                plotters::style::text_anchor::HPos::Right,
+                plotters::style::text_anchor::VPos::Bottom,
+            ));
+        dctx.draw_series(std::iter::once(Text::new("margin", (0.97, dy.at(*m)), style))).map_err(err)?;
+    }
+    let n = c.diffs.len().max(2) as f64;
+    dctx.draw_series(
+        c.diffs.iter().enumerate().filter(|(_, d)| ok(d)).map(|(i, d)| {
+            Circle::new((-0.8 + 0.9 * i as f64 / (n - 1.0), dy.at(*d)), pt(DOT_PT), grey.mix(0.9).filled())
+        }),
+    )
+    .map_err(err)?;
+    if ok(&c.interval.0) && ok(&c.interval.1) {
+        let ink = BLACK.stroke_width(pt(LINE_PT * 1.5));
+        dctx.draw_series(LineSeries::new([(0.55, dy.at(c.interval.0)), (0.55, dy.at(c.interval.1))], ink))
+            .map_err(err)?;
+        let mean: Vec<f64> = c.diffs.iter().copied().filter(ok).map(|d| dy.at(d)).collect();
+        if !mean.is_empty() {
+            let m = mean.iter().sum::<f64>() / mean.len() as f64;
+            dctx.draw_series(std::iter::once(Circle::new((0.55, m), pt(DOT_PT * 1.4), BLACK.filled()))).map_err(err)?;
+        }
     }
     Ok(())
 }

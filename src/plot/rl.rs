@@ -46,7 +46,7 @@ pub fn success(runs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
         *v += 1;
         let points = success_curve(dir)?;
         x_max = points.iter().map(|p| p.0).fold(x_max, f64::max);
-        let label = format!("{} ({}, depth {})", exp.config.name, kind, exp.config.network.depth);
+        let label = format!("{}, depth {} ({})", super::display_name(&kind), exp.config.network.depth, exp.config.name);
         series.push(Series { label, points, color: Some(color), band: None });
         if let Ok(text) = std::fs::read_to_string(dir.join("summary.json")) {
             if let Ok(s) = serde_json::from_str::<RlSummary>(&text) {

@@ -3,7 +3,7 @@
 //! seeds with a band of ± one standard deviation. Accuracies are drawn in percent, as the tables
 //! show them.
 
-use super::{line_chart, LineChart, Series, PALETTE};
+use super::{display_name, line_chart, quantity, LineChart, Series, PALETTE};
 use crate::study::{self, StudyReport};
 use anyhow::Result;
 use std::path::{Path, PathBuf};
@@ -12,6 +12,11 @@ use std::path::{Path, PathBuf};
 /// returns the files written.
 pub fn band_curves(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
+    let labels = group_labels(r);
+    let (unit, lm) = task_of(r);
+    // Every group of one size: the title says it once, not each legend entry.
+    let sizes: std::collections::BTreeSet<usize> = r.groups.iter().map(|g| g.runs.len()).collect();
+    let one_n = (sizes.len() == 1).then(|| sizes.first().copied().unwrap_or(0));
     for name in &r.curves {
         // A loss spanning decades is drawn on a log axis, its band in log space.
         let percent = study::in_percent(name);
@@ -31,13 +36,9 @@ pub fn band_curves(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
             if band.is_empty() {
                 continue;
             }
-            let label = match r.by.is_empty() {
-                true => format!("all runs (n = {})", g.runs.len()),
-                false => format!(
-                    "{} (n = {})",
-                    r.by.iter().zip(&g.key).map(|(k, v)| format!("{}={v}", short(k))).collect::<Vec<_>>().join(", "),
-                    g.runs.len()
-                ),
+            let label = match one_n {
+                Some(_) => labels[i].clone(),
+                None => format!("{} (n = {})", labels[i], g.runs.len()),
             };
             series.push(Series {
                 label,
@@ -69,17 +70,28 @@ pub fn band_curves(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
         }
         let x = match name.split('.').next() {
             Some("success") => "environment steps",
-            Some("layerwise") => "units before the exit (the shared head reads the stream there)",
-            Some("noise") => "input noise level (Gaussian σ; for text, replacement probability)",
-            _ => "step",
+            Some("layerwise") => "units before the exit",
+            Some("noise") if lm => "character noise probability p",
+            Some("noise") => "input noise σ",
+            _ => "training step",
         };
+        let y_label = quantity(name, unit);
+        let seeds = one_n.map_or("seeds".to_string(), |n| format!("{n} seeds"));
+        let mut title = y_label.split(" (").next().unwrap_or(&y_label).to_string();
+        if let Some(first) = title.get(..1) {
+            title = first.to_uppercase() + &title[1..];
+        }
+        // What the x axis varies, in the title: the axis title stays short enough for a column.
+        if name.starts_with("noise.") {
+            title += " under input noise";
+        }
         let chart = LineChart {
             title: match log_y {
-                true => format!("{name}: geometric mean ×÷ geometric sd over seeds"),
-                false => format!("{name}: mean ± sd over seeds"),
+                true => format!("{title}: geometric mean ×÷ geometric sd over {seeds}"),
+                false => format!("{title}: mean ± sd over {seeds}"),
             },
             x_label: x.into(),
-            y_label: if percent { format!("{name} (%)") } else { name.clone() },
+            y_label,
             log_y,
             series,
         };
@@ -112,35 +124,142 @@ pub fn claim_figures(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
             true => 100.0,
             false => 1.0,
         };
-        let arm = |label: &str, text: &str, pick: fn(&(f64, f64)) -> f64, color: usize| Series {
-            label: format!("{label}: {text}"),
-            points: c.seeds.iter().zip(&c.values).map(|(&s, v)| (s as f64, unit * pick(v))).collect(),
-            color: Some(PALETTE[color]),
-            band: None,
-        };
         // Three significant digits, an exponent where the fixed point would hide them.
         let num = |v: f64| match v.abs() {
             a if a != 0.0 && !(1e-3..1e6).contains(&a) => format!("{v:.2e}"),
-            _ => format!("{v:.3}"),
+            _ => format!("{v:.3}").trim_end_matches('0').trim_end_matches('.').to_string(),
         };
         let delta = match log {
             true => format!("A/B = ×{}", num(c.diff.mean.exp())),
-            false => format!("Δ = A − B = {}", num(unit * c.diff.mean)),
+            false => format!("Δ = {}", num(unit * c.diff.mean)),
         };
-        let chart = LineChart {
-            title: format!("{} ({}): {delta}, {}", cl.id, cl.source, c.verdict),
-            x_label: "seed (A and B paired on it)".into(),
-            y_label: cl.metrics().join(" (A) vs ")
-                + if cl.b_metric.is_some() { " (B)" } else { "" }
-                + if unit == 100.0 { " (%)" } else { "" },
-            log_y: log,
-            series: vec![arm("A", &cl.a, |v| v.0, 0), arm("B", &cl.b, |v| v.1, 1)],
+        let metric = cl.metrics().iter().map(|m| quantity(m, "")).collect::<Vec<_>>().join(" vs ");
+        // The differences in the unit they are judged in: A − B, or log(A/B) shown as the ratio.
+        // The margin where the claim has one: ±m for equivalence, +m for "at most", −m for "at least".
+        use crate::study::claims::Expect;
+        let sides: Vec<f64> = match (cl.expect, cl.margin) {
+            (Expect::Equivalent, Some(m)) => vec![-m, m],
+            (Expect::AtMost, Some(m)) => vec![m],
+            (Expect::AtLeast, Some(m)) => vec![-m],
+            _ => vec![],
+        };
+        let (diffs, interval, margin) = match log {
+            true => (
+                c.values.iter().map(|v| v.0 / v.1).collect::<Vec<f64>>(),
+                (c.interval.0.exp(), c.interval.1.exp()),
+                sides.iter().map(|m| m.exp()).collect(),
+            ),
+            false => (
+                c.values.iter().map(|v| unit * (v.0 - v.1)).collect(),
+                (unit * c.interval.0, unit * c.interval.1),
+                sides.iter().map(|m| unit * m).collect(),
+            ),
+        };
+        let chart = super::Paired {
+            title: format!("{} — {delta}, {}", cl.id, c.verdict),
+            y_label: metric,
+            arms: [arm_label(&cl.a), arm_label(&cl.b)],
+            colors: [arm_color(&cl.a, 0), arm_color(&cl.b, 1)],
+            values: c.values.iter().map(|v| (unit * v.0, unit * v.1)).collect(),
+            log,
+            diff_label: if log { "A/B".into() } else { "Δ = A − B".into() },
+            diffs,
+            interval,
+            margin,
         };
         std::fs::create_dir_all(out)?;
         let file = crate::study::claims::figure_stem(&cl.id);
-        files.extend(line_chart(&chart, &out.join(file))?);
+        files.extend(super::paired_chart(&chart, &out.join(file))?);
     }
     Ok(files)
+}
+
+/// An arm as a legend names it: `topology.kind=hacn,topology.init.mu=0.25` → `H-ACN, μ = 0.25`.
+fn arm_label(arm: &str) -> String {
+    arm.split(',')
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) => setting_label(k.trim(), v.trim()),
+            None => kv.trim().to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// An arm's colour: its topology's where it names one, else the palette's.
+fn arm_color(arm: &str, i: usize) -> plotters::style::RGBColor {
+    arm.split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| k.trim().ends_with("topology.kind"))
+        .map_or(PALETTE[i], |(_, v)| super::topology_color(v.trim(), 0))
+}
+
+/// One grouping key's value as a legend shows it: a topology by its name (`H-ACN`), a key by its
+/// symbol (`μ = 0.25`), a config's name as it is.
+fn setting_label(key: &str, value: &str) -> String {
+    match short(key) {
+        _ if key.ends_with("topology.kind") => display_name(value),
+        "name" => value.to_string(),
+        k => format!("{} = {value}", symbol(k)),
+    }
+}
+
+/// The symbols the papers use for the usual keys.
+fn symbol(key: &str) -> &str {
+    match key {
+        "mu" => "μ",
+        "sigma" => "σ",
+        "tau" => "τ",
+        "lr" => "learning rate",
+        "depth" => "depth",
+        other => other,
+    }
+}
+
+/// Each group's legend label from its grouping keys; configs' names shortened by what they all
+/// start with (`lnn-fig2b-none`, `lnn-fig2b-ancre` → `none`, `ancre`).
+fn group_labels(r: &StudyReport) -> Vec<String> {
+    if r.by.is_empty() {
+        return r.groups.iter().map(|_| "all runs".to_string()).collect();
+    }
+    let prefix = |i: usize| -> usize {
+        let vals: Vec<&String> = r.groups.iter().map(|g| &g.key[i]).collect();
+        if vals.len() < 2 {
+            return 0;
+        }
+        let first = vals[0];
+        let mut n = first.len();
+        for v in &vals[1..] {
+            n = n.min(first.bytes().zip(v.bytes()).take_while(|(a, b)| a == b).count());
+        }
+        // Cut at a word boundary only.
+        first[..n].rfind(['-', '_']).map_or(0, |p| p + 1)
+    };
+    let cuts: Vec<usize> = (0..r.by.len()).map(|i| if r.by[i] == "name" { prefix(i) } else { 0 }).collect();
+    r.groups
+        .iter()
+        .map(|g| {
+            r.by.iter()
+                .zip(&g.key)
+                .zip(&cuts)
+                .map(|((k, v), cut)| setting_label(k, v.get(*cut..).unwrap_or(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .collect()
+}
+
+/// What the report's runs' loss is measured in (for its axis title) and whether they are language
+/// models (their noise is a character probability), from the first run's config.
+fn task_of(r: &StudyReport) -> (&'static str, bool) {
+    use crate::data::Task;
+    let Some(run) = r.runs.first() else { return ("", false) };
+    match crate::experiment::Experiment::from_file(&run.dir.join("config.yaml"), &[]).map(|e| e.task()) {
+        Ok(Task::Classification) => (" (nats)", false),
+        Ok(Task::LanguageModel) => (" (nats)", true),
+        Ok(Task::Diffusion(_)) => (" (ε-MSE)", false),
+        Ok(Task::HalfSumSquares) => (" (½ squared error)", false),
+        Err(_) => ("", false),
+    }
 }
 
 /// An `across_seeds` claim's figure: each seed's vector against its index (the residual weights
@@ -160,16 +279,9 @@ fn profiles_figure(c: &crate::study::claims::ClaimResult, out: &Path) -> Result<
         })
         .collect();
     let chart = LineChart {
-        title: format!(
-            "{} ({}): mean r = {:.3} over {} seeds, {}",
-            cl.id,
-            cl.source,
-            c.diff.mean,
-            c.seeds.len(),
-            c.verdict
-        ),
-        x_label: format!("index of {} (unit)", cl.metric),
-        y_label: format!("{} ({})", cl.metric, cl.a),
+        title: format!("{} — r̄ = {:.3}, {} seeds, {}", cl.id, c.diff.mean, c.seeds.len(), c.verdict),
+        x_label: "unit".into(),
+        y_label: format!("{} of {}", cl.metric, arm_label(&cl.a)),
         log_y: false,
         series,
     };

@@ -152,6 +152,10 @@ pub struct StudyReport {
     pub claims: Vec<claims::ClaimResult>,
     /// Runs made under other claims than these, said in a sentence (see `registration_note`).
     pub registration: Option<String>,
+    /// Printed width and file formats of the figures: the options', else the spec's `report:`
+    /// section's (`None`: the defaults).
+    pub width: Option<String>,
+    pub formats: Option<String>,
 }
 
 /// Metrics a table shows by default, in this order, when every run has them.
@@ -416,6 +420,8 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
         missing,
         claims,
         registration,
+        width: opts.width.clone().or(from_sweep.width.clone()),
+        formats: opts.formats.clone().or(from_sweep.formats.clone()),
     })
 }
 

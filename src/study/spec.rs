@@ -37,6 +37,39 @@ pub struct ReportSpec {
     /// Curves drawn with a band over seeds (default: `loss`, and `gamma` where runs log it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub curves: Vec<String>,
+    /// Printed width of the figures, as `plexus report --width` takes it (`single`, `double` or
+    /// inches; default double); the flag wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub width: Option<String>,
+    /// Figure files, as `plexus report --formats` takes them (`png,svg,pdf`, the default); the
+    /// flag wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub formats: Option<String>,
+}
+
+impl ReportSpec {
+    /// Checks `width` and `formats` (the words the flags take), so that a sweep's spec with a bad
+    /// one is refused before its runs, not at its report.
+    pub fn check(&self) -> Result<()> {
+        if let Some(w) = &self.width {
+            let inches = w.trim().trim_end_matches("in").trim().parse::<f64>();
+            let ok = matches!(w.trim(), "single" | "double") || inches.is_ok_and(|v| (2.0..=20.0).contains(&v));
+            anyhow::ensure!(
+                ok,
+                "report.width: `{w}` is not a figure width; allowed: single (3.25 in), double (6.75 in) or inches \
+                 from 2 to 20, e.g. 5.5"
+            );
+        }
+        if let Some(f) = &self.formats {
+            let words: Vec<&str> = f.split(',').map(str::trim).collect();
+            let bad: Vec<&&str> = words.iter().filter(|w| !["png", "svg", "pdf"].contains(w)).collect();
+            anyhow::ensure!(
+                bad.is_empty() && !words.is_empty(),
+                "report.formats: `{f}` is not a list of figure formats; allowed: png, svg, pdf, comma-separated"
+            );
+        }
+        Ok(())
+    }
 }
 
 /// A sweep as written in its YAML file.
@@ -139,6 +172,7 @@ impl SweepSpec {
         super::claims::check(&spec.claims)
             .and_then(|_| super::claims::check_written_units(raw.as_ref().ok().and_then(|r| r.get("claims"))))
             .with_context(|| format!("the sweep spec {}", path.display()))?;
+        spec.report.check().with_context(|| format!("the sweep spec {}", path.display()))?;
         Ok(spec)
     }
 
