@@ -55,7 +55,7 @@ claims:
     a: topology.kind=hacn
     b: topology.kind=residual
     expect: at_least
-    margin: 0.2
+    margin: 20 pp   # a margin of 0.2 as a fraction, said in its unit
   - id: hacn-loss-ratio
     statement: H-ACN's final loss is within a factor of two of residual's.
     source: test
