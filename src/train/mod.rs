@@ -145,12 +145,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     let (dev, task, rank) = (setup.dev, exp.task(), setup.place.0);
     let mut t = setup.stepper(exp);
     // One writer per run directory, until this function returns (or the process dies).
-    let mut run = lifecycle::open(dir, &config_yaml, opts.resume, opts.overwrite, &RESUME_POLICY, main)?;
-    let resumed = resume(exp, dir, &mut run, &mut t, dev, main)?;
-    if main {
-        let text = resolved::resolved_yaml(exp, &setup.transform, setup.eval_record.take())?;
-        crate::run_dir::atomic_write(&dir.path.join(resolved::RESOLVED_FILE), text.as_bytes())?;
-    }
+    let (_run, resumed) = open_run(exp, dir, opts, &config_yaml, &mut setup, &mut t)?;
     let (start, steps) = (resumed.start, tc.steps);
     join_and_capture(exp, &mut t, opts, dev, main)?;
     let mut batches = setup.batches(start * tc.accumulation);
@@ -346,6 +341,26 @@ fn join_and_capture(
 
 /// Loads the latest checkpoint of a resumed run into `t` and returns the rows logged before it
 /// (and the step to start from); a new run starts at step 0 with none.
+/// Opens the run directory (its one writer: the returned guard), resumes from its checkpoint where
+/// there is one, and writes `resolved.yaml` (rank 0).
+fn open_run(
+    exp: &Experiment,
+    dir: &RunDir,
+    opts: &TrainOptions,
+    config_yaml: &str,
+    setup: &mut Setup,
+    t: &mut Stepper,
+) -> Result<(lifecycle::OpenRun, Resumed)> {
+    let main = crate::dist::DistInfo::is_main(opts.dist.as_ref());
+    let mut run = lifecycle::open(dir, config_yaml, opts.resume, opts.overwrite, &RESUME_POLICY, main)?;
+    let resumed = resume(exp, dir, &mut run, t, setup.dev, main)?;
+    if main {
+        let text = resolved::resolved_yaml(exp, &setup.transform, setup.eval_record.take())?;
+        crate::run_dir::atomic_write(&dir.path.join(resolved::RESOLVED_FILE), text.as_bytes())?;
+    }
+    Ok((run, resumed))
+}
+
 fn resume(
     exp: &Experiment,
     dir: &RunDir,
