@@ -140,20 +140,30 @@ pub struct Amendment {
 /// A margin or effect: a number, or percentage points written `N pp` (read as N / 100, the
 /// fraction an accuracy is in the runs' files); a claim's fingerprint holds the number either way.
 fn fraction_or_points<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<f64>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Written {
-        Number(f64),
-        Text(String),
+    struct Amount;
+    impl serde::de::Visitor<'_> for Amount {
+        type Value = f64;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a number, or percentage points of an accuracy written `0.5 pp`")
+        }
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<f64, E> {
+            Ok(v)
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<f64, E> {
+            Ok(v as f64)
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<f64, E> {
+            Ok(v as f64)
+        }
+        fn visit_str<E: serde::de::Error>(self, t: &str) -> std::result::Result<f64, E> {
+            points(t).ok_or_else(|| {
+                E::custom(format!(
+                    "`{t}` is neither a number nor percentage points (`0.5 pp`: half a point of an accuracy)"
+                ))
+            })
+        }
     }
-    match Written::deserialize(d)? {
-        Written::Number(v) => Ok(Some(v)),
-        Written::Text(t) => points(&t).map(Some).ok_or_else(|| {
-            serde::de::Error::custom(format!(
-                "`{t}` is neither a number nor percentage points (`0.5 pp`: half a point of an accuracy)"
-            ))
-        }),
-    }
+    d.deserialize_any(Amount).map(Some)
 }
 
 /// `N pp` as a fraction (N / 100); `None` for anything else.
