@@ -44,7 +44,7 @@ trap 'rm -f "$summary"' EXIT
 {
   echo "# scripts/parity-draws.sh --draws $draws${threads:+ --threads $threads}${only:+ --only $only}"
   echo "# commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src native parity 2>/dev/null || echo ' (with uncommitted changes)'), $(date -u +%Y-%m-%d)"
-  echo "# $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc) cores"
+  echo "# $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc --all) cores"
   echo "# every case of parity/cases${only:+ named *$only*} on draws 1..$draws in each kernel mode; a case-draw passes when every"
   echo "# tensor is within GROWTH x the worst of the reference's runs + FLOOR_ULPS units of roundoff"
   echo "# (src/parity.rs; parity/SPEC.md, Tolerance); a bf16 case fails the direct bound where it"
