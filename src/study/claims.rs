@@ -172,10 +172,12 @@ fn points(text: &str) -> Option<f64> {
     n.is_finite().then_some(n / 100.0)
 }
 
-/// The largest bare number a margin or effect on an accuracy may be (20 points as a fraction):
-/// above it the number was more likely meant in points (`margin: 0.5` for half a point is 50
-/// points), and is refused unless written with its unit (`50 pp`).
-pub const MAX_BARE_ACCURACY_AMOUNT: f64 = 0.2;
+/// The largest bare number a margin or effect on an accuracy may be (5 points as a fraction): a
+/// number meant in points and read as a fraction is 100 times too large, and every plausible
+/// margin in points (0.05 to 20) lands at or above this, so such a number is refused unless
+/// written with its unit (`margin: 0.5` meant as half a point would be 50 points; `50 pp` says
+/// that is meant).
+pub const MAX_BARE_ACCURACY_AMOUNT: f64 = 0.05;
 
 /// Checks how a spec's claims write their margins and effects (`claims` as the YAML has it): on
 /// an accuracy, a bare number of at least [`MAX_BARE_ACCURACY_AMOUNT`] is refused with the two

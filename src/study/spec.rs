@@ -409,7 +409,7 @@ mod tests {
 
     /// A margin on an accuracy written as 0.5 (meant as half a point, read as 50 points) is
     /// refused with both readings; `50 pp` says it is meant and reads as 0.5; `pp` on a loss is
-    /// refused; a fraction below 20 points passes; the fingerprint holds the number either way.
+    /// refused; a fraction below 5 points passes; the fingerprint holds the number either way.
     #[test]
     fn accuracy_margins_say_their_unit() {
         let dir = tempfile::tempdir().unwrap();
@@ -440,5 +440,8 @@ mod tests {
         assert!(spec("'2 pp'", "final_loss").unwrap_err().contains("percentage points (pp) are for an accuracy"));
         assert!(spec("'2 points'", "eval.accuracy").unwrap_err().contains("neither a number nor percentage points"));
         assert_eq!(spec("0.005", "best.eval.accuracy").unwrap().claims[0].margin, Some(0.005));
+        // 0.1 meant as a tenth of a point would be 10 points: refused too; '10 pp' passes.
+        assert!(spec("0.1", "eval.accuracy").unwrap_err().contains("reads as 10 points"));
+        assert_eq!(spec("'10 pp'", "eval.accuracy").unwrap().claims[0].margin, Some(0.1));
     }
 }
