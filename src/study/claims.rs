@@ -350,6 +350,24 @@ pub fn in_an_arm(claim: &Claim, run: &RunRecord) -> bool {
         .any(|t| arm(t, "", &claim.id).is_ok_and(|kv| kv.iter().all(|(k, v)| run.config.get(k) == Some(v))))
 }
 
+/// The metrics the claim reads from `run`: `metric` (an across-seeds claim's entries) where the
+/// run is in arm A, `b_metric` where it is in arm B (both for a claim on two numbers of the same
+/// runs); none for a run of neither arm. A claim whose arms read different metrics (`CURVE@WHEN>=V`
+/// at each task's own level, say) waits only on what each arm's runs are read at.
+pub fn metrics_read_from(claim: &Claim, run: &RunRecord) -> Vec<String> {
+    let is_in = |t: &str| {
+        !t.is_empty() && arm(t, "", &claim.id).is_ok_and(|kv| kv.iter().all(|(k, v)| run.config.get(k) == Some(v)))
+    };
+    let mut read = Vec::new();
+    if is_in(&claim.a) {
+        read = if claim.across_seeds.is_some() { claim.metrics() } else { vec![claim.metric.clone()] };
+    }
+    if is_in(&claim.b) && !read.iter().any(|m| m == claim.metric_of_b()) {
+        read.push(claim.metric_of_b().to_string());
+    }
+    read
+}
+
 /// The value of `metric` in `run` (see [`Claim::metric`]); `CURVE@STEP` is read from the run's
 /// curves unless the record already holds it (a report read back from its runs.csv).
 pub fn metric_value(run: &RunRecord, metric: &str) -> Result<f64> {
@@ -1426,6 +1444,21 @@ mod tests {
         assert!(check(std::slice::from_ref(&c)).unwrap_err().to_string().contains("effect -1.5"));
         c.effect = Some(0.004);
         assert!(check(&[c]).is_ok());
+    }
+
+    /// Each arm's runs are read at their own metric: A at `metric`, B at `b_metric`.
+    #[test]
+    fn each_arm_is_read_at_its_own_metric() {
+        let mut c = claim("x", Expect::Greater, None);
+        c.metric = "gamma@eval.accuracy>=0.3".into();
+        c.b_metric = Some("gamma@eval.accuracy>=0.6".into());
+        assert_eq!(metrics_read_from(&c, &run("a", 0, 1.0)), vec!["gamma@eval.accuracy>=0.3".to_string()]);
+        assert_eq!(metrics_read_from(&c, &run("b", 0, 1.0)), vec!["gamma@eval.accuracy>=0.6".to_string()]);
+        assert!(metrics_read_from(&c, &run("c", 0, 1.0)).is_empty());
+        let mut same = claim("x", Expect::Greater, None);
+        same.b = same.a.clone();
+        same.b_metric = Some("initial.gamma".into());
+        assert_eq!(metrics_read_from(&same, &run("a", 0, 1.0)), vec!["m".to_string(), "initial.gamma".to_string()]);
     }
 
     /// The runs a claim reads are its arms': a run of a third setting is none of them.

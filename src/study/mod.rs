@@ -400,10 +400,7 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
     // claims are the point, and a missing metric is an error.
     let (claims, waiting): (Vec<claims::Claim>, Vec<claims::Claim>) = claims.into_iter().partition(|c| {
         spec.is_some()
-            || runs
-                .iter()
-                .filter(|r| claims::in_an_arm(c, r))
-                .all(|r| c.metrics().iter().all(|m| claims::metric_value(r, m).is_ok()))
+            || runs.iter().all(|r| claims::metrics_read_from(c, r).iter().all(|m| claims::metric_value(r, m).is_ok()))
     });
     missing.extend(waiting.iter().map(|c| format!("{} (claim `{}`)", c.metrics().join(", "), c.id)));
     let registration = registration_note(&all_claims, &runs);
