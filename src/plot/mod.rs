@@ -561,6 +561,26 @@ fn xy_context<'a, DB: DrawingBackend>(
         .build_cartesian_2d(Ticked::new(x.lo..x.hi, x.points()), Ticked::new(y.lo..y.hi, y.points()))
 }
 
+/// The axes, tick labels, titles and major grid every x–y figure shares (no minor grid).
+fn draw_axes<DB: DrawingBackend>(
+    ctx: &mut ChartContext<'_, DB, Coord>,
+    (x, y): (&Axis, &Axis),
+    (x_desc, y_desc): (&str, &str),
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    ctx.configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .label_style(("sans-serif", font(TICK_PT)))
+        .axis_desc_style(("sans-serif", font(AXIS_PT)))
+        .x_label_formatter(&|v| x.label(*v))
+        .y_label_formatter(&|v| y.label(*v))
+        .bold_line_style(GRID.stroke_width(1))
+        .light_line_style(TRANSPARENT)
+        .axis_style(BLACK.stroke_width(1))
+        .set_all_tick_mark_size(pt(2.5))
+        .draw()
+}
+
 /// Width and height of the widest of `labels` at tick size.
 fn widest<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, labels: impl Iterator<Item = String>) -> (u32, u32) {
     let style: TextStyle = ("sans-serif", font(TICK_PT)).into();
@@ -697,19 +717,7 @@ where
         }
     };
     let mut ctx = xy_context(&plot_area, &x, &y, (x_area, y_area)).map_err(err)?;
-    ctx.configure_mesh()
-        .x_desc(&chart.x_label)
-        .y_desc(&chart.y_label)
-        .label_style(("sans-serif", font(TICK_PT)))
-        .axis_desc_style(("sans-serif", font(AXIS_PT)))
-        .x_label_formatter(&|v| x.label(*v))
-        .y_label_formatter(&|v| y.label(*v))
-        .bold_line_style(GRID.stroke_width(1))
-        .light_line_style(TRANSPARENT)
-        .axis_style(BLACK.stroke_width(1))
-        .set_all_tick_mark_size(pt(2.5))
-        .draw()
-        .map_err(err)?;
+    draw_axes(&mut ctx, (&x, &y), (&chart.x_label, &chart.y_label)).map_err(err)?;
     for (i, s) in chart.series.iter().enumerate() {
         let c = color(i, s);
         if let Some(poly) = band_polygon(s, |v| y.at(y_of(v))) {
@@ -1036,19 +1044,7 @@ where
     let y_area = widest(&left, y.ticks.iter().map(|t| t.1.clone())).0 + axis_h + pt(10.0);
     let x_area = tick_h + pt(8.0) + if x_desc.is_empty() { 0 } else { axis_h + pt(2.0) };
     let mut ctx = xy_context(&left, &x, &y, (x_area, y_area)).map_err(err)?;
-    ctx.configure_mesh()
-        .x_desc(&x_desc)
-        .y_desc(&c.y_label)
-        .label_style(("sans-serif", font(TICK_PT)))
-        .axis_desc_style(("sans-serif", font(AXIS_PT)))
-        .x_label_formatter(&|v| x.label(*v))
-        .y_label_formatter(&|v| y.label(*v))
-        .bold_line_style(GRID.stroke_width(1))
-        .light_line_style(TRANSPARENT)
-        .axis_style(BLACK.stroke_width(1))
-        .set_all_tick_mark_size(pt(2.5))
-        .draw()
-        .map_err(err)?;
+    draw_axes(&mut ctx, (&x, &y), (&x_desc, &c.y_label)).map_err(err)?;
     let grey = RGBColor(170, 170, 170);
     let pairs: Vec<(f64, f64)> =
         c.values.iter().filter(|v| ok(&v.0) && ok(&v.1)).map(|v| (y.at(v.0), y.at(v.1))).collect();
