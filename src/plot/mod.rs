@@ -937,26 +937,10 @@ where
     Ok(())
 }
 
-/// A topology's name as the papers print it (`hacn` → `H-ACN`), for legends.
+/// A topology's name as the papers print it (`hacn` → `H-ACN`), for legends; the registry
+/// holds it, so a new topology brings its own. Any other name is shown as it is.
 pub fn display_name(kind: &str) -> String {
-    match kind {
-        "residual" => "Residual",
-        "plain" => "Plain",
-        "shortcuts" => "Shortcuts",
-        "acn" => "ACN",
-        "hacn" => "H-ACN",
-        "ancre" => "ANCRe",
-        "attnres" => "AttnRes",
-        "denseformer" => "DenseFormer",
-        "densenet" => "DenseNet",
-        "hyper" => "HC",
-        "laurel" => "LAuReL",
-        "layercomb" => "LayerComb",
-        "mhc" => "mHC",
-        "rezero" => "ReZero",
-        other => other,
-    }
-    .to_string()
+    crate::topology::entry(kind).map_or(kind, |e| e.display).to_string()
 }
 
 /// The axis title of a logged quantity, with its unit: `loss` → `training loss (nats)` (the unit

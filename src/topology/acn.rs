@@ -10,6 +10,7 @@ use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "acn",
+    display: "ACN",
     about: "chained units, readout = x0 + sum of all unit outputs (H-ACN's ACN)",
     parse,
     color: (255, 127, 14),

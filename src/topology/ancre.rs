@@ -26,6 +26,7 @@ use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "ancre",
+    display: "ANCRe",
     about: "learned, softmax-normalised shortcuts between every pair of states (ANCRe)",
     parse,
     color: (214, 39, 40),

@@ -21,6 +21,7 @@ use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "attnres",
+    display: "AttnRes",
     about: "Attention Residuals: softmax attention over earlier outputs per unit (full or block)",
     parse,
     color: (23, 190, 207),

@@ -14,6 +14,7 @@ use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "denseformer",
+    display: "DenseFormer",
     about: "depth-weighted averaging of all earlier block outputs (DenseFormer)",
     parse,
     color: (148, 103, 189),

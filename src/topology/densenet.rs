@@ -11,6 +11,7 @@ use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "densenet",
+    display: "DenseNet",
     about: "learned projection of the concatenation of all earlier outputs (DenseNet-style)",
     parse,
     color: (128, 0, 128),

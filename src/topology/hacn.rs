@@ -23,6 +23,7 @@ use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "hacn",
+    display: "H-ACN",
     about: "Hybrid ACN: trainable residual weights a_k + long connections to the readout",
     parse,
     color: (44, 160, 44),

@@ -18,6 +18,7 @@ use tch::{nn, nn::Module, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "hyper",
+    display: "HC",
     about: "Hyper-Connections: n parallel streams with learned (dynamic) mixing",
     parse,
     color: (227, 119, 194),

@@ -15,6 +15,7 @@ use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "laurel",
+    display: "LAuReL",
     about: "LAuReL: learned residual weights (rw), low-rank (lr) or previous-activation (pa) terms",
     parse,
     color: (0, 128, 128),

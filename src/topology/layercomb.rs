@@ -12,6 +12,7 @@ use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "layercomb",
+    display: "LayerComb",
     about: "learned combination of all earlier unit outputs for every unit (H-ACN App. H)",
     parse,
     color: (140, 86, 75),

@@ -29,6 +29,7 @@ use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "mhc",
+    display: "mHC",
     about: "manifold-constrained hyper-connections: doubly stochastic stream mixing (Sinkhorn)",
     parse,
     color: (188, 189, 34),

@@ -195,6 +195,8 @@ pub type ParseFn = fn(&serde_yaml::Mapping, StackInfo) -> Result<Box<dyn Topolog
 /// One registry line.
 pub struct TopologyEntry {
     pub name: &'static str,
+    /// The name as the papers print it (`hacn` → `H-ACN`), for legends and tables.
+    pub display: &'static str,
     pub about: &'static str,
     pub parse: ParseFn,
     /// The topology's colour in every figure (RGB), so that it reads the same across papers'

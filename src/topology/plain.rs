@@ -5,8 +5,13 @@ use super::{common, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit
 use crate::config::OptionError;
 use tch::Tensor;
 
-pub const ENTRY: TopologyEntry =
-    TopologyEntry { name: "plain", about: "no shortcut: x_k = f_k(x_{k-1})", parse, color: (127, 127, 127) };
+pub const ENTRY: TopologyEntry = TopologyEntry {
+    name: "plain",
+    display: "Plain",
+    about: "no shortcut: x_k = f_k(x_{k-1})",
+    parse,
+    color: (127, 127, 127),
+};
 
 fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn TopologySpec>, OptionError> {
     common::parse_parameterless(opts, stack, ENTRY.name, "none", || Box::new(Plain))

@@ -7,6 +7,7 @@ use tch::Tensor;
 
 pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "residual",
+    display: "Residual",
     about: "cascaded identity shortcuts: x_k = x_{k-1} + f_k(x_{k-1})",
     parse,
     color: (31, 119, 180),

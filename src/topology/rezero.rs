@@ -9,6 +9,7 @@ use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "rezero",
+    display: "ReZero",
     about: "ReZero: residual branches scaled by a learnable alpha initialised at 0, no pre-norm",
     parse,
     color: (90, 90, 160),

@@ -14,6 +14,7 @@ use tch::{nn, Kind, Tensor};
 
 pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "shortcuts",
+    display: "Shortcuts",
     about: "explicit identity shortcuts i:j added to the output of unit j",
     parse,
     color: (0, 0, 0),
