@@ -139,7 +139,8 @@ def _idx(path, header):
 
 def eval_batches(run):
     """The run's held-out set as raw `(input, target)` batches, in plexus' order, from the files
-    that `resolved.yaml` names (Fashion-MNIST and the MNIST family: `idx`; token folders: `tokens`)."""
+    that `resolved.yaml` names (Fashion-MNIST and the MNIST family: `idx`; token folders: `tokens`;
+    CIFAR-10: `cifar10-binary`, or `cifar10-cache` for an image folder)."""
     ev = run.resolved["data"].get("eval")
     if ev is None:
         raise ValueError(f"{run.path}: resolved.yaml records no held-out set for data.kind "
@@ -161,7 +162,39 @@ def eval_batches(run):
         t = ev["seq_len"]
         windows = torch.stack([ids[s:s + t + 1] for s in ev["starts"]])
         return [(windows[s:s + b, :t], windows[s:s + b, 1:]) for s in range(0, windows.shape[0], b)]
-    raise ValueError(f"resolved.yaml: held-out set of kind {ev['kind']!r} is not read here (idx, tokens)")
+    if ev["kind"] in ("cifar10-binary", "cifar10-cache"):
+        pixels, labels = _cifar_test(ev)
+        if ev["rows"] != "all":
+            sel = torch.tensor(ev["rows"], dtype=torch.int64)
+            pixels, labels = pixels.index_select(0, sel), labels.index_select(0, sel)
+        new_label = {old: new for new, old in enumerate(ev["classes"])}
+        labels = torch.tensor([new_label[int(v)] for v in labels], dtype=torch.int64)
+        return [(pixels[s:s + b], labels[s:s + b]) for s in range(0, labels.shape[0], b)]
+    raise ValueError(f"resolved.yaml: held-out set of kind {ev['kind']!r} is not read here "
+                     "(idx, tokens, cifar10-binary, cifar10-cache)")
+
+
+def _cifar_test(ev):
+    """CIFAR-10's test split as plexus read it: uint8 pixels [n, 3, 32, 32] and original labels [n].
+
+    `cifar10-binary`: the official test batch, records of 1 label byte and 3072 pixel bytes (the
+    R, G and B planes). `cifar10-cache`: an image folder as plexus decoded it, from its decode cache
+    (b"PLXCACHE", the key's length and bytes, the payload's length and bytes; the payload is the
+    n images' pixels, then their n labels). The folder's JPEGs are not decoded here: PIL and
+    plexus' decoder differ by a few levels on some pixels."""
+    raw = open(ev["file"], "rb").read()
+    if ev["kind"] == "cifar10-binary":
+        records = torch.frombuffer(bytearray(raw), dtype=torch.uint8).reshape(-1, 3073)
+        return records[:, 1:].reshape(-1, 3, 32, 32), records[:, 0].to(torch.int64)
+    key_len = struct.unpack("<Q", raw[8:16])[0]
+    key = raw[16:16 + key_len].decode()
+    if raw[:8] != b"PLXCACHE" or key != ev["key"]:
+        raise ValueError(f"{ev['file']}: the decode cache no longer holds the images this run was evaluated on "
+                         f"(its key is {key!r}, the run's {ev['key']!r}); load the data with plexus again "
+                         "(e.g. a one-step run on the same folder) to rebuild it")
+    payload = torch.frombuffer(bytearray(raw[24 + key_len:]), dtype=torch.uint8)
+    n = payload.numel() // 3073
+    return payload[:n * 3072].reshape(n, 3, 32, 32), payload[n * 3072:].to(torch.int64)
 
 
 def evaluate(run, batches, with_logits=False):

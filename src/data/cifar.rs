@@ -176,15 +176,14 @@ impl DataSpec for Spec {
     }
     fn load(&self) -> anyhow::Result<Box<dyn DataSource>> {
         let root = self.root.resolve();
-        let (train, test) = load_raw(&root, self.format)?;
-        let (x, y) = self.select(train, self.train_samples, 1);
-        let (ex, ey) = self.select(test, self.eval_samples, 2);
+        let (train, test, test_file) = read_layout(&root, self.format)?;
+        let (x, y, _) = self.select(train, self.train_samples, 1);
+        let (ex, ey, rows) = self.select(test, self.eval_samples, 2);
         let n = y.size()[0] as usize;
         if n == 0 {
             bail!("CIFAR-10 under {}: no training images of the classes asked for", root.display());
         }
         let transform = InputTransform::Identity; // applied by CifarSource::input_transform
-                                                  // Not recorded for resolved.yaml yet: a reader would need the files' format and the class remap.
         let inner = InMemory {
             x,
             y,
@@ -192,16 +191,40 @@ impl DataSpec for Spec {
             batch: self.batch_size.min(n),
             seed: self.seed,
             transform,
-            eval_rows: None,
+            eval_rows: self.eval_record(test_file, rows),
         };
         Ok(Box::new(CifarSource { inner, normalize: self.normalize, augment: self.augment, seed: self.seed }))
     }
 }
 
 impl Spec {
+    /// The held-out rows for `resolved.yaml`: the file the test pixels were read from, the
+    /// original labels of the classes kept (new label `i` is `classes[i]`) and the rows used, in
+    /// order (`all`: every row in file order). `None` where no file holds the pixels as plexus read
+    /// them (an image folder whose decode could not be cached).
+    fn eval_record(&self, test_file: Option<TestFile>, rows: Option<Vec<i64>>) -> Option<serde_yaml::Mapping> {
+        let mut record = serde_yaml::Mapping::new();
+        match test_file? {
+            TestFile::Binary(path) => {
+                record.insert("kind".into(), "cifar10-binary".into());
+                record.insert("file".into(), super::files::absolute(&path).into());
+            }
+            TestFile::DecodeCache { path, key } => {
+                record.insert("kind".into(), "cifar10-cache".into());
+                record.insert("file".into(), super::files::absolute(&path).into());
+                record.insert("key".into(), key.into());
+            }
+        }
+        let classes: serde_yaml::Sequence = self.classes.iter().map(|&c| u64::from(c).into()).collect();
+        record.insert("classes".into(), classes.into());
+        record.insert("rows".into(), super::files::rows_yaml(rows));
+        Some(record)
+    }
+
     /// The kept samples of `split` (class subset with remapped labels, then the cap) as uint8
-    /// images `[n, 3, 32, 32]` and int64 labels `[n]`.
-    fn select(&self, split: RawSplit, cap: Option<usize>, tag: u64) -> (Tensor, Tensor) {
+    /// images `[n, 3, 32, 32]` and int64 labels `[n]`, with the rows of `split` they are (`None`:
+    /// every row, in order).
+    fn select(&self, split: RawSplit, cap: Option<usize>, tag: u64) -> (Tensor, Tensor, Option<Vec<i64>>) {
         let mut remap = [None; 256];
         for (new, &old) in self.classes.iter().enumerate() {
             remap[old as usize] = Some(new as i64);
@@ -212,12 +235,11 @@ impl Spec {
         let y: Vec<i64> = chosen.iter().map(|&i| remap[split.labels[i as usize] as usize].expect("kept")).collect();
         let all = Tensor::from_slice(&split.pixels).reshape([split.len() as i64, 3, 32, 32]);
         drop(split);
-        let x = if chosen.len() == all.size()[0] as usize {
-            all
+        if chosen.len() == all.size()[0] as usize {
+            (all, Tensor::from_slice(&y), None)
         } else {
-            all.index_select(0, &Tensor::from_slice(&chosen))
-        };
-        (x, Tensor::from_slice(&y))
+            (all.index_select(0, &Tensor::from_slice(&chosen)), Tensor::from_slice(&y), Some(chosen))
+        }
     }
 }
 
@@ -245,20 +267,39 @@ impl RawSplit {
     }
 }
 
+/// The file holding the test split's pixels exactly as plexus read them, for a run's
+/// `resolved.yaml`: the official test batch, or — for an image folder — plexus' decode cache
+/// (JPEG decoders differ: PIL and the `image` crate disagree by up to 4 levels on some CIFAR-10
+/// pixels, so a reader must not decode the folder itself), with the key that names its contents.
+#[derive(Debug, Clone)]
+enum TestFile {
+    Binary(PathBuf),
+    DecodeCache { path: PathBuf, key: String },
+}
+
 /// Finds CIFAR-10 under `root` in the layout `format` asks for and reads `(train, test)`.
 pub fn load_raw(root: &Path, format: Format) -> anyhow::Result<(RawSplit, RawSplit)> {
-    let binary_dirs = [root.join("cifar10").join(BINARY_DIR), root.join(BINARY_DIR)];
+    read_layout(root, format).map(|(train, test, _)| (train, test))
+}
+
+/// [`load_raw`], with the file the test pixels can be read back from.
+fn read_layout(root: &Path, format: Format) -> anyhow::Result<(RawSplit, RawSplit, Option<TestFile>)> {
+    let binary_dirs = binary_dirs(root);
     let folder_dirs = [root.join("cifar10"), root.to_path_buf()];
-    let binary = binary_dirs.iter().find(|d| d.is_dir()).filter(|_| format != Format::Folder);
+    let binary = binary_dir(root, format);
     let folder = folder_dirs
         .iter()
         .find(|d| d.join("train").is_dir() && d.join("test").is_dir())
         .filter(|_| format != Format::Binary);
     if let Some(dir) = binary {
-        return load_binary_dir(dir);
+        let (train, test) = load_binary_dir(&dir)?;
+        return Ok((train, test, Some(TestFile::Binary(dir.join(TEST_FILE)))));
     }
     if let Some(dir) = folder {
-        return Ok((load_folder_split(&dir.join("train"), root)?, load_folder_split(&dir.join("test"), root)?));
+        let (train, _) = read_folder_split(&dir.join("train"), root)?;
+        let (test, cache) = read_folder_split(&dir.join("test"), root)?;
+        let cache = cache.filter(|(path, _)| path.is_file()).map(|(path, key)| TestFile::DecodeCache { path, key });
+        return Ok((train, test, cache));
     }
     let bin = format!("{} (or {})", binary_dirs[0].display(), binary_dirs[1].display());
     let fold = format!(
@@ -277,6 +318,16 @@ pub fn load_raw(root: &Path, format: Format) -> anyhow::Result<(RawSplit, RawSpl
         root.display(),
         super::how_to_point_at("cifar10")
     )
+}
+
+/// Where the binary batches may sit under `root`, in the order they are looked for.
+fn binary_dirs(root: &Path) -> [PathBuf; 2] {
+    [root.join("cifar10").join(BINARY_DIR), root.join(BINARY_DIR)]
+}
+
+/// The binary batches' folder `load_raw` reads under `format`, if that is the layout it reads.
+fn binary_dir(root: &Path, format: Format) -> Option<PathBuf> {
+    binary_dirs(root).into_iter().find(|d| d.is_dir()).filter(|_| format != Format::Folder)
 }
 
 /// Reads the official binary batches in `dir` (`cifar-10-batches-bin`).
@@ -382,6 +433,11 @@ fn mtime_ns(meta: &std::fs::Metadata) -> u128 {
 /// size, newest modification time), else by decoding every image (in parallel) and caching the
 /// result.
 pub fn load_folder_split(split_dir: &Path, cache_root: &Path) -> anyhow::Result<RawSplit> {
+    read_folder_split(split_dir, cache_root).map(|(split, _)| split)
+}
+
+/// [`load_folder_split`], with the cache file and its key (`None` where no cache can be kept).
+fn read_folder_split(split_dir: &Path, cache_root: &Path) -> anyhow::Result<(RawSplit, Option<(PathBuf, String)>)> {
     let (mut files, mut labels, mut bytes, mut newest) = (Vec::new(), Vec::new(), 0u64, 0u128);
     for (label, class) in CLASSES.iter().enumerate() {
         let (f, b, t) = class_files(&split_dir.join(class))?;
@@ -399,7 +455,7 @@ pub fn load_folder_split(split_dir: &Path, cache_root: &Path) -> anyhow::Result<
             let mut pixels = payload;
             let cached_labels = pixels.split_off(n * IMAGE_BYTES);
             if cached_labels == labels {
-                return Ok(RawSplit { labels, pixels });
+                return Ok((RawSplit { labels, pixels }, cache.map(|p| (p, key))));
             }
         }
     }
@@ -409,7 +465,7 @@ pub fn load_folder_split(split_dir: &Path, cache_root: &Path) -> anyhow::Result<
         payload.extend_from_slice(&labels);
         write_cache(p, &key, &payload);
     }
-    Ok(RawSplit { labels, pixels })
+    Ok((RawSplit { labels, pixels }, cache.map(|p| (p, key))))
 }
 
 /// Decodes 32×32 images into channel-major bytes, on all cores (at least 2 threads).
@@ -521,6 +577,9 @@ impl DataSource for CifarSource {
     }
     fn eval_batches(&self) -> Vec<Batch> {
         self.inner.eval_batches()
+    }
+    fn eval_record(&self) -> Option<serde_yaml::Mapping> {
+        self.inner.eval_record()
     }
 }
 
