@@ -50,7 +50,7 @@ pub fn sweep(
     topologies: &[String],
     out: &Path,
 ) -> Result<()> {
-    use crate::plot::{loglog_chart, topology_color, LineChart, Series};
+    use crate::plot::{loglog_chart, topology_color, Dash, LineChart, Series};
     std::fs::create_dir_all(out).with_context(|| format!("creating the output directory {}", out.display()))?;
     let mut rows = Vec::new();
     for t in topologies {
@@ -86,10 +86,10 @@ pub fn sweep(
         println!("{t:<24} {kt:>16.2} {km:>18.2}");
         summary += &format!("{t},{kt:.3},{km:.3}\n");
         let kind = mine.first().map(|r| r.1.clone()).unwrap_or_default();
-        let color =
-            Some(topology_color(&kind, topologies[..i].iter().filter(|o| o.split('+').next() == Some(&kind)).count()));
-        time_series.push(Series { label: format!("{t} (k = {kt:.2})"), points: time, color, band: None });
-        mem_series.push(Series { label: format!("{t} (k = {km:.2})"), points: mem, color, band: None });
+        let variant = topologies[..i].iter().filter(|o| o.split('+').next() == Some(&kind)).count();
+        let (color, dash) = (Some(topology_color(&kind, variant)), Dash::of_variant(variant));
+        time_series.push(Series { label: format!("{t} (k = {kt:.2})"), points: time, color, band: None, dash });
+        mem_series.push(Series { label: format!("{t} (k = {km:.2})"), points: mem, color, band: None, dash });
     }
     atomic_write(&out.join("growth.csv"), summary.as_bytes())?;
     let name = config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();

@@ -3,7 +3,7 @@
 //! `log(p_ij / max_i p_ij)`, Γ and Δ_t over training, layer-wise exits, noise and pruning curves.
 //! Colours are fixed per topology ([`super::topology_color`]) so figures can be compared.
 
-use super::{heatmaps, line_chart, topology_color, Heatmap, LineChart, Series};
+use super::{heatmaps, line_chart, topology_color, Dash, Heatmap, LineChart, Series};
 use crate::analysis;
 use crate::experiment::Experiment;
 use crate::run_dir::RunDir;
@@ -20,6 +20,8 @@ pub struct PlotRun {
     pub kind: String,
     pub label: String,
     pub color: plotters::style::RGBColor,
+    /// Its line: settings of one topology share a colour's shades and differ in line.
+    pub dash: Dash,
     /// Index of the run's setting; the runs of one setting are drawn as one mean with a band.
     pub setting: usize,
     /// The run's objective: what its loss is measured in.
@@ -63,6 +65,7 @@ pub fn open_runs(dirs: &[PathBuf]) -> Result<Vec<PlotRun>> {
             kind,
             label: String::new(),
             color: topology_color("", 0),
+            dash: Dash::Solid,
             setting,
             task: exp.task(),
         });
@@ -90,12 +93,12 @@ pub fn open_runs(dirs: &[PathBuf]) -> Result<Vec<PlotRun>> {
         .map(|(_, kind, _, _)| {
             let v = seen.entry(kind.clone()).or_default();
             *v += 1;
-            topology_color(kind, *v - 1)
+            (topology_color(kind, *v - 1), Dash::of_variant(*v - 1))
         })
         .collect();
     for r in &mut runs {
         r.label = labels[r.setting].clone();
-        r.color = colors[r.setting];
+        (r.color, r.dash) = colors[r.setting];
     }
     Ok(runs)
 }
@@ -123,6 +126,7 @@ fn curves(runs: &[PlotRun], points: impl Fn(&RunDir) -> Result<Vec<(f64, f64)>>)
                 points: all.remove(0),
                 color: Some(first.color),
                 band: None,
+                dash: first.dash,
             }),
             n => {
                 let (points, band) = mean_band(&all);
@@ -131,6 +135,7 @@ fn curves(runs: &[PlotRun], points: impl Fn(&RunDir) -> Result<Vec<(f64, f64)>>)
                     points,
                     color: Some(first.color),
                     band: Some(band),
+                    dash: first.dash,
                 });
             }
         }

@@ -39,6 +39,35 @@ pub fn register_fonts() {
     });
 }
 
+/// How a curve's line is drawn: several settings of one topology share its colour (in lighter
+/// shades) and are told apart by the line, as matplotlib's `'-'`, `'--'`, `':'`, `'-.'` would.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Dash {
+    #[default]
+    Solid,
+    Dashed,
+    Dotted,
+    LongDash,
+}
+
+impl Dash {
+    /// The line of a topology's `variant`-th setting in one figure (0: solid, then dashed,
+    /// dotted, long dashes, and round again).
+    pub fn of_variant(variant: usize) -> Dash {
+        [Dash::Solid, Dash::Dashed, Dash::Dotted, Dash::LongDash][variant % 4]
+    }
+
+    /// `(dash, gap)` in points; `None` for a solid line.
+    fn pattern(self) -> Option<(f64, f64)> {
+        match self {
+            Dash::Solid => None,
+            Dash::Dashed => Some((4.0, 2.0)),
+            Dash::Dotted => Some((1.2, 1.6)),
+            Dash::LongDash => Some((8.0, 2.5)),
+        }
+    }
+}
+
 /// One curve.
 #[derive(Debug, Clone)]
 pub struct Series {
@@ -48,15 +77,20 @@ pub struct Series {
     pub color: Option<RGBColor>,
     /// A shaded band around the line, `(low, high)` at each point (e.g. mean ± sd over seeds).
     pub band: Option<Vec<(f64, f64)>>,
+    /// The line's pattern (solid unless several settings share a colour).
+    pub dash: Dash,
 }
 
 /// The colour of a topology, the same in every figure: residual blue, ACN orange, H-ACN green,
-/// ANCRe red, … Several runs of one topology (`variant` = 0, 1, 2, …) get lighter shades of it.
+/// ANCRe red, … Several settings of one topology (`variant` = 0, 1, 2, …) get lighter shades of
+/// it, and lines of their own pattern ([`Dash::of_variant`]).
 pub fn topology_color(kind: &str, variant: usize) -> RGBColor {
     // Each topology declares its colour in its registry entry.
     let base =
         crate::topology::entry(kind).map_or(RGBColor(90, 90, 160), |e| RGBColor(e.color.0, e.color.1, e.color.2));
-    let t = [0.0, 0.35, 0.55, 0.7, 0.8][variant.min(4)];
+    // Lighter by setting, but never so light that the line fades into the grid; the line
+    // pattern ([`Dash::of_variant`]) tells the settings apart.
+    let t = [0.0, 0.3, 0.45, 0.55][variant.min(3)];
     let mix = |c: u8| (c as f64 + (255.0 - c as f64) * t) as u8;
     RGBColor(mix(base.0), mix(base.1), mix(base.2))
 }
@@ -427,10 +461,11 @@ const GRID: RGBColor = RGBColor(222, 222, 222);
 /// At most this many points in every series: each point is marked, not only joined.
 const MARKED_UP_TO: usize = 20;
 
-/// A legend entry: its text and colour.
+/// A legend entry: its text, colour and line pattern.
 struct Entry<'a> {
     label: &'a str,
     color: RGBColor,
+    dash: Dash,
 }
 
 /// Size of a legend of `entries` in drawing units: a frame around rows of (swatch, gap, text).
@@ -460,8 +495,15 @@ fn draw_legend<DB: DrawingBackend>(
         let cy = y0 + pt(2.0) as i32 + row * i as i32 + row / 2;
         let sx = x0 + pt(4.0) as i32;
         let sw = pt(14.0) as i32;
-        // The swatch is a thin filled bar, not a line: a check of the figure tells data lines from it.
-        area.draw(&Rectangle::new([(sx, cy - thick / 2), (sx + sw, cy - thick / 2 + thick)], e.color.filled()))?;
+        // The swatch is thin filled bars, not a line: a check of the figure tells data lines from
+        // it. A patterned line's swatch is its dashes.
+        let (on, off) = e.dash.pattern().map_or((sw, 0), |(a, b)| ((pt(a) as i32).max(1), (pt(b) as i32).max(1)));
+        let mut x = sx;
+        while x < sx + sw {
+            let end = (x + on).min(sx + sw);
+            area.draw(&Rectangle::new([(x, cy - thick / 2), (end, cy - thick / 2 + thick)], e.color.filled()))?;
+            x = end + off;
+        }
         if markers {
             area.draw(&Circle::new((sx + sw / 2, cy), pt(DOT_PT), e.color.filled()))?;
         }
@@ -659,8 +701,12 @@ where
     let tick_h = widest(&area, x.ticks.iter().map(|t| t.1.clone())).1;
     let x_area = tick_h + axis_h + pt(10.0);
     let color = |i: usize, s: &Series| s.color.unwrap_or(PALETTE[i % PALETTE.len()]);
-    let entries: Vec<Entry> =
-        chart.series.iter().enumerate().map(|(i, s)| Entry { label: &s.label, color: color(i, s) }).collect();
+    let entries: Vec<Entry> = chart
+        .series
+        .iter()
+        .enumerate()
+        .map(|(i, s)| Entry { label: &s.label, color: color(i, s), dash: s.dash })
+        .collect();
     let at = |p: &(f64, f64)| (x.at(p.0), y.at(y_of(p.1)));
     let drawn =
         |s: &Series| -> Vec<(f64, f64)> { s.points.iter().filter(|p| ok_x(p.0) && p.1.is_finite()).map(at).collect() };
@@ -728,7 +774,13 @@ where
     for (i, s) in chart.series.iter().enumerate() {
         let c = color(i, s);
         let pts = drawn(s);
-        ctx.draw_series(LineSeries::new(pts.clone(), c.stroke_width(pt(LINE_PT)))).map_err(err)?;
+        let stroke = c.stroke_width(pt(LINE_PT));
+        match s.dash.pattern() {
+            None => ctx.draw_series(LineSeries::new(pts.clone(), stroke)).map_err(err)?,
+            Some((on, off)) => ctx
+                .draw_series(DashedLineSeries::new(pts.clone(), pt(on).max(1), pt(off).max(1), stroke))
+                .map_err(err)?,
+        };
         if markers || pts.len() == 1 {
             ctx.draw_series(pts.into_iter().map(|p| Circle::new(p, pt(DOT_PT), c.filled()))).map_err(err)?;
         }
@@ -822,34 +874,47 @@ where
         // Axis titles on the outer panels only: the left column's y, the bottom row's x.
         let (left, bottom) = (i % grid_cols == 0, i + grid_cols >= panels.len());
         let (rows, cols) = p.values.dim();
-        // Tick labels at 8 pt, or 7 pt where that puts one on every node and 8 pt would not.
+        // Tick labels at 8 pt, or 7 pt where that puts one on more nodes.
         let (pw, ph) = panel_area.dim_in_pixel();
         let measure = |points: f64| {
             let style: TextStyle = ("sans-serif", font(points)).into();
             let size = |l: &String| panel_area.estimate_text_size(l, &style).unwrap_or((0, 0));
             let row_w = p.row_labels.iter().map(|l| size(l).0).max().unwrap_or(0);
-            let col_w = p.col_labels.iter().map(|l| size(l).0).max().unwrap_or(0);
+            let col_ws: Vec<f64> = p.col_labels.iter().map(|l| f64::from(size(l).0)).collect();
             let tick_h = p.col_labels.iter().chain(&p.row_labels).map(|l| size(l).1).max().unwrap_or(0);
-            (row_w, col_w, tick_h)
+            (row_w, col_ws, tick_h)
         };
-        let fits = |(row_w, col_w, _): (u32, u32, u32)| {
-            let cell = f64::from(pw.saturating_sub(row_w + axis_h + pt(20.0))) / cols.max(1) as f64;
-            cell >= 1.1 * f64::from(col_w)
+        // The cells' width as in a panel of the left column (with the axis title), so that every
+        // panel ticks the same nodes.
+        let cell_of = |row_w: u32| f64::from(pw.saturating_sub(row_w + axis_h + pt(19.0))) / cols.max(1) as f64;
+        // The columns ticked: from the last (the readout, `out`, always ticked) leftwards, each
+        // whose label clears the previous one ticked by a tenth of their widths — so a wide `out`
+        // beside narrow digits costs one tick, not every other one.
+        let ticked = |cell: f64, widths: &[f64]| -> Vec<usize> {
+            let width = |c: usize| widths.get(c).copied().unwrap_or(0.0);
+            let mut shown = vec![cols.saturating_sub(1)];
+            for c in (0..cols.saturating_sub(1)).rev() {
+                let last = *shown.last().expect("one");
+                if (last - c) as f64 * cell >= 1.1 * (width(c) + width(last)) / 2.0 {
+                    shown.push(c);
+                }
+            }
+            shown.reverse();
+            shown
         };
-        let tick_pt = if !fits(measure(TICK_PT)) && fits(measure(TICK_PT - 1.0)) { TICK_PT - 1.0 } else { TICK_PT };
-        let (row_w, col_w, tick_h) = measure(tick_pt);
+        let count_at = |points: f64| {
+            let (row_w, col_ws, _) = measure(points);
+            ticked(cell_of(row_w), &col_ws).len()
+        };
+        let tick_pt = if count_at(TICK_PT - 1.0) > count_at(TICK_PT) { TICK_PT - 1.0 } else { TICK_PT };
+        let (row_w, col_ws, tick_h) = measure(tick_pt);
         // Room for the tick labels, a gap and (outer panels) the axis title beside them.
         let y_area = row_w + pt(6.0) + if left { axis_h + pt(3.0) } else { 0 };
         let x_area = tick_h + pt(6.0) + if bottom { axis_h + pt(3.0) } else { 0 };
-        // The cells' width as in a panel of the left column (with the axis title), so that every
-        // panel ticks the same nodes.
-        let cell_w = f64::from(pw.saturating_sub(row_w + axis_h + pt(19.0))) / cols.max(1) as f64;
+        let cell_w = cell_of(row_w);
         let cell_h = f64::from(ph.saturating_sub(x_area + pt(20.0))) / rows.max(1) as f64;
-        // A tick on every node where its label fits the cell (with a gap), else on every 2nd, 3rd, …
-        let stride = |cell: f64, label: u32| (1..).find(|s| cell * *s as f64 >= 1.1 * f64::from(label)).unwrap_or(1);
-        let (sx, sy) = (stride(cell_w, col_w), stride(cell_h, tick_h));
-        // Skipping columns, the last (the readout, `out`) keeps its tick.
-        let x_keys: Vec<f64> = ((cols.max(1) - 1) % sx..cols).step_by(sx).map(|c| c as f64 + 0.5).collect();
+        let sy = (1..).find(|s| cell_h * *s as f64 >= 1.1 * f64::from(tick_h)).unwrap_or(1);
+        let x_keys: Vec<f64> = ticked(cell_w, &col_ws).into_iter().map(|c| c as f64 + 0.5).collect();
         let y_keys: Vec<f64> = (0..rows).step_by(sy).map(|r| r as f64 + 0.5).collect();
         // Numbers in the cells only where "0.00" fits one (with a margin), centred.
         let annotate = p.annotate && cell_w >= 1.15 * text_width("0.00", font(CELL_PT));

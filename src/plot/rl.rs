@@ -2,7 +2,7 @@
 //! run (colours by topology, as in every plexus figure), and the two baselines on the same tasks as
 //! grey lines: the random policy (light) and the policy that walks straight at the goal (dark).
 
-use super::{line_chart, topology_color, LineChart, Series};
+use super::{line_chart, topology_color, Dash, LineChart, Series};
 use crate::rl::config::RlExperiment;
 use crate::rl::trainer::RlSummary;
 use anyhow::{Context, Result};
@@ -42,12 +42,12 @@ pub fn success(runs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
             .with_context(|| format!("{} is not a `plexus rl` run directory", dir.display()))?;
         let kind = exp.topology.kind().to_string();
         let v = seen.entry(kind.clone()).or_default();
-        let color = topology_color(&kind, *v);
+        let (color, dash) = (topology_color(&kind, *v), Dash::of_variant(*v));
         *v += 1;
         let points = success_curve(dir)?;
         x_max = points.iter().map(|p| p.0).fold(x_max, f64::max);
         let label = format!("{}, depth {} ({})", super::display_name(&kind), exp.config.network.depth, exp.config.name);
-        series.push(Series { label, points, color: Some(color), band: None });
+        series.push(Series { label, points, color: Some(color), band: None, dash });
         if let Ok(text) = std::fs::read_to_string(dir.join("summary.json")) {
             if let Ok(s) = serde_json::from_str::<RlSummary>(&text) {
                 random.push(s.random_success);
@@ -67,6 +67,7 @@ pub fn success(runs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
                 points: vec![(0.0, r), (x_max, r)],
                 color: Some(plotters::style::RGBColor(grey, grey, grey)),
                 band: None,
+                dash: Dash::Dotted,
             });
         }
     }

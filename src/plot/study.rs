@@ -3,7 +3,7 @@
 //! seeds with a band of ± one standard deviation. Accuracies are drawn in percent, as the tables
 //! show them.
 
-use super::{display_name, line_chart, quantity, LineChart, Series, PALETTE};
+use super::{display_name, line_chart, quantity, Dash, LineChart, Series, PALETTE};
 use crate::study::{self, StudyReport};
 use anyhow::Result;
 use std::path::{Path, PathBuf};
@@ -43,8 +43,9 @@ pub fn band_curves(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
             series.push(Series {
                 label,
                 points: band.iter().map(|&(x, m, _, _)| (x, m)).collect(),
-                color: Some(colors[i]),
+                color: Some(colors[i].0),
                 band: Some(band.iter().map(|&(_, _, lo, hi)| (lo, hi)).collect()),
+                dash: colors[i].1,
             });
         }
         if series.is_empty() {
@@ -64,6 +65,7 @@ pub fn band_curves(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
                         points: vec![(0.0, mean), (x_max, mean)],
                         color: Some(plotters::style::RGBColor(grey, grey, grey)),
                         band: None,
+                        dash: Dash::Dotted,
                     });
                 }
             }
@@ -276,6 +278,7 @@ fn profiles_figure(c: &crate::study::claims::ClaimResult, out: &Path) -> Result<
             points: v.iter().enumerate().map(|(i, y)| (i as f64, *y)).collect(),
             color: Some(PALETTE[k % PALETTE.len()]),
             band: None,
+            dash: Dash::Solid,
         })
         .collect();
     let chart = LineChart {
@@ -292,9 +295,9 @@ fn profiles_figure(c: &crate::study::claims::ClaimResult, out: &Path) -> Result<
 
 /// One colour per group: where every run of a group has one topology (`topology.kind`, or an RL
 /// network's `network.topology.kind`), that topology's colour — the one `plexus plot` draws it in,
-/// lightened for a second group of the same topology — so a topology looks the same in every
-/// figure; otherwise the palette in group order.
-fn group_colors(r: &StudyReport) -> Vec<plotters::style::RGBColor> {
+/// lightened and with its own line pattern for a second group of the same topology — so a
+/// topology looks the same in every figure; otherwise the palette in group order, solid.
+fn group_colors(r: &StudyReport) -> Vec<(plotters::style::RGBColor, Dash)> {
     let kind_of = |g: &crate::study::GroupResult| -> Option<String> {
         let kinds: std::collections::BTreeSet<&String> = g
             .runs
@@ -318,7 +321,7 @@ fn group_colors(r: &StudyReport) -> Vec<plotters::style::RGBColor> {
     };
     let kinds: Vec<Option<String>> = r.groups.iter().map(kind_of).collect();
     if kinds.iter().any(Option::is_none) {
-        return (0..r.groups.len()).map(|i| PALETTE[i % PALETTE.len()]).collect();
+        return (0..r.groups.len()).map(|i| (PALETTE[i % PALETTE.len()], Dash::Solid)).collect();
     }
     let mut seen: std::collections::HashMap<&String, usize> = std::collections::HashMap::new();
     kinds
@@ -327,7 +330,7 @@ fn group_colors(r: &StudyReport) -> Vec<plotters::style::RGBColor> {
             let k = k.as_ref().expect("checked");
             let v = seen.entry(k).or_default();
             *v += 1;
-            super::topology_color(k, *v - 1)
+            (super::topology_color(k, *v - 1), Dash::of_variant(*v - 1))
         })
         .collect()
 }
