@@ -140,7 +140,8 @@ def _idx(path, header):
 def eval_batches(run):
     """The run's held-out set as raw `(input, target)` batches, in plexus' order, from the files
     that `resolved.yaml` names (Fashion-MNIST and the MNIST family: `idx`; token folders: `tokens`;
-    CIFAR-10: `cifar10-binary`, or `cifar10-cache` for an image folder)."""
+    text files: `text-bytes`, or `text-cache` for GPT-2 tokens; CIFAR-10: `cifar10-binary`, or
+    `cifar10-cache` for an image folder)."""
     ev = run.resolved["data"].get("eval")
     if ev is None:
         raise ValueError(f"{run.path}: resolved.yaml records no held-out set for data.kind "
@@ -155,10 +156,8 @@ def eval_batches(run):
             sel = torch.tensor(rows, dtype=torch.int64)
             pixels, labels = pixels.index_select(0, sel), labels.index_select(0, sel)
         return [(pixels[s:s + b], labels[s:s + b]) for s in range(0, labels.shape[0], b)]
-    if ev["kind"] == "tokens":
-        with open(ev["file"], "rb") as fh:
-            raw = fh.read()
-        ids = torch.tensor(struct.unpack(f"<{len(raw) // 2}H", raw), dtype=torch.int64)
+    if ev["kind"] in ("tokens", "text-bytes", "text-cache"):
+        ids = _token_array(ev)
         t = ev["seq_len"]
         windows = torch.stack([ids[s:s + t + 1] for s in ev["starts"]])
         return [(windows[s:s + b, :t], windows[s:s + b, 1:]) for s in range(0, windows.shape[0], b)]
@@ -171,7 +170,30 @@ def eval_batches(run):
         labels = torch.tensor([new_label[int(v)] for v in labels], dtype=torch.int64)
         return [(pixels[s:s + b], labels[s:s + b]) for s in range(0, labels.shape[0], b)]
     raise ValueError(f"resolved.yaml: held-out set of kind {ev['kind']!r} is not read here "
-                     "(idx, tokens, cifar10-binary, cifar10-cache)")
+                     "(idx, tokens, text-bytes, text-cache, cifar10-binary, cifar10-cache)")
+
+
+def _read_cache(ev):
+    """The payload of one of plexus' cache files (b"PLXCACHE", the key's length and bytes, the
+    payload's length and bytes), after checking that its key is the one the run recorded."""
+    raw = open(ev["file"], "rb").read()
+    key_len = struct.unpack("<Q", raw[8:16])[0]
+    key = raw[16:16 + key_len].decode()
+    if raw[:8] != b"PLXCACHE" or key != ev["key"]:
+        raise ValueError(f"{ev['file']}: the cache no longer holds the data this run was evaluated on "
+                         f"(its key is {key!r}, the run's {ev['key']!r}); load the data with plexus again "
+                         "(e.g. a one-step run on the same files) to rebuild it")
+    return raw[24 + key_len:]
+
+
+def _token_array(ev):
+    """A language model's token array as int64 ids: `tokens` (val.bin, u16 little-endian),
+    `text-bytes` (every byte of the text is a token), `text-cache` (plexus' cache of the text's
+    GPT-2 tokens, u16 little-endian)."""
+    if ev["kind"] == "text-bytes":
+        return torch.frombuffer(bytearray(open(ev["file"], "rb").read()), dtype=torch.uint8).to(torch.int64)
+    raw = _read_cache(ev) if ev["kind"] == "text-cache" else open(ev["file"], "rb").read()
+    return torch.tensor(struct.unpack(f"<{len(raw) // 2}H", raw), dtype=torch.int64)
 
 
 def _cifar_test(ev):
@@ -182,17 +204,11 @@ def _cifar_test(ev):
     (b"PLXCACHE", the key's length and bytes, the payload's length and bytes; the payload is the
     n images' pixels, then their n labels). The folder's JPEGs are not decoded here: PIL and
     plexus' decoder differ by a few levels on some pixels."""
-    raw = open(ev["file"], "rb").read()
     if ev["kind"] == "cifar10-binary":
+        raw = open(ev["file"], "rb").read()
         records = torch.frombuffer(bytearray(raw), dtype=torch.uint8).reshape(-1, 3073)
         return records[:, 1:].reshape(-1, 3, 32, 32), records[:, 0].to(torch.int64)
-    key_len = struct.unpack("<Q", raw[8:16])[0]
-    key = raw[16:16 + key_len].decode()
-    if raw[:8] != b"PLXCACHE" or key != ev["key"]:
-        raise ValueError(f"{ev['file']}: the decode cache no longer holds the images this run was evaluated on "
-                         f"(its key is {key!r}, the run's {ev['key']!r}); load the data with plexus again "
-                         "(e.g. a one-step run on the same folder) to rebuild it")
-    payload = torch.frombuffer(bytearray(raw[24 + key_len:]), dtype=torch.uint8)
+    payload = torch.frombuffer(bytearray(_read_cache(ev)), dtype=torch.uint8)
     n = payload.numel() // 3073
     return payload[:n * 3072].reshape(n, 3, 32, 32), payload[n * 3072:].to(torch.int64)
 

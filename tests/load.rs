@@ -192,3 +192,27 @@ fn a_cifar_folder_run_loads_into_pytorch_from_the_decode_cache() {
     assert!(ev["key"].as_str().unwrap().contains("10000 files"), "{ev:?}");
     check_bound(&bound(&run), &s);
 }
+
+/// A `text` corpus, byte-level and GPT-2 BPE: resolved.yaml names the text itself (its bytes are
+/// the tokens) or plexus' cache of its GPT-2 tokens (so PyTorch needs no tokenizer), with the
+/// windows' starts, and PyTorch evaluates both runs to plexus' loss.
+#[test]
+fn a_text_run_loads_into_pytorch_bytes_and_gpt2_tokens() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("corpus.txt"), words(3000)).unwrap();
+    for (tokenizer, kind) in [("char", "text-bytes"), ("gpt2", "text-cache")] {
+        let config = format!(
+            "name: load-text-{tokenizer}\nseed: 4\ndevice: cpu\nmodel: {{kind: llama, width: 32, depth: 2, heads: 2, \
+             hidden: 64}}\ntopology: {{kind: residual}}\ndata: {{kind: text, root: {}, file: corpus.txt, tokenizer: \
+             {tokenizer}, seq_len: 16, batch_size: 4, eval_batches: 2}}\ntrain: {{optimizer: adamw, lr: 2.0e-3, \
+             steps: 10}}\nlog: {{every: 5, eval_every: 10}}\n",
+            tmp.path().display()
+        );
+        let run = tmp.path().join(format!("run-{tokenizer}"));
+        let s = train_yaml(&config, &run);
+        let ev = &resolved(&run)["data"]["eval"];
+        assert_eq!(ev["kind"].as_str(), Some(kind), "{ev:?}");
+        assert_eq!(ev["starts"].as_sequence().map(Vec::len), Some(8), "2 batches of 4 windows");
+        check_bound(&bound(&run), &s);
+    }
+}

@@ -144,7 +144,7 @@ impl DataSpec for Spec {
     fn load(&self) -> anyhow::Result<Box<dyn DataSource>> {
         let root = self.root.resolve();
         let path = root.join(&self.file);
-        let tokens = tokenize_file(&path, self.tokenizer, &root)?;
+        let (tokens, token_file) = read_tokens(&path, self.tokenizer, &root)?;
         let n = tokens.len();
         let n_val = (n as f64 * self.val_fraction).round() as usize;
         let n_train = n - n_val;
@@ -170,6 +170,7 @@ impl DataSpec for Spec {
             batch: self.batch_size,
             eval_batches: if n_val == 0 { 0 } else { self.eval_batches },
             seed: self.seed,
+            token_file,
         }))
     }
 }
@@ -186,12 +187,28 @@ fn not_found(path: &Path) -> anyhow::Error {
 
 /// The tokens of the file at `path` (the `gpt2` ones cached under `cache_root`'s cache directory).
 pub fn tokenize_file(path: &Path, tokenizer: Tokenizer, cache_root: &Path) -> anyhow::Result<Vec<u16>> {
+    read_tokens(path, tokenizer, cache_root).map(|(tokens, _)| tokens)
+}
+
+/// Where a run's `resolved.yaml` says its tokens can be read back: the text's own bytes (`char`),
+/// or the `gpt2` tokens in plexus' cache with the key that names its contents (a reader need not
+/// have tiktoken); `None` where the tokens could not be cached.
+#[derive(Debug, Clone)]
+enum TokenFile {
+    Bytes(PathBuf),
+    Cache { path: PathBuf, key: String },
+}
+
+/// [`tokenize_file`], with the file its tokens can be read back from.
+fn read_tokens(path: &Path, tokenizer: Tokenizer, cache_root: &Path) -> anyhow::Result<(Vec<u16>, Option<TokenFile>)> {
     if !path.is_file() {
         return Err(not_found(path));
     }
     let read = || std::fs::read(path).map_err(|e| anyhow!("cannot read {}: {e}", path.display()));
     match tokenizer {
-        Tokenizer::Char => Ok(read()?.into_iter().map(u16::from).collect()),
+        Tokenizer::Char => {
+            Ok((read()?.into_iter().map(u16::from).collect(), Some(TokenFile::Bytes(path.to_path_buf()))))
+        }
         Tokenizer::Gpt2 => {
             let meta = std::fs::metadata(path).map_err(|e| anyhow!("cannot read {}: {e}", path.display()))?;
             let mtime = meta
@@ -202,9 +219,13 @@ pub fn tokenize_file(path: &Path, tokenizer: Tokenizer, cache_root: &Path) -> an
             let identity = format!("text v1\n{}\nr50k_base", canonical(path).display());
             let key = format!("{identity}\n{} bytes, mtime {mtime} ns", meta.len());
             let cache = cache_path(cache_root, "text-gpt2", &identity);
+            let cached = |cache: Option<PathBuf>| {
+                cache.filter(|p| p.is_file()).map(|path| TokenFile::Cache { path, key: key.clone() })
+            };
             if let Some(payload) = cache.as_deref().and_then(|p| super::files::read_cache(p, &key)) {
                 if payload.len().is_multiple_of(2) {
-                    return Ok(payload.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect());
+                    let tokens = payload.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+                    return Ok((tokens, cached(cache)));
                 }
             }
             let bytes = read()?;
@@ -221,7 +242,7 @@ pub fn tokenize_file(path: &Path, tokenizer: Tokenizer, cache_root: &Path) -> an
                 let payload: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
                 write_cache(p, &key, &payload);
             }
-            Ok(tokens)
+            Ok((tokens, cached(cache)))
         }
     }
 }
@@ -240,9 +261,24 @@ struct TextSource {
     batch: usize,
     eval_batches: usize,
     seed: u64,
+    token_file: Option<TokenFile>,
 }
 
 impl TextSource {
+    /// The starts of the held-out windows in the token array: `eval_batches · batch` windows
+    /// spread evenly over the validation split, the same at every evaluation.
+    fn eval_starts(&self) -> Vec<usize> {
+        let windows = self.eval_batches * self.batch;
+        if windows == 0 {
+            return Vec::new();
+        }
+        let val_len = self.tokens.len() - self.n_train;
+        let last = (val_len - self.seq_len - 1) as u128;
+        (0..windows)
+            .map(|i| self.n_train + if windows == 1 { 0 } else { (i as u128 * last / (windows as u128 - 1)) as usize })
+            .collect()
+    }
+
     /// Input `[B, T]` and target (shifted by one) from windows of `T + 1` tokens at `starts`.
     fn windows(&self, starts: impl Iterator<Item = usize>) -> Batch {
         let t = self.seq_len;
@@ -268,17 +304,29 @@ impl DataSource for TextSource {
         ((self.n_train - 1) / (self.batch * self.seq_len)).max(1) as u64
     }
     fn eval_batches(&self) -> Vec<Batch> {
-        let windows = self.eval_batches * self.batch;
-        if windows == 0 {
-            return Vec::new();
+        self.eval_starts().chunks(self.batch).map(|starts| self.windows(starts.iter().copied())).collect()
+    }
+    /// `{kind: text-bytes | text-cache, file, [key], seq_len, batch_size, starts}`: window `i` is
+    /// tokens `starts[i] .. starts[i] + seq_len` of the file's token array (input) and one further
+    /// on (target). `text-bytes`: every byte of `file` is a token; `text-cache`: the tokens are
+    /// plexus' cache of them (u16, little-endian, after the cache's header; `key` names them).
+    fn eval_record(&self) -> Option<serde_yaml::Mapping> {
+        let mut m = serde_yaml::Mapping::new();
+        match self.token_file.as_ref()? {
+            TokenFile::Bytes(path) => {
+                m.insert("kind".into(), "text-bytes".into());
+                m.insert("file".into(), super::files::absolute(path).into());
+            }
+            TokenFile::Cache { path, key } => {
+                m.insert("kind".into(), "text-cache".into());
+                m.insert("file".into(), super::files::absolute(path).into());
+                m.insert("key".into(), key.clone().into());
+            }
         }
-        let val_len = self.tokens.len() - self.n_train;
-        let last = (val_len - self.seq_len - 1) as u128;
-        let start = |i: usize| {
-            let off = if windows == 1 { 0 } else { (i as u128 * last / (windows as u128 - 1)) as usize };
-            self.n_train + off
-        };
-        (0..self.eval_batches).map(|b| self.windows((b * self.batch..(b + 1) * self.batch).map(start))).collect()
+        m.insert("seq_len".into(), (self.seq_len as u64).into());
+        m.insert("batch_size".into(), (self.batch as u64).into());
+        m.insert("starts".into(), self.eval_starts().into_iter().map(|s| serde_yaml::Value::from(s as u64)).collect());
+        Some(m)
     }
 }
 
@@ -288,8 +336,15 @@ mod tests {
 
     #[test]
     fn windows_shift_by_one_and_eval_spans_the_validation_split() {
-        let src =
-            TextSource { tokens: (0..100u16).collect(), n_train: 80, seq_len: 4, batch: 3, eval_batches: 2, seed: 1 };
+        let src = TextSource {
+            tokens: (0..100u16).collect(),
+            n_train: 80,
+            seq_len: 4,
+            batch: 3,
+            eval_batches: 2,
+            seed: 1,
+            token_file: None,
+        };
         let b = src.train_batch(5).unwrap();
         assert_eq!(b.input.size(), vec![3, 4]);
         assert!(b.target.equal(&(&b.input + 1)));
