@@ -282,15 +282,26 @@ fn profiles_figure(c: &crate::study::claims::ClaimResult, out: &Path) -> Result<
         })
         .collect();
     let chart = LineChart {
-        title: format!("{} — r̄ = {:.3}, {} seeds, {}", cl.id, c.diff.mean, c.seeds.len(), c.verdict),
+        // "mean r", not r̄: the combining macron is set beside the r, not over it, in the figures' font.
+        title: format!("{} — mean r = {:.3}, {} seeds, {}", cl.id, c.diff.mean, c.seeds.len(), c.verdict),
         x_label: "unit".into(),
-        y_label: format!("{} of {}", cl.metric, arm_label(&cl.a)),
+        y_label: vector_label(&cl.metric),
         log_y: false,
         series,
     };
     std::fs::create_dir_all(out)?;
     let file = crate::study::claims::figure_stem(&cl.id);
     line_chart(&chart, &out.join(file))
+}
+
+/// The axis title of a claim's vector metric (`final.a[0..8]` → `final residual weight a`).
+fn vector_label(metric: &str) -> String {
+    let name = metric.split('[').next().unwrap_or(metric);
+    match name {
+        "final.a" => "final residual weight a".into(),
+        "initial.a" => "initial residual weight a".into(),
+        other => other.to_string(),
+    }
 }
 
 /// One colour per group: where every run of a group has one topology (`topology.kind`, or an RL
