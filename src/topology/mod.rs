@@ -20,6 +20,7 @@ pub mod ancre;
 pub mod attnres;
 pub mod denseformer;
 pub mod densenet;
+pub mod graph;
 pub mod hacn;
 pub mod hyper;
 pub mod laurel;
@@ -225,6 +226,7 @@ pub const REGISTRY: &[TopologyEntry] = &[
     attnres::ENTRY,
     laurel::ENTRY,
     rezero::ENTRY,
+    graph::ENTRY,
 ];
 
 /// Looks up `kind` and parses its options. The error lists the known kinds.
