@@ -69,6 +69,11 @@ fn every_topology_is_complete_and_nothing_else_lists_them() {
         assert!(readme.contains(&format!("| `{name}` |")), "README's topology table has no row for `{name}`");
         assert!(docs.contains(&format!("\n## `{name}`")), "docs/topologies.md has no section for `{name}`");
     }
+    // One colour per topology: figures tell topologies apart by colour alone.
+    let mut colors: Vec<(u8, u8, u8)> = plexus::topology::REGISTRY.iter().map(|e| e.color).collect();
+    colors.sort_unstable();
+    colors.dedup();
+    assert_eq!(colors.len(), plexus::topology::REGISTRY.len(), "two topologies share a colour in the registry");
     // The places that used to list topologies by name, and must not again.
     for file in ["src/plot/mod.rs", "src/plot/figures.rs", "parity/common.py"] {
         let text = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap();

@@ -21,10 +21,9 @@ use tch::{nn, Kind, Tensor};
 pub const ENTRY: TopologyEntry = TopologyEntry {
     name: "graph",
     display: "Graph",
-    about: "any connectivity matrix C: each unit and the readout read a fixed or learned weighted sum of earlier \
-            outputs, on a pattern (all, chain, window, dilation, blocks) or explicit edges",
+    about: "any connectivity matrix C as YAML: a pattern or edges, fixed or learned weights (docs/graph.md)",
     parse,
-    color: (23, 190, 207),
+    color: (184, 134, 11),
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
