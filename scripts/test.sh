@@ -64,9 +64,10 @@ if [ ! -d "$ROOT/../shared/data" ]; then
 fi
 
 # One libtorch thread per test: the runner already runs one test per core, and libtorch's own
-# thread pool on top of that oversubscribes the cores — its idle threads spin, and a 9-second
-# case study took 650 s beside another test (measured). A caller's setting is kept; the tests that
-# need other thread counts set them themselves (tests/parity.rs).
+# thread pool on top of that oversubscribes the cores — its idle threads spin, and the ANCRe Fig. 2b
+# case study took 648 s beside another test against 20 s with one thread (bench/test-times/). A
+# caller's setting is kept; the tests that need other thread counts set them themselves
+# (tests/parity.rs).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}"
 
 # Same profile as the binary the README runs, so the tch build is shared.

@@ -164,15 +164,17 @@ fn all_parity_cases_pass_and_parameter_counts_match_the_references() {
 }
 
 /// The error model holds whatever the summation order: `plexus parity --threads N` (both sides, the
-/// reference and plexus) with 1, 2 and 4 intra-op threads (the suite itself runs with one per core), with
-/// the fused kernels' AVX2 and baseline loops forced where the CPU has wider ones, and with the
-/// paths a GPU step takes (`cuda-host`: the CUDA kernels of the loss, the bf16 pre-norms, RoPE and
-/// SwiGLU run by their host build, the reference rounding as they do) — every case, bf16 ones within
-/// the direct bound too, as `parity --device cuda` must on a GPU.
+/// reference and plexus) with 4 and 2 intra-op threads (the suite itself runs with one; the draws
+/// below run with one), with the fused kernels' baseline loops, and their AVX2 loops where the CPU
+/// has wider ones (where AVX2 is its widest, that run is the default one) — every case, bf16 ones
+/// within the direct bound too. The paths a GPU step takes (`cuda-host`) are held to the same
+/// bound on random draws (`parity_holds_on_random_draws_in_every_kernel_mode`).
 #[test]
 #[ignore = "slow tier: PyTorch parity, every case, under other thread counts and vector widths"]
 fn parity_holds_with_other_thread_counts_and_vector_widths() {
-    for (threads, loops) in [("1", "avx2"), ("4", "1"), ("2", "baseline"), ("2", "cuda-host")] {
+    let avx2_is_default = plexus::native::KernelIsa::best() == plexus::native::KernelIsa::Avx2Fma;
+    let runs = [("4", "1"), ("2", "baseline"), ("1", "avx2")];
+    for (threads, loops) in runs.into_iter().filter(|r| !(avx2_is_default && r.1 == "avx2")) {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_plexus"))
             .args(["parity", "--threads", threads, "--dir"])
             .arg(parity_dir())
