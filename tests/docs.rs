@@ -368,6 +368,11 @@ const NOT_RUN: &[(&str, &str)] = &[
         "plexus report runs/studies/llama-char --metric eval.perplexity --baseline topology.kind=residual",
         "reads a finished study (hours); tests/study.rs checks --metric and --baseline",
     ),
+    (
+        "plexus bench configs/depth-mixing/cpu/denseformer.yaml --set model.depth=12 --compare \
+         denseformer,graph+granularity=block --steps 30 --warmup 3 --csv bench/graph-vs-denseformer.csv --case gpt-char-d12",
+        "a benchmark of 30 paired rounds that appends to the repository's bench/ (minutes); tests/bench.rs checks --compare",
+    ),
 ];
 
 /// The overrides that make a page's command tiny, appended to each `plexus` call of the line (a
