@@ -125,13 +125,15 @@ pub enum Cmd {
     /// Draw every figure the runs have data for (PNG, SVG and PDF): training/eval loss, C heatmaps and
     /// their evolution grid, ANCRe's log(p/max p), Γ and Δ_t, layer-wise exits, pruning, noise.
     #[command(
-        after_help = "Example:\n  plexus plot runs/mixer/*          # folders that are not runs (figures/) are skipped"
+        after_help = "Examples:\n  plexus plot runs/mixer/*          # folders that are not runs (figures/) are skipped\n  plexus plot configs/showcase/hacn.yaml --out figures   # the C it will train with"
     )]
     Plot {
-        /// Run directories (with several, folders that are not runs are skipped).
+        /// Run directories (with several, folders that are not runs are skipped), or one config file:
+        /// the C heatmap of its initialised model, before any training.
         #[arg(required = true)]
         runs: Vec<PathBuf>,
-        /// Output directory. Default: `<run>/figures` for one run, `<parent of the runs>/figures` for several.
+        /// Output directory. Default: `<run>/figures` for one run, `<parent of the runs>/figures` for
+        /// several, `figures` for a config.
         #[arg(long)]
         out: Option<PathBuf>,
         /// Title of the loss figure.

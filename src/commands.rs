@@ -641,8 +641,19 @@ pub fn bench(r: &BenchRequest) -> Result<()> {
     }
 }
 
-/// `plexus plot RUN...`: the paper figures of runs.
+/// `plexus plot RUN...`: the paper figures of runs; `plexus plot CONFIG`: the C the config will
+/// train with, before any training.
 pub fn plot(runs: &[PathBuf], out: Option<&Path>, title: Option<&str>, step: Option<u64>) -> Result<()> {
+    if let [config] = runs {
+        if config.is_file() {
+            let out = out.map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("figures"));
+            crate::run_dir::check_output_dir(&out, "the figure folder")?;
+            for p in crate::plot::figures::config_connectivity(config, &out)? {
+                println!("{}", p.display());
+            }
+            return Ok(());
+        }
+    }
     let runs = &runs_among(runs, "plot")?;
     let out = out.map(Path::to_path_buf).unwrap_or_else(|| default_figure_dir(runs));
     crate::run_dir::check_output_dir(&out, "the figure folder")?;

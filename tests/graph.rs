@@ -395,3 +395,41 @@ fn bad_options_name_the_key_the_value_and_what_is_allowed() {
         assert!(err.contains(words), "{options}: {err}");
     }
 }
+
+/// A wiring is seen before it is trained: `plexus connectivity CONFIG` prints the pattern's C and
+/// `plexus plot CONFIG` draws it, from the config alone (no run directory is made).
+#[test]
+fn a_configs_c_is_printed_and_drawn_before_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("blocks.yaml");
+    std::fs::write(
+        &config,
+        "name: graph-blocks\nseed: 0\ndevice: cpu\nmodel: {kind: lnn, depth: 6}\n\
+         topology: {kind: graph, pattern: {blocks: 3}, readout: all}\n\
+         data: {kind: whitened_regression, dim: 8, samples: 16, rank: 4}\ntrain: {optimizer: gd, lr: 1.0e-3, steps: 2}\n",
+    )
+    .unwrap();
+    let plexus = |args: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_plexus")).args(args).current_dir(tmp.path()).output();
+        let o = o.unwrap();
+        assert!(o.status.success(), "plexus {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let csv = plexus(&["connectivity", "blocks.yaml"]);
+    let rows: Vec<Vec<f64>> =
+        csv.lines().skip(1).map(|l| l.split(',').skip(1).map(|v| v.parse().unwrap()).collect()).collect();
+    // Blocks of 3 units: unit 4 reads the node before its block (3) and nothing earlier; unit 5
+    // reads 3 and 4; the readout (7) reads every node.
+    assert_eq!(rows.len(), 8, "{csv}");
+    assert_eq!((rows[3][4], rows[2][4], rows[0][4]), (1.0, 0.0, 0.0), "{csv}");
+    assert_eq!((rows[3][5], rows[4][5]), (1.0, 1.0), "{csv}");
+    assert!((0..7).all(|i| rows[i][7] == 1.0), "{csv}");
+    let written = plexus(&["plot", "blocks.yaml", "--out", "figs"]);
+    for ext in ["png", "svg", "pdf"] {
+        let f = tmp.path().join(format!("figs/connectivity_graph-blocks.{ext}"));
+        assert!(f.is_file() && std::fs::metadata(&f).unwrap().len() > 1000, "{} not written: {written}", f.display());
+    }
+    let svg = std::fs::read_to_string(tmp.path().join("figs/connectivity_graph-blocks.svg")).unwrap();
+    assert!(svg.contains("at initialisation") && svg.contains("Graph (graph-blocks)"), "the figure's titles");
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 2, "only the config and the figures' folder");
+}

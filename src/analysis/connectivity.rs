@@ -8,21 +8,30 @@ use std::path::Path;
 
 /// C as CSV for a config (initialised model) or a run directory (final checkpoint, or a saved step).
 pub fn csv(path: &Path, step: Option<u64>, overrides: &[String]) -> Result<String> {
+    if let (true, Some(step)) = (path.is_dir(), step) {
+        let run = RunDir::open(path)?;
+        let f = run.connectivity_file(step);
+        if !f.is_file() {
+            let saved = run.connectivity_steps().unwrap_or_default();
+            let saved = match saved.as_slice() {
+                [] => "none (the run saves C every log.connectivity_every steps; 0 is never)".to_string(),
+                s => s.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
+            };
+            bail!("no C saved at step {step} in {}: the saved steps are {saved}", path.display());
+        }
+        return crate::input_file::read_text(&f, crate::input_file::MAX_RECORD_BYTES, "a matrix CSV");
+    }
+    Ok(crate::run_dir::matrix_csv(&matrix(path, step, overrides)?))
+}
+
+/// C `[L + 2, L + 2]` (row = source node, column = target) of a config's initialised model or of a
+/// run's final weights; `step` is for [`csv`], which reads a saved step's file as it is.
+pub fn matrix(path: &Path, step: Option<u64>, overrides: &[String]) -> Result<crate::run_dir::Matrix> {
     let dev = tch::Device::Cpu;
     let (exp, model) = if path.is_dir() {
         crate::train::trained::refuse_rl_run(&RunDir::open(path)?)?;
         if let Some(step) = step {
-            let run = RunDir::open(path)?;
-            let f = run.connectivity_file(step);
-            if !f.is_file() {
-                let saved = run.connectivity_steps().unwrap_or_default();
-                let saved = match saved.as_slice() {
-                    [] => "none (the run saves C every log.connectivity_every steps; 0 is never)".to_string(),
-                    s => s.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
-                };
-                bail!("no C saved at step {step} in {}: the saved steps are {saved}", path.display());
-            }
-            return crate::input_file::read_text(&f, crate::input_file::MAX_RECORD_BYTES, "a matrix CSV");
+            return crate::run_dir::read_square_matrix(&RunDir::open(path)?.connectivity_file(step));
         }
         let open = crate::train::trained::OpenOptions {
             device: Some(dev),
@@ -74,7 +83,7 @@ pub fn csv(path: &Path, step: Option<u64>, overrides: &[String]) -> Result<Strin
             c
         }
     };
-    Ok(crate::run_dir::matrix_csv(&crate::host::matrix(&c)))
+    Ok(crate::host::matrix(&c))
 }
 
 /// Examples in [`random_batch`].

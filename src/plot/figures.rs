@@ -437,6 +437,16 @@ pub fn connectivity(runs: &[PlotRun], step: Option<u64>, out: &Path) -> Result<V
     Ok(files)
 }
 
+/// The C a config will train with, drawn before any training (`plexus plot CONFIG`): its
+/// initialised model's C as a heatmap, `<out>/connectivity_<name>.{png,svg,pdf}`.
+pub fn config_connectivity(config: &Path, out: &Path) -> Result<Vec<PathBuf>> {
+    let exp = crate::experiment::Experiment::from_file(config, &[])?;
+    let c = analysis::connectivity::matrix(config, None, &[])?;
+    let name = exp.config().name.clone();
+    let title = format!("Direct connectivity C — {} ({name})", super::display_name(exp.topology.kind()));
+    heatmaps(&[c_panel(&c, "at initialisation".into())], &title, &out.join(format!("connectivity_{name}")))
+}
+
 /// C at several fractions of training, side by side with one colour scale (H-ACN Fig. 9).
 pub fn connectivity_grid(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
