@@ -260,6 +260,10 @@ fn task_of(r: &StudyReport) -> (&'static str, bool) {
         Ok(Task::LanguageModel) => (" (nats)", true),
         Ok(Task::Diffusion(_)) => (" (ε-MSE)", false),
         Ok(Task::HalfSumSquares) => (" (½ squared error)", false),
+        // Runs read back from a runs.csv have no config.yaml here: their metrics say the task.
+        Err(_) if run.metrics.contains_key("eval.perplexity") => (" (nats)", true),
+        Err(_) if run.metrics.keys().any(|k| k.ends_with("accuracy")) => (" (nats)", false),
+        Err(_) if run.metrics.keys().any(|k| k.starts_with("eps_by_t.") || k.starts_with("fd.")) => (" (ε-MSE)", false),
         Err(_) => ("", false),
     }
 }
