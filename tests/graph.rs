@@ -347,6 +347,20 @@ fn init_from_a_run_frozen_and_fixed() {
     // A step it did not save names the ones it did.
     let err = parse_err(&format!("{{init: {{from: {:?}, step: 5}}}}", dir.path().display().to_string()), l);
     assert!(err.contains("init.from") && err.contains("10, 40"), "{err}");
+    // `init: {file}`: the same C from its CSV alone (a study commits the exact C it transplants).
+    let file = dir.path().join("connectivity/step_40.csv").display().to_string();
+    let c = topology::common::to_matrix(&connectivity(
+        build("graph", &format!("{{init: {{file: {file:?}}}, weights: fixed}}"), l).1.as_ref(),
+        &s,
+    ));
+    let off = (&c - &saved).iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    assert!(off < 1e-6, "init.file: {c} against {saved}");
+    // Both sources, or a step with a file, or a C of another size: refused, naming the key.
+    let both = format!("{{init: {{file: {file:?}, from: {:?}}}}}", dir.path().display().to_string());
+    assert!(parse_err(&both, l).contains("init"), "both sources");
+    assert!(parse_err(&format!("{{init: {{file: {file:?}, step: 40}}}}"), l).contains("init"), "a step with a file");
+    let err = parse_err(&format!("{{init: {{file: {file:?}}}}}"), l + 1);
+    assert!(err.contains("init.file") && err.contains("this one is 5×5"), "{err}");
 }
 
 fn parse_err(options: &str, l: usize) -> String {

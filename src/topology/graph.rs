@@ -51,7 +51,7 @@ struct Options {
     /// `pattern` | `last` | `all` | `[i, …]`.
     readout: Option<Value>,
     weights: Weights,
-    /// `residual` | `acn` | `uniform` | a number | `{from: RUN_DIR, step: N}`.
+    /// `residual` | `acn` | `uniform` | a number | `{from: RUN_DIR, step: N}` | `{file: C.csv}`.
     init: Option<Value>,
     frozen: bool,
     normalize: Normalize,
@@ -166,12 +166,15 @@ fn parse_readout(v: Option<&Value>, depth: usize) -> Result<Option<Vec<usize>>, 
     }
 }
 
-/// `init: {from, step}`: a run directory's saved C.
+/// `init: {from, step}`: a run directory's saved C; `init: {file}`: a C written as CSV (what
+/// `plexus connectivity` prints, or a run's `connectivity/step_N.csv`), so that a study can commit
+/// the exact C it transplants.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FromRun {
-    from: std::path::PathBuf,
+    from: Option<std::path::PathBuf>,
     step: Option<u64>,
+    file: Option<std::path::PathBuf>,
 }
 
 /// The initial weight of every edge, `init[j-1][n]` for the n-th source of node j.
@@ -180,7 +183,7 @@ fn parse_init(v: Option<&Value>, sources: &[Vec<usize>]) -> Result<Vec<Vec<f64>>
     let each = |f: &dyn Fn(usize, usize, usize) -> f64| -> Vec<Vec<f64>> {
         sources.iter().enumerate().map(|(j0, s)| s.iter().map(|&i| f(i, j0 + 1, s.len())).collect()).collect()
     };
-    let allowed = "`residual`, `acn`, `uniform`, a finite number or `{from: RUN_DIR, step: N}`";
+    let allowed = "`residual`, `acn`, `uniform`, a finite number, `{from: RUN_DIR, step: N}` or `{file: C.csv}`";
     let Some(v) = v else { return Ok(each(&|_, _, _| 1.0)) };
     match v {
         Value::String(s) if s == "residual" => Ok(each(&|_, _, _| 1.0)),
@@ -196,12 +199,30 @@ fn parse_init(v: Option<&Value>, sources: &[Vec<usize>]) -> Result<Vec<Vec<f64>>
                 e.key = if e.key.is_empty() { "init".into() } else { format!("init.{}", e.key) };
                 e
             })?;
-            let c = saved_connectivity(&o).map_err(|e| OptionError::new("init.from", o.from.display(), e))?;
+            let (key, path, c) = match (&o.from, &o.file, o.step) {
+                (Some(run), None, step) => (
+                    "init.from",
+                    run,
+                    saved_connectivity(run, step).map_err(|e| OptionError::new("init.from", run.display(), e))?,
+                ),
+                (None, Some(file), None) => {
+                    let c = crate::run_dir::read_square_matrix(file).map_err(|e| {
+                        OptionError::new("init.file", file.display(), format!("a readable C as CSV ({e:#})"))
+                    })?;
+                    ("init.file", file, c)
+                }
+                _ => return Err(OptionError::new("init", show(v), format!("one of {allowed}"))),
+            };
             if c.nrows() != l + 2 || c.ncols() != l + 2 {
                 return Err(OptionError::new(
-                    "init.from",
-                    o.from.display(),
-                    format!("a run with L = {l} units at this granularity (its C is {}×{})", c.nrows(), c.ncols()),
+                    key,
+                    path.display(),
+                    format!(
+                        "a C of L = {l} units at this granularity ({0}×{0}; this one is {1}×{2})",
+                        l + 2,
+                        c.nrows(),
+                        c.ncols()
+                    ),
                 ));
             }
             Ok(each(&|i, j, _| c[[i, j]]))
@@ -211,10 +232,10 @@ fn parse_init(v: Option<&Value>, sources: &[Vec<usize>]) -> Result<Vec<Vec<f64>>
 }
 
 /// The C a run saved at `step` (its last saved step if none is given), `[(L+2), (L+2)]`.
-fn saved_connectivity(o: &FromRun) -> Result<crate::run_dir::Matrix, String> {
-    let run = crate::run_dir::RunDir::open(&o.from).map_err(|e| format!("a run directory ({e:#})"))?;
+fn saved_connectivity(dir: &std::path::Path, step: Option<u64>) -> Result<crate::run_dir::Matrix, String> {
+    let run = crate::run_dir::RunDir::open(dir).map_err(|e| format!("a run directory ({e:#})"))?;
     let steps = run.connectivity_steps().unwrap_or_default();
-    let step = match o.step.or_else(|| steps.last().copied()) {
+    let step = match step.or_else(|| steps.last().copied()) {
         Some(s) if steps.contains(&s) => s,
         _ => {
             let saved = steps.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
