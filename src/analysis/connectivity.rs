@@ -10,6 +10,7 @@ use std::path::Path;
 pub fn csv(path: &Path, step: Option<u64>, overrides: &[String]) -> Result<String> {
     if let (true, Some(step)) = (path.is_dir(), step) {
         let run = RunDir::open(path)?;
+        crate::train::trained::refuse_rl_run(&run)?;
         let f = run.connectivity_file(step);
         if !f.is_file() {
             let saved = run.connectivity_steps().unwrap_or_default();
@@ -21,18 +22,16 @@ pub fn csv(path: &Path, step: Option<u64>, overrides: &[String]) -> Result<Strin
         }
         return crate::input_file::read_text(&f, crate::input_file::MAX_RECORD_BYTES, "a matrix CSV");
     }
-    Ok(crate::run_dir::matrix_csv(&matrix(path, step, overrides)?))
+    anyhow::ensure!(step.is_none(), "--step needs a run directory, not a config");
+    Ok(crate::run_dir::matrix_csv(&matrix(path, overrides)?))
 }
 
 /// C `[L + 2, L + 2]` (row = source node, column = target) of a config's initialised model or of a
-/// run's final weights; `step` is for [`csv`], which reads a saved step's file as it is.
-pub fn matrix(path: &Path, step: Option<u64>, overrides: &[String]) -> Result<crate::run_dir::Matrix> {
+/// run's final weights.
+pub fn matrix(path: &Path, overrides: &[String]) -> Result<crate::run_dir::Matrix> {
     let dev = tch::Device::Cpu;
     let (exp, model) = if path.is_dir() {
         crate::train::trained::refuse_rl_run(&RunDir::open(path)?)?;
-        if let Some(step) = step {
-            return crate::run_dir::read_square_matrix(&RunDir::open(path)?.connectivity_file(step));
-        }
         let open = crate::train::trained::OpenOptions {
             device: Some(dev),
             compute: Some(tch::Kind::Float),
@@ -42,7 +41,6 @@ pub fn matrix(path: &Path, step: Option<u64>, overrides: &[String]) -> Result<cr
         let run = crate::train::trained::open(path, &open)?;
         (run.exp, run.model)
     } else {
-        anyhow::ensure!(step.is_none(), "--step needs a run directory, not a config");
         let exp = Experiment::from_file(path, overrides)?;
         let model = crate::device::with_seed(exp.config().seed, || {
             crate::model::Model::new(exp.model.as_ref(), exp.topology.as_ref(), dev, tch::Kind::Float)

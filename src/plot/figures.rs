@@ -441,7 +441,7 @@ pub fn connectivity(runs: &[PlotRun], step: Option<u64>, out: &Path) -> Result<V
 /// initialised model's C as a heatmap, `<out>/connectivity_<name>.{png,svg,pdf}`.
 pub fn config_connectivity(config: &Path, out: &Path) -> Result<Vec<PathBuf>> {
     let exp = crate::experiment::Experiment::from_file(config, &[])?;
-    let c = analysis::connectivity::matrix(config, None, &[])?;
+    let c = analysis::connectivity::matrix(config, &[])?;
     let name = exp.config().name.clone();
     let title = format!("Direct connectivity C — {} ({name})", super::display_name(exp.topology.kind()));
     heatmaps(&[c_panel(&c, "at initialisation".into())], &title, &out.join(format!("connectivity_{name}")))
