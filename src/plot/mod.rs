@@ -825,7 +825,10 @@ pub fn heatmaps(panels: &[Heatmap], title: &str, out_base: &Path) -> Result<Vec<
     // Each row as tall as a panel is wide (square cells for a square matrix) plus its title and
     // labels, within 1.4–4.5 in.
     let row_height = (panel + pt(10.0)).clamp(pt(100.0), pt(324.0));
-    let size = (width, row_height * rows + pt(16.0));
+    // Tall enough for the colour bar's title, which runs along the bar beside every row: in a
+    // single row of small panels (C over training at double width) it would leave the canvas.
+    let colorbar_title = text_width(&panels[0].colorbar_label, font(AXIS_PT)) as u32;
+    let size = (width, (row_height * rows + pt(16.0)).max(colorbar_title + pt(64.0)));
     render_png_and_svg!(out_base, size, draw_heatmaps(panels, title, (rows, cols)))
 }
 
