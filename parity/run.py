@@ -3,10 +3,13 @@
     python parity/run.py CASE.yaml OUT.safetensors
     python parity/run.py --out-dir DIR CASE.yaml ...   # several cases, one process
     python parity/run.py --draw K --out-dir DIR CASE.yaml ...   # draw K: other weights and inputs
+    python parity/run.py --reuse --out-dir DIR CASE.yaml ...   # skip what DIR already holds (same key)
     python parity/run.py --count CASE.yaml        # prints the total number of parameters
 """
 
 import argparse
+import hashlib
+import json
 import math
 import os
 import random
@@ -318,6 +321,64 @@ def count(case_path):
     return sum(p.numel() for p in model.parameters())
 
 
+def reference_key(case_path, draw):
+    """What a case's reference file is a function of: the case file, every parity/*.py, the draw,
+    the device, the thread count, the kernel path (PLEXUS_PARITY_FUSED) and the torch version. A
+    file written under the same key is the same file (`--reuse`; `plexus parity --keep DIR`)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = hashlib.sha256()
+    for name in sorted(f for f in os.listdir(here) if f.endswith(".py")):
+        with open(os.path.join(here, name), "rb") as fh:
+            code.update(name.encode() + b"\0" + fh.read() + b"\0")
+    with open(case_path, "rb") as fh:
+        case = hashlib.sha256(fh.read()).hexdigest()
+    return {
+        "case": case,
+        "code": code.hexdigest(),
+        "draw": draw,
+        "device": os.environ.get("PLEXUS_PARITY_DEVICE", "cpu"),
+        "threads": torch.get_num_threads(),
+        "fused": os.environ.get("PLEXUS_PARITY_FUSED") == "1",
+        "torch": torch.__version__,
+    }
+
+
+def run_into(out_dir, cases, draw, reuse):
+    """Every case's reference into OUT_DIR/<case>.safetensors, each written whole (a temporary file
+    renamed), and OUT_DIR/references.json: each file's key (`reference_key`). With `reuse`, a case
+    whose file is there under the same key is not run again."""
+    os.makedirs(out_dir, exist_ok=True)
+    manifest_path = os.path.join(out_dir, "references.json")
+    manifest = {}
+    if reuse and os.path.exists(manifest_path):
+        try:
+            with open(manifest_path) as fh:
+                manifest = json.load(fh)
+        except (OSError, ValueError):
+            manifest = {}  # unreadable: every case is run again and the manifest rewritten
+        if not isinstance(manifest, dict):
+            manifest = {}
+    reused = 0
+    for c in cases:
+        stem = os.path.splitext(os.path.basename(c))[0]
+        out = os.path.join(out_dir, stem + ".safetensors")
+        key = reference_key(c, draw)
+        if reuse and manifest.get(stem) == key and os.path.exists(out):
+            reused += 1
+            continue
+        manifest.pop(stem, None)
+        tmp = out + ".partial"
+        run(c, tmp, draw)
+        os.replace(tmp, out)
+        manifest[stem] = key
+    tmp = manifest_path + ".partial"
+    with open(tmp, "w") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+    os.replace(tmp, manifest_path)
+    if reuse:
+        print(f"reused {reused} of {len(cases)} references in {out_dir}", file=sys.stderr)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--count", action="store_true", help="print the total number of parameters")
@@ -326,6 +387,8 @@ def main(argv=None):
     ap.add_argument("--out-dir", help="run every CASE.yaml given, writing OUT_DIR/<case>.safetensors")
     ap.add_argument("--draw", type=int, default=0,
                     help="draw K: seed each case with seed + %d·K (0: the case's own draw)" % DRAW_STRIDE)
+    ap.add_argument("--reuse", action="store_true",
+                    help="with --out-dir: skip a case whose reference is there under the same key")
     ap.add_argument("case", nargs="+", help="CASE.yaml [OUT.safetensors], or several cases with --out-dir")
     args = ap.parse_args(argv)
     if args.draw < 0:
@@ -346,10 +409,7 @@ def main(argv=None):
                 except RuntimeError as e:
                     raise RuntimeError(f"{c}: {e}") from e
         elif args.out_dir is not None:
-            os.makedirs(args.out_dir, exist_ok=True)
-            for c in cases:
-                stem = os.path.splitext(os.path.basename(c))[0]
-                run(c, os.path.join(args.out_dir, stem + ".safetensors"), args.draw)
+            run_into(args.out_dir, cases, args.draw, args.reuse)
         else:
             if len(cases) != 2:
                 ap.error("expected CASE.yaml OUT.safetensors (or --out-dir DIR CASE.yaml ...)")

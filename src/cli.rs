@@ -212,8 +212,11 @@ pub enum Cmd {
         /// Directory of the references and their cases.
         #[arg(long, default_value = "parity")]
         dir: PathBuf,
-        /// Keep the reference files here (default: a temporary directory).
-        #[arg(long)]
+        /// Keep the reference files here (default: a temporary directory), and reuse them: a case
+        /// whose file is already there from the same case file, parity/*.py, draw, device, thread
+        /// count, kernel path and torch version is not run again (DIR/references.json records
+        /// each). The reference is most of a parity run's time.
+        #[arg(long, value_name = "DIR")]
         keep: Option<PathBuf>,
         /// Device of both sides, the Rust model and the PyTorch reference (`cpu`, `cuda`, `cuda:N`).
         #[arg(long, default_value = "cpu")]

@@ -228,7 +228,7 @@ pub fn parity(
             None => (work.to_path_buf(), String::new()),
         };
         eprintln!("running {} PyTorch references{label} on {}…", cases.len(), crate::device::describe(device));
-        let results = crate::parity::run_draw(dir, &cases, &work, device, draw)?;
+        let results = crate::parity::run_draw(dir, &cases, &work, device, draw, keep.is_some())?;
         if header {
             println!(
                 "{:<26} {:>5} {:<40} {:>10} {:>10} {:>10} {:>6} {:>10} {:>7}  result",

@@ -188,8 +188,19 @@ pub fn case_name(p: &Path) -> String {
 /// reference runs with this process's libtorch thread count (so that `plexus parity --threads N`
 /// sets both sides; its spread runs take one thread, any order being valid for them). Where plexus takes the GPU step's fused paths
 /// ([`crate::native::gpu_paths_taken`]), the reference rounds as they do (`PLEXUS_PARITY_FUSED=1`:
-/// RoPE and SwiGLU in fp32 with one rounding; parity/SPEC.md, "Precision").
-pub fn run_references(parity_dir: &Path, cases: &[PathBuf], out: &Path, device: Device, draw: u64) -> Result<()> {
+/// RoPE and SwiGLU in fp32 with one rounding; parity/SPEC.md, "Precision"). With `reuse`, a case
+/// whose file `out` already holds under the same key — case file, parity/*.py, draw, device,
+/// thread count, kernel path, torch version; `<out>/references.json` records each — is not run
+/// again (`plexus parity --keep DIR`: the Rust side can be iterated on without the reference's
+/// cost, most of a parity run's).
+pub fn run_references(
+    parity_dir: &Path,
+    cases: &[PathBuf],
+    out: &Path,
+    device: Device,
+    draw: u64,
+    reuse: bool,
+) -> Result<()> {
     std::fs::create_dir_all(out)?;
     let py = python();
     let status = std::process::Command::new(&py)
@@ -198,6 +209,7 @@ pub fn run_references(parity_dir: &Path, cases: &[PathBuf], out: &Path, device: 
         .env("PLEXUS_PARITY_FUSED", if crate::native::gpu_paths_taken(device) { "1" } else { "0" })
         .arg(parity_dir.join("run.py"))
         .args(["--draw", &draw.to_string()])
+        .args(reuse.then_some("--reuse"))
         .arg("--out-dir")
         .arg(out)
         .args(cases)
@@ -372,17 +384,19 @@ pub fn compare_case(case: &Path, reference: &Path, device: Device) -> Result<Cas
 /// Runs the references and checks every case as written (draw 0); one result per case, in order.
 /// On `device` (both sides: the Rust model and the PyTorch reference).
 pub fn run_all(parity_dir: &Path, cases: &[PathBuf], work: &Path, device: Device) -> Result<Vec<Result<CaseResult>>> {
-    run_draw(parity_dir, cases, work, device, 0)
+    run_draw(parity_dir, cases, work, device, 0, false)
 }
 
-/// [`run_all`] on draw `draw` of every case (see [`DRAW_STRIDE`]).
+/// [`run_all`] on draw `draw` of every case (see [`DRAW_STRIDE`]), reusing what `work` holds
+/// under the same key where `reuse` ([`run_references`]).
 pub fn run_draw(
     parity_dir: &Path,
     cases: &[PathBuf],
     work: &Path,
     device: Device,
     draw: u64,
+    reuse: bool,
 ) -> Result<Vec<Result<CaseResult>>> {
-    run_references(parity_dir, cases, work, device, draw)?;
+    run_references(parity_dir, cases, work, device, draw, reuse)?;
     Ok(cases.iter().map(|c| check_case(c, &work.join(format!("{}.safetensors", case_name(c))), device)).collect())
 }

@@ -185,7 +185,23 @@ fn broken_runs(good: &Path, dir: &Path) -> Vec<PathBuf> {
     runs
 }
 
+/// Whether a case needs a `plexus` process of its own rather than a call inside this test binary:
+/// a data root of its own (an environment variable, one per process), a verb or flag that starts
+/// processes from the binary it runs in (`sweep`, `--nproc`) or changes libtorch's process-wide
+/// thread count (`--threads`, `parity`), `demo` and `doctor` (whole programs), and an output path
+/// relative to the working directory (this binary's is the repository).
+fn needs_own_process(c: &Case) -> bool {
+    let verb = c.args.first().map(String::as_str).unwrap_or("");
+    c.data_root.is_some()
+        || matches!(verb, "sweep" | "demo" | "doctor" | "parity")
+        || c.args.iter().any(|a| a == "--nproc" || a == "--threads")
+        || c.args.windows(2).any(|w| w[0] == "--out" && Path::new(&w[1]).is_relative())
+}
+
 fn run_case(c: &Case, cwd: &Path) -> Option<String> {
+    if !needs_own_process(c) {
+        return run_case_in_process(c);
+    }
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_plexus"));
     cmd.args(&c.args).current_dir(cwd);
     if let Some(root) = &c.data_root {
@@ -204,9 +220,48 @@ fn run_case(c: &Case, cwd: &Path) -> Option<String> {
     })
 }
 
-/// Runs every case (two at a time: each invocation is mostly libtorch's start-up) and fails
-/// listing those that panicked or crashed.
+/// The case as `main` runs it — the arguments parsed by the CLI, then `plexus::cli::run` — inside
+/// this process, a panic caught: what a `plexus` process would exit 101 on. Most of a process's
+/// time here is libtorch's start-up (~0.7 s), paid once instead of hundreds of times. A crash by
+/// signal ends this test binary, which fails the test as the process's death would.
+fn run_case_in_process(c: &Case) -> Option<String> {
+    let args = std::iter::once("plexus".to_string()).chain(c.args.iter().cloned());
+    let outcome = std::panic::catch_unwind(|| match <plexus::cli::Cli as clap::Parser>::try_parse_from(args) {
+        Ok(cli) => plexus::cli::run(cli).map_err(|e| format!("{e:#}")),
+        Err(e) => Err(e.to_string()),
+    });
+    outcome.err().map(|payload| {
+        let text = plexus::torch_panic::payload_text(payload.as_ref()).unwrap_or("(a panic without text)");
+        format!(
+            "plexus {}\n  → panicked (in process)\n{}",
+            c.args.join(" "),
+            text.lines().take(6).collect::<Vec<_>>().join("\n")
+        )
+    })
+}
+
+/// Every panic in this test binary since [`record_panics`]: thread, text and place. A case run in
+/// this process may panic on a thread of its own (a data prefetcher, a writer), where no
+/// `catch_unwind` of the caller sees it; a process would have said "panicked" on stderr.
+static PANICS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn record_panics() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let text = plexus::torch_panic::payload_text(info.payload()).unwrap_or("(no text)");
+            let thread = std::thread::current().name().unwrap_or("unnamed").to_string();
+            let place = info.location().map(|l| l.to_string()).unwrap_or_default();
+            PANICS.lock().unwrap_or_else(|e| e.into_inner()).push(format!("thread {thread} at {place}: {text}"));
+            previous(info);
+        }));
+    });
+}
+
+/// Runs every case (two at a time) and fails listing those that panicked or crashed.
 fn run_all(cases: &[Case], cwd: &Path) {
+    record_panics();
     let (a, b) = cases.split_at(cases.len() / 2);
     let failures: Vec<String> = std::thread::scope(|sc| {
         let h = sc.spawn(|| a.iter().filter_map(|c| run_case(c, cwd)).collect::<Vec<_>>());
@@ -214,6 +269,10 @@ fn run_all(cases: &[Case], cwd: &Path) {
         f.extend(h.join().unwrap());
         f
     });
+    let own = cases.iter().filter(|c| needs_own_process(c)).count();
+    eprintln!("{} cases: {} in this process, {own} in processes of their own", cases.len(), cases.len() - own);
+    let panics = PANICS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    assert!(panics.is_empty(), "panics in this process (a case's own thread, or a case below):\n{}", panics.join("\n"));
     assert!(
         failures.is_empty(),
         "{} of {} invocations panicked or crashed:\n\n{}",

@@ -433,3 +433,28 @@ fn every_figure_kind_is_laid_out_as_a_papers_figure_at_both_widths() {
         }
     }
 }
+
+/// The layout check follows rotated text (plotters writes a y-axis title as a `<text>` with
+/// `transform="rotate(270, x, y)"`; usvg's boxes are in canvas coordinates, after the rotation): a
+/// colour bar's title that runs off the top or the bottom of the canvas is found, and the same title
+/// placed where it fits passes.
+#[test]
+fn a_rotated_title_that_leaves_the_canvas_is_found() {
+    let svg = |y: u32| {
+        format!(
+            "<svg width=\"200\" height=\"300\" viewBox=\"0 0 200 300\" xmlns=\"http://www.w3.org/2000/svg\">\
+             <text x=\"20\" y=\"{y}\" dy=\"0.76em\" text-anchor=\"middle\" font-family=\"sans-serif\" font-size=\"14\" \
+             fill=\"#000000\" transform=\"rotate(270, 20, {y})\">weight of the connection</text></svg>"
+        )
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    for (y, leaves) in [(40, true), (260, true), (150, false)] {
+        let path = tmp.path().join(format!("rotated-{y}.svg"));
+        std::fs::write(&path, svg(y)).unwrap();
+        let f = read(&path);
+        let (_, b) = &f.texts[0];
+        assert!(b.3 - b.1 > 3.0 * (b.2 - b.0), "y = {y}: the box {b:?} is not the rotated text's (taller than wide)");
+        let found = problems(&f).iter().any(|p| p.contains("leaves the canvas"));
+        assert_eq!(found, leaves, "y = {y}: {b:?} on {:?}: {:?}", f.size, problems(&f));
+    }
+}

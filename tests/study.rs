@@ -20,9 +20,9 @@ fn sweep_args(out: &Path) -> Vec<String> {
         "--seeds".into(),
         "0,1,2".into(),
         "--set".into(),
-        "train.steps=6000".into(),
+        "train.steps=2000".into(),
         "--set".into(),
-        "log.checkpoint_every=250".into(),
+        "log.checkpoint_every=100".into(),
         "--jobs".into(),
         "2".into(),
         "--quiet".into(),
@@ -40,7 +40,7 @@ fn run_dirs(out: &Path) -> Vec<PathBuf> {
     v
 }
 
-/// Whether the run has a complete checkpoint in its first half (of 6000 steps): it is then far
+/// Whether the run has a complete checkpoint in its first half (of 2000 steps): it is then far
 /// from finishing, so a kill now leaves it unfinished even on a loaded machine.
 fn early_checkpoint(run: &Path) -> bool {
     std::fs::read_dir(run.join("checkpoints"))
@@ -50,7 +50,7 @@ fn early_checkpoint(run: &Path) -> bool {
                 name.strip_prefix("step_")
                     .and_then(|r| r.strip_suffix(".json"))
                     .and_then(|n| n.parse::<u64>().ok())
-                    .is_some_and(|n| n <= 3000)
+                    .is_some_and(|n| n <= 1000)
             })
         })
         .unwrap_or(false)
