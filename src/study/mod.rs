@@ -177,8 +177,40 @@ const PREFERRED: &[&str] = &[
 /// Reads the runs `paths` stand for (see [`collect::find_runs`]; or the rows of a report's
 /// `runs.csv`) and computes the report, with the claims of `spec` (else of the sweep folder's own
 /// spec) and their verdicts. `spec`'s `report:` section also fills what `opts` leaves open.
+///
+/// In stages: the runs ([`collect_runs`]), what the report shows of them (grouping keys, metrics,
+/// baseline, curves, scales), each group's statistics ([`group_statistics`]), then the claims
+/// ([`judge_claims`]).
 pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) -> Result<StudyReport> {
-    // The same folder given twice is one folder (`report SWEEP SWEEP` is `report SWEEP`).
+    let paths = distinct(paths);
+    let (from_sweep, axes, claims) = sweep_settings(spec, &paths)?;
+    let Collected { runs, unfinished, from_tables } = collect_runs(&paths, &claims)?;
+    let by = grouping_keys(opts, &from_sweep, axes, &runs)?;
+    let (metrics, mut missing) = report_metrics(opts, &from_sweep, &runs)?;
+    let baseline = baseline_setting(opts, &from_sweep, &by, &runs)?;
+    let curves = report_curves(opts, &from_sweep, &runs, from_tables)?;
+    let log_scale = log_scales(&metrics, &runs);
+    let groups = group_statistics(&runs, &by, &metrics, &log_scale, baseline.as_ref());
+    let (claims, registration) = judge_claims(claims, spec.is_some(), &runs, &mut missing)?;
+    Ok(StudyReport {
+        by,
+        metrics,
+        log_scale,
+        baseline,
+        groups,
+        runs,
+        unfinished,
+        curves,
+        missing,
+        claims,
+        registration,
+        width: opts.width.clone().or(from_sweep.width.clone()),
+        formats: opts.formats.clone().or(from_sweep.formats.clone()),
+    })
+}
+
+/// `paths` with a folder given twice read once (`report SWEEP SWEEP` is `report SWEEP`), said.
+fn distinct(paths: &[PathBuf]) -> Vec<PathBuf> {
     let mut seen = std::collections::BTreeSet::new();
     let (paths, twice): (Vec<PathBuf>, Vec<PathBuf>) =
         paths.iter().cloned().partition(|p| seen.insert(std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())));
@@ -186,24 +218,45 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
         let names: Vec<String> = twice.iter().map(|p| p.display().to_string()).collect();
         eprintln!("report: {} given more than once, read once", names.join(", "));
     }
-    // A single sweep folder's own report section fills what the options leave open.
-    let sweep_spec = match (spec, paths.as_slice()) {
+    paths
+}
+
+/// The sweep behind the report — `spec`, else a single sweep folder's own — as its `report:`
+/// section (what the options leave open), its axes (its configs by `name` where it has several,
+/// and its grid keys) and its claims; defaults and none without a sweep.
+fn sweep_settings(
+    spec: Option<&SweepSpec>,
+    paths: &[PathBuf],
+) -> Result<(ReportSpec, Vec<String>, Vec<claims::Claim>)> {
+    let sweep_spec = match (spec, paths) {
         (Some(s), _) => Some(s.clone()),
         (None, [one]) if one.join(MANIFEST).is_file() => Some(Manifest::read(one)?.spec),
         _ => None,
     };
-    let (from_sweep, axes, claims) = match sweep_spec {
+    Ok(match sweep_spec {
         Some(s) => {
-            // The sweep's axes: its configs (by their `name`) and its grid keys.
             let mut axes: Vec<String> = if s.configs.len() > 1 { vec!["name".into()] } else { vec![] };
             axes.extend(s.grid.keys().filter_map(|k| k.as_str().map(String::from)));
             (s.report, axes, s.claims)
         }
         None => (ReportSpec::default(), vec![], vec![]),
-    };
-    // The fingerprint covers the spec's claims as written, those still waiting for a metric too.
-    let all_claims = claims.clone();
-    let pick = |a: &Vec<String>, b: &Vec<String>| if a.is_empty() { b.clone() } else { a.clone() };
+    })
+}
+
+/// The runs a report reads ([`collect_runs`]).
+struct Collected {
+    /// Finished runs, with each claim's `CURVE@STEP` value among their metrics.
+    runs: Vec<RunRecord>,
+    /// Run directories without `summary.json`: left out.
+    unfinished: Vec<PathBuf>,
+    /// Whether the runs came from runs.csv tables rather than run directories.
+    from_tables: bool,
+}
+
+/// Reads the runs: from run directories and sweep folders, or from a report's runs.csv files (not
+/// both). A claim's `CURVE@STEP` value becomes a metric of each run (and a column of runs.csv).
+/// At least one run must be finished.
+fn collect_runs(paths: &[PathBuf], claims: &[claims::Claim]) -> Result<Collected> {
     let mut runs = Vec::new();
     let mut unfinished = Vec::new();
     // Anything that exists and is not a directory is read as a table (a device or FIFO is then
@@ -216,14 +269,13 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
         }
         runs = collect::read_runs_tables(&tables.iter().map(|t| t.as_path()).collect::<Vec<_>>())?;
     } else {
-        for d in collect::find_runs(&paths)? {
+        for d in collect::find_runs(paths)? {
             match collect::read_run(&d)? {
                 Some(r) => runs.push(r),
                 None => unfinished.push(d),
             }
         }
     }
-    // A claim's `CURVE@STEP` value becomes a metric of each run (and a column of runs.csv).
     for m in claims.iter().flat_map(|c| c.metrics()).filter(|m| m.contains('@')) {
         for r in runs.iter_mut() {
             if !r.metrics.contains_key(&m) {
@@ -241,17 +293,43 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
             unfinished.first().map(|d| format!(", e.g. {}", d.display())).unwrap_or_default()
         );
     }
-    let mut by = pick(&opts.by, &pick(&from_sweep.by, &axes));
+    Ok(Collected { runs, unfinished, from_tables })
+}
+
+/// `a` unless it is empty, else `b`: an option over the sweep's `report:` section.
+fn first_given(a: &[String], b: &[String]) -> Vec<String> {
+    (if a.is_empty() { b } else { a }).to_vec()
+}
+
+/// The keys the runs are grouped by: `--by`, else the sweep's `report: by`, else its axes, else
+/// the config keys whose values differ between runs. Each must be in some run's config.
+fn grouping_keys(
+    opts: &ReportOptions,
+    from_sweep: &ReportSpec,
+    axes: Vec<String>,
+    runs: &[RunRecord],
+) -> Result<Vec<String>> {
+    let mut by = first_given(&opts.by, &first_given(&from_sweep.by, &axes));
     if by.is_empty() {
-        by = collect::varying_keys(&runs);
+        by = collect::varying_keys(runs);
     }
     for k in &by {
         if !runs.iter().any(|r| r.config.contains_key(k)) {
             bail!("--by {k}: no run's config has this key (keys are written as in --set, e.g. topology.init.mu)");
         }
     }
-    // Metrics asked for on the command line must exist in every run; those of the sweep's spec
-    // may wait for `plexus analyze` and are left out (and named) until every run has them.
+    Ok(by)
+}
+
+/// The metrics of the tables, and those of the sweep's spec that not every run has yet. Metrics
+/// asked for on the command line must exist in every run; those of the sweep's spec may wait for
+/// `plexus analyze` and are left out (and named) until every run has them; without either, the
+/// [`PREFERRED`] ones every run has, else every metric every run has.
+fn report_metrics(
+    opts: &ReportOptions,
+    from_sweep: &ReportSpec,
+    runs: &[RunRecord],
+) -> Result<(Vec<String>, Vec<String>)> {
     let common = |m: &str| runs.iter().all(|r| r.metrics.contains_key(m));
     let mut missing = Vec::new();
     let metrics = if !opts.metrics.is_empty() {
@@ -282,30 +360,49 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
             if missing.is_empty() { String::new() } else { format!(" (asked for: {})", missing.join(", ")) }
         );
     }
-    let baseline = match opts.baseline.clone().or(from_sweep.baseline) {
-        None => None,
-        Some(b) => {
-            let Some((k, v)) = b.split_once('=') else {
-                bail!("--baseline {b}: expected KEY=VALUE, e.g. --baseline topology.kind=residual");
-            };
-            let (k, v) = (k.trim().to_string(), v.trim().to_string());
-            let Some(pos) = by.iter().position(|x| *x == k) else {
-                bail!("--baseline {b}: `{k}` is not one of the keys the runs are grouped by ({})", by.join(", "));
-            };
-            if !runs.iter().any(|r| r.config.get(&by[pos]) == Some(&v)) {
-                let mut seen: Vec<&String> = runs.iter().filter_map(|r| r.config.get(&k)).collect();
-                seen.sort();
-                seen.dedup();
-                bail!(
-                    "--baseline {b}: no run has {k} = {v}; the runs have {}",
-                    seen.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-                );
-            }
-            Some((k, v))
-        }
+    Ok((metrics, missing))
+}
+
+/// The baseline setting `(key, value)`: `--baseline KEY=VALUE`, else the sweep's; its key must be
+/// a grouping key and some run must have the value.
+fn baseline_setting(
+    opts: &ReportOptions,
+    from_sweep: &ReportSpec,
+    by: &[String],
+    runs: &[RunRecord],
+) -> Result<Option<(String, String)>> {
+    let Some(b) = opts.baseline.clone().or(from_sweep.baseline.clone()) else {
+        return Ok(None);
     };
-    let mut curves = pick(&opts.curves, &from_sweep.curves);
-    // A curve asked for by name must be logged by some run; else nothing would be drawn.
+    let Some((k, v)) = b.split_once('=') else {
+        bail!("--baseline {b}: expected KEY=VALUE, e.g. --baseline topology.kind=residual");
+    };
+    let (k, v) = (k.trim().to_string(), v.trim().to_string());
+    let Some(pos) = by.iter().position(|x| *x == k) else {
+        bail!("--baseline {b}: `{k}` is not one of the keys the runs are grouped by ({})", by.join(", "));
+    };
+    if !runs.iter().any(|r| r.config.get(&by[pos]) == Some(&v)) {
+        let mut seen: Vec<&String> = runs.iter().filter_map(|r| r.config.get(&k)).collect();
+        seen.sort();
+        seen.dedup();
+        bail!(
+            "--baseline {b}: no run has {k} = {v}; the runs have {}",
+            seen.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+        );
+    }
+    Ok(Some((k, v)))
+}
+
+/// The curves drawn with a band over seeds: `--curves` (each logged by some run, else nothing
+/// would be drawn), else the sweep's, else those of loss, Γ and success every run logs; none for
+/// runs read back from a runs.csv without its curves table.
+fn report_curves(
+    opts: &ReportOptions,
+    from_sweep: &ReportSpec,
+    runs: &[RunRecord],
+    from_tables: bool,
+) -> Result<Vec<String>> {
+    let mut curves = first_given(&opts.curves, &from_sweep.curves);
     for c in &opts.curves {
         if !runs.iter().any(|r| r.curve(c).is_ok_and(|p| !p.is_empty())) {
             let logged = runs[0].curve_names();
@@ -324,33 +421,47 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
             .collect();
     }
     if from_tables && runs.iter().any(|r| r.curves.is_empty()) {
-        // Runs read back from a runs.csv without its curves table have no curves to draw.
         curves.clear();
     }
-    // Positive metrics that span two decades or more over the runs (losses near round-off, say)
-    // get their statistics in log space: a geometric mean and an interval of the log, which an
-    // arithmetic interval (reaching below zero) is not.
-    let log_scale: Vec<bool> = metrics
+    Ok(curves)
+}
+
+/// Per metric, whether its statistics are of `ln` values: positive metrics that span two decades
+/// or more over the runs (losses near round-off, say) get a geometric mean and an interval of the
+/// log, which an arithmetic interval (reaching below zero) is not.
+fn log_scales(metrics: &[String], runs: &[RunRecord]) -> Vec<bool> {
+    metrics
         .iter()
         .map(|m| {
             let vs: Vec<f64> = runs.iter().map(|r| r.metrics[m]).collect();
             let (lo, hi) = vs.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
             lo > 0.0 && hi / lo >= 100.0
         })
-        .collect();
+        .collect()
+}
+
+/// The runs grouped by `by`, each group with every metric's statistics and its paired difference
+/// from the baseline group on shared seeds (of `ln` values where `log_scale` says so).
+fn group_statistics(
+    runs: &[RunRecord],
+    by: &[String],
+    metrics: &[String],
+    log_scale: &[bool],
+    baseline: Option<&(String, String)>,
+) -> Vec<GroupResult> {
     let value = |log: bool, v: f64| if log { v.ln() } else { v };
-    let grouped = collect::group(&runs, &by);
-    let groups = grouped
+    let grouped = collect::group(runs, by);
+    grouped
         .iter()
         .map(|(key, members)| {
             let stats = metrics
                 .iter()
-                .zip(&log_scale)
+                .zip(log_scale)
                 .map(|(m, &log)| {
                     stats::describe(&members.iter().map(|&i| value(log, runs[i].metrics[m])).collect::<Vec<_>>())
                 })
                 .collect();
-            let baseline_key = baseline.as_ref().and_then(|(k, v)| {
+            let baseline_key = baseline.and_then(|(k, v)| {
                 let pos = by.iter().position(|x| x == k)?;
                 if key[pos] == *v {
                     return None;
@@ -359,26 +470,10 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
                 bk[pos] = v.clone();
                 Some(bk)
             });
-            // Grouped by keys that go with the setting (one config file per setting, each with
-            // its own `name`; options only the other topology has, absent in the baseline: "—"),
-            // the baseline's group differs in those too: it is the one group that has the
-            // baseline value and agrees on every other key it has.
-            let name_pos = by.iter().position(|x| x == "name");
-            let partner = baseline_key.as_ref().and_then(|bk| {
-                grouped.iter().find(|(k, _)| k == bk).or_else(|| {
-                    let same = |k: &Vec<String>| {
-                        k.iter().zip(bk).enumerate().all(|(i, (a, b))| Some(i) == name_pos || a == b || a == "—")
-                    };
-                    let mut found = grouped.iter().filter(|(k, _)| same(k));
-                    match (found.next(), found.next()) {
-                        (Some(one), None) => Some(one),
-                        _ => None,
-                    }
-                })
-            });
+            let partner = baseline_key.as_ref().and_then(|bk| baseline_group(&grouped, bk, by));
             let vs_baseline = metrics
                 .iter()
-                .zip(&log_scale)
+                .zip(log_scale)
                 .map(|(m, &log)| {
                     let (_, base) = partner?;
                     let pairs: Vec<(f64, f64)> = members
@@ -394,32 +489,48 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
                 .collect();
             GroupResult { key: key.clone(), runs: members.clone(), stats, vs_baseline, baseline_key }
         })
-        .collect();
-    // A claim whose metric not every run has yet (`analysis.*` before `plexus analyze`, `fd.*`
-    // before `plexus fd`) waits, named, like the spec's metrics above; asked for with --spec, the
-    // claims are the point, and a missing metric is an error.
-    let (claims, waiting): (Vec<claims::Claim>, Vec<claims::Claim>) = claims.into_iter().partition(|c| {
-        spec.is_some()
+        .collect()
+}
+
+/// The group a group is compared with: the one whose key is `baseline_key`. Grouped by keys that
+/// go with the setting (one config file per setting, each with its own `name`; options only the
+/// other topology has, absent in the baseline: "—"), the baseline's group differs in those too:
+/// it is then the one group that has the baseline value and agrees on every other key it has.
+fn baseline_group<'a>(
+    grouped: &'a [(Vec<String>, Vec<usize>)],
+    baseline_key: &[String],
+    by: &[String],
+) -> Option<&'a (Vec<String>, Vec<usize>)> {
+    let name_pos = by.iter().position(|x| x == "name");
+    grouped.iter().find(|(k, _)| k == baseline_key).or_else(|| {
+        let same = |k: &Vec<String>| {
+            k.iter().zip(baseline_key).enumerate().all(|(i, (a, b))| Some(i) == name_pos || a == b || a == "—")
+        };
+        let mut found = grouped.iter().filter(|(k, _)| same(k));
+        match (found.next(), found.next()) {
+            (Some(one), None) => Some(one),
+            _ => None,
+        }
+    })
+}
+
+/// The claims' verdicts, and the sentence on runs made under other claims. A claim whose metric
+/// not every run has yet (`analysis.*` before `plexus analyze`, `fd.*` before `plexus fd`) waits,
+/// named in `missing`; asked for with `--spec` (`with_spec`), the claims are the point, and a
+/// missing metric is an error. The fingerprint covers the claims as written, waiting ones too.
+fn judge_claims(
+    claims: Vec<claims::Claim>,
+    with_spec: bool,
+    runs: &[RunRecord],
+    missing: &mut Vec<String>,
+) -> Result<(Vec<claims::ClaimResult>, Option<String>)> {
+    let registration = registration_note(&claims, runs);
+    let (ready, waiting): (Vec<claims::Claim>, Vec<claims::Claim>) = claims.into_iter().partition(|c| {
+        with_spec
             || runs.iter().all(|r| claims::metrics_read_from(c, r).iter().all(|m| claims::metric_value(r, m).is_ok()))
     });
     missing.extend(waiting.iter().map(|c| format!("{} (claim `{}`)", c.metrics().join(", "), c.id)));
-    let registration = registration_note(&all_claims, &runs);
-    let claims = claims::evaluate(&claims, &runs)?;
-    Ok(StudyReport {
-        by,
-        metrics,
-        log_scale,
-        baseline,
-        groups,
-        runs,
-        unfinished,
-        curves,
-        missing,
-        claims,
-        registration,
-        width: opts.width.clone().or(from_sweep.width.clone()),
-        formats: opts.formats.clone().or(from_sweep.formats.clone()),
-    })
+    Ok((claims::evaluate(&ready, runs)?, registration))
 }
 
 /// Where runs record the claims they were made under (`study.claims`, from their sweep's
