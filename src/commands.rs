@@ -1035,7 +1035,7 @@ fn report_verdicts(
             spec_path.file_stem().map_or_else(|| spec_path.display().to_string(), |s| s.to_string_lossy().into());
         studies.push((name, r.claims));
     }
-    let table = crate::report::claims_verdicts(&studies);
+    let table = crate::report::study::verdicts(&studies);
     print!("{table}");
     if let Some(out) = out {
         let written = crate::run_dir::write_all_or_nothing(out, |dir| {
@@ -1074,11 +1074,11 @@ pub fn report(
     }
     let spec = specs.first().map(|p| crate::study::spec::SweepSpec::from_file(p)).transpose()?;
     let r = crate::study::build(paths, options, spec.as_ref())?;
-    let md = crate::report::study_markdown(&r);
-    let runs_csv = crate::report::study_runs_csv(&r)?;
-    let summary = crate::report::study_summary(&r);
-    let csv = crate::report::study_csv(&r)?;
-    let tex = crate::report::study_latex(&r);
+    let md = crate::report::study::markdown(&r);
+    let runs_csv = crate::report::study::runs_csv(&r)?;
+    let summary = crate::report::study::summary(&r);
+    let csv = crate::report::study::csv(&r)?;
+    let tex = crate::report::study::latex(&r);
     print!(
         "{}",
         match format {
