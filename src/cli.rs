@@ -559,7 +559,15 @@ pub fn run(cli: Cli) -> Result<()> {
             commands::fd(&run, &extractor, samples, &sampling.options, &sampling.device)
         }
         Cmd::Parity { only, dir, keep, device, threads, draws, csv } => {
-            commands::parity(&dir, only.as_deref(), keep.as_deref(), &device, threads, draws, csv.as_deref())
+            crate::parity::command::run(&crate::parity::command::ParityRequest {
+                dir: &dir,
+                only: only.as_deref(),
+                keep: keep.as_deref(),
+                device: &device,
+                threads,
+                draws,
+                csv: csv.as_deref(),
+            })
         }
         Cmd::Connectivity { config_or_run, step, overrides } => {
             commands::connectivity(&config_or_run, step, &overrides)

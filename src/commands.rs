@@ -7,6 +7,7 @@ use crate::analysis::{self, AnalyzeOptions};
 use crate::experiment::Experiment;
 use crate::run_dir::{atomic_write, RunDir};
 use crate::sets;
+pub use crate::study::sweep::SweepRequest;
 use crate::train::{self, Summary, TrainOptions};
 use anyhow::{bail, Context, Result};
 use std::io::IsTerminal;
@@ -185,156 +186,6 @@ pub fn default_figure_dir(runs: &[PathBuf]) -> PathBuf {
         [one] => one.join("figures"),
         _ => runs[0].parent().map(|p| p.join("figures")).unwrap_or_else(|| PathBuf::from("figures")),
     }
-}
-
-/// `plexus parity`: every case as written, or with `draws` on draws 1..=N of each
-/// (crate::parity::DRAW_STRIDE), one line per case and draw; every tensor's errors to `csv`.
-pub fn parity(
-    dir: &Path,
-    only: Option<&str>,
-    keep: Option<&Path>,
-    device: &str,
-    threads: Option<u16>,
-    draws: Option<u64>,
-    csv: Option<&Path>,
-) -> Result<()> {
-    let device = crate::device::from_flag("--device", device)?;
-    if let Some(n) = threads {
-        tch::set_num_threads(i32::from(n));
-    }
-    let cases = crate::parity::cases(&dir.join("cases"), only)?;
-    if cases.is_empty() {
-        bail!("no parity case in {} matches {:?}", dir.join("cases").display(), only.unwrap_or(""));
-    }
-    let tmp = tempfile::tempdir()?;
-    let work = keep.unwrap_or(tmp.path());
-    let draw_list: Vec<u64> = match draws {
-        Some(n) => (1..=n).collect(),
-        None => vec![0],
-    };
-    // Per case, the tensor nearest its bound: plexus's and the reference's errors against the
-    // float64 run, the bound they give (crate::parity::GROWTH), and the direct plexus-reference
-    // difference (bound for bf16 only).
-    let mut header = true;
-    let (mut failed, mut total) = (0, 0);
-    // bf16 case-draws within the bound but past the direct tolerance, and per case how many: on
-    // several draws they fail only where most of the case's draws do (crate::parity::TOL_BF16_DIRECT).
-    let mut past_direct: Vec<(usize, u64)> = Vec::new();
-    let mut past_direct_per_case = vec![0usize; cases.len()];
-    let mut rows = String::from("case,draw,precision,tensor,plexus,reference,spread,direct,bound\n");
-    for &draw in &draw_list {
-        let (work, label) = match draws {
-            Some(_) => (work.join(format!("draw-{draw}")), format!(", draw {draw}")),
-            None => (work.to_path_buf(), String::new()),
-        };
-        eprintln!("running {} PyTorch references{label} on {}…", cases.len(), crate::device::describe(device));
-        let results = crate::parity::run_draw(dir, &cases, &work, device, draw, keep.is_some())?;
-        if header {
-            println!(
-                "{:<26} {:>5} {:<40} {:>10} {:>10} {:>10} {:>6} {:>10} {:>7}  result",
-                "case", "prec", "tensor nearest its bound", "plexus", "reference", "bound", "ratio", "direct", "params"
-            );
-            header = false;
-        }
-        for (i, (case, r)) in cases.iter().zip(results).enumerate() {
-            total += 1;
-            let name = match draws {
-                Some(_) => format!("{}@{draw}", crate::parity::case_name(case)),
-                None => crate::parity::case_name(case),
-            };
-            match r {
-                Ok(r) => {
-                    let result = if r.pass {
-                        "pass"
-                    } else if r.within_bound && draws.is_some() {
-                        past_direct.push((i, draw));
-                        past_direct_per_case[i] += 1;
-                        "direct"
-                    } else {
-                        failed += 1;
-                        "FAIL"
-                    };
-                    for t in &r.tensors {
-                        rows += &format!(
-                            "{},{draw},{},{},{:e},{:e},{:e},{:e},{:e}\n",
-                            r.name,
-                            format!("{:?}", r.precision).to_lowercase(),
-                            t.name,
-                            t.plexus_err,
-                            t.reference_err,
-                            t.spread_err,
-                            t.direct_err,
-                            t.bound
-                        );
-                    }
-                    let w = &r.worst;
-                    let direct = match r.direct_tol {
-                        Some(tol) if r.direct_err > tol => format!("{:.2e}>{tol:.0e}", r.direct_err),
-                        _ => format!("{:.2e}", r.direct_err),
-                    };
-                    println!(
-                        "{:<26} {:>5} {:<40} {:>10.2e} {:>10.2e} {:>10.2e} {:>6.2} {:>10} {:>7}  {}",
-                        name,
-                        format!("{:?}", r.precision).to_lowercase(),
-                        w.name,
-                        w.plexus_err,
-                        w.reference_err.max(w.spread_err),
-                        w.bound,
-                        w.ratio(),
-                        direct,
-                        r.params,
-                        result
-                    );
-                }
-                Err(e) => {
-                    failed += 1;
-                    println!("{name:<26} ERROR {e:#}");
-                }
-            }
-        }
-        if let Some(path) = csv {
-            atomic_write(path, rows.as_bytes())?;
-        }
-    }
-    println!(
-        "errors against the float64 run (reference: the worst of its runs); a case passes when every \
-         tensor has plexus ≤ {} × reference + {} units of roundoff, and a bf16 case also direct ≤ {:.0e} \
-         (parity/SPEC.md, Tolerance)",
-        crate::parity::GROWTH,
-        crate::parity::FLOOR_ULPS,
-        crate::parity::TOL_BF16_DIRECT
-    );
-    if let Some(n) = draws {
-        println!("{} cases × {n} draws", cases.len());
-        let (mut flips, mut systematic) = (Vec::new(), Vec::new());
-        for (i, draw) in past_direct {
-            let name = format!("{}@{draw}", crate::parity::case_name(&cases[i]));
-            if crate::parity::direct_is_systematic(past_direct_per_case[i], n as usize) {
-                failed += 1;
-                systematic.push(format!("{name} ({} of {n} draws)", past_direct_per_case[i]));
-            } else {
-                flips.push(name);
-            }
-        }
-        if !systematic.is_empty() {
-            println!(
-                "FAIL: past the direct bound on most draws of their case (a cast left out?): {}",
-                systematic.join(", ")
-            );
-        }
-        if !flips.is_empty() {
-            println!(
-                "within the bound, past the direct bound on a few draws of their case (a bf16 rounding that \
-                 flipped; not failures): {}",
-                flips.join(", ")
-            );
-        }
-    }
-    println!("parity: {} passed, {failed} failed", total - failed);
-    if failed > 0 {
-        bail!("{failed} parity case(s) failed");
-    }
-    Ok(())
 }
 
 /// `plexus connectivity CONFIG_OR_RUN [--step N]`: C as CSV on stdout.
@@ -810,194 +661,25 @@ pub fn tokenize(
     Ok(())
 }
 
-/// What `plexus sweep` was asked (see `cli::SweepArgs`).
-pub struct SweepRequest {
-    pub inputs: Vec<PathBuf>,
-    pub resume: Option<PathBuf>,
-    pub grid: Vec<String>,
-    pub seeds: Vec<u64>,
-    pub overrides: Vec<String>,
-    pub out: Option<PathBuf>,
-    pub jobs: usize,
-    pub gpus: Option<String>,
-    pub slurm: Option<PathBuf>,
-    pub only: Vec<String>,
-    pub dry_run: bool,
-    pub quiet: bool,
-}
-
 /// `plexus sweep SPEC|CONFIG... [--grid K=V1,V2] [--seeds 0,1,2] [--set K=V] [--out DIR]
-/// [--jobs N | --gpus all] [--slurm FILE] [--only RUN] [--dry-run]`, or `--resume DIR`.
+/// [--jobs N | --gpus all] [--slurm FILE] [--only RUN] [--dry-run]`, or `--resume DIR`: the
+/// sweep ([`crate::study::sweep`]), then, when it trained the whole grid, its report.
 pub fn sweep(r: &SweepRequest) -> Result<()> {
-    use crate::study::{runner, spec::SweepSpec, Manifest, MANIFEST};
-    let (spec, out, origin, registration) = match &r.resume {
-        Some(dir) => {
-            let m = Manifest::read(dir).with_context(|| {
-                format!("--resume {}: not a sweep folder (it has no readable {MANIFEST})", dir.display())
-            })?;
-            (m.spec, dir.clone(), dir.join(MANIFEST).display().to_string(), m.registration)
+    // A folder among the inputs stands for its configs.
+    let mut inputs = Vec::new();
+    for p in &r.inputs {
+        if p.is_dir() {
+            inputs.extend(config_files(std::slice::from_ref(p))?);
+        } else {
+            inputs.push(p.clone());
         }
-        None => {
-            // A YAML file with none of a config's sections is a sweep spec; the rest are configs.
-            let mut spec = SweepSpec::default();
-            let mut origin = "the sweep flags".to_string();
-            let mut spec_file = None;
-            let mut configs = Vec::new();
-            for p in &r.inputs {
-                if p.is_dir() {
-                    configs.extend(config_files(std::slice::from_ref(p))?);
-                    continue;
-                }
-                let is_spec = crate::study::spec::is_spec_file(p)?;
-                if is_spec {
-                    if origin != "the sweep flags" {
-                        bail!("plexus sweep takes one sweep spec; {} and {} were given", origin, p.display());
-                    }
-                    spec = SweepSpec::from_file(p)?;
-                    origin = p.display().to_string();
-                    spec_file = Some(p.clone());
-                } else {
-                    configs.push(p.clone());
-                }
-            }
-            spec.extend(&configs, &r.overrides, &r.grid, &r.seeds)?;
-            let Some(out) = r.out.clone().or(spec.out.clone()) else {
-                bail!("{origin}: where should the runs go? Give --out DIR (or `out:` in the sweep spec)");
-            };
-            for c in &mut spec.configs {
-                *c = std::path::absolute(&*c).with_context(|| format!("config {}", c.display()))?;
-            }
-            spec.out = Some(out.clone());
-            // What the runs are made under: the spec's commit and its claims' fingerprint.
-            let registration = crate::study::Registration::of(&spec, spec_file.as_deref());
-            (spec, out, origin, Some(registration))
-        }
-    };
-    let runs = spec.plan(&origin)?;
-    // Every claim must be judgeable on what the sweep plans: refused now, not after the training.
-    crate::study::claims::check_against_plan(&spec.claims, &crate::study::planned_records(&runs)?)
-        .with_context(|| format!("{origin}: the claims against the planned runs"))?;
-    let manifest = Manifest { spec, runs, registration };
-    if r.slurm.is_some() && manifest.runs.len() > runner::SLURM_MAX_ARRAY {
-        bail!(
-            "{origin}: {} runs, but a Slurm job array holds at most {} tasks by default (MaxArraySize); \
-             split the sweep, or run parts of it with --only",
-            manifest.runs.len(),
-            runner::SLURM_MAX_ARRAY
-        );
     }
-    // The sweep folder's lock, held to the end: a whole sweep holds it alone, so that a second
-    // one on the same folder is refused before it reads a run's state (it could otherwise plan a
-    // fresh start of a run the first is finishing, and delete it); `--only` runs (Slurm's array
-    // tasks) share it with each other, each run guarded by its own directory's lock.
-    // The outputs, before anything is created: the sweep folder is one (or a link to one), the job
-    // script a new path or a regular file. A sweep folder this command creates goes again if it
-    // fails before its record (and, with --slurm, the script) is written.
-    crate::run_dir::check_output_dir(&out, "the sweep folder")?;
-    if let Some(file) = &r.slurm {
-        crate::run_dir::check_output_file(file, "--slurm")?;
-    }
-    let created = crate::run_dir::CreatedDir::if_absent(&out);
-    let _lock = if !r.dry_run || r.slurm.is_some() {
-        Some(crate::run_dir::lock_dir_as(&out, "sweep folder", "give another --out", !r.only.is_empty())?)
-    } else {
-        None
-    };
-    // `--slurm --dry-run` writes the record too: the job script it writes reads it.
-    if r.resume.is_none() && (!r.dry_run || r.slurm.is_some()) {
-        // The folder holds at most one sweep: a run of the same name must be the same run.
-        if out.join(MANIFEST).is_file() {
-            let old = Manifest::read(&out)?;
-            // The run's length may grow (the resume rule of `train --resume`): that extends it.
-            let but_length = |r: &crate::study::spec::PlannedRun| -> Vec<String> {
-                let length = runner::length_key(&r.verb);
-                r.overrides
-                    .iter()
-                    .filter(|o| o.split_once('=').map(|(k, _)| k.trim()) != Some(length))
-                    .cloned()
-                    .collect()
-            };
-            for o in &old.runs {
-                if let Some(n) = manifest.runs.iter().find(|n| n.name == o.name) {
-                    if n.config != o.config || but_length(n) != but_length(o) {
-                        bail!(
-                            "{}: run {} was planned as `{} {}` before and is `{} {}` now; use another --out for another sweep",
-                            out.display(),
-                            o.name,
-                            o.config.display(),
-                            o.overrides.join(" "),
-                            n.config.display(),
-                            n.overrides.join(" ")
-                        );
-                    }
-                }
-            }
-        }
-        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-        manifest.write(&out)?;
-    }
-    if let Some(file) = &r.slurm {
-        let exe = std::env::current_exe().context("locating the plexus binary")?;
-        let out_abs = std::path::absolute(&out)?;
-        let script = runner::slurm_script(&exe, &out_abs, &manifest, r.gpus.is_some());
-        // Slurm does not create the folder of `#SBATCH --output`: without it every task fails.
-        std::fs::create_dir_all(out.join("logs"))
-            .with_context(|| format!("creating {}", out.join("logs").display()))?;
-        crate::run_dir::atomic_write(file, script.as_bytes())?;
-        created.keep();
-        println!(
-            "{}: a job array of {} tasks (one per run of {}); submit it with `sbatch {}`",
-            file.display(),
-            manifest.runs.len(),
-            out.display(),
-            file.display()
-        );
+    let Some(out) = crate::study::sweep::sweep(r, &inputs)? else {
         return Ok(());
-    }
-    created.keep();
-    if r.dry_run {
-        for run in &manifest.runs {
-            let yaml = runner::resolved_yaml(run).with_context(|| format!("sweep run {}", run.name))?;
-            let state = match runner::state_of(&out.join(&run.name), run, &yaml)? {
-                runner::RunState::Damaged(why) => format!("Damaged ({why})"),
-                s => format!("{s:?}"),
-            };
-            println!("{:<8} {}  ({} {} {})", state, run.name, run.verb, run.config.display(), run.overrides.join(" "));
-        }
-        return Ok(());
-    }
-    let slots = match &r.gpus {
-        Some(g) => runner::Slots::Gpus(runner::gpu_slots(
-            g,
-            std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
-            tch::Cuda::device_count().max(0) as usize,
-        )?),
-        None => runner::Slots::Cpu(r.jobs),
     };
-    let outcome = runner::run(&out, &manifest, &r.only, &slots, r.quiet)?;
-    let n = if r.only.is_empty() { manifest.runs.len() } else { r.only.len() };
-    eprintln!(
-        "sweep {}: {n} runs: {} finished before, {} finished now ({} of them resumed), {} failed",
-        out.display(),
-        outcome.skipped,
-        outcome.finished,
-        outcome.resumed,
-        outcome.failed.len()
-    );
-    if !outcome.failed.is_empty() {
-        let list: Vec<String> =
-            outcome.failed.iter().map(|(name, log, tail)| format!("{name}: {tail} (log: {})", log.display())).collect();
-        bail!(
-            "{} of {n} runs failed; the others are kept, and re-running the sweep retries only these:\n  {}",
-            outcome.failed.len(),
-            list.join("\n  ")
-        );
-    }
-    if r.only.is_empty() {
-        // The runs are done whatever the report makes of them.
-        if let Err(e) = report(std::slice::from_ref(&out), &[], &Default::default(), "md", None) {
-            eprintln!("report: {e:#} (the runs are finished; see `plexus report --help`)");
-        }
+    // The runs are done whatever the report makes of them.
+    if let Err(e) = report(std::slice::from_ref(&out), &[], &Default::default(), "md", None) {
+        eprintln!("report: {e:#} (the runs are finished; see `plexus report --help`)");
     }
     Ok(())
 }

@@ -6,6 +6,8 @@
 //! parameter must exist on both sides with the same shape: this is also the parameter-count
 //! check), run forward and backward, and compare the output and every gradient.
 
+pub mod command;
+
 use crate::config::Precision;
 use crate::experiment::Experiment;
 use crate::model::Model;

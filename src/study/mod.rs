@@ -9,6 +9,7 @@ pub mod collect;
 pub mod runner;
 pub mod spec;
 pub mod stats;
+pub mod sweep;
 
 use anyhow::{bail, Result};
 use collect::RunRecord;
