@@ -196,24 +196,6 @@ fn bad_diffusion_configs_are_refused_with_the_key_and_what_is_allowed() {
 }
 
 #[test]
-#[ignore = "slow tier: PyTorch parity of the dit cases"]
-fn dit_parity_cases_pass() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("parity");
-    let cases = plexus::parity::cases(&dir.join("cases"), Some("dit")).unwrap();
-    assert!(cases.len() >= 3, "{cases:?}");
-    let work = tempfile::tempdir().unwrap();
-    for r in plexus::parity::run_all(&dir, &cases, work.path(), Device::Cpu).unwrap() {
-        let r = r.unwrap();
-        let w = &r.worst;
-        println!(
-            "{} {} plexus {:.2e} reference {:.2e} bound {:.2e}",
-            r.name, w.name, w.plexus_err, w.reference_err, w.bound
-        );
-        assert!(r.pass, "{r:?}");
-    }
-}
-
-#[test]
 #[ignore = "needs real data: fashion-mnist"]
 fn the_eps_loss_falls_clearly_on_fashion_mnist() {
     let root = match std::env::var_os(plexus::data::DATA_ENV) {
