@@ -482,7 +482,7 @@ fn with_device(mut overrides: Vec<String>, device: Option<String>) -> Vec<String
 }
 
 pub fn run(cli: Cli) -> Result<()> {
-    crate::native::check_fused_kernels_setting()?;
+    crate::native::setting::check_fused_kernels_setting()?;
     match cli.cmd {
         Cmd::Train { dist, .. } if dist.launches() => crate::dist::launch(dist.nproc as usize),
         Cmd::Train { configs, resume: Some(run), overrides, device, quiet, dist, .. } => {
