@@ -467,6 +467,8 @@ pub struct SamplingArgs {
 /// Exit code for configuration errors (usage errors), as opposed to 1 for failures at run time.
 pub const EXIT_CONFIG: u8 = 2;
 
+/// The process's exit code for `err`: [`EXIT_CONFIG`] when a [`ConfigError`] is anywhere in its
+/// chain (a usage error), 1 for any other failure.
 pub fn exit_code(err: &anyhow::Error) -> u8 {
     if err.chain().any(|e| e.downcast_ref::<ConfigError>().is_some()) {
         EXIT_CONFIG
@@ -481,6 +483,8 @@ fn with_device(mut overrides: Vec<String>, device: Option<String>) -> Vec<String
     overrides
 }
 
+/// Runs the command `cli` parsed: checks `PLEXUS_FUSED_KERNELS` first, then dispatches each verb
+/// to its function in [`crate::commands`] (or the launcher of `--nproc` ranks); no work of its own.
 pub fn run(cli: Cli) -> Result<()> {
     crate::native::setting::check_fused_kernels_setting()?;
     match cli.cmd {

@@ -58,6 +58,7 @@ pub fn from_flag(flag: &str, value: &str) -> anyhow::Result<Device> {
     resolve(parse_device(value).map_err(|allowed| anyhow::anyhow!("{flag} {value}: expected {allowed}"))?)
 }
 
+/// The device `req` asks for on this machine ([`resolve_on`] against [`Machine::current`]).
 pub fn resolve(req: DeviceRequest) -> anyhow::Result<Device> {
     resolve_on(req, Machine::current())
 }

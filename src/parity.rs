@@ -179,6 +179,7 @@ pub fn cases(dir: &Path, only: Option<&str>) -> Result<Vec<PathBuf>> {
     Ok(v)
 }
 
+/// A parity case's name: its file's stem (`cases/gpt-hyper.yaml` → `gpt-hyper`).
 pub fn case_name(p: &Path) -> String {
     p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
 }

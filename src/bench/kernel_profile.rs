@@ -45,6 +45,7 @@ impl Category {
         Category::Other,
     ];
 
+    /// The category's name in the profile's table and CSV.
     pub fn name(self) -> &'static str {
         match self {
             Category::Gemm => "GEMM",
@@ -153,14 +154,17 @@ pub struct KernelProfile {
 }
 
 impl KernelProfile {
+    /// The step's time over all categories, in ms.
     pub fn total_ms(&self) -> f64 {
         self.rows.iter().map(|r| r.ms).sum()
     }
 
+    /// Kernels launched (GPU) or working leaf operators run (CPU) over all categories.
     pub fn launches(&self) -> u64 {
         self.rows.iter().map(|r| r.launches).sum()
     }
 
+    /// The row of category `c` (every category has one, zero if nothing ran in it).
     pub fn get(&self, c: Category) -> &CategoryTime {
         self.rows.iter().find(|r| r.category == c).expect("every category has a row")
     }

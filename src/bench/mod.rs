@@ -94,6 +94,7 @@ pub struct BenchRow {
 }
 
 impl BenchRow {
+    /// The model FLOPs of one step over its median wall time (`ms[0]`), in GFLOP/s.
     pub fn achieved_gflops(&self) -> f64 {
         self.flops_per_step / (self.ms[0] * 1e-3) / 1e9
     }
@@ -103,6 +104,8 @@ impl BenchRow {
         self.spec_gflops.map(|p| self.achieved_gflops() / p)
     }
 
+    /// The row as one line of the benchmark CSV, in [`CSV_HEADER`]'s columns (the same columns as
+    /// `parity/bench.py` writes); absent values are empty fields.
     pub fn csv(&self) -> String {
         let opt = |v: Option<f64>| v.map(|v| format!("{v:.2}")).unwrap_or_default();
         format!(
