@@ -292,7 +292,10 @@ fn every_pub_fn_is_documented() {
             if in_ffi {
                 continue;
             }
-            if !(t.starts_with("pub fn ") || t.starts_with("pub(crate) fn ")) {
+            // `pub fn`, `pub(crate) fn`, and either with `const`, `async` or `unsafe` before `fn`.
+            let Some(rest) = t.strip_prefix("pub ").or_else(|| t.strip_prefix("pub(crate) ")) else { continue };
+            let rest = ["const ", "async ", "unsafe "].iter().fold(rest, |r, q| r.strip_prefix(q).unwrap_or(r));
+            if !rest.starts_with("fn ") {
                 continue;
             }
             let mut j = i;

@@ -39,6 +39,7 @@ pub struct SharedPool<T> {
 }
 
 impl<T> SharedPool<T> {
+    /// A pool that holds nothing yet (the first [`get_or_mint`](Self::get_or_mint) mints).
     pub const fn new() -> Self {
         Self { live: Mutex::new(Weak::new()) }
     }
