@@ -78,35 +78,35 @@ fn main() {
     let ops: Vec<Op> = vec![
         (
             "stream read",
-            Box::new(|x| native::stream_read_fused(&x[0], &x[1], None).unwrap()),
-            Box::new(|x| native::stream_read_composite(&x[0], &x[1])),
+            Box::new(|x| native::kernels::stream_read_fused(&x[0], &x[1], None).unwrap()),
+            Box::new(|x| native::composite::stream_read_composite(&x[0], &x[1])),
             vec![h.copy(), pre],
             vec![m, d],
         ),
         (
             "stream write",
-            Box::new(|x| native::stream_write_fused(&x[0], &x[1], &x[2], &x[3], None).unwrap()),
-            Box::new(|x| native::stream_write_composite(&x[0], &x[1], &x[2], &x[3])),
+            Box::new(|x| native::kernels::stream_write_fused(&x[0], &x[1], &x[2], &x[3], None).unwrap()),
+            Box::new(|x| native::composite::stream_write_composite(&x[0], &x[1], &x[2], &x[3])),
             vec![h.copy(), res, post, out],
             vec![m, n, d],
         ),
         (
             "sinkhorn (20 iterations)",
-            Box::new(|x| native::sinkhorn_fused(&x[0], 20).unwrap()),
-            Box::new(|x| native::sinkhorn_composite(&x[0], 20)),
+            Box::new(|x| native::kernels::sinkhorn_fused(&x[0], 20).unwrap()),
+            Box::new(|x| native::composite::sinkhorn_composite(&x[0], 20)),
             vec![logits],
             vec![m, n, n],
         ),
         (
             "layernorm + projection",
-            Box::new(|x| native::norm_project(&x[0], &x[1], &x[2], &x[3], 1e-5).unwrap()),
+            Box::new(|x| native::kernels::norm_project(&x[0], &x[1], &x[2], &x[3], 1e-5).unwrap()),
             Box::new(|x| x[0].layer_norm([x[0].size()[2]], Some(&x[1]), Some(&x[2]), 1e-5, false).matmul(&x[3])),
             vec![h.copy(), gamma, beta, w],
             vec![m, n, n + 2],
         ),
         (
             "rms + projection (mHC)",
-            Box::new(|x| native::rms_project(&x[0], &x[1], x[0].kind()).unwrap()),
+            Box::new(|x| native::kernels::rms_project(&x[0], &x[1], x[0].kind()).unwrap()),
             Box::new(|x| {
                 let nd = x[0].size()[1] as f64;
                 x[0].matmul(&x[1]) / (x[0].norm_scalaropt_dim(2.0, [-1i64], true) / nd.sqrt())
@@ -118,8 +118,8 @@ fn main() {
             "HC pre (norm, proj, read)",
             Box::new(|x| {
                 let params: &[Tensor; 8] = x[1..].try_into().unwrap();
-                let p = native::HyperPreParams::from_slice(params, 1e-5);
-                let (u, res, post) = native::hyper_pre(&x[0], &p).unwrap();
+                let p = native::kernels::HyperPreParams::from_slice(params, 1e-5);
+                let (u, res, post) = native::kernels::hyper_pre(&x[0], &p).unwrap();
                 flat_cat(&[u, res, post])
             }),
             Box::new(|x| {
@@ -128,7 +128,7 @@ fn main() {
                 let b = &x[6] + normed.matmul(&x[4]).tanh() * &x[8];
                 let n = x[0].size()[1];
                 let parts = a.split_with_sizes([1, n], -1);
-                let u = native::stream_read_composite(&x[0], &parts[0].squeeze_dim(-1).contiguous());
+                let u = native::composite::stream_read_composite(&x[0], &parts[0].squeeze_dim(-1).contiguous());
                 flat_cat(&[u, parts[1].contiguous(), b])
             }),
             // h and Hyper-Connections' eight pre-step parameters (γ, β, W_a, w_b, A_static, B_static,
@@ -150,12 +150,15 @@ fn main() {
     // The fused kernels with the row loops of every instruction set the CPU runs (widest first),
     // and the composite code (Sinkhorn's and the RMS projection's loops are the same in every
     // fused column where they have no per-set copy).
-    let mut isas = native::kernel_isas();
+    let mut isas = native::setting::kernel_isas();
     isas.reverse();
     let names: Vec<&str> = isas.iter().map(|i| i.name()).chain(["composite"]).collect();
     let cols = names.len();
     let header: String = names.iter().map(|n| format!(" {n:>9}")).collect();
-    println!("fused kernels with the row loops of each instruction set (the default: {})", native::kernel_isa().name());
+    println!(
+        "fused kernels with the row loops of each instruction set (the default: {})",
+        native::setting::kernel_isa().name()
+    );
     println!("{:<26}{header}  {header}", "operation");
     println!("{:<26} {:^w$}   {:^w$}", "", "forward", "forward + backward", w = 10 * cols - 1);
     for (name, fused, composite, inputs, out_shape) in &ops {
@@ -164,8 +167,9 @@ fn main() {
             .iter()
             .map(|&isa| {
                 let g = &g;
-                Box::new(move || native::with_kernel_isa(isa, || forward_and_backward(fused.as_ref(), inputs, g)))
-                    as Box<dyn Fn() -> (f64, f64)>
+                Box::new(move || {
+                    native::setting::with_kernel_isa(isa, || forward_and_backward(fused.as_ref(), inputs, g))
+                }) as Box<dyn Fn() -> (f64, f64)>
             })
             .collect();
         variants.push(Box::new(|| forward_and_backward(composite.as_ref(), inputs, &g)));

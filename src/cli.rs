@@ -470,6 +470,8 @@ pub struct SamplingArgs {
 /// Exit code for configuration errors (usage errors), as opposed to 1 for failures at run time.
 pub const EXIT_CONFIG: u8 = 2;
 
+/// The process's exit code for `err`: [`EXIT_CONFIG`] when a [`ConfigError`] is anywhere in its
+/// chain (a usage error), 1 for any other failure.
 pub fn exit_code(err: &anyhow::Error) -> u8 {
     if err.chain().any(|e| e.downcast_ref::<ConfigError>().is_some()) {
         EXIT_CONFIG
@@ -484,8 +486,10 @@ fn with_device(mut overrides: Vec<String>, device: Option<String>) -> Vec<String
     overrides
 }
 
+/// Runs the command `cli` parsed: checks `PLEXUS_FUSED_KERNELS` first, then dispatches each verb
+/// to its function in [`crate::commands`] (or the launcher of `--nproc` ranks); no work of its own.
 pub fn run(cli: Cli) -> Result<()> {
-    crate::native::check_fused_kernels_setting()?;
+    crate::native::setting::check_fused_kernels_setting()?;
     match cli.cmd {
         Cmd::Train { dist, .. } if dist.launches() => crate::dist::launch(dist.nproc as usize),
         Cmd::Train { configs, resume: Some(run), overrides, device, quiet, dist, .. } => {

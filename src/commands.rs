@@ -96,6 +96,8 @@ pub fn crash_after() -> Result<Option<u64>> {
     }
 }
 
+/// The config set `name` embedded in the binary ([`sets::SETS`]) and each of its configs resolved
+/// with `overrides`; an unknown name is an error listing the sets there are.
 pub fn embedded(name: &str, overrides: &[String]) -> Result<(&'static sets::ConfigSet, Vec<Experiment>)> {
     let set = sets::find(name).with_context(|| {
         format!(
@@ -126,6 +128,9 @@ pub fn run_set(set: &sets::ConfigSet, exps: &[Experiment], out: &Path) -> Result
     Ok(dirs)
 }
 
+/// `plexus demo FIGURE`: trains the embedded config set `figure` into `out` and draws its figures
+/// there; `showcase` also analyses its runs (exits, pruning, noise, Γ, Δ_t) and adds the linear
+/// networks' case study (`lnn-fig2b`). Prints the PNGs' paths.
 pub fn demo(figure: &str, out: &Path, overrides: &[String]) -> Result<()> {
     crate::run_dir::check_output_dir(out, "--out")?;
     let started = std::time::Instant::now();
@@ -181,6 +186,8 @@ pub fn runs_among(paths: &[PathBuf], verb: &str) -> Result<Vec<PathBuf>> {
     Ok(runs)
 }
 
+/// Where figures of `runs` go when no `--out` is given: `figures/` in the run for one run, beside
+/// the runs (in their parent) for several.
 pub fn default_figure_dir(runs: &[PathBuf]) -> PathBuf {
     match runs {
         [one] => one.join("figures"),

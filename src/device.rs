@@ -58,6 +58,7 @@ pub fn from_flag(flag: &str, value: &str) -> anyhow::Result<Device> {
     resolve(parse_device(value).map_err(|allowed| anyhow::anyhow!("{flag} {value}: expected {allowed}"))?)
 }
 
+/// The device `req` asks for on this machine ([`resolve_on`] against [`Machine::current`]).
 pub fn resolve(req: DeviceRequest) -> anyhow::Result<Device> {
     resolve_on(req, Machine::current())
 }
@@ -92,7 +93,7 @@ pub fn resolve_on(req: DeviceRequest, m: Machine) -> anyhow::Result<Device> {
 /// and memory, or the CPU's thread count.
 pub fn describe(dev: Device) -> String {
     match dev {
-        Device::Cuda(i) => match crate::native::cuda_device_info(i) {
+        Device::Cuda(i) => match crate::native::cuda::cuda_device_info(i) {
             Ok(d) => format!(
                 "cuda:{i} ({}, compute capability {}.{}, {:.1} GiB)",
                 d.name,
@@ -145,7 +146,7 @@ pub fn spec_peak_flops(gpu_name: &str, kind: Kind) -> Option<f64> {
 /// `None` on the CPU or for a GPU not listed.
 pub fn spec_peak_of(dev: Device, kind: Kind) -> Option<f64> {
     match dev {
-        Device::Cuda(i) => crate::native::cuda_device_info(i).ok().and_then(|d| spec_peak_flops(&d.name, kind)),
+        Device::Cuda(i) => crate::native::cuda::cuda_device_info(i).ok().and_then(|d| spec_peak_flops(&d.name, kind)),
         _ => None,
     }
 }
@@ -154,7 +155,7 @@ pub fn spec_peak_of(dev: Device, kind: Kind) -> Option<f64> {
 /// `tf32: true` trades fp32's 23-bit mantissa for TF32's 10 bits in matmul inputs, several times
 /// faster on tensor cores. Off by default, so that fp32 runs match their PyTorch references.
 pub fn apply_matmul_precision(tf32: bool) -> anyhow::Result<()> {
-    crate::native::set_float32_matmul_precision(if tf32 { "high" } else { "highest" })
+    Ok(crate::native::cuda::set_float32_matmul_precision(if tf32 { "high" } else { "highest" })?)
 }
 
 static SEED_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -1,5 +1,5 @@
 //! Data-parallel training on PyTorch's own distributed engine (c10d: Gloo on CPUs, NCCL on GPUs,
-//! through [`crate::native::ProcessGroup`]).
+//! through [`crate::native::process_group::ProcessGroup`]).
 //!
 //! Semantics (what makes a config give the same run whatever the number of processes):
 //! * the config's batch is the **global** batch: every rank draws the same global batch `i` (a pure
@@ -20,7 +20,7 @@
 //! Gradients are reduced after backward, not overlapped with it: tch exposes no per-parameter
 //! gradient hooks, which DDP's overlap relies on.
 
-use crate::native::{Backend, ProcessGroup};
+use crate::native::{process_group::Backend, process_group::ProcessGroup};
 use anyhow::{bail, Context, Result};
 use std::time::Duration;
 use tch::{Device, Tensor};

@@ -50,30 +50,34 @@ pub fn run() -> bool {
         "libtorch_cuda.so  {}",
         if machine.cuda_linked { "loaded" } else { "NOT loaded (CUDA unavailable even on a GPU machine)" }
     );
-    let version_text = |v: anyhow::Result<i32>| match v {
+    let version_text = |v: Result<i32, crate::native::NativeError>| match v {
         Ok(v) => format!("{}.{}", v / 1000, (v % 1000) / 10),
         Err(e) => format!("none ({e:#})"),
     };
     println!("NVIDIA GPU node   {}", if machine.nvidia_node { "/dev/nvidia0 present" } else { "none" });
-    println!("CUDA driver       {}", version_text(crate::native::cuda_driver_version()));
-    println!("CUDA runtime      {}", version_text(crate::native::cuda_runtime_version()));
+    println!("CUDA driver       {}", version_text(crate::native::cuda::cuda_driver_version()));
+    println!("CUDA runtime      {}", version_text(crate::native::cuda::cuda_runtime_version()));
     println!("CUDA devices      {n}");
     println!(
         "data parallel     Gloo {}, NCCL {}",
-        if crate::native::gloo_built() { "built" } else { "NOT built" },
-        if crate::native::nccl_built() { "built" } else { "NOT built (re-run scripts/setup.sh; GPU runs need it)" }
+        if crate::native::process_group::gloo_built() { "built" } else { "NOT built" },
+        if crate::native::process_group::nccl_built() {
+            "built"
+        } else {
+            "NOT built (re-run scripts/setup.sh; GPU runs need it)"
+        }
     );
     println!("cuDNN available   {}", tch::Cuda::cudnn_is_available());
     // NVRTC compiles mHC's CUDA Sinkhorn at run time; `doctor --selftest --device cuda` checks it.
-    match crate::native::nvrtc_version() {
+    match crate::native::kernels::nvrtc_version() {
         Ok((v, path)) => println!("NVRTC             {} ({path})", version_text(Ok(v))),
         Err(e) => println!("NVRTC             none ({e:#}): on a GPU, mHC's Sinkhorn runs as composite libtorch ops"),
     }
     println!(
         "CPU threads       {} (plexus' fused kernels: {}, row loops {})",
         tch::get_num_threads(),
-        crate::native::parallel_for_threads(64),
-        crate::native::kernel_isa().name()
+        crate::native::kernels::parallel_for_threads(64),
+        crate::native::setting::kernel_isa().name()
     );
     println!("malloc            {}", crate::malloc::keep_freed_memory().describe());
     println!("MKL / OpenMP      {} / {}", tch::utils::has_mkl(), tch::utils::has_openmp());
@@ -94,9 +98,9 @@ pub fn run() -> bool {
     ok
 }
 
-/// The largest deviation of mHC's Sinkhorn kernel on `device` (CUDA: [`crate::native::sinkhorn_cuda`],
+/// The largest deviation of mHC's Sinkhorn kernel on `device` (CUDA: [`crate::native::kernels::sinkhorn_cuda`],
 /// called directly so that a failure is an error here rather than the composite fallback; CPU: the
-/// fused [`crate::native::sinkhorn_fused`]) from the log-domain graph in fp64 on the CPU: values, and gradients
+/// fused [`crate::native::kernels::sinkhorn_fused`]) from the log-domain graph in fp64 on the CPU: values, and gradients
 /// relative to their largest magnitude, for n = 4 (mHC's default) and 3 over 257 tokens (a block
 /// of 128 threads twice, and one more), 20 iterations; and on saturated logits (a column that
 /// underflows), against the composite graph on the same device. The inputs depend on no generator.
@@ -115,7 +119,9 @@ pub fn sinkhorn_error_on(device: tch::Device) -> anyhow::Result<f64> {
             }
             l.exp()
         };
-        let run = |f: &dyn Fn(&Tensor) -> anyhow::Result<Tensor>, l: Tensor| -> anyhow::Result<(Tensor, Tensor)> {
+        let run = |f: &dyn Fn(&Tensor) -> Result<Tensor, crate::native::NativeError>,
+                   l: Tensor|
+         -> anyhow::Result<(Tensor, Tensor)> {
             let l = l.set_requires_grad(true);
             let p = f(&l)?;
             (&p * g.to_device(p.device()).to_kind(p.kind())).sum(Kind::Double).backward();
@@ -124,9 +130,9 @@ pub fn sinkhorn_error_on(device: tch::Device) -> anyhow::Result<f64> {
         let l32 = logits.to_kind(Kind::Float);
         let (p_ref, g_ref) = run(&|l| Ok(reference(l)), l32.to_kind(Kind::Double))?;
         let (p, gl) = if device.is_cuda() {
-            run(&|l| crate::native::sinkhorn_cuda(l, 20), l32.to_device(device))?
+            run(&|l| crate::native::kernels::sinkhorn_cuda(l, 20), l32.to_device(device))?
         } else {
-            run(&|l| crate::native::sinkhorn_fused(l, 20), l32)?
+            run(&|l| crate::native::kernels::sinkhorn_fused(l, 20), l32)?
         };
         let gl = gl.to_device(tch::Device::Cpu);
         let dp = (&p - &p_ref).abs().max().double_value(&[]);
@@ -140,7 +146,7 @@ pub fn sinkhorn_error_on(device: tch::Device) -> anyhow::Result<f64> {
     let col = Tensor::arange(4, (Kind::Double, tch::Device::Cpu)).eq(3).to_kind(Kind::Double);
     let saturated = ((&i * 0.37).sin() * 3.0 - col * 200.0).to_kind(Kind::Float).to_device(device);
     let g = (&i * 1.3).cos();
-    let run = |f: &dyn Fn(&Tensor) -> anyhow::Result<Tensor>| -> anyhow::Result<(Tensor, Tensor)> {
+    let run = |f: &dyn Fn(&Tensor) -> Result<Tensor, crate::native::NativeError>| -> anyhow::Result<(Tensor, Tensor)> {
         let l = saturated.detach().set_requires_grad(true);
         let p = f(&l)?;
         (&p * g.to_device(device).to_kind(p.kind())).sum(Kind::Double).backward();
@@ -149,11 +155,11 @@ pub fn sinkhorn_error_on(device: tch::Device) -> anyhow::Result<f64> {
             l.grad().to_device(tch::Device::Cpu).to_kind(Kind::Double),
         ))
     };
-    let (p_c, g_c) = run(&|l| Ok(crate::native::sinkhorn_composite(l, 20)))?;
+    let (p_c, g_c) = run(&|l| Ok(crate::native::composite::sinkhorn_composite(l, 20)))?;
     let (p_k, g_k) = if device.is_cuda() {
-        run(&|l| crate::native::sinkhorn_cuda(l, 20))?
+        run(&|l| crate::native::kernels::sinkhorn_cuda(l, 20))?
     } else {
-        run(&|l| crate::native::sinkhorn_fused(l, 20))?
+        run(&|l| crate::native::kernels::sinkhorn_fused(l, 20))?
     };
     let dp = (&p_k - &p_c).abs().max().double_value(&[]);
     let dg = (&g_k - &g_c).abs().max().double_value(&[]) / g_c.abs().max().double_value(&[]).max(1.0);

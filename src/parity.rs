@@ -181,6 +181,7 @@ pub fn cases(dir: &Path, only: Option<&str>) -> Result<Vec<PathBuf>> {
     Ok(v)
 }
 
+/// A parity case's name: its file's stem (`cases/gpt-hyper.yaml` → `gpt-hyper`).
 pub fn case_name(p: &Path) -> String {
     p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
 }
@@ -189,7 +190,7 @@ pub fn case_name(p: &Path) -> String {
 /// on each case's own draw (`draw` 0) or on draw `draw` (see [`DRAW_STRIDE`]). On the CPU the
 /// reference runs with this process's libtorch thread count (so that `plexus parity --threads N`
 /// sets both sides; its spread runs take one thread, any order being valid for them). Where plexus takes the GPU step's fused paths
-/// ([`crate::native::gpu_paths_taken`]), the reference rounds as they do (`PLEXUS_PARITY_FUSED=1`:
+/// ([`crate::native::choice::gpu_paths_taken`]), the reference rounds as they do (`PLEXUS_PARITY_FUSED=1`:
 /// RoPE and SwiGLU in fp32 with one rounding; parity/SPEC.md, "Precision"). With `reuse`, a case
 /// whose file `out` already holds under the same key — case file, parity/*.py, draw, device,
 /// thread count, kernel path, torch version; `<out>/references.json` records each — is not run
@@ -208,7 +209,7 @@ pub fn run_references(
     let status = std::process::Command::new(&py)
         .env("PLEXUS_PARITY_DEVICE", device_name(device))
         .env("PLEXUS_PARITY_THREADS", tch::get_num_threads().to_string())
-        .env("PLEXUS_PARITY_FUSED", if crate::native::gpu_paths_taken(device) { "1" } else { "0" })
+        .env("PLEXUS_PARITY_FUSED", if crate::native::choice::gpu_paths_taken(device) { "1" } else { "0" })
         .arg(parity_dir.join("run.py"))
         .args(["--draw", &draw.to_string()])
         .args(reuse.then_some("--reuse"))

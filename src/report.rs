@@ -79,6 +79,8 @@ pub fn print_analysis(rows: &[analysis::AnalysisSummary]) {
     }
 }
 
+/// The runs' summaries as CSV text, one row per run (the table `plexus train` writes beside a set's
+/// runs).
 pub fn results_csv(summaries: &[Summary]) -> Result<String> {
     let mut w = csv::Writer::from_writer(Vec::new());
     w.write_record([
@@ -110,6 +112,8 @@ pub fn results_csv(summaries: &[Summary]) -> Result<String> {
     Ok(String::from_utf8(w.into_inner()?)?)
 }
 
+/// Prints the runs' summaries as a table on stdout, with the evaluation columns when any run has
+/// them.
 pub fn print_table(summaries: &[Summary]) {
     let with_eval = summaries.iter().any(|s| s.eval.is_some());
     if with_eval {
@@ -219,6 +223,9 @@ pub struct RlHeldOutRow {
 }
 
 impl RlHeldOutRow {
+    /// The row of run `name` (in `dir`) from its held-out evaluation `e`: success rates with Wilson
+    /// intervals and times at the goal with intervals over the tasks, for the policy and both
+    /// baselines, and success on the blocked tasks.
     pub fn new(name: &str, dir: &std::path::Path, e: &crate::rl::trained::HeldOut) -> Self {
         use crate::rl::trained::{time_at_goal95, wilson95};
         let rate = |ep: &crate::rl::trainer::Episodes, blocked: Option<bool>| {

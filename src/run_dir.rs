@@ -233,6 +233,7 @@ impl RunDir {
         Ok(Self { path: path.to_path_buf() })
     }
 
+    /// An existing run directory: an error unless `path` holds a `config.yaml`.
     pub fn open(path: &Path) -> Result<Self> {
         anyhow::ensure!(
             path.join("config.yaml").is_file(),
@@ -242,6 +243,7 @@ impl RunDir {
         Ok(Self { path: path.to_path_buf() })
     }
 
+    /// The path of `name` in the run directory.
     pub fn file(&self, name: &str) -> PathBuf {
         self.path.join(name)
     }
@@ -483,9 +485,11 @@ impl RunDir {
     pub fn config_file(&self) -> PathBuf {
         self.path.join("config.yaml")
     }
+    /// The training metrics, one row per logged step (`metrics.csv`).
     pub fn metrics_file(&self) -> PathBuf {
         self.path.join("metrics.csv")
     }
+    /// The held-out evaluations, one row per evaluation (`eval.csv`).
     pub fn eval_file(&self) -> PathBuf {
         self.path.join("eval.csv")
     }
@@ -493,12 +497,15 @@ impl RunDir {
     pub fn eps_by_t_file(&self) -> PathBuf {
         self.path.join("eps_by_t.csv")
     }
+    /// The run's summary, written when training ends (`summary.json`).
     pub fn summary_file(&self) -> PathBuf {
         self.path.join("summary.json")
     }
+    /// Where the run's own figures go (`figures/`).
     pub fn figures_dir(&self) -> PathBuf {
         self.path.join("figures")
     }
+    /// The checkpoints, periodic and final (`checkpoints/`).
     pub fn checkpoints_dir(&self) -> PathBuf {
         self.path.join("checkpoints")
     }
@@ -537,18 +544,23 @@ impl RunDir {
     pub fn layerwise_file(&self) -> PathBuf {
         self.path.join("layerwise.csv")
     }
+    /// `plexus analyze`: the metric with the top units dropped (`pruning.csv`).
     pub fn pruning_file(&self) -> PathBuf {
         self.path.join("pruning.csv")
     }
+    /// `plexus analyze`: the metric under input noise (`noise.csv`).
     pub fn noise_file(&self) -> PathBuf {
         self.path.join("noise.csv")
     }
+    /// `plexus analyze`: Γ over training (`gamma.csv`).
     pub fn gamma_file(&self) -> PathBuf {
         self.path.join("gamma.csv")
     }
+    /// `plexus analyze`: Δ_t over training (`delta.csv`).
     pub fn delta_file(&self) -> PathBuf {
         self.path.join("delta.csv")
     }
+    /// `plexus analyze`: the analysis' summary (`analysis.json`).
     pub fn analysis_file(&self) -> PathBuf {
         self.path.join("analysis.json")
     }
@@ -563,6 +575,7 @@ impl RunDir {
         read_rows(&self.eval_file())
     }
 
+    /// Writes `rows` as `metrics.csv` (its fixed columns; the header alone when there are none).
     pub fn write_metrics(&self, rows: &[MetricsRow]) -> Result<()> {
         write_rows(&self.metrics_file(), rows, &METRICS_COLUMNS)
     }

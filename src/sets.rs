@@ -58,6 +58,7 @@ pub const SETS: &[ConfigSet] = &[
     },
 ];
 
+/// The embedded config set called `name`, if there is one.
 pub fn find(name: &str) -> Option<&'static ConfigSet> {
     SETS.iter().find(|s| s.name == name)
 }

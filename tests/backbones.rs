@@ -330,8 +330,8 @@ fn the_gpu_paths_run_on_the_cpu_under_cuda_host_and_only_there() {
             Model::new(e.model.as_ref(), e.topology.as_ref(), Device::Cpu, Kind::BFloat16)
         });
         let step = |host: bool| {
-            plexus::native::with_gpu_paths_on_cpu(host, || {
-                let (loss, ops) = plexus::native::count_ops(|| {
+            plexus::native::setting::with_gpu_paths_on_cpu(host, || {
+                let (loss, ops) = plexus::native::profile::count_ops(|| {
                     let loss = e.task().loss(&model.forward_compute(&batch.input, true), &batch.target);
                     loss.backward();
                     loss

@@ -96,7 +96,7 @@ fn topologies_add_a_bounded_number_of_kernels_per_unit() {
         .map(|t| (t.to_string(), Experiment::from_str(MLP, "<test>", &[format!("topology.kind={t}")]).unwrap()))
         .collect();
     let opts = BenchOptions { steps: 1, warmup: 1, ..Default::default() };
-    let rows = plexus::native::with_fused_kernels(false, || bench::compare(&exps, &opts)).unwrap();
+    let rows = plexus::native::setting::with_fused_kernels(false, || bench::compare(&exps, &opts)).unwrap();
     let kernels = |t: &str| rows.iter().find(|r| r.label == t).unwrap().kernels.expect("counted on the CPU");
     let e = &exps[0].1;
     let model = plexus::model::Model::new(e.model.as_ref(), e.topology.as_ref(), tch::Device::Cpu, tch::Kind::Float);
@@ -114,7 +114,7 @@ fn topologies_add_a_bounded_number_of_kernels_per_unit() {
     assert!(kernels("ancre") > kernels("hacn"));
     // With the fused kernels (the CPU default), hyper and mHC run fewer operators: the stream
     // read and write, Sinkhorn and HC's norm + projection are one each way.
-    let fused = plexus::native::with_fused_kernels(true, || bench::compare(&exps[4..], &opts)).unwrap();
+    let fused = plexus::native::setting::with_fused_kernels(true, || bench::compare(&exps[4..], &opts)).unwrap();
     for r in &fused {
         let k = r.kernels.expect("counted on the CPU");
         println!("{} with the fused kernels: {k} kernels per step (composite {})", r.label, kernels(&r.label));

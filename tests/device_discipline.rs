@@ -3,7 +3,7 @@
 //! * Host reads: a training step that reads a tensor's value waits for the GPU to drain its queue;
 //!   the step must read nothing except on logging steps (one read). Every read goes through
 //!   `plexus::host`, which counts them, and the trainer records the count of each step. libtorch's
-//!   dispatcher counts the operators that sync as well (`plexus::native::watch_syncs`), so a read
+//!   dispatcher counts the operators that sync as well (`plexus::native::profile::watch_syncs`), so a read
 //!   hidden inside an operator fails at run time too, not only by the source scan below.
 //! * Device discipline: code that builds tensors on a hard-coded device (`Device::Cpu`) or reads
 //!   values behind `plexus::host`'s back works on a CPU and breaks or stalls on a GPU (the
@@ -23,7 +23,7 @@ use std::path::Path;
 fn only_logging_steps_read_from_the_device_for_every_topology_on_every_backbone() {
     // libtorch's own count as well: a read hidden inside an operator (an `.item()` in a composite,
     // a `nonzero`) is a sync that plexus::host never sees. Only this test trains in this binary.
-    plexus::native::watch_syncs().unwrap();
+    plexus::native::profile::watch_syncs().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     for m in plexus::model::REGISTRY {
         for t in plexus::topology::REGISTRY {
@@ -52,7 +52,7 @@ fn only_logging_steps_read_from_the_device_for_every_topology_on_every_backbone(
                 "{} on {}: libtorch ran host-device syncs on steps 1-4 and 6, which read nothing ({:?})",
                 t.name,
                 m.name,
-                plexus::native::sync_count().map(|c| c.by_name)
+                plexus::native::profile::sync_count().map(|c| c.by_name)
             );
         }
     }

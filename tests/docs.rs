@@ -2,6 +2,7 @@
 //! file of the repository, and every `#anchor` to a heading of its target (GitHub's slugs). The
 //! README stays a front page (what plexus is, the two commands, a first run, the tables, links).
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 fn repo() -> PathBuf {
@@ -465,7 +466,7 @@ fn the_pages_commands_run_at_tiny_size() {
     assert!(ran >= 10, "only {ran} commands ran: is the page scan broken?");
 }
 
-/// Every file under src/ by name, with its folder when it is a `mod.rs`.
+/// Every file below `dir`, recursively, appended to `out`.
 fn source_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -477,45 +478,154 @@ fn source_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Which files of `src/` docs/architecture.md's tree leaves out: each file is named there (a
-/// `mod.rs` by its folder, `folder/`; the Gloo declaration headers by their folder, `gloo_decl/`).
-fn files_missing_from_the_tree(src: &Path, doc: &str) -> Vec<String> {
-    let mut files = Vec::new();
-    source_files(src, &mut files);
-    let mut missing: Vec<String> = files
-        .iter()
-        .filter_map(|f| {
-            let rel = f.strip_prefix(src).unwrap().to_string_lossy().into_owned();
-            let name = f.file_name().unwrap().to_string_lossy().into_owned();
-            let named = if rel.contains("gloo_decl/") {
-                doc.contains("gloo_decl/")
-            } else if name == "mod.rs" {
-                let folder = f.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
-                doc.contains(&format!("{folder}/"))
-            } else {
-                doc.contains(&name)
-            };
-            (!named).then_some(rel)
-        })
+/// The source roots whose every file docs/architecture.md's tree names, and whose every path it
+/// names must exist.
+const TREE_ROOTS: [&str; 2] = ["src/", "native/src/"];
+
+/// The repository-relative paths under [`TREE_ROOTS`] that the tree of an architecture page names
+/// (its code block that starts with `src/`). The tree is a list of entries: a name (`src/`, then
+/// indented `train/`, `cli.rs`, `lib.rs, main.rs`) and a description that may run on over lines
+/// indented further. A top-level entry ending in `/` opens a directory; an indented name is a
+/// path in it. In a description, a bare file name (`optim.rs`) is a file of the entry's own
+/// directory, a path with a folder (`gloo_decl/`, `train/optim.rs`) is relative to the top-level
+/// directory (or to the repository when it starts with `src/` or `native/`), and a folder names
+/// every file below it. So `optim.rs` in the `train/` entry is `src/train/optim.rs` and nothing
+/// else: a file is named by its relative path, never by a basename that another file shares.
+fn tree_paths(doc: &str) -> BTreeSet<String> {
+    let block: Vec<&str> = doc
+        .split("```")
+        .find(|b| b.trim_start_matches(|c: char| c != '\n').trim_start().starts_with("src/"))
+        .expect("docs/architecture.md has a tree starting with src/")
+        .lines()
         .collect();
-    missing.sort();
-    missing
+    // Each entry: (its directory, the names in its name column, its text).
+    let mut entries: Vec<(String, Vec<String>, String)> = Vec::new();
+    let mut top = String::new();
+    for line in block {
+        let indent = line.len() - line.trim_start().len();
+        let body = line.trim();
+        if body.is_empty() {
+            continue;
+        }
+        if indent >= 8 {
+            if let Some(e) = entries.last_mut() {
+                e.2.push(' ');
+                e.2.push_str(body);
+            }
+            continue;
+        }
+        let (name, text) = body.split_once("  ").unwrap_or((body, ""));
+        let names: Vec<String> = name.split(", ").map(|n| n.trim().to_string()).collect();
+        if indent == 0 {
+            top = names[0].clone();
+            entries.push((top.clone(), Vec::new(), text.to_string()));
+            continue;
+        }
+        let dir = match names.as_slice() {
+            [one] if one.ends_with('/') => format!("{top}{one}"),
+            _ => top.clone(),
+        };
+        let named = names.iter().filter(|n| !n.ends_with('/')).map(|n| format!("{top}{n}")).collect();
+        entries.push((dir, named, text.to_string()));
+    }
+    let is_path_char = |c: char| c.is_alphanumeric() || matches!(c, '_' | '.' | '/' | '-');
+    let mut out = BTreeSet::new();
+    for (dir, names, text) in entries {
+        let top = TREE_ROOTS.iter().find(|r| dir.starts_with(**r)).map_or(dir.clone(), |r| r.to_string());
+        out.extend(names);
+        for token in text.split(|c: char| !is_path_char(c)) {
+            let token = token.trim_end_matches('.');
+            let is_file = [".rs", ".cpp", ".cu", ".cuh", ".h", ".inc"].iter().any(|e| token.ends_with(e));
+            let is_folder = token.ends_with('/') && token.len() > 1;
+            if !(is_file || is_folder) || token.starts_with('/') {
+                continue;
+            }
+            let path = if token.starts_with("src/") || token.starts_with("native/") {
+                token.to_string()
+            } else if token.contains('/') {
+                format!("{top}{token}")
+            } else {
+                format!("{dir}{token}")
+            };
+            out.insert(path);
+        }
+    }
+    out.retain(|p| TREE_ROOTS.iter().any(|r| p.starts_with(r) && p.len() > r.len()));
+    out
 }
 
-/// docs/architecture.md's tree names every file under src/ and native/src/ (a new file must be
-/// placed in the architecture, in words), and the check finds a file planted in a copy of src/.
-#[test]
-fn the_architecture_tree_names_every_source_file() {
-    let doc = std::fs::read_to_string(repo().join("docs/architecture.md")).unwrap();
-    for dir in ["src", "native/src"] {
-        let missing = files_missing_from_the_tree(&repo().join(dir), &doc);
-        assert!(missing.is_empty(), "files under {dir}/ not in docs/architecture.md's tree: {missing:?}");
+/// Against the files under [`TREE_ROOTS`] in `repo`: the files the tree's paths leave out, and the
+/// paths it names that do not exist.
+fn tree_mismatches(repo: &Path, named: &BTreeSet<String>) -> (Vec<String>, Vec<String>) {
+    let mut files = Vec::new();
+    for root in TREE_ROOTS {
+        if repo.join(root).is_dir() {
+            source_files(&repo.join(root), &mut files);
+        }
     }
+    let rel: BTreeSet<String> =
+        files.iter().map(|f| f.strip_prefix(repo).unwrap().to_string_lossy().into_owned()).collect();
+    let unnamed = rel
+        .iter()
+        .filter(|f| !named.iter().any(|n| *f == n || (n.ends_with('/') && f.starts_with(n.as_str()))))
+        .cloned()
+        .collect();
+    let stale = named.iter().filter(|n| !repo.join(n).exists()).cloned().collect();
+    (unnamed, stale)
+}
+
+/// docs/architecture.md's tree names every file under src/ and native/src/ by its relative path
+/// (a new file must be placed in the architecture, in words), and every path it names exists (a
+/// moved or deleted file must leave it).
+#[test]
+fn the_architecture_tree_names_every_source_file_by_its_path() {
+    let doc = std::fs::read_to_string(repo().join("docs/architecture.md")).unwrap();
+    let named = tree_paths(&doc);
+    assert!(named.len() > 100, "only {} paths read from the tree: is the parser broken?", named.len());
+    let (unnamed, stale) = tree_mismatches(&repo(), &named);
+    assert!(unnamed.is_empty(), "files not in docs/architecture.md's tree by their path: {unnamed:?}");
+    assert!(stale.is_empty(), "docs/architecture.md's tree names paths that do not exist: {stale:?}");
+}
+
+/// The tree check on a planted tree: a file whose basename another folder's entry names is still
+/// unnamed, a stale entry is caught, a folder names the files below it, and an indented name, a
+/// bare name in a description and a path from the top directory each resolve where they should.
+#[test]
+fn the_tree_check_reads_relative_paths_not_basenames() {
+    let doc = "```\nsrc/\n  lib.rs, main.rs   the crate\n  train/            the loop (mod.rs), optim.rs;\n\
+               \x20                   gone.rs, and model/gpt.rs\n  model/            backbones\n\
+               native/src/         lib.rs: FFI; gloo_decl/: headers\n```\n";
+    let named = tree_paths(doc);
+    let want = [
+        "native/src/gloo_decl/",
+        "native/src/lib.rs",
+        "src/lib.rs",
+        "src/main.rs",
+        "src/model/gpt.rs",
+        "src/train/gone.rs",
+        "src/train/mod.rs",
+        "src/train/optim.rs",
+    ];
+    assert_eq!(named.iter().map(String::as_str).collect::<Vec<_>>(), want);
     let tmp = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(tmp.path().join("model")).unwrap();
-    std::fs::write(tmp.path().join("model/gpt.rs"), "").unwrap();
-    std::fs::write(tmp.path().join("model/planted_backbone.rs"), "").unwrap();
-    assert_eq!(files_missing_from_the_tree(tmp.path(), &doc), ["model/planted_backbone.rs"]);
+    for f in [
+        "src/lib.rs",
+        "src/main.rs",
+        "src/train/mod.rs",
+        "src/train/optim.rs",
+        "src/model/gpt.rs",
+        "src/model/optim.rs",
+        "src/model/mod.rs",
+        "native/src/lib.rs",
+        "native/src/gloo_decl/a.h",
+    ] {
+        let path = tmp.path().join(f);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, "").unwrap();
+    }
+    let (unnamed, stale) = tree_mismatches(tmp.path(), &named);
+    assert_eq!(unnamed, ["src/model/mod.rs", "src/model/optim.rs"]);
+    assert_eq!(stale, ["src/train/gone.rs"]);
 }
 
 /// The linear-network verdicts and figures come from the same committed files: every run's

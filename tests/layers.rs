@@ -229,6 +229,33 @@ fn imports_are_read_from_paths_groups_and_doc_comments_but_not_plain_comments_or
     assert_eq!(got, ["data", "plot", "config", "host", "device", "model"]);
 }
 
+/// The layer diagram of docs/architecture.md (its first code block: plexus' layers top to bottom,
+/// `→` between layers, `,` within one, a named group's modules in parentheses; then
+/// `→ plexus-native (its modules: …)`, the native crate's the same way down to its FFI) is
+/// [`LAYERS`] and [`NATIVE_LAYERS`]: the same layers in the same order with the same modules.
+#[test]
+fn the_architecture_pages_layer_diagram_is_the_layers_tested_here() {
+    let doc = std::fs::read_to_string(common::repo().join("docs/architecture.md")).unwrap();
+    let block = doc.split("```").nth(1).expect("docs/architecture.md opens with the layer diagram");
+    let text = block.split_whitespace().collect::<Vec<_>>().join(" ");
+    let (plexus, native) = text.split_once("→ plexus-native (its modules:").expect("the native crate's layers");
+    let native = native.trim().trim_end_matches(')').trim_end().trim_end_matches("→ the FFI in lib.rs");
+    /// Top-to-bottom layers of a diagram's text, each as its set of modules.
+    fn layers_of(text: &str) -> Vec<BTreeSet<String>> {
+        text.split('→')
+            .map(|group| {
+                let inner = group.split_once('(').map_or(group, |(_, rest)| rest.trim_end().trim_end_matches(')'));
+                inner.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect()
+            })
+            .collect()
+    }
+    let tested = |layers: &[(&str, &[&str])]| -> Vec<BTreeSet<String>> {
+        layers.iter().rev().map(|(_, mods)| mods.iter().map(|m| m.to_string()).collect()).collect()
+    };
+    assert_eq!(layers_of(plexus), tested(LAYERS), "docs/architecture.md's diagram against LAYERS");
+    assert_eq!(layers_of(native), tested(NATIVE_LAYERS), "docs/architecture.md's diagram against NATIVE_LAYERS");
+}
+
 /// `train::train` stays a loop that reads top-down (issue: at most 80 lines, signature to closing
 /// brace); what it does is in components (train/run_log.rs, checkpoint.rs' Checkpointer, …).
 #[test]
@@ -240,14 +267,13 @@ fn the_training_loop_fits_in_80_lines() {
     assert!(end - start < 80, "train::train is {} lines; move a job into a component", end - start + 1);
 }
 
-/// Every `pub fn` of the library's top layers (train, model, topology, study) and of the native
-/// crate has a doc
-/// comment (attributes may stand between): what it does, and the shapes of the tensors it takes
-/// and returns where tensors cross.
+/// Every `pub fn` of plexus (src/) and of the native crate has a doc comment (attributes may
+/// stand between): what it does, and the shapes of the tensors it takes and returns where tensors
+/// cross.
 #[test]
-fn every_pub_fn_of_the_top_layers_is_documented() {
+fn every_pub_fn_is_documented() {
     let mut files = Vec::new();
-    for dir in ["src/train", "src/model", "src/topology", "src/study", "native/src"] {
+    for dir in ["src", "native/src"] {
         rust_files(&common::repo().join(dir), &mut files);
     }
     let mut missing = Vec::new();
@@ -266,7 +292,10 @@ fn every_pub_fn_of_the_top_layers_is_documented() {
             if in_ffi {
                 continue;
             }
-            if !(t.starts_with("pub fn ") || t.starts_with("pub(crate) fn ")) {
+            // `pub fn`, `pub(crate) fn`, and either with `const`, `async` or `unsafe` before `fn`.
+            let Some(rest) = t.strip_prefix("pub ").or_else(|| t.strip_prefix("pub(crate) ")) else { continue };
+            let rest = ["const ", "async ", "unsafe "].iter().fold(rest, |r, q| r.strip_prefix(q).unwrap_or(r));
+            if !rest.starts_with("fn ") {
                 continue;
             }
             let mut j = i;

@@ -5,7 +5,7 @@
 //! Process-group tests run rank 0 in the test process and the other rank in a child: this same test
 //! binary re-executed with only [`child_rank`] selected and `PLEXUS_NATIVE_CHILD` naming its role.
 //! Everything is on 127.0.0.1 with a port the OS just handed out, and timeouts of a few seconds.
-use plexus::native::{self, Backend, ProcessGroup};
+use plexus::native::{self, process_group::Backend, process_group::ProcessGroup};
 use std::io::Write;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -20,50 +20,50 @@ const SLACK: Duration = Duration::from_secs(15);
 #[test]
 fn cuda_built_matches_the_libtorch_build() {
     // build.rs compiles the CUDA parts exactly when libtorch is a CUDA build (libtorch_cuda.so).
-    assert_eq!(native::cuda_built(), native::BUILT_WITH_CUDA);
+    assert_eq!(native::cuda::cuda_built(), native::BUILT_WITH_CUDA);
 }
 
 #[test]
 fn cuda_queries_fail_cleanly_without_a_device() {
     if tch::Cuda::device_count() > 0 {
-        let info = native::cuda_device_info(0).expect("device 0 exists");
+        let info = native::cuda::cuda_device_info(0).expect("device 0 exists");
         assert!(!info.name.is_empty() && info.total_memory > 0 && info.multiprocessors > 0, "{info:?}");
         assert!(info.major >= 3, "{info:?}");
-        native::cuda_memory_stats(0).expect("stats of device 0");
-        native::cuda_reset_peak_memory(0).expect("reset peaks of device 0");
-        assert!(native::cuda_driver_version().unwrap() >= 10000);
-        assert!(native::cuda_runtime_version().unwrap() >= 10000);
+        native::cuda::cuda_memory_stats(0).expect("stats of device 0");
+        native::cuda::cuda_reset_peak_memory(0).expect("reset peaks of device 0");
+        assert!(native::cuda::cuda_driver_version().unwrap() >= 10000);
+        assert!(native::cuda::cuda_runtime_version().unwrap() >= 10000);
         return;
     }
-    let e = native::cuda_device_info(0).expect_err("no CUDA device here");
+    let e = native::cuda::cuda_device_info(0).expect_err("no CUDA device here");
     eprintln!("cuda_device_info(0): {e}");
-    let e = native::cuda_memory_stats(0).expect_err("no CUDA device here");
+    let e = native::cuda::cuda_memory_stats(0).expect_err("no CUDA device here");
     eprintln!("cuda_memory_stats(0): {e}");
-    assert!(native::cuda_reset_peak_memory(0).is_err());
-    assert!(native::cuda_device_info(usize::MAX).is_err());
+    assert!(native::cuda::cuda_reset_peak_memory(0).is_err());
+    assert!(native::cuda::cuda_device_info(usize::MAX).is_err());
     // Without a driver the driver version is an error; the runtime version is known whenever
     // libtorch is a CUDA build (the runtime library ships with the wheel).
-    let (driver, runtime) = (native::cuda_driver_version(), native::cuda_runtime_version());
+    let (driver, runtime) = (native::cuda::cuda_driver_version(), native::cuda::cuda_runtime_version());
     eprintln!("driver: {:?}, runtime: {:?}", driver.map_err(|e| e.to_string()), runtime.map_err(|e| e.to_string()));
-    if native::cuda_built() {
-        assert!(native::cuda_runtime_version().unwrap() >= 10000);
+    if native::cuda::cuda_built() {
+        assert!(native::cuda::cuda_runtime_version().unwrap() >= 10000);
     } else {
-        assert!(native::cuda_runtime_version().is_err());
+        assert!(native::cuda::cuda_runtime_version().is_err());
     }
 }
 
 #[test]
 fn float32_matmul_precision_round_trips() {
-    let before = native::float32_matmul_precision();
+    let before = native::cuda::float32_matmul_precision();
     assert!(["highest", "high", "medium"].contains(&before.as_str()), "{before}");
-    native::set_float32_matmul_precision("high").unwrap();
-    assert_eq!(native::float32_matmul_precision(), "high");
-    native::set_float32_matmul_precision("medium").unwrap();
-    assert_eq!(native::float32_matmul_precision(), "medium");
-    assert!(native::set_float32_matmul_precision("fast").is_err());
-    assert_eq!(native::float32_matmul_precision(), "medium");
-    native::set_float32_matmul_precision("highest").unwrap();
-    assert_eq!(native::float32_matmul_precision(), "highest");
+    native::cuda::set_float32_matmul_precision("high").unwrap();
+    assert_eq!(native::cuda::float32_matmul_precision(), "high");
+    native::cuda::set_float32_matmul_precision("medium").unwrap();
+    assert_eq!(native::cuda::float32_matmul_precision(), "medium");
+    assert!(native::cuda::set_float32_matmul_precision("fast").is_err());
+    assert_eq!(native::cuda::float32_matmul_precision(), "medium");
+    native::cuda::set_float32_matmul_precision("highest").unwrap();
+    assert_eq!(native::cuda::float32_matmul_precision(), "highest");
 }
 
 /// A port nobody listens on right now (the OS picks it; it is released before use).
@@ -81,7 +81,7 @@ fn spawn_child(role: &str, port: u16) -> Child {
         .unwrap()
 }
 
-fn join(rank: usize, port: u16) -> anyhow::Result<ProcessGroup> {
+fn join(rank: usize, port: u16) -> Result<ProcessGroup, native::NativeError> {
     ProcessGroup::new(Backend::Gloo, "127.0.0.1", port, rank, 2, TIMEOUT)
 }
 
@@ -153,7 +153,7 @@ fn child_rank() {
 
 #[test]
 fn gloo_all_reduce_broadcast_barrier_across_two_processes() {
-    assert!(native::gloo_built());
+    assert!(native::process_group::gloo_built());
     let port = free_port();
     let mut child = spawn_child("collectives", port);
     let pg = join(0, port).unwrap();
@@ -172,18 +172,28 @@ fn gloo_group_of_one_and_bad_arguments() {
     pg.all_reduce_sum_many(&mut []).unwrap();
     let mut mixed =
         [Tensor::ones([2], (Kind::Float, tch::Device::Cpu)), Tensor::ones([2], (Kind::Double, tch::Device::Cpu))];
-    let e = pg.all_reduce_sum_many(&mut mixed).unwrap_err().to_string();
-    assert!(e.contains("dtype"), "{e}");
+    // A collective's error names the collective and the rank, and keeps the C++ side's kind.
+    let e = pg.all_reduce_sum_many(&mut mixed).unwrap_err();
+    assert!(
+        matches!(&e, native::NativeError::Collective { op: "all_reduce", rank: 0, error, .. }
+            if matches!(**error, native::NativeError::Failed(_))),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("dtype"), "{e}");
     pg.barrier().unwrap();
     drop(pg);
 
     for (rank, world) in [(0, 0), (2, 2), (5, 1)] {
         let e = ProcessGroup::new(Backend::Gloo, "127.0.0.1", port, rank, world, TIMEOUT).unwrap_err();
         eprintln!("rank {rank} of {world}: {e}");
+        assert!(matches!(e, native::NativeError::InvalidArgument(_)), "refused before any C++ runs: {e:?}");
     }
-    assert!(ProcessGroup::new(Backend::Gloo, "127.0.0.1", 0, 0, 1, TIMEOUT).is_err());
+    assert!(matches!(
+        ProcessGroup::new(Backend::Gloo, "127.0.0.1", 0, 0, 1, TIMEOUT),
+        Err(native::NativeError::InvalidArgument(_))
+    ));
     // NCCL: not compiled in (this machine's wheel lacks CUDA headers), or compiled but no GPU.
-    if !native::nccl_built() {
+    if !native::process_group::nccl_built() {
         let e = ProcessGroup::new(Backend::Nccl, "127.0.0.1", port, 0, 1, TIMEOUT).unwrap_err().to_string();
         eprintln!("NCCL: {e}");
         assert!(e.contains("without NCCL"), "{e}");
@@ -246,12 +256,12 @@ fn gloo_peer_exiting_midway_is_an_error_not_a_hang() {
 #[test]
 fn pin_memory_keeps_values_or_fails_cleanly() {
     let t = Tensor::arange(12, (Kind::Float, tch::Device::Cpu)).reshape([3, 4]);
-    match native::pin_memory(&t) {
+    match native::process_group::pin_memory(&t) {
         Ok(p) => {
             assert!(tch::Cuda::is_available(), "pinned without a GPU");
             assert!(p.is_pinned(tch::Device::Cuda(0)));
             assert!(p.equal(&t));
-            let again = native::pin_memory(&p).unwrap();
+            let again = native::process_group::pin_memory(&p).unwrap();
             assert_eq!(again.data_ptr(), p.data_ptr(), "an already pinned tensor is not copied again");
         }
         Err(e) => {
@@ -265,7 +275,7 @@ fn pin_memory_keeps_values_or_fails_cleanly() {
 /// backward's operators too.
 #[test]
 fn operators_are_counted_as_kernels_views_and_calls() {
-    use plexus::native::count_ops;
+    use plexus::native::profile::count_ops;
     use tch::{Device, Kind, Tensor};
     let a = Tensor::ones([4, 3], (Kind::Float, Device::Cpu));
     let b = Tensor::ones([4, 3], (Kind::Float, Device::Cpu));
@@ -299,7 +309,7 @@ fn operators_are_counted_as_kernels_views_and_calls() {
 /// count whose closure panics does not leave the counter running.
 #[test]
 fn counts_on_two_threads_wait_for_each_other_and_a_panic_ends_its_count() {
-    use plexus::native::{count_ops, trace_ops};
+    use plexus::native::{profile::count_ops, profile::trace_ops};
     use std::sync::mpsc;
     use tch::{Device, Kind, Tensor};
     let add = || {

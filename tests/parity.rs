@@ -175,7 +175,7 @@ fn all_parity_cases_pass_and_parameter_counts_match_the_references() {
 #[test]
 #[ignore = "slow tier: PyTorch parity, every case, under other thread counts and vector widths"]
 fn parity_holds_with_other_thread_counts_and_vector_widths() {
-    let avx2_is_default = plexus::native::KernelIsa::best() == plexus::native::KernelIsa::Avx2Fma;
+    let avx2_is_default = plexus::native::setting::KernelIsa::best() == plexus::native::setting::KernelIsa::Avx2Fma;
     let runs = [("2", "baseline"), ("1", "avx2")];
     for (threads, loops) in runs.into_iter().filter(|r| !(avx2_is_default && r.1 == "avx2")) {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_plexus"))

@@ -7,7 +7,7 @@
 use super::composite::{sinkhorn_composite, stream_read_composite, stream_write_composite};
 use super::kernels::*;
 use super::setting::{fused_kernels_on, gpu_paths_on_cpu, stream_grads_gathered};
-use anyhow::Result;
+use super::{NativeError, Result};
 use tch::{Kind, Tensor};
 
 /// Whether `t`'s device takes the GPU step's fused paths: a CUDA device with the kernels on and not
@@ -239,19 +239,19 @@ pub(crate) fn reset_cuda_kernels_unavailable() {
 /// warning per process; the caller then runs its composite code, which computes the same values.
 /// Any other error (a failed launch, a fault pinned by `PLEXUS_CUDA_SYNC_CHECK`, a bad argument)
 /// panics: after a fault the device is unusable, and carrying on would report it somewhere else.
-pub fn cuda_result<T>(r: anyhow::Result<T>) -> Option<T> {
-    let (kind, e) = match r {
+pub fn cuda_result<T>(r: Result<T>) -> Option<T> {
+    let e = match r {
         Ok(t) => return Some(t),
-        Err(e) => (crate::native_error_kind(&e), format!("{e:#}")),
+        Err(e) => e,
     };
-    match kind {
-        Some(crate::ErrorKind::KernelsUnavailable) => {
+    match e {
+        NativeError::KernelsUnavailable(_) => {
             CUDA_KERNELS_UNAVAILABLE.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         // Refused for that call only (the C++ side does not keep it): the kernels may still load
         // on a later eager call.
-        Some(crate::ErrorKind::UnavailableInCapture) => {}
-        _ => match crate::torch_panic::hint(&e) {
+        NativeError::UnavailableInCapture(_) => {}
+        _ => match crate::torch_panic::hint(&e.to_string()) {
             Some(hint) => panic!("plexus' CUDA kernel failed: {e}\n  hint: {hint}"),
             None => panic!("plexus' CUDA kernel failed: {e}"),
         },

@@ -1,8 +1,7 @@
 //! CUDA facts the tch crate lacks (versions, device properties, allocator statistics), the
 //! float32 matmul precision switch, and the NVRTC compile of the kernels (CUDA graphs: `cuda_graph`).
 
-use super::{check, device_index, ffi, take_string};
-use anyhow::{bail, Result};
+use super::{check, device_index, ffi, take_string, NativeError, Result};
 use std::ffi::{c_char, c_int, CString};
 
 /// Whether this build of plexus has its CUDA parts (libtorch is a CUDA build). Says nothing about
@@ -88,9 +87,11 @@ pub fn cuda_reset_peak_memory(index: usize) -> Result<()> {
 /// (bf16-based). Anything else is an error.
 pub fn set_float32_matmul_precision(p: &str) -> Result<()> {
     if !matches!(p, "highest" | "high" | "medium") {
-        bail!("float32 matmul precision must be \"highest\", \"high\" or \"medium\", got {p:?}");
+        return Err(NativeError::InvalidArgument(format!(
+            "float32 matmul precision must be \"highest\", \"high\" or \"medium\", got {p:?}"
+        )));
     }
-    let c = CString::new(p)?;
+    let c = CString::new(p).expect("one of three names, without NUL");
     // SAFETY: `c` is a NUL-terminated string that outlives the call.
     check(unsafe { ffi::plexus_set_float32_matmul_precision(c.as_ptr()) })
 }

@@ -15,8 +15,7 @@
 //! * a capture that fails on the C++ side gives the default generator back a state that is not
 //!   capturing (same seed and offset), so that the process can go on (cuda_graph.cpp).
 
-use super::{check, ffi};
-use anyhow::{anyhow, Result};
+use super::{check, ffi, NativeError, Result};
 use std::ffi::{c_char, c_void};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
@@ -40,6 +39,7 @@ pub struct SharedPool<T> {
 }
 
 impl<T> SharedPool<T> {
+    /// A pool that holds nothing yet (the first [`get_or_mint`](Self::get_or_mint) mints).
     pub const fn new() -> Self {
         Self { live: Mutex::new(Weak::new()) }
     }
@@ -89,7 +89,10 @@ impl CudaGraph {
         let mut out: *mut c_void = std::ptr::null_mut();
         // SAFETY: out-parameter only; a non-null handle is owned by the returned value.
         check(unsafe { ffi::plexus_cuda_graph_new(device as i64, &mut out) })?;
-        Ok(Self { ptr: NonNull::new(out).ok_or_else(|| anyhow!("cuda graph: null handle"))?, pool: OnceLock::new() })
+        Ok(Self {
+            ptr: NonNull::new(out).ok_or_else(|| NativeError::Malformed("cuda graph: null handle".into()))?,
+            pool: OnceLock::new(),
+        })
     }
 
     fn call(&self, f: unsafe extern "C" fn(*mut c_void) -> *mut c_char) -> Result<()> {
@@ -165,7 +168,7 @@ mod tests {
         assert_eq!(*get(), 2, "every holder gone: a new pool");
         assert_eq!(minted.get(), 2);
         // A failed mint leaves nothing held.
-        let e = pool.get_or_mint(|| anyhow::bail!("no CUDA")).unwrap_err();
+        let e = pool.get_or_mint(|| Err(NativeError::Failed("no CUDA".into()))).unwrap_err();
         assert_eq!(e.to_string(), "no CUDA");
         assert_eq!(*get(), 3);
     }

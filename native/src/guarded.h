@@ -23,8 +23,8 @@ inline char* dup_string(const std::string& s) {
   return p;
 }
 
-// What kind of failure an entry point reports: the first byte of its error block (the Rust side's
-// `ErrorKind`, in this order).
+// What kind of failure an entry point reports: the first byte of its error block (on the Rust
+// side, lib.rs' `check` makes each kind its `NativeError` variant of the same name).
 enum class ErrorKind : unsigned char {
   Failed = 1,                // anything else: a libtorch error, a bad argument, a failed launch
   KernelsUnavailable = 2,    // plexus' CUDA kernels cannot run here (no NVRTC or driver, a failed check)

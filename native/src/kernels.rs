@@ -3,8 +3,7 @@
 //! buffer: each calls its C++ entry point and nothing else (choice.rs, above, decides which runs).
 
 use super::setting::kernel_isa;
-use super::{check, ffi, take_string};
-use anyhow::{bail, Result};
+use super::{check, ffi, take_string, NativeError, Result};
 use std::ffi::{c_char, c_int};
 use tch::{Kind, Tensor};
 
@@ -178,8 +177,14 @@ pub fn streams_host(
         (1, None) => 0,
         (1, Some(_)) => 2,
         (3, None) => 1,
-        (3, Some(_)) => bail!("streams_host adds into a gradient for the read only"),
-        (k, _) => bail!("streams_host takes [pre] or [res, post, o], not {k} weights"),
+        (3, Some(_)) => {
+            return Err(NativeError::InvalidArgument("streams_host adds into a gradient for the read only".into()))
+        }
+        (k, _) => {
+            return Err(NativeError::InvalidArgument(format!(
+                "streams_host takes [pre] or [res, post, o], not {k} weights"
+            )))
+        }
     };
     let mut ins: Vec<*mut torch_sys::C_tensor> = weights.iter().map(|t| t.as_ptr() as *mut _).collect();
     ins.push(grad.as_ptr() as *mut _);
@@ -272,7 +277,7 @@ pub fn nvrtc_version() -> Result<(i32, String)> {
 /// `cross_entropy_lm` through plexus' CUDA loss kernels (`native/src/losses.cu`): forward one
 /// block per row reads the logits once (an online softmax: the row's log-sum-exp and its loss),
 /// backward one block per row reads them once more and writes the gradient in their dtype. bf16 or
-/// fp32 logits on a CUDA device; an error (of kind [`crate::ErrorKind::KernelsUnavailable`] where the
+/// fp32 logits on a CUDA device; an error (of kind [`NativeError::KernelsUnavailable`] where the
 /// kernels cannot run) otherwise.
 pub fn cross_entropy_cuda(logits: &Tensor, target: &Tensor) -> Result<Tensor> {
     let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
@@ -571,7 +576,7 @@ pub fn history_push(buf: &Tensor, gbuf: &Tensor, slot: usize, x: &Tensor) -> Res
 /// The slots a reader of a history takes and its states' handles, for the FFI: one state per slot.
 fn history_reads(what: &str, slots: &[usize], states: &[&Tensor]) -> Result<(Vec<i64>, Vec<*mut torch_sys::C_tensor>)> {
     if states.len() != slots.len() {
-        bail!("{what}: {} slots but {} states", slots.len(), states.len());
+        return Err(NativeError::InvalidArgument(format!("{what}: {} slots but {} states", slots.len(), states.len())));
     }
     Ok((slots.iter().map(|&s| s as i64).collect(), states.iter().map(|t| t.as_ptr() as *mut _).collect()))
 }

@@ -3,8 +3,7 @@
 //! that tell which part of plexus asked for an operator (the topology, a unit, RoPE, the loss,
 //! the optimizer), as `torch.profiler.record_function` does in PyTorch.
 
-use super::{check, ffi, take_string};
-use anyhow::{bail, Context, Result};
+use super::{check, ffi, take_string, NativeError, Result};
 use std::ffi::{c_void, CStr, CString};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,7 +61,10 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 pub fn profile_events<T>(cuda: bool, trace: Option<&Path>, f: impl FnOnce() -> T) -> Result<(T, Vec<ProfileEvent>)> {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let trace = trace
-        .map(|p| CString::new(p.to_string_lossy().as_bytes()).context("a trace path without NUL bytes"))
+        .map(|p| {
+            CString::new(p.to_string_lossy().as_bytes())
+                .map_err(|_| NativeError::InvalidArgument(format!("a trace path with a NUL byte: {p:?}")))
+        })
         .transpose()?;
     // SAFETY: plain value argument.
     check(unsafe { ffi::plexus_kineto_begin(cuda as i32) })?;
@@ -71,7 +73,9 @@ pub fn profile_events<T>(cuda: bool, trace: Option<&Path>, f: impl FnOnce() -> T
     struct End(Option<Option<CString>>);
     impl End {
         fn end(&mut self) -> Result<String> {
-            let Some(trace) = self.0.take() else { bail!("the profile was ended already") };
+            let Some(trace) = self.0.take() else {
+                return Err(NativeError::InvalidArgument("the profile was ended already".into()));
+            };
             PROFILING.store(false, Ordering::SeqCst);
             let mut text: *mut std::ffi::c_char = std::ptr::null_mut();
             let path = trace.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
@@ -100,7 +104,7 @@ fn parse_events(text: &str) -> Result<Vec<ProfileEvent>> {
         .map(|line| {
             let f: Vec<&str> = line.split('\t').collect();
             let [kind, name, thread, start, dur, corr, linked, seq, fwd] = f[..] else {
-                bail!("a profiler event of {} fields, not 9: {line:?}", f.len())
+                return Err(NativeError::Malformed(format!("a profiler event of {} fields, not 9: {line:?}", f.len())));
             };
             let kind = match kind {
                 "op" => EventKind::Op,
@@ -111,7 +115,8 @@ fn parse_events(text: &str) -> Result<Vec<ProfileEvent>> {
                 "memset" => EventKind::Memset,
                 _ => EventKind::Other,
             };
-            let n = |s: &str| s.parse::<u64>().with_context(|| format!("profiler event {line:?}"));
+            let bad = |_| NativeError::Malformed(format!("profiler event {line:?}"));
+            let n = |s: &str| s.parse::<u64>().map_err(bad);
             Ok(ProfileEvent {
                 kind,
                 name: name.to_string(),
@@ -120,7 +125,7 @@ fn parse_events(text: &str) -> Result<Vec<ProfileEvent>> {
                 duration_ns: n(dur)?,
                 correlation: n(corr)?,
                 linked: n(linked)?,
-                sequence_nr: seq.parse().with_context(|| format!("profiler event {line:?}"))?,
+                sequence_nr: seq.parse().map_err(bad)?,
                 forward_thread: n(fwd)?,
             })
         })
@@ -128,7 +133,7 @@ fn parse_events(text: &str) -> Result<Vec<ProfileEvent>> {
 }
 
 /// Whether a libtorch operator only makes a view or allocates (`aten::view`, `aten::empty`, …):
-/// those [`super::count_ops`] does not count as kernels (one list, the C++ side's).
+/// those `profile::count_ops` does not count as kernels (one list, the C++ side's).
 pub fn is_metadata_op(name: &str) -> bool {
     let Ok(c) = CString::new(name) else { return false };
     // SAFETY: a NUL-terminated string that outlives the call.

@@ -4,61 +4,54 @@
 //! as torch-sys's own C++), behind this safe API. Nothing else in the workspace touches FFI, and
 //! nothing here knows of plexus.
 //!
-//! Every C++ entry point catches all exceptions and returns them as an error string, so a libtorch
-//! error becomes an [`anyhow::Error`] here and never unwinds or aborts across the boundary.
+//! Every C++ entry point catches all exceptions and returns them as an error block whose first
+//! byte is the error's kind, so a libtorch error becomes a [`NativeError`] here (one variant per
+//! kind, never told apart by its text) and never unwinds or aborts across the boundary. Every
+//! binding returns [`Result`]`<T>` = `Result<T, NativeError>`.
 //!
-//! What is here:
-//! * CUDA facts and memory statistics ([`cuda_device_info`], [`cuda_memory_stats`], …) that
-//!   `tch::Cuda` lacks, and the float32 matmul precision (TF32) switch;
-//! * data-parallel collectives on PyTorch's own distributed engine, c10d ([`ProcessGroup`]):
-//!   TCPStore rendezvous, then ProcessGroupGloo (CPU tensors) or ProcessGroupNCCL (CUDA tensors);
-//! * the training step's tensor-list operations: gradients dropped ([`clear_grads`]) and the fused
-//!   AdamW kernel ([`fused_adamw`]); the operator counter behind `bench`'s kernels per step;
-//! * fused CPU kernels of the multi-stream topologies, autograd functions with hand-written
-//!   backwards (`native/src/stream_kernels.cpp`): [`stream_read_fused`], [`stream_write_fused`],
-//!   [`sinkhorn_fused`],
-//!   [`norm_project`], [`rms_project`], [`hyper_pre`] (HC's mixing weights and read in one); the
-//!   read's, the write's, `norm_project`'s and `hyper_pre`'s row loops are
-//!   built for baseline x86-64, AVX2 + FMA and AVX-512 and picked by the CPU ([`KernelIsa`],
-//!   [`kernel_isa`]); one gradient per stream state ([`StreamGrad`], [`gather_stream_grads`],
-//!   `native/src/stream_grad.h`), which the read's, the write's and the dynamic logits' backwards
-//!   (CPU and CUDA) write and add into;
-//! * the language-model loss on bf16 logits without their fp32 copy ([`cross_entropy_lm`]): on a
-//!   GPU plexus' CUDA loss kernels ([`cross_entropy_cuda`]), elsewhere chunks of composite
-//!   operators (`native/src/losses.cpp`, [`cross_entropy_chunked`]);
-//! * the dense topologies' history buffer (`native/src/history.cpp`, any device):
-//!   [`history_push`], [`history_mix`] (used through `topology::common::History`);
-//! * CUDA kernels compiled at run time with NVRTC (`native/src/cuda_kernels.cpp`, the kernels in
+//! The modules, reached by path (`plexus_native::choice::stream_read`; plexus re-exports the crate
+//! as `crate::native`):
+//! * [`cuda`]: CUDA facts and memory statistics that `tch::Cuda` lacks
+//!   ([`cuda::cuda_device_info`], [`cuda::cuda_memory_stats`], …) and the float32 matmul precision
+//!   (TF32) switch;
+//! * [`cuda_graph`]: whole-step CUDA graphs and their shared memory pool;
+//! * [`process_group`]: data-parallel collectives on PyTorch's own distributed engine, c10d
+//!   ([`process_group::ProcessGroup`]): TCPStore rendezvous, then ProcessGroupGloo (CPU tensors) or
+//!   ProcessGroupNCCL (CUDA tensors); pinned memory;
+//! * [`optim`]: the training step's tensor-list operations: gradients dropped
+//!   ([`optim::clear_grads`]) and the fused AdamW kernel ([`optim::fused_adamw`]);
+//! * [`profile`]: the operator counter behind `bench`'s kernels per step, the host-device sync
+//!   watch, the operator trace; [`kineto`]: libtorch's profiler and plexus' scopes;
+//! * [`kernels`], the kernels' bindings only: the fused CPU kernels of the multi-stream topologies,
+//!   autograd functions with hand-written backwards (`native/src/stream_kernels.cpp`:
+//!   [`kernels::stream_read_fused`], [`kernels::stream_write_fused`], [`kernels::sinkhorn_fused`],
+//!   [`kernels::norm_project`], [`kernels::rms_project`], [`kernels::hyper_pre`]), whose row loops
+//!   are built for baseline x86-64, AVX2 + FMA and AVX-512 and picked by the CPU
+//!   ([`setting::KernelIsa`]); one gradient per stream state ([`kernels::StreamGrad`],
+//!   `native/src/stream_grad.h`); the language-model loss on bf16 logits without their fp32 copy
+//!   (`native/src/losses.cpp`, [`kernels::cross_entropy_chunked`]); the dense topologies' history
+//!   buffer (`native/src/history.cpp`, [`kernels::history_push`], [`kernels::history_mix`]); the
+//!   CUDA kernels compiled at run time with NVRTC (`native/src/cuda_kernels.cpp`, the kernels in
 //!   `native/src/sinkhorn.cu`, `streams.cu`, `losses.cu`, `norms.cu`, `norm_project.cu`,
-//!   `activations.cu`, `hacn.cu`, `rope.cu` and `attnres.cu`): mHC's
-//!   Sinkhorn ([`sinkhorn_cuda`]), the stream read and write (through [`stream_read_fused`] and
-//!   [`stream_write_fused`] for fp32 CUDA tensors), the language-model loss
-//!   ([`cross_entropy_cuda`]), the pre-norms written in bf16 ([`norm_cuda`]), SwiGLU's gate
-//!   ([`swiglu_cuda`]), RoPE with the split into heads ([`rope_cuda`]), Hyper-Connections'
-//!   dynamic logits ([`norm_project_gpu`]), H-ACN's update with its long path ([`hacn_step`]) and
-//!   AttnRes' depth attention over a history buffer ([`history_attend`], `attnres.cu`);
-//!   for the tests and
-//!   `doctor`, [`sinkhorn_cuda_host`], [`streams_host`], [`cross_entropy_host`], [`norm_host`],
-//!   [`swiglu_host`], [`rope_host`], [`norm_project_host`], [`cuda_kernels_compile`], [`nvrtc_version`].
+//!   `activations.cu`, `hacn.cu`, `rope.cu` and `attnres.cu`: [`kernels::sinkhorn_cuda`], the
+//!   stream read and write, [`kernels::cross_entropy_cuda`], [`kernels::norm_cuda`],
+//!   [`kernels::swiglu_cuda`], [`kernels::rope_cuda`], [`kernels::norm_project_cuda`],
+//!   [`kernels::hacn_step`], [`kernels::history_attend`]) and their host builds, which run the
+//!   same arithmetic on the CPU for the tests and `doctor` ([`kernels::sinkhorn_cuda_host`],
+//!   [`kernels::streams_host`], [`kernels::norm_project_host`], …);
+//! * [`composite`]: the libtorch code the kernels fuse (the same values);
+//! * [`choice`]: which of the two runs for the tensors at hand ([`choice::stream_read`],
+//!   [`choice::stream_write`], [`choice::sinkhorn`], … — the topologies call these), and what a
+//!   CUDA kernel's error means ([`choice::cuda_result`]);
+//! * [`setting`]: `PLEXUS_FUSED_KERNELS`, the instruction set, the tests' switches.
 //!
-//! * the choice between them: [`stream_read`], [`stream_write`] and [`sinkhorn`] run the fused CPU
-//!   kernel, the CUDA kernel or the composite libtorch graph ([`stream_read_composite`], …, the
-//!   same values), whichever applies to their tensors — the topologies call these.
+//! A CPU-only libtorch builds this crate too; the CUDA functions then return an error saying so.
 //!
-//! A CPU-only libtorch builds this module too; the CUDA functions then return an error saying so.
-//!
-//! By concern: the FFI declarations and the error convention here; [`cuda`] (device facts, the
-//! TF32 switch, NVRTC), [`cuda_graph`] (whole-step CUDA graphs and their shared memory pool), [`process_group`] (c10d, pinned memory), [`profile`]
-//! (operator and sync counters, traces), [`kineto`] (libtorch's profiler, plexus' scopes), [`optim`] (fused AdamW, dropped gradients), [`kernels`]
-//! (the fused topology kernels, the chunked loss, the history buffer: bindings only); above them
-//! [`composite`] (the libtorch code the kernels fuse) and [`choice`] (which of the two runs, and
-//! what a CUDA kernel's error means), and below them [`setting`] (`PLEXUS_FUSED_KERNELS`, the
-//! instruction set). Errors are typed at the boundary ([`NativeError`], [`ErrorKind`]). Everything is re-exported
-//! at the crate root: plexus (which re-exports this crate as `crate::native`) writes
-//! `crate::native::stream_read`.
+//! The tests of what the crate ships: the unit tests here, and `native/tests/` (the kernels' CPU
+//! host builds and fused loops against the composite computation), run by
+//! `cargo test -p plexus-native`.
 // Every `unsafe` block says why it is sound (clippy, with -D warnings in the checks).
 #![warn(clippy::undocumented_unsafe_blocks)]
-use anyhow::{anyhow, Result};
 use std::ffi::{c_char, CStr};
 
 pub mod torch_panic;
@@ -347,39 +340,56 @@ fn take_string(s: *mut c_char) -> String {
     out
 }
 
-/// What kind of failure a native call reported: the first byte of its error block (`ErrorKind` in
-/// `native/src/guarded.h`, in this order), so that callers tell kinds apart without reading text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// Anything else: a libtorch error, a bad argument, a failed kernel launch.
-    Failed,
-    /// plexus' CUDA kernels cannot run here (no NVRTC or driver, a failed first-use check).
-    KernelsUnavailable,
-    /// Their first use would fall inside a CUDA graph capture: refused for this call only.
-    UnavailableInCapture,
+/// The error of a native call. The C++ side's errors arrive as one of the first three variants,
+/// chosen by the kind byte that opens its error block (`ErrorKind` in `native/src/guarded.h`, in
+/// that order), never by their text; the others are what the Rust side refuses or cannot read
+/// before or after a call. Each displays as its message alone, as libtorch or plexus wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NativeError {
+    /// Kind byte 1 (or any byte this side does not know): a libtorch error, a bad argument the C++
+    /// side caught, a failed kernel launch.
+    #[error("{0}")]
+    Failed(String),
+    /// Kind byte 2: plexus' CUDA kernels cannot run here (no NVRTC or driver, a failed first-use
+    /// check); [`choice::cuda_result`] then falls back to the composite code for good.
+    #[error("{0}")]
+    KernelsUnavailable(String),
+    /// Kind byte 3: the kernels' first use would fall inside a CUDA graph capture; refused for
+    /// this call only.
+    #[error("{0}")]
+    UnavailableInCapture(String),
+    /// An argument or a call refused on the Rust side before any C++ runs: lists of different
+    /// lengths, a rank or device index out of range, a NUL byte in a string, a feature this build
+    /// lacks, a count or profile inside another.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// An environment variable the native layer reads (`PLEXUS_FUSED_KERNELS`,
+    /// `PLEXUS_COUNT_SYNCS`) set to a value it does not take.
+    #[error("{0}")]
+    InvalidSetting(String),
+    /// What the C++ side handed back could not be read: a null handle, a profiler event line of
+    /// the wrong shape.
+    #[error("{0}")]
+    Malformed(String),
+    /// A collective on a [`process_group::ProcessGroup`] failed: which one, on which rank, and the
+    /// error of the call (kept whole, so its kind is still there to match).
+    #[error("{op} on rank {rank} of {world_size} ({backend:?}) failed: {error}")]
+    Collective {
+        /// The collective: `all_reduce`, `broadcast` or `barrier`.
+        op: &'static str,
+        /// This process's rank.
+        rank: usize,
+        /// The group's size.
+        world_size: usize,
+        /// The group's backend.
+        backend: process_group::Backend,
+        /// The call's own error.
+        error: Box<NativeError>,
+    },
 }
 
-/// The error of a native call: its kind and its message (libtorch's or plexus').
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NativeError {
-    /// What kind of failure it is.
-    pub kind: ErrorKind,
-    /// What the C++ side said.
-    pub message: String,
-}
-
-impl std::fmt::Display for NativeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for NativeError {}
-
-/// The kind of the native error in `e` (through any context added to it), if it holds one.
-pub fn native_error_kind(e: &anyhow::Error) -> Option<ErrorKind> {
-    e.chain().find_map(|c| c.downcast_ref::<NativeError>()).map(|n| n.kind)
-}
+/// What every binding of this crate returns.
+pub type Result<T> = std::result::Result<T, NativeError>;
 
 /// Turns the error convention of every entry point (NULL, or a malloc'd block: the kind's byte,
 /// then the NUL-terminated message) into a `Result` with a [`NativeError`].
@@ -392,16 +402,15 @@ fn check(err: *mut c_char) -> Result<()> {
     let (code, message) = unsafe { (*err.cast::<u8>(), CStr::from_ptr(err.add(1)).to_string_lossy().into_owned()) };
     // SAFETY: allocated with malloc by the C++ side and not used after this.
     unsafe { ffi::plexus_free_string(err) };
-    let kind = match code {
-        2 => ErrorKind::KernelsUnavailable,
-        3 => ErrorKind::UnavailableInCapture,
-        _ => ErrorKind::Failed,
-    };
-    Err(NativeError { kind, message }.into())
+    Err(match code {
+        2 => NativeError::KernelsUnavailable(message),
+        3 => NativeError::UnavailableInCapture(message),
+        _ => NativeError::Failed(message),
+    })
 }
 
 fn device_index(index: usize) -> Result<i64> {
-    i64::try_from(index).map_err(|_| anyhow!("CUDA device index {index} is out of range"))
+    i64::try_from(index).map_err(|_| NativeError::InvalidArgument(format!("CUDA device index {index} is out of range")))
 }
 
 pub mod choice;
@@ -414,20 +423,14 @@ pub mod optim;
 pub mod process_group;
 pub mod profile;
 pub mod setting;
-pub use choice::*;
-pub use composite::*;
-pub use cuda::*;
-pub use cuda_graph::*;
-pub use kernels::*;
-pub use kineto::*;
-pub use optim::*;
-pub use process_group::*;
-pub use profile::*;
-pub use setting::*;
 
 #[cfg(test)]
 mod tests {
-    use super::kernels::fused_result;
+    use super::choice::{self, cuda_result};
+    use super::cuda_graph::{cuda_graphs_built, CudaGraph};
+    use super::kernels::*;
+    use super::profile::{sync_count, trace_ops, watch_syncs};
+    use super::setting::*;
     use super::*;
     use tch::Tensor;
 
@@ -463,11 +466,10 @@ mod tests {
         assert!(count.by_name.iter().any(|(n, c)| n == "aten::_local_scalar_dense" && *c >= 2), "{count:?}");
     }
 
-    /// An error of each kind crosses the boundary as that kind with its message (the C++ side's
-    /// `ErrorKind`, guarded.h: read from the error block, not from the text), through any context
-    /// added to it; the CUDA kernels' unavailability falls back to the composite code and keeps
-    /// later calls off the kernels, a refusal inside a capture holds for that call only, and any
-    /// other kernel error ends the run.
+    /// An error of each kind crosses the boundary as that variant with its message (the C++ side's
+    /// `ErrorKind`, guarded.h: read from the error block, not from the text); the CUDA kernels'
+    /// unavailability falls back to the composite code and keeps later calls off the kernels, a
+    /// refusal inside a capture holds for that call only, and any other kernel error ends the run.
     #[test]
     fn native_errors_keep_their_kind_and_only_unavailable_kernels_fall_back() {
         let fail = |kind: i32, message: &str| {
@@ -475,12 +477,14 @@ mod tests {
             // SAFETY: a NUL-terminated message live for the call; the error block is freed by check.
             check(unsafe { ffi::plexus_fail_with(kind, text.as_ptr()) }).unwrap_err()
         };
-        for (code, kind) in
-            [(1, ErrorKind::Failed), (2, ErrorKind::KernelsUnavailable), (3, ErrorKind::UnavailableInCapture)]
-        {
-            let e = fail(code, "the message");
-            assert_eq!(native_error_kind(&e), Some(kind), "{e:#}");
-            assert_eq!(native_error_kind(&e.context("in a caller")), Some(kind));
+        let m = || "the message".to_string();
+        for (code, want) in [
+            (1, NativeError::Failed(m())),
+            (2, NativeError::KernelsUnavailable(m())),
+            (3, NativeError::UnavailableInCapture(m())),
+            (9, NativeError::Failed(m())),
+        ] {
+            assert_eq!(fail(code, "the message"), want);
         }
         assert_eq!(format!("{}", fail(2, "libnvrtc.so.13 not found")), "libnvrtc.so.13 not found");
         // Any other error of an entry point (a bad argument here) is a failure.
@@ -489,11 +493,10 @@ mod tests {
             Tensor::zeros([4], (tch::Kind::Float, tch::Device::Cpu)),
         );
         let e = history_attend(&buf, &buf, &[0], &[&buf.get(0)], &q).unwrap_err();
-        assert_eq!(native_error_kind(&e), Some(ErrorKind::Failed), "{e:#}");
-        assert_eq!(native_error_kind(&anyhow::anyhow!("plain")), None);
+        assert!(matches!(e, NativeError::Failed(_)), "{e:?}");
 
         let unavailable = fail(2, "plexus' CUDA kernels are unavailable: libnvrtc.so.13 not found");
-        assert!(cuda_result::<Tensor>(Err(unavailable.context("sinkhorn"))).is_none());
+        assert!(cuda_result::<Tensor>(Err(unavailable)).is_none());
         assert!(choice::cuda_kernels_unavailable(), "later calls skip the kernels");
         choice::reset_cuda_kernels_unavailable();
         assert!(cuda_result::<Tensor>(Err(fail(3, "their first use on this device is inside a CUDA graph capture")))
@@ -511,7 +514,7 @@ mod tests {
         assert!(text.contains("illegal address"), "{text}");
         assert!(!choice::cuda_kernels_unavailable());
         let oom = std::panic::catch_unwind(|| {
-            cuda_result::<Tensor>(Err(anyhow::anyhow!("CUDA out of memory. Tried to allocate")))
+            cuda_result::<Tensor>(Err(NativeError::Failed("CUDA out of memory. Tried to allocate".into())))
         });
         let text = oom.expect_err("out of memory").downcast_ref::<String>().cloned().unwrap_or_default();
         assert!(text.contains("data.batch_size"), "the out-of-memory advice: {text}");

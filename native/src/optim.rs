@@ -1,7 +1,6 @@
 //! The training step's tensor-list operations: gradients dropped and libtorch's fused AdamW.
 
-use super::{check, ffi};
-use anyhow::{bail, Result};
+use super::{check, ffi, NativeError, Result};
 use tch::Tensor;
 
 /// Drops the gradient of every tensor in `ts` (`.grad = None`, PyTorch's
@@ -39,12 +38,12 @@ pub fn fused_adamw(
 ) -> Result<()> {
     let n = params.len();
     if grads.len() != n || exp_avgs.len() != n || exp_avg_sqs.len() != n {
-        bail!(
+        return Err(NativeError::InvalidArgument(format!(
             "fused_adamw: {n} parameters but {} gradients, {} and {} moments",
             grads.len(),
             exp_avgs.len(),
             exp_avg_sqs.len()
-        );
+        )));
     }
     let ptrs = |ts: &[Tensor]| -> Vec<*mut torch_sys::C_tensor> { ts.iter().map(|t| t.as_ptr() as *mut _).collect() };
     let (mut p, mut g, mut m, mut v) = (ptrs(params), ptrs(grads), ptrs(exp_avgs), ptrs(exp_avg_sqs));

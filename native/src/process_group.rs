@@ -1,8 +1,7 @@
 //! Data-parallel collectives on c10d: TCPStore rendezvous, ProcessGroupGloo or ProcessGroupNCCL;
 //! pinned host memory for asynchronous copies.
 
-use super::{check, ffi};
-use anyhow::{anyhow, bail, Result};
+use super::{check, ffi, NativeError, Result};
 use std::ffi::{c_int, c_void, CString};
 use std::ptr::NonNull;
 use std::time::Duration;
@@ -68,23 +67,35 @@ impl ProcessGroup {
         timeout: Duration,
     ) -> Result<Self> {
         if world_size == 0 {
-            bail!("process group: world size must be at least 1");
+            return Err(NativeError::InvalidArgument("process group: world size must be at least 1".into()));
         }
         if rank >= world_size {
-            bail!("process group: rank {rank} is out of range for world size {world_size}");
+            return Err(NativeError::InvalidArgument(format!(
+                "process group: rank {rank} is out of range for world size {world_size}"
+            )));
         }
         if port == 0 {
-            bail!("process group: port 0 cannot be used, every rank must know rank 0's store port");
+            return Err(NativeError::InvalidArgument(
+                "process group: port 0 cannot be used, every rank must know rank 0's store port".into(),
+            ));
         }
         let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
         if timeout_ms == 0 {
-            bail!("process group: the timeout must be at least 1 ms, got {timeout:?}");
+            return Err(NativeError::InvalidArgument(format!(
+                "process group: the timeout must be at least 1 ms, got {timeout:?}"
+            )));
         }
         if backend == Backend::Nccl && !nccl_built() {
-            bail!("process group: plexus was built without NCCL: {}", crate::NCCL_MISSING);
+            return Err(NativeError::InvalidArgument(format!(
+                "process group: plexus was built without NCCL: {}",
+                crate::NCCL_MISSING
+            )));
         }
-        let c_addr = CString::new(addr).map_err(|_| anyhow!("process group: address {addr:?} contains a NUL byte"))?;
-        let (rank_i, world_i) = (i64::try_from(rank)?, i64::try_from(world_size)?);
+        let c_addr = CString::new(addr).map_err(|_| {
+            NativeError::InvalidArgument(format!("process group: address {addr:?} contains a NUL byte"))
+        })?;
+        // rank < world_size, both counts of processes.
+        let (rank_i, world_i) = (rank as i64, world_size as i64);
         let kind: c_int = match backend {
             Backend::Gloo => 0,
             Backend::Nccl => 1,
@@ -92,7 +103,8 @@ impl ProcessGroup {
         let mut handle: *mut c_void = std::ptr::null_mut();
         // SAFETY: `c_addr` and `handle` outlive the call; `handle` is set only on success.
         check(unsafe { ffi::plexus_pg_new(kind, c_addr.as_ptr(), port, rank_i, world_i, timeout_ms, &mut handle) })?;
-        let handle = NonNull::new(handle).ok_or_else(|| anyhow!("process group: set-up returned no handle"))?;
+        let handle = NonNull::new(handle)
+            .ok_or_else(|| NativeError::Malformed("process group: set-up returned no handle".into()))?;
         Ok(Self { handle, backend, rank, world_size })
     }
 
@@ -130,7 +142,10 @@ impl ProcessGroup {
     /// Overwrites `t` on every rank with rank `root`'s `t` (same shape and dtype on all ranks).
     pub fn broadcast(&self, t: &mut Tensor, root: usize) -> Result<()> {
         if root >= self.world_size {
-            bail!("process group: broadcast root {root} is out of range for world size {}", self.world_size);
+            return Err(NativeError::InvalidArgument(format!(
+                "process group: broadcast root {root} is out of range for world size {}",
+                self.world_size
+            )));
         }
         // SAFETY: `t` is a live tch tensor, exclusively borrowed for the call.
         check(unsafe { ffi::plexus_pg_broadcast(self.handle.as_ptr(), t.as_mut_ptr(), root as i64) })
@@ -143,8 +158,14 @@ impl ProcessGroup {
         check(unsafe { ffi::plexus_pg_barrier(self.handle.as_ptr()) }).map_err(|e| self.context(e, "barrier"))
     }
 
-    fn context(&self, e: anyhow::Error, op: &str) -> anyhow::Error {
-        anyhow!("{op} on rank {} of {} ({:?}) failed: {e}", self.rank, self.world_size, self.backend)
+    fn context(&self, e: NativeError, op: &'static str) -> NativeError {
+        NativeError::Collective {
+            op,
+            rank: self.rank,
+            world_size: self.world_size,
+            backend: self.backend,
+            error: Box::new(e),
+        }
     }
 }
 

@@ -1,8 +1,7 @@
 //! What ran: operators counted per step (`plexus bench`), host-device syncs seen by the
 //! dispatcher, and the operator trace of a closure (the CUDA-graph safety tests).
 
-use super::{check, ffi, take_string};
-use anyhow::{bail, Result};
+use super::{check, ffi, take_string, NativeError, Result};
 use std::cell::Cell;
 use std::ffi::{c_char, c_int};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -29,7 +28,7 @@ impl OneAtATime {
         end: fn(),
     ) -> Result<Self> {
         if busy.get() {
-            bail!("{nested}");
+            return Err(NativeError::InvalidArgument(nested.to_string()));
         }
         let guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
         begin()?;
@@ -211,7 +210,9 @@ pub fn count_syncs_requested() -> Result<bool> {
         Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
             "" | "0" | "false" => Ok(false),
             "1" | "true" => Ok(true),
-            _ => bail!("PLEXUS_COUNT_SYNCS={v:?}: allowed are 1 (count host-device syncs per step) and 0"),
+            _ => Err(NativeError::InvalidSetting(format!(
+                "PLEXUS_COUNT_SYNCS={v:?}: allowed are 1 (count host-device syncs per step) and 0"
+            ))),
         },
     }
 }

@@ -3,7 +3,7 @@
 //! bindings read the instruction set; the choice between paths (choice.rs) reads the rest.
 
 use super::ffi;
-use anyhow::{bail, Result};
+use super::{NativeError, Result};
 
 /// The environment variable that sets the fused CPU kernels: `1`/`true` or unset: on, with the
 /// widest instruction set the CPU has ([`KernelIsa::best`]); `avx2`: on, with the AVX2 loops even
@@ -89,7 +89,7 @@ impl KernelIsa {
 pub fn parse_fused_kernels(value: Option<&str>) -> Result<FusedKernels> {
     match value.map(|v| v.trim().to_ascii_lowercase()) {
         None => Ok(FusedKernels::Best),
-        Some(v) if v.is_empty() => bail!(
+        Some(v) if v.is_empty() => Err(NativeError::InvalidSetting(format!(
             "environment variable {FUSED_KERNELS_VAR} is set to {}: give a value (1, avx2, baseline, 0 or \
              cuda-host) or unset it for the default",
             if value.is_some_and(str::is_empty) {
@@ -97,18 +97,18 @@ pub fn parse_fused_kernels(value: Option<&str>) -> Result<FusedKernels> {
             } else {
                 format!("only blanks ({:?})", value.unwrap_or_default())
             }
-        ),
+        ))),
         Some(v) if v == "1" || v == "true" => Ok(FusedKernels::Best),
         Some(v) if v == "baseline" => Ok(FusedKernels::Baseline),
         Some(v) if v == "avx2" => Ok(FusedKernels::Avx2),
         Some(v) if v == "0" || v == "false" => Ok(FusedKernels::Off),
         Some(v) if v == "cuda-host" => Ok(FusedKernels::CudaHost),
-        Some(v) => bail!(
+        Some(v) => Err(NativeError::InvalidSetting(format!(
             "environment variable {FUSED_KERNELS_VAR}=`{}`: expected 1/true (the default), avx2 (on, at most \
              AVX2), baseline (on, without AVX2), 0/false (off) or cuda-host (on, and a CPU step takes a GPU \
              step's fused paths through the CUDA kernels' host build)",
             v.chars().take(40).collect::<String>()
-        ),
+        ))),
     }
 }
 

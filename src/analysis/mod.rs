@@ -56,6 +56,7 @@ impl Run {
         Ok(Run { dir, exp, model, task, eval })
     }
 
+    /// The run's topology as tables and legends name it: its kind and its layout, `kind (layout)`.
     pub fn label(&self) -> String {
         format!("{} ({})", self.exp.topology.kind(), self.exp.topology.label())
     }
@@ -92,6 +93,8 @@ pub struct PruneRow {
     pub perplexity: Option<f64>,
 }
 
+/// Depth pruning read off the layer-wise exits (one per `units = 0..=L`, in that order): dropping
+/// the top `removed` units is the exit after `L − removed`, so one row per `removed = 0..=L`.
 pub fn pruning(exits: &[ExitRow]) -> Vec<PruneRow> {
     let l = exits.len() - 1;
     exits
@@ -275,6 +278,7 @@ pub fn correlate(runs: &[PathBuf]) -> Result<ndarray::Array2<f64>> {
     Ok(ndarray::Array2::from_shape_fn((finals.len(), finals.len()), |(i, j)| pearson(&finals[i], &finals[j])))
 }
 
+/// Writes `rows` as a CSV with a header from their field names, atomically.
 pub(crate) fn write_rows<T: Serialize>(path: &Path, rows: &[T]) -> Result<()> {
     let mut w = csv::Writer::from_writer(Vec::new());
     for r in rows {

@@ -1,9 +1,9 @@
 //! Where the time of a step goes, by category (`plexus bench --profile`): on a GPU, the kernels
 //! CUPTI saw (device time, and launches); on the CPU, the leaf operators that do work (the proxy
-//! of kernels, see [`crate::native::OpCount`]).
+//! of kernels, see [`crate::native::profile::OpCount`]).
 //!
 //! A kernel or an operator is put in a category by, in this order:
-//! 1. the innermost plexus scope it ran under ([`crate::native::scope`]): the topology's own code
+//! 1. the innermost plexus scope it ran under ([`crate::native::kineto::scope`]): the topology's own code
 //!    (between units), RoPE, the loss, the optimizer; a unit's scope hands it to the rules below.
 //!    A backward operator runs under no scope: it takes the scope of the forward operator that
 //!    made its autograd node (same sequence number, on the forward's thread);
@@ -13,7 +13,7 @@
 //! 3. on a GPU, the kernel's own name (`…gemm…`, `flash_fwd…`, `direct_copy_kernel`, …);
 //! 4. else "other" (elementwise arithmetic of the backbone: residual adds, gates, scalings).
 
-use crate::native::{EventKind, ProfileEvent};
+use crate::native::{kineto::EventKind, kineto::ProfileEvent};
 use std::collections::HashMap;
 
 /// The categories, in the order they are printed.
@@ -45,6 +45,7 @@ impl Category {
         Category::Other,
     ];
 
+    /// The category's name in the profile's table and CSV.
     pub fn name(self) -> &'static str {
         match self {
             Category::Gemm => "GEMM",
@@ -61,10 +62,10 @@ impl Category {
     }
 }
 
-/// What a plexus scope ([`crate::native::scopes`]) decides: `Some(Some(c))` a category, `Some(None)`
+/// What a plexus scope ([`crate::native::kineto::scopes`]) decides: `Some(Some(c))` a category, `Some(None)`
 /// a unit's scope (the names decide), `None` not a plexus scope.
 fn scope_category(name: &str) -> Option<Option<Category>> {
-    use crate::native::scopes;
+    use crate::native::kineto::scopes;
     let is = |c: &std::ffi::CStr| c.to_str().is_ok_and(|s| s == name);
     if is(scopes::TOPOLOGY) {
         Some(Some(Category::TopologyOwn))
@@ -153,14 +154,17 @@ pub struct KernelProfile {
 }
 
 impl KernelProfile {
+    /// The step's time over all categories, in ms.
     pub fn total_ms(&self) -> f64 {
         self.rows.iter().map(|r| r.ms).sum()
     }
 
+    /// Kernels launched (GPU) or working leaf operators run (CPU) over all categories.
     pub fn launches(&self) -> u64 {
         self.rows.iter().map(|r| r.launches).sum()
     }
 
+    /// The row of category `c` (every category has one, zero if nothing ran in it).
     pub fn get(&self, c: Category) -> &CategoryTime {
         self.rows.iter().find(|r| r.category == c).expect("every category has a row")
     }
@@ -226,7 +230,7 @@ pub fn categorize(events: &[ProfileEvent], gpu: bool) -> KernelProfile {
             }
             if let Some(&j) = open.last() {
                 parent[i] = Some(j);
-                if events[i].kind == EventKind::Op && !crate::native::is_metadata_op(&events[i].name) {
+                if events[i].kind == EventKind::Op && !crate::native::kineto::is_metadata_op(&events[i].name) {
                     has_child[j] = true;
                 }
             }
@@ -363,7 +367,7 @@ pub fn categorize(events: &[ProfileEvent], gpu: bool) -> KernelProfile {
                 && (whole(e) || !has_child[i])
                 && !is_backward_node(e)
                 && !node_record(e)
-                && !crate::native::is_metadata_op(&e.name)
+                && !crate::native::kineto::is_metadata_op(&e.name)
                 && !inside_whole(i);
             if counted {
                 add(classify(i).unwrap_or(Category::Other), e.duration_ns, in_backward(i));

@@ -9,7 +9,7 @@
 //! the timed steps (allocator caching makes it history-dependent); `act_mem_mb`, measured after
 //! timing with glibc's exact accounting ([`crate::malloc::heap_in_use`]), is what forward + loss leave allocated
 //! for backward: the activation memory of the step. On CUDA `act_mem_mb` is the same difference
-//! in the caching allocator's allocated bytes ([`crate::native::cuda_memory_stats`], exact like
+//! in the caching allocator's allocated bytes ([`crate::native::cuda::cuda_memory_stats`], exact like
 //! glibc's), `peak_gpu_mb` the allocator's peak of allocated bytes during the timed steps (reset
 //! after warm-up: parameters, optimizer state, activations and temporaries), and `peak_rss_mb`
 //! the host process; on CPU `peak_gpu_mb` is `nan`. FLOPs are the backbone's analytic
@@ -87,13 +87,14 @@ pub struct BenchRow {
     /// Minor page faults of the process per timed step (fresh memory touched for the first time,
     /// see [`crate::malloc`]); `None` where getrusage is not available.
     pub page_faults_per_step: Option<f64>,
-    /// With `profile`, on the CPU: the operators of one step ([`crate::native::count_ops`]).
-    pub ops: Option<crate::native::OpCount>,
+    /// With `profile`, on the CPU: the operators of one step ([`crate::native::profile::count_ops`]).
+    pub ops: Option<crate::native::profile::OpCount>,
     /// With `profile`: one eager step's kernel (GPU) or operator (CPU) time by category.
     pub kernels: Option<kernel_profile::KernelProfile>,
 }
 
 impl BenchRow {
+    /// The model FLOPs of one step over its median wall time (`ms[0]`), in GFLOP/s.
     pub fn achieved_gflops(&self) -> f64 {
         self.flops_per_step / (self.ms[0] * 1e-3) / 1e9
     }
@@ -103,6 +104,8 @@ impl BenchRow {
         self.spec_gflops.map(|p| self.achieved_gflops() / p)
     }
 
+    /// The row as one line of the benchmark CSV, in [`CSV_HEADER`]'s columns (the same columns as
+    /// `parity/bench.py` writes); absent values are empty fields.
     pub fn csv(&self) -> String {
         let opt = |v: Option<f64>| v.map(|v| format!("{v:.2}")).unwrap_or_default();
         format!(
@@ -297,7 +300,7 @@ impl Trainee {
         let in_use = || match dev {
             Device::Cuda(i) => {
                 sync(dev);
-                crate::native::cuda_memory_stats(i).ok().map(|m| m.allocated as usize)
+                crate::native::cuda::cuda_memory_stats(i).ok().map(|m| m.allocated as usize)
             }
             _ => crate::malloc::heap_in_use(),
         };
@@ -330,7 +333,7 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
     sync(dev);
     reset_peak_rss();
     if let Device::Cuda(i) = dev {
-        crate::native::cuda_reset_peak_memory(i)?;
+        crate::native::cuda::cuda_reset_peak_memory(i)?;
     }
     let faults_before = crate::malloc::minor_faults(false);
     let times: Vec<f64> = (0..opts.steps).map(|_| t.timed_step()).collect::<Result<_>>()?;
@@ -338,7 +341,7 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
         .zip(crate::malloc::minor_faults(false))
         .map(|(a, b)| b.saturating_sub(a) as f64 / opts.steps as f64);
     let peak_gpu_mb = match dev {
-        Device::Cuda(i) => crate::native::cuda_memory_stats(i)?.peak_allocated as f64 / (1024.0 * 1024.0),
+        Device::Cuda(i) => crate::native::cuda::cuda_memory_stats(i)?.peak_allocated as f64 / (1024.0 * 1024.0),
         _ => f64::NAN,
     };
     // The breakdown is measured in steps of its own, after the timed ones, so that its
@@ -349,14 +352,15 @@ pub fn bench(exp: &Experiment, opts: &BenchOptions) -> Result<BenchRow> {
         [col(0), col(1), col(2)]
     });
     let ops = if opts.profile && dev == Device::Cpu {
-        let (stepped, ops) = crate::native::count_ops(|| t.step())?;
+        let (stepped, ops) = crate::native::profile::count_ops(|| t.step())?;
         stepped?;
         Some(ops)
     } else {
         None
     };
     let kernels = if opts.profile {
-        let (_, events) = crate::native::profile_events(dev.is_cuda(), opts.trace.as_deref(), || t.profiled_step())?;
+        let (_, events) =
+            crate::native::kineto::profile_events(dev.is_cuda(), opts.trace.as_deref(), || t.profiled_step())?;
         Some(kernel_profile::categorize(&events, dev.is_cuda()))
     } else {
         None
@@ -505,7 +509,7 @@ pub struct CompareRow {
     /// bound of the overhead over the first entry, % ([`flop_bound_pct`] at the fp32 square-matmul
     /// rate measured in the same process).
     pub flop_bound_pct: Option<f64>,
-    /// Operators that do work in one training step ([`crate::native::OpCount::kernels`]): on a
+    /// Operators that do work in one training step ([`crate::native::profile::OpCount::kernels`]): on a
     /// GPU, about the kernel launches, which bound a step of many small operators. Counted on the
     /// CPU only (a CUDA backward runs on another thread); `None` on a GPU.
     pub kernels: Option<u64>,
@@ -515,9 +519,9 @@ pub struct CompareRow {
     /// For multi-stream topologies: the traffic bound's time, forward and backward, ms (the extra
     /// bytes of [`stream_update_bytes`] per phase over every unit, at the measured copy bandwidth).
     pub traffic_bound_ms: Option<[f64; 2]>,
-    /// The bytes one training step's operators write and read ([`crate::native::OpBytes`]), counted
+    /// The bytes one training step's operators write and read ([`crate::native::profile::OpBytes`]), counted
     /// on the CPU (`None` on a GPU): under `PLEXUS_FUSED_KERNELS=cuda-host` a GPU step's paths.
-    pub op_bytes: Option<crate::native::OpBytes>,
+    pub op_bytes: Option<crate::native::profile::OpBytes>,
     /// Units of the stack, and the extra bytes per unit over residual that the stream update must
     /// move at least, forward and backward ([`stream_update_bytes`]; 0 for one stream).
     pub units: usize,
@@ -562,7 +566,7 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
             if t.dev != Device::Cpu {
                 return Ok(None);
             }
-            let (stepped, ops) = crate::native::count_ops(|| t.step())?;
+            let (stepped, ops) = crate::native::profile::count_ops(|| t.step())?;
             stepped?;
             Ok(Some((ops.kernels, ops.bytes)))
         })
@@ -573,7 +577,7 @@ pub fn compare(exps: &[(String, Experiment)], opts: &BenchOptions) -> Result<Vec
             if !opts.profile {
                 return Ok(None);
             }
-            let (_, events) = crate::native::profile_events(t.dev.is_cuda(), None, || t.profiled_step())?;
+            let (_, events) = crate::native::kineto::profile_events(t.dev.is_cuda(), None, || t.profiled_step())?;
             Ok(Some(kernel_profile::categorize(&events, t.dev.is_cuda())))
         })
         .collect::<Result<Vec<_>>>()?;

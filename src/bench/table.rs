@@ -165,7 +165,7 @@ fn print_topology_traffic(rows: &[super::CompareRow]) {
         "\nbytes one step's operators move, per unit, more than {}'s (counted on the CPU{}), against the least the \
          stream update must move more than residual's:",
         rows[0].label,
-        if crate::native::gpu_paths_on_cpu() { ", on a GPU step's paths" } else { "" }
+        if crate::native::setting::gpu_paths_on_cpu() { ", on a GPU step's paths" } else { "" }
     );
     println!(
         "{:<24} {:>16} {:>16} {:>16} {:>16}",

@@ -78,6 +78,8 @@ pub struct OptionError {
 }
 
 impl OptionError {
+    /// An error at `key` (a dotted path within the section) whose `value` is not what is `allowed`
+    /// (said in words).
     pub fn new(key: impl Into<String>, value: impl fmt::Display, allowed: impl Into<String>) -> Self {
         Self { key: key.into(), value: Some(value.to_string()), allowed: allowed.into() }
     }

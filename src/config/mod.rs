@@ -584,6 +584,7 @@ impl Config {
         Ok(())
     }
 
+    /// The config as YAML, every default filled in (what a run directory's `config.yaml` holds).
     pub fn to_yaml(&self) -> String {
         serde_yaml::to_string(self).expect("a Config always serialises")
     }

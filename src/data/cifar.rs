@@ -252,12 +252,15 @@ pub struct RawSplit {
 }
 
 impl RawSplit {
+    /// The number of images in the split.
     pub fn len(&self) -> usize {
         self.labels.len()
     }
+    /// Whether the split has no images.
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }
+    /// Image `i`'s bytes as the binary files store them: 3 planes (R, G, B) of 32 × 32 bytes.
     pub fn image(&self, i: usize) -> &[u8] {
         &self.pixels[i * IMAGE_BYTES..(i + 1) * IMAGE_BYTES]
     }

@@ -51,6 +51,7 @@ impl Root {
         }
     }
 
+    /// The directory: a pinned root as given, a configured one through [`super::data_root`].
     pub fn resolve(&self) -> PathBuf {
         match self {
             Root::Configured(c) => super::data_root(c.as_deref()),

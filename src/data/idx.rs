@@ -152,9 +152,11 @@ pub struct IdxSplit {
 }
 
 impl IdxSplit {
+    /// The number of examples in the split.
     pub fn len(&self) -> usize {
         self.labels.len()
     }
+    /// Whether the split has no examples.
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }

@@ -42,7 +42,7 @@ impl DataSource for InMemory {
         // Resident on a GPU: the indices go over asynchronously from pinned memory and the
         // gather runs there.
         let dev = self.x.device();
-        let sel = if dev.is_cuda() { crate::native::pin_memory(&sel)? } else { sel };
+        let sel = if dev.is_cuda() { crate::native::process_group::pin_memory(&sel)? } else { sel };
         let sel = sel.to_device_(self.x.device(), Kind::Int64, true, false);
         Ok(Batch { input: self.x.index_select(0, &sel), target: self.y.index_select(0, &sel) })
     }

@@ -57,6 +57,8 @@ pub enum Tokenizer {
 }
 
 impl Tokenizer {
+    /// The vocabulary a model of this tokenizer's tokens predicts over: 256 bytes, or GPT-2's 50257
+    /// tokens padded to 50304 (a multiple of 64).
     pub fn output_dim(self) -> usize {
         match self {
             Tokenizer::Char => BYTE_VOCAB,

@@ -96,7 +96,7 @@ pub fn pre_norm(norm: &impl Module, x: &Tensor, mode: crate::topology::Norm) -> 
 pub trait PreNorm: Module {
     /// `[.., D]` fp32 (the stream) → `[.., D]` in `kind`: the norm in fp32, then the cast the
     /// unit's first matmul would make anyway — on a GPU in bf16 both in one kernel each way
-    /// ([`crate::native::norm_to_bf16`]), with no fp32 output.
+    /// ([`crate::native::choice::norm_to_bf16`]), with no fp32 output.
     fn forward_to(&self, x: &Tensor, kind: Kind) -> Tensor;
 }
 
@@ -107,12 +107,12 @@ impl PreNorm for LayerNorm {
         }
         let x = x.to_kind(Kind::Float);
         let composite = || self.forward(&x);
-        crate::native::norm_to_bf16(
+        crate::native::choice::norm_to_bf16(
             &x,
             &self.weight,
             self.bias.as_ref(),
             1e-5,
-            crate::native::NormKind::Layer,
+            crate::native::kernels::NormKind::Layer,
             composite,
         )
     }
@@ -124,7 +124,14 @@ impl PreNorm for RmsNorm {
             return self.forward(x).to_kind(kind);
         }
         let x = x.to_kind(Kind::Float);
-        crate::native::norm_to_bf16(&x, &self.weight, None, self.eps, crate::native::NormKind::Rms, || self.forward(&x))
+        crate::native::choice::norm_to_bf16(
+            &x,
+            &self.weight,
+            None,
+            self.eps,
+            crate::native::kernels::NormKind::Rms,
+            || self.forward(&x),
+        )
     }
 }
 
@@ -274,11 +281,11 @@ impl Rope {
     }
 
     /// `x` `[B, T, H·hd]` (q or k from a projection) → split into `heads` heads and rotated,
-    /// `[B, H, T, hd]`: on a GPU one CUDA kernel each way ([`crate::native::rope_heads`], which
+    /// `[B, H, T, hd]`: on a GPU one CUDA kernel each way ([`crate::native::choice::rope_heads`], which
     /// reads a block of a packed qkv where it is), else the transpose and [`Rope::apply`].
     pub fn apply_heads(&self, x: &Tensor, heads: i64) -> Tensor {
-        let _scope = crate::native::scope(crate::native::scopes::ROPE);
-        if let Some(y) = crate::native::rope_heads(x, &self.cos, &self.sin_signed, heads) {
+        let _scope = crate::native::kineto::scope(crate::native::kineto::scopes::ROPE);
+        if let Some(y) = crate::native::choice::rope_heads(x, &self.cos, &self.sin_signed, heads) {
             return y;
         }
         let (b, t, d) = x.size3().expect("RoPE inputs are [B, T, D]");

@@ -153,7 +153,7 @@ impl Unit for LlamaUnit {
             }
             LlamaUnit::Mlp { norm, gate, up, down } => {
                 let u = pre_norm(norm, x, mode);
-                down.forward(&crate::native::swiglu(&gate.forward(&u), &up.forward(&u)))
+                down.forward(&crate::native::choice::swiglu(&gate.forward(&u), &up.forward(&u)))
             }
         }
     }

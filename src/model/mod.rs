@@ -149,7 +149,7 @@ impl Model {
     pub fn forward_compute(&self, input: &Tensor, train: bool) -> Tensor {
         let x0 = self.embed(input, train);
         let y = self.with_units(|units| {
-            let _scope = crate::native::scope(crate::native::scopes::TOPOLOGY);
+            let _scope = crate::native::kineto::scope(crate::native::kineto::scopes::TOPOLOGY);
             self.topology.forward(&x0, units, train)
         });
         self.backbone.readout(&y, train)
@@ -258,7 +258,7 @@ impl Unit for Fp32Output<'_> {
         self.forward_compute(x, norm, train).to_kind(Kind::Float)
     }
     fn forward_compute(&self, x: &Tensor, norm: crate::topology::Norm, train: bool) -> Tensor {
-        let _scope = crate::native::scope(crate::native::scopes::UNIT);
+        let _scope = crate::native::kineto::scope(crate::native::kineto::scopes::UNIT);
         self.0.forward(x, norm, train)
     }
 }

@@ -205,6 +205,7 @@ pub enum Width {
 }
 
 impl Width {
+    /// The width in inches: a single column 3.25, a double column 6.75, else as given.
     pub fn inches(self) -> f64 {
         match self {
             Width::Single => 3.25,

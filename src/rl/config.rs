@@ -66,6 +66,7 @@ pub struct EnvConfig {
 }
 
 impl EnvConfig {
+    /// The environment these options describe (what every one of `num_envs` copies runs).
     pub fn spec(&self) -> EnvSpec {
         EnvSpec {
             layout: self.layout,
@@ -208,69 +209,91 @@ impl Default for RlLogConfig {
 mod defaults {
     use super::{InfoNce, Layout};
 
+    /// `device: auto`.
     pub fn device() -> String {
         "auto".into()
     }
+    /// `log.tensorboard: true`.
     pub fn tensorboard() -> bool {
         true
     }
+    /// `env.layout: u`.
     pub fn layout() -> Layout {
         Layout::U
     }
+    /// `env.episode_length: 100`.
     pub fn episode_length() -> usize {
         100
     }
+    /// `env.max_step: 0.05`.
     pub fn max_step() -> f32 {
         0.05
     }
+    /// `env.goal_radius: 0.05`.
     pub fn goal_radius() -> f32 {
         0.05
     }
+    /// `network.width: 256`.
     pub fn width() -> usize {
         256
     }
+    /// `network.block_size: 4`.
     pub fn block_size() -> usize {
         4
     }
+    /// `network.repr_dim: 64`.
     pub fn repr_dim() -> usize {
         64
     }
+    /// `crl.loss: symmetric`.
     pub fn loss() -> InfoNce {
         InfoNce::Symmetric
     }
+    /// `crl.discount: 0.99`.
     pub fn discount() -> f64 {
         0.99
     }
+    /// `crl.target_entropy: -2`.
     pub fn target_entropy() -> f64 {
         -2.0
     }
+    /// `train.batch_size: 256`.
     pub fn batch_size() -> usize {
         256
     }
+    /// `train.lr: 3e-4`.
     pub fn lr() -> f64 {
         3e-4
     }
+    /// `train.betas: [0.9, 0.999]`.
     pub fn betas() -> [f64; 2] {
         [0.9, 0.999]
     }
+    /// `train.eps: 1e-8`.
     pub fn eps() -> f64 {
         1e-8
     }
+    /// `train.topology_lr_mult: 1`.
     pub fn topology_lr_mult() -> f64 {
         1.0
     }
+    /// `train.updates_per_rollout: 16`.
     pub fn updates_per_rollout() -> usize {
         16
     }
+    /// `train.replay_episodes: 10000`.
     pub fn replay_episodes() -> usize {
         10_000
     }
+    /// `log.eval_every: 10000`.
     pub fn eval_every() -> u64 {
         10_000
     }
+    /// `log.eval_envs: 64`.
     pub fn eval_envs() -> usize {
         64
     }
+    /// `log.keep_checkpoints: 2`.
     pub fn keep_checkpoints() -> usize {
         2
     }
@@ -286,6 +309,8 @@ pub struct RlExperiment {
 }
 
 impl RlExperiment {
+    /// Reads the RL config at `path` (a bounded read of a regular file) and parses it as
+    /// [`from_str`](Self::from_str) does.
     pub fn from_file(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
         let fail = |allowed: String| ConfigError {
             file: path.to_path_buf(),
@@ -298,6 +323,9 @@ impl RlExperiment {
         Self::from_str(&text, path, overrides)
     }
 
+    /// Parses an RL config from YAML `source` (named `file` in messages) with the `--set`
+    /// `overrides`, validates it and resolves its topology against the network's stack; a `plexus
+    /// train` config is refused with the verb to use.
     pub fn from_str(source: &str, file: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
         let (config, source) = parse_document::<RlConfig>(source, file, overrides)
             .map_err(|e| crate::config::other_verb(e, source, file, crate::config::Verb::Rl))?;
@@ -407,6 +435,7 @@ impl RlConfig {
         Ok(())
     }
 
+    /// The config as YAML, every default filled in (a run directory's `config.yaml`).
     pub fn to_yaml(&self) -> String {
         serde_yaml::to_string(self).expect("an RlConfig always serialises")
     }

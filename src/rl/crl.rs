@@ -137,6 +137,7 @@ impl Agent {
         }
     }
 
+    /// The device the agent's networks live on.
     pub fn device(&self) -> tch::Device {
         self.vs.device()
     }

@@ -77,6 +77,7 @@ pub enum Layout {
 }
 
 impl Layout {
+    /// The layout's walls, as rectangles in the unit square (none in the open room).
     pub fn walls(self) -> Vec<Wall> {
         match self {
             Layout::Open => Vec::new(),
@@ -158,6 +159,7 @@ impl VecEnv {
         (0..n as u64).map(|i| base.wrapping_mul(1_000_003).wrapping_add(i)).collect()
     }
 
+    /// The number of environments stepped together.
     pub fn num_envs(&self) -> usize {
         self.rngs.len()
     }

@@ -33,6 +33,7 @@ pub struct DenseLayer {
 }
 
 impl DenseLayer {
+    /// A layer from `d_in` to `d_out` features, its linear map in the `compute` dtype, under `vs`.
     pub fn new(vs: &nn::Path, d_in: i64, d_out: i64, compute: Kind) -> Self {
         Self {
             linear: Linear::new(&(vs / "linear"), d_in, d_out, true, compute),

@@ -55,6 +55,7 @@ impl Replay {
         })
     }
 
+    /// The number of episodes stored (at most the capacity; the oldest are overwritten).
     pub fn episodes(&self) -> usize {
         self.stored
     }

@@ -25,7 +25,7 @@ pub enum Task {
 impl Task {
     /// Returns a scalar, computed in fp32 (shapes: see the variants). `output` may come in the
     /// compute dtype (`Model::forward_compute`): language-model logits in bf16 go
-    /// to [`crate::native::cross_entropy_lm`], the same fp32 arithmetic without an fp32 copy of
+    /// to [`crate::native::choice::cross_entropy_lm`], the same fp32 arithmetic without an fp32 copy of
     /// the `[B·T, vocab]` logits (on a GPU, one fused kernel each way).
     pub fn loss(&self, output: &Tensor, target: &Tensor) -> Tensor {
         match self {
@@ -40,7 +40,7 @@ impl Task {
                 if logits.kind() == tch::Kind::Float {
                     logits.cross_entropy_for_logits(&target)
                 } else {
-                    crate::native::cross_entropy_lm(&logits, &target)
+                    crate::native::choice::cross_entropy_lm(&logits, &target)
                         .unwrap_or_else(|e| panic!("language-model loss: {e:#}"))
                 }
             }
@@ -78,8 +78,8 @@ impl Batch {
     pub fn pinned_for(self, device: Device) -> anyhow::Result<Batch> {
         if device.is_cuda() && self.input.device() == Device::Cpu {
             Ok(Batch {
-                input: crate::native::pin_memory(&self.input)?,
-                target: crate::native::pin_memory(&self.target)?,
+                input: crate::native::process_group::pin_memory(&self.input)?,
+                target: crate::native::process_group::pin_memory(&self.target)?,
             })
         } else {
             Ok(self)

@@ -158,7 +158,8 @@ impl AttnRes {
         };
         // The fused path's history: x0, then every unit's output (full) or its group's partial sum
         // after it (block), one row each.
-        let fused = native::takes_gpu_paths(x0) && x0.kind() == Kind::Float && l < native::ATTNRES_MAX_SOURCES;
+        let fused =
+            native::choice::takes_gpu_paths(x0) && x0.kind() == Kind::Float && l < native::kernels::ATTNRES_MAX_SOURCES;
         let mut history = fused.then(|| common::History::new(l + 1, x0));
         let mut done: Vec<Source> = vec![Source::new(x0.shallow_clone(), vec![0], history.as_mut())];
         let mut partial: Option<Source> = None;

@@ -2,7 +2,7 @@
 
 use super::{Granularity, Norm, StackInfo, Unit};
 use crate::config::OptionError;
-use crate::native::{self, stream_read, stream_write, StreamGrad};
+use crate::native::{self, choice::stream_read, choice::stream_write, kernels::StreamGrad};
 use std::cell::RefCell;
 use tch::{nn, Device, Kind, Tensor};
 
@@ -228,7 +228,7 @@ pub fn weighted_sum(xs: &[&Tensor], w: &Tensor) -> Tensor {
 ///
 /// With the fused kernels on (the default, any device), the states are also copied into one
 /// `[capacity, numel]` buffer as they are pushed, and a sum over k of them is one matrix-vector
-/// product forward and two kernels backward ([`native::history_mix`]) instead of k and about 3k
+/// product forward and two kernels backward ([`native::kernels::history_mix`]) instead of k and about 3k
 /// ([`weighted_sum`]); each state's gradient is gathered in a buffer row instead of being added up
 /// from every later sum that read it, which was O(L²) kernels per step. Under
 /// `PLEXUS_FUSED_KERNELS=0`, [`weighted_sum`] over the states.
@@ -241,7 +241,7 @@ pub struct History {
 impl History {
     /// A history of at most `capacity` states shaped like `like`.
     pub fn new(capacity: usize, like: &Tensor) -> History {
-        let buffers = native::fused_kernels_on().then(|| {
+        let buffers = native::setting::fused_kernels_on().then(|| {
             let opts = (like.kind(), like.device());
             (Tensor::empty([capacity as i64, like.numel() as i64], opts), Tensor::empty([0], opts))
         });
@@ -252,9 +252,8 @@ impl History {
     /// (with the buffer, an autograd pass-through that receives the sums' gradients).
     pub fn push(&mut self, x: Tensor) -> &Tensor {
         let x = match &self.buffers {
-            Some((buf, gbuf)) => {
-                native::history_push(buf, gbuf, self.states.len(), &x).unwrap_or_else(|e| panic!("history push: {e:#}"))
-            }
+            Some((buf, gbuf)) => native::kernels::history_push(buf, gbuf, self.states.len(), &x)
+                .unwrap_or_else(|e| panic!("history push: {e:#}")),
             None => x,
         };
         self.states.push(x);
@@ -281,20 +280,20 @@ impl History {
         let xs: Vec<&Tensor> = slots.iter().map(|&s| &self.states[s]).collect();
         match &self.buffers {
             Some((buf, gbuf)) => {
-                native::history_mix(buf, gbuf, slots, &xs, w).unwrap_or_else(|e| panic!("history sum: {e:#}"))
+                native::kernels::history_mix(buf, gbuf, slots, &xs, w).unwrap_or_else(|e| panic!("history sum: {e:#}"))
             }
             None => weighted_sum(&xs, w),
         }
     }
 
     /// Attention Residuals' depth attention over the states at `slots` with the query `q` `[D]`
-    /// through plexus' kernels ([`native::history_attend_gpu`]): `Some((y [.., D], α [.., k]))`
+    /// through plexus' kernels ([`native::choice::history_attend_gpu`]): `Some((y [.., D], α [.., k]))`
     /// where the step takes the GPU's fused paths and the kernels run; `None` otherwise (no
     /// buffer, another device or dtype, or too many slots), and the caller runs its composite.
     pub fn attend(&self, slots: &[usize], q: &Tensor) -> Option<(Tensor, Tensor)> {
         let (buf, gbuf) = self.buffers.as_ref()?;
         let xs: Vec<&Tensor> = slots.iter().map(|&s| &self.states[s]).collect();
-        native::history_attend_gpu(buf, gbuf, slots, &xs, q)
+        native::choice::history_attend_gpu(buf, gbuf, slots, &xs, q)
     }
 
     /// [`History::mix`] over the first `k` states.
@@ -319,7 +318,7 @@ pub trait StreamMixing {
     fn streams(&self) -> usize;
     /// For unit `k` (0-based) and streams `h` `[.., n, D]`: `(pre [.., n], res [.., n, n], post [.., n])`
     /// (leading dims may be absent for static mixing). `grad`: h's gradient cell
-    /// ([`native::gather_stream_grads`]), for a fused kernel that reads h (or none).
+    /// ([`native::choice::gather_stream_grads`]), for a fused kernel that reads h (or none).
     fn mixing(&self, k: usize, h: &Tensor, grad: Option<&StreamGrad>) -> (Tensor, Tensor, Tensor);
     /// Unit `k`'s input and its write weights at once: `(u [.., D], res, post)` with
     /// `u = Σ_s pre[s] H_s`. The default runs [`mixing`](Self::mixing) then [`stream_read`]; a
@@ -354,8 +353,9 @@ pub fn multi_stream(
     let n = mix.streams() as i64;
     let l = units.len() as i64;
     // Each state's readers send their gradients into one tensor where the fused kernels run
-    // (`grad`, see native::gather_stream_grads), instead of autograd adding three per unit.
-    let (mut h, mut grad) = native::gather_stream_grads(x0.unsqueeze(-2).repeat_interleave_self_int(n, Some(-2), None));
+    // (`grad`, see native::choice::gather_stream_grads), instead of autograd adding three per unit.
+    let (mut h, mut grad) =
+        native::choice::gather_stream_grads(x0.unsqueeze(-2).repeat_interleave_self_int(n, Some(-2), None));
     let lead: Vec<i64> = x0.size()[..x0.dim() - 1].to_vec();
     let mut coef = trace.then(|| {
         let mut shape = lead.clone();
@@ -380,7 +380,7 @@ pub fn multi_stream(
             (u, None, res, post)
         };
         let o = f.forward(&u, Norm::Default, train);
-        (h, grad) = native::gather_stream_grads(stream_write(&h, &res, &post, &o, grad.as_ref()));
+        (h, grad) = native::choice::gather_stream_grads(stream_write(&h, &res, &post, &o, grad.as_ref()));
         if let (Some(c), Some(pre)) = (coef.as_mut(), pre) {
             let (pre, res, post) = (pre.to_kind(Kind::Double), res.to_kind(Kind::Double), post.to_kind(Kind::Double));
             res_means.push(crate::host::to_cpu(&res.reshape([-1, n, n]).mean_dim(0, false, Kind::Double)));
@@ -410,7 +410,6 @@ pub struct StreamTrace {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::native::{stream_read_composite, stream_write_composite};
 
     #[test]
     fn probing_a_residual_rule_gives_all_ones() {
@@ -431,14 +430,6 @@ mod tests {
         assert!(parse_edge("0:5", 3).is_err());
         assert!(parse_edge("2:1", 3).is_err());
         assert!(parse_edge("a:b", 3).is_err());
-    }
-
-    /// Every input gradient of `<f(inputs), g>`, with the value.
-    fn value_and_grads(f: impl Fn(&[Tensor]) -> Tensor, inputs: &[Tensor], g: &Tensor) -> Vec<Tensor> {
-        let xs: Vec<Tensor> = inputs.iter().map(|t| t.detach().set_requires_grad(true)).collect();
-        let y = f(&xs);
-        (&y * g).sum(y.kind()).backward();
-        std::iter::once(y.detach()).chain(xs.iter().map(|x| x.grad())).collect()
     }
 
     /// A unit for the multi-stream tests: `tanh(x W)`, W `[D, D]`.
@@ -497,7 +488,7 @@ mod tests {
         out
     }
 
-    /// One gradient per stream state (`native::gather_stream_grads`, `native/src/stream_grad.h`):
+    /// One gradient per stream state (`native::choice::gather_stream_grads`, `native/src/stream_grad.h`):
     /// the write's backward writes it, the read's (and on the GPU's paths the dynamic logits')
     /// add theirs in the same pass, and the rest (HC's fused pre step, mHC's RMS projection, the
     /// final mean) reach it through autograd; against autograd adding every reader's gradient, the
@@ -519,13 +510,13 @@ mod tests {
             ("mhc", "{n: 4, sinkhorn_iters: 5}"),
             ("mhc", "{n: 3, sinkhorn_iters: 5}"),
         ];
-        let mut settings: Vec<(String, bool, native::KernelIsa)> =
-            native::kernel_isas().into_iter().map(|isa| (isa.name().to_string(), false, isa)).collect();
-        settings.push(("the GPU's paths".into(), true, native::KernelIsa::Baseline));
+        let mut settings: Vec<(String, bool, native::setting::KernelIsa)> =
+            native::setting::kernel_isas().into_iter().map(|isa| (isa.name().to_string(), false, isa)).collect();
+        settings.push(("the GPU's paths".into(), true, native::setting::KernelIsa::Baseline));
         let max = |t: &Tensor| t.abs().max().to_kind(Kind::Double).double_value(&[]);
         for (kind, options) in cases {
-            let truth = native::with_kernel_isa(native::KernelIsa::Baseline, || {
-                native::with_stream_grads_gathered(false, || multi_stream_grads(kind, options, Kind::Double))
+            let truth = native::setting::with_kernel_isa(native::setting::KernelIsa::Baseline, || {
+                native::setting::with_stream_grads_gathered(false, || multi_stream_grads(kind, options, Kind::Double))
             });
             let largest = truth.iter().map(max).fold(0.0, f64::max);
             for dtype in [Kind::Float, Kind::Double] {
@@ -534,9 +525,9 @@ mod tests {
                         continue; // the GPU's dynamic logits are fp32 (as its streams)
                     }
                     let run = |gathered: bool| {
-                        native::with_gpu_paths_on_cpu(*gpu_paths, || {
-                            native::with_kernel_isa(*isa, || {
-                                native::with_stream_grads_gathered(gathered, || {
+                        native::setting::with_gpu_paths_on_cpu(*gpu_paths, || {
+                            native::setting::with_kernel_isa(*isa, || {
+                                native::setting::with_stream_grads_gathered(gathered, || {
                                     multi_stream_grads(kind, options, dtype)
                                 })
                             })
@@ -546,7 +537,7 @@ mod tests {
                     assert_eq!((one.len(), autograd.len()), (truth.len(), truth.len()));
                     for (i, ((a, b), t)) in one.iter().zip(&autograd).zip(&truth).enumerate() {
                         let case = format!("{kind} {options} {dtype:?} {name}: output {i}");
-                        if *isa == native::KernelIsa::Baseline {
+                        if *isa == native::setting::KernelIsa::Baseline {
                             assert!(a.equal(b), "{case}: not the same bits");
                         } else {
                             let err = |x: &Tensor| max(&(x.to_kind(Kind::Double) - t));
@@ -595,8 +586,8 @@ mod tests {
         let ws: Vec<Tensor> =
             [1, 2, 2, 3, 3, 3].iter().map(|&k| Tensor::randn([k], opts).set_requires_grad(true)).collect();
         let g = Tensor::randn([3, 7], opts);
-        let buffered = native::with_fused_kernels(true, || dense_graph(&x0, &ws, &g));
-        let per_state = native::with_fused_kernels(false, || dense_graph(&x0, &ws, &g));
+        let buffered = native::setting::with_fused_kernels(true, || dense_graph(&x0, &ws, &g));
+        let per_state = native::setting::with_fused_kernels(false, || dense_graph(&x0, &ws, &g));
         assert_eq!(buffered.len(), 15);
         for (i, (a, b)) in buffered.iter().zip(&per_state).enumerate() {
             assert_eq!(a.size(), b.size(), "output {i}");
@@ -604,7 +595,7 @@ mod tests {
             assert!(err < 1e-12, "output {i} (0 = y, then x0 and w1…w6, twice) off by {err:e}");
         }
         let y_no_grad = tch::no_grad(|| {
-            native::with_fused_kernels(true, || {
+            native::setting::with_fused_kernels(true, || {
                 let mut h = History::new(2, &x0);
                 h.push(x0.shallow_clone());
                 h.push(x0.tanh());
@@ -613,172 +604,5 @@ mod tests {
         });
         let want = weighted_sum(&[&x0, &x0.tanh()], &ws[1]);
         assert!((y_no_grad - want).abs().max().double_value(&[]) < 1e-12);
-    }
-
-    /// The fused CPU stream kernels against their composite versions, fp64 and fp32, static
-    /// (`[n]`, `[n, n]`) and per-token mixing: the value and the gradient of every input, with
-    /// D = 13 and 37 (one and four chunks of the kernels' 8 lanes, and a tail), n = 2, 4, 8 (the
-    /// one-pass kernels) and 3, 5 (the generic loops), and each instruction set the machine runs
-    /// (baseline, and AVX2 + FMA where the CPU has it).
-    #[test]
-    fn fused_stream_read_and_write_match_the_composite_versions() {
-        for isa in native::kernel_isas() {
-            for d in [13i64, 37] {
-                native::with_kernel_isa(isa, || fused_stream_ops_match(d, isa));
-            }
-        }
-    }
-
-    fn fused_stream_ops_match(d: i64, isa: native::KernelIsa) {
-        tch::manual_seed(2);
-        // n = 2, 4, 8: the one-pass kernels; 3, 5: the generic loops.
-        let cases = [2i64, 3, 4, 5, 8].into_iter().flat_map(|n| [(n, Kind::Double), (n, Kind::Float)]);
-        for (n, kind) in cases {
-            let tol = if kind == Kind::Double { 1e-12 } else { 1e-5 };
-            let opts = (kind, Device::Cpu);
-            let (h, o) = (Tensor::randn([2, 5, n, d], opts), Tensor::randn([2, 5, d], opts));
-            let (g_read, g_write) = (Tensor::randn([2, 5, d], opts), Tensor::randn([2, 5, n, d], opts));
-            for per_token in [false, true] {
-                let lead: &[i64] = if per_token { &[2, 5] } else { &[] };
-                let shape = |tail: &[i64]| -> Vec<i64> { lead.iter().chain(tail).copied().collect() };
-                let pre = Tensor::randn(shape(&[n]), opts);
-                let res = Tensor::randn(shape(&[n, n]), opts);
-                let post = Tensor::randn(shape(&[n]), opts);
-                assert!(native::fused_streams_take_all(&[&h, &res, &post, &o]));
-                let read_in = [h.copy(), pre.copy()];
-                let write_in = [h.copy(), res.copy(), post.copy(), o.copy()];
-                let pairs = [
-                    (
-                        "read",
-                        value_and_grads(|x| stream_read(&x[0], &x[1], None), &read_in, &g_read),
-                        value_and_grads(|x| stream_read_composite(&x[0], &x[1]), &read_in, &g_read),
-                    ),
-                    (
-                        "write",
-                        value_and_grads(|x| stream_write(&x[0], &x[1], &x[2], &x[3], None), &write_in, &g_write),
-                        value_and_grads(|x| stream_write_composite(&x[0], &x[1], &x[2], &x[3]), &write_in, &g_write),
-                    ),
-                ];
-                for (op, fused_out, composite_out) in &pairs {
-                    for (i, (a, b)) in fused_out.iter().zip(composite_out).enumerate() {
-                        assert_eq!(a.size(), b.size(), "{op} output {i}");
-                        let err = (a - b).abs().max().double_value(&[]);
-                        let scale = b.abs().max().double_value(&[]).max(1.0);
-                        assert!(
-                            err <= tol * scale,
-                            "{isa:?}, D = {d}, n = {n}, {kind:?}, per-token {per_token}, {op}: output {i} (0 = value, \
-                             then the inputs' gradients) off by {err:e}"
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    /// The CUDA stream kernels' arithmetic (`native/src/streams.cu`, its per-token functions run on
-    /// the CPU, a token's block as 1, 7, 16 or 128 threads, more than D = 13 among them) against the
-    /// composite versions' autograd: every n the kernels take, per-token and shared weights, fp64
-    /// and fp32, D = 13 and 200: the value and every
-    /// input's gradient (the per-token weight gradients summed over the tokens for shared weights,
-    /// as the autograd functions do); and the read's backward adding into a gradient cell.
-    #[test]
-    fn the_cuda_stream_kernels_arithmetic_matches_the_composite_versions() {
-        tch::manual_seed(4);
-        let cases = [(13i64, Kind::Double, 1), (13, Kind::Double, 16), (200, Kind::Double, 7), (200, Kind::Float, 128)];
-        for n in 1..=native::CUDA_KERNELS_MAX_STREAMS as i64 {
-            for (d, kind, threads) in cases {
-                let tol = if kind == Kind::Double { 1e-12 } else { 1e-5 };
-                let opts = (kind, Device::Cpu);
-                let m = 6;
-                let (h, o) = (Tensor::randn([m, n, d], opts), Tensor::randn([m, d], opts));
-                let (gu, g) = (Tensor::randn([m, d], opts), Tensor::randn([m, n, d], opts));
-                for per_token in [false, true] {
-                    let lead: &[i64] = if per_token { &[m] } else { &[] };
-                    let shape = |tail: &[i64]| -> Vec<i64> { lead.iter().chain(tail).copied().collect() };
-                    let (pre, res, post) = (
-                        Tensor::randn(shape(&[n]), opts),
-                        Tensor::randn(shape(&[n, n]), opts),
-                        Tensor::randn(shape(&[n]), opts),
-                    );
-                    let summed =
-                        |t: &Tensor| if per_token { t.shallow_clone() } else { t.sum_dim_intlist(0, false, kind) };
-                    let read = native::streams_host(&h, &[&pre], &gu, threads, None).unwrap();
-                    // Added into a gradient already there (a stream's gradient cell): the bits of
-                    // gH₀ + gH (no fused multiply-add), the rest as without.
-                    let gh0 = Tensor::randn([m, n, d], opts);
-                    let added = native::streams_host(&h, &[&pre], &gu, threads, Some(&gh0)).unwrap();
-                    assert!(added[1].equal(&(&gh0 + &read[1])), "n = {n}, D = {d}, {kind:?}: gH added to gH₀");
-                    assert!(added[0].equal(&read[0]) && added[2].equal(&read[2]), "n = {n}: the rest as without");
-                    let want = value_and_grads(|x| stream_read_composite(&x[0], &x[1]), &[h.copy(), pre.copy()], &gu);
-                    let got = [read[0].shallow_clone(), read[1].shallow_clone(), summed(&read[2]).view_as(&pre)];
-                    let write = native::streams_host(&h, &[&res, &post, &o], &g, threads, None).unwrap();
-                    let want_w = value_and_grads(
-                        |x| stream_write_composite(&x[0], &x[1], &x[2], &x[3]),
-                        &[h.copy(), res.copy(), post.copy(), o.copy()],
-                        &g,
-                    );
-                    let gres = write[3].narrow(1, 0, n * n).reshape([m, n, n]);
-                    let gpost = write[3].narrow(1, n * n, n);
-                    let got_w = [
-                        write[0].shallow_clone(),
-                        write[1].shallow_clone(),
-                        summed(&gres).view_as(&res),
-                        summed(&gpost).view_as(&post),
-                        write[2].shallow_clone(),
-                    ];
-                    for (op, got, want) in [("read", &got[..], &want[..]), ("write", &got_w[..], &want_w[..])] {
-                        for (i, (a, b)) in got.iter().zip(want).enumerate() {
-                            let err = (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1.0);
-                            assert!(
-                                err <= tol,
-                                "n = {n}, D = {d}, {kind:?}, {threads} threads, per-token {per_token}, {op}: output {i} \
-                                 (0 = value, then the inputs' gradients) off by {err:e}"
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Edge shapes through the fused kernels: one stream (n = 1) and no tokens at all (M = 0),
-    /// static and per-token, forward and backward, against the composite versions.
-    #[test]
-    fn fused_stream_ops_take_one_stream_and_no_tokens() {
-        for isa in native::kernel_isas() {
-            native::with_kernel_isa(isa, fused_stream_ops_edge_shapes);
-        }
-    }
-
-    fn fused_stream_ops_edge_shapes() {
-        let opts = (Kind::Double, Device::Cpu);
-        for (m, n, per_token) in [(6i64, 1i64, true), (6, 1, false), (0, 4, true), (0, 4, false)] {
-            let lead: &[i64] = if per_token { &[m] } else { &[] };
-            let shape = |tail: &[i64]| -> Vec<i64> { lead.iter().chain(tail).copied().collect() };
-            let inputs = [
-                Tensor::randn([m, n, 5], opts),
-                Tensor::randn(shape(&[n, n]), opts),
-                Tensor::randn(shape(&[n]), opts),
-                Tensor::randn([m, 5], opts),
-            ];
-            let g = Tensor::randn([m, n, 5], opts);
-            let fused = value_and_grads(|x| stream_write(&x[0], &x[1], &x[2], &x[3], None), &inputs, &g);
-            let composite = value_and_grads(|x| stream_write_composite(&x[0], &x[1], &x[2], &x[3]), &inputs, &g);
-            for (i, (a, b)) in fused.iter().zip(&composite).enumerate() {
-                assert_eq!(a.size(), b.size(), "m = {m}, n = {n}: output {i}");
-                if a.numel() > 0 {
-                    let err = (a - b).abs().max().double_value(&[]);
-                    assert!(err < 1e-12, "m = {m}, n = {n}, per-token {per_token}: output {i} off by {err:e}");
-                }
-            }
-            let gu = Tensor::randn([m, 5], opts);
-            let read = value_and_grads(|x| stream_read(&x[0], &x[1], None), &[inputs[0].copy(), inputs[2].copy()], &gu);
-            let read_ref =
-                value_and_grads(|x| stream_read_composite(&x[0], &x[1]), &[inputs[0].copy(), inputs[2].copy()], &gu);
-            for (a, b) in read.iter().zip(&read_ref) {
-                assert_eq!(a.size(), b.size());
-                assert!(a.numel() == 0 || (a - b).abs().max().double_value(&[]) < 1e-12);
-            }
-        }
     }
 }

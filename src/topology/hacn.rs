@@ -247,9 +247,9 @@ impl Topology for Hacn {
                 x = h.addcmul(&x, &a[k]);
                 continue;
             }
-            // The long path: on a GPU one kernel each way ([`native::hacn_step_gpu`]); otherwise
+            // The long path: on a GPU one kernel each way ([`native::choice::hacn_step_gpu`]); otherwise
             // `h` in fp32, read twice, so that its two gradients add in fp32.
-            if let Some((xn, accn)) = native::hacn_step_gpu(&x, &acc, &h, &a[k]) {
+            if let Some((xn, accn)) = native::choice::hacn_step_gpu(&x, &acc, &h, &a[k]) {
                 (x, acc) = (xn, accn);
                 continue;
             }

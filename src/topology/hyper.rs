@@ -128,25 +128,26 @@ impl Dynamic {
     /// The dynamic logits of streams `h` `[.., n, D]`: `(Norm(H) W_a [.., n, n+1], Norm(H) w_b [.., n])`,
     /// as one product with `W = [W_a | w_b]` `[D, n+2]`, split.
     ///
-    /// On a GPU one kernel each way computes it ([`native::norm_project_gpu`], with the composite's
+    /// On a GPU one kernel each way computes it ([`native::choice::norm_project_gpu`], with the composite's
     /// bf16 roundings under `precision: bf16`); in fp32 on the CPU one fused kernel
-    /// ([`native::norm_project`]): the normalised streams, an `[.., n, D]` tensor written, read by
+    /// ([`native::kernels::norm_project`]): the normalised streams, an `[.., n, D]` tensor written, read by
     /// the product and saved for backward, are never materialised. Otherwise LayerNorm, then the
     /// product in the compute precision (bf16 under `precision: bf16`, as every `Linear`).
-    fn logits(&self, h: &Tensor, compute: Kind, grad: Option<&native::StreamGrad>) -> (Tensor, Tensor) {
+    fn logits(&self, h: &Tensor, compute: Kind, grad: Option<&native::kernels::StreamGrad>) -> (Tensor, Tensor) {
         let k = self.alpha.size()[1];
         let w = Tensor::cat(&[&self.alpha, &self.beta.unsqueeze(1)], 1);
         let (gamma, beta) = (self.norm.ws.as_ref(), self.norm.bs.as_ref());
         let gpu = match (gamma, beta) {
-            (Some(gamma), Some(beta)) => native::norm_project_gpu(h, gamma, beta, &w, NORM_EPS, compute, grad),
+            (Some(gamma), Some(beta)) => native::choice::norm_project_gpu(h, gamma, beta, &w, NORM_EPS, compute, grad),
             _ => None,
         };
         let z = match (gpu, gamma, beta, compute) {
             (Some(z), ..) => z,
             (None, Some(gamma), Some(beta), Kind::Float)
-                if h.kind() == Kind::Float && native::fused_streams_take_all(&[h, gamma, beta, &self.alpha]) =>
+                if h.kind() == Kind::Float
+                    && native::choice::fused_streams_take_all(&[h, gamma, beta, &self.alpha]) =>
             {
-                native::norm_project(h, gamma, beta, &w, NORM_EPS)
+                native::kernels::norm_project(h, gamma, beta, &w, NORM_EPS)
                     .unwrap_or_else(|e| panic!("fused norm and projection: {e:#}"))
             }
             _ => common::matmul(&self.norm.forward(&h.to_kind(Kind::Float)), &w, compute),
@@ -172,7 +173,7 @@ impl StreamMixing for Hyper {
     fn streams(&self) -> usize {
         self.n
     }
-    fn mixing(&self, k: usize, h: &Tensor, grad: Option<&native::StreamGrad>) -> (Tensor, Tensor, Tensor) {
+    fn mixing(&self, k: usize, h: &Tensor, grad: Option<&native::kernels::StreamGrad>) -> (Tensor, Tensor, Tensor) {
         let l = &self.layers[k];
         let (a, b) = match &l.dynamic {
             None => (l.static_alpha.shallow_clone(), l.static_beta.shallow_clone()),
@@ -192,12 +193,17 @@ impl StreamMixing for Hyper {
     }
 
     /// Dynamic mixing in fp32 (or fp64) on the CPU: one autograd function for the norm, the
-    /// projection, the tanh-scaled weights and the read ([`native::hyper_pre`]), one pass per token
+    /// projection, the tanh-scaled weights and the read ([`native::kernels::hyper_pre`]), one pass per token
     /// each way, in place of some 15 operators forward and 25 backward over `[.., n, n+2]` tensors
     /// and the read's own pass. Otherwise [`mixing`](StreamMixing::mixing), then the read.
-    fn read_and_mixing(&self, k: usize, h: &Tensor, grad: Option<&native::StreamGrad>) -> (Tensor, Tensor, Tensor) {
+    fn read_and_mixing(
+        &self,
+        k: usize,
+        h: &Tensor,
+        grad: Option<&native::kernels::StreamGrad>,
+    ) -> (Tensor, Tensor, Tensor) {
         match self.fused_pre(k, h) {
-            Some(p) => native::hyper_pre(h, &p).unwrap_or_else(|e| panic!("fused hyper pre: {e:#}")),
+            Some(p) => native::kernels::hyper_pre(h, &p).unwrap_or_else(|e| panic!("fused hyper pre: {e:#}")),
             None => common::mixing_then_read(self, k, h, grad),
         }
     }
@@ -206,14 +212,14 @@ impl StreamMixing for Hyper {
 impl Hyper {
     /// Unit k's parameters for the fused pre step, when it applies: dynamic mixing computed in
     /// fp32, and the streams `h` and the parameters all fp32 (or all fp64) on the CPU.
-    /// Not under [`native::gpu_paths_on_cpu`]: a GPU has no such kernel, and that setting runs the
+    /// Not under [`native::setting::gpu_paths_on_cpu`]: a GPU has no such kernel, and that setting runs the
     /// GPU's paths (the dynamic logits' kernel, then the read).
-    fn fused_pre(&self, k: usize, h: &Tensor) -> Option<native::HyperPreParams<'_>> {
+    fn fused_pre(&self, k: usize, h: &Tensor) -> Option<native::kernels::HyperPreParams<'_>> {
         let l = &self.layers[k];
-        let d = l.dynamic.as_ref().filter(|_| self.compute == Kind::Float && !native::gpu_paths_on_cpu())?;
+        let d = l.dynamic.as_ref().filter(|_| self.compute == Kind::Float && !native::setting::gpu_paths_on_cpu())?;
         let (gamma, beta) = (d.norm.ws.as_ref()?, d.norm.bs.as_ref()?);
         let all = [h, gamma, beta, &d.alpha, &d.beta, &l.static_alpha, &l.static_beta, &d.alpha_scale, &d.beta_scale];
-        native::fused_streams_take_all(&all).then_some(native::HyperPreParams {
+        native::choice::fused_streams_take_all(&all).then_some(native::kernels::HyperPreParams {
             gamma,
             beta,
             w_a: &d.alpha,
@@ -262,154 +268,6 @@ mod tests {
             assert_eq!(res.size().last(), Some(&4), "res is n × n");
             for (name, t) in [("pre", &pre), ("res", &res), ("post", &post)] {
                 assert!(t.is_contiguous(), "dynamic {dynamic}: {name} {:?} strides {:?}", t.size(), t.stride());
-            }
-        }
-    }
-
-    /// The fused LayerNorm + projection against LayerNorm then matmul (fp32 and fp64): the value
-    /// and the gradients of the streams, γ, β and W, with D = 13 and 37 (not multiples of 8 lanes),
-    /// K outputs through the one-pass and the generic loops, rows far from zero mean, for each
-    /// instruction set the machine runs.
-    #[test]
-    fn the_fused_norm_and_projection_match_layer_norm_then_matmul() {
-        for isa in native::kernel_isas() {
-            for d in [13i64, 37] {
-                // K = 3, 6, 10: the one-pass kernels for n = 1, 4, 8 streams; K = 5: the generic loops.
-                for k in [3i64, 5, 6, 10] {
-                    // Rows of spread 3 about 1, and of spread 1 about 100 (the one-pass moments
-                    // must not cancel there).
-                    for (scale, offset) in [(3.0, 1.0), (1.0, 100.0)] {
-                        native::with_kernel_isa(isa, || norm_project_matches(d, k, scale, offset, isa));
-                    }
-                }
-            }
-        }
-    }
-
-    /// The fused pre-unit step ([`native::hyper_pre`]: norm, projection, tanh-scaled weights, read)
-    /// against the same formulas in libtorch operators in fp64: u, res and post, and the gradients
-    /// of the streams and of all eight parameters, for n = 1, 3 (the generic loops), 2, 4, 8, D = 13
-    /// and 37, logits from about ±0.1 to beyond ±9 (where tanh saturates), each instruction set the
-    /// machine runs; once with every output used and once with only u (res and post then have no
-    /// gradient, which the kernel takes as zeros).
-    #[test]
-    fn the_fused_pre_step_matches_the_composite_formulas() {
-        for isa in native::kernel_isas() {
-            for n in [1i64, 2, 3, 4, 8] {
-                for d in [13i64, 37] {
-                    for only_u in [false, true] {
-                        native::with_kernel_isa(isa, || pre_step_matches(n, d, only_u, isa));
-                    }
-                }
-            }
-        }
-    }
-
-    fn pre_step_matches(n: i64, d: i64, only_u: bool, isa: native::KernelIsa) {
-        // h, γ, β, W_a, w_b, A_static, B_static, s_a, s_b; W_a's columns scaled 0.1 … 8 so that
-        // the logits run from small to saturated.
-        let col_scale = Tensor::logspace(-1.0, 0.9, n + 1, 10.0, (Kind::Double, tch::Device::Cpu));
-        let inputs = [
-            uniform(&[2, 5, n, d], 11) * 2.0 + 0.5,
-            uniform(&[d], 12),
-            uniform(&[d], 13),
-            uniform(&[d, n + 1], 14) * col_scale,
-            uniform(&[d], 15) * 0.3,
-            uniform(&[n, n + 1], 16),
-            uniform(&[n], 17),
-            uniform(&[], 18),
-            uniform(&[], 19),
-        ];
-        let (gu, gres, gpost) = (uniform(&[2, 5, d], 20), uniform(&[2, 5, n, n], 21), uniform(&[2, 5, n], 22));
-        // fp64: the worst error measured is 2e-14 (dH), and a tanh whose exp polynomial stops at
-        // degree 9 instead of 12 fails. fp32: up to 1.5e-5 (dH, baseline loops, n = 8, D = 37),
-        // the one-pass norm-projection's rounding at logits of ±9 (the composite fp32 code is
-        // off the fp64 by 3e-6 there).
-        for (kind, tol) in [(Kind::Double, 2e-13), (Kind::Float, 3e-5)] {
-            let run = |fused: bool| -> Vec<Tensor> {
-                let of = if fused { kind } else { Kind::Double };
-                let x: Vec<Tensor> = inputs.iter().map(|t| t.to_kind(of).detach().set_requires_grad(true)).collect();
-                let (u, res, post) = if fused {
-                    let params: &[Tensor; 8] = x[1..].try_into().unwrap();
-                    let p = native::HyperPreParams::from_slice(params, NORM_EPS);
-                    native::hyper_pre(&x[0], &p).unwrap()
-                } else {
-                    let normed = x[0].layer_norm([d], Some(&x[1]), Some(&x[2]), NORM_EPS, false);
-                    let a = &x[5] + normed.matmul(&x[3]).tanh() * &x[7];
-                    let b = &x[6] + normed.matmul(&x[4]).tanh() * &x[8];
-                    let pre = a.narrow(-1, 0, 1);
-                    ((&pre * &x[0]).sum_dim_intlist(-2, false, of), a.narrow(-1, 1, n), b)
-                };
-                let mut loss = (&u * gu.to_kind(of)).sum(of);
-                if !only_u {
-                    loss = loss + (&res * gres.to_kind(of)).sum(of) + (&post * gpost.to_kind(of)).sum(of);
-                }
-                loss.backward();
-                [u, res, post]
-                    .into_iter()
-                    .map(|t| t.detach())
-                    // A parameter that reached no used output has no gradient: zeros, as the
-                    // fused function returns.
-                    .chain(x.iter().map(|t| if t.grad().defined() { t.grad() } else { t.zeros_like() }))
-                    .map(|t| t.to_kind(Kind::Double))
-                    .collect()
-            };
-            let (fused, reference) = (run(true), run(false));
-            let names =
-                ["u", "res", "post", "dH", "dγ", "dβ", "dW_a", "dw_b", "dA_static", "dB_static", "ds_a", "ds_b"];
-            for ((a, b), name) in fused.iter().zip(&reference).zip(names) {
-                assert_eq!(a.size(), b.size(), "{name}");
-                let err = (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1.0);
-                assert!(err < tol, "{isa:?}, n = {n}, D = {d}, only u: {only_u}, {kind:?}: {name} off by {err:e}");
-            }
-        }
-    }
-
-    /// Uniform values in ±1.7 from a seeded generator of their own: the tests run in parallel
-    /// threads that share libtorch's, so `manual_seed` + `randn` would not fix the inputs.
-    fn uniform(shape: &[i64], seed: u64) -> Tensor {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let v: Vec<f64> = (0..shape.iter().product::<i64>()).map(|_| rng.gen_range(-1.7..1.7)).collect();
-        Tensor::from_slice(&v).reshape(shape)
-    }
-
-    fn norm_project_matches(d: i64, k: i64, scale: f64, offset: f64, isa: native::KernelIsa) {
-        for (kind, tol) in [(Kind::Double, 1e-11), (Kind::Float, 2e-5)] {
-            // 45 rows: an odd number in each of the two parallel tasks (the backward takes rows in pairs).
-            let inputs = [
-                (uniform(&[3, 5, 3, d], 1) * scale + offset).to_kind(kind),
-                uniform(&[d], 2).to_kind(kind),
-                uniform(&[d], 3).to_kind(kind),
-                uniform(&[d, k], 4).to_kind(kind),
-            ];
-            let g = uniform(&[3, 5, 3, k], 5);
-            // The fused kernel in `kind`; the reference, LayerNorm then matmul, in fp64 on the same
-            // values (an fp32 reference has errors of the size checked here when the rows' mean is
-            // 100 times their spread).
-            let run = |fused: bool| -> Vec<Tensor> {
-                let of = if fused { kind } else { Kind::Double };
-                let xs: Vec<Tensor> = inputs.iter().map(|t| t.to_kind(of).detach().set_requires_grad(true)).collect();
-                let z = if fused {
-                    native::norm_project(&xs[0], &xs[1], &xs[2], &xs[3], NORM_EPS).unwrap()
-                } else {
-                    xs[0].layer_norm([d], Some(&xs[1]), Some(&xs[2]), NORM_EPS, false).matmul(&xs[3])
-                };
-                (&z * g.to_kind(of)).sum(of).backward();
-                std::iter::once(z.detach())
-                    .chain(xs.iter().map(|x| x.grad()))
-                    .map(|t| t.to_kind(Kind::Double))
-                    .collect()
-            };
-            let (fused, reference) = (run(true), run(false));
-            for (i, (a, b)) in fused.iter().zip(&reference).enumerate() {
-                assert_eq!(a.size(), b.size(), "output {i}");
-                let err = (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1.0);
-                assert!(
-                    err < tol,
-                    "{isa:?}, D = {d}, K = {k}, rows {scale}·U(±1.7) + {offset}, {kind:?}: output {i} (0 = z, \
-                     then dx, dγ, dβ, dW) off by {err:e}"
-                );
             }
         }
     }

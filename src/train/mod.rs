@@ -119,9 +119,9 @@ pub struct Summary {
     /// step's own numbers included), in order: what `tests/device_discipline.rs` checks.
     #[serde(skip)]
     pub host_reads: Vec<u64>,
-    /// Host-device syncs of each step as libtorch's dispatcher ran them ([`crate::native::SyncCount`]:
+    /// Host-device syncs of each step as libtorch's dispatcher ran them ([`crate::native::profile::SyncCount`]:
     /// a read hidden inside an operator counts too), when counting is on (`PLEXUS_COUNT_SYNCS=1`, or
-    /// [`crate::native::watch_syncs`] called before); empty otherwise.
+    /// [`crate::native::profile::watch_syncs`] called before); empty otherwise.
     #[serde(skip)]
     pub device_syncs: Vec<u64>,
 }

@@ -10,7 +10,7 @@
 //! GPT's and LLaMA's rotary), which nanoGPT also exempts.
 
 use crate::config::{Optimizer, TrainConfig};
-use crate::native::{fused_adamw, AdamwHyper};
+use crate::native::{optim::fused_adamw, optim::AdamwHyper};
 use anyhow::{bail, Result};
 use std::collections::HashMap;
 use tch::{Kind, Tensor};
@@ -172,10 +172,10 @@ impl Optim {
     /// `add_` per parameter saved, which on a GPU are launches); a parameter that then gets none is
     /// skipped by the update, as in torch.optim.
     pub fn zero_grad(&self) {
-        let _scope = crate::native::scope(crate::native::scopes::OPTIMIZER);
+        let _scope = crate::native::kineto::scope(crate::native::kineto::scopes::OPTIMIZER);
         self.flat_grads.replace(None);
         let values: Vec<Tensor> = self.params.iter().map(|p| p.value.shallow_clone()).collect();
-        crate::native::clear_grads(&values).expect("parameters are defined tensors");
+        crate::native::optim::clear_grads(&values).expect("parameters are defined tensors");
     }
 
     /// Each bucket's gradient as one flat `[P]` tensor (one `cat`), or `None` where a member has
@@ -197,7 +197,7 @@ impl Optim {
     /// as `torch.nn.utils.clip_grad_norm_` does (the norm of the per-tensor norms — here of the
     /// per-bucket norms, the same value), with no read: the trainer reads it on logging steps only.
     pub fn grad_norm(&self) -> Tensor {
-        let _scope = crate::native::scope(crate::native::scopes::OPTIMIZER);
+        let _scope = crate::native::kineto::scope(crate::native::kineto::scopes::OPTIMIZER);
         tch::no_grad(|| {
             let mut norms: Vec<Tensor> = Vec::new();
             let mut flat_grads = None;
@@ -267,7 +267,7 @@ impl Optim {
     /// gradients that the update will use (one kernel per bucket); the per-parameter gradients
     /// of flat buckets then keep their unclipped values.
     pub fn clip(&self, norm: &Tensor, max: f64) {
-        let _scope = crate::native::scope(crate::native::scopes::OPTIMIZER);
+        let _scope = crate::native::kineto::scope(crate::native::kineto::scopes::OPTIMIZER);
         tch::no_grad(|| {
             let coef = (norm + 1e-6).reciprocal().g_mul_scalar(max).clamp_max(1.0);
             let flat = self.flat_grads.borrow();
@@ -316,7 +316,7 @@ impl Optim {
     /// The update itself, from the gradients and the tensors [`Optim::stage`] wrote: no host number
     /// that changes between steps enters it, so a CUDA graph can capture it.
     pub fn update(&self) {
-        let _scope = crate::native::scope(crate::native::scopes::OPTIMIZER);
+        let _scope = crate::native::kineto::scope(crate::native::kineto::scopes::OPTIMIZER);
         let flat = self.flat_grads.replace(None).unwrap_or_else(|| self.concat_grads());
         let group_lr = |g: Group| if g == Group::Topology { &self.lr[1] } else { &self.lr[0] };
         tch::no_grad(|| {

@@ -54,8 +54,8 @@ impl RunLog {
     ) -> Result<Self> {
         let cfg = exp.config();
         let start = resumed.start;
-        if crate::native::count_syncs_requested()? {
-            crate::native::watch_syncs()?;
+        if crate::native::profile::count_syncs_requested()? {
+            crate::native::profile::watch_syncs()?;
         }
         let board = match main && cfg.log.tensorboard {
             true => Some(Board::new(exp, dev, dir, start, config_yaml)?),
@@ -256,7 +256,7 @@ impl Board {
 
 /// libtorch's host-device syncs so far in this process, when they are counted.
 fn syncs() -> Option<u64> {
-    crate::native::sync_count().map(|c| c.total)
+    crate::native::profile::sync_count().map(|c| c.total)
 }
 
 /// The plain progress line of a run without a terminal, one per logged step (nanoGPT's `iter …:
@@ -318,7 +318,7 @@ fn sync_report(name: &str, host_reads: &[u64], device_syncs: &[u64]) -> String {
             logged_syncs += syncs;
         }
     }
-    let ops = crate::native::sync_count()
+    let ops = crate::native::profile::sync_count()
         .map(|c| c.by_name.iter().map(|(n, k)| format!("{n} ×{k}")).collect::<Vec<_>>().join(", "))
         .unwrap_or_default();
     format!(

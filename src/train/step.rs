@@ -55,7 +55,7 @@ enum Execution {
     /// graph holds the whole step; data-parallel steps have two, forward and backward in the first,
     /// the update in the second, and the gradients' all-reduce runs eagerly between them.
     Graph {
-        graphs: Vec<crate::native::CudaGraph>,
+        graphs: Vec<crate::native::cuda_graph::CudaGraph>,
         warmup: u32,
         captured: bool,
     },
@@ -179,7 +179,7 @@ impl Stepper {
     pub fn use_cuda_graphs(&mut self, mode: CudaGraphs) -> anyhow::Result<Option<String>> {
         let why_not = match self.device {
             _ if mode == CudaGraphs::Off => return Ok(None),
-            Device::Cuda(_) if !crate::native::cuda_graphs_built() => Some(format!(
+            Device::Cuda(_) if !crate::native::cuda_graph::cuda_graphs_built() => Some(format!(
                 "this plexus was built without the CUDA and NCCL headers its CUDA graphs are compiled with ({}; \
                  scripts/setup.sh installs them)",
                 crate::native::NCCL_MISSING
@@ -191,7 +191,8 @@ impl Stepper {
         match (why_not, self.device) {
             (None, Device::Cuda(i)) => {
                 let n = if self.dist.is_some() { 2 } else { 1 };
-                let graphs = (0..n).map(|_| crate::native::CudaGraph::new(i)).collect::<anyhow::Result<Vec<_>>>()?;
+                let graphs =
+                    (0..n).map(|_| crate::native::cuda_graph::CudaGraph::new(i)).collect::<Result<Vec<_>, _>>()?;
                 self.execution = Execution::Graph { graphs, warmup: GRAPH_WARMUP_STEPS, captured: false };
                 let how =
                     if n == 2 { "as two graphs with the gradients' all-reduce between them" } else { "and replayed" };
@@ -235,10 +236,10 @@ impl Stepper {
             self.model.forward(&batch.input, true)
         };
         let loss = {
-            let _scope = crate::native::scope(crate::native::scopes::LOSS);
+            let _scope = crate::native::kineto::scope(crate::native::kineto::scopes::LOSS);
             self.task.loss(&out, &batch.target)
         };
-        let _scope = crate::native::scope(crate::native::scopes::TOPOLOGY);
+        let _scope = crate::native::kineto::scope(crate::native::kineto::scopes::TOPOLOGY);
         match self.model.topology.regularizer() {
             Some(r) => loss + r,
             None => loss,
@@ -260,7 +261,7 @@ impl Stepper {
     }
 
     /// An eager [`Stepper::step`] with an update that also returns the trace of the part a CUDA
-    /// graph captures ([`crate::native::trace_ops`]): every operator with its host arguments. Two
+    /// graph captures ([`crate::native::profile::trace_ops`]): every operator with its host arguments. Two
     /// steps must give the same trace for a replay to compute what an eager step would.
     pub fn step_traced(
         &mut self,
@@ -320,7 +321,7 @@ impl Stepper {
         };
         self.optim.stage(lr);
         if trace {
-            let (ran, lines) = crate::native::trace_ops(|| self.run(true))?;
+            let (ran, lines) = crate::native::profile::trace_ops(|| self.run(true))?;
             ran?;
             return Ok((self.stats(samples, tokens), Some(lines)));
         }
@@ -351,11 +352,11 @@ impl Stepper {
                          set train.cuda_graphs: off to train without CUDA graphs"
                     ))
                 })?;
-                self.by_parts(&graphs, true, |_, graph, _| graph.replay())?;
+                self.by_parts(&graphs, true, |_, graph, _| Ok(graph.replay()?))?;
                 Execution::Graph { graphs, warmup: 0, captured: true }
             }
             Execution::Graph { graphs, captured: true, warmup } => {
-                self.by_parts(&graphs, true, |_, graph, _| graph.replay())?;
+                self.by_parts(&graphs, true, |_, graph, _| Ok(graph.replay()?))?;
                 Execution::Graph { graphs, warmup, captured: true }
             }
         };
@@ -366,9 +367,9 @@ impl Stepper {
     /// (data parallel), the gradients, then (if `reduce`) their all-reduce, eagerly, then the update.
     fn by_parts(
         &mut self,
-        graphs: &[crate::native::CudaGraph],
+        graphs: &[crate::native::cuda_graph::CudaGraph],
         reduce: bool,
-        mut f: impl FnMut(&mut Self, &crate::native::CudaGraph, Part) -> anyhow::Result<()>,
+        mut f: impl FnMut(&mut Self, &crate::native::cuda_graph::CudaGraph, Part) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
         match graphs {
             [whole] => f(self, whole, Part::Whole),
@@ -384,9 +385,9 @@ impl Stepper {
     }
 
     /// Records one part of the step into `graph` (on its side stream; nothing runs).
-    fn capture(&mut self, graph: &crate::native::CudaGraph, part: Part) -> anyhow::Result<()> {
+    fn capture(&mut self, graph: &crate::native::cuda_graph::CudaGraph, part: Part) -> anyhow::Result<()> {
         graph.enter()?;
-        let recorded = graph.capture_begin().and_then(|()| {
+        let recorded = graph.capture_begin().map_err(anyhow::Error::from).and_then(|()| {
             // libtorch errors are panics in tch's operator calls: caught here, so that the capture
             // is ended (and the side stream left) before the error goes up.
             let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.part(part, true))).unwrap_or_else(
@@ -397,10 +398,10 @@ impl Stepper {
             );
             // End the capture whatever happened, so that the side stream leaves capture mode.
             let ended = graph.capture_end();
-            ran.and(ended)
+            ran.and(ended.map_err(anyhow::Error::from))
         });
         let left = graph.leave();
-        recorded.and(left)
+        recorded.and(left.map_err(anyhow::Error::from))
     }
 
     fn stats(&self, samples: u64, tokens: u64) -> StepStats {
