@@ -506,9 +506,9 @@ pub fn train_resume(
         dist,
         ..Default::default()
     };
-    let s = train::train(&exp, &dir, &opts)?;
+    train::train(&exp, &dir, &opts)?;
     if main {
-        crate::kinds::print_table(&[s]);
+        crate::kinds::TRAIN.print(&[run.to_path_buf()])?;
     }
     Ok(())
 }
@@ -537,9 +537,9 @@ pub fn train_new(
         dist,
         ..Default::default()
     };
-    let summaries = train_all(&exps, &dirs, &opts, &vec![overwrite; dirs.len()])?;
+    train_all(&exps, &dirs, &opts, &vec![overwrite; dirs.len()])?;
     if main {
-        crate::kinds::print_table(&summaries);
+        crate::kinds::TRAIN.print(&dirs)?;
     }
     Ok(())
 }

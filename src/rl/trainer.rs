@@ -42,6 +42,7 @@ use super::RlRng;
 use crate::run_dir::RunDir;
 use crate::train::checkpoint::{self, Checkpointer, ExtraFile, TrainerState};
 use crate::train::divergence::DivergenceGuard;
+use crate::train::run_log::LogRow;
 use crate::train::{engine, lifecycle};
 use anyhow::{Context, Result};
 use rand::{Rng, SeedableRng};
@@ -289,6 +290,88 @@ const COLUMNS: [&str; 11] = [
     "seconds",
 ];
 
+/// A row of an RL run's `metrics.csv`: an evaluation, with the means of the update statistics
+/// since the row before.
+struct RlRow {
+    env_steps: u64,
+    updates: u64,
+    success: f64,
+    time_at_goal: f64,
+    /// The means of [`UPDATE_STATS`], `[5]` (NaN, written empty, before the first update).
+    means: Vec<f64>,
+    train_success: f64,
+    /// Seconds since the process started (written to the millisecond).
+    seconds: f64,
+}
+
+impl LogRow for RlRow {
+    const COLUMNS: &'static [&'static str] = &COLUMNS;
+
+    fn step(&self) -> u64 {
+        self.env_steps
+    }
+
+    fn scalars(&self) -> Vec<(String, f64)> {
+        let mut values = vec![
+            ("eval/success".to_string(), self.success),
+            ("eval/time_at_goal".to_string(), self.time_at_goal),
+            ("train/success".to_string(), self.train_success),
+        ];
+        let stats = UPDATE_STATS.iter().zip(&self.means).filter(|(_, v)| v.is_finite());
+        values.extend(stats.map(|(k, v)| (format!("train/{k}"), *v)));
+        values
+    }
+
+    fn write(dir: &RunDir, rows: &[Self]) -> Result<()> {
+        let cells: Vec<Vec<String>> = rows
+            .iter()
+            .map(|r| {
+                let mut row = vec![r.env_steps.to_string(), r.updates.to_string()];
+                row.extend([r.success.to_string(), r.time_at_goal.to_string()]);
+                row.extend(r.means.iter().map(|v| if v.is_nan() { String::new() } else { v.to_string() }));
+                row.extend([r.train_success.to_string(), format!("{:.3}", r.seconds)]);
+                row
+            })
+            .collect();
+        dir.write_table("metrics.csv", Self::COLUMNS, &cells)
+    }
+
+    /// The rows up to and including `step` (the checkpoint's environment steps).
+    fn read(dir: &RunDir, step: u64) -> Result<Vec<Self>> {
+        let metrics = dir.file("metrics.csv");
+        if !metrics.is_file() {
+            return Ok(Vec::new());
+        }
+        let mut rows = Vec::new();
+        for (i, record) in
+            csv::Reader::from_reader(crate::input_file::open_regular(&metrics)?).into_records().enumerate()
+        {
+            let record = record.with_context(|| format!("reading {}", metrics.display()))?;
+            let cell = |c: usize| record.get(c).unwrap_or_default();
+            let bad = || format!("{} line {}: not a row of {}", metrics.display(), i + 2, COLUMNS.join(", "));
+            let number = |c: usize| -> Result<f64> {
+                match cell(c) {
+                    "" => Ok(f64::NAN),
+                    v => v.parse().with_context(bad),
+                }
+            };
+            let row = RlRow {
+                env_steps: cell(0).parse().with_context(bad)?,
+                updates: cell(1).parse().with_context(bad)?,
+                success: number(2)?,
+                time_at_goal: number(3)?,
+                means: (4..4 + UPDATE_STATS.len()).map(number).collect::<Result<_>>()?,
+                train_success: number(9)?,
+                seconds: number(10)?,
+            };
+            if row.env_steps <= step {
+                rows.push(row);
+            }
+        }
+        Ok(rows)
+    }
+}
+
 /// Trains `exp` into the run directory `dir` on the run engine ([`engine::run`] drives
 /// [`Rollouts`]: one rollout and its updates per iteration, an evaluation row when due, a
 /// checkpoint with the replay buffer and the loop state when due).
@@ -345,8 +428,8 @@ struct Rollouts<'a> {
     /// over `stat_updates` updates.
     stats: Option<tch::Tensor>,
     stat_updates: u64,
-    /// `metrics.csv`'s rows, formatted.
-    rows: Vec<Vec<String>>,
+    /// `metrics.csv`'s rows.
+    rows: Vec<RlRow>,
     /// The last evaluation's `(success, time_at_goal)`, and its episodes (for the blocked/clear
     /// split of the summary).
     last: (f64, f64),
@@ -428,17 +511,7 @@ impl<'a> Rollouts<'a> {
         (self.rng, self.env_steps, self.updates, self.next_eval, self.next_ckpt, self.stat_updates, self.last) =
             (ls.rng, ls.env_steps, ls.updates, ls.next_eval, ls.next_ckpt, ls.stat_updates, ls.last);
         // metrics.csv as it was at the checkpoint.
-        let metrics = run.file("metrics.csv");
-        let records = match metrics.is_file() {
-            true => csv::Reader::from_reader(crate::input_file::open_regular(&metrics)?).into_records().collect(),
-            false => Vec::new(),
-        };
-        for row in records {
-            let row = row.with_context(|| format!("reading {}", metrics.display()))?;
-            if row.get(0).and_then(|v| v.parse::<u64>().ok()).is_some_and(|step| step <= self.env_steps) {
-                self.rows.push(row.iter().map(String::from).collect());
-            }
-        }
+        self.rows = RlRow::read(run, self.env_steps)?;
         Ok(())
     }
 
@@ -537,27 +610,27 @@ impl<'a> Rollouts<'a> {
         };
         self.stat_updates = 0;
         let secs = self.start.elapsed().as_secs_f64();
-        let mut row = vec![env_steps.to_string(), self.updates.to_string(), success.to_string(), time.to_string()];
-        row.extend(means.iter().map(|v| if v.is_nan() { String::new() } else { v.to_string() }));
-        row.extend([train_success.to_string(), format!("{secs:.3}")]);
+        let row = RlRow {
+            env_steps,
+            updates: self.updates,
+            success,
+            time_at_goal: time,
+            means,
+            train_success,
+            seconds: secs,
+        };
+        let (values, critic, accuracy) = (row.scalars(), row.means[0], row.means[2]);
         self.rows.push(row);
-        self.run.write_table("metrics.csv", &COLUMNS, &self.rows)?;
+        RlRow::write(self.run, &self.rows)?;
         if let Some(b) = self.board.as_mut() {
-            let mut values =
-                vec![("eval/success", success), ("eval/time_at_goal", time), ("train/success", train_success)];
-            values.extend(UPDATE_STATS.iter().zip(&means).filter(|(_, v)| v.is_finite()).map(|(k, v)| (*k, *v)));
-            let tagged: Vec<(String, f64)> = values
-                .iter()
-                .map(|(k, v)| (if k.contains('/') { k.to_string() } else { format!("train/{k}") }, *v))
-                .collect();
-            let refs: Vec<(&str, f64)> = tagged.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            let refs: Vec<(&str, f64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
             b.scalars(env_steps, &refs)?;
         }
         if self.verbose {
             eprintln!(
                 "  env steps {env_steps:>9}  updates {:>7}  success {success:.3}  time at goal {time:.3}  \
-                 critic {:.4}  accuracy {:.3}  ({secs:.1}s)",
-                self.updates, means[0], means[2]
+                 critic {critic:.4}  accuracy {accuracy:.3}  ({secs:.1}s)",
+                self.updates
             );
         }
         Ok(())

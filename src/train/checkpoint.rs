@@ -389,8 +389,11 @@ pub fn first_non_finite(named: &std::collections::HashMap<String, Tensor>) -> Op
 /// checkpoint.
 pub struct ExtraFile<'a> {
     pub name: String,
-    pub write: Box<dyn FnOnce(&Path) -> Result<()> + 'a>,
+    pub write: WriteFile<'a>,
 }
+
+/// How an [`ExtraFile`] is written, given a temporary path.
+pub type WriteFile<'a> = Box<dyn FnOnce(&Path) -> Result<()> + 'a>;
 
 /// When and how `plexus train` checkpoints: every `every` updates (not at the end, which writes the
 /// final checkpoint instead), keeping the `keep` latest; at the end also the final weights and,

@@ -29,7 +29,7 @@ use anyhow::{bail, Result};
 use checkpoint::Checkpointer;
 use eval::{EvalResult, EvalSet};
 use optim::Optim;
-use run_log::{Resumed, RunLog};
+use run_log::{LogRow, Resumed, RunLog};
 use serde::Serialize;
 use std::time::Instant;
 use step::Stepper;
@@ -446,7 +446,7 @@ fn resume(
     run.resumed(dir)?;
     let start = state.step;
     Ok(Resumed {
-        rows: dir.metrics()?.into_iter().filter(|r| r.step < start).collect(),
+        rows: crate::run_dir::MetricsRow::read(dir, start)?,
         evals: dir.evals()?.into_iter().filter(|e| e.step < start).collect(),
         eps_by_t: if main { dir.eps_by_t()?.into_iter().filter(|r| r.0 < start).collect() } else { Vec::new() },
         start,
