@@ -341,7 +341,7 @@ fn every_kind_of_run_crashes_resumes_and_finishes_through_the_registry() {
         let found = kinds::of_run(&dir);
         assert_eq!(found.verb(), verb);
         assert!(found.final_weights(&RunDir::new(&dir)).is_file(), "{verb}");
-        found.print(&[dir.clone()]).unwrap();
+        found.print(std::slice::from_ref(&dir)).unwrap();
         assert_eq!(kinds::by_verb(verb).unwrap().resume_policy().length, found.resume_policy().length);
     }
 }
