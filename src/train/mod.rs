@@ -392,10 +392,8 @@ fn join_and_capture(
     Ok(())
 }
 
-/// Loads the latest checkpoint of a resumed run into `t` and returns the rows logged before it
-/// (and the step to start from); a new run starts at step 0 with none.
-/// Opens the run directory (its one writer: the returned guard), resumes from its checkpoint where
-/// there is one, and writes `resolved.yaml` (rank 0).
+/// Opens the run directory on the run engine ([`engine::open`]: its one writer, the returned
+/// guard), resumes from its checkpoint where there is one, and writes `resolved.yaml` (rank 0).
 fn open_run(
     exp: &Experiment,
     dir: &RunDir,
@@ -405,8 +403,12 @@ fn open_run(
     t: &mut Stepper,
 ) -> Result<(lifecycle::OpenRun, Resumed)> {
     let main = crate::dist::DistInfo::is_main(opts.dist.as_ref());
-    let mut run = lifecycle::open(dir, config_yaml, opts.resume, opts.overwrite, &RESUME_POLICY, main)?;
-    let resumed = resume(exp, dir, &mut run, t, setup.dev, main)?;
+    let mut resumed = Resumed { rows: Vec::new(), evals: Vec::new(), eps_by_t: Vec::new(), start: 0 };
+    let how = (opts.resume, opts.overwrite, main);
+    let run = engine::open(dir, config_yaml, how, &RESUME_POLICY, |state, run| {
+        resumed = resume(exp, dir, (state, &run.changed), t, setup.dev, main)?;
+        Ok(())
+    })?;
     if main {
         let text = resolved::resolved_yaml(exp, &setup.transform, setup.eval_record.take())?;
         crate::run_dir::atomic_write(&dir.path.join(resolved::RESOLVED_FILE), text.as_bytes())?;
@@ -414,18 +416,17 @@ fn open_run(
     Ok((run, resumed))
 }
 
+/// Loads the checkpoint `state` of a resumed run into `t` (saying so when the allowed keys that
+/// `changed` moved it to another device) and returns the rows logged before it, and its step.
 fn resume(
     exp: &Experiment,
     dir: &RunDir,
-    run: &mut lifecycle::OpenRun,
+    (state, changed): (&checkpoint::TrainerState, &[String]),
     t: &mut Stepper,
     dev: tch::Device,
     main: bool,
 ) -> Result<Resumed> {
-    let Some(state) = run.checkpoint.clone() else {
-        return Ok(Resumed { rows: Vec::new(), evals: Vec::new(), eps_by_t: Vec::new(), start: 0 });
-    };
-    let optim_state = checkpoint::load(dir, &state, &mut t.model.vs)?;
+    let optim_state = checkpoint::load(dir, state, &mut t.model.vs)?;
     t.optim.load_state(&optim_state, state.step)?;
     // `device` changed in words (`cpu` → `auto`) need not change the device: said only when the
     // run's own device, resolved here, is another one.
@@ -434,7 +435,7 @@ fn resume(
         let old: serde_yaml::Value = serde_yaml::from_str(&text).ok()?;
         device::resolve(device::parse_device(old.get("device")?.as_str()?).ok()?).ok()
     };
-    if main && run.changed.iter().any(|k| k == "device") && started_on() != Some(dev) {
+    if main && changed.iter().any(|k| k == "device") && started_on() != Some(dev) {
         eprintln!(
             "{}: resumed at step {} on {} (another device than the run's start): from here its numbers are \
              not bit-identical to an uninterrupted run (kernels and random streams differ by device)",
@@ -443,7 +444,6 @@ fn resume(
             device::describe(dev)
         );
     }
-    run.resumed(dir)?;
     let start = state.step;
     Ok(Resumed {
         rows: crate::run_dir::MetricsRow::read(dir, start)?,
