@@ -102,14 +102,6 @@ pub fn of_config(text: &str) -> &'static dyn RunKind {
     }
 }
 
-/// The kind of the run in `dir`, by its `config.yaml` ([`TRAIN`] when it has none).
-pub fn of_run(dir: &Path) -> &'static dyn RunKind {
-    match crate::config::read_config_text(&RunDir::new(dir).config_file()) {
-        Ok(text) => of_config(&text),
-        Err(_) => &TRAIN,
-    }
-}
-
 impl RunKind for Train {
     fn verb(&self) -> &'static str {
         "train"

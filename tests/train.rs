@@ -338,7 +338,7 @@ fn every_kind_of_run_crashes_resumes_and_finishes_through_the_registry() {
         assert_eq!(latest.step, kept, "{verb}");
         let resume = Launch { resume: true, quiet: true, ..Default::default() };
         kind.train(&dir.join("config.yaml"), &[], &dir, &resume).unwrap();
-        let found = kinds::of_run(&dir);
+        let found = kinds::of_config(&std::fs::read_to_string(dir.join("config.yaml")).unwrap());
         assert_eq!(found.verb(), verb);
         assert!(found.final_weights(&RunDir::new(&dir)).is_file(), "{verb}");
         found.print(std::slice::from_ref(&dir)).unwrap();
