@@ -581,14 +581,20 @@ pub fn run(cli: Cli) -> Result<()> {
             commands::tokenize(&files, &out, &encoding, val_fraction, threads, quiet)
         }
         Cmd::Rl { resume: Some(run), overrides, device, quiet, .. } => {
-            commands::rl_resume(&run, &with_device(overrides, device), quiet)
+            commands::kind_resume(&crate::kinds::RL, &run, &with_device(overrides, device), quiet)
         }
         Cmd::Rl { inputs, eval: true, episodes, device, .. } => {
             commands::rl_eval(&inputs, episodes as usize, device.as_deref())
         }
-        Cmd::Rl { inputs, out, overrides, device, overwrite, plot, quiet, resume: None, .. } => {
-            commands::rl_run(&inputs, out.as_deref(), &with_device(overrides, device), overwrite, plot, quiet)
-        }
+        Cmd::Rl { inputs, out, overrides, device, overwrite, plot, quiet, resume: None, .. } => commands::kind_run(
+            &crate::kinds::RL,
+            &inputs,
+            out.as_deref(),
+            &with_device(overrides, device),
+            overwrite,
+            plot,
+            quiet,
+        ),
         Cmd::List => {
             crate::report::print_registries();
             Ok(())

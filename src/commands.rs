@@ -5,6 +5,7 @@
 
 use crate::analysis::{self, AnalyzeOptions};
 use crate::experiment::Experiment;
+use crate::kinds::{Launch, RunKind};
 use crate::run_dir::{atomic_write, RunDir};
 use crate::sets;
 pub use crate::study::sweep::SweepRequest;
@@ -44,18 +45,25 @@ pub fn config_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
 
 /// One run directory per experiment; names must be unique within a set.
 pub fn run_dirs(exps: &[Experiment], out: Option<&Path>) -> Result<Vec<PathBuf>> {
+    let names: Vec<&str> = exps.iter().map(|e| e.config().name.as_str()).collect();
+    dirs_of(&names, out)
+}
+
+/// The run directory of each run name (of any kind): `out` itself for one run, `out/<name>` for
+/// several, `runs/<name>` without `out`; names must be unique within one command.
+fn dirs_of(names: &[&str], out: Option<&Path>) -> Result<Vec<PathBuf>> {
     let mut seen = std::collections::HashSet::new();
-    for e in exps {
-        if !seen.insert(e.config().name.clone()) {
-            bail!("two configs share the name `{}`; run names must be unique within one command", e.config().name);
+    for n in names {
+        if !seen.insert(*n) {
+            bail!("two configs share the name `{n}`; run names must be unique within one command");
         }
     }
-    Ok(exps
+    Ok(names
         .iter()
-        .map(|e| match (out, exps.len()) {
+        .map(|n| match (out, names.len()) {
             (Some(o), 1) => o.to_path_buf(),
-            (Some(o), _) => o.join(&e.config().name),
-            (None, _) => Path::new("runs").join(&e.config().name),
+            (Some(o), _) => o.join(n),
+            (None, _) => Path::new("runs").join(n),
         })
         .collect())
 }
@@ -85,12 +93,15 @@ pub fn train_all(
     Ok(out)
 }
 
-/// `PLEXUS_CRASH_AFTER=N`: stop with an error after N updates, as a crash would (for testing that
-/// resumed runs, distributed ones included, match uninterrupted ones).
+/// `PLEXUS_CRASH_AFTER=N`: stop with an error once N units of the run's length are done (updates
+/// of `plexus train`, environment steps of `plexus rl`), after the checkpoint due then, as a crash
+/// would (for testing that resumed runs, distributed ones included, match uninterrupted ones).
 pub fn crash_after() -> Result<Option<u64>> {
     match std::env::var("PLEXUS_CRASH_AFTER") {
         Ok(v) => Ok(Some(v.trim().parse().map_err(|_| {
-            anyhow::anyhow!("environment variable PLEXUS_CRASH_AFTER={v:?}: expected a number of updates")
+            anyhow::anyhow!(
+                "environment variable PLEXUS_CRASH_AFTER={v:?}: expected a number of updates or environment steps"
+            )
         })?)),
         Err(_) => Ok(None),
     }
@@ -123,7 +134,7 @@ pub fn run_set(set: &sets::ConfigSet, exps: &[Experiment], out: &Path) -> Result
     let replace: Vec<bool> = dirs.iter().map(|d| d.join("config.yaml").is_file()).collect();
     let opts = TrainOptions { progress: std::io::stderr().is_terminal(), ..Default::default() };
     let summaries = train_all(exps, &dirs, &opts, &replace)?;
-    crate::report::print_table(&summaries);
+    crate::kinds::print_table(&summaries);
     atomic_write(&out.join("results.csv"), crate::report::results_csv(&summaries)?.as_bytes())?;
     Ok(dirs)
 }
@@ -201,10 +212,12 @@ pub fn connectivity(path: &Path, step: Option<u64>, overrides: &[String]) -> Res
     Ok(())
 }
 
-/// `plexus rl CONFIG_OR_DIR... [--out DIR] [--set k=v ...] [--overwrite] [--quiet]` trains each
-/// config (a directory stands for its `*.yaml` files) and draws the success figure;
-/// `plexus rl --plot RUN_DIR... [--out DIR]` only draws it for finished runs.
-pub fn rl_run(
+/// `plexus <verb> CONFIG_OR_DIR... [--out DIR] [--set k=v ...] [--overwrite] [--quiet]` for a kind
+/// of run the registry launches (`plexus rl`): trains each config (a directory stands for its
+/// `*.yaml` files) and draws the kind's own figure; with `plot_only`, only draws it for finished
+/// runs.
+pub fn kind_run(
+    kind: &dyn RunKind,
     inputs: &[PathBuf],
     out: Option<&Path>,
     overrides: &[String],
@@ -212,54 +225,37 @@ pub fn rl_run(
     plot_only: bool,
     quiet: bool,
 ) -> Result<()> {
+    let verb = kind.verb();
     if plot_only {
-        let inputs = runs_among(inputs, "rl --plot")?;
+        let inputs = runs_among(inputs, &format!("{verb} --plot"))?;
         let dir = out.map(Path::to_path_buf).unwrap_or_else(|| default_figure_dir(&inputs));
         crate::run_dir::check_output_dir(&dir, "the figure folder")?;
-        for p in crate::plot::rl::success(&inputs, &dir)? {
+        for p in crate::plot::curves::kind_figure(kind, &inputs, &dir)? {
             println!("{}", p.display());
         }
         return Ok(());
     }
     // Every config is checked, and every run directory, before the first run starts.
-    let mut exps = Vec::new();
-    for f in config_files(inputs)? {
-        exps.push(crate::rl::config::RlExperiment::from_file(&f, overrides)?);
-    }
-    let mut names = std::collections::HashSet::new();
-    for e in &exps {
-        if !names.insert(e.config.name.clone()) {
-            bail!("two configs share the name `{}`; run names must be unique within one command", e.config.name);
-        }
-    }
-    let dirs: Vec<PathBuf> = exps
-        .iter()
-        .map(|e| match (out, exps.len()) {
-            (Some(o), 1) => o.to_path_buf(),
-            (Some(o), _) => o.join(&e.config.name),
-            (None, _) => Path::new("runs").join(&e.config.name),
-        })
-        .collect();
+    let files = config_files(inputs)?;
+    let loaded: Vec<crate::kinds::Loaded> = files.iter().map(|f| kind.load(f, overrides)).collect::<Result<_>>()?;
+    let names: Vec<&str> = loaded.iter().map(|l| l.name.as_str()).collect();
+    let dirs = dirs_of(&names, out)?;
     for d in &dirs {
         crate::run_dir::check_new(d, overwrite)?;
     }
-    let mut summaries = Vec::new();
-    for (e, d) in exps.iter().zip(&dirs) {
-        eprintln!("rl {} → {}", e.config.name, d.display());
-        summaries.push(crate::rl::trainer::train(
-            e,
-            d,
-            &crate::rl::trainer::RlOptions { overwrite, verbose: !quiet, ..Default::default() },
-        )?);
-        crate::plot::rl::success(std::slice::from_ref(d), &d.join("figures"))?;
+    let launch = Launch { overwrite, quiet, crash_after: crash_after()?, ..Default::default() };
+    for ((f, l), d) in files.iter().zip(&loaded).zip(&dirs) {
+        eprintln!("{verb} {} → {}", l.name, d.display());
+        kind.train(f, overrides, d, &launch)?;
+        crate::plot::curves::kind_figure(kind, std::slice::from_ref(d), &d.join("figures"))?;
     }
-    crate::report::print_rl(&summaries);
+    kind.print(&dirs)?;
     if dirs.len() > 1 {
-        for p in crate::plot::rl::success(&dirs, &default_figure_dir(&dirs))? {
+        for p in crate::plot::curves::kind_figure(kind, &dirs, &default_figure_dir(&dirs))? {
             println!("figure: {}", p.display());
         }
-    } else {
-        println!("figure: {}", dirs[0].join("figures/success.png").display());
+    } else if let Some(f) = kind.figure() {
+        println!("figure: {}", dirs[0].join("figures").join(format!("{}.png", f.file)).display());
     }
     Ok(())
 }
@@ -284,23 +280,25 @@ pub fn rl_eval(runs: &[PathBuf], episodes: usize, device: Option<&str>) -> Resul
     Ok(())
 }
 
-/// `plexus rl --resume RUN_DIR [--set train.env_steps=N]`: continues a run from its latest
-/// checkpoint with the config it was trained with (plus the overrides the trainer accepts).
-pub fn rl_resume(run: &Path, overrides: &[String], quiet: bool) -> Result<()> {
+/// `plexus <verb> --resume RUN_DIR [--set <length key>=N]` for a kind the registry launches
+/// (`plexus rl`): continues a run from its latest checkpoint with the config it was trained with
+/// (plus the overrides the trainer accepts).
+pub fn kind_resume(kind: &dyn RunKind, run: &Path, overrides: &[String], quiet: bool) -> Result<()> {
+    let verb = kind.verb();
     let file = run.join("config.yaml");
     if !file.is_file() {
-        bail!("--resume: {} is not a `plexus rl` run directory (no config.yaml)", run.display());
+        bail!("--resume: {} is not a `plexus {verb}` run directory (no config.yaml)", run.display());
     }
-    let exp = crate::rl::config::RlExperiment::from_file(&file, overrides)?;
-    eprintln!("rl {} → {} (resuming)", exp.config.name, run.display());
-    let s = crate::rl::trainer::train(
-        &exp,
-        run,
-        &crate::rl::trainer::RlOptions { resume: true, verbose: !quiet, ..Default::default() },
-    )?;
-    crate::plot::rl::success(&[run.to_path_buf()], &run.join("figures"))?;
-    crate::report::print_rl(std::slice::from_ref(&s));
-    println!("figure: {}", run.join("figures/success.png").display());
+    let loaded = kind.load(&file, overrides)?;
+    eprintln!("{verb} {} → {} (resuming)", loaded.name, run.display());
+    let launch = Launch { resume: true, quiet, crash_after: crash_after()?, ..Default::default() };
+    kind.train(&file, overrides, run, &launch)?;
+    let runs = [run.to_path_buf()];
+    crate::plot::curves::kind_figure(kind, &runs, &run.join("figures"))?;
+    kind.print(&runs)?;
+    if let Some(f) = kind.figure() {
+        println!("figure: {}", run.join("figures").join(format!("{}.png", f.file)).display());
+    }
     Ok(())
 }
 
@@ -366,9 +364,9 @@ pub fn train_resume(
         dist,
         ..Default::default()
     };
-    let s = train::train(&exp, &dir, &opts)?;
+    train::train(&exp, &dir, &opts)?;
     if main {
-        crate::report::print_table(&[s]);
+        crate::kinds::TRAIN.print(&[run.to_path_buf()])?;
     }
     Ok(())
 }
@@ -397,9 +395,9 @@ pub fn train_new(
         dist,
         ..Default::default()
     };
-    let summaries = train_all(&exps, &dirs, &opts, &vec![overwrite; dirs.len()])?;
+    train_all(&exps, &dirs, &opts, &vec![overwrite; dirs.len()])?;
     if main {
-        crate::report::print_table(&summaries);
+        crate::kinds::TRAIN.print(&dirs)?;
     }
     Ok(())
 }

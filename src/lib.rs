@@ -19,6 +19,7 @@ pub mod experiment;
 pub mod fd;
 pub mod host;
 pub mod input_file;
+pub mod kinds;
 pub mod malloc;
 pub mod model;
 pub mod native;

@@ -112,95 +112,11 @@ pub fn results_csv(summaries: &[Summary]) -> Result<String> {
     Ok(String::from_utf8(w.into_inner()?)?)
 }
 
-/// Prints the runs' summaries as a table on stdout, with the evaluation columns when any run has
-/// them.
-pub fn print_table(summaries: &[Summary]) {
-    let with_eval = summaries.iter().any(|s| s.eval.is_some());
-    if with_eval {
-        println!(
-            "\n{:<28} {:<10} {:<16} {:>7} {:>11} {:>10} {:>14} {:>6} {:>9}",
-            "run", "topology", "layout", "steps", "train loss", "eval loss", "eval metric", "Γ", "time"
-        );
-    } else {
-        println!(
-            "\n{:<28} {:<10} {:<16} {:>7} {:>12} {:>12} {:>11} {:>9}",
-            "run", "topology", "layout", "steps", "final loss", "min loss", "to 1e-3·L0", "time"
-        );
-    }
-    for s in summaries {
-        if with_eval {
-            let (loss, metric) = match &s.eval {
-                Some(e) => (
-                    format!("{:.4}", e.loss),
-                    match (e.perplexity, e.accuracy) {
-                        (Some(p), _) => format!("ppl {p:.2}"),
-                        (None, Some(a)) => format!("acc {:.2}%", 100.0 * a),
-                        _ => "-".into(),
-                    },
-                ),
-                None => ("-".into(), "-".into()),
-            };
-            let gamma = s.gamma.map(|g| format!("{g:.3}")).unwrap_or_else(|| "-".into());
-            println!(
-                "{:<28} {:<10} {:<16} {:>7} {:>11.4} {:>10} {:>14} {:>6} {:>8.1}s",
-                s.name, s.topology, s.topology_label, s.steps, s.final_loss, loss, metric, gamma, s.wall_seconds
-            );
-        } else {
-            let reach = s.steps_to_1e3.map(|v| v.to_string()).unwrap_or_else(|| "never".into());
-            println!(
-                "{:<28} {:<10} {:<16} {:>7} {:>12.3e} {:>12.3e} {:>11} {:>8.2}s",
-                s.name, s.topology, s.topology_label, s.steps, s.final_loss, s.min_loss, reach, s.wall_seconds
-            );
-        }
-    }
-}
-
 /// `(step, loss)` of every `metrics.csv` row of a run.
 pub fn read_losses(run: &Path) -> Result<Vec<(f64, f64)>> {
     let dir = RunDir::new(run);
     anyhow::ensure!(dir.metrics_file().is_file(), "{}: no metrics.csv", run.display());
     Ok(dir.metrics()?.iter().map(|m| (m.step as f64, m.loss)).collect())
-}
-
-/// The `plexus rl` table: one row per run; success on all evaluation tasks, then on those whose
-/// straight line from start to goal crosses a wall (`blocked`: their share), where a policy must
-/// have learned the maze to succeed.
-pub fn print_rl(rows: &[crate::rl::trainer::RlSummary]) {
-    println!(
-        "{:<24} {:<12} {:>5} {:>6} {:>10} {:>9} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9} {:>9}",
-        "run",
-        "topology",
-        "depth",
-        "units",
-        "env steps",
-        "success",
-        "at goal",
-        "random",
-        "straight",
-        "blocked",
-        "trained|b",
-        "straight|b",
-        "time"
-    );
-    for s in rows {
-        println!(
-            "{:<24} {:<12} {:>5} {:>6} {:>10} {:>9.3} {:>9.3} {:>8.3} {:>9.3} {:>7.0}% {:>9.3} {:>10.3} {:>8.1}s",
-            s.name,
-            s.topology,
-            s.depth,
-            s.units,
-            s.env_steps,
-            s.success,
-            s.time_at_goal,
-            s.random_success,
-            s.straight_success,
-            100.0 * s.blocked_share,
-            s.success_blocked,
-            s.straight_success_blocked,
-            s.seconds
-        );
-    }
-    println!("(|b: on the evaluation tasks whose straight line to the goal crosses a wall, `blocked` of them)");
 }
 
 /// One run of `plexus rl --eval`: the final policy and the two baselines on the same held-out

@@ -474,7 +474,8 @@ impl std::fmt::Display for EvalResult {
     }
 }
 
-const METRICS_COLUMNS: [&str; 6] = ["step", "epoch", "loss", "lr", "grad_norm", "gamma"];
+/// The columns of a `plexus train` run's `metrics.csv` ([`MetricsRow`]).
+pub const METRICS_COLUMNS: [&str; 6] = ["step", "epoch", "loss", "lr", "grad_norm", "gamma"];
 const EVAL_COLUMNS: [&str; 4] = ["step", "loss", "accuracy", "perplexity"];
 
 /// A matrix as saved in a run (C, a parameter view): `[rows, columns]` f64.

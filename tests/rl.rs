@@ -328,7 +328,9 @@ fn a_short_training_run_beats_the_random_policy() {
         assert!(dir.join(f).is_file(), "{f}");
     }
     // The figure is the command's (`plexus rl` draws it after training).
-    let figures = plexus::plot::rl::success(std::slice::from_ref(&dir), &dir.join("figures")).unwrap();
+    let figures =
+        plexus::plot::curves::kind_figure(&plexus::kinds::RL, std::slice::from_ref(&dir), &dir.join("figures"))
+            .unwrap();
     assert_eq!(
         figures,
         [dir.join("figures/success.png"), dir.join("figures/success.svg"), dir.join("figures/success.pdf")]
@@ -420,8 +422,9 @@ fn a_killed_run_resumes_to_the_uninterrupted_one() {
     assert!(e.contains("`network.width` is `16` in the run but `32` here") && e.contains("train.env_steps"), "{e}");
 }
 
-/// `plexus rl --resume RUN_DIR --set train.env_steps=N` extends a finished run from its last
-/// checkpoint through the command line; a change of any other key is refused, naming it.
+/// `plexus rl --resume RUN_DIR` finishes a run stopped by `PLEXUS_CRASH_AFTER`, and with `--set
+/// train.env_steps=N` extends a finished run from its last checkpoint through the command line; a
+/// change of any other key is refused, naming it.
 #[test]
 fn plexus_rl_resume_extends_a_run_from_the_command_line() {
     let tmp = tempfile::tempdir().unwrap();
@@ -436,7 +439,17 @@ fn plexus_rl_resume_extends_a_run_from_the_command_line() {
     .unwrap();
     let run = tmp.path().join("run");
     let (r, c) = (run.to_str().unwrap(), cfg.to_str().unwrap());
-    let o = common::plexus(&["rl", c, "--out", r, "--quiet"], tmp.path());
+    // PLEXUS_CRASH_AFTER stops `plexus rl` as it stops `plexus train`, after the checkpoint due then.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_plexus"))
+        .args(["rl", c, "--out", r, "--quiet", "--set", "log.checkpoint_every=160"])
+        .env("PLEXUS_CRASH_AFTER", "160")
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    let (_, err) = common::text(&o);
+    assert!(!o.status.success() && err.contains("simulated crash after 160 environment steps"), "{err}");
+    assert!(run.join("checkpoints/step_160.json").is_file() && !run.join("summary.json").exists());
+    let o = common::plexus(&["rl", "--resume", r, "--quiet"], tmp.path());
     assert!(o.status.success(), "{:?}", common::text(&o));
     let o = common::plexus(&["rl", "--resume", r, "--set", "network.width=32"], tmp.path());
     assert!(!o.status.success());

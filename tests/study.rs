@@ -669,14 +669,30 @@ fn an_rl_study_swept_twice_resumed_and_requeued_keeps_its_finished_runs() {
          log: {eval_every: 160, eval_envs: 8}\n",
     )
     .unwrap();
+    swept_twice_resumed_and_requeued(tmp.path(), &[cfg.to_str().unwrap()]);
+}
+
+/// The same for a `plexus train` study (the deep linear network, 300 steps).
+#[test]
+fn a_train_study_swept_twice_resumed_and_requeued_keeps_its_finished_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    swept_twice_resumed_and_requeued(tmp.path(), &[&lnn_none(), "--set", "train.steps=300"]);
+}
+
+/// Sweeps `config` (and extra arguments) over seeds 0 and 1 into `study/` under `cwd`, then sweeps
+/// it again, resumes it and requeues one run: each time every finished run is counted as
+/// finished before (none damaged, none trained again) and no file of a run changes.
+fn swept_twice_resumed_and_requeued(cwd: &Path, config: &[&str]) {
     let sweep = |extra: &[&str]| {
-        let mut args = vec!["sweep", cfg.to_str().unwrap(), "--seeds", "0,1", "--quiet", "--out", "rl-study"];
+        let mut args = vec!["sweep"];
+        args.extend_from_slice(config);
+        args.extend_from_slice(&["--seeds", "0,1", "--quiet", "--out", "study"]);
         args.extend_from_slice(extra);
-        plexus(&args, tmp.path())
+        plexus(&args, cwd)
     };
     let o = sweep(&[]);
     assert!(o.status.success(), "{:?}", text(&o));
-    let out = tmp.path().join("rl-study");
+    let out = cwd.join("study");
     let runs = run_dirs(&out);
     assert_eq!(runs.len(), 2, "{runs:?}");
     for r in &runs {
@@ -698,7 +714,7 @@ fn an_rl_study_swept_twice_resumed_and_requeued_keeps_its_finished_runs() {
         } else {
             let mut a = vec!["sweep"];
             a.extend(args.iter().map(String::as_str));
-            plexus(&a, tmp.path())
+            plexus(&a, cwd)
         };
         let (_, err) = text(&o);
         assert!(o.status.success(), "{what}: {err}");

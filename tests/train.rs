@@ -310,3 +310,38 @@ fn the_graph_safe_step_equals_a_plain_eager_loop_bit_for_bit() {
         }
     }
 }
+
+/// Both kinds of run go through the registry alike: a config is told apart by its sections, trains
+/// until the one crash hook stops it (`PLEXUS_CRASH_AFTER`'s semantics: after the checkpoint due
+/// then), resumes to the end, and the finished run is found again by its directory, with its final
+/// weights where its kind keeps them and a table that prints.
+#[test]
+fn every_kind_of_run_crashes_resumes_and_finishes_through_the_registry() {
+    use plexus::kinds::{self, Launch};
+    let tmp = tempfile::tempdir().unwrap();
+    let rl = "name: t\nseed: 1\ndevice: cpu\nenv: {layout: u, num_envs: 8, episode_length: 20}\n\
+              network: {width: 16, depth: 4, block_size: 4, repr_dim: 8, topology: {kind: residual}}\n\
+              train: {env_steps: 480, batch_size: 32, updates_per_rollout: 2, replay_episodes: 64}\n\
+              log: {eval_every: 160, eval_envs: 8, checkpoint_every: 160}\n";
+    // (config, the kind's verb, the crash point, the checkpoint it leaves)
+    let cases = [(MIXER_RUN, "train", 5, 5), (rl, "rl", 320, 320)];
+    for (yaml, verb, crash, kept) in cases {
+        let cfg = tmp.path().join(format!("{verb}.yaml"));
+        std::fs::write(&cfg, yaml).unwrap();
+        let kind = kinds::of_config(yaml);
+        assert_eq!(kind.verb(), verb);
+        let dir = tmp.path().join(verb);
+        let crashed = Launch { quiet: true, crash_after: Some(crash), ..Default::default() };
+        let e = kind.train(&cfg, &[], &dir, &crashed).unwrap_err().to_string();
+        assert!(e.contains("simulated crash"), "{verb}: {e}");
+        let latest = checkpoint::latest(&RunDir::new(&dir)).unwrap().unwrap();
+        assert_eq!(latest.step, kept, "{verb}");
+        let resume = Launch { resume: true, quiet: true, ..Default::default() };
+        kind.train(&dir.join("config.yaml"), &[], &dir, &resume).unwrap();
+        let found = kinds::of_config(&std::fs::read_to_string(dir.join("config.yaml")).unwrap());
+        assert_eq!(found.verb(), verb);
+        assert!(found.final_weights(&RunDir::new(&dir)).is_file(), "{verb}");
+        found.print(std::slice::from_ref(&dir)).unwrap();
+        assert_eq!(kinds::by_verb(verb).unwrap().resume_policy().length, found.resume_policy().length);
+    }
+}

@@ -3,8 +3,8 @@
 //! Sans font embedded in the binary (the `dejavu` crate), so figures render on machines without
 //! system fonts.
 
+pub mod curves;
 pub mod figures;
-pub mod rl;
 pub mod study;
 
 use anyhow::{anyhow, Result};

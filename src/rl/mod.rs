@@ -1,13 +1,13 @@
 //! Goal-conditioned reinforcement learning with deep residual encoders: contrastive RL
 //! (Eysenbach et al. 2022) on a vectorised point-mass maze, with the encoders' depth wired by any
 //! registered topology (ANCRe §5.3, after Wang et al. 2025, "1000-layer networks for
-//! self-supervised RL"). `plexus rl CONFIG` runs it (`commands::rl_run`).
+//! self-supervised RL"). `plexus rl CONFIG` runs it (`commands::kind_run`, through the registry of run kinds).
 //!
 //! * [`env`](mod@env): the maze, `N` environments stepped in one call on the host.
 //! * [`replay`]: episode replay with discounted hindsight goals.
 //! * [`net`]: Linear → LayerNorm → Swish encoders wired by a topology (sublayer or 4-layer blocks).
 //! * [`crl`]: the InfoNCE critic, the tanh-Gaussian actor and the update.
-//! * [`trainer`]: the loop, evaluation, `metrics.csv`, checkpoints; the figure is plot/rl.rs's.
+//! * [`trainer`]: the loop, evaluation, `metrics.csv`, checkpoints; the figure is the registry's (kinds.rs), drawn by plot/curves.rs.
 //! * [`trained`]: a finished run opened again (its final weights), evaluated on held-out tasks.
 //! * [`config`]: the strict YAML schema.
 //!

@@ -16,7 +16,7 @@
 //! `summary.json`, `checkpoints/step_<env steps>.{safetensors,optim.safetensors,json}` (the
 //! `train` checkpoint format: all networks with PyTorch names, every optimizer's moments),
 //! `checkpoints/final.safetensors` (as `plexus train` writes it; runs of plexus before 2026-11-27
-//! have it in the run's root) and the success figure (drawn by the command, plot/rl.rs). A checkpoint also holds what the loop needs
+//! have it in the run's root) and the success figure (described in kinds.rs, drawn by plot/curves.rs). A checkpoint also holds what the loop needs
 //! to go on exactly: `step_N.replay.safetensors` (the replay buffer, and the update statistics
 //! accumulated since the last row) and `step_N.rl.json` (counters, every environment's state and
 //! random stream, the trainer's stream), both written before the marker `step_N.json`.
@@ -39,10 +39,11 @@ use super::crl::{normals, Agent, UPDATE_STATS};
 use super::env::{EnvSpec, VecEnv};
 use super::replay::Replay;
 use super::RlRng;
-use crate::run_dir::{atomic_write, atomic_write_with, RunDir};
-use crate::train::checkpoint::{self, TrainerState};
+use crate::run_dir::RunDir;
+use crate::train::checkpoint::{self, Checkpointer, ExtraFile, TrainerState};
 use crate::train::divergence::DivergenceGuard;
-use crate::train::lifecycle;
+use crate::train::run_log::LogRow;
+use crate::train::{engine, lifecycle};
 use anyhow::{Context, Result};
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -103,7 +104,7 @@ pub struct RlOptions {
     /// Continue the run in the directory from its latest checkpoint.
     pub resume: bool,
     /// Testing: fail as a crash would once this many environment steps are done (after the
-    /// checkpoint due then, if any).
+    /// checkpoint due then, if any: [`engine::CrashAfter`], as `plexus train`'s).
     pub crash_after: Option<u64>,
 }
 
@@ -124,16 +125,14 @@ struct LoopState {
     replay_next: usize,
 }
 
-fn loop_state_file(run: &RunDir, step: u64) -> std::path::PathBuf {
-    run.checkpoints_dir().join(format!("step_{step}.rl.json"))
+/// The checkpoint's loop state at `step` (a file in `checkpoints/`).
+fn loop_state_name(step: u64) -> String {
+    format!("step_{step}.rl.json")
 }
 
-fn replay_file(run: &RunDir, step: u64) -> std::path::PathBuf {
-    run.checkpoints_dir().join(format!("step_{step}.replay.safetensors"))
-}
-
-fn file_name(p: &Path) -> String {
-    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+/// The checkpoint's replay buffer at `step` (a file in `checkpoints/`).
+fn replay_name(step: u64) -> String {
+    format!("step_{step}.replay.safetensors")
 }
 
 /// The replay buffer of `exp`, or an error naming `train.replay_episodes` when it would not fit in
@@ -291,40 +290,203 @@ const COLUMNS: [&str; 11] = [
     "seconds",
 ];
 
-/// Trains `exp` into the run directory `dir`.
+/// A row of an RL run's `metrics.csv`: an evaluation, with the means of the update statistics
+/// since the row before.
+struct RlRow {
+    env_steps: u64,
+    updates: u64,
+    success: f64,
+    time_at_goal: f64,
+    /// The means of [`UPDATE_STATS`], `[5]` (NaN, written empty, before the first update).
+    means: Vec<f64>,
+    train_success: f64,
+    /// Seconds since the process started (written to the millisecond).
+    seconds: f64,
+}
+
+impl LogRow for RlRow {
+    const COLUMNS: &'static [&'static str] = &COLUMNS;
+
+    fn step(&self) -> u64 {
+        self.env_steps
+    }
+
+    fn scalars(&self) -> Vec<(String, f64)> {
+        let mut values = vec![
+            ("eval/success".to_string(), self.success),
+            ("eval/time_at_goal".to_string(), self.time_at_goal),
+            ("train/success".to_string(), self.train_success),
+        ];
+        let stats = UPDATE_STATS.iter().zip(&self.means).filter(|(_, v)| v.is_finite());
+        values.extend(stats.map(|(k, v)| (format!("train/{k}"), *v)));
+        values
+    }
+
+    fn write(dir: &RunDir, rows: &[Self]) -> Result<()> {
+        let cells: Vec<Vec<String>> = rows
+            .iter()
+            .map(|r| {
+                let mut row = vec![r.env_steps.to_string(), r.updates.to_string()];
+                row.extend([r.success.to_string(), r.time_at_goal.to_string()]);
+                row.extend(r.means.iter().map(|v| if v.is_nan() { String::new() } else { v.to_string() }));
+                row.extend([r.train_success.to_string(), format!("{:.3}", r.seconds)]);
+                row
+            })
+            .collect();
+        dir.write_table("metrics.csv", Self::COLUMNS, &cells)
+    }
+
+    /// The rows up to and including `step` (the checkpoint's environment steps).
+    fn read(dir: &RunDir, step: u64) -> Result<Vec<Self>> {
+        let metrics = dir.file("metrics.csv");
+        if !metrics.is_file() {
+            return Ok(Vec::new());
+        }
+        let mut rows = Vec::new();
+        for (i, record) in
+            csv::Reader::from_reader(crate::input_file::open_regular(&metrics)?).into_records().enumerate()
+        {
+            let record = record.with_context(|| format!("reading {}", metrics.display()))?;
+            let cell = |c: usize| record.get(c).unwrap_or_default();
+            let bad = || format!("{} line {}: not a row of {}", metrics.display(), i + 2, COLUMNS.join(", "));
+            let number = |c: usize| -> Result<f64> {
+                match cell(c) {
+                    "" => Ok(f64::NAN),
+                    v => v.parse().with_context(bad),
+                }
+            };
+            let row = RlRow {
+                env_steps: cell(0).parse().with_context(bad)?,
+                updates: cell(1).parse().with_context(bad)?,
+                success: number(2)?,
+                time_at_goal: number(3)?,
+                means: (4..4 + UPDATE_STATS.len()).map(number).collect::<Result<_>>()?,
+                train_success: number(9)?,
+                seconds: number(10)?,
+            };
+            if row.env_steps <= step {
+                rows.push(row);
+            }
+        }
+        Ok(rows)
+    }
+}
+
+/// Trains `exp` into the run directory `dir` on the run engine ([`engine::run`] drives
+/// [`Rollouts`]: one rollout and its updates per iteration, an evaluation row when due, a
+/// checkpoint with the replay buffer and the loop state when due).
 pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSummary> {
     let cfg = &exp.config;
     // Before anything is created: a replay buffer that cannot fit is a config error.
-    let mut replay = new_replay(exp)?;
+    let replay = new_replay(exp)?;
     let request = crate::device::parse_device(&cfg.device).map_err(anyhow::Error::msg)?;
     let device = crate::device::resolve(request)?;
-    let mut agent = crate::device::with_seed(cfg.seed, || Agent::new(cfg, exp.topology.as_ref(), device));
-
+    let agent = crate::device::with_seed(cfg.seed, || Agent::new(cfg, exp.topology.as_ref(), device));
     let run = RunDir::new(dir);
     let config_yaml = cfg.to_yaml();
-    let mut opened = lifecycle::open(&run, &config_yaml, opts.resume, opts.overwrite, &RESUME_POLICY, true)?;
-    let spec = cfg.env.spec();
-    let (n, t_len) = (cfg.env.num_envs, cfg.env.episode_length);
-    let seeds = eval_seeds(cfg.seed, cfg.log.eval_envs);
-    let random_eval = random_policy(&spec, &seeds, cfg.seed);
-    let straight_eval = straight_line_policy(&spec, &seeds);
-    let (random_success, random_time) = random_eval.rates();
-    let (straight_success, straight_time) = straight_eval.rates();
-    let mut env = VecEnv::new(spec.clone(), &VecEnv::seeds(cfg.seed, n));
-    let mut rng = RlRng::seed_from_u64(cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1));
-    let t = &cfg.train;
-    let start = Instant::now();
-    let (mut env_steps, mut updates) = (0u64, 0u64);
-    let (mut next_eval, mut next_ckpt) = (0u64, cfg.log.checkpoint_every.max(1));
-    let mut stats: Option<tch::Tensor> = None;
-    let mut stat_updates = 0u64;
-    let mut rows: Vec<Vec<String>> = Vec::new();
-    let mut last = (0.0, 0.0);
-    // The last evaluation's episodes, for the blocked/clear split of the summary.
-    let mut last_episodes = None;
-    if let Some(state) = opened.checkpoint.clone() {
-        let optim = checkpoint::load(&run, &state, &mut agent.vs)?;
-        let loop_file = loop_state_file(&run, state.step);
+    let mut l = Rollouts::new(exp, &run, agent, replay, device);
+    let policy = (opts.resume, opts.overwrite, true);
+    let _open = engine::open(&run, &config_yaml, policy, &RESUME_POLICY, |state, _| l.resume(state))?;
+    // A resumed run logs again from its first evaluation after the checkpoint: TensorBoard drops
+    // what the killed process logged from there on.
+    if cfg.log.tensorboard {
+        let steps = l.env_steps;
+        let mut b = crate::tensorboard::EventWriter::create(&run.path, if steps > 0 { steps + 1 } else { 0 })?;
+        b.text(steps, "config", &format!("```yaml\n{config_yaml}```"))?;
+        l.board = Some(b);
+    }
+    if opts.verbose {
+        l.say_start(opts.resume);
+    }
+    l.verbose = opts.verbose;
+    engine::run(&mut l, engine::CrashAfter(opts.crash_after), &cfg.name)?;
+    let summary = l.summary();
+    lifecycle::finish(&run, &summary)?;
+    Ok(summary)
+}
+
+/// `plexus rl`'s loop state as the run engine drives it: one iteration is one rollout (an episode
+/// of every environment) and its updates, with an evaluation row when due.
+struct Rollouts<'a> {
+    exp: &'a RlExperiment,
+    run: &'a RunDir,
+    agent: Agent,
+    replay: Replay,
+    env: VecEnv,
+    rng: RlRng,
+    device: tch::Device,
+    spec: EnvSpec,
+    /// The evaluation tasks, and the two baselines on them.
+    seeds: Vec<u64>,
+    random_eval: Episodes,
+    straight_eval: Episodes,
+    env_steps: u64,
+    updates: u64,
+    next_eval: u64,
+    next_ckpt: u64,
+    /// The update statistics summed since the last row (`[UPDATE_STATS.len()]` on the device),
+    /// over `stat_updates` updates.
+    stats: Option<tch::Tensor>,
+    stat_updates: u64,
+    /// `metrics.csv`'s rows.
+    rows: Vec<RlRow>,
+    /// The last evaluation's `(success, time_at_goal)`, and its episodes (for the blocked/clear
+    /// split of the summary).
+    last: (f64, f64),
+    last_episodes: Option<Episodes>,
+    board: Option<crate::tensorboard::EventWriter>,
+    guard: DivergenceGuard,
+    checkpoints: Checkpointer,
+    start: Instant,
+    verbose: bool,
+}
+
+impl<'a> Rollouts<'a> {
+    /// A new run's state (the baselines measured on the evaluation tasks).
+    fn new(exp: &'a RlExperiment, run: &'a RunDir, agent: Agent, replay: Replay, device: tch::Device) -> Self {
+        let cfg = &exp.config;
+        let spec = cfg.env.spec();
+        let seeds = eval_seeds(cfg.seed, cfg.log.eval_envs);
+        Rollouts {
+            exp,
+            run,
+            agent,
+            replay,
+            env: VecEnv::new(spec.clone(), &VecEnv::seeds(cfg.seed, cfg.env.num_envs)),
+            rng: RlRng::seed_from_u64(cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1)),
+            device,
+            random_eval: random_policy(&spec, &seeds, cfg.seed),
+            straight_eval: straight_line_policy(&spec, &seeds),
+            spec,
+            seeds,
+            env_steps: 0,
+            updates: 0,
+            next_eval: 0,
+            next_ckpt: cfg.log.checkpoint_every.max(1),
+            stats: None,
+            stat_updates: 0,
+            rows: Vec::new(),
+            last: (0.0, 0.0),
+            last_episodes: None,
+            board: None,
+            guard: DivergenceGuard::new(&UPDATE_STATS, device),
+            checkpoints: Checkpointer {
+                every: cfg.log.checkpoint_every,
+                keep: cfg.log.keep_checkpoints,
+                accumulation: 1,
+            },
+            start: Instant::now(),
+            verbose: false,
+        }
+    }
+
+    /// Loads the checkpoint `state` (verified against its marker's checksums by
+    /// [`checkpoint::load`]): the networks, the optimizers, the replay buffer, every environment's
+    /// state and stream, the trainer's stream, the counters, and `metrics.csv` as it was then.
+    fn resume(&mut self, state: &TrainerState) -> Result<()> {
+        let run = self.run;
+        let optim = checkpoint::load(run, state, &mut self.agent.vs)?;
+        let loop_file = run.checkpoints_dir().join(loop_state_name(state.step));
         let text = std::fs::read_to_string(&loop_file).with_context(|| {
             format!(
                 "--resume: reading {} (checkpoints of older plexus versions hold no loop state)",
@@ -332,8 +494,8 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
             )
         })?;
         let ls: LoopState = serde_json::from_str(&text).with_context(|| format!("reading {}", loop_file.display()))?;
-        agent.load_optim_state(&optim, ls.updates)?;
-        let rf = replay_file(&run, state.step);
+        self.agent.load_optim_state(&optim, ls.updates)?;
+        let rf = run.checkpoints_dir().join(replay_name(state.step));
         let saved: std::collections::HashMap<String, tch::Tensor> = tch::Tensor::read_safetensors(&rf)
             .map_err(|e| anyhow::anyhow!("reading {}: {}", rf.display(), checkpoint::torch_message(&e)))?
             .into_iter()
@@ -343,212 +505,239 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
             // f32 → f64 → f32 is exact.
             Ok(crate::host::values(t).into_iter().map(|v| v as f32).collect())
         };
-        replay.restore(floats("states")?, floats("actions")?, ls.replay_stored, ls.replay_next)?;
-        stats = saved.get("stats").map(|s| s.to_device(device));
-        env.restore(ls.env)?;
-        (rng, env_steps, updates, next_eval, next_ckpt, stat_updates, last) =
+        self.replay.restore(floats("states")?, floats("actions")?, ls.replay_stored, ls.replay_next)?;
+        self.stats = saved.get("stats").map(|s| s.to_device(self.device));
+        self.env.restore(ls.env)?;
+        (self.rng, self.env_steps, self.updates, self.next_eval, self.next_ckpt, self.stat_updates, self.last) =
             (ls.rng, ls.env_steps, ls.updates, ls.next_eval, ls.next_ckpt, ls.stat_updates, ls.last);
         // metrics.csv as it was at the checkpoint.
-        let metrics = run.file("metrics.csv");
-        let records = match metrics.is_file() {
-            true => csv::Reader::from_reader(crate::input_file::open_regular(&metrics)?).into_records().collect(),
-            false => Vec::new(),
-        };
-        for row in records {
-            let row = row.with_context(|| format!("reading {}", metrics.display()))?;
-            if row.get(0).and_then(|v| v.parse::<u64>().ok()).is_some_and(|step| step <= env_steps) {
-                rows.push(row.iter().map(String::from).collect());
-            }
-        }
-        opened.resumed(&run)?;
+        self.rows = RlRow::read(run, self.env_steps)?;
+        Ok(())
     }
-    // A resumed run logs again from its first evaluation after the checkpoint: TensorBoard drops
-    // what the killed process logged from there on.
-    let mut board = match cfg.log.tensorboard {
-        true => {
-            let mut b =
-                crate::tensorboard::EventWriter::create(&run.path, if env_steps > 0 { env_steps + 1 } else { 0 })?;
-            b.text(env_steps, "config", &format!("```yaml\n{config_yaml}```"))?;
-            Some(b)
-        }
-        false => None,
-    };
-    if opts.verbose {
+
+    /// The line a verbose run starts with: the network, the device and both baselines.
+    fn say_start(&self, resumed: bool) {
+        let (cfg, (rs, rt), (ss, st)) = (&self.exp.config, self.random_eval.rates(), self.straight_eval.rates());
         eprintln!(
-            "{}: {} on {} ({} parameters); random policy: success {:.3}, time at goal {:.3}; straight at \
-             the goal: success {:.3}, time at goal {:.3}{}",
+            "{}: {} on {} ({} parameters); random policy: success {rs:.3}, time at goal {rt:.3}; straight at \
+             the goal: success {ss:.3}, time at goal {st:.3}{}",
             cfg.name,
-            exp.topology.kind(),
-            crate::device::describe(device),
-            agent.num_params(),
-            random_success,
-            random_time,
-            straight_success,
-            straight_time,
-            if opts.resume { format!("; resumed at {env_steps} environment steps") } else { String::new() }
+            self.exp.topology.kind(),
+            crate::device::describe(self.device),
+            self.agent.num_params(),
+            if resumed { format!("; resumed at {} environment steps", self.env_steps) } else { String::new() }
         );
     }
-    let mut guard = DivergenceGuard::new(&UPDATE_STATS, device);
-    while env_steps < t.env_steps {
-        // One rollout: an episode of every environment.
-        let random = env_steps < t.prefill_env_steps;
-        let goals = env.goals().to_vec();
-        let mut states = env.obs().to_vec();
+
+    /// One rollout (an episode of every environment) into the replay buffer; returns the share of
+    /// environments that reached their goal.
+    fn rollout(&mut self) -> f64 {
+        let t = &self.exp.config.train;
+        let (n, t_len) = (self.exp.config.env.num_envs, self.exp.config.env.episode_length);
+        let random = self.env_steps < t.prefill_env_steps;
+        let goals = self.env.goals().to_vec();
+        let mut states = self.env.obs().to_vec();
         let mut actions = Vec::with_capacity(2 * n * t_len);
         let mut reached = vec![false; n];
         for _ in 0..t_len {
             let a = if random {
-                (0..2 * n).map(|_| rng.gen_range(-1.0f32..=1.0)).collect()
+                (0..2 * n).map(|_| self.rng.gen_range(-1.0f32..=1.0)).collect()
             } else {
-                let eps = normals(&mut rng, 2 * n);
-                agent.act(env.obs(), &goals, Some(&eps))
+                let eps = normals(&mut self.rng, 2 * n);
+                self.agent.act(self.env.obs(), &goals, Some(&eps))
             };
-            let out = env.step(&a);
+            let out = self.env.step(&a);
             for (r, &w) in reached.iter_mut().zip(&out.reward) {
                 *r |= w > 0.0;
             }
             actions.extend_from_slice(&a);
             states.extend_from_slice(&out.obs);
         }
-        replay.add_rollout(&states, &actions, n);
-        env_steps += (n * t_len) as u64;
-        let train_success = reached.iter().filter(|&&r| r).count() as f64 / n as f64;
+        self.replay.add_rollout(&states, &actions, n);
+        self.env_steps += (n * t_len) as u64;
+        reached.iter().filter(|&&r| r).count() as f64 / n as f64
+    }
 
-        if env_steps >= t.prefill_env_steps {
-            let first_update = updates + 1;
-            let mut rollout_stats = Vec::with_capacity(t.updates_per_rollout);
-            for _ in 0..t.updates_per_rollout {
-                let batch = replay.sample(t.batch_size, cfg.crl.discount, &mut rng);
-                let eps = normals(&mut rng, 2 * t.batch_size);
-                let s = agent.update(&batch, &eps, t.lr);
-                updates += 1;
-                rollout_stats.push(s.shallow_clone());
-                stats = Some(match stats.take() {
-                    Some(acc) => acc + s,
-                    None => s,
-                });
-                stat_updates += 1;
-            }
-            // One record per rollout, of every update's statistics.
-            guard.at(first_update);
-            guard.record_rows(&tch::Tensor::stack(&rollout_stats, 0));
-            if let Some(what) = divergence(&guard, first_update..=updates, &agent) {
-                anyhow::bail!(
-                    "{}: {what} (in the rollout that ended at {env_steps} environment steps); metrics up to here are \
-                     in {}, and no checkpoint after the divergence was written (lower train.lr, or set \
-                     train.clip_grad_norm)",
-                    cfg.name,
-                    run.file("metrics.csv").display()
-                );
-            }
+    /// The rollout's updates (after the prefill), their statistics summed and recorded by the
+    /// divergence guard (one record per rollout); an error naming what went non-finite.
+    fn update(&mut self) -> Result<()> {
+        let (cfg, t) = (&self.exp.config, &self.exp.config.train);
+        if self.env_steps < t.prefill_env_steps {
+            return Ok(());
         }
+        let first_update = self.updates + 1;
+        let mut rollout_stats = Vec::with_capacity(t.updates_per_rollout);
+        for _ in 0..t.updates_per_rollout {
+            let batch = self.replay.sample(t.batch_size, cfg.crl.discount, &mut self.rng);
+            let eps = normals(&mut self.rng, 2 * t.batch_size);
+            let s = self.agent.update(&batch, &eps, t.lr);
+            self.updates += 1;
+            rollout_stats.push(s.shallow_clone());
+            self.stats = Some(match self.stats.take() {
+                Some(acc) => acc + s,
+                None => s,
+            });
+            self.stat_updates += 1;
+        }
+        self.guard.at(first_update);
+        self.guard.record_rows(&tch::Tensor::stack(&rollout_stats, 0));
+        if let Some(what) = divergence(&self.guard, first_update..=self.updates, &self.agent) {
+            anyhow::bail!(
+                "{}: {what} (in the rollout that ended at {} environment steps); metrics up to here are in {}, and \
+                 no checkpoint after the divergence was written (lower train.lr, or set train.clip_grad_norm)",
+                cfg.name,
+                self.env_steps,
+                self.run.file("metrics.csv").display()
+            );
+        }
+        Ok(())
+    }
 
-        let done = env_steps >= t.env_steps;
-        if env_steps >= next_eval || done {
-            next_eval = env_steps + cfg.log.eval_every;
-            let episodes = evaluate(&spec, &seeds, |s, g| agent.act(s, g, None));
-            let (success, time) = episodes.rates();
-            last = (success, time);
-            last_episodes = Some(episodes);
-            let means: Vec<f64> = match stats.take() {
-                Some(acc) => crate::host::values(&(acc / stat_updates as f64)),
-                None => vec![f64::NAN; UPDATE_STATS.len()],
-            };
-            stat_updates = 0;
-            let secs = start.elapsed().as_secs_f64();
-            let mut row = vec![env_steps.to_string(), updates.to_string(), success.to_string(), time.to_string()];
-            row.extend(means.iter().map(|v| if v.is_nan() { String::new() } else { v.to_string() }));
-            row.extend([train_success.to_string(), format!("{secs:.3}")]);
-            rows.push(row);
-            run.write_table("metrics.csv", &COLUMNS, &rows)?;
-            if let Some(b) = board.as_mut() {
-                let mut values =
-                    vec![("eval/success", success), ("eval/time_at_goal", time), ("train/success", train_success)];
-                values.extend(UPDATE_STATS.iter().zip(&means).filter(|(_, v)| v.is_finite()).map(|(k, v)| (*k, *v)));
-                let tagged: Vec<(String, f64)> = values
-                    .iter()
-                    .map(|(k, v)| (if k.contains('/') { k.to_string() } else { format!("train/{k}") }, *v))
-                    .collect();
-                let refs: Vec<(&str, f64)> = tagged.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-                b.scalars(env_steps, &refs)?;
-            }
-            if opts.verbose {
-                eprintln!(
-                    "  env steps {env_steps:>9}  updates {updates:>7}  success {success:.3}  time at goal {time:.3}  \
-                     critic {:.4}  accuracy {:.3}  ({secs:.1}s)",
-                    means[0], means[2]
-                );
-            }
+    /// The evaluation row: the deterministic policy on the evaluation tasks, with the update
+    /// statistics' means since the last row; to `metrics.csv`, TensorBoard and (verbose) stderr.
+    fn eval_row(&mut self, train_success: f64) -> Result<()> {
+        let cfg = &self.exp.config;
+        let env_steps = self.env_steps;
+        self.next_eval = env_steps + cfg.log.eval_every;
+        let agent = &self.agent;
+        let episodes = evaluate(&self.spec, &self.seeds, |s, g| agent.act(s, g, None));
+        let (success, time) = episodes.rates();
+        self.last = (success, time);
+        self.last_episodes = Some(episodes);
+        let means: Vec<f64> = match self.stats.take() {
+            Some(acc) => crate::host::values(&(acc / self.stat_updates as f64)),
+            None => vec![f64::NAN; UPDATE_STATS.len()],
+        };
+        self.stat_updates = 0;
+        let secs = self.start.elapsed().as_secs_f64();
+        let row = RlRow {
+            env_steps,
+            updates: self.updates,
+            success,
+            time_at_goal: time,
+            means,
+            train_success,
+            seconds: secs,
+        };
+        let (values, critic, accuracy) = (row.scalars(), row.means[0], row.means[2]);
+        self.rows.push(row);
+        RlRow::write(self.run, &self.rows)?;
+        if let Some(b) = self.board.as_mut() {
+            let refs: Vec<(&str, f64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            b.scalars(env_steps, &refs)?;
         }
-        if (cfg.log.checkpoint_every > 0 && env_steps >= next_ckpt) || done {
-            next_ckpt = env_steps + cfg.log.checkpoint_every.max(1);
-            // The loop's state first, then the checkpoint, whose marker commits all of it.
-            let (states, actions, stored, next) = replay.contents();
-            let mut tensors =
-                vec![("states", tch::Tensor::from_slice(states)), ("actions", tch::Tensor::from_slice(actions))];
-            if let Some(s) = &stats {
-                tensors.push(("stats", crate::host::to_cpu(s)));
-            }
-            let mut files_crc32 = std::collections::BTreeMap::new();
-            let replay_path = replay_file(&run, env_steps);
-            atomic_write_with(&replay_path, |p| {
-                let refs: Vec<(&str, &tch::Tensor)> = tensors.iter().map(|(k, t)| (*k, t)).collect();
-                tch::Tensor::write_safetensors(&refs, p)?;
-                files_crc32.insert(file_name(&replay_path), checkpoint::crc32_of(p)?);
-                Ok(())
-            })?;
-            let ls = LoopState {
-                env_steps,
-                updates,
-                next_eval,
-                next_ckpt,
-                stat_updates,
-                last,
-                rng: rng.clone(),
-                env: env.state(),
-                replay_stored: stored,
-                replay_next: next,
-            };
-            let loop_json = serde_json::to_string(&ls)?;
-            let loop_path = loop_state_file(&run, env_steps);
-            atomic_write(&loop_path, loop_json.as_bytes())?;
-            let mut crc = flate2::Crc::new();
-            crc.update(loop_json.as_bytes());
-            files_crc32.insert(file_name(&loop_path), crc.sum());
-            let state = TrainerState::at(env_steps, updates, files_crc32);
-            // Pruning the oldest also removes its loop state and replay buffer (files_crc32 lists them).
-            checkpoint::save(&run, &state, &agent.vs, &agent.optim_state(), cfg.log.keep_checkpoints)?;
+        if self.verbose {
+            eprintln!(
+                "  env steps {env_steps:>9}  updates {:>7}  success {success:.3}  time at goal {time:.3}  \
+                 critic {critic:.4}  accuracy {accuracy:.3}  ({secs:.1}s)",
+                self.updates
+            );
         }
-        if opts.crash_after.is_some_and(|c| env_steps >= c) && !done {
-            anyhow::bail!("{}: simulated crash after {env_steps} environment steps", cfg.name);
+        Ok(())
+    }
+
+    /// What `summary.json` records. The final evaluation's episodes are split by task; a resume
+    /// that had nothing left to train evaluates the (deterministic) final policy again, which
+    /// gives the same episodes.
+    fn summary(self) -> RlSummary {
+        let cfg = &self.exp.config;
+        let agent = &self.agent;
+        let trained =
+            self.last_episodes.unwrap_or_else(|| evaluate(&self.spec, &self.seeds, |s, g| agent.act(s, g, None)));
+        let ((random_success, random_time), (straight_success, straight_time)) =
+            (self.random_eval.rates(), self.straight_eval.rates());
+        RlSummary {
+            name: cfg.name.clone(),
+            topology: self.exp.topology.kind().to_string(),
+            topology_label: self.exp.topology.label(),
+            depth: cfg.network.depth,
+            units: agent.actor.units(),
+            params: agent.num_params(),
+            env_steps: self.env_steps,
+            updates: self.updates,
+            success: self.last.0,
+            time_at_goal: self.last.1,
+            random_success,
+            random_time_at_goal: random_time,
+            straight_success,
+            straight_time_at_goal: straight_time,
+            blocked_share: trained.blocked_share(),
+            success_blocked: trained.success_where(true),
+            straight_success_blocked: self.straight_eval.success_where(true),
+            random_success_blocked: self.random_eval.success_where(true),
+            seconds: self.start.elapsed().as_secs_f64(),
+            device: crate::device::describe(self.device),
         }
     }
-    checkpoint::save_weights(&run.final_checkpoint(), |p| Ok(agent.vs.save(p)?))?;
-    // The final evaluation's episodes, split by task; a resume that had nothing left to train
-    // evaluates the (deterministic) final policy again, which gives the same episodes.
-    let trained = last_episodes.unwrap_or_else(|| evaluate(&spec, &seeds, |s, g| agent.act(s, g, None)));
-    let summary = RlSummary {
-        name: cfg.name.clone(),
-        topology: exp.topology.kind().to_string(),
-        topology_label: exp.topology.label(),
-        depth: cfg.network.depth,
-        units: agent.actor.units(),
-        params: agent.num_params(),
-        env_steps,
-        updates,
-        success: last.0,
-        time_at_goal: last.1,
-        random_success,
-        random_time_at_goal: random_time,
-        straight_success,
-        straight_time_at_goal: straight_time,
-        blocked_share: trained.blocked_share(),
-        success_blocked: trained.success_where(true),
-        straight_success_blocked: straight_eval.success_where(true),
-        random_success_blocked: random_eval.success_where(true),
-        seconds: start.elapsed().as_secs_f64(),
-        device: crate::device::describe(device),
-    };
-    lifecycle::finish(&run, &summary)?;
-    Ok(summary)
+}
+
+impl engine::Trainer for Rollouts<'_> {
+    fn progress(&self) -> u64 {
+        self.env_steps
+    }
+
+    fn unit(&self) -> &'static str {
+        "environment steps"
+    }
+
+    fn done(&self) -> bool {
+        self.env_steps >= self.exp.config.train.env_steps
+    }
+
+    fn iterate(&mut self) -> Result<()> {
+        let train_success = self.rollout();
+        self.update()?;
+        if self.env_steps >= self.next_eval || self.done() {
+            self.eval_row(train_success)?;
+        }
+        Ok(())
+    }
+
+    fn checkpoint_due(&self) -> bool {
+        self.exp.config.log.checkpoint_every > 0 && self.env_steps >= self.next_ckpt
+    }
+
+    fn checkpoint(&mut self, _last: bool) -> Result<()> {
+        self.next_ckpt = self.env_steps + self.exp.config.log.checkpoint_every.max(1);
+        // The loop's state first, then the checkpoint, whose marker commits all of it (and whose
+        // pruning removes them with it).
+        let (states, actions, stored, next) = self.replay.contents();
+        let mut tensors =
+            vec![("states", tch::Tensor::from_slice(states)), ("actions", tch::Tensor::from_slice(actions))];
+        if let Some(s) = &self.stats {
+            tensors.push(("stats", crate::host::to_cpu(s)));
+        }
+        let ls = LoopState {
+            env_steps: self.env_steps,
+            updates: self.updates,
+            next_eval: self.next_eval,
+            next_ckpt: self.next_ckpt,
+            stat_updates: self.stat_updates,
+            last: self.last,
+            rng: self.rng.clone(),
+            env: self.env.state(),
+            replay_stored: stored,
+            replay_next: next,
+        };
+        let loop_json = serde_json::to_string(&ls)?;
+        let extra = vec![
+            ExtraFile {
+                name: replay_name(self.env_steps),
+                write: Box::new(move |p| {
+                    let refs: Vec<(&str, &tch::Tensor)> = tensors.iter().map(|(k, t)| (*k, t)).collect();
+                    Ok(tch::Tensor::write_safetensors(&refs, p)?)
+                }),
+            },
+            ExtraFile {
+                name: loop_state_name(self.env_steps),
+                write: Box::new(move |p| Ok(std::fs::write(p, loop_json.as_bytes())?)),
+            },
+        ];
+        let at = (self.env_steps, self.updates);
+        self.checkpoints.save_with(self.run, &self.agent.vs, &self.agent.optim_state(), at, extra)
+    }
+
+    fn final_weights(&mut self) -> Result<()> {
+        checkpoint::save_weights(&self.run.final_checkpoint(), |p| Ok(self.agent.vs.save(p)?))
+    }
 }

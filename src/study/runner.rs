@@ -5,7 +5,7 @@
 use super::spec::PlannedRun;
 use super::Manifest;
 use crate::run_dir::RunDir;
-use crate::train::lifecycle::{self, ResumePolicy};
+use crate::train::lifecycle;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
@@ -76,23 +76,13 @@ pub enum RunState {
 
 /// The config key of a run's length for `verb` (`train.steps`): a sweep may raise it to extend
 /// finished runs, as `train --resume` allows.
-pub fn length_key(verb: &str) -> &'static str {
-    policy(verb).length
-}
-
-fn policy(verb: &str) -> &'static ResumePolicy {
-    match verb {
-        "rl" => &crate::rl::trainer::RESUME_POLICY,
-        _ => &crate::train::RESUME_POLICY,
-    }
+pub fn length_key(verb: &str) -> Result<&'static str> {
+    Ok(crate::kinds::by_verb(verb)?.resume_policy().length)
 }
 
 /// The resolved config a planned run trains (checks the config and its overrides).
 pub fn resolved_yaml(run: &PlannedRun) -> Result<String> {
-    Ok(match run.verb.as_str() {
-        "rl" => crate::rl::config::RlExperiment::from_file(&run.config, &run.overrides)?.config.to_yaml(),
-        _ => crate::experiment::Experiment::from_file(&run.config, &run.overrides)?.config().to_yaml(),
-    })
+    Ok(crate::kinds::by_verb(&run.verb)?.load(&run.config, &run.overrides)?.yaml)
 }
 
 /// The state of `run` in `dir`; an error when the directory holds a run of another config.
@@ -101,7 +91,8 @@ pub fn state_of(dir: &Path, run: &PlannedRun, yaml: &str) -> Result<RunState> {
     if !rd.config_file().is_file() {
         return Ok(RunState::Fresh);
     }
-    let p = policy(&run.verb);
+    let kind = crate::kinds::by_verb(&run.verb)?;
+    let p = kind.resume_policy();
     let diff = lifecycle::config_diff(&rd, yaml, p).with_context(|| format!("sweep run {}", run.name))?;
     if let [(key, old, new)] = diff.refused.as_slice() {
         if key == p.length {
@@ -126,7 +117,7 @@ pub fn state_of(dir: &Path, run: &PlannedRun, yaml: &str) -> Result<RunState> {
     }
     let changed = diff.allowed;
     if rd.summary_file().is_file() && !changed.iter().any(|k| k == p.length) {
-        return Ok(match damage(&rd) {
+        return Ok(match damage(&rd, kind) {
             None => RunState::Done,
             Some(why) => RunState::Damaged(why),
         });
@@ -139,8 +130,8 @@ pub fn state_of(dir: &Path, run: &PlannedRun, yaml: &str) -> Result<RunState> {
 
 /// What is wrong with the files of a finished run, if anything: `summary.json` must parse as a
 /// JSON object, `metrics.csv` hold a header and whole rows of its width, ending in a newline, and
-/// the final weights match the checksum recorded when they were written.
-pub fn damage(rd: &RunDir) -> Option<String> {
+/// the final weights (where `kind` keeps them) match the checksum recorded when they were written.
+pub fn damage(rd: &RunDir, kind: &dyn crate::kinds::RunKind) -> Option<String> {
     use crate::input_file::{read_bounded, read_json, MAX_RECORD_BYTES};
     let summary = rd.summary_file();
     let check = || -> Result<()> {
@@ -161,7 +152,7 @@ pub fn damage(rd: &RunDir) -> Option<String> {
         if width < 2 || rows == 0 {
             bail!("{} holds no rows of metrics", metrics.display());
         }
-        let weights = rd.final_weights();
+        let weights = kind.final_weights(rd);
         if !weights.exists() {
             bail!("{} is missing", weights.display());
         }

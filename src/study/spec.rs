@@ -11,7 +11,7 @@
 //! report: {by: [topology.init.mu], metrics: [eval.accuracy, gamma], baseline: topology.init.mu=1.0}
 //! ```
 
-use crate::config::{self, Verb};
+use crate::config;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -277,16 +277,12 @@ impl SweepSpec {
                 .ok()
                 .and_then(|v| v.get("name").and_then(|n| n.as_str()).map(String::from))
                 .unwrap_or_else(|| stem.clone());
-            configs.push((config, config::verb_of(&text), stem, name));
+            configs.push((config, crate::kinds::of_config(&text).verb(), stem, name));
         }
         let stems: std::collections::BTreeSet<&String> = configs.iter().map(|c| &c.2).collect();
         let by_name = stems.len() < configs.len();
         let mut runs = Vec::new();
         for (config, verb, stem, name) in &configs {
-            let verb = match verb {
-                Verb::Train => "train",
-                Verb::Rl => "rl",
-            };
             let stem = if by_name { name.clone() } else { stem.clone() };
             for point in product(&axes) {
                 for &seed in &seeds {
@@ -306,7 +302,7 @@ impl SweepSpec {
                     runs.push(PlannedRun {
                         name,
                         config: config.to_path_buf(),
-                        verb: verb.into(),
+                        verb: verb.to_string(),
                         overrides,
                         point: labelled,
                         seed,

@@ -144,13 +144,13 @@ fn check_compatible(out: &Path, manifest: &Manifest) -> Result<()> {
         return Ok(());
     }
     let old = Manifest::read(out)?;
-    let but_length = |r: &PlannedRun| -> Vec<String> {
-        let length = runner::length_key(&r.verb);
-        r.overrides.iter().filter(|o| o.split_once('=').map(|(k, _)| k.trim()) != Some(length)).cloned().collect()
+    let but_length = |r: &PlannedRun| -> Result<Vec<String>> {
+        let length = runner::length_key(&r.verb)?;
+        Ok(r.overrides.iter().filter(|o| o.split_once('=').map(|(k, _)| k.trim()) != Some(length)).cloned().collect())
     };
     for o in &old.runs {
         if let Some(n) = manifest.runs.iter().find(|n| n.name == o.name) {
-            if n.config != o.config || but_length(n) != but_length(o) {
+            if n.config != o.config || but_length(n)? != but_length(o)? {
                 bail!(
                     "{}: run {} was planned as `{} {}` before and is `{} {}` now; use another --out for another sweep",
                     out.display(),

@@ -383,6 +383,18 @@ pub fn first_non_finite(named: &std::collections::HashMap<String, Tensor>) -> Op
     names.into_iter().find(|n| crate::host::scalar(&named[*n].detach().isfinite().all()) == 0.0).cloned()
 }
 
+/// A file a trainer keeps with its checkpoint (RL: the loop state and the replay buffer): its name
+/// in `checkpoints/` and how to write it (given a temporary path). [`Checkpointer::save_with`]
+/// records its CRC-32 in the marker, [`load`] verifies it, and pruning removes it with its
+/// checkpoint.
+pub struct ExtraFile<'a> {
+    pub name: String,
+    pub write: WriteFile<'a>,
+}
+
+/// How an [`ExtraFile`] is written, given a temporary path.
+pub type WriteFile<'a> = Box<dyn FnOnce(&Path) -> Result<()> + 'a>;
+
 /// When and how `plexus train` checkpoints: every `every` updates (not at the end, which writes the
 /// final checkpoint instead), keeping the `keep` latest; at the end also the final weights and,
 /// with an EMA, the averaged ones (PyTorch `state_dict`s).
@@ -416,20 +428,37 @@ impl Checkpointer {
         optim: &super::optim::Optim,
         done: u64,
     ) -> Result<()> {
-        let state = TrainerState::at(done, done * self.accumulation, Default::default());
-        save(dir, &state, &model.vs, &optim.state(), self.keep)
+        self.save_with(dir, &model.vs, &optim.state(), (done, done * self.accumulation), Vec::new())
     }
 
-    /// The end of a run of `steps` updates: its checkpoint, `final.safetensors` and, with an EMA of
-    /// the parameters, `final_ema.safetensors` (every variable, the averaged value where there is one).
-    pub fn finish(
+    /// A resumable checkpoint of the variables `vs` and the optimizer state `optim` at `(step,
+    /// data_index)` (progress in the run's length unit, and the next batch or update), with the
+    /// trainer's `extra` files: written first, each atomically; the marker, last, lists their
+    /// CRC-32s with those of the weights and the optimizer state.
+    pub fn save_with(
         &self,
         dir: &RunDir,
-        model: &crate::model::Model,
-        optim: &super::optim::Optim,
-        steps: u64,
+        vs: &tch::nn::VarStore,
+        optim: &[(String, Tensor)],
+        (step, data_index): (u64, u64),
+        extra: Vec<ExtraFile<'_>>,
     ) -> Result<()> {
-        self.save(dir, model, optim, steps)?;
+        let mut files = std::collections::BTreeMap::new();
+        for f in extra {
+            let name = f.name;
+            let write = f.write;
+            atomic_write_with(&dir.checkpoints_dir().join(&name), |p| {
+                write(p)?;
+                files.insert(name.clone(), crc32_of(p)?);
+                Ok(())
+            })?;
+        }
+        save(dir, &TrainerState::at(step, data_index, files), vs, optim, self.keep)
+    }
+
+    /// The final weights of a run: `final.safetensors` and, with an EMA of the parameters,
+    /// `final_ema.safetensors` (every variable, the averaged value where there is one).
+    pub fn final_weights(&self, dir: &RunDir, model: &crate::model::Model, optim: &super::optim::Optim) -> Result<()> {
         save_weights(&dir.final_checkpoint(), |p| {
             model.vs.save(p).with_context(|| format!("saving checkpoint {}", p.display()))
         })?;

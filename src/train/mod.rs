@@ -9,6 +9,7 @@
 
 pub mod checkpoint;
 pub mod divergence;
+pub mod engine;
 pub mod eval;
 pub mod lifecycle;
 pub mod optim;
@@ -28,7 +29,7 @@ use anyhow::{bail, Result};
 use checkpoint::Checkpointer;
 use eval::{EvalResult, EvalSet};
 use optim::Optim;
-use run_log::{Resumed, RunLog};
+use run_log::{LogRow, Resumed, RunLog};
 use serde::Serialize;
 use std::time::Instant;
 use step::Stepper;
@@ -46,8 +47,9 @@ pub struct TrainOptions {
     pub resume: bool,
     /// A new run into a directory that holds files clears it first (without this, it is refused).
     pub overwrite: bool,
-    /// Abort (with an error, writing nothing more) once this many updates are done: simulates a
-    /// crash, for testing that resumed runs match uninterrupted ones.
+    /// Abort (with an error, writing nothing more) once this many updates are done, after the
+    /// checkpoint due then ([`engine::CrashAfter`], as `plexus rl`'s): simulates a crash, for
+    /// testing that resumed runs match uninterrupted ones.
     pub crash_after: Option<u64>,
     /// This process's place in a data-parallel run (see [`crate::dist`]); `None`: one process.
     pub dist: Option<crate::dist::DistInfo>,
@@ -74,8 +76,8 @@ pub fn loss_rate(points: &[(f64, f64)]) -> Option<f64> {
     (sxx > 0.0).then(|| 1000.0 * sxy / sxx)
 }
 
-/// What `summary.json` holds.
-#[derive(Debug, Clone, Serialize)]
+/// What `summary.json` holds (read back to print a finished run's table).
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Summary {
     pub name: String,
     pub model: String,
@@ -113,7 +115,7 @@ pub struct Summary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resumed_from: Option<u64>,
     /// The topology's own parameter view at the end (e.g. ANCRe `p`), rows = sources.
-    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "view_as_rows")]
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "view_as_rows", skip_deserializing)]
     pub parameter_view: Option<(String, crate::run_dir::Matrix)>,
     /// Device → host reads of each step this process ran (evaluation, connectivity and the
     /// step's own numbers included), in order: what `tests/device_discipline.rs` checks.
@@ -127,12 +129,12 @@ pub struct Summary {
 }
 
 /// Trains `exp` into the run directory `dir` (new, or resumed from its latest checkpoint with
-/// `opts.resume`) and returns what `summary.json` records. The loop reads like torchtitan's
-/// `Trainer.train`: at each step evaluate and record C when due, take one optimizer step, read its
+/// `opts.resume`) and returns what `summary.json` records. The run engine ([`engine::run`]) drives
+/// [`Steps`]: at each step evaluate and record C when due, take one optimizer step, read its
 /// numbers when they are logged (the divergence check included), checkpoint when due; the jobs are
 /// the components of [`run_log`], [`eval`], [`checkpoint`] and [`Recorder`].
 pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summary> {
-    let (cfg, tc) = (exp.config(), &exp.config().train);
+    let cfg = exp.config();
     // Rank 0 alone writes the run directory (every rank reads its checkpoints on resume).
     let main = crate::dist::DistInfo::is_main(opts.dist.as_ref());
     // The run directory is checked first (cheap, and the most likely mistake), but nothing is
@@ -142,73 +144,124 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
         lifecycle::precheck(dir, &config_yaml, opts.resume, opts.overwrite, &RESUME_POLICY)?;
     }
     let mut setup = Setup::new(exp, opts)?;
-    let (dev, task, rank) = (setup.dev, exp.task(), setup.place.0);
+    let dev = setup.dev;
     let mut t = setup.stepper(exp);
     // One writer per run directory, until this function returns (or the process dies).
     let (_run, resumed) = open_run(exp, dir, opts, &config_yaml, &mut setup, &mut t)?;
-    let (start, steps) = (resumed.start, tc.steps);
+    let start = resumed.start;
     join_and_capture(exp, &mut t, opts, dev, main)?;
-    let mut batches = setup.batches(start * tc.accumulation);
-    let mut log = RunLog::new(exp, dev, dir, (opts.progress, opts.log_lines, main), &config_yaml, resumed)?;
+    let batches = setup.batches(start * cfg.train.accumulation);
+    let log = RunLog::new(exp, dev, dir, (opts.progress, opts.log_lines, main), &config_yaml, resumed)?;
     let checkpoints = Checkpointer::of(cfg);
-    let every = |n: u64, step: u64| (n > 0 && step.is_multiple_of(n)) || step == steps;
     let clock = Instant::now();
-    for step in start..=steps {
-        let counts = log.step_start();
-        // Rank 0 alone evaluates and saves C (the others wait at the next all-reduce).
-        if main && every(cfg.log.eval_every, step) {
-            if let Some((e, buckets)) = eval::evaluate_for_run(&t.model, task, &setup.eval_set, step) {
-                log.eval(dir, e, buckets)?;
-            }
-        }
-        if main && every(cfg.log.connectivity_every, step) {
-            setup.recorder.record(dir, &mut log, &t.model, step)?;
-        }
-        let lr = schedule::lr_at(tc, step.min(steps - 1));
-        // The last step only measures the final loss: no update after it.
-        let stats = {
-            let _rng = device::seed_guard(step_seed(cfg.seed ^ (rank as u64).wrapping_mul(RANK_MIX), step));
-            t.step(step, || batches.next_batch(), (step < steps).then_some(lr))?
-        };
-        if let (Some(note), true) = (t.take_note(), main) {
-            log.warn(format!("{}: {note}", cfg.name));
-        }
-        (log.samples, log.tokens) = (log.samples + stats.samples, log.tokens + stats.tokens);
-        let done = step + 1;
-        let checkpoint_due = checkpoints.due(done, steps);
-        // Logging and checkpoint steps read the step's numbers (one read); other steps read nothing.
-        if every(cfg.log.every, step) || checkpoint_due {
-            let logged = t.read(&stats)?;
-            if let Some((first, what)) = logged.diverged {
-                return Err(diverged(exp, dir, &log, &t, (first, what, step), main));
-            }
-            if every(cfg.log.every, step) {
-                log.row(logged.row(step, (step * tc.accumulation) as f64 / setup.per_epoch as f64, lr))?;
-            }
-        }
-        log.step_done(counts, step == steps);
-        if step == steps {
-            break;
-        }
-        if opts.crash_after == Some(done) {
-            bail!("{}: simulated crash after {done} updates", cfg.name);
-        }
-        if checkpoint_due && main {
-            log.write(dir)?;
-            checkpoints.save(dir, &t.model, &t.optim, done)?;
-        }
-    }
-    log.finish();
-    let wall = clock.elapsed().as_secs_f64();
-    if main {
-        log.write(dir)?;
-        checkpoints.finish(dir, &t.model, &t.optim, steps)?;
-    }
-    let summary = summarize(exp, &t.model, &log, &setup, (wall, start, opts.resume));
+    let mut steps =
+        Steps { exp, dir, setup: &setup, t, log, batches, checkpoints, main, step: start, clock, wall: 0.0 };
+    engine::run(&mut steps, engine::CrashAfter(opts.crash_after), &cfg.name)?;
+    let summary = summarize(exp, &steps.t.model, &steps.log, &setup, (steps.wall, start, opts.resume));
     if main {
         lifecycle::finish(dir, &summary)?;
     }
     Ok(summary)
+}
+
+/// `plexus train`'s loop state as the run engine drives it: one iteration is one step (the last,
+/// at `train.steps`, only measures the final loss).
+struct Steps<'a> {
+    exp: &'a Experiment,
+    dir: &'a RunDir,
+    setup: &'a Setup,
+    t: Stepper,
+    log: RunLog,
+    batches: Prefetcher,
+    checkpoints: Checkpointer,
+    /// This process writes the run directory (rank 0).
+    main: bool,
+    /// The step the next iteration takes (= updates done).
+    step: u64,
+    /// When the loop started, and this process's training time once it ended.
+    clock: Instant,
+    wall: f64,
+}
+
+impl engine::Trainer for Steps<'_> {
+    fn progress(&self) -> u64 {
+        self.step
+    }
+
+    fn unit(&self) -> &'static str {
+        "updates"
+    }
+
+    fn done(&self) -> bool {
+        self.step > self.exp.config().train.steps
+    }
+
+    fn iterate(&mut self) -> Result<()> {
+        let (cfg, tc, step) = (self.exp.config(), &self.exp.config().train, self.step);
+        let every = |n: u64| engine::every(n, step, tc.steps);
+        let counts = self.log.step_start();
+        // Rank 0 alone evaluates and saves C (the others wait at the next all-reduce).
+        if self.main && every(cfg.log.eval_every) {
+            if let Some((e, buckets)) =
+                eval::evaluate_for_run(&self.t.model, self.exp.task(), &self.setup.eval_set, step)
+            {
+                self.log.eval(self.dir, e, buckets)?;
+            }
+        }
+        if self.main && every(cfg.log.connectivity_every) {
+            self.setup.recorder.record(self.dir, &mut self.log, &self.t.model, step)?;
+        }
+        let lr = schedule::lr_at(tc, step.min(tc.steps - 1));
+        // The last step only measures the final loss: no update after it.
+        let stats = {
+            let rank = self.setup.place.0 as u64;
+            let _rng = device::seed_guard(step_seed(cfg.seed ^ rank.wrapping_mul(RANK_MIX), step));
+            let batches = &mut self.batches;
+            self.t.step(step, || batches.next_batch(), (step < tc.steps).then_some(lr))?
+        };
+        if let (Some(note), true) = (self.t.take_note(), self.main) {
+            self.log.warn(format!("{}: {note}", cfg.name));
+        }
+        (self.log.samples, self.log.tokens) = (self.log.samples + stats.samples, self.log.tokens + stats.tokens);
+        // Logging and checkpoint steps read the step's numbers (one read); other steps read nothing.
+        if every(cfg.log.every) || self.checkpoints.due(step + 1, tc.steps) {
+            let logged = self.t.read(&stats)?;
+            if let Some((first, what)) = logged.diverged {
+                return Err(diverged(self.exp, self.dir, &self.log, &self.t, (first, what, step), self.main));
+            }
+            if every(cfg.log.every) {
+                let epoch = (step * tc.accumulation) as f64 / self.setup.per_epoch as f64;
+                self.log.row(logged.row(step, epoch, lr))?;
+            }
+        }
+        self.log.step_done(counts, step == tc.steps);
+        self.step += 1;
+        Ok(())
+    }
+
+    fn checkpoint_due(&self) -> bool {
+        self.main && self.checkpoints.due(self.step, self.exp.config().train.steps)
+    }
+
+    fn checkpoint(&mut self, last: bool) -> Result<()> {
+        if last {
+            self.log.finish();
+            self.wall = self.clock.elapsed().as_secs_f64();
+        }
+        if !self.main {
+            return Ok(());
+        }
+        self.log.write(self.dir)?;
+        // The last iteration took no update: the run's end is at `train.steps` updates.
+        self.checkpoints.save(self.dir, &self.t.model, &self.t.optim, self.step.min(self.exp.config().train.steps))
+    }
+
+    fn final_weights(&mut self) -> Result<()> {
+        match self.main {
+            true => self.checkpoints.final_weights(self.dir, &self.t.model, &self.t.optim),
+            false => Ok(()),
+        }
+    }
 }
 
 /// Mixes the rank into a step's seed: each rank draws its own dropout masks; rank 0 draws those
@@ -339,10 +392,8 @@ fn join_and_capture(
     Ok(())
 }
 
-/// Loads the latest checkpoint of a resumed run into `t` and returns the rows logged before it
-/// (and the step to start from); a new run starts at step 0 with none.
-/// Opens the run directory (its one writer: the returned guard), resumes from its checkpoint where
-/// there is one, and writes `resolved.yaml` (rank 0).
+/// Opens the run directory on the run engine ([`engine::open`]: its one writer, the returned
+/// guard), resumes from its checkpoint where there is one, and writes `resolved.yaml` (rank 0).
 fn open_run(
     exp: &Experiment,
     dir: &RunDir,
@@ -352,8 +403,12 @@ fn open_run(
     t: &mut Stepper,
 ) -> Result<(lifecycle::OpenRun, Resumed)> {
     let main = crate::dist::DistInfo::is_main(opts.dist.as_ref());
-    let mut run = lifecycle::open(dir, config_yaml, opts.resume, opts.overwrite, &RESUME_POLICY, main)?;
-    let resumed = resume(exp, dir, &mut run, t, setup.dev, main)?;
+    let mut resumed = Resumed { rows: Vec::new(), evals: Vec::new(), eps_by_t: Vec::new(), start: 0 };
+    let how = (opts.resume, opts.overwrite, main);
+    let run = engine::open(dir, config_yaml, how, &RESUME_POLICY, |state, run| {
+        resumed = resume(exp, dir, (state, &run.changed), t, setup.dev, main)?;
+        Ok(())
+    })?;
     if main {
         let text = resolved::resolved_yaml(exp, &setup.transform, setup.eval_record.take())?;
         crate::run_dir::atomic_write(&dir.path.join(resolved::RESOLVED_FILE), text.as_bytes())?;
@@ -361,18 +416,17 @@ fn open_run(
     Ok((run, resumed))
 }
 
+/// Loads the checkpoint `state` of a resumed run into `t` (saying so when the allowed keys that
+/// `changed` moved it to another device) and returns the rows logged before it, and its step.
 fn resume(
     exp: &Experiment,
     dir: &RunDir,
-    run: &mut lifecycle::OpenRun,
+    (state, changed): (&checkpoint::TrainerState, &[String]),
     t: &mut Stepper,
     dev: tch::Device,
     main: bool,
 ) -> Result<Resumed> {
-    let Some(state) = run.checkpoint.clone() else {
-        return Ok(Resumed { rows: Vec::new(), evals: Vec::new(), eps_by_t: Vec::new(), start: 0 });
-    };
-    let optim_state = checkpoint::load(dir, &state, &mut t.model.vs)?;
+    let optim_state = checkpoint::load(dir, state, &mut t.model.vs)?;
     t.optim.load_state(&optim_state, state.step)?;
     // `device` changed in words (`cpu` → `auto`) need not change the device: said only when the
     // run's own device, resolved here, is another one.
@@ -381,7 +435,7 @@ fn resume(
         let old: serde_yaml::Value = serde_yaml::from_str(&text).ok()?;
         device::resolve(device::parse_device(old.get("device")?.as_str()?).ok()?).ok()
     };
-    if main && run.changed.iter().any(|k| k == "device") && started_on() != Some(dev) {
+    if main && changed.iter().any(|k| k == "device") && started_on() != Some(dev) {
         eprintln!(
             "{}: resumed at step {} on {} (another device than the run's start): from here its numbers are \
              not bit-identical to an uninterrupted run (kernels and random streams differ by device)",
@@ -390,10 +444,9 @@ fn resume(
             device::describe(dev)
         );
     }
-    run.resumed(dir)?;
     let start = state.step;
     Ok(Resumed {
-        rows: dir.metrics()?.into_iter().filter(|r| r.step < start).collect(),
+        rows: crate::run_dir::MetricsRow::read(dir, start)?,
         evals: dir.evals()?.into_iter().filter(|e| e.step < start).collect(),
         eps_by_t: if main { dir.eps_by_t()?.into_iter().filter(|r| r.0 < start).collect() } else { Vec::new() },
         start,

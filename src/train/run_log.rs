@@ -10,6 +10,45 @@ use anyhow::Result;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::time::Instant;
 
+/// A row of a run's `metrics.csv`, of any trainer: it names its columns and its TensorBoard
+/// scalars, and is written and read back (on resume) as its trainer's table.
+pub trait LogRow: Sized {
+    /// The table's columns.
+    const COLUMNS: &'static [&'static str];
+    /// Where the row is in the run, in its length unit (TensorBoard's step).
+    fn step(&self) -> u64;
+    /// The row's TensorBoard scalars, by tag (`train/loss`, `eval/success`, …).
+    fn scalars(&self) -> Vec<(String, f64)>;
+    /// Writes `rows` as the run's `metrics.csv` (atomically).
+    fn write(dir: &RunDir, rows: &[Self]) -> Result<()>;
+    /// The rows of the run's `metrics.csv` up to `step` (a resumed run's, at its checkpoint).
+    fn read(dir: &RunDir, step: u64) -> Result<Vec<Self>>;
+}
+
+impl LogRow for MetricsRow {
+    const COLUMNS: &'static [&'static str] = &crate::run_dir::METRICS_COLUMNS;
+
+    fn step(&self) -> u64 {
+        self.step
+    }
+
+    fn scalars(&self) -> Vec<(String, f64)> {
+        let mut v = vec![("train/loss", self.loss), ("train/lr", self.lr), ("train/grad_norm", self.grad_norm)];
+        v.push(("train/epoch", self.epoch));
+        v.extend(self.gamma.map(|g| ("train/gamma", g)));
+        v.into_iter().map(|(k, x)| (k.to_string(), x)).collect()
+    }
+
+    fn write(dir: &RunDir, rows: &[Self]) -> Result<()> {
+        dir.write_metrics(rows)
+    }
+
+    /// The rows before `step` (the checkpoint's step is the next to be logged).
+    fn read(dir: &RunDir, step: u64) -> Result<Vec<Self>> {
+        Ok(dir.metrics()?.into_iter().filter(|r| r.step < step).collect())
+    }
+}
+
 /// What a run has logged so far and where it shows it. Rank 0 of a data-parallel run writes; the
 /// others keep their rows (for the summary) and print nothing.
 pub struct RunLog {
@@ -154,7 +193,7 @@ impl RunLog {
 
     /// `metrics.csv` and `eval.csv` as they stand.
     pub fn write(&self, dir: &RunDir) -> Result<()> {
-        dir.write_metrics(&self.rows)?;
+        MetricsRow::write(dir, &self.rows)?;
         dir.write_evals(&self.evals)
     }
 
@@ -235,15 +274,14 @@ impl Board {
 
     /// A metrics row; `samples`, `tokens`: counted since this process started.
     fn row(&mut self, row: &MetricsRow, samples: u64, tokens: u64) -> Result<()> {
-        let mut values = vec![("train/loss", row.loss), ("train/lr", row.lr), ("train/grad_norm", row.grad_norm)];
-        values.push(("train/epoch", row.epoch));
-        values.extend(row.gamma.map(|g| ("train/gamma", g)));
+        let mut values = row.scalars();
         if let Some(r) = self.rates.since_last(row.step, samples, tokens) {
-            values.push(("perf/examples_per_s", r.examples_per_s));
-            values.extend(r.tokens_per_s.map(|t| ("perf/tokens_per_s", t)));
-            values.extend(r.mfu.map(|m| ("perf/mfu", m)));
+            values.push(("perf/examples_per_s".into(), r.examples_per_s));
+            values.extend(r.tokens_per_s.map(|t| ("perf/tokens_per_s".into(), t)));
+            values.extend(r.mfu.map(|m| ("perf/mfu".into(), m)));
         }
-        self.writer.scalars(row.step, &values)
+        let refs: Vec<(&str, f64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        self.writer.scalars(row.step, &refs)
     }
 
     fn eval(&mut self, e: &EvalResult) -> Result<()> {

@@ -1,0 +1,304 @@
+//! The registry of run kinds: `plexus train` (every backbone, DiT included: they are configs of
+//! one trainer) and `plexus rl`. Everything above the trainers that must know which kind a config
+//! or a run directory is — sweeps (study/spec.rs, study/runner.rs), the commands, the figures —
+//! asks here instead of matching on the verb: how to tell a kind's config, load it (its resolved
+//! text and name), train or resume it, where its final weights are, what a resume may change, how
+//! its runs are printed and which figure a kind draws of its own. tests/layers.rs checks that no
+//! other file above the trainers names the RL verb.
+
+use crate::rl::config::RlExperiment;
+use crate::rl::trainer::{RlOptions, RlSummary};
+use crate::run_dir::RunDir;
+use crate::train::lifecycle::ResumePolicy;
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+
+/// A config as a kind resolves it: what a run directory's `config.yaml` would hold, and its name.
+pub struct Loaded {
+    pub yaml: String,
+    pub name: String,
+}
+
+/// How a command launches a run of any kind.
+#[derive(Debug, Clone, Default)]
+pub struct Launch {
+    /// Continue the run in the directory from its latest checkpoint.
+    pub resume: bool,
+    /// Clear a non-empty run directory first (new runs).
+    pub overwrite: bool,
+    /// No progress lines on stderr.
+    pub quiet: bool,
+    /// `PLEXUS_CRASH_AFTER` (see [`crate::train::engine::CrashAfter`]).
+    pub crash_after: Option<u64>,
+}
+
+/// A kind's own figure of its runs: one curve per run from two columns of its `metrics.csv`
+/// (coloured by topology), and horizontal baselines read from the runs' summaries.
+pub struct Figure {
+    /// File stem in the figure folder (`success` → `success.{png,svg,pdf}`).
+    pub file: &'static str,
+    pub title: &'static str,
+    /// `metrics.csv` columns of the curve, and the axes' labels.
+    pub x: &'static str,
+    pub y: &'static str,
+    pub x_label: &'static str,
+    pub y_label: &'static str,
+    /// A run's topology kind (its colour) and its legend label.
+    pub describe: fn(&Path) -> Result<(String, String)>,
+    /// The baselines' names and grey levels, and a run's value of each (none where its summary
+    /// lacks it): the figure draws the mean over the runs that have one.
+    pub baselines: &'static [(&'static str, u8)],
+    pub baseline_values: fn(&Path) -> Vec<Option<f64>>,
+}
+
+/// One kind of run.
+pub trait RunKind: Sync {
+    /// The verb that trains it (`plexus <verb>`; a sweep's command line).
+    fn verb(&self) -> &'static str;
+    /// Whether the top-level sections of a config (a YAML mapping) make it one of this kind's.
+    fn tells(&self, config: &serde_yaml::Mapping) -> bool;
+    /// The config at `file` with `overrides`, resolved and checked.
+    fn load(&self, file: &Path, overrides: &[String]) -> Result<Loaded>;
+    /// What a resumed run may change (the run's length key among it).
+    fn resume_policy(&self) -> &'static ResumePolicy;
+    /// Trains the config at `file` into `out` (new, or resumed with `launch.resume`, when `file` is
+    /// the run's own `config.yaml`).
+    fn train(&self, file: &Path, overrides: &[String], out: &Path, launch: &Launch) -> Result<()>;
+    /// Prints the table of finished runs (their `summary.json`) on stdout.
+    fn print(&self, runs: &[PathBuf]) -> Result<()>;
+    /// The figure a kind draws of its own runs, if any (train runs' figures are the analysis').
+    fn figure(&self) -> Option<&'static Figure>;
+    /// The final weights of a finished run: [`RunDir::final_weights`] (both layouts).
+    fn final_weights(&self, dir: &RunDir) -> PathBuf {
+        dir.final_weights()
+    }
+}
+
+/// `plexus train`: every supervised, language and diffusion config.
+pub struct Train;
+/// `plexus rl`: contrastive RL in the point maze.
+pub struct Rl;
+
+/// The kind of every `plexus train` run.
+pub static TRAIN: Train = Train;
+/// The kind of every `plexus rl` run.
+pub static RL: Rl = Rl;
+/// Every kind; a config no other kind tells is [`TRAIN`]'s (its parser says what is wrong).
+pub static KINDS: [&dyn RunKind; 2] = [&RL, &TRAIN];
+
+/// The kind whose verb is `verb` (as a sweep's manifest records it).
+pub fn by_verb(verb: &str) -> Result<&'static dyn RunKind> {
+    KINDS.iter().copied().find(|k| k.verb() == verb).with_context(|| {
+        let all: Vec<&str> = KINDS.iter().map(|k| k.verb()).collect();
+        format!("`{verb}` is not a kind of run; plexus trains {}", all.join(", "))
+    })
+}
+
+/// The kind a config's text is for: the first that tells its sections, else [`TRAIN`].
+pub fn of_config(text: &str) -> &'static dyn RunKind {
+    match serde_yaml::from_str::<serde_yaml::Value>(text) {
+        Ok(serde_yaml::Value::Mapping(m)) => KINDS.iter().copied().find(|k| k.tells(&m)).unwrap_or(&TRAIN),
+        _ => &TRAIN,
+    }
+}
+
+impl RunKind for Train {
+    fn verb(&self) -> &'static str {
+        "train"
+    }
+
+    fn tells(&self, config: &serde_yaml::Mapping) -> bool {
+        config.contains_key("model") || config.contains_key("data")
+    }
+
+    fn load(&self, file: &Path, overrides: &[String]) -> Result<Loaded> {
+        let exp = crate::experiment::Experiment::from_file(file, overrides)?;
+        Ok(Loaded { yaml: exp.config().to_yaml(), name: exp.config().name.clone() })
+    }
+
+    fn resume_policy(&self) -> &'static ResumePolicy {
+        &crate::train::RESUME_POLICY
+    }
+
+    fn train(&self, file: &Path, overrides: &[String], out: &Path, launch: &Launch) -> Result<()> {
+        let exp = crate::experiment::Experiment::from_file(file, overrides)?;
+        let dir = if launch.resume { RunDir::open(out)? } else { RunDir::new(out) };
+        let opts = crate::train::TrainOptions {
+            log_lines: !launch.quiet,
+            resume: launch.resume,
+            overwrite: launch.overwrite,
+            crash_after: launch.crash_after,
+            ..Default::default()
+        };
+        crate::train::train(&exp, &dir, &opts).map(drop)
+    }
+
+    fn print(&self, runs: &[PathBuf]) -> Result<()> {
+        let summaries: Vec<crate::train::Summary> = runs.iter().map(|r| summary_of(r)).collect::<Result<_>>()?;
+        print_table(&summaries);
+        Ok(())
+    }
+
+    fn figure(&self) -> Option<&'static Figure> {
+        None
+    }
+}
+
+impl RunKind for Rl {
+    fn verb(&self) -> &'static str {
+        "rl"
+    }
+
+    fn tells(&self, config: &serde_yaml::Mapping) -> bool {
+        let has = |k: &str| config.contains_key(k);
+        (has("env") || has("network") || has("crl")) && !TRAIN.tells(config)
+    }
+
+    fn load(&self, file: &Path, overrides: &[String]) -> Result<Loaded> {
+        let exp = RlExperiment::from_file(file, overrides)?;
+        Ok(Loaded { yaml: exp.config.to_yaml(), name: exp.config.name.clone() })
+    }
+
+    fn resume_policy(&self) -> &'static ResumePolicy {
+        &crate::rl::trainer::RESUME_POLICY
+    }
+
+    fn train(&self, file: &Path, overrides: &[String], out: &Path, launch: &Launch) -> Result<()> {
+        let exp = RlExperiment::from_file(file, overrides)?;
+        let opts = RlOptions {
+            overwrite: launch.overwrite,
+            verbose: !launch.quiet,
+            resume: launch.resume,
+            crash_after: launch.crash_after,
+        };
+        crate::rl::trainer::train(&exp, out, &opts).map(drop)
+    }
+
+    fn print(&self, runs: &[PathBuf]) -> Result<()> {
+        let summaries: Vec<RlSummary> = runs.iter().map(|r| summary_of(r)).collect::<Result<_>>()?;
+        print_rl(&summaries);
+        Ok(())
+    }
+
+    fn figure(&self) -> Option<&'static Figure> {
+        Some(&RL_SUCCESS)
+    }
+}
+
+/// A finished run's `summary.json`.
+fn summary_of<T: serde::de::DeserializeOwned>(run: &Path) -> Result<T> {
+    crate::input_file::read_json(&RunDir::new(run).summary_file(), "a run summary")
+}
+
+/// The RL figure: evaluation success against environment steps, with the random policy (light
+/// grey) and the policy that walks straight at the goal (dark grey) on the same tasks.
+static RL_SUCCESS: Figure = Figure {
+    file: "success",
+    title: "Contrastive RL, point maze: evaluation success",
+    x: "env_steps",
+    y: "success",
+    x_label: "environment steps",
+    y_label: "success rate",
+    describe: |dir| {
+        let exp = RlExperiment::from_file(&dir.join("config.yaml"), &[])
+            .with_context(|| format!("{} is not a `plexus rl` run directory", dir.display()))?;
+        let kind = exp.topology.kind().to_string();
+        let label = format!("{}, depth {} ({})", display_name(&kind), exp.config.network.depth, exp.config.name);
+        Ok((kind, label))
+    },
+    baselines: &[("random policy", 150), ("straight at the goal", 60)],
+    baseline_values: |dir| match summary_of::<RlSummary>(dir) {
+        // Runs written before the straight-line baseline have none (0 from the default).
+        Ok(s) => vec![Some(s.random_success), (s.straight_success > 0.0).then_some(s.straight_success)],
+        Err(_) => vec![None, None],
+    },
+};
+
+/// A topology's name as figures show it (the topology registry's display name).
+fn display_name(kind: &str) -> String {
+    crate::topology::entry(kind).map_or(kind, |e| e.display).to_string()
+}
+
+/// The table of finished `plexus train` runs: with an evaluation column set when any run has a
+/// held-out set, else the loss's descent.
+pub fn print_table(summaries: &[crate::train::Summary]) {
+    let with_eval = summaries.iter().any(|s| s.eval.is_some());
+    if with_eval {
+        println!(
+            "\n{:<28} {:<10} {:<16} {:>7} {:>11} {:>10} {:>14} {:>6} {:>9}",
+            "run", "topology", "layout", "steps", "train loss", "eval loss", "eval metric", "Γ", "time"
+        );
+    } else {
+        println!(
+            "\n{:<28} {:<10} {:<16} {:>7} {:>12} {:>12} {:>11} {:>9}",
+            "run", "topology", "layout", "steps", "final loss", "min loss", "to 1e-3·L0", "time"
+        );
+    }
+    for s in summaries {
+        if with_eval {
+            let (loss, metric) = match &s.eval {
+                Some(e) => (
+                    format!("{:.4}", e.loss),
+                    match (e.perplexity, e.accuracy) {
+                        (Some(p), _) => format!("ppl {p:.2}"),
+                        (None, Some(a)) => format!("acc {:.2}%", 100.0 * a),
+                        _ => "-".into(),
+                    },
+                ),
+                None => ("-".into(), "-".into()),
+            };
+            let gamma = s.gamma.map(|g| format!("{g:.3}")).unwrap_or_else(|| "-".into());
+            println!(
+                "{:<28} {:<10} {:<16} {:>7} {:>11.4} {:>10} {:>14} {:>6} {:>8.1}s",
+                s.name, s.topology, s.topology_label, s.steps, s.final_loss, loss, metric, gamma, s.wall_seconds
+            );
+        } else {
+            let reach = s.steps_to_1e3.map(|v| v.to_string()).unwrap_or_else(|| "never".into());
+            println!(
+                "{:<28} {:<10} {:<16} {:>7} {:>12.3e} {:>12.3e} {:>11} {:>8.2}s",
+                s.name, s.topology, s.topology_label, s.steps, s.final_loss, s.min_loss, reach, s.wall_seconds
+            );
+        }
+    }
+}
+
+/// The `plexus rl` table: one row per run; success on all evaluation tasks, then on those whose
+/// straight line from start to goal crosses a wall (`blocked`: their share), where a policy must
+/// have learned the maze to succeed.
+fn print_rl(rows: &[RlSummary]) {
+    println!(
+        "{:<24} {:<12} {:>5} {:>6} {:>10} {:>9} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9} {:>9}",
+        "run",
+        "topology",
+        "depth",
+        "units",
+        "env steps",
+        "success",
+        "at goal",
+        "random",
+        "straight",
+        "blocked",
+        "trained|b",
+        "straight|b",
+        "time"
+    );
+    for s in rows {
+        println!(
+            "{:<24} {:<12} {:>5} {:>6} {:>10} {:>9.3} {:>9.3} {:>8.3} {:>9.3} {:>7.0}% {:>9.3} {:>10.3} {:>8.1}s",
+            s.name,
+            s.topology,
+            s.depth,
+            s.units,
+            s.env_steps,
+            s.success,
+            s.time_at_goal,
+            s.random_success,
+            s.straight_success,
+            100.0 * s.blocked_share,
+            s.success_blocked,
+            s.straight_success_blocked,
+            s.seconds
+        );
+    }
+    println!("(|b: on the evaluation tasks whose straight line to the goal crosses a wall, `blocked` of them)");
+}
