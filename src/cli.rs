@@ -499,7 +499,7 @@ pub fn run(cli: Cli) -> Result<()> {
             let overrides = with_device(overrides, device);
             commands::train_new(&configs, out.as_deref(), &overrides, quiet, overwrite, dist.timeout())
         }
-        Cmd::Sweep(a) => commands::sweep(&commands::SweepRequest {
+        Cmd::Sweep(a) => commands::study::sweep(&commands::study::SweepRequest {
             inputs: a.inputs,
             resume: a.resume,
             grid: a.grid,
@@ -518,7 +518,7 @@ pub fn run(cli: Cli) -> Result<()> {
             formats.as_deref().map(crate::plot::Formats::parse).transpose()?;
             width.as_deref().map(crate::plot::Width::parse).transpose()?;
             let options = crate::study::ReportOptions { by, metrics, baseline, curves, width, formats };
-            commands::report(&paths, &spec, &options, &format, out.as_deref())
+            commands::study::report(&paths, &spec, &options, &format, out.as_deref())
         }
         Cmd::Demo { figure, out, overrides } => commands::demo(&figure, &out, &overrides),
         Cmd::Bench { dist, .. } if dist.launches() => crate::dist::launch(dist.nproc as usize),
@@ -537,7 +537,7 @@ pub fn run(cli: Cli) -> Result<()> {
             topologies,
             out,
             dist,
-        } => commands::bench(&commands::BenchRequest {
+        } => commands::bench::bench(&commands::bench::BenchRequest {
             config,
             overrides: with_device(overrides, device),
             options: crate::bench::BenchOptions { steps, warmup, case, profile, trace },
@@ -551,16 +551,16 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Plot { runs, out, title, step, formats, width } => {
             crate::plot::set_formats(crate::plot::Formats::parse(&formats)?);
             crate::plot::set_width(crate::plot::Width::parse(&width)?);
-            commands::plot(&runs, out.as_deref(), title.as_deref(), step)
+            commands::runs::plot(&runs, out.as_deref(), title.as_deref(), step)
         }
         Cmd::Analyze { runs, sigmas, probs, repeats, correlate, device } => {
-            commands::analyze(&runs, sigmas, probs, repeats, correlate, device.as_deref())
+            commands::runs::analyze(&runs, sigmas, probs, repeats, correlate, device.as_deref())
         }
         Cmd::Sample { run, per_class, sampling } => {
-            commands::sample(&run, per_class, &sampling.options, &sampling.device)
+            commands::runs::sample(&run, per_class, &sampling.options, &sampling.device)
         }
         Cmd::Fd { run, extractor, samples, sampling } => {
-            commands::fd(&run, &extractor, samples, &sampling.options, &sampling.device)
+            commands::runs::fd(&run, &extractor, samples, &sampling.options, &sampling.device)
         }
         Cmd::Parity { only, dir, keep, device, threads, draws, csv } => {
             crate::parity::command::run(&crate::parity::command::ParityRequest {
@@ -574,7 +574,7 @@ pub fn run(cli: Cli) -> Result<()> {
             })
         }
         Cmd::Connectivity { config_or_run, step, overrides } => {
-            commands::connectivity(&config_or_run, step, &overrides)
+            commands::runs::connectivity(&config_or_run, step, &overrides)
         }
         Cmd::Doctor { selftest, device } => commands::doctor(selftest, &device),
         Cmd::Tokenize { files, out, encoding, val_fraction, threads, quiet } => {

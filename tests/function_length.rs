@@ -225,3 +225,29 @@ fn functions_are_measured_from_fn_to_closing_brace() {
     let got = functions(text);
     assert_eq!(got, [("outer".to_string(), 2, 9), ("inner".to_string(), 6, 2)]);
 }
+
+/// The command layer puts the lower layers together and prints (docs/architecture.md, "Adding a
+/// verb"): no function in src/commands.rs or src/commands/ over 60 lines, and no file of it over
+/// 600 (issue 57: commands.rs had grown to 1,139 lines and `sweep` to 156).
+#[test]
+fn the_command_layer_stays_short() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("src/commands.rs")];
+    rust_files(&root.join("src/commands"), &mut files);
+    assert!(files.len() > 1, "src/commands/ holds the verbs' files");
+    let mut long = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let rel = f.strip_prefix(root).unwrap().display().to_string();
+        let lines = text.lines().count();
+        if lines > 600 {
+            long.push(format!("{rel}: {lines} lines"));
+        }
+        for (name, _, length) in functions(&text) {
+            if length > 60 {
+                long.push(format!("{rel}: fn {name} is {length} lines"));
+            }
+        }
+    }
+    assert!(long.is_empty(), "the command layer (at most 600 lines a file, 60 a function):\n{}", long.join("\n"));
+}

@@ -1,0 +1,125 @@
+//! The verbs that read runs (or a config) and write what they show: `plexus connectivity`,
+//! `plot`, `analyze`, `sample` and `fd`.
+
+use super::{default_figure_dir, runs_among};
+use crate::analysis::{self, AnalyzeOptions};
+use crate::run_dir::atomic_write;
+use anyhow::{bail, Result};
+use std::path::{Path, PathBuf};
+
+/// `plexus connectivity CONFIG_OR_RUN [--step N]`: C as CSV on stdout.
+pub fn connectivity(path: &Path, step: Option<u64>, overrides: &[String]) -> Result<()> {
+    print!("{}", crate::analysis::connectivity::csv(path, step, overrides)?);
+    Ok(())
+}
+
+/// `plexus plot RUN...`: the paper figures of runs; `plexus plot CONFIG`: the C the config will
+/// train with, before any training.
+pub fn plot(runs: &[PathBuf], out: Option<&Path>, title: Option<&str>, step: Option<u64>) -> Result<()> {
+    if let [config] = runs {
+        if config.is_file() {
+            let out = out.map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("figures"));
+            crate::run_dir::check_output_dir(&out, "the figure folder")?;
+            for p in crate::plot::figures::config_connectivity(config, &out)? {
+                println!("{}", p.display());
+            }
+            return Ok(());
+        }
+    }
+    let runs = &runs_among(runs, "plot")?;
+    let out = out.map(Path::to_path_buf).unwrap_or_else(|| default_figure_dir(runs));
+    crate::run_dir::check_output_dir(&out, "the figure folder")?;
+    let written = crate::plot::figures::all(runs, &out, title, step)?;
+    if written.is_empty() {
+        let names: Vec<String> = runs.iter().map(|r| r.display().to_string()).collect();
+        bail!(
+            "nothing to plot in {}: no metrics.csv, connectivity or eval rows yet (has the run started? it writes \
+             them as it trains)",
+            names.join(", ")
+        );
+    }
+    for p in written {
+        println!("{}", p.display());
+    }
+    Ok(())
+}
+
+/// `plexus analyze RUN...`: layer-wise exits, pruning, noise; with `correlate`, the Pearson
+/// correlation of the runs' converged residual weights (`correlation.csv`).
+pub fn analyze(
+    runs: &[PathBuf],
+    sigmas: Vec<f64>,
+    probs: Vec<f64>,
+    repeats: usize,
+    correlate: bool,
+    device: Option<&str>,
+) -> Result<()> {
+    let device = match device {
+        Some(d) => Some(crate::device::from_flag("--device", d)?),
+        None => None,
+    };
+    let runs = &runs_among(runs, "analyze")?;
+    let opts = AnalyzeOptions { sigmas, char_probs: probs, repeats, seed: 0, device };
+    let correlation = default_figure_dir(runs).parent().map(|p| p.join("correlation.csv")).unwrap_or_default();
+    if correlate {
+        crate::run_dir::check_output_file(&correlation, "--correlate's output")?;
+    }
+    let summaries = runs.iter().map(|r| analysis::analyze(r, &opts)).collect::<Result<Vec<_>>>()?;
+    crate::report::print_analysis(&summaries);
+    if correlate {
+        let m = analysis::correlate(runs)?;
+        let path = correlation;
+        let csv = crate::report::correlation_csv(runs, &m);
+        atomic_write(&path, csv.as_bytes())?;
+        println!("\nPearson correlation of the converged residual weights a:\n{csv}→ {}", path.display());
+    }
+    Ok(())
+}
+
+/// `plexus sample RUN`: a grid of samples of a diffusion run.
+pub fn sample(run: &Path, per_class: usize, o: &crate::diffusion::SampleOptions, device: &str) -> Result<()> {
+    let out = crate::diffusion::sample_run(run, per_class, o, device)?;
+    let (sampler, steps) = match o.sampler {
+        crate::diffusion::Sampler::Ddim => ("ddim", o.steps),
+        crate::diffusion::Sampler::Ddpm => ("ddpm", 1000),
+    };
+    println!("samples ({sampler}, {steps} steps, cfg {}): {}", o.cfg, out.display());
+    Ok(())
+}
+
+/// `plexus fd RUN --extractor CLASSIFIER_RUN`: a Fréchet distance of generated against real images.
+pub fn fd(
+    run: &Path,
+    extractor: &Path,
+    samples: usize,
+    o: &crate::diffusion::SampleOptions,
+    device: &str,
+) -> Result<()> {
+    let r = crate::fd::fd_command(run, extractor, samples, o, device)?;
+    // The latest measurement stays with the run, for `plexus report` (metrics `fd.*`).
+    let file = run.join("fd.json");
+    crate::run_dir::atomic_write(&file, serde_json::to_string_pretty(&r)?.as_bytes())?;
+    let at = o.step.map_or("the final weights".to_string(), |s| format!("the checkpoint of step {s}"));
+    println!(
+        "Fréchet distance {:.4} ({samples} generated from {at} vs {samples} real test images, features of the \
+         plexus-trained classifier {}; NOT FID-50K: no Inception network, not comparable with published FIDs)",
+        r.fd,
+        extractor.display()
+    );
+    match r.real_floor {
+        Some(f) => println!(
+            "real-vs-real floor {f:.4} (two disjoint sets of {samples} real test images: the distance sampling alone \
+             gives at this count; read the distance above against it)"
+        ),
+        None => println!("real-vs-real floor: not measured (needs {} held-out images, data.eval_samples)", 2 * samples),
+    }
+    println!(
+        "class agreement {:.1} % (generated images the extractor classifies as the label they were drawn for; \
+         chance {:.1} %, the extractor's accuracy on real test images {:.1} %)",
+        100.0 * r.class_agreement,
+        100.0 / r.classes as f64,
+        100.0 * r.extractor_accuracy
+    );
+    println!("written: {}", file.display());
+    Ok(())
+}
