@@ -151,13 +151,15 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     let start = resumed.start;
     join_and_capture(exp, &mut t, opts, dev, main)?;
     let batches = setup.batches(start * cfg.train.accumulation);
-    let log = RunLog::new(exp, dev, dir, (opts.progress, opts.log_lines, main), &config_yaml, resumed)?;
+    let output = run_log::LogOutput { progress: opts.progress, log_lines: opts.log_lines, main };
+    let log = RunLog::new(exp, dev, dir, output, &config_yaml, resumed)?;
     let checkpoints = Checkpointer::of(cfg);
     let clock = Instant::now();
     let mut steps =
         Steps { exp, dir, setup: &setup, t, log, batches, checkpoints, main, step: start, clock, wall: 0.0 };
     engine::run(&mut steps, engine::CrashAfter(opts.crash_after), &cfg.name)?;
-    let summary = summarize(exp, &steps.t.model, &steps.log, &setup, (steps.wall, start, opts.resume));
+    let time = TrainingTime { wall: steps.wall, start, resumed: opts.resume };
+    let summary = summarize(exp, &steps.t.model, &steps.log, &setup, time);
     if main {
         lifecycle::finish(dir, &summary)?;
     }
@@ -477,15 +479,19 @@ fn diverged(
     )
 }
 
-/// `summary.json` of a finished run. `(wall, start, resumed)`: this process's training time, the
-/// step it started from, and whether it resumed.
-fn summarize(
-    exp: &Experiment,
-    model: &Model,
-    log: &RunLog,
-    setup: &Setup,
-    (wall, start, resumed): (f64, u64, bool),
-) -> Summary {
+/// This process's part of a run, for its summary.
+struct TrainingTime {
+    /// Seconds of training in this process.
+    wall: f64,
+    /// The step it started from.
+    start: u64,
+    /// Whether it resumed a run.
+    resumed: bool,
+}
+
+/// `summary.json` of a finished run; `time`: this process's part of it.
+fn summarize(exp: &Experiment, model: &Model, log: &RunLog, setup: &Setup, time: TrainingTime) -> Summary {
+    let TrainingTime { wall, start, resumed } = time;
     let cfg = exp.config();
     // Throughput of the whole group: every rank trains on as many examples as this one.
     let world = setup.place.1 as u64;

@@ -80,17 +80,28 @@ pub struct Resumed {
     pub start: u64,
 }
 
+/// How a run shows and keeps its log ([`RunLog::new`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LogOutput {
+    /// A progress bar on stderr.
+    pub progress: bool,
+    /// A plain line per logged step instead of the bar.
+    pub log_lines: bool,
+    /// This process writes the run directory (and its TensorBoard events, when the config asks).
+    pub main: bool,
+}
+
 impl RunLog {
-    /// `progress`: a bar on stderr; `log_lines`: a plain line per logged step instead; `main`:
-    /// this process writes the run directory (and its TensorBoard events, when the config asks).
+    /// The log of a run in `dir`, shown and kept as `output` says, from the step `resumed` gives.
     pub fn new(
         exp: &Experiment,
         dev: tch::Device,
         dir: &RunDir,
-        (progress, log_lines, main): (bool, bool, bool),
+        output: LogOutput,
         config_yaml: &str,
         resumed: Resumed,
     ) -> Result<Self> {
+        let LogOutput { progress, log_lines, main } = output;
         let cfg = exp.config();
         let start = resumed.start;
         if crate::native::profile::count_syncs_requested()? {
