@@ -3,8 +3,11 @@
 //! grows fails, and one that shrinks fails too until its entry is lowered (or removed, once it
 //! fits under the ceiling), so that the list only ever shrinks.
 
+mod common;
+
+use common::rust_files;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The longest a function may be, signature to closing brace.
 const CEILING: usize = 120;
@@ -154,17 +157,6 @@ fn functions(text: &str) -> Vec<(String, usize, usize)> {
         }
     }
     out
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
 }
 
 #[test]
