@@ -53,16 +53,28 @@ pub fn every(n: u64, step: u64, steps: u64) -> bool {
     (n > 0 && step.is_multiple_of(n)) || step == steps
 }
 
-/// Opens `dir` ([`lifecycle::open`]: its one writer, the returned guard, when `writer`) and, on
-/// resume, hands its latest checkpoint to `resume` (the trainer loads weights, optimizer and its
+/// How a run directory is opened ([`open`]).
+#[derive(Debug, Clone, Copy)]
+pub struct OpenMode {
+    /// Continue the run from its latest checkpoint.
+    pub resume: bool,
+    /// Replace a finished or foreign run in the directory.
+    pub overwrite: bool,
+    /// This process writes the directory (rank 0 of a data-parallel run; every RL run).
+    pub writer: bool,
+}
+
+/// Opens `dir` ([`lifecycle::open`]: its one writer, the returned guard, when `mode.writer`) and,
+/// on resume, hands its latest checkpoint to `load` (the trainer loads weights, optimizer and its
 /// own files) before recording a changed config.
 pub fn open(
     dir: &RunDir,
     config_yaml: &str,
-    (resume, overwrite, writer): (bool, bool, bool),
+    mode: OpenMode,
     policy: &ResumePolicy,
     load: impl FnOnce(&TrainerState, &OpenRun) -> Result<()>,
 ) -> Result<OpenRun> {
+    let OpenMode { resume, overwrite, writer } = mode;
     let mut run = lifecycle::open(dir, config_yaml, resume, overwrite, policy, writer)?;
     if let Some(state) = run.checkpoint.clone() {
         load(&state, &run)?;

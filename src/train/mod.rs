@@ -406,7 +406,7 @@ fn open_run(
 ) -> Result<(lifecycle::OpenRun, Resumed)> {
     let main = crate::dist::DistInfo::is_main(opts.dist.as_ref());
     let mut resumed = Resumed { rows: Vec::new(), evals: Vec::new(), eps_by_t: Vec::new(), start: 0 };
-    let how = (opts.resume, opts.overwrite, main);
+    let how = engine::OpenMode { resume: opts.resume, overwrite: opts.overwrite, writer: main };
     let run = engine::open(dir, config_yaml, how, &RESUME_POLICY, |state, run| {
         resumed = resume(exp, dir, (state, &run.changed), t, setup.dev, main)?;
         Ok(())
