@@ -1,7 +1,7 @@
 //! The command line: `plexus train | sweep | report | demo | analyze | plot | bench | connectivity | parity | sample | fd | doctor | tokenize | rl | list`.
 
 use crate::commands;
-use crate::config::ConfigError;
+use crate::config::{ConfigError, Override};
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -38,7 +38,7 @@ pub enum Cmd {
         out: Option<PathBuf>,
         /// Override a config key, e.g. --set model.depth=4 (repeatable; validated like the file).
         #[arg(long = "set", value_name = "KEY=VALUE")]
-        overrides: Vec<String>,
+        overrides: Vec<Override>,
         /// Device of the run (`auto`, `cpu`, `cuda`, `cuda:N`): the same as --set device=…
         #[arg(long)]
         device: Option<String>,
@@ -120,7 +120,7 @@ pub enum Cmd {
         /// Override a key of every run of the set, e.g. --set train.steps=100 (lower
         /// train.warmup_steps with it where the set warms up for longer).
         #[arg(long = "set", value_name = "KEY=VALUE")]
-        overrides: Vec<String>,
+        overrides: Vec<Override>,
     },
     /// Draw every figure the runs have data for (PNG, SVG and PDF): training/eval loss, C heatmaps and
     /// their evolution grid, ANCRe's log(p/max p), Γ and Δ_t, layer-wise exits, pruning, noise.
@@ -245,7 +245,7 @@ pub enum Cmd {
         step: Option<u64>,
         /// Override a config key (configs only), e.g. --set topology.init.mu=0.5.
         #[arg(long = "set", value_name = "KEY=VALUE")]
-        overrides: Vec<String>,
+        overrides: Vec<Override>,
     },
     /// Time full training steps (forward, backward, optimizer) of a config: ms/step (median, p10,
     /// p90), samples or tokens/s, memory, parameters, analytic FLOPs and model FLOP utilisation
@@ -267,7 +267,7 @@ pub enum Cmd {
         warmup: usize,
         /// Override a config key, e.g. --set data.batch_size=32 (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE")]
-        overrides: Vec<String>,
+        overrides: Vec<Override>,
         /// Device to time on (`auto`, `cpu`, `cuda`, `cuda:N`): the same as --set device=…
         #[arg(long)]
         device: Option<String>,
@@ -368,7 +368,7 @@ pub enum Cmd {
         out: Option<PathBuf>,
         /// Override a config key, e.g. --set network.depth=16 (repeatable; validated like the file).
         #[arg(long = "set", value_name = "KEY=VALUE")]
-        overrides: Vec<String>,
+        overrides: Vec<Override>,
         /// Device of the runs (`auto`, `cpu`, `cuda`, `cuda:N`): the same as --set device=…
         #[arg(long, conflicts_with = "plot")]
         device: Option<String>,
@@ -433,7 +433,7 @@ pub struct SweepArgs {
     pub seeds: Vec<u64>,
     /// Override a config key in every run (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub overrides: Vec<String>,
+    pub overrides: Vec<Override>,
     /// The sweep folder (default: the spec's `out`).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -481,9 +481,11 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
 }
 
 /// `--device D` is `--set device=D`, given last so that it wins.
-fn with_device(mut overrides: Vec<String>, device: Option<String>) -> Vec<String> {
-    overrides.extend(device.map(|d| format!("device={d}")));
-    overrides
+fn with_device(mut overrides: Vec<Override>, device: Option<String>) -> Result<Vec<Override>> {
+    if let Some(d) = device {
+        overrides.push(Override::of("device", &d).map_err(|e| anyhow::anyhow!("--device {d}: {e}"))?);
+    }
+    Ok(overrides)
 }
 
 /// Runs the command `cli` parsed: checks `PLEXUS_FUSED_KERNELS` first, then dispatches each verb
@@ -493,10 +495,10 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Train { dist, .. } if dist.launches() => crate::dist::launch(dist.nproc as usize),
         Cmd::Train { configs, resume: Some(run), overrides, device, quiet, dist, .. } => {
-            commands::train_resume(&run, &configs, &with_device(overrides, device), quiet, dist.timeout())
+            commands::train_resume(&run, &configs, &with_device(overrides, device)?, quiet, dist.timeout())
         }
         Cmd::Train { configs, resume: None, out, overrides, device, quiet, overwrite, dist } => {
-            let overrides = with_device(overrides, device);
+            let overrides = with_device(overrides, device)?;
             commands::train_new(&configs, out.as_deref(), &overrides, quiet, overwrite, dist.timeout())
         }
         Cmd::Sweep(a) => commands::study::sweep(&commands::study::SweepRequest {
@@ -539,7 +541,7 @@ pub fn run(cli: Cli) -> Result<()> {
             dist,
         } => commands::bench::bench(&commands::bench::BenchRequest {
             config,
-            overrides: with_device(overrides, device),
+            overrides: with_device(overrides, device)?,
             options: crate::bench::BenchOptions { steps, warmup, case, profile, trace },
             csv,
             compare,
@@ -549,9 +551,8 @@ pub fn run(cli: Cli) -> Result<()> {
             dist_timeout: dist.timeout(),
         }),
         Cmd::Plot { runs, out, title, step, formats, width } => {
-            crate::plot::set_formats(crate::plot::Formats::parse(&formats)?);
-            crate::plot::set_width(crate::plot::Width::parse(&width)?);
-            commands::runs::plot(&runs, out.as_deref(), title.as_deref(), step)
+            let style = crate::plot::Style::parse(&formats, &width)?;
+            commands::runs::plot(&runs, &style, out.as_deref(), title.as_deref(), step)
         }
         Cmd::Analyze { runs, sigmas, probs, repeats, correlate, device } => {
             commands::runs::analyze(&runs, sigmas, probs, repeats, correlate, device.as_deref())
@@ -581,16 +582,16 @@ pub fn run(cli: Cli) -> Result<()> {
             commands::tokenize(&files, &out, &encoding, val_fraction, threads, quiet)
         }
         Cmd::Rl { resume: Some(run), overrides, device, quiet, .. } => {
-            commands::kind_resume(&crate::kinds::RL, &run, &with_device(overrides, device), quiet)
+            commands::kind_resume(&crate::kinds::RL, &run, &with_device(overrides, device)?, quiet)
         }
         Cmd::Rl { inputs, eval: true, episodes, device, .. } => {
-            commands::rl_eval(&inputs, episodes as usize, device.as_deref())
+            commands::runs::held_out_eval(&inputs, episodes as usize, device.as_deref())
         }
         Cmd::Rl { inputs, out, overrides, device, overwrite, plot, quiet, resume: None, .. } => commands::kind_run(
             &crate::kinds::RL,
             &inputs,
             out.as_deref(),
-            &with_device(overrides, device),
+            &with_device(overrides, device)?,
             overwrite,
             plot,
             quiet,

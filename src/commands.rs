@@ -4,8 +4,10 @@
 //! are formatted in `crate::report`.
 
 use crate::analysis::{self, AnalyzeOptions};
+use crate::config::Override;
 use crate::experiment::Experiment;
 use crate::kinds::{Launch, RunKind};
+use crate::plot::Style;
 use crate::run_dir::{atomic_write, RunDir};
 use crate::sets;
 use crate::train::{self, Summary, TrainOptions};
@@ -19,7 +21,7 @@ pub mod study;
 
 /// Expands directories into their `*.yaml` files (sorted) and resolves every config before any
 /// run starts, so one bad file stops the whole set before work.
-pub fn resolve_paths(paths: &[PathBuf], overrides: &[String]) -> Result<Vec<Experiment>> {
+pub fn resolve_paths(paths: &[PathBuf], overrides: &[Override]) -> Result<Vec<Experiment>> {
     config_files(paths)?.iter().map(|f| Ok(Experiment::from_file(f, overrides)?)).collect()
 }
 
@@ -112,7 +114,7 @@ pub fn crash_after() -> Result<Option<u64>> {
 
 /// The config set `name` embedded in the binary ([`sets::SETS`]) and each of its configs resolved
 /// with `overrides`; an unknown name is an error listing the sets there are.
-pub fn embedded(name: &str, overrides: &[String]) -> Result<(&'static sets::ConfigSet, Vec<Experiment>)> {
+pub fn embedded(name: &str, overrides: &[Override]) -> Result<(&'static sets::ConfigSet, Vec<Experiment>)> {
     let set = sets::find(name).with_context(|| {
         format!(
             "no embedded config set `{name}`; available: {}",
@@ -145,7 +147,7 @@ pub fn run_set(set: &sets::ConfigSet, exps: &[Experiment], out: &Path) -> Result
 /// `plexus demo FIGURE`: trains the embedded config set `figure` into `out` and draws its figures
 /// there; `showcase` also analyses its runs (exits, pruning, noise, Γ, Δ_t) and adds the linear
 /// networks' case study (`lnn-fig2b`). Prints the PNGs' paths.
-pub fn demo(figure: &str, out: &Path, overrides: &[String]) -> Result<()> {
+pub fn demo(figure: &str, out: &Path, overrides: &[Override]) -> Result<()> {
     crate::run_dir::check_output_dir(out, "--out")?;
     let started = std::time::Instant::now();
     let mut figures = Vec::new();
@@ -157,20 +159,33 @@ pub fn demo(figure: &str, out: &Path, overrides: &[String]) -> Result<()> {
         let summaries =
             runs.iter().map(|r| analysis::analyze(r, &AnalyzeOptions::default())).collect::<Result<Vec<_>>>()?;
         crate::report::print_analysis(&summaries);
-        figures.extend(crate::plot::figures::all(&runs, &dir.join("figures"), Some(set.about), None)?);
+        figures.extend(crate::plot::figures::all(
+            &runs,
+            &Style::default(),
+            &dir.join("figures"),
+            Some(set.about),
+            None,
+        )?);
         // The ANCRe case study rides along: seconds, and the clearest picture of why topology matters.
         let (set, exps) = embedded("lnn-fig2b", &[])?;
         let dir = out.join("lnn-fig2b");
         let runs = run_set(set, &exps, &dir)?;
         figures.extend(crate::plot::figures::losses(
             &crate::plot::figures::open_runs(&runs)?,
+            &Style::default(),
             &dir.join("figures"),
             Some(set.about),
         )?);
     } else {
         let (set, exps) = embedded(figure, overrides)?;
         let runs = run_set(set, &exps, out)?;
-        figures.extend(crate::plot::figures::all(&runs, &out.join("figures"), Some(set.about), None)?);
+        figures.extend(crate::plot::figures::all(
+            &runs,
+            &Style::default(),
+            &out.join("figures"),
+            Some(set.about),
+            None,
+        )?);
     }
     println!();
     for f in figures.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
@@ -217,7 +232,7 @@ pub fn kind_run(
     kind: &dyn RunKind,
     inputs: &[PathBuf],
     out: Option<&Path>,
-    overrides: &[String],
+    overrides: &[Override],
     overwrite: bool,
     plot_only: bool,
     quiet: bool,
@@ -227,7 +242,7 @@ pub fn kind_run(
         let inputs = runs_among(inputs, &format!("{verb} --plot"))?;
         let dir = out.map(Path::to_path_buf).unwrap_or_else(|| default_figure_dir(&inputs));
         crate::run_dir::check_output_dir(&dir, "the figure folder")?;
-        for p in crate::plot::curves::kind_figure(kind, &inputs, &dir)? {
+        for p in crate::plot::curves::kind_figure(kind, &inputs, &Style::default(), &dir)? {
             println!("{}", p.display());
         }
         return Ok(());
@@ -244,11 +259,11 @@ pub fn kind_run(
     for ((f, l), d) in files.iter().zip(&loaded).zip(&dirs) {
         eprintln!("{verb} {} → {}", l.name, d.display());
         kind.train(f, overrides, d, &launch)?;
-        crate::plot::curves::kind_figure(kind, std::slice::from_ref(d), &d.join("figures"))?;
+        crate::plot::curves::kind_figure(kind, std::slice::from_ref(d), &Style::default(), &d.join("figures"))?;
     }
     kind.print(&dirs)?;
     if dirs.len() > 1 {
-        for p in crate::plot::curves::kind_figure(kind, &dirs, &default_figure_dir(&dirs))? {
+        for p in crate::plot::curves::kind_figure(kind, &dirs, &Style::default(), &default_figure_dir(&dirs))? {
             println!("figure: {}", p.display());
         }
     } else if let Some(f) = kind.figure() {
@@ -257,30 +272,10 @@ pub fn kind_run(
     Ok(())
 }
 
-/// `plexus rl --eval RUN_DIR... [--episodes N]`: each finished run's final policy, the
-/// straight-line walker and the random policy on the same `episodes` tasks the run never saw;
-/// a table on stdout, and `held_out_eval.json` in each run directory.
-pub fn rl_eval(runs: &[PathBuf], episodes: usize, device: Option<&str>) -> Result<()> {
-    anyhow::ensure!(episodes >= 1, "--episodes must be at least 1");
-    let device = device
-        .map(|d| crate::device::parse_device(d).map_err(anyhow::Error::msg).and_then(crate::device::resolve))
-        .transpose()?;
-    let mut rows = Vec::new();
-    for r in &runs_among(runs, "rl --eval")? {
-        let run = crate::rl::trained::open(r, device)?;
-        let e = crate::rl::trained::held_out(&run, episodes);
-        let row = crate::report::RlHeldOutRow::new(&run.exp.config.name, r, &e);
-        crate::run_dir::atomic_write(&r.join("held_out_eval.json"), serde_json::to_string_pretty(&row)?.as_bytes())?;
-        rows.push(row);
-    }
-    crate::report::print_rl_held_out(&rows, episodes);
-    Ok(())
-}
-
 /// `plexus <verb> --resume RUN_DIR [--set <length key>=N]` for a kind the registry launches
 /// (`plexus rl`): continues a run from its latest checkpoint with the config it was trained with
 /// (plus the overrides the trainer accepts).
-pub fn kind_resume(kind: &dyn RunKind, run: &Path, overrides: &[String], quiet: bool) -> Result<()> {
+pub fn kind_resume(kind: &dyn RunKind, run: &Path, overrides: &[Override], quiet: bool) -> Result<()> {
     let verb = kind.verb();
     let file = run.join("config.yaml");
     if !file.is_file() {
@@ -291,7 +286,7 @@ pub fn kind_resume(kind: &dyn RunKind, run: &Path, overrides: &[String], quiet: 
     let launch = Launch { resume: true, quiet, crash_after: crash_after()?, ..Default::default() };
     kind.train(&file, overrides, run, &launch)?;
     let runs = [run.to_path_buf()];
-    crate::plot::curves::kind_figure(kind, &runs, &run.join("figures"))?;
+    crate::plot::curves::kind_figure(kind, &runs, &Style::default(), &run.join("figures"))?;
     kind.print(&runs)?;
     if let Some(f) = kind.figure() {
         println!("figure: {}", run.join("figures").join(format!("{}.png", f.file)).display());
@@ -305,7 +300,7 @@ pub fn kind_resume(kind: &dyn RunKind, run: &Path, overrides: &[String], quiet: 
 pub fn train_resume(
     run: &Path,
     configs: &[PathBuf],
-    overrides: &[String],
+    overrides: &[Override],
     quiet: bool,
     dist_timeout: std::time::Duration,
 ) -> Result<()> {
@@ -341,7 +336,7 @@ pub fn train_resume(
 
 /// The experiment a resumed run continues: `config` with `overrides`. Where the config is fine and
 /// a `--set` makes it invalid, the error names the `--set`s that would change what the run keeps.
-fn resumed_experiment(run: &Path, config: &Path, overrides: &[String]) -> Result<Experiment> {
+fn resumed_experiment(run: &Path, config: &Path, overrides: &[Override]) -> Result<Experiment> {
     match Experiment::from_file(config, overrides) {
         Ok(exp) => Ok(exp),
         // The run's config is fine and a --set makes it invalid: name the --set that changes what
@@ -349,13 +344,10 @@ fn resumed_experiment(run: &Path, config: &Path, overrides: &[String]) -> Result
         // behind, and the error would otherwise blame the run's own config.yaml).
         Err(e) if !overrides.is_empty() && Experiment::from_file(config, &[]).is_ok() => {
             let p = &crate::train::RESUME_POLICY;
-            let refused: Vec<&str> = overrides
+            let refused: Vec<String> = overrides
                 .iter()
-                .map(String::as_str)
-                .filter(|o| {
-                    let k = o.split_once('=').map_or(*o, |(k, _)| k).trim();
-                    k != p.length && !(p.may_change)(k)
-                })
+                .filter(|o| o.key() != p.length && !(p.may_change)(o.key()))
+                .map(Override::to_string)
                 .collect();
             if refused.is_empty() {
                 return Err(e.into());
@@ -378,7 +370,7 @@ fn resumed_experiment(run: &Path, config: &Path, overrides: &[String]) -> Result
 pub fn train_new(
     configs: &[PathBuf],
     out: Option<&Path>,
-    overrides: &[String],
+    overrides: &[Override],
     quiet: bool,
     overwrite: bool,
     dist_timeout: std::time::Duration,

@@ -2,7 +2,7 @@
 //! order data → model → topology (each needs what the previous one describes). Nothing is
 //! loaded, built or written here, so a bad config fails before any work.
 
-use crate::config::{self, ConfigError, LoadedConfig, OptionError};
+use crate::config::{self, ConfigError, LoadedConfig, OptionError, Override};
 use crate::data::{self, DataSpec};
 use crate::model::{self, ModelSpec};
 use crate::topology::{self, TopologySpec};
@@ -50,12 +50,12 @@ impl Experiment {
     }
 
     /// Loads the config file at `path`, applies the `--set` `overrides`, and [`resolve`](Self::resolve)s it.
-    pub fn from_file(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+    pub fn from_file(path: &Path, overrides: &[Override]) -> Result<Self, ConfigError> {
         Self::resolve(config::load_file(path, overrides)?)
     }
 
     /// From YAML text; `origin` names it in messages (e.g. `<embedded:lnn/fig2b/k3-0to2.yaml>`).
-    pub fn from_str(source: &str, origin: &str, overrides: &[String]) -> Result<Self, ConfigError> {
+    pub fn from_str(source: &str, origin: &str, overrides: &[Override]) -> Result<Self, ConfigError> {
         Self::resolve(config::load_str(source, Path::new(origin), overrides)?)
     }
 

@@ -6,6 +6,7 @@
 //! its runs are printed and which figure a kind draws of its own. tests/layers.rs checks that no
 //! other file above the trainers names the RL verb.
 
+use crate::config::Override;
 use crate::rl::config::RlExperiment;
 use crate::rl::trainer::{RlOptions, RlSummary};
 use crate::run_dir::RunDir;
@@ -58,12 +59,12 @@ pub trait RunKind: Sync {
     /// Whether the top-level sections of a config (a YAML mapping) make it one of this kind's.
     fn tells(&self, config: &serde_yaml::Mapping) -> bool;
     /// The config at `file` with `overrides`, resolved and checked.
-    fn load(&self, file: &Path, overrides: &[String]) -> Result<Loaded>;
+    fn load(&self, file: &Path, overrides: &[Override]) -> Result<Loaded>;
     /// What a resumed run may change (the run's length key among it).
     fn resume_policy(&self) -> &'static ResumePolicy;
     /// Trains the config at `file` into `out` (new, or resumed with `launch.resume`, when `file` is
     /// the run's own `config.yaml`).
-    fn train(&self, file: &Path, overrides: &[String], out: &Path, launch: &Launch) -> Result<()>;
+    fn train(&self, file: &Path, overrides: &[Override], out: &Path, launch: &Launch) -> Result<()>;
     /// Prints the table of finished runs (their `summary.json`) on stdout.
     fn print(&self, runs: &[PathBuf]) -> Result<()>;
     /// The figure a kind draws of its own runs, if any (train runs' figures are the analysis').
@@ -111,7 +112,7 @@ impl RunKind for Train {
         config.contains_key("model") || config.contains_key("data")
     }
 
-    fn load(&self, file: &Path, overrides: &[String]) -> Result<Loaded> {
+    fn load(&self, file: &Path, overrides: &[Override]) -> Result<Loaded> {
         let exp = crate::experiment::Experiment::from_file(file, overrides)?;
         Ok(Loaded { yaml: exp.config().to_yaml(), name: exp.config().name.clone() })
     }
@@ -120,7 +121,7 @@ impl RunKind for Train {
         &crate::train::RESUME_POLICY
     }
 
-    fn train(&self, file: &Path, overrides: &[String], out: &Path, launch: &Launch) -> Result<()> {
+    fn train(&self, file: &Path, overrides: &[Override], out: &Path, launch: &Launch) -> Result<()> {
         let exp = crate::experiment::Experiment::from_file(file, overrides)?;
         let dir = if launch.resume { RunDir::open(out)? } else { RunDir::new(out) };
         let opts = crate::train::TrainOptions {
@@ -154,7 +155,7 @@ impl RunKind for Rl {
         (has("env") || has("network") || has("crl")) && !TRAIN.tells(config)
     }
 
-    fn load(&self, file: &Path, overrides: &[String]) -> Result<Loaded> {
+    fn load(&self, file: &Path, overrides: &[Override]) -> Result<Loaded> {
         let exp = RlExperiment::from_file(file, overrides)?;
         Ok(Loaded { yaml: exp.config.to_yaml(), name: exp.config.name.clone() })
     }
@@ -163,7 +164,7 @@ impl RunKind for Rl {
         &crate::rl::trainer::RESUME_POLICY
     }
 
-    fn train(&self, file: &Path, overrides: &[String], out: &Path, launch: &Launch) -> Result<()> {
+    fn train(&self, file: &Path, overrides: &[Override], out: &Path, launch: &Launch) -> Result<()> {
         let exp = RlExperiment::from_file(file, overrides)?;
         let opts = RlOptions {
             overwrite: launch.overwrite,

@@ -174,7 +174,14 @@ fn heatmaps_at_init_show_the_residual_and_acn_patterns_of_hacn_fig8() {
             }
         }
         // The figure drawn from it exists.
-        let figs = plexus::plot::figures::all(std::slice::from_ref(&dir), &dir.join("figures"), None, None).unwrap();
+        let figs = plexus::plot::figures::all(
+            std::slice::from_ref(&dir),
+            &Default::default(),
+            &dir.join("figures"),
+            None,
+            None,
+        )
+        .unwrap();
         // Named by the run directory (`<tmp>/<topology>`), not by the config's name.
         let png = dir.join(format!("figures/connectivity_{topology}.png"));
         assert!(figs.contains(&png), "{} not among {figs:?}", png.display());
@@ -261,7 +268,9 @@ fn every_figure_is_also_a_pdf_with_its_fonts_embedded() {
     let dir = trained(&tiny("hacn"), &tmp.path().join("run"));
     let opts = AnalyzeOptions { repeats: 1, ..Default::default() };
     analysis::analyze(&dir, &opts).unwrap();
-    let figs = plexus::plot::figures::all(std::slice::from_ref(&dir), &dir.join("figures"), None, None).unwrap();
+    let figs =
+        plexus::plot::figures::all(std::slice::from_ref(&dir), &Default::default(), &dir.join("figures"), None, None)
+            .unwrap();
     let pdfs: Vec<&PathBuf> = figs.iter().filter(|f| f.extension().is_some_and(|x| x == "pdf")).collect();
     let pngs = figs.iter().filter(|f| f.extension().is_some_and(|x| x == "png")).count();
     assert_eq!(pdfs.len(), pngs, "one PDF per figure: {figs:?}");

@@ -12,7 +12,7 @@ train: {optimizer: adamw, lr: 0.001, steps: 1}
 ";
 
 fn row(topology: &str) -> bench::BenchRow {
-    let e = Experiment::from_str(MLP, "<test>", &[format!("topology.kind={topology}")]).unwrap();
+    let e = Experiment::from_str(MLP, "<test>", &[format!("topology.kind={topology}").parse().unwrap()]).unwrap();
     bench::bench(&e, &BenchOptions { steps: 3, warmup: 1, profile: true, ..Default::default() }).unwrap()
 }
 
@@ -93,7 +93,12 @@ fn the_parity_bench_writes_the_same_columns() {
 fn topologies_add_a_bounded_number_of_kernels_per_unit() {
     let exps: Vec<(String, Experiment)> = ["residual", "hacn", "rezero", "ancre", "hyper", "mhc"]
         .iter()
-        .map(|t| (t.to_string(), Experiment::from_str(MLP, "<test>", &[format!("topology.kind={t}")]).unwrap()))
+        .map(|t| {
+            (
+                t.to_string(),
+                Experiment::from_str(MLP, "<test>", &[format!("topology.kind={t}").parse().unwrap()]).unwrap(),
+            )
+        })
         .collect();
     let opts = BenchOptions { steps: 1, warmup: 1, ..Default::default() };
     let rows = plexus::native::setting::with_fused_kernels(false, || bench::compare(&exps, &opts)).unwrap();
@@ -160,7 +165,7 @@ fn the_kernel_profile_sorts_a_step_into_categories() {
     use plexus::bench::kernel_profile::Category;
     let dir = tempfile::tempdir().unwrap();
     let profile = |yaml: &str, topology: &str, trace: Option<std::path::PathBuf>| {
-        let e = Experiment::from_str(yaml, "<test>", &[format!("topology.kind={topology}")]).unwrap();
+        let e = Experiment::from_str(yaml, "<test>", &[format!("topology.kind={topology}").parse().unwrap()]).unwrap();
         let opts = BenchOptions { steps: 1, warmup: 1, profile: true, trace, ..Default::default() };
         bench::bench(&e, &opts).unwrap().kernels.expect("profile asked for")
     };
@@ -203,7 +208,12 @@ fn compare_with_profile_shows_each_topologys_own_cost() {
     use plexus::bench::kernel_profile::Category;
     let exps: Vec<(String, Experiment)> = ["residual", "mhc"]
         .iter()
-        .map(|t| (t.to_string(), Experiment::from_str(MLP, "<test>", &[format!("topology.kind={t}")]).unwrap()))
+        .map(|t| {
+            (
+                t.to_string(),
+                Experiment::from_str(MLP, "<test>", &[format!("topology.kind={t}").parse().unwrap()]).unwrap(),
+            )
+        })
         .collect();
     let opts = BenchOptions { steps: 1, warmup: 1, profile: true, ..Default::default() };
     let rows = bench::compare(&exps, &opts).unwrap();

@@ -20,12 +20,12 @@ train: {optimizer: adamw, lr: 3.0e-3, steps: 14}\n\
 log: {every: 1, eval_every: 4, checkpoint_every: 5, connectivity_every: 7}\n";
 
 fn exp(yaml: &str, overrides: &[&str]) -> Experiment {
-    let ov: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    let ov: Vec<plexus::config::Override> = overrides.iter().map(|s| s.parse().unwrap()).collect();
     Experiment::from_str(yaml, "<test>", &ov).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn err(yaml: &str, overrides: &[&str]) -> String {
-    let ov: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    let ov: Vec<plexus::config::Override> = overrides.iter().map(|s| s.parse().unwrap()).collect();
     Experiment::from_str(yaml, "<test>", &ov).map(|_| ()).expect_err("config must be refused").to_string()
 }
 
@@ -165,7 +165,9 @@ fn a_diffusion_run_trains_evaluates_per_timestep_bucket_and_resumes_exactly() {
     let e = plexus::analysis::analyze(&a, &Default::default()).map(|_| ()).unwrap_err().to_string();
     assert!(e.contains("a diffusion run") && e.contains("eps_by_t.csv"), "{e}");
     // `plexus plot` draws them.
-    let figs = plexus::plot::figures::all(std::slice::from_ref(&a), &tmp.path().join("fig"), None, None).unwrap();
+    let figs =
+        plexus::plot::figures::all(std::slice::from_ref(&a), &Default::default(), &tmp.path().join("fig"), None, None)
+            .unwrap();
     assert!(figs.iter().any(|f| f.ends_with("eps_by_t.png")), "{figs:?}");
     // At init every bucket's ε-MSE is E[ε²] ≈ 1 (the prediction is 0).
     for v in rows[0].1.iter().filter(|v| v.is_finite()) {
@@ -210,7 +212,7 @@ fn the_eps_loss_falls_clearly_on_fashion_mnist() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("configs/dit-fmnist/cpu/res.yaml");
     let root = root.to_string_lossy().into_owned();
-    let ov: Vec<String> = [
+    let ov: Vec<plexus::config::Override> = [
         "train.steps=120",
         "data.train_samples=4000",
         "data.eval_samples=256",
@@ -221,6 +223,7 @@ fn the_eps_loss_falls_clearly_on_fashion_mnist() {
     .iter()
     .map(|s| s.to_string())
     .chain([format!("data.root={root}")])
+    .map(|s| s.parse().unwrap())
     .collect();
     let e = Experiment::from_file(&cfg, &ov).unwrap_or_else(|e| panic!("{e}"));
     let s = train::train(&e, &RunDir::create(&tmp.path().join("r")).unwrap(), &TrainOptions::default()).unwrap();

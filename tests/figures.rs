@@ -78,17 +78,16 @@ claims:
 /// Draws every figure kind at `width` (SVG and PNG) into `out`; returns the SVGs.
 fn draw_all(runs: &[PathBuf], study: &Path, width: &str, out: &Path) -> Vec<PathBuf> {
     use plexus::plot::{self, LineChart, Series};
-    plot::set_width(plot::Width::parse(width).unwrap());
-    plot::set_formats(plot::Formats::parse("png,svg").unwrap());
-    let mut files = plot::figures::all(runs, out, None, None).unwrap();
+    let style = plot::Style::parse("png,svg", width).unwrap();
+    let mut files = plot::figures::all(runs, &style, out, None, None).unwrap();
     let spec_file = study.join("spec.yaml");
     std::fs::write(&spec_file, SPEC).unwrap();
     let spec = plexus::study::spec::SweepSpec::from_file(&spec_file).unwrap();
     let curves = ["loss", "eval.accuracy", "layerwise.accuracy", "noise.accuracy"].map(String::from).to_vec();
     let opts = plexus::study::ReportOptions { by: vec!["topology.kind".into()], curves, ..Default::default() };
     let r = plexus::study::build(&[study.to_path_buf()], &opts, Some(&spec)).unwrap();
-    files.extend(plot::study::band_curves(&r, out).unwrap());
-    files.extend(plot::study::claim_figures(&r, out).unwrap());
+    files.extend(plot::study::band_curves(&r, &style, out).unwrap());
+    files.extend(plot::study::claim_figures(&r, &style, out).unwrap());
     // The kinds that need runs this test cannot train in seconds (plexus bench's growth with depth,
     // plexus rl's success), drawn by the same functions from numbers of their shape.
     let depth = |k: f64| (1..=5).map(|i| (2f64.powi(i + 1), 3.0 * 2f64.powf(k * f64::from(i)))).collect::<Vec<_>>();
@@ -124,6 +123,7 @@ fn draw_all(runs: &[PathBuf], study: &Path, width: &str, out: &Path) -> Vec<Path
                     },
                 ],
             },
+            &style,
             &out.join("depth_time"),
         )
         .unwrap(),
@@ -168,6 +168,7 @@ fn draw_all(runs: &[PathBuf], study: &Path, width: &str, out: &Path) -> Vec<Path
                     },
                 ],
             },
+            &style,
             &out.join("success"),
         )
         .unwrap(),

@@ -199,7 +199,7 @@ fn tiny(topology: &str, overrides: &[&str]) -> RlExperiment {
          train: {{env_steps: 320, batch_size: 32, updates_per_rollout: 2, replay_episodes: 64}}\n\
          log: {{eval_every: 160, eval_envs: 8}}\n"
     );
-    let ov: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    let ov: Vec<plexus::config::Override> = overrides.iter().map(|s| s.parse().unwrap()).collect();
     RlExperiment::from_str(&yaml, Path::new("tiny.yaml"), &ov).unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -256,7 +256,7 @@ fn config_errors_name_the_file_the_key_the_value_and_what_is_allowed() {
     let src = std::fs::read_to_string(common::repo().join("configs/crl-maze/cpu/d4.yaml")).unwrap();
     let file = Path::new("d4.yaml");
     let load = |s: &str, ov: &[&str]| {
-        let ov: Vec<String> = ov.iter().map(|s| s.to_string()).collect();
+        let ov: Vec<plexus::config::Override> = ov.iter().map(|s| s.parse().unwrap()).collect();
         RlExperiment::from_str(s, file, &ov)
     };
     assert!(load(&src, &[]).is_ok());
@@ -301,8 +301,8 @@ fn shipped_configs_load() {
 #[ignore = "slow tier: RL training until it beats the random policy"]
 fn a_short_training_run_beats_the_random_policy() {
     let tmp = tempfile::tempdir().unwrap();
-    let ov: Vec<String> =
-        ["train.env_steps=9600", "log.eval_every=4800", "env.num_envs=16"].iter().map(|s| s.to_string()).collect();
+    let ov: Vec<plexus::config::Override> =
+        ["train.env_steps=9600", "log.eval_every=4800", "env.num_envs=16"].iter().map(|s| s.parse().unwrap()).collect();
     let exp = RlExperiment::from_file(&common::repo().join("configs/crl-maze/cpu/d4.yaml"), &ov).unwrap();
     let dir = tmp.path().join("run");
     let t = std::time::Instant::now();
@@ -328,9 +328,13 @@ fn a_short_training_run_beats_the_random_policy() {
         assert!(dir.join(f).is_file(), "{f}");
     }
     // The figure is the command's (`plexus rl` draws it after training).
-    let figures =
-        plexus::plot::curves::kind_figure(&plexus::kinds::RL, std::slice::from_ref(&dir), &dir.join("figures"))
-            .unwrap();
+    let figures = plexus::plot::curves::kind_figure(
+        &plexus::kinds::RL,
+        std::slice::from_ref(&dir),
+        &Default::default(),
+        &dir.join("figures"),
+    )
+    .unwrap();
     assert_eq!(
         figures,
         [dir.join("figures/success.png"), dir.join("figures/success.svg"), dir.join("figures/success.pdf")]
@@ -589,7 +593,7 @@ fn impossible_rl_settings_are_refused_naming_the_key() {
     assert!(e.contains("train.replay_episodes = 1000000000000") && e.contains("GiB"), "{e}");
     assert!(!dir.exists(), "a run directory was left behind");
     let yaml = |ov: &[&str]| {
-        let ov: Vec<String> = ov.iter().map(|s| s.to_string()).collect();
+        let ov: Vec<plexus::config::Override> = ov.iter().map(|s| s.parse().unwrap()).collect();
         let src = "name: t\nseed: 1\ndevice: cpu\nenv: {layout: u, num_envs: 8, episode_length: 20}\n\
                    network: {width: 16, depth: 4, block_size: 4, repr_dim: 8, topology: {kind: residual}}\n\
                    train: {env_steps: 320, batch_size: 32, updates_per_rollout: 2, replay_episodes: 64}\n";

@@ -18,7 +18,7 @@ log: {every: 1, eval_every: 4, checkpoint_every: 5, connectivity_every: 7}
 ";
 
 fn exp(yaml: &str, overrides: &[&str]) -> Experiment {
-    let ov: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    let ov: Vec<plexus::config::Override> = overrides.iter().map(|s| s.parse().unwrap()).collect();
     Experiment::from_str(yaml, "<test>", &ov).unwrap_or_else(|e| panic!("{e}"))
 }
 

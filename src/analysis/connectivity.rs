@@ -1,13 +1,14 @@
 //! `plexus connectivity`: the matrix C of a config's freshly initialised model or of a trained
 //! run (its final weights, or a step it saved), on the probe batch the trainer uses.
 
+use crate::config::Override;
 use crate::experiment::Experiment;
 use crate::run_dir::RunDir;
 use anyhow::{bail, Result};
 use std::path::Path;
 
 /// C as CSV for a config (initialised model) or a run directory (final checkpoint, or a saved step).
-pub fn csv(path: &Path, step: Option<u64>, overrides: &[String]) -> Result<String> {
+pub fn csv(path: &Path, step: Option<u64>, overrides: &[Override]) -> Result<String> {
     if let (true, Some(step)) = (path.is_dir(), step) {
         let run = RunDir::open(path)?;
         crate::train::trained::refuse_rl_run(&run)?;
@@ -28,7 +29,7 @@ pub fn csv(path: &Path, step: Option<u64>, overrides: &[String]) -> Result<Strin
 
 /// C `[L + 2, L + 2]` (row = source node, column = target) of a config's initialised model or of a
 /// run's final weights.
-pub fn matrix(path: &Path, overrides: &[String]) -> Result<crate::run_dir::Matrix> {
+pub fn matrix(path: &Path, overrides: &[Override]) -> Result<crate::run_dir::Matrix> {
     let dev = tch::Device::Cpu;
     let (exp, model) = if path.is_dir() {
         crate::train::trained::refuse_rl_run(&RunDir::open(path)?)?;

@@ -2,23 +2,27 @@
 //! measured with [`super::compare`] and [`super::bench`]; the depth sweep also writes `depth.csv`,
 //! `growth.csv` and log-log figures of step time and memory against depth.
 
+use crate::config::Override;
 use crate::experiment::Experiment;
 use crate::run_dir::atomic_write;
 use anyhow::{Context, Result};
 use std::path::Path;
 
 /// `--set` overrides selecting a topology written `kind` or `kind+key=value+…`.
-fn topology_overrides(entry: &str) -> Vec<String> {
+fn topology_overrides(entry: &str) -> Result<Vec<Override>> {
     let mut parts = entry.split('+');
     let kind = parts.next().unwrap_or_default();
-    std::iter::once(format!("topology.kind={kind}")).chain(parts.map(|p| format!("topology.{p}"))).collect()
+    std::iter::once(format!("topology.kind={kind}"))
+        .chain(parts.map(|p| format!("topology.{p}")))
+        .map(|o| Override::parse(&o).with_context(|| format!("the topology `{entry}`: {o}")))
+        .collect()
 }
 
 /// The paired overhead of each topology `entries` (`kind` or `kind+key=value+…`) over the first,
 /// on `config` with `overrides`: printed, and appended to `csv` where given.
 pub fn compare(
     config: &Path,
-    overrides: &[String],
+    overrides: &[Override],
     opts: &super::BenchOptions,
     entries: &[String],
     csv: Option<&Path>,
@@ -26,7 +30,7 @@ pub fn compare(
     let exps = entries
         .iter()
         .map(|t| {
-            let ov: Vec<String> = overrides.iter().cloned().chain(topology_overrides(t)).collect();
+            let ov: Vec<Override> = overrides.iter().cloned().chain(topology_overrides(t)?).collect();
             Ok((t.clone(), Experiment::from_file(config, &ov)?))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -44,21 +48,21 @@ pub fn compare(
 /// step memory, and the fitted exponent k of `cost ∝ L^k` per topology.
 pub fn sweep(
     config: &Path,
-    overrides: &[String],
+    overrides: &[Override],
     opts: &super::BenchOptions,
     depths: &[usize],
     topologies: &[String],
     out: &Path,
 ) -> Result<()> {
-    use crate::plot::{loglog_chart, topology_color, Dash, LineChart, Series};
+    use crate::plot::{loglog_chart, topology_color, Dash, LineChart, Series, Style};
     std::fs::create_dir_all(out).with_context(|| format!("creating the output directory {}", out.display()))?;
     let mut rows = Vec::new();
     for t in topologies {
         let kind = t.split('+').next().unwrap_or_default();
         for &l in depths {
             let mut ov = overrides.to_vec();
-            ov.extend(topology_overrides(t));
-            ov.push(format!("model.depth={l}"));
+            ov.extend(topology_overrides(t)?);
+            ov.push(Override::of("model.depth", l)?);
             let exp = Experiment::from_file(config, &ov)?;
             let o = super::BenchOptions { case: Some(format!("{t}@L{l}")), ..opts.clone() };
             eprintln!("bench {t} at depth {l}…");
@@ -101,6 +105,7 @@ pub fn sweep(
             log_y: true,
             series: time_series,
         },
+        &Style::default(),
         &out.join("depth_time"),
     )?;
     files.extend(loglog_chart(
@@ -111,6 +116,7 @@ pub fn sweep(
             log_y: true,
             series: mem_series,
         },
+        &Style::default(),
         &out.join("depth_memory"),
     )?);
     for f in files.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {

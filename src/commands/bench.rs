@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 /// What `plexus bench` was asked.
 pub struct BenchRequest {
     pub config: PathBuf,
-    pub overrides: Vec<String>,
+    pub overrides: Vec<crate::config::Override>,
     pub options: crate::bench::BenchOptions,
     pub csv: Option<PathBuf>,
     pub compare: Vec<String>,

@@ -1,26 +1,28 @@
 //! The verbs that read runs (or a config) and write what they show: `plexus connectivity`,
-//! `plot`, `analyze`, `sample` and `fd`.
+//! `plot`, `analyze`, `sample`, `fd` and `rl --eval` (held-out tasks).
 
 use super::{default_figure_dir, runs_among};
 use crate::analysis::{self, AnalyzeOptions};
+use crate::config::Override;
+use crate::plot::Style;
 use crate::run_dir::atomic_write;
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
 
 /// `plexus connectivity CONFIG_OR_RUN [--step N]`: C as CSV on stdout.
-pub fn connectivity(path: &Path, step: Option<u64>, overrides: &[String]) -> Result<()> {
+pub fn connectivity(path: &Path, step: Option<u64>, overrides: &[Override]) -> Result<()> {
     print!("{}", crate::analysis::connectivity::csv(path, step, overrides)?);
     Ok(())
 }
 
 /// `plexus plot RUN...`: the paper figures of runs; `plexus plot CONFIG`: the C the config will
-/// train with, before any training.
-pub fn plot(runs: &[PathBuf], out: Option<&Path>, title: Option<&str>, step: Option<u64>) -> Result<()> {
+/// train with, before any training. Figures at `style`'s width and in its formats.
+pub fn plot(runs: &[PathBuf], style: &Style, out: Option<&Path>, title: Option<&str>, step: Option<u64>) -> Result<()> {
     if let [config] = runs {
         if config.is_file() {
             let out = out.map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("figures"));
             crate::run_dir::check_output_dir(&out, "the figure folder")?;
-            for p in crate::plot::figures::config_connectivity(config, &out)? {
+            for p in crate::plot::figures::config_connectivity(config, style, &out)? {
                 println!("{}", p.display());
             }
             return Ok(());
@@ -29,7 +31,7 @@ pub fn plot(runs: &[PathBuf], out: Option<&Path>, title: Option<&str>, step: Opt
     let runs = &runs_among(runs, "plot")?;
     let out = out.map(Path::to_path_buf).unwrap_or_else(|| default_figure_dir(runs));
     crate::run_dir::check_output_dir(&out, "the figure folder")?;
-    let written = crate::plot::figures::all(runs, &out, title, step)?;
+    let written = crate::plot::figures::all(runs, style, &out, title, step)?;
     if written.is_empty() {
         let names: Vec<String> = runs.iter().map(|r| r.display().to_string()).collect();
         bail!(
@@ -121,5 +123,25 @@ pub fn fd(
         100.0 * r.extractor_accuracy
     );
     println!("written: {}", file.display());
+    Ok(())
+}
+
+/// `plexus rl --eval RUN_DIR... [--episodes N]`: each finished run's final policy, the
+/// straight-line walker and the random policy on the same `episodes` tasks the run never saw;
+/// a table on stdout, and `held_out_eval.json` in each run directory.
+pub fn held_out_eval(runs: &[PathBuf], episodes: usize, device: Option<&str>) -> Result<()> {
+    anyhow::ensure!(episodes >= 1, "--episodes must be at least 1");
+    let device = device
+        .map(|d| crate::device::parse_device(d).map_err(anyhow::Error::msg).and_then(crate::device::resolve))
+        .transpose()?;
+    let mut rows = Vec::new();
+    for r in &runs_among(runs, "rl --eval")? {
+        let run = crate::rl::trained::open(r, device)?;
+        let e = crate::rl::trained::held_out(&run, episodes);
+        let row = crate::report::RlHeldOutRow::new(&run.exp.config.name, r, &e);
+        crate::run_dir::atomic_write(&r.join("held_out_eval.json"), serde_json::to_string_pretty(&row)?.as_bytes())?;
+        rows.push(row);
+    }
+    crate::report::print_rl_held_out(&rows, episodes);
     Ok(())
 }

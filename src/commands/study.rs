@@ -131,8 +131,10 @@ fn write_report(
     [md, csv, tex, runs_csv]: [&String; 4],
 ) -> Result<()> {
     // The figures' width and formats: the flags, else the spec's `report:` section.
-    crate::plot::set_formats(crate::plot::Formats::parse(r.formats.as_deref().unwrap_or("png,svg,pdf"))?);
-    crate::plot::set_width(crate::plot::Width::parse(r.width.as_deref().unwrap_or("double"))?);
+    let style = crate::plot::Style::parse(
+        r.formats.as_deref().unwrap_or("png,svg,pdf"),
+        r.width.as_deref().unwrap_or("double"),
+    )?;
     // A sweep's own report/ (written by the sweep with its spec's settings) replaced by a
     // report of other settings: said, so that it is not lost by surprise.
     if options != &crate::study::ReportOptions::default() && out.join("report.md").is_file() {
@@ -150,8 +152,8 @@ fn write_report(
             crate::run_dir::atomic_write(&dir.join(name), text.as_bytes())?;
             files.push(dir.join(name));
         }
-        files.extend(crate::plot::study::band_curves(r, dir)?);
-        files.extend(crate::plot::study::claim_figures(r, dir)?);
+        files.extend(crate::plot::study::band_curves(r, &style, dir)?);
+        files.extend(crate::plot::study::claim_figures(r, &style, dir)?);
         Ok(files)
     })?;
     let figures = &written[tables.len()..];

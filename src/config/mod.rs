@@ -6,9 +6,11 @@
 //! itself (so adding a topology never touches this file).
 
 mod error;
+mod overrides;
 
 pub(crate) use error::{clean_serde_message, serde_key};
 pub use error::{locate_key, ConfigError, OptionError};
+pub use overrides::{join as join_overrides, Override, OverrideError};
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -223,7 +225,7 @@ pub struct LoadedConfig {
     pub source: String,
     /// The `--set key=value` overrides applied on top of the file: an error under one of their
     /// keys is reported as coming from the override, not from a line of the file.
-    pub overrides: Vec<String>,
+    pub overrides: Vec<Override>,
 }
 
 impl LoadedConfig {
@@ -235,7 +237,7 @@ impl LoadedConfig {
 
 /// An option error found under `prefix` of a document parsed from `source` (the file's text) with
 /// `overrides`, as a config error: the file and line, or the `--set` that gave the value.
-pub fn locate_error(file: &Path, source: &str, overrides: &[String], prefix: &str, e: OptionError) -> ConfigError {
+pub fn locate_error(file: &Path, source: &str, overrides: &[Override], prefix: &str, e: OptionError) -> ConfigError {
     let mut err = e.in_file(file, Some(source), prefix);
     if let Some(ov) = override_of(overrides, &err.key) {
         err.file = PathBuf::from(format!("{} (--set {ov})", file.display()));
@@ -245,12 +247,8 @@ pub fn locate_error(file: &Path, source: &str, overrides: &[String], prefix: &st
 }
 
 /// The last override that set `key`, a key above it or a key below it.
-fn override_of<'a>(overrides: &'a [String], key: &str) -> Option<&'a str> {
-    overrides.iter().rev().map(String::as_str).find(|ov| {
-        let k = ov.split_once('=').map_or(*ov, |(k, _)| k).trim();
-        let under = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}.")) || a.starts_with(&format!("{b}["));
-        !k.is_empty() && !key.is_empty() && (under(key, k) || under(k, key))
-    })
+fn override_of<'a>(overrides: &'a [Override], key: &str) -> Option<&'a Override> {
+    overrides.iter().rev().find(|ov| ov.touches(key))
 }
 
 /// The largest config file accepted (configs are a few hundred bytes; this bounds the parse).
@@ -267,7 +265,7 @@ pub fn read_config_text(path: &Path) -> Result<String, String> {
 }
 
 /// Reads, overrides and validates a config file.
-pub fn load_file(path: &Path, overrides: &[String]) -> Result<LoadedConfig, ConfigError> {
+pub fn load_file(path: &Path, overrides: &[Override]) -> Result<LoadedConfig, ConfigError> {
     let fail = |allowed: String| ConfigError {
         file: path.to_path_buf(),
         key: String::new(),
@@ -403,7 +401,7 @@ fn check_verb(source: &str, file: &Path, verb: Verb) -> Result<(), ConfigError> 
 }
 
 /// Parses YAML text as a config (`file` is only used in messages).
-pub fn load_str(source: &str, file: &Path, overrides: &[String]) -> Result<LoadedConfig, ConfigError> {
+pub fn load_str(source: &str, file: &Path, overrides: &[Override]) -> Result<LoadedConfig, ConfigError> {
     let (config, source) =
         parse_document::<Config>(source, file, overrides).map_err(|e| other_verb(e, source, file, Verb::Train))?;
     let loaded = LoadedConfig { config, file: file.to_path_buf(), source, overrides: overrides.to_vec() };
@@ -419,7 +417,7 @@ pub fn load_str(source: &str, file: &Path, overrides: &[String]) -> Result<Loade
 pub fn parse_document<T: serde::de::DeserializeOwned>(
     source: &str,
     file: &Path,
-    overrides: &[String],
+    overrides: &[Override],
 ) -> Result<(T, String), ConfigError> {
     let err = |key: String, value: Option<String>, allowed: String, line: Option<usize>| ConfigError {
         file: file.to_path_buf(),
@@ -681,26 +679,11 @@ fn diff_values(prefix: &str, a: &serde_yaml::Value, b: &serde_yaml::Value, out: 
     }
 }
 
-/// Applies one `key.path=value` override to a YAML document. The value is parsed as YAML
-/// (`4` is an integer, `[0:2]` … use quotes for strings that look like other types).
-fn apply_override(doc: &mut serde_yaml::Value, ov: &str) -> Result<(), (String, String)> {
-    let (key, value) =
-        ov.split_once('=').ok_or_else(|| (String::new(), "an override of the form key.path=value".to_string()))?;
-    let key = key.trim();
-    if key.is_empty() || key.split('.').any(|s| s.is_empty()) {
-        return Err((key.to_string(), "a dotted key path such as model.depth".into()));
-    }
-    if value.len() > MAX_CONFIG_BYTES || too_deep(value, MAX_CONFIG_DEPTH).is_some() {
-        return Err((
-            key.to_string(),
-            format!("a value of at most {MAX_CONFIG_BYTES} bytes nested at most {MAX_CONFIG_DEPTH} deep"),
-        ));
-    }
-    let value: serde_yaml::Value = serde_yaml::from_str(value)
-        .map_err(|e| (key.to_string(), format!("a YAML value: {}", clean_serde_message(&e.to_string()))))?;
-    if let Some((_, tag)) = find_tag(&value, key) {
-        return Err((key.to_string(), format!("a plain value: YAML tags (`{tag}`) are not part of the config schema")));
-    }
+/// Applies one override to a YAML document: walks (and makes) the mappings of its key path and
+/// sets the value; `null` removes the key, so that the schema's default applies. Err: (the key
+/// that is not a mapping, what is allowed).
+fn apply_override(doc: &mut serde_yaml::Value, ov: &Override) -> Result<(), (String, String)> {
+    let (key, value) = (ov.key(), ov.value().clone());
     let mut node = doc;
     let segs: Vec<&str> = key.split('.').collect();
     for (i, seg) in segs.iter().enumerate() {
@@ -721,7 +704,7 @@ fn apply_override(doc: &mut serde_yaml::Value, ov: &str) -> Result<(), (String, 
                     note_once(format!(
                         "--set {key}={}: {section} switches kind, so its other options ({}) go back to the new \
                          kind's defaults; --set them after this one where the new kind takes them",
-                        scalar_text(&value).unwrap_or_default(),
+                        ov.scalar().unwrap_or_default(),
                         dropped.iter().map(|d| format!("{section}.{d}")).collect::<Vec<_>>().join(", ")
                     ));
                 }
@@ -825,7 +808,7 @@ mod tests {
     const GOOD: &str = "name: t\nmodel:\n  kind: lnn\n  depth: 3\ntopology:\n  kind: plain\ndata:\n  kind: whitened_regression\ntrain:\n  lr: 0.1\n  steps: 5\n";
 
     fn load(src: &str, ov: &[&str]) -> Result<LoadedConfig, ConfigError> {
-        let ov: Vec<String> = ov.iter().map(|s| s.to_string()).collect();
+        let ov: Vec<Override> = ov.iter().map(|s| s.parse().unwrap()).collect();
         load_str(src, Path::new("t.yaml"), &ov)
     }
 
@@ -909,7 +892,7 @@ mod tests {
         assert!(e.allowed.contains("nested at most"), "{e}");
         let big = format!("name: t\n#{}\n", "x".repeat(MAX_CONFIG_BYTES));
         assert!(load(&big, &[]).unwrap_err().allowed.contains("at most 1048576 bytes"));
-        let e = load(GOOD, &[&format!("model.depth={}", "[".repeat(100_000))]).unwrap_err();
+        let e = Override::parse(&format!("model.depth={}", "[".repeat(100_000))).unwrap_err();
         assert!(e.allowed.contains("nested at most"), "{e}");
         // Milliseconds when bounded; seconds or a stack overflow when not. Generous, as the test
         // shares the machine with the rest of the suite.
@@ -924,7 +907,7 @@ mod tests {
         assert_eq!(c.name, "t");
         let e = load(&GOOD.replace("lr: 0.1", "lr: !custom 0.1"), &[]).unwrap_err();
         assert_eq!((e.key.as_str(), e.value.as_deref(), e.line), ("train.lr", Some("!custom"), Some(10)), "{e}");
-        let e = load(GOOD, &["model.depth=!weird 3"]).unwrap_err();
+        let e = Override::parse("model.depth=!weird 3").unwrap_err();
         assert!(e.allowed.contains("tags"), "{e}");
     }
 

@@ -3,7 +3,7 @@
 //! `metrics.csv` (colours by topology, as in every plexus figure), and the kind's baselines as grey
 //! horizontal lines at their mean over the runs.
 
-use super::{line_chart, topology_color, Dash, LineChart, Series};
+use super::{line_chart, topology_color, Dash, LineChart, Series, Style};
 use crate::kinds::{Figure, RunKind};
 use anyhow::{Context, Result};
 use std::collections::HashMap;
@@ -34,14 +34,14 @@ fn curve(dir: &Path, x: &str, y: &str) -> Result<Vec<(f64, f64)>> {
 
 /// Draws `kind`'s own figure of `runs` into `out` (`<figure>.{png,svg,pdf}`); nothing for a kind
 /// without one.
-pub fn kind_figure(kind: &dyn RunKind, runs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
+pub fn kind_figure(kind: &dyn RunKind, runs: &[PathBuf], style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
     match kind.figure() {
-        Some(f) => draw(f, runs, out),
+        Some(f) => draw(f, runs, style, out),
         None => Ok(Vec::new()),
     }
 }
 
-fn draw(f: &Figure, runs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
+fn draw(f: &Figure, runs: &[PathBuf], style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut series = Vec::new();
     let (mut baselines, mut x_max) = (vec![Vec::new(); f.baselines.len()], 0.0f64);
@@ -72,5 +72,5 @@ fn draw(f: &Figure, runs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
     }
     let chart =
         LineChart { title: f.title.into(), x_label: f.x_label.into(), y_label: f.y_label.into(), log_y: false, series };
-    line_chart(&chart, &out.join(f.file))
+    line_chart(&chart, style, &out.join(f.file))
 }

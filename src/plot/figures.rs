@@ -3,7 +3,7 @@
 //! `log(p_ij / max_i p_ij)`, Γ and Δ_t over training, layer-wise exits, noise and pruning curves.
 //! Colours are fixed per topology ([`super::topology_color`]) so figures can be compared.
 
-use super::{heatmaps, line_chart, topology_color, Dash, Heatmap, LineChart, Series};
+use super::{heatmaps, line_chart, topology_color, Dash, Heatmap, LineChart, Series, Style};
 use crate::analysis;
 use crate::experiment::Experiment;
 use crate::run_dir::RunDir;
@@ -163,7 +163,15 @@ fn mean_band(curves: &[Points]) -> (Points, Points) {
     (points, band)
 }
 
-fn chart(title: &str, x: &str, y: &str, log_y: bool, mut series: Vec<Series>, out: &Path) -> Result<Vec<PathBuf>> {
+fn chart(
+    title: &str,
+    x: &str,
+    y: &str,
+    log_y: bool,
+    mut series: Vec<Series>,
+    style: &Style,
+    out: &Path,
+) -> Result<Vec<PathBuf>> {
     if series.iter().all(|s| s.points.is_empty()) {
         return Ok(Vec::new());
     }
@@ -182,7 +190,7 @@ fn chart(title: &str, x: &str, y: &str, log_y: bool, mut series: Vec<Series>, ou
         _ if series.iter().any(|s| seeds(s).is_some()) => title = format!("{title}, mean ± sd over n seeds"),
         _ => {}
     }
-    line_chart(&LineChart { title, x_label: x.into(), y_label: y.into(), log_y, series }, out)
+    line_chart(&LineChart { title, x_label: x.into(), y_label: y.into(), log_y, series }, style, out)
 }
 
 /// What the runs' loss is measured in, for an axis title: nats for cross-entropy, the ε-MSE of a
@@ -201,7 +209,7 @@ fn loss_unit(runs: &[PlotRun]) -> &'static str {
 }
 
 /// Training loss of every run (log axis) → `loss.{png,svg}`; eval loss → `eval_loss.{png,svg}`.
-pub fn losses(runs: &[PlotRun], out: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
+pub fn losses(runs: &[PlotRun], style: &Style, out: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
     let unit = loss_unit(runs);
     let mut files = chart(
         title.unwrap_or("Training loss"),
@@ -209,6 +217,7 @@ pub fn losses(runs: &[PlotRun], out: &Path, title: Option<&str>) -> Result<Vec<P
         &format!("training loss{unit}"),
         true,
         curves(runs, |d| Ok(d.metrics()?.iter().map(|m| (m.step as f64, m.loss)).collect()))?,
+        style,
         &out.join("loss"),
     )?;
     files.extend(chart(
@@ -217,6 +226,7 @@ pub fn losses(runs: &[PlotRun], out: &Path, title: Option<&str>) -> Result<Vec<P
         &format!("held-out loss{unit}"),
         true,
         curves(runs, |d| Ok(d.evals()?.iter().map(|e| (e.step as f64, e.loss)).collect()))?,
+        style,
         &out.join("eval_loss"),
     )?);
     Ok(files)
@@ -224,7 +234,7 @@ pub fn losses(runs: &[PlotRun], out: &Path, title: Option<&str>) -> Result<Vec<P
 
 /// Diffusion runs: the validation ε-MSE per bucket of timesteps at the last evaluation, against
 /// the bucket's mid `t` (log axis) → `eps_by_t.{png,svg}`; nothing for other runs.
-pub fn eps_by_t(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
+pub fn eps_by_t(runs: &[PlotRun], style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
     let series = curves(runs, |d| {
         let rows = d.eps_by_t()?;
         let Some((_, last)) = rows.last() else { return Ok(Vec::new()) };
@@ -242,12 +252,13 @@ pub fn eps_by_t(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
         "ε-MSE",
         true,
         series,
+        style,
         &out.join("eps_by_t"),
     )
 }
 
 /// Γ over training (H-ACN Fig. 5) and Δ_t (Fig. 6a) for runs that have residual weights.
-pub fn gamma_delta(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
+pub fn gamma_delta(runs: &[PlotRun], style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
     // Γ is drawn for runs with trainable residual weights (those that save them), not for the
     // constant Γ of residual (1) or ACN (0).
     let gamma = curves(runs, |d| {
@@ -266,14 +277,22 @@ pub fn gamma_delta(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
             }
         }
     })?;
-    let mut files =
-        chart("Total connectivity strength Γ = ‖a‖₂/√L", "training step", "Γ", false, gamma, &out.join("gamma"))?;
+    let mut files = chart(
+        "Total connectivity strength Γ = ‖a‖₂/√L",
+        "training step",
+        "Γ",
+        false,
+        gamma,
+        style,
+        &out.join("gamma"),
+    )?;
     files.extend(chart(
         "Convergence distance Δ_t = ‖a_T − a_t‖₂",
         "training step",
         "Δ_t",
         true,
         delta,
+        style,
         &out.join("delta"),
     )?);
     Ok(files)
@@ -281,7 +300,7 @@ pub fn gamma_delta(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
 
 /// Layer-wise exits (H-ACN Fig. 2a, 4), depth pruning (Fig. 10) and input-noise robustness
 /// (Fig. 3c), from the CSVs `plexus analyze` writes.
-pub fn analysis_curves(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
+pub fn analysis_curves(runs: &[PlotRun], style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
     let mut lm = false;
     for r in runs {
         lm |= analysis::read_layerwise(&RunDir::new(&r.dir))?.iter().any(|e| e.perplexity.is_some());
@@ -302,6 +321,7 @@ pub fn analysis_curves(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
                 .filter_map(|e| Some((e.units as f64, metric(e.accuracy, e.perplexity)?)))
                 .collect())
         })?,
+        style,
         &out.join("layerwise"),
     )?;
     files.extend(chart(
@@ -315,6 +335,7 @@ pub fn analysis_curves(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
                 .filter_map(|e| Some((e.removed as f64, metric(e.accuracy, e.perplexity)?)))
                 .collect())
         })?,
+        style,
         &out.join("pruning"),
     )?);
     // Noise: the mean over repeats at each level, per run (then over the seeds of a setting).
@@ -339,6 +360,7 @@ pub fn analysis_curves(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
         ylab,
         log_y,
         noise,
+        style,
         &out.join("noise"),
     )?);
     Ok(files)
@@ -384,7 +406,7 @@ fn c_panel(c: &crate::run_dir::Matrix, title: String) -> Heatmap {
 
 /// The C heatmap at `step` (default: the last saved) of every run, plus ANCRe's
 /// `log(p_ij / max_i p_ij)` view where a run saved `p`.
-pub fn connectivity(runs: &[PlotRun], step: Option<u64>, out: &Path) -> Result<Vec<PathBuf>> {
+pub fn connectivity(runs: &[PlotRun], step: Option<u64>, style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for r in runs {
         let run = RunDir::new(&r.dir);
@@ -399,6 +421,7 @@ pub fn connectivity(runs: &[PlotRun], step: Option<u64>, out: &Path) -> Result<V
         files.extend(heatmaps(
             &[c_panel(&c, format!("step {s}"))],
             &format!("Direct connectivity C — {} ({})", r.label, r.name),
+            style,
             &out.join(format!("connectivity_{}", r.name)),
         )?);
         let view = crate::topology::SHORTCUT_WEIGHTS;
@@ -430,6 +453,7 @@ pub fn connectivity(runs: &[PlotRun], step: Option<u64>, out: &Path) -> Result<V
             files.extend(heatmaps(
                 &[panel],
                 &format!("ANCRe coefficients — {} ({})", r.label, r.name),
+                style,
                 &out.join(format!("ancre_p_{}", r.name)),
             )?);
         }
@@ -439,16 +463,16 @@ pub fn connectivity(runs: &[PlotRun], step: Option<u64>, out: &Path) -> Result<V
 
 /// The C a config will train with, drawn before any training (`plexus plot CONFIG`): its
 /// initialised model's C as a heatmap, `<out>/connectivity_<name>.{png,svg,pdf}`.
-pub fn config_connectivity(config: &Path, out: &Path) -> Result<Vec<PathBuf>> {
+pub fn config_connectivity(config: &Path, style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
     let exp = crate::experiment::Experiment::from_file(config, &[])?;
     let c = analysis::connectivity::matrix(config, &[])?;
     let name = exp.config().name.clone();
     let title = format!("Direct connectivity C — {} ({name})", super::display_name(exp.topology.kind()));
-    heatmaps(&[c_panel(&c, "at initialisation".into())], &title, &out.join(format!("connectivity_{name}")))
+    heatmaps(&[c_panel(&c, "at initialisation".into())], &title, style, &out.join(format!("connectivity_{name}")))
 }
 
 /// C at several fractions of training, side by side with one colour scale (H-ACN Fig. 9).
-pub fn connectivity_grid(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
+pub fn connectivity_grid(runs: &[PlotRun], style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for r in runs {
         let run = RunDir::new(&r.dir);
@@ -473,6 +497,7 @@ pub fn connectivity_grid(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
         files.extend(heatmaps(
             &panels,
             &format!("C over training — {} ({})", r.label, r.name),
+            style,
             &out.join(format!("connectivity_grid_{}", r.name)),
         )?);
     }
@@ -480,16 +505,22 @@ pub fn connectivity_grid(runs: &[PlotRun], out: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Every figure the runs have data for.
-pub fn all(dirs: &[PathBuf], out: &Path, title: Option<&str>, step: Option<u64>) -> Result<Vec<PathBuf>> {
+pub fn all(
+    dirs: &[PathBuf],
+    style: &Style,
+    out: &Path,
+    title: Option<&str>,
+    step: Option<u64>,
+) -> Result<Vec<PathBuf>> {
     if dirs.is_empty() {
         bail!("no run directory given");
     }
     let runs = open_runs(dirs)?;
-    let mut files = losses(&runs, out, title)?;
-    files.extend(gamma_delta(&runs, out)?);
-    files.extend(eps_by_t(&runs, out)?);
-    files.extend(analysis_curves(&runs, out)?);
-    files.extend(connectivity(&runs, step, out)?);
-    files.extend(connectivity_grid(&runs, out)?);
+    let mut files = losses(&runs, style, out, title)?;
+    files.extend(gamma_delta(&runs, style, out)?);
+    files.extend(eps_by_t(&runs, style, out)?);
+    files.extend(analysis_curves(&runs, style, out)?);
+    files.extend(connectivity(&runs, step, style, out)?);
+    files.extend(connectivity_grid(&runs, style, out)?);
     Ok(files)
 }

@@ -132,18 +132,6 @@ impl Formats {
     }
 }
 
-static FORMATS: std::sync::Mutex<Formats> = std::sync::Mutex::new(Formats::ALL);
-
-/// Sets the formats every figure of this process is written in (the commands do, from
-/// `--formats`, before drawing).
-pub fn set_formats(f: Formats) {
-    *FORMATS.lock().unwrap_or_else(|e| e.into_inner()) = f;
-}
-
-fn formats() -> Formats {
-    *FORMATS.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Drawing units per inch: every figure is drawn on a canvas of its printed width × this many
 /// units (a 6.75-inch figure is 1200 wide), its PDF page set at this resolution, so that the PDF is
 /// exactly the asked width and text sizes given in points ([`pt`]) print at those sizes.
@@ -230,23 +218,39 @@ impl Width {
     }
 }
 
-static WIDTH: std::sync::Mutex<Width> = std::sync::Mutex::new(Width::Double);
-
-/// Sets the printed width of every figure of this process (the commands do, from `--width`).
-pub fn set_width(w: Width) {
-    *WIDTH.lock().unwrap_or_else(|e| e.into_inner()) = w;
+/// How a figure is written: its printed width and the files it is written to (`--width` and
+/// `--formats` of `plot` and `report`, or a study spec's `report:` section). Every figure function
+/// takes one, so that what one command asked for never reaches another's figures (a sweep's report
+/// and the figures of the runs it trained, say).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Style {
+    pub width: Width,
+    pub formats: Formats,
 }
 
-/// The canvas width of a figure, in drawing units.
-fn canvas_width() -> u32 {
-    let w = *WIDTH.lock().unwrap_or_else(|e| e.into_inner());
-    (w.inches() * f64::from(PDF_DPI)).round() as u32
+impl Default for Style {
+    /// A double-column figure (6.75 in) in PNG, SVG and PDF.
+    fn default() -> Self {
+        Style { width: Width::Double, formats: Formats::ALL }
+    }
 }
 
-/// A chart's canvas: the printed width, two thirds as tall.
-fn chart_size() -> (u32, u32) {
-    let w = canvas_width();
-    (w, w * 2 / 3)
+impl Style {
+    /// Parses `--formats` (e.g. `png,pdf`) and `--width` (`single`, `double` or inches).
+    pub fn parse(formats: &str, width: &str) -> Result<Style> {
+        Ok(Style { width: Width::parse(width)?, formats: Formats::parse(formats)? })
+    }
+
+    /// The canvas width of a figure, in drawing units.
+    fn canvas_width(&self) -> u32 {
+        (self.width.inches() * f64::from(PDF_DPI)).round() as u32
+    }
+
+    /// A chart's canvas: the printed width, two thirds as tall.
+    fn chart_size(&self) -> (u32, u32) {
+        let w = self.canvas_width();
+        (w, w * 2 / 3)
+    }
 }
 
 /// Converts the SVG at `svg` into a vector PDF at `pdf` (atomically), with the embedded DejaVu
@@ -271,12 +275,12 @@ pub fn svg_to_pdf(svg: &Path, pdf: &Path) -> Result<()> {
 
 /// Renders `$draw(&root, args…)` into `<out_base>.png` and `<out_base>.svg` of `size` pixels (one
 /// drawing function serves both backends) and `<out_base>.pdf` from the SVG drawing, each as
-/// [`set_formats`] asks, and evaluates to `Ok(paths written)`.
+/// `$style`'s formats ask, and evaluates to `Ok(paths written)`.
 macro_rules! render_png_and_svg {
-    ($out_base:expr, $size:expr, $draw:ident($($arg:expr),*)) => {{
+    ($out_base:expr, $style:expr, $size:expr, $draw:ident($($arg:expr),*)) => {{
         register_fonts();
         let out_base: &Path = $out_base;
-        let want = formats();
+        let want = $style.formats;
         let (png, svg, pdf) =
             (out_base.with_extension("png"), out_base.with_extension("svg"), out_base.with_extension("pdf"));
         let mut written = Vec::new();
@@ -312,17 +316,17 @@ macro_rules! render_png_and_svg {
     }};
 }
 
-/// Draws `chart` to `<out_base>.png`, `.svg` and `.pdf` (as [`set_formats`] asks) at the printed
-/// width ([`set_width`]), two thirds as tall; returns the paths written.
-pub fn line_chart(chart: &LineChart, out_base: &Path) -> Result<Vec<PathBuf>> {
-    render_png_and_svg!(out_base, chart_size(), draw_xy(chart, false))
+/// Draws `chart` to `<out_base>.png`, `.svg` and `.pdf` (as `style`'s formats ask) at `style`'s
+/// printed width, two thirds as tall; returns the paths written.
+pub fn line_chart(chart: &LineChart, style: &Style, out_base: &Path) -> Result<Vec<PathBuf>> {
+    render_png_and_svg!(out_base, style, style.chart_size(), draw_xy(chart, false))
 }
 
 /// Draws `chart` with both axes logarithmic (growth laws read as slopes: O(L) is slope 1, O(L²)
 /// slope 2), points marked, to `<out_base>.{png,svg,pdf}`. Non-positive values are dropped.
-pub fn loglog_chart(chart: &LineChart, out_base: &Path) -> Result<Vec<PathBuf>> {
+pub fn loglog_chart(chart: &LineChart, style: &Style, out_base: &Path) -> Result<Vec<PathBuf>> {
     let chart = LineChart { log_y: true, ..chart.clone() };
-    render_png_and_svg!(out_base, chart_size(), draw_xy(&chart, true))
+    render_png_and_svg!(out_base, style, style.chart_size(), draw_xy(&chart, true))
 }
 
 /// An axis as drawn: its range and ticks in drawing space (log10 of the value on a log axis, so
@@ -818,9 +822,9 @@ pub struct Heatmap {
 
 /// Draws one or more heatmaps side by side (a grid of panels sharing one colour scale and one
 /// colorbar) to `<out_base>.png` and `.svg`.
-pub fn heatmaps(panels: &[Heatmap], title: &str, out_base: &Path) -> Result<Vec<PathBuf>> {
+pub fn heatmaps(panels: &[Heatmap], title: &str, style: &Style, out_base: &Path) -> Result<Vec<PathBuf>> {
     anyhow::ensure!(!panels.is_empty(), "no heatmap to draw");
-    let width = canvas_width();
+    let width = style.canvas_width();
     let (rows, cols) = panel_grid(width, panels.len());
     let panel = width.saturating_sub(COLORBAR) / cols;
     // Each row as tall as a panel is wide (square cells for a square matrix) plus its title and
@@ -830,7 +834,7 @@ pub fn heatmaps(panels: &[Heatmap], title: &str, out_base: &Path) -> Result<Vec<
     // single row of small panels (C over training at double width) it would leave the canvas.
     let colorbar_title = text_width(&panels[0].colorbar_label, font(AXIS_PT)) as u32;
     let size = (width, (row_height * rows + pt(16.0)).max(colorbar_title + pt(64.0)));
-    render_png_and_svg!(out_base, size, draw_heatmaps(panels, title, (rows, cols)))
+    render_png_and_svg!(out_base, style, size, draw_heatmaps(panels, title, (rows, cols)))
 }
 
 /// The colour bar's share of a heatmap figure's width (0.98 in).
@@ -1063,8 +1067,8 @@ pub struct Paired {
 }
 
 /// Draws a [`Paired`] figure to `<out_base>.{png,svg,pdf}` at the printed width.
-pub fn paired_chart(c: &Paired, out_base: &Path) -> Result<Vec<PathBuf>> {
-    render_png_and_svg!(out_base, chart_size(), draw_paired(c))
+pub fn paired_chart(c: &Paired, style: &Style, out_base: &Path) -> Result<Vec<PathBuf>> {
+    render_png_and_svg!(out_base, style, style.chart_size(), draw_paired(c))
 }
 
 fn draw_paired<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &Paired) -> Result<()>

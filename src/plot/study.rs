@@ -3,14 +3,14 @@
 //! seeds with a band of ± one standard deviation. Accuracies are drawn in percent, as the tables
 //! show them.
 
-use super::{display_name, line_chart, quantity, Dash, LineChart, Series, PALETTE};
+use super::{display_name, line_chart, quantity, Dash, LineChart, Series, Style, PALETTE};
 use crate::study::{self, StudyReport};
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 
 /// Draws `curve-<name>.{png,svg}` into `out` for each of the report's curves that the runs log;
 /// returns the files written.
-pub fn band_curves(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
+pub fn band_curves(r: &StudyReport, style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     let labels = group_labels(r);
     let (unit, lm) = task_of(r);
@@ -99,7 +99,7 @@ pub fn band_curves(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
         };
         std::fs::create_dir_all(out)?;
         let file = format!("curve-{}", name.replace(['.', '/'], "_"));
-        files.extend(line_chart(&chart, &out.join(file))?);
+        files.extend(line_chart(&chart, style, &out.join(file))?);
     }
     Ok(files)
 }
@@ -107,7 +107,7 @@ pub fn band_curves(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
 /// Draws `claim-<id>.{png,svg,pdf}` into `out` for each of the report's claims: the metric of arm
 /// A and of arm B on each shared seed (a log axis where the claim compares on a log scale), titled
 /// with the claim, its mean difference and its verdict; returns the files written.
-pub fn claim_figures(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
+pub fn claim_figures(r: &StudyReport, style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
     use crate::study::claims::Scale;
     let mut files = Vec::new();
     for c in &r.claims {
@@ -117,7 +117,7 @@ pub fn claim_figures(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
             continue;
         }
         if cl.across_seeds.is_some() {
-            files.extend(profiles_figure(c, out)?);
+            files.extend(profiles_figure(c, style, out)?);
             continue;
         }
         let log = cl.scale == Scale::Log;
@@ -171,7 +171,7 @@ pub fn claim_figures(r: &StudyReport, out: &Path) -> Result<Vec<PathBuf>> {
         };
         std::fs::create_dir_all(out)?;
         let file = crate::study::claims::figure_stem(&cl.id);
-        files.extend(super::paired_chart(&chart, &out.join(file))?);
+        files.extend(super::paired_chart(&chart, style, &out.join(file))?);
     }
     Ok(files)
 }
@@ -270,7 +270,7 @@ fn task_of(r: &StudyReport) -> (&'static str, bool) {
 
 /// An `across_seeds` claim's figure: each seed's vector against its index (the residual weights
 /// unit by unit), titled with r̄ and the verdict.
-fn profiles_figure(c: &crate::study::claims::ClaimResult, out: &Path) -> Result<Vec<PathBuf>> {
+fn profiles_figure(c: &crate::study::claims::ClaimResult, style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
     let cl = &c.claim;
     let series = c
         .seeds
@@ -295,7 +295,7 @@ fn profiles_figure(c: &crate::study::claims::ClaimResult, out: &Path) -> Result<
     };
     std::fs::create_dir_all(out)?;
     let file = crate::study::claims::figure_stem(&cl.id);
-    line_chart(&chart, &out.join(file))
+    line_chart(&chart, style, &out.join(file))
 }
 
 /// The axis title of a claim's vector metric (`final.a[0..8]` → `final residual weight a`).

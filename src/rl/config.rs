@@ -20,7 +20,7 @@
 //! here (`data`, `model`, `train.steps`) and checks that do not apply. The parser
 //! ([`crate::config::parse_document`]) and the error type are shared.
 
-use crate::config::{locate_error, parse_document, ConfigError, KindSection, OptionError, TrainConfig};
+use crate::config::{locate_error, parse_document, ConfigError, KindSection, OptionError, Override, TrainConfig};
 use crate::rl::env::{EnvSpec, Layout};
 use crate::topology::{Granularity, TopologySpec};
 use serde::{Deserialize, Serialize};
@@ -311,7 +311,7 @@ pub struct RlExperiment {
 impl RlExperiment {
     /// Reads the RL config at `path` (a bounded read of a regular file) and parses it as
     /// [`from_str`](Self::from_str) does.
-    pub fn from_file(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+    pub fn from_file(path: &Path, overrides: &[Override]) -> Result<Self, ConfigError> {
         let fail = |allowed: String| ConfigError {
             file: path.to_path_buf(),
             key: String::new(),
@@ -326,7 +326,7 @@ impl RlExperiment {
     /// Parses an RL config from YAML `source` (named `file` in messages) with the `--set`
     /// `overrides`, validates it and resolves its topology against the network's stack; a `plexus
     /// train` config is refused with the verb to use.
-    pub fn from_str(source: &str, file: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+    pub fn from_str(source: &str, file: &Path, overrides: &[Override]) -> Result<Self, ConfigError> {
         let (config, source) = parse_document::<RlConfig>(source, file, overrides)
             .map_err(|e| crate::config::other_verb(e, source, file, crate::config::Verb::Rl))?;
         let at = |e: OptionError| locate_error(file, &source, overrides, "", e);

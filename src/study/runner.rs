@@ -175,7 +175,7 @@ fn command(exe: &Path, dir: &Path, run: &PlannedRun, state: &RunState) -> Comman
     }
     cmd.arg("--quiet");
     for o in &run.overrides {
-        cmd.arg("--set").arg(o);
+        cmd.arg("--set").arg(o.to_string());
     }
     cmd
 }

@@ -12,7 +12,7 @@
 //! ```
 
 use crate::config;
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -109,7 +109,7 @@ pub struct PlannedRun {
     /// `plexus train` or `plexus rl`.
     pub verb: String,
     /// The `--set` overrides: the spec's `set`, the grid point, then `seed=<s>`.
-    pub overrides: Vec<String>,
+    pub overrides: Vec<config::Override>,
     /// The grid point: `(key, value)` of each axis (the config file's stem first when there
     /// are several configs).
     pub point: Vec<(String, String)>,
@@ -178,11 +178,16 @@ impl SweepSpec {
 
     /// Adds the flags of `plexus sweep`: more configs, more `--set`, more or replaced axes
     /// (`KEY=V1,V2,…`), and seeds (replacing the file's).
-    pub fn extend(&mut self, configs: &[PathBuf], set: &[String], grid: &[String], seeds: &[u64]) -> Result<()> {
+    pub fn extend(
+        &mut self,
+        configs: &[PathBuf],
+        set: &[config::Override],
+        grid: &[String],
+        seeds: &[u64],
+    ) -> Result<()> {
         self.configs.extend(configs.iter().cloned());
-        for s in set {
-            let (k, v) = split_kv(s, "--set")?;
-            self.set.insert(k.into(), v.into());
+        for o in set {
+            self.set.insert(o.key().into(), o.written().into());
         }
         let mut axes: Vec<(&str, &String)> = Vec::new();
         for g in grid {
@@ -201,23 +206,27 @@ impl SweepSpec {
         Ok(())
     }
 
-    /// The runs, in order: configs, then axes (first axis outermost), then seeds. `origin` names
-    /// the spec in errors.
-    pub fn plan(&self, origin: &str) -> Result<Vec<PlannedRun>> {
-        if self.configs.is_empty() {
-            bail!("{origin}: `configs` is empty: give at least one config file (`configs:` in the spec, or a CONFIG argument)");
-        }
-        let set: Vec<String> = self
+    /// The spec's `set:` as overrides; `seed` is refused (each run's seed is its own).
+    fn set_overrides(&self, origin: &str) -> Result<Vec<config::Override>> {
+        let set: Vec<config::Override> = self
             .set
             .iter()
-            .map(|(k, v)| Ok(format!("{}={}", scalar(k, origin, "set")?, scalar(v, origin, "set")?)))
+            .map(|(k, v)| {
+                let key = scalar(k, origin, "set")?;
+                config::Override::of(&key, scalar(v, origin, "set")?).map_err(|e| anyhow!("{origin}: `set.{key}`: {e}"))
+            })
             .collect::<Result<_>>()?;
-        if let Some(seed) = set.iter().find_map(|s| s.strip_prefix("seed=")) {
+        if let Some(seed) = set.iter().find(|o| o.key() == "seed").map(config::Override::written) {
             bail!(
                 "{origin}: `set.seed` (--set seed={seed}) would be replaced by each run's own seed: a sweep's \
                  seeds are given by `seeds:` in the spec or by --seeds (e.g. --seeds {seed})"
             );
         }
+        Ok(set)
+    }
+
+    /// The grid's axes: each key and its values as `--set` writes them.
+    fn axes(&self, origin: &str) -> Result<Vec<(String, Vec<String>)>> {
         let mut axes: Vec<(String, Vec<String>)> = Vec::new();
         for (k, v) in &self.grid {
             let key = scalar(k, origin, "grid")?;
@@ -237,6 +246,17 @@ impl SweepSpec {
                 vals.iter().map(|x| scalar(x, origin, &format!("grid.{key}"))).collect::<Result<_>>()?;
             axes.push((key, vals));
         }
+        Ok(axes)
+    }
+
+    /// The runs, in order: configs, then axes (first axis outermost), then seeds. `origin` names
+    /// the spec in errors.
+    pub fn plan(&self, origin: &str) -> Result<Vec<PlannedRun>> {
+        if self.configs.is_empty() {
+            bail!("{origin}: `configs` is empty: give at least one config file (`configs:` in the spec, or a CONFIG argument)");
+        }
+        let set = self.set_overrides(origin)?;
+        let axes = self.axes(origin)?;
         let seeds = if self.seeds.is_empty() { vec![0] } else { self.seeds.clone() };
         // Counted before anything is planned: a grid of 10⁶ points is refused at once, not after
         // gigabytes of run names.
@@ -294,11 +314,13 @@ impl SweepSpec {
                     }
                     for ((key, value), short) in axes.iter().map(|(k, _)| k).zip(&point).zip(&shorts) {
                         name.push_str(&format!("-{short}={}", dir_safe(value)));
-                        overrides.push(format!("{key}={value}"));
+                        overrides.push(
+                            config::Override::of(key, value).map_err(|e| anyhow!("{origin}: `grid.{key}`: {e}"))?,
+                        );
                         labelled.push((key.clone(), value.clone()));
                     }
                     name.push_str(&format!("-seed={seed}"));
-                    overrides.push(format!("seed={seed}"));
+                    overrides.push(config::Override::of("seed", seed)?);
                     runs.push(PlannedRun {
                         name,
                         config: config.to_path_buf(),

@@ -14,7 +14,7 @@ pub struct SweepRequest {
     pub resume: Option<PathBuf>,
     pub grid: Vec<String>,
     pub seeds: Vec<u64>,
-    pub overrides: Vec<String>,
+    pub overrides: Vec<crate::config::Override>,
     pub out: Option<PathBuf>,
     pub jobs: usize,
     pub gpus: Option<String>,
@@ -144,9 +144,9 @@ fn check_compatible(out: &Path, manifest: &Manifest) -> Result<()> {
         return Ok(());
     }
     let old = Manifest::read(out)?;
-    let but_length = |r: &PlannedRun| -> Result<Vec<String>> {
+    let but_length = |r: &PlannedRun| -> Result<Vec<crate::config::Override>> {
         let length = runner::length_key(&r.verb)?;
-        Ok(r.overrides.iter().filter(|o| o.split_once('=').map(|(k, _)| k.trim()) != Some(length)).cloned().collect())
+        Ok(r.overrides.iter().filter(|o| o.key() != length).cloned().collect())
     };
     for o in &old.runs {
         if let Some(n) = manifest.runs.iter().find(|n| n.name == o.name) {
@@ -156,9 +156,9 @@ fn check_compatible(out: &Path, manifest: &Manifest) -> Result<()> {
                     out.display(),
                     o.name,
                     o.config.display(),
-                    o.overrides.join(" "),
+                    crate::config::join_overrides(&o.overrides),
                     n.config.display(),
-                    n.overrides.join(" ")
+                    crate::config::join_overrides(&n.overrides)
                 );
             }
         }
@@ -193,7 +193,14 @@ fn print_plan(out: &Path, manifest: &Manifest) -> Result<()> {
             runner::RunState::Damaged(why) => format!("Damaged ({why})"),
             s => format!("{s:?}"),
         };
-        println!("{:<8} {}  ({} {} {})", state, run.name, run.verb, run.config.display(), run.overrides.join(" "));
+        println!(
+            "{:<8} {}  ({} {} {})",
+            state,
+            run.name,
+            run.verb,
+            run.config.display(),
+            crate::config::join_overrides(&run.overrides)
+        );
     }
     Ok(())
 }

@@ -72,6 +72,15 @@ pub struct RunLog {
     pub device_syncs: Vec<u64>,
 }
 
+/// The counters at the start of a step ([`RunLog::step_start`]).
+#[derive(Debug, Clone, Copy)]
+pub struct StepCounters {
+    /// Device → host reads so far.
+    host_reads: u64,
+    /// libtorch's host-device syncs so far, where they are counted.
+    device_syncs: Option<u64>,
+}
+
 /// Where a [`RunLog`] starts: the rows of the run it resumes (empty for a new run) and the step.
 pub struct Resumed {
     pub rows: Vec<MetricsRow>,
@@ -185,16 +194,15 @@ impl RunLog {
         Ok(())
     }
 
-    /// The counters at the start of a step (device → host reads, and libtorch's syncs where they
-    /// are counted), for [`RunLog::step_done`].
-    pub fn step_start(&self) -> (u64, Option<u64>) {
-        (crate::host::reads(), syncs())
+    /// The counters at the start of a step, for [`RunLog::step_done`].
+    pub fn step_start(&self) -> StepCounters {
+        StepCounters { host_reads: crate::host::reads(), device_syncs: syncs() }
     }
 
     /// One step done: its reads and syncs since `start` counted, the bar moved (but after the last).
-    pub fn step_done(&mut self, (reads, syncs_before): (u64, Option<u64>), last: bool) {
-        self.host_reads.push(crate::host::reads() - reads);
-        if let (Some(before), Some(now)) = (syncs_before, syncs()) {
+    pub fn step_done(&mut self, start: StepCounters, last: bool) {
+        self.host_reads.push(crate::host::reads() - start.host_reads);
+        if let (Some(before), Some(now)) = (start.device_syncs, syncs()) {
             self.device_syncs.push(now - before);
         }
         if !last {

@@ -34,7 +34,7 @@ pub fn final_weights(run: &RunDir) -> Result<PathBuf> {
 pub struct OpenOptions<'a> {
     pub device: Option<Device>,
     pub compute: Option<Kind>,
-    pub overrides: &'a [String],
+    pub overrides: &'a [crate::config::Override],
     pub weights: ChooseWeights<'a>,
 }
 

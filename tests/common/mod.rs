@@ -13,7 +13,7 @@ pub fn repo() -> PathBuf {
 
 /// Trains a config from the repository into `dir`, with overrides.
 pub fn train_config(config: &str, dir: &Path, overrides: &[&str]) -> Summary {
-    let ov: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    let ov: Vec<plexus::config::Override> = overrides.iter().map(|s| s.parse().unwrap()).collect();
     let exp = Experiment::from_file(&repo().join(config), &ov).unwrap_or_else(|e| panic!("{e}"));
     let run = RunDir::create(dir).unwrap();
     train::train(&exp, &run, &TrainOptions::default()).unwrap()
