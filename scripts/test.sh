@@ -24,6 +24,11 @@
 # (e.g. `-- --nocapture`).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# CI builds once, from nothing: the incremental caches of the release profile (kept for the edit
+# loop) would only be written, never read (bench/test-times/README.md, the fresh build).
+if [ "${CI:-}" = "true" ]; then
+  export CARGO_INCREMENTAL=0
+fi
 "$ROOT/scripts/setup.sh"
 PLEXUS_DATA="$("$ROOT/scripts/fetch-data.sh")"
 export PLEXUS_DATA
