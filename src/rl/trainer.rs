@@ -42,7 +42,7 @@ use super::RlRng;
 use crate::run_dir::RunDir;
 use crate::train::checkpoint::{self, Checkpointer, ExtraFile, TrainerState};
 use crate::train::divergence::DivergenceGuard;
-use crate::train::run_log::LogRow;
+use crate::train::run_log::{LogOutput, LogRow, RunLog};
 use crate::train::{engine, lifecycle};
 use anyhow::{Context, Result};
 use rand::{Rng, SeedableRng};
@@ -322,6 +322,10 @@ impl LogRow for RlRow {
         values
     }
 
+    fn message(&self) -> String {
+        format!("success {:.3}, time at goal {:.3}", self.success, self.time_at_goal)
+    }
+
     fn write(dir: &RunDir, rows: &[Self]) -> Result<()> {
         let cells: Vec<Vec<String>> = rows
             .iter()
@@ -389,17 +393,25 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
     let _open = engine::open(&run, &config_yaml, mode, &RESUME_POLICY, |state, _| l.resume(state))?;
     // A resumed run logs again from its first evaluation after the checkpoint: TensorBoard drops
     // what the killed process logged from there on.
-    if cfg.log.tensorboard {
-        let steps = l.env_steps;
-        let mut b = crate::tensorboard::EventWriter::create(&run.path, if steps > 0 { steps + 1 } else { 0 })?;
-        b.text(steps, "config", &format!("```yaml\n{config_yaml}```"))?;
-        l.board = Some(b);
-    }
+    let steps = l.env_steps;
+    let board = match cfg.log.tensorboard {
+        true => {
+            let mut b = crate::tensorboard::EventWriter::create(&run.path, if steps > 0 { steps + 1 } else { 0 })?;
+            b.text(steps, "config", &format!("```yaml\n{config_yaml}```"))?;
+            Some(b)
+        }
+        false => None,
+    };
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let output = LogOutput { progress: opts.verbose && terminal, log_lines: !terminal, main: true };
+    let rows = std::mem::take(&mut l.log.rows);
+    l.log = RunLog::new(&cfg.name, steps, cfg.train.env_steps, rows, output, board);
     if opts.verbose {
         l.say_start(opts.resume);
     }
     l.verbose = opts.verbose;
     engine::run(&mut l, engine::CrashAfter(opts.crash_after), &cfg.name)?;
+    l.log.finish();
     let summary = l.summary();
     lifecycle::finish(&run, &summary)?;
     Ok(summary)
@@ -428,13 +440,12 @@ struct Rollouts<'a> {
     /// over `stat_updates` updates.
     stats: Option<tch::Tensor>,
     stat_updates: u64,
-    /// `metrics.csv`'s rows.
-    rows: Vec<RlRow>,
+    /// `metrics.csv`'s rows, their TensorBoard scalars and the progress bar.
+    log: RunLog<RlRow>,
     /// The last evaluation's `(success, time_at_goal)`, and its episodes (for the blocked/clear
     /// split of the summary).
     last: (f64, f64),
     last_episodes: Option<Episodes>,
-    board: Option<crate::tensorboard::EventWriter>,
     guard: DivergenceGuard,
     checkpoints: Checkpointer,
     start: Instant,
@@ -465,10 +476,9 @@ impl<'a> Rollouts<'a> {
             next_ckpt: cfg.log.checkpoint_every.max(1),
             stats: None,
             stat_updates: 0,
-            rows: Vec::new(),
+            log: RunLog::new(&cfg.name, 0, cfg.train.env_steps, Vec::new(), LogOutput::hidden(), None),
             last: (0.0, 0.0),
             last_episodes: None,
-            board: None,
             guard: DivergenceGuard::new(&UPDATE_STATS, device),
             checkpoints: Checkpointer {
                 every: cfg.log.checkpoint_every,
@@ -511,14 +521,14 @@ impl<'a> Rollouts<'a> {
         (self.rng, self.env_steps, self.updates, self.next_eval, self.next_ckpt, self.stat_updates, self.last) =
             (ls.rng, ls.env_steps, ls.updates, ls.next_eval, ls.next_ckpt, ls.stat_updates, ls.last);
         // metrics.csv as it was at the checkpoint.
-        self.rows = RlRow::read(run, self.env_steps)?;
+        self.log.rows = RlRow::read(run, self.env_steps)?;
         Ok(())
     }
 
     /// The line a verbose run starts with: the network, the device and both baselines.
     fn say_start(&self, resumed: bool) {
         let (cfg, (rs, rt), (ss, st)) = (&self.exp.config, self.random_eval.rates(), self.straight_eval.rates());
-        eprintln!(
+        self.log.say(format!(
             "{}: {} on {} ({} parameters); random policy: success {rs:.3}, time at goal {rt:.3}; straight at \
              the goal: success {ss:.3}, time at goal {st:.3}{}",
             cfg.name,
@@ -526,7 +536,7 @@ impl<'a> Rollouts<'a> {
             crate::device::describe(self.device),
             self.agent.num_params(),
             if resumed { format!("; resumed at {} environment steps", self.env_steps) } else { String::new() }
-        );
+        ));
     }
 
     /// One rollout (an episode of every environment) into the replay buffer; returns the share of
@@ -619,19 +629,15 @@ impl<'a> Rollouts<'a> {
             train_success,
             seconds: secs,
         };
-        let (values, critic, accuracy) = (row.scalars(), row.means[0], row.means[2]);
-        self.rows.push(row);
-        RlRow::write(self.run, &self.rows)?;
-        if let Some(b) = self.board.as_mut() {
-            let refs: Vec<(&str, f64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-            b.scalars(env_steps, &refs)?;
-        }
+        let (critic, accuracy) = (row.means[0], row.means[2]);
+        self.log.row(row, Vec::new())?;
+        self.log.write(self.run)?;
         if self.verbose {
-            eprintln!(
+            self.log.say(format!(
                 "  env steps {env_steps:>9}  updates {:>7}  success {success:.3}  time at goal {time:.3}  \
                  critic {critic:.4}  accuracy {accuracy:.3}  ({secs:.1}s)",
                 self.updates
-            );
+            ));
         }
         Ok(())
     }
@@ -690,6 +696,7 @@ impl engine::Trainer for Rollouts<'_> {
         if self.env_steps >= self.next_eval || self.done() {
             self.eval_row(train_success)?;
         }
+        self.log.at(self.env_steps);
         Ok(())
     }
 

@@ -29,7 +29,7 @@ use anyhow::{bail, Result};
 use checkpoint::Checkpointer;
 use eval::{EvalResult, EvalSet};
 use optim::Optim;
-use run_log::{LogRow, Resumed, RunLog};
+use run_log::{LogRow, Resumed, TrainLog};
 use serde::Serialize;
 use std::time::Instant;
 use step::Stepper;
@@ -152,7 +152,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     join_and_capture(exp, &mut t, opts, dev, main)?;
     let batches = setup.batches(start * cfg.train.accumulation);
     let output = run_log::LogOutput { progress: opts.progress, log_lines: opts.log_lines, main };
-    let log = RunLog::new(exp, dev, dir, output, &config_yaml, resumed)?;
+    let log = TrainLog::new(exp, dev, dir, output, &config_yaml, resumed)?;
     let checkpoints = Checkpointer::of(cfg);
     let clock = Instant::now();
     let mut steps =
@@ -173,7 +173,7 @@ struct Steps<'a> {
     dir: &'a RunDir,
     setup: &'a Setup,
     t: Stepper,
-    log: RunLog,
+    log: TrainLog,
     batches: Prefetcher,
     checkpoints: Checkpointer,
     /// This process writes the run directory (rank 0).
@@ -236,7 +236,7 @@ impl engine::Trainer for Steps<'_> {
                 self.log.row(logged.row(step, epoch, lr))?;
             }
         }
-        self.log.step_done(counts, step == tc.steps);
+        self.log.step_done(counts, step, step == tc.steps);
         self.step += 1;
         Ok(())
     }
@@ -359,7 +359,7 @@ impl Recorder {
     }
 
     /// C (`[L+2, L+2]`) and the parameter view at `step`; C also as a TensorBoard image.
-    pub fn record(&self, dir: &RunDir, log: &mut RunLog, model: &Model, step: u64) -> Result<()> {
+    pub fn record(&self, dir: &RunDir, log: &mut TrainLog, model: &Model, step: u64) -> Result<()> {
         let c = model.connectivity(&self.probe);
         dir.write_connectivity(step, &c)?;
         log.connectivity(step, &host::matrix(&c))?;
@@ -460,7 +460,7 @@ fn resume(
 fn diverged(
     exp: &Experiment,
     dir: &RunDir,
-    log: &RunLog,
+    log: &TrainLog,
     t: &Stepper,
     (first, what, now): (u64, &str, u64),
     main: bool,
@@ -490,13 +490,13 @@ struct TrainingTime {
 }
 
 /// `summary.json` of a finished run; `time`: this process's part of it.
-fn summarize(exp: &Experiment, model: &Model, log: &RunLog, setup: &Setup, time: TrainingTime) -> Summary {
+fn summarize(exp: &Experiment, model: &Model, log: &TrainLog, setup: &Setup, time: TrainingTime) -> Summary {
     let TrainingTime { wall, start, resumed } = time;
     let cfg = exp.config();
     // Throughput of the whole group: every rank trains on as many examples as this one.
     let world = setup.place.1 as u64;
     let (samples, tokens) = (log.samples * world, log.tokens * world);
-    let rows = &log.rows;
+    let rows = log.rows();
     let losses: Vec<f64> = rows.iter().map(|r| r.loss).collect();
     Summary {
         name: cfg.name.clone(),

@@ -1,6 +1,8 @@
-//! The run log of `plexus train`: the metrics and evaluation rows (written through [`RunDir`]),
-//! the progress bar or, without a terminal, a plain line per logged step, the TensorBoard events,
-//! and the count of host reads and device syncs per step with the report that checks it.
+//! The run log: [`RunLog`], what every trainer keeps and shows of its rows (any [`LogRow`]: the
+//! table, its TensorBoard scalars, the progress bar, lines above it), and [`TrainLog`], `plexus
+//! train`'s on top of it: evaluation rows (written through [`RunDir`]), a plain line per logged
+//! step without a terminal, throughput scalars, and the count of host reads and device syncs per
+//! step with the report that checks it.
 
 use super::eval::EvalResult;
 use crate::device;
@@ -19,6 +21,8 @@ pub trait LogRow: Sized {
     fn step(&self) -> u64;
     /// The row's TensorBoard scalars, by tag (`train/loss`, `eval/success`, …).
     fn scalars(&self) -> Vec<(String, f64)>;
+    /// What the progress bar shows of the row (`loss 1.234e0`).
+    fn message(&self) -> String;
     /// Writes `rows` as the run's `metrics.csv` (atomically).
     fn write(dir: &RunDir, rows: &[Self]) -> Result<()>;
     /// The rows of the run's `metrics.csv` up to `step` (a resumed run's, at its checkpoint).
@@ -39,6 +43,10 @@ impl LogRow for MetricsRow {
         v.into_iter().map(|(k, x)| (k.to_string(), x)).collect()
     }
 
+    fn message(&self) -> String {
+        format!("loss {:.3e}", self.loss)
+    }
+
     fn write(dir: &RunDir, rows: &[Self]) -> Result<()> {
         dir.write_metrics(rows)
     }
@@ -49,92 +57,37 @@ impl LogRow for MetricsRow {
     }
 }
 
-/// What a run has logged so far and where it shows it. Rank 0 of a data-parallel run writes; the
-/// others keep their rows (for the summary) and print nothing.
-pub struct RunLog {
+/// What a run has logged so far and where it shows it, for a trainer whose rows are `R`: the
+/// rows (with those of the run it resumes), the TensorBoard events where the run keeps them, and a
+/// progress bar over the run's length unit or, without a terminal, plain lines.
+pub struct RunLog<R: LogRow> {
     name: String,
-    /// `metrics.csv`'s rows and `eval.csv`'s, including those of the run this one resumes.
-    pub rows: Vec<MetricsRow>,
-    pub evals: Vec<EvalResult>,
-    /// A diffusion run's validation ε-MSE per timestep bucket, by evaluation step.
-    pub eps_by_t: Vec<(u64, Vec<f64>)>,
+    /// `metrics.csv`'s rows, including those of the run this one resumes.
+    pub rows: Vec<R>,
     bar: ProgressBar,
     /// Plain lines instead of a bar (no terminal).
     plain: bool,
-    line: Option<LogLine>,
-    board: Option<Board>,
-    main: bool,
-    /// Examples and tokens this process trained on.
-    pub samples: u64,
-    pub tokens: u64,
-    /// Per step: device → host reads, and host-device syncs where they are counted.
-    pub host_reads: Vec<u64>,
-    pub device_syncs: Vec<u64>,
+    board: Option<crate::tensorboard::EventWriter>,
 }
 
-/// The counters at the start of a step ([`RunLog::step_start`]).
-#[derive(Debug, Clone, Copy)]
-pub struct StepCounters {
-    /// Device → host reads so far.
-    host_reads: u64,
-    /// libtorch's host-device syncs so far, where they are counted.
-    device_syncs: Option<u64>,
-}
-
-/// Where a [`RunLog`] starts: the rows of the run it resumes (empty for a new run) and the step.
-pub struct Resumed {
-    pub rows: Vec<MetricsRow>,
-    pub evals: Vec<EvalResult>,
-    pub eps_by_t: Vec<(u64, Vec<f64>)>,
-    pub start: u64,
-}
-
-/// How a run shows and keeps its log ([`RunLog::new`]).
-#[derive(Debug, Clone, Copy)]
-pub struct LogOutput {
-    /// A progress bar on stderr.
-    pub progress: bool,
-    /// A plain line per logged step instead of the bar.
-    pub log_lines: bool,
-    /// This process writes the run directory (and its TensorBoard events, when the config asks).
-    pub main: bool,
-}
-
-impl RunLog {
-    /// The log of a run in `dir`, shown and kept as `output` says, from the step `resumed` gives.
+impl<R: LogRow> RunLog<R> {
+    /// The log of the run `name`, `total` units long, from `start` (where `rows` end: a resumed
+    /// run's), shown as `output` says; `board`: the run's TensorBoard writer, where it keeps one.
     pub fn new(
-        exp: &Experiment,
-        dev: tch::Device,
-        dir: &RunDir,
+        name: &str,
+        start: u64,
+        total: u64,
+        rows: Vec<R>,
         output: LogOutput,
-        config_yaml: &str,
-        resumed: Resumed,
-    ) -> Result<Self> {
-        let LogOutput { progress, log_lines, main } = output;
-        let cfg = exp.config();
-        let start = resumed.start;
-        if crate::native::profile::count_syncs_requested()? {
-            crate::native::profile::watch_syncs()?;
-        }
-        let board = match main && cfg.log.tensorboard {
-            true => Some(Board::new(exp, dev, dir, start, config_yaml)?),
-            false => None,
-        };
-        Ok(RunLog {
-            name: cfg.name.clone(),
-            rows: resumed.rows,
-            evals: resumed.evals,
-            eps_by_t: resumed.eps_by_t,
-            bar: progress_bar(cfg.train.steps, start, &cfg.name, progress),
-            plain: log_lines,
-            line: log_lines.then(|| LogLine::new(exp, dev, start)),
+        board: Option<crate::tensorboard::EventWriter>,
+    ) -> Self {
+        RunLog {
+            name: name.to_string(),
+            rows,
+            bar: progress_bar(total, start, name, output.progress),
+            plain: output.log_lines,
             board,
-            main,
-            samples: 0,
-            tokens: 0,
-            host_reads: Vec::new(),
-            device_syncs: Vec::new(),
-        })
+        }
     }
 
     /// A line above the bar, or a plain line without a terminal (nothing under `--quiet`).
@@ -155,14 +108,165 @@ impl RunLog {
         }
     }
 
+    /// A row: kept, its scalars and `extra` ones to TensorBoard at its step, its message on the bar.
+    pub fn row(&mut self, row: R, extra: Vec<(String, f64)>) -> Result<()> {
+        if let Some(b) = self.board.as_mut() {
+            let mut values = row.scalars();
+            values.extend(extra);
+            let refs: Vec<(&str, f64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            b.scalars(row.step(), &refs)?;
+        }
+        self.bar.set_message(row.message());
+        self.rows.push(row);
+        Ok(())
+    }
+
+    /// The run's TensorBoard writer, where it keeps one (for what is not a row: evaluations, C).
+    pub fn board(&mut self) -> Option<&mut crate::tensorboard::EventWriter> {
+        self.board.as_mut()
+    }
+
+    /// The bar at `done` units of the run.
+    pub fn at(&self, done: u64) {
+        self.bar.set_position(done);
+    }
+
+    /// `metrics.csv` as it stands.
+    pub fn write(&self, dir: &RunDir) -> Result<()> {
+        R::write(dir, &self.rows)
+    }
+
+    /// The bar cleared.
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+
+    /// The run's name, as the lines say it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// `plexus train`'s log: a [`RunLog`] of metrics rows with the evaluations, the plain line per
+/// logged step, the throughput scalars and the per-step counts of reads and syncs. Rank 0 of a
+/// data-parallel run writes; the others keep their rows (for the summary) and print nothing.
+pub struct TrainLog {
+    log: RunLog<MetricsRow>,
+    /// `eval.csv`'s rows, including those of the run this one resumes.
+    pub evals: Vec<EvalResult>,
+    /// A diffusion run's validation ε-MSE per timestep bucket, by evaluation step.
+    pub eps_by_t: Vec<(u64, Vec<f64>)>,
+    line: Option<LogLine>,
+    /// The throughput between TensorBoard rows (rank 0, where the config keeps events).
+    rates: Option<Rates>,
+    main: bool,
+    /// Examples and tokens this process trained on.
+    pub samples: u64,
+    pub tokens: u64,
+    /// Per step: device → host reads, and host-device syncs where they are counted.
+    pub host_reads: Vec<u64>,
+    pub device_syncs: Vec<u64>,
+}
+
+/// Where a [`TrainLog`] starts: the rows of the run it resumes (empty for a new run) and the step.
+pub struct Resumed {
+    pub rows: Vec<MetricsRow>,
+    pub evals: Vec<EvalResult>,
+    pub eps_by_t: Vec<(u64, Vec<f64>)>,
+    pub start: u64,
+}
+
+/// How a run shows and keeps its log ([`RunLog::new`], [`TrainLog::new`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LogOutput {
+    /// A progress bar on stderr.
+    pub progress: bool,
+    /// A plain line per logged step instead of the bar.
+    pub log_lines: bool,
+    /// This process writes the run directory (and its TensorBoard events, when the config asks).
+    pub main: bool,
+}
+
+impl LogOutput {
+    /// Nothing shown (a log that only keeps rows).
+    pub fn hidden() -> Self {
+        LogOutput { progress: false, log_lines: false, main: true }
+    }
+}
+
+/// The counters at the start of a step ([`TrainLog::step_start`]).
+#[derive(Debug, Clone, Copy)]
+pub struct StepCounters {
+    /// Device → host reads so far.
+    host_reads: u64,
+    /// libtorch's host-device syncs so far, where they are counted.
+    device_syncs: Option<u64>,
+}
+
+impl TrainLog {
+    /// The log of a run in `dir`, shown and kept as `output` says, from the step `resumed` gives.
+    pub fn new(
+        exp: &Experiment,
+        dev: tch::Device,
+        dir: &RunDir,
+        output: LogOutput,
+        config_yaml: &str,
+        resumed: Resumed,
+    ) -> Result<Self> {
+        let cfg = exp.config();
+        let start = resumed.start;
+        if crate::native::profile::count_syncs_requested()? {
+            crate::native::profile::watch_syncs()?;
+        }
+        let board = match output.main && cfg.log.tensorboard {
+            true => {
+                let mut writer = crate::tensorboard::EventWriter::create(&dir.path, start)?;
+                writer.text(start, "config", &format!("```yaml\n{config_yaml}```"))?;
+                Some(writer)
+            }
+            false => None,
+        };
+        Ok(TrainLog {
+            rates: board.is_some().then(|| Rates::new(exp, dev, start)),
+            log: RunLog::new(&cfg.name, start, cfg.train.steps, resumed.rows, output, board),
+            evals: resumed.evals,
+            eps_by_t: resumed.eps_by_t,
+            line: output.log_lines.then(|| LogLine::new(exp, dev, start)),
+            main: output.main,
+            samples: 0,
+            tokens: 0,
+            host_reads: Vec::new(),
+            device_syncs: Vec::new(),
+        })
+    }
+
+    /// `metrics.csv`'s rows so far.
+    pub fn rows(&self) -> &[MetricsRow] {
+        &self.log.rows
+    }
+
+    /// A line above the bar ([`RunLog::say`]).
+    pub fn say(&self, line: String) {
+        self.log.say(line);
+    }
+
+    /// A line shown under `--quiet` too ([`RunLog::warn`]).
+    pub fn warn(&self, line: String) {
+        self.log.warn(line);
+    }
+
     /// An evaluation (with a diffusion run's ε-MSE per timestep bucket), said and kept.
     pub fn eval(&mut self, dir: &RunDir, e: EvalResult, buckets: Option<Vec<f64>>) -> Result<()> {
+        let name = self.log.name();
         match &buckets {
-            Some(_) => self.say(format!("{} step {}: eval ε-MSE {:.4}", self.name, e.step, e.loss)),
-            None => self.say(format!("{} step {}: eval {e}", self.name, e.step)),
+            Some(_) => self.say(format!("{name} step {}: eval ε-MSE {:.4}", e.step, e.loss)),
+            None => self.say(format!("{name} step {}: eval {e}", e.step)),
         }
-        if let Some(b) = self.board.as_mut() {
-            b.eval(&e)?;
+        if let Some(b) = self.log.board() {
+            let mut values = vec![("eval/loss", e.loss)];
+            values.extend(e.accuracy.map(|a| ("eval/accuracy", a)));
+            values.extend(e.perplexity.map(|p| ("eval/perplexity", p)));
+            b.scalars(e.step, &values)?;
         }
         let step = e.step;
         self.evals.push(e);
@@ -175,52 +279,55 @@ impl RunLog {
 
     /// The connectivity matrix C at `step`, as a TensorBoard image.
     pub fn connectivity(&mut self, step: u64, c: &crate::run_dir::Matrix) -> Result<()> {
-        match self.board.as_mut() {
-            Some(b) => b.writer.matrix_image(step, "connectivity/C", c, 16),
+        match self.log.board() {
+            Some(b) => b.matrix_image(step, "connectivity/C", c, 16),
             None => Ok(()),
         }
     }
 
-    /// A metrics row: kept, sent to TensorBoard, shown on the bar or as a plain line.
+    /// A metrics row: kept, sent to TensorBoard with the throughput since the previous row, shown
+    /// on the bar or as a plain line.
     pub fn row(&mut self, row: MetricsRow) -> Result<()> {
-        if let Some(b) = self.board.as_mut() {
-            b.row(&row, self.samples, self.tokens)?;
+        let (samples, tokens) = (self.samples, self.tokens);
+        let mut perf = Vec::new();
+        if let Some(r) = self.rates.as_mut().and_then(|r| r.since_last(row.step, samples, tokens)) {
+            perf.push(("perf/examples_per_s".to_string(), r.examples_per_s));
+            perf.extend(r.tokens_per_s.map(|t| ("perf/tokens_per_s".to_string(), t)));
+            perf.extend(r.mfu.map(|m| ("perf/mfu".to_string(), m)));
         }
-        self.bar.set_message(format!("{:.3e}", row.loss));
         if let (Some(l), true) = (self.line.as_mut(), self.main) {
-            eprintln!("{}", l.line(&row, self.samples, self.tokens));
+            eprintln!("{}", l.line(&row, samples, tokens));
         }
-        self.rows.push(row);
-        Ok(())
+        self.log.row(row, perf)
     }
 
-    /// The counters at the start of a step, for [`RunLog::step_done`].
+    /// The counters at the start of a step, for [`TrainLog::step_done`].
     pub fn step_start(&self) -> StepCounters {
         StepCounters { host_reads: crate::host::reads(), device_syncs: syncs() }
     }
 
     /// One step done: its reads and syncs since `start` counted, the bar moved (but after the last).
-    pub fn step_done(&mut self, start: StepCounters, last: bool) {
+    pub fn step_done(&mut self, start: StepCounters, step: u64, last: bool) {
         self.host_reads.push(crate::host::reads() - start.host_reads);
         if let (Some(before), Some(now)) = (start.device_syncs, syncs()) {
             self.device_syncs.push(now - before);
         }
         if !last {
-            self.bar.inc(1);
+            self.log.at(step + 1);
         }
     }
 
     /// `metrics.csv` and `eval.csv` as they stand.
     pub fn write(&self, dir: &RunDir) -> Result<()> {
-        MetricsRow::write(dir, &self.rows)?;
+        self.log.write(dir)?;
         dir.write_evals(&self.evals)
     }
 
     /// The bar cleared, and the sync report where syncs were counted.
     pub fn finish(&self) {
-        self.bar.finish_and_clear();
+        self.log.finish();
         if self.main && !self.device_syncs.is_empty() {
-            eprintln!("{}", sync_report(&self.name, &self.host_reads, &self.device_syncs));
+            eprintln!("{}", sync_report(self.log.name(), &self.host_reads, &self.device_syncs));
         }
     }
 }
@@ -273,41 +380,6 @@ impl Rates {
                 mfu: self.peak.map(|peak| examples_per_s * self.flops_per_sample / peak),
             }
         })
-    }
-}
-
-/// The TensorBoard events of a run (rank 0): each metrics row as scalars with the throughput
-/// since the previous row (and the model FLOP utilisation where the device's peak is known), each
-/// evaluation, C as an image, the resolved config as text.
-struct Board {
-    writer: crate::tensorboard::EventWriter,
-    rates: Rates,
-}
-
-impl Board {
-    fn new(exp: &Experiment, dev: tch::Device, dir: &RunDir, start: u64, config_yaml: &str) -> Result<Self> {
-        let mut writer = crate::tensorboard::EventWriter::create(&dir.path, start)?;
-        writer.text(start, "config", &format!("```yaml\n{config_yaml}```"))?;
-        Ok(Board { writer, rates: Rates::new(exp, dev, start) })
-    }
-
-    /// A metrics row; `samples`, `tokens`: counted since this process started.
-    fn row(&mut self, row: &MetricsRow, samples: u64, tokens: u64) -> Result<()> {
-        let mut values = row.scalars();
-        if let Some(r) = self.rates.since_last(row.step, samples, tokens) {
-            values.push(("perf/examples_per_s".into(), r.examples_per_s));
-            values.extend(r.tokens_per_s.map(|t| ("perf/tokens_per_s".into(), t)));
-            values.extend(r.mfu.map(|m| ("perf/mfu".into(), m)));
-        }
-        let refs: Vec<(&str, f64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-        self.writer.scalars(row.step, &refs)
-    }
-
-    fn eval(&mut self, e: &EvalResult) -> Result<()> {
-        let mut values = vec![("eval/loss", e.loss)];
-        values.extend(e.accuracy.map(|a| ("eval/accuracy", a)));
-        values.extend(e.perplexity.map(|p| ("eval/perplexity", p)));
-        self.writer.scalars(e.step, &values)
     }
 }
 
@@ -393,7 +465,7 @@ fn progress_bar(steps: u64, start: u64, name: &str, show: bool) -> ProgressBar {
         bar.set_draw_target(ProgressDrawTarget::hidden());
     }
     bar.set_style(
-        ProgressStyle::with_template("{prefix:>20} [{bar:30}] {pos}/{len} loss {msg} {per_sec} ETA {eta}")
+        ProgressStyle::with_template("{prefix:>20} [{bar:30}] {pos}/{len} {msg} {per_sec} ETA {eta}")
             .expect("valid template")
             .progress_chars("=> "),
     );
