@@ -185,6 +185,26 @@ struct Steps<'a> {
     wall: f64,
 }
 
+impl Steps<'_> {
+    /// The error of a run whose loss or gradient (`what`) went non-finite at step `first`, found
+    /// at the read of this step, after writing the metrics logged so far; no checkpoint after it
+    /// is kept.
+    fn diverged(&self, first: u64, what: &str) -> anyhow::Error {
+        if self.main {
+            if let Err(e) = self.log.write(self.dir) {
+                return e;
+            }
+        }
+        anyhow::anyhow!(
+            "{}: step {first}: {what} went non-finite: {}; metrics up to here are in {}, and no checkpoint after \
+             the divergence was kept",
+            self.exp.config().name,
+            self.t.diagnose(first, self.step),
+            self.dir.metrics_file().display()
+        )
+    }
+}
+
 impl engine::Trainer for Steps<'_> {
     fn progress(&self) -> u64 {
         self.step
@@ -229,7 +249,7 @@ impl engine::Trainer for Steps<'_> {
         if every(cfg.log.every) || self.checkpoints.due(step + 1, tc.steps) {
             let logged = self.t.read(&stats)?;
             if let Some((first, what)) = logged.diverged {
-                return Err(diverged(self.exp, self.dir, &self.log, &self.t, (first, what, step), self.main));
+                return Err(self.diverged(first, what));
             }
             if every(cfg.log.every) {
                 let epoch = (step * tc.accumulation) as f64 / self.setup.per_epoch as f64;
@@ -408,7 +428,7 @@ fn open_run(
     let mut resumed = Resumed { rows: Vec::new(), evals: Vec::new(), eps_by_t: Vec::new(), start: 0 };
     let how = engine::OpenMode { resume: opts.resume, overwrite: opts.overwrite, writer: main };
     let run = engine::open(dir, config_yaml, how, &RESUME_POLICY, |state, run| {
-        resumed = resume(exp, dir, (state, &run.changed), t, setup.dev, main)?;
+        resumed = resume(exp, dir, state, &run.changed, t, setup.dev, main)?;
         Ok(())
     })?;
     if main {
@@ -423,7 +443,8 @@ fn open_run(
 fn resume(
     exp: &Experiment,
     dir: &RunDir,
-    (state, changed): (&checkpoint::TrainerState, &[String]),
+    state: &checkpoint::TrainerState,
+    changed: &[String],
     t: &mut Stepper,
     dev: tch::Device,
     main: bool,
@@ -453,30 +474,6 @@ fn resume(
         eps_by_t: if main { dir.eps_by_t()?.into_iter().filter(|r| r.0 < start).collect() } else { Vec::new() },
         start,
     })
-}
-
-/// The error of a run whose loss or gradient went non-finite at step `first` (found at the read
-/// of step `now`), after writing the metrics logged so far; no checkpoint after it is kept.
-fn diverged(
-    exp: &Experiment,
-    dir: &RunDir,
-    log: &TrainLog,
-    t: &Stepper,
-    (first, what, now): (u64, &str, u64),
-    main: bool,
-) -> anyhow::Error {
-    if main {
-        if let Err(e) = log.write(dir) {
-            return e;
-        }
-    }
-    anyhow::anyhow!(
-        "{}: step {first}: {what} went non-finite: {}; metrics up to here are in {}, and no checkpoint after the \
-         divergence was kept",
-        exp.config().name,
-        t.diagnose(first, now),
-        dir.metrics_file().display()
-    )
 }
 
 /// This process's part of a run, for its summary.
