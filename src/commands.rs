@@ -150,7 +150,7 @@ pub fn run_set(set: &sets::ConfigSet, exps: &[Experiment], out: &Path) -> Result
 pub fn demo(figure: &str, out: &Path, overrides: &[Override]) -> Result<()> {
     crate::run_dir::check_output_dir(out, "--out")?;
     let started = std::time::Instant::now();
-    let mut figures = Vec::new();
+    let (style, mut figures) = (Style::default(), Vec::new());
     if figure == "showcase" {
         let (set, exps) = embedded("showcase", overrides)?;
         let dir = out.join("showcase");
@@ -159,33 +159,21 @@ pub fn demo(figure: &str, out: &Path, overrides: &[Override]) -> Result<()> {
         let summaries =
             runs.iter().map(|r| analysis::analyze(r, &AnalyzeOptions::default())).collect::<Result<Vec<_>>>()?;
         crate::report::print_analysis(&summaries);
-        figures.extend(crate::plot::figures::all(
-            &runs,
-            &Style::default(),
-            &dir.join("figures"),
-            Some(set.about),
-            None,
-        )?);
+        figures.extend(crate::plot::figures::all(&runs, &style, &dir.join("figures"), Some(set.about), None)?);
         // The ANCRe case study rides along: seconds, and the clearest picture of why topology matters.
         let (set, exps) = embedded("lnn-fig2b", &[])?;
         let dir = out.join("lnn-fig2b");
         let runs = run_set(set, &exps, &dir)?;
         figures.extend(crate::plot::figures::losses(
             &crate::plot::figures::open_runs(&runs)?,
-            &Style::default(),
+            &style,
             &dir.join("figures"),
             Some(set.about),
         )?);
     } else {
         let (set, exps) = embedded(figure, overrides)?;
         let runs = run_set(set, &exps, out)?;
-        figures.extend(crate::plot::figures::all(
-            &runs,
-            &Style::default(),
-            &out.join("figures"),
-            Some(set.about),
-            None,
-        )?);
+        figures.extend(crate::plot::figures::all(&runs, &style, &out.join("figures"), Some(set.about), None)?);
     }
     println!();
     for f in figures.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
