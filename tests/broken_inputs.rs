@@ -710,6 +710,12 @@ fn surprising_inputs_get_errors_that_name_them_or_warnings() {
     let big = s(&write(&t.join("bigseed.yaml"), format!("configs: [{tiny}]\nseeds: [18446744073709551616]\n")));
     says(&["sweep", &big, "--out", "o", "--dry-run"], false, "`seeds[0]` has value `18446744073709551616`");
     says(&["sweep", &tiny, "--set", "seed=5", "--out", "o", "--dry-run"], false, "by --seeds (e.g. --seeds 5)");
+    // A --set that is not an override is refused where it is read, the command line, before any
+    // config is opened: the flag, the text and what an override is.
+    let not_set =
+        "invalid value 'model.depth' for '--set <KEY=VALUE>': allowed: an override of the form key.path=value";
+    says(&["train", &tiny, "--set", "model.depth", "--out", "x"], false, not_set);
+    says(&["sweep", &tiny, "--set", "a..b=1", "--out", "o", "--dry-run"], false, "`a..b`: allowed: a dotted key path");
 
     says(&["sweep", &tiny, "--seeds", "0,1", "--out", "sw", "--quiet"], true, "");
     says(&["report", "sw", "--curves", "frob"], false, "--curves frob: no run logs this curve; ");
