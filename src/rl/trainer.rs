@@ -42,7 +42,7 @@ use super::RlRng;
 use crate::run_dir::RunDir;
 use crate::train::checkpoint::{self, Checkpointer, ExtraFile, TrainerState};
 use crate::train::divergence::DivergenceGuard;
-use crate::train::run_log::{LogOutput, LogRow, RunLog};
+use crate::train::run_log::{open_board, LogOutput, LogRow, RunLog};
 use crate::train::{engine, lifecycle};
 use anyhow::{Context, Result};
 use rand::{Rng, SeedableRng};
@@ -395,11 +395,7 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
     // what the killed process logged from there on.
     let steps = l.env_steps;
     let board = match cfg.log.tensorboard {
-        true => {
-            let mut b = crate::tensorboard::EventWriter::create(&run.path, if steps > 0 { steps + 1 } else { 0 })?;
-            b.text(steps, "config", &format!("```yaml\n{config_yaml}```"))?;
-            Some(b)
-        }
+        true => Some(open_board(&run.path, if steps > 0 { steps + 1 } else { 0 }, steps, &config_yaml)?),
         false => None,
     };
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());

@@ -147,6 +147,19 @@ impl<R: LogRow> RunLog<R> {
     }
 }
 
+/// A run's TensorBoard writer, its events from step `first` on (a resumed run drops what the
+/// killed process logged from there), with the resolved config as text at step `at`.
+pub fn open_board(
+    run: &std::path::Path,
+    first: u64,
+    at: u64,
+    config_yaml: &str,
+) -> Result<crate::tensorboard::EventWriter> {
+    let mut writer = crate::tensorboard::EventWriter::create(run, first)?;
+    writer.text(at, "config", &format!("```yaml\n{config_yaml}```"))?;
+    Ok(writer)
+}
+
 /// `plexus train`'s log: a [`RunLog`] of metrics rows with the evaluations, the plain line per
 /// logged step, the throughput scalars and the per-step counts of reads and syncs. Rank 0 of a
 /// data-parallel run writes; the others keep their rows (for the summary) and print nothing.
@@ -219,11 +232,7 @@ impl TrainLog {
             crate::native::profile::watch_syncs()?;
         }
         let board = match output.main && cfg.log.tensorboard {
-            true => {
-                let mut writer = crate::tensorboard::EventWriter::create(&dir.path, start)?;
-                writer.text(start, "config", &format!("```yaml\n{config_yaml}```"))?;
-                Some(writer)
-            }
+            true => Some(open_board(&dir.path, start, start, config_yaml)?),
             false => None,
         };
         Ok(TrainLog {
