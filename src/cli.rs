@@ -77,7 +77,8 @@ pub enum Cmd {
         #[arg(long, value_delimiter = ',')]
         by: Vec<String>,
         /// Metrics, comma-separated: summary.json's numbers (eval.accuracy, final_loss, gamma,
-        /// success, …) and best.eval.`<column>` (best over the run's evaluations).
+        /// success, …), best.eval.`<column>` (best over the run's evaluations) and a curve's value
+        /// at a step, CURVE@STEP (eval.accuracy@400, fd.fd@500).
         #[arg(long = "metric", value_delimiter = ',')]
         metrics: Vec<String>,
         /// The setting to compare the others with, paired by seed, e.g. topology.kind=residual.
@@ -199,6 +200,11 @@ pub enum Cmd {
         /// Generated and real images, each.
         #[arg(long, default_value_t = 1000)]
         samples: usize,
+        /// Measure each checkpoint the run kept (its raw weights), with the same noise: the
+        /// distance over training, one row per step in the run's fd_steps.csv (`plexus report`
+        /// curves `fd.fd`, metrics `fd.fd@STEP`). `--step N` measures one.
+        #[arg(long, conflicts_with = "step")]
+        every_checkpoint: bool,
         #[command(flatten)]
         sampling: SamplingArgs,
     },
@@ -560,8 +566,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Sample { run, per_class, sampling } => {
             commands::runs::sample(&run, per_class, &sampling.options, &sampling.device)
         }
-        Cmd::Fd { run, extractor, samples, sampling } => {
-            commands::runs::fd(&run, &extractor, samples, &sampling.options, &sampling.device)
+        Cmd::Fd { run, extractor, samples, every_checkpoint, sampling } => {
+            commands::runs::fd(&run, &extractor, samples, &sampling.options, every_checkpoint, &sampling.device)
         }
         Cmd::Parity { only, dir, keep, device, threads, draws, csv } => {
             crate::parity::command::run(&crate::parity::command::ParityRequest {

@@ -203,3 +203,94 @@ pub fn fd_command(
         extractor: extractor.to_path_buf(),
     })
 }
+
+/// The file of a run that holds its distances over training: one row per checkpoint step measured
+/// (`plexus fd --step N` or `--every-checkpoint`), read by `plexus report` as the curves `fd.fd`,
+/// `fd.real_floor` and `fd.class_agreement` against the step (metrics `fd.fd@STEP`).
+pub const STEPS_FILE: &str = "fd_steps.csv";
+
+/// One row of [`STEPS_FILE`]: what [`fd_command`] measured at one checkpoint, with the setting it
+/// was measured in (the sampling options but the step, the sample count, the extractor), so that
+/// one run's rows are one curve.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct StepRow {
+    step: u64,
+    fd: f64,
+    real_floor: Option<f64>,
+    class_agreement: f64,
+    extractor_accuracy: f64,
+    samples: usize,
+    sampling: String,
+    extractor: String,
+}
+
+/// Keeps `r` with the run `run`: the final weights' measurement (`step` `None`) as `fd.json`
+/// (metrics `fd.*` of `plexus report`), a checkpoint's as the row of its step in [`STEPS_FILE`]
+/// (the same step measured again replaces its row). Rows of another setting are refused — a
+/// curve whose points were drawn with different samplers, seeds or extractors is not a curve —
+/// with what to do. Returns the file written.
+pub fn record(
+    run: &std::path::Path,
+    step: Option<u64>,
+    o: &crate::diffusion::SampleOptions,
+    r: &FdResult,
+) -> Result<std::path::PathBuf> {
+    let Some(step) = step else {
+        let file = run.join("fd.json");
+        crate::run_dir::atomic_write(&file, serde_json::to_string_pretty(r)?.as_bytes())?;
+        return Ok(file);
+    };
+    let file = run.join(STEPS_FILE);
+    let row = StepRow {
+        step,
+        fd: r.fd,
+        real_floor: r.real_floor,
+        class_agreement: r.class_agreement,
+        extractor_accuracy: r.extractor_accuracy,
+        samples: r.samples,
+        sampling: format!("{:?}", crate::diffusion::SampleOptions { step: None, ..*o }),
+        extractor: r.extractor.display().to_string(),
+    };
+    let mut rows: Vec<StepRow> = Vec::new();
+    if file.is_file() {
+        let bytes = crate::input_file::read_bounded(&file, crate::input_file::MAX_RECORD_BYTES, "an FD record")?;
+        for rec in csv::Reader::from_reader(bytes.as_slice()).deserialize() {
+            rows.push(rec.map_err(|e| {
+                anyhow::anyhow!("{}: not an FD record ({e}); remove it to measure anew", file.display())
+            })?);
+        }
+    }
+    if let Some(other) =
+        rows.iter().find(|x| (x.samples, &x.sampling, &x.extractor) != (row.samples, &row.sampling, &row.extractor))
+    {
+        bail!(
+            "{}: its step {} was measured with {} samples, {} and the extractor {}; this measurement uses {} samples, \
+             {} and {}. One run's distances over training must share their setting: measure with the same flags, \
+             or remove the file to start the curve anew",
+            file.display(),
+            other.step,
+            other.samples,
+            other.sampling,
+            other.extractor,
+            row.samples,
+            row.sampling,
+            row.extractor
+        );
+    }
+    rows.retain(|x| x.step != step);
+    rows.push(row);
+    rows.sort_by_key(|x| x.step);
+    let mut w = csv::Writer::from_writer(Vec::new());
+    for x in &rows {
+        w.serialize(x)?;
+    }
+    crate::run_dir::atomic_write(&file, &w.into_inner()?)?;
+    Ok(file)
+}
+
+/// The steps of the complete checkpoints `run` kept, in order (what `plexus fd --every-checkpoint`
+/// measures).
+pub fn checkpoint_steps(run: &std::path::Path) -> Result<Vec<u64>> {
+    let dir = crate::run_dir::RunDir::open(run)?;
+    Ok(crate::train::checkpoint::list(&dir)?.into_iter().map(|(_, s)| s.step).collect())
+}

@@ -550,7 +550,9 @@ fn plexus_sample_and_fd_run_from_the_command_line() {
         p.display().to_string()
     };
     let data = "data: {kind: synthetic_images, image_size: 8, channels: 3, classes: 4, samples: 32, batch_size: 8}\n";
-    let dit = write("dit.yaml", &TINY.replace("steps: 14", "steps: 4"));
+    // Checkpoints at steps 2 and 4 (the distance over training).
+    let dit =
+        write("dit.yaml", &TINY.replace("steps: 14", "steps: 4").replace("checkpoint_every: 5", "checkpoint_every: 2"));
     let cls = write(
         "cls.yaml",
         &format!(
@@ -588,11 +590,48 @@ fn plexus_sample_and_fd_run_from_the_command_line() {
     // A checkpoint of the run instead of the final weights: the step's raw weights; a step
     // without a checkpoint lists those there are.
     let (ok, text) = run(&["fd", "d", "--extractor", "c", "--samples", "8", "--steps", "2", "--step", "4"]);
-    assert!(ok && text.contains("from the checkpoint of step 4"), "{text}");
+    assert!(ok && text.contains("from the checkpoint of step 4") && text.contains("fd_steps.csv"), "{text}");
+    // The final weights' measurement stays in fd.json (the 4-sample one above); a checkpoint's is
+    // the row of its step in fd_steps.csv, the curve `fd.fd` of `plexus report`.
+    let final_fd: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tmp.path().join("d/fd.json")).unwrap()).unwrap();
+    assert_eq!(final_fd["samples"], 4, "a checkpoint's distance overwrote the final weights' one");
+    let at_4 = plexus::study::collect::curve(&tmp.path().join("d"), "fd.fd").unwrap();
+    assert_eq!(at_4.len(), 1, "{at_4:?}");
+    assert_eq!(at_4[0].0, 4.0);
+    // Every checkpoint the run kept, with the same noise: step 4 again gives the same distance
+    // (its row replaced, not repeated), step 2 is added before it.
+    let (ok, text) = run(&["fd", "d", "--extractor", "c", "--samples", "8", "--steps", "2", "--every-checkpoint"]);
+    assert!(ok && text.contains("2 checkpoints: steps 2, 4"), "{text}");
+    let curve = plexus::study::collect::curve(&tmp.path().join("d"), "fd.fd").unwrap();
+    assert_eq!(curve.iter().map(|p| p.0).collect::<Vec<_>>(), [2.0, 4.0], "{curve:?}");
+    assert_eq!(curve[1], at_4[0], "the same checkpoint and noise measured twice");
+    assert_ne!(curve[0].1, curve[1].1, "two checkpoints, one distance");
+    let names = plexus::study::collect::curve_names(&tmp.path().join("d"));
+    for want in ["fd.fd", "fd.real_floor", "fd.class_agreement"] {
+        assert!(names.iter().any(|n| n == want), "{want} not among {names:?}");
+    }
+    assert!(!names.iter().any(|n| n == "fd.sampling" || n == "fd.step"), "{names:?}");
+    // `plexus report` reads a point of the curve as a metric; a step without one lists those there are.
+    let (ok, text) = run(&["report", "d", "--metric", "fd.fd@2,fd.fd@4", "--format", "csv"]);
+    assert!(ok, "{text}");
+    for (step, fd) in &curve {
+        let row = text.lines().find(|l| l.starts_with(&format!("fd.fd@{step},"))).unwrap_or_else(|| panic!("{text}"));
+        assert_eq!(row.split(',').nth(2).unwrap().parse::<f64>().unwrap(), *fd, "{row}");
+    }
+    let (ok, text) = run(&["report", "d", "--metric", "fd.fd@3", "--format", "csv"]);
+    assert!(!ok && text.contains("no value at step 3") && text.contains("logged at steps 2, 4"), "{text}");
+    // A point of another setting would make the curve a mix: refused, the file left as it was.
+    let before = std::fs::read(tmp.path().join("d/fd_steps.csv")).unwrap();
+    let (ok, text) = run(&["fd", "d", "--extractor", "c", "--samples", "4", "--steps", "2", "--step", "2"]);
+    assert!(!ok && text.contains("must share their setting") && text.contains("8 samples"), "{text}");
+    assert_eq!(std::fs::read(tmp.path().join("d/fd_steps.csv")).unwrap(), before);
+    let (ok, text) = run(&["fd", "d", "--extractor", "c", "--every-checkpoint", "--step", "2"]);
+    assert!(!ok && text.contains("--every-checkpoint") && text.contains("--step"), "{text}");
     let (ok, text) = run(&["sample", "d", "--steps", "2", "--per-class", "1", "--step", "4"]);
     assert!(ok && tmp.path().join("d/figures/samples-ddim2-cfg1-step4.png").is_file(), "{text}");
     let (ok, text) = run(&["sample", "d", "--steps", "2", "--step", "3"]);
-    assert!(!ok && text.contains("no complete checkpoint at step 3") && text.contains("steps 4"), "{text}");
+    assert!(!ok && text.contains("no complete checkpoint at step 3") && text.contains("steps 2, 4"), "{text}");
     let (ok, text) = run(&["sample", "d", "--steps", "2", "--step", "4", "--weights", "ema"]);
     assert!(!ok && text.contains("raw weights only"), "{text}");
     // One check of the sampling flags for both commands: no panic, the flag and what is allowed.

@@ -89,8 +89,38 @@ pub fn sample(run: &Path, per_class: usize, o: &crate::diffusion::SampleOptions,
     Ok(())
 }
 
-/// `plexus fd RUN --extractor CLASSIFIER_RUN`: a Fréchet distance of generated against real images.
+/// `plexus fd RUN --extractor CLASSIFIER_RUN`: a Fréchet distance of generated against real images,
+/// of the final weights, of the checkpoint of `o.step`, or (`every_checkpoint`) of each checkpoint
+/// the run kept: the distance over training.
 pub fn fd(
+    run: &Path,
+    extractor: &Path,
+    samples: usize,
+    o: &crate::diffusion::SampleOptions,
+    every_checkpoint: bool,
+    device: &str,
+) -> Result<()> {
+    if !every_checkpoint {
+        return fd_at(run, extractor, samples, o, device);
+    }
+    let steps = crate::fd::checkpoint_steps(run)?;
+    if steps.is_empty() {
+        bail!(
+            "--every-checkpoint: {} kept no complete checkpoint (set log.checkpoint_every and log.keep_checkpoints \
+             when training)",
+            run.display()
+        );
+    }
+    let listed: Vec<String> = steps.iter().map(u64::to_string).collect();
+    println!("{} checkpoints: steps {}", steps.len(), listed.join(", "));
+    for step in steps {
+        fd_at(run, extractor, samples, &crate::diffusion::SampleOptions { step: Some(step), ..*o }, device)?;
+    }
+    Ok(())
+}
+
+/// One measurement of `plexus fd`, printed and kept with the run ([`crate::fd::record`]).
+fn fd_at(
     run: &Path,
     extractor: &Path,
     samples: usize,
@@ -98,9 +128,7 @@ pub fn fd(
     device: &str,
 ) -> Result<()> {
     let r = crate::fd::fd_command(run, extractor, samples, o, device)?;
-    // The latest measurement stays with the run, for `plexus report` (metrics `fd.*`).
-    let file = run.join("fd.json");
-    crate::run_dir::atomic_write(&file, serde_json::to_string_pretty(&r)?.as_bytes())?;
+    let file = crate::fd::record(run, o.step, o, &r)?;
     let at = o.step.map_or("the final weights".to_string(), |s| format!("the checkpoint of step {s}"));
     println!(
         "Fréchet distance {:.4} ({samples} generated from {at} vs {samples} real test images, features of the \

@@ -1017,7 +1017,8 @@ pub fn display_name(kind: &str) -> String {
 }
 
 /// The axis title of a logged quantity, with its unit: `loss` → `training loss (nats)` (the unit
-/// given), `eval.accuracy` → `held-out accuracy (%)`, `gamma` → `Γ`, …; a name it does not know
+/// given), `eval.accuracy` → `held-out accuracy (%)`, `gamma` → `Γ`, `fd.fd` → `Fréchet distance
+/// to test images`, …; a name it does not know
 /// is shown as it is.
 pub fn quantity(name: &str, loss_unit: &str) -> String {
     let (prefix, base) = match name.split_once('.') {
@@ -1039,6 +1040,10 @@ pub fn quantity(name: &str, loss_unit: &str) -> String {
         "success" => "success rate".into(),
         "grad_norm" => "gradient norm".into(),
         "lr" => "learning rate".into(),
+        // `plexus fd` at checkpoints: distances in the extractor's feature space, unitless.
+        "fd" if prefix == "fd" => "Fréchet distance to test images".into(),
+        "real_floor" if prefix == "fd" => "real-vs-real Fréchet distance".into(),
+        "class_agreement" if prefix == "fd" => "class agreement (fraction of samples)".into(),
         _ => name.to_string(),
     }
 }

@@ -487,7 +487,9 @@ fn read_csv(path: &Path) -> Result<NumberTable> {
 /// column of `metrics.csv` (`loss`, `gamma`, `grad_norm`; `success` of RL runs, against environment
 /// steps), both against the step; after `plexus analyze`, `layerwise.<column>` from
 /// `layerwise.csv` against the units before the exit, and `noise.<column>` from `noise.csv` against
-/// the noise level (the mean over its draws). Empty when the run does not log it.
+/// the noise level (the mean over its draws); after `plexus fd --every-checkpoint` (or `--step`),
+/// `fd.<column>` from `fd_steps.csv` against the checkpoint's step. Empty when the run does not log
+/// it.
 pub fn curve(dir: &Path, name: &str) -> Result<Vec<(f64, f64)>> {
     let (file, col, x_cols): (&str, &str, &[&str]) = if let Some(c) = name.strip_prefix("eval.") {
         ("eval.csv", c, &["step"])
@@ -495,6 +497,8 @@ pub fn curve(dir: &Path, name: &str) -> Result<Vec<(f64, f64)>> {
         ("layerwise.csv", c, &["units"])
     } else if let Some(c) = name.strip_prefix("noise.") {
         ("noise.csv", c, &["level"])
+    } else if let Some(c) = name.strip_prefix("fd.") {
+        (crate::fd::STEPS_FILE, c, &["step"])
     } else {
         ("metrics.csv", name, &["step", "env_steps"])
     };
@@ -527,16 +531,22 @@ pub fn curve(dir: &Path, name: &str) -> Result<Vec<(f64, f64)>> {
 }
 
 /// The curves a run logs: the columns of `metrics.csv` and, as `eval.<column>`, of `eval.csv`
-/// (the step columns aside); after `plexus analyze`, `layerwise.<column>` and `noise.<column>`.
+/// (the step columns aside); after `plexus analyze`, `layerwise.<column>` and `noise.<column>`;
+/// after `plexus fd` at checkpoints, `fd.<column>` (its setting's columns aside).
 pub fn curve_names(dir: &Path) -> Vec<String> {
     let mut names = Vec::new();
     for (file, prefix) in
         [("metrics.csv", ""), ("eval.csv", "eval."), ("layerwise.csv", "layerwise."), ("noise.csv", "noise.")]
+            .into_iter()
+            .chain([(crate::fd::STEPS_FILE, "fd.")])
     {
         if let Ok((cols, _)) = read_csv(&dir.join(file)) {
             names.extend(
                 cols.iter()
-                    .filter(|c| !["step", "env_steps", "units", "kind", "level", "repeat"].contains(&c.as_str()))
+                    .filter(|c| {
+                        !["step", "env_steps", "units", "kind", "level", "repeat", "samples", "sampling", "extractor"]
+                            .contains(&c.as_str())
+                    })
                     .map(|c| format!("{prefix}{c}")),
             );
         }

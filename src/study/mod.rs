@@ -185,7 +185,14 @@ const PREFERRED: &[&str] = &[
 pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) -> Result<StudyReport> {
     let paths = distinct(paths);
     let (from_sweep, axes, claims) = sweep_settings(spec, &paths)?;
-    let Collected { runs, unfinished, from_tables } = collect_runs(&paths, &claims)?;
+    // `CURVE@STEP` values read from the runs' curves: the claims' and the table's.
+    let at_step: Vec<String> = claims
+        .iter()
+        .flat_map(|c| c.metrics())
+        .chain(opts.metrics.iter().chain(&from_sweep.metrics).cloned())
+        .filter(|m| m.contains('@'))
+        .collect();
+    let Collected { runs, unfinished, from_tables } = collect_runs(&paths, &at_step)?;
     let by = grouping_keys(opts, &from_sweep, axes, &runs)?;
     let (metrics, mut missing) = report_metrics(opts, &from_sweep, &runs)?;
     let baseline = baseline_setting(opts, &from_sweep, &by, &runs)?;
@@ -246,7 +253,7 @@ fn sweep_settings(
 
 /// The runs a report reads ([`collect_runs`]).
 struct Collected {
-    /// Finished runs, with each claim's `CURVE@STEP` value among their metrics.
+    /// Finished runs, with each `CURVE@STEP` value asked for among their metrics.
     runs: Vec<RunRecord>,
     /// Run directories without `summary.json`: left out.
     unfinished: Vec<PathBuf>,
@@ -255,9 +262,9 @@ struct Collected {
 }
 
 /// Reads the runs: from run directories and sweep folders, or from a report's runs.csv files (not
-/// both). A claim's `CURVE@STEP` value becomes a metric of each run (and a column of runs.csv).
-/// At least one run must be finished.
-fn collect_runs(paths: &[PathBuf], claims: &[claims::Claim]) -> Result<Collected> {
+/// both). The value of each metric of `at_step` (`CURVE@STEP`, a claim's or the table's) becomes a
+/// metric of each run that logs it (and a column of runs.csv). At least one run must be finished.
+fn collect_runs(paths: &[PathBuf], at_step: &[String]) -> Result<Collected> {
     let mut runs = Vec::new();
     let mut unfinished = Vec::new();
     // Anything that exists and is not a directory is read as a table (a device or FIFO is then
@@ -277,10 +284,10 @@ fn collect_runs(paths: &[PathBuf], claims: &[claims::Claim]) -> Result<Collected
             }
         }
     }
-    for m in claims.iter().flat_map(|c| c.metrics()).filter(|m| m.contains('@')) {
+    for m in at_step {
         for r in runs.iter_mut() {
-            if !r.metrics.contains_key(&m) {
-                if let Ok(v) = claims::metric_value(r, &m) {
+            if !r.metrics.contains_key(m) {
+                if let Ok(v) = claims::metric_value(r, m) {
                     r.metrics.insert(m.clone(), v);
                 }
             }
@@ -336,6 +343,10 @@ fn report_metrics(
     let metrics = if !opts.metrics.is_empty() {
         for name in &opts.metrics {
             if let Some(r) = runs.iter().find(|r| !r.metrics.contains_key(name)) {
+                if name.contains('@') {
+                    // Its own error: the curve missing, or the steps it is logged at.
+                    claims::metric_value(r, name).map_err(|e| anyhow::anyhow!("--metric {name}: {e}"))?;
+                }
                 bail!(
                     "--metric {name}: run {} has no such metric; it has: {}",
                     r.dir.display(),
