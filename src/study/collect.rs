@@ -534,21 +534,19 @@ pub fn curve(dir: &Path, name: &str) -> Result<Vec<(f64, f64)>> {
 /// (the step columns aside); after `plexus analyze`, `layerwise.<column>` and `noise.<column>`;
 /// after `plexus fd` at checkpoints, `fd.<column>` (its setting's columns aside).
 pub fn curve_names(dir: &Path) -> Vec<String> {
+    // Each file, the prefix of its curves and its columns that are not curves (the x axes, labels,
+    // an FD measurement's setting).
+    let files: [(&str, &str, &[&str]); 5] = [
+        ("metrics.csv", "", &["step", "env_steps"]),
+        ("eval.csv", "eval.", &["step"]),
+        ("layerwise.csv", "layerwise.", &["units", "kind"]),
+        ("noise.csv", "noise.", &["kind", "level", "repeat"]),
+        (crate::fd::STEPS_FILE, "fd.", &["step", "samples", "sampling", "extractor"]),
+    ];
     let mut names = Vec::new();
-    for (file, prefix) in
-        [("metrics.csv", ""), ("eval.csv", "eval."), ("layerwise.csv", "layerwise."), ("noise.csv", "noise.")]
-            .into_iter()
-            .chain([(crate::fd::STEPS_FILE, "fd.")])
-    {
+    for (file, prefix, not_curves) in files {
         if let Ok((cols, _)) = read_csv(&dir.join(file)) {
-            names.extend(
-                cols.iter()
-                    .filter(|c| {
-                        !["step", "env_steps", "units", "kind", "level", "repeat", "samples", "sampling", "extractor"]
-                            .contains(&c.as_str())
-                    })
-                    .map(|c| format!("{prefix}{c}")),
-            );
+            names.extend(cols.iter().filter(|c| !not_curves.contains(&c.as_str())).map(|c| format!("{prefix}{c}")));
         }
     }
     names
