@@ -1017,8 +1017,8 @@ pub fn display_name(kind: &str) -> String {
 }
 
 /// The axis title of a logged quantity, with its unit: `loss` → `training loss (nats)` (the unit
-/// given), `eval.accuracy` → `held-out accuracy (%)`, `gamma` → `Γ`, `fd.fd` → `Fréchet distance
-/// to test images`, …; a name it does not know
+/// given), `eval.accuracy` → `held-out accuracy (%)`, `gamma` → `Γ`, `fd.fd` → `Fréchet distance`,
+/// …; a name it does not know
 /// is shown as it is.
 pub fn quantity(name: &str, loss_unit: &str) -> String {
     let (prefix, base) = match name.split_once('.') {
@@ -1041,9 +1041,10 @@ pub fn quantity(name: &str, loss_unit: &str) -> String {
         "grad_norm" => "gradient norm".into(),
         "lr" => "learning rate".into(),
         // `plexus fd` at checkpoints: distances in the extractor's feature space, unitless.
-        "fd" if prefix == "fd" => "Fréchet distance to test images".into(),
-        "real_floor" if prefix == "fd" => "real-vs-real Fréchet distance".into(),
-        "class_agreement" if prefix == "fd" => "class agreement (fraction of samples)".into(),
+        // Short enough for a single-column figure's axis.
+        "fd" if prefix == "fd" => "Fréchet distance".into(),
+        "real_floor" if prefix == "fd" => "real-vs-real distance".into(),
+        "class_agreement" if prefix == "fd" => "class agreement".into(),
         _ => name.to_string(),
     }
 }
