@@ -384,8 +384,19 @@ pub fn metric_value(run: &RunRecord, metric: &str) -> Result<f64> {
             )
         })?;
         let points = run.curve(curve)?;
-        if let Some((_, y)) = points.iter().find(|(x, _)| *x == step) {
-            return Ok(*y);
+        let at: Vec<f64> = points.iter().filter(|(x, _)| *x == step).map(|p| p.1).collect();
+        if let Some(&y) = at.first() {
+            // Two different values at one step (a file edited by hand, two logs run together):
+            // which one a verdict read would be chance.
+            if at.iter().any(|v| v.to_bits() != y.to_bits()) {
+                bail!(
+                    "run {}: curve `{curve}` has {} different values at step {step} ({}); one step, one value",
+                    run.dir.display(),
+                    at.len(),
+                    at.iter().map(f64::to_string).collect::<Vec<_>>().join(", ")
+                );
+            }
+            return Ok(y);
         }
         let logged: Vec<String> = points.iter().map(|(x, _)| x.to_string()).collect();
         bail!(
@@ -1497,5 +1508,27 @@ mod tests {
         assert!(unlogged.contains("at step 5") && unlogged.contains("not logged"), "{unlogged}");
         let bad = metric_value(&r, "gamma@eval.accuracy>=x").unwrap_err().to_string();
         assert!(bad.contains("finite number"), "{bad}");
+    }
+
+    /// `CURVE@STEP` at a step the curve holds twice: the same value is read, two values are an
+    /// error naming both, never one of them picked.
+    #[test]
+    fn a_step_logged_twice_with_two_values_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("metrics.csv"),
+            "step,loss
+10,2.0
+10,2.0
+20,1.8
+20,1.7
+",
+        )
+        .unwrap();
+        let mut r = run("a", 0, 1.0);
+        r.dir = dir.path().to_path_buf();
+        assert_eq!(metric_value(&r, "loss@10").unwrap(), 2.0);
+        let e = metric_value(&r, "loss@20").unwrap_err().to_string();
+        assert!(e.contains("2 different values at step 20") && e.contains("1.8, 1.7"), "{e}");
     }
 }
