@@ -18,7 +18,7 @@ pub struct Cli {
 pub enum Cmd {
     /// Train from YAML configs: files, or directories whose *.yaml files form a set (one figure).
     #[command(
-        after_help = "Examples:\n  plexus train configs/showcase/res.yaml --set train.steps=200\n  plexus train configs/mixer-cifar10/cpu --out runs/mixer      # every config of a set\n  plexus train --resume runs/mixer/hacn --set train.steps=2000   # extend a run"
+        after_help = "Examples:\n  plexus train configs/showcase/res.yaml --set train.steps=200\n  plexus train configs/mixer-cifar10/cpu --out runs/mixer      # every config of a set\n  plexus train --resume runs/mixer/hacn --set train.steps=2000 --extend hold   # lengthen a run"
     )]
     Train {
         /// Config files (YAML), or directories whose *.yaml files are trained one after another.
@@ -29,6 +29,12 @@ pub enum Cmd {
         /// log.*, train.cuda_graphs and device may differ from what the run was trained with.
         #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["out", "overwrite"])]
         resume: Option<PathBuf>,
+        /// With --resume and a larger train.steps on a cosine schedule: what the added updates
+        /// do: `hold` (continue at the last update's learning rate), `restart` (a new cosine cycle
+        /// from the peak lr over them) or `stretch` (the cosine planned again over the new length:
+        /// the rate jumps up). Recorded in the run's config.yaml (train.extensions).
+        #[arg(long, value_name = "RULE", requires = "resume")]
+        extend: Option<crate::config::ExtendRule>,
         /// Clear a run directory that already holds files before training into it (a new run
         /// into a non-empty directory is refused otherwise).
         #[arg(long)]
@@ -455,6 +461,11 @@ pub struct SweepArgs {
     /// Run only these runs of the sweep (names as in the sweep folder; repeatable).
     #[arg(long, value_name = "RUN")]
     pub only: Vec<String>,
+    /// What the updates do that a raised train.steps adds to runs on a cosine schedule: `hold`,
+    /// `restart` or `stretch` (as `plexus train --resume --extend`; the spec's `extend`),
+    /// recorded in the sweep.
+    #[arg(long, value_name = "RULE", conflicts_with = "resume")]
+    pub extend: Option<crate::config::ExtendRule>,
     /// Print the plan (each run and whether it is done, to resume or new) and stop.
     #[arg(long)]
     pub dry_run: bool,
@@ -500,10 +511,11 @@ pub fn run(cli: Cli) -> Result<()> {
     crate::native::setting::check_fused_kernels_setting()?;
     match cli.cmd {
         Cmd::Train { dist, .. } if dist.launches() => crate::dist::launch(dist.nproc as usize),
-        Cmd::Train { configs, resume: Some(run), overrides, device, quiet, dist, .. } => {
-            commands::train_resume(&run, &configs, &with_device(overrides, device)?, quiet, dist.timeout())
+        Cmd::Train { configs, resume: Some(run), overrides, device, quiet, dist, extend, .. } => {
+            let resume = commands::Resume { run: &run, configs: &configs, extend, quiet };
+            commands::train_resume(&resume, &with_device(overrides, device)?, dist.timeout())
         }
-        Cmd::Train { configs, resume: None, out, overrides, device, quiet, overwrite, dist } => {
+        Cmd::Train { configs, resume: None, out, overrides, device, quiet, overwrite, dist, .. } => {
             let overrides = with_device(overrides, device)?;
             commands::train_new(&configs, out.as_deref(), &overrides, quiet, overwrite, dist.timeout())
         }
@@ -520,6 +532,7 @@ pub fn run(cli: Cli) -> Result<()> {
             only: a.only,
             dry_run: a.dry_run,
             quiet: a.quiet,
+            extend: a.extend,
         }),
         Cmd::Report { paths, spec, by, metrics, baseline, curves, format, formats, width, out } => {
             // Checked here, set from the report (the flag, else the spec's) when it draws.

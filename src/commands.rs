@@ -285,13 +285,18 @@ pub fn kind_resume(kind: &dyn RunKind, run: &Path, overrides: &[Override], quiet
 // ---- The verbs, one function each (cli.rs parses and calls them).
 
 /// `plexus train --resume RUN [CONFIG]`: continues a run (its config.yaml, or the one CONFIG).
-pub fn train_resume(
-    run: &Path,
-    configs: &[PathBuf],
-    overrides: &[Override],
-    quiet: bool,
-    dist_timeout: std::time::Duration,
-) -> Result<()> {
+/// What `plexus train --resume` continues: the run, the config given (none: its `config.yaml`),
+/// the rule for the updates a lengthening adds, and whether to hide the progress lines.
+pub struct Resume<'a> {
+    pub run: &'a Path,
+    pub configs: &'a [PathBuf],
+    pub extend: Option<crate::config::ExtendRule>,
+    pub quiet: bool,
+}
+
+/// `plexus train --resume RUN [CONFIG] [--extend RULE]`.
+pub fn train_resume(r: &Resume, overrides: &[Override], dist_timeout: std::time::Duration) -> Result<()> {
+    let Resume { run, configs, extend, quiet } = *r;
     let dist = crate::dist::DistInfo::from_env(dist_timeout)?;
     let main = crate::dist::DistInfo::is_main(dist.as_ref());
     let dir = RunDir::open(run)?;
@@ -305,7 +310,8 @@ pub fn train_resume(
             configs.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
         ),
     };
-    let exp = resumed_experiment(run, &config, overrides)?;
+    let mut exp = resumed_experiment(run, &config, overrides)?;
+    train::extend::plan(&mut exp.loaded.config, &dir, extend)?;
     let progress = main && !quiet && std::io::stderr().is_terminal();
     let opts = TrainOptions {
         progress,

@@ -31,6 +31,9 @@ pub struct Launch {
     pub quiet: bool,
     /// `PLEXUS_CRASH_AFTER` (see [`crate::train::engine::CrashAfter`]).
     pub crash_after: Option<u64>,
+    /// What the updates a lengthened run adds do, where its schedule depends on its length
+    /// ([`crate::train::extend`]).
+    pub extend: Option<crate::config::ExtendRule>,
 }
 
 /// A kind's own figure of its runs: one curve per run from two columns of its `metrics.csv`
@@ -65,6 +68,19 @@ pub trait RunKind: Sync {
     /// Trains the config at `file` into `out` (new, or resumed with `launch.resume`, when `file` is
     /// the run's own `config.yaml`).
     fn train(&self, file: &Path, overrides: &[Override], out: &Path, launch: &Launch) -> Result<()>;
+    /// The rule a resumed run in `dir` that continues with the config `yaml` gives the updates it
+    /// adds, where it lengthens a schedule that depends on its length: `rule` (a sweep's
+    /// `extend`), or an error naming the choices when it needs one and `rule` is `None`; `None`
+    /// when it lengthens no such schedule.
+    fn lengthening(
+        &self,
+        dir: &RunDir,
+        yaml: &str,
+        rule: Option<crate::config::ExtendRule>,
+    ) -> Result<Option<crate::config::ExtendRule>> {
+        let _ = (dir, yaml, rule);
+        Ok(None)
+    }
     /// Prints the table of finished runs (their `summary.json`) on stdout.
     fn print(&self, runs: &[PathBuf]) -> Result<()>;
     /// The figure a kind draws of its own runs, if any (train runs' figures are the analysis').
@@ -121,9 +137,22 @@ impl RunKind for Train {
         &crate::train::RESUME_POLICY
     }
 
+    fn lengthening(
+        &self,
+        dir: &RunDir,
+        yaml: &str,
+        rule: Option<crate::config::ExtendRule>,
+    ) -> Result<Option<crate::config::ExtendRule>> {
+        let cfg: crate::config::Config = serde_yaml::from_str(yaml).context("the resolved config")?;
+        crate::train::extend::rule_for(dir, &cfg, rule)
+    }
+
     fn train(&self, file: &Path, overrides: &[Override], out: &Path, launch: &Launch) -> Result<()> {
-        let exp = crate::experiment::Experiment::from_file(file, overrides)?;
+        let mut exp = crate::experiment::Experiment::from_file(file, overrides)?;
         let dir = if launch.resume { RunDir::open(out)? } else { RunDir::new(out) };
+        if launch.resume {
+            crate::train::extend::plan(&mut exp.loaded.config, &dir, launch.extend)?;
+        }
         let opts = crate::train::TrainOptions {
             log_lines: !launch.quiet,
             resume: launch.resume,

@@ -54,6 +54,89 @@ fn the_readme_resume_command_works_and_extends_the_run() {
     assert!(summary.contains("\"resumed_from\": 6"), "{summary}");
 }
 
+/// Lengthening a run on a cosine schedule must say what the added updates do: without `--extend`
+/// the resume is refused naming the three rules (and nothing is written); each rule is recorded in
+/// config.yaml, the lengthened run equals a fresh run of that config.yaml (metrics.csv and C
+/// byte for byte), and the finished run's rows stay as they were (its last row included,
+/// which the lengthened run measures again with the next update's rate).
+#[test]
+fn lengthening_a_cosine_run_takes_a_recorded_rule_and_rewrites_no_row() {
+    let (tmp, _) = setup();
+    let cfg = tmp.path().join("cosine.yaml");
+    let text = TINY
+        .replace("steps: 4}", "steps: 6, schedule: cosine, warmup_steps: 1}")
+        .replace("checkpoint_every: 2", "checkpoint_every: 2, connectivity_every: 3");
+    std::fs::write(&cfg, text).unwrap();
+    let finished = tmp.path().join("finished");
+    ok(&plexus(&["train", s(&cfg), "--out", s(&finished)], tmp.path()));
+    let read = |run: &Path, f: &str| std::fs::read_to_string(run.join(f)).unwrap();
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            match e.file_type().unwrap().is_dir() {
+                true => copy_dir(&e.path(), &to.join(e.file_name())),
+                false => drop(std::fs::copy(e.path(), to.join(e.file_name())).unwrap()),
+            }
+        }
+    }
+    let copy = |name: &str| {
+        let to = tmp.path().join(name);
+        copy_dir(&finished, &to);
+        to
+    };
+    let run = copy("hold");
+    let err = fails(&plexus(&["train", "--resume", s(&run), "--set", "train.steps=9"], tmp.path()));
+    for rule in ["--extend hold", "--extend restart", "--extend stretch"] {
+        assert!(err.contains(rule), "{rule}: {err}");
+    }
+    assert!(err.contains("grows from 6 to 9") && err.contains("train.extensions"), "{err}");
+    assert_eq!(read(&run, "config.yaml"), read(&finished, "config.yaml"), "a refused resume writes nothing");
+    // `hold`: recorded, and the same as a fresh run of the lengthened config.
+    ok(&plexus(&["train", "--resume", s(&run), "--set", "train.steps=9", "--extend", "hold"], tmp.path()));
+    let recorded = read(&run, "config.yaml");
+    assert!(recorded.contains("extensions:\n  - at: 6\n    from_steps: 6\n    rule: hold"), "{recorded}");
+    let fresh = tmp.path().join("fresh");
+    ok(&plexus(&["train", s(&run.join("config.yaml")), "--out", s(&fresh)], tmp.path()));
+    // Every row but the finished run's last one, which the lengthened run keeps: its Γ (read after
+    // the step's update) is after 6 updates there, and after the 7th in the fresh run.
+    let (kept, fresh_rows) = (read(&run, "metrics.csv"), read(&fresh, "metrics.csv"));
+    for (a, b) in kept.lines().zip(fresh_rows.lines()) {
+        match a.starts_with("6,") {
+            false => assert_eq!(a, b),
+            true => assert_eq!(a.rsplit_once(',').unwrap().0, b.rsplit_once(',').unwrap().0),
+        }
+    }
+    assert_eq!(kept.lines().count(), fresh_rows.lines().count());
+    for step in [0, 3, 6, 9] {
+        let c = format!("connectivity/step_{step}.csv");
+        assert_eq!(read(&run, &c), read(&fresh, &c), "{c}");
+    }
+    // `restart` and `stretch` change the rate from update 6 on; the rows the run held are kept.
+    for rule in ["restart", "stretch"] {
+        let run = copy(rule);
+        ok(&plexus(&["train", "--resume", s(&run), "--set", "train.steps=9", "--extend", rule], tmp.path()));
+        let (before, after) = (read(&finished, "metrics.csv"), read(&run, "metrics.csv"));
+        assert!(after.starts_with(&before), "{rule}: a held row was rewritten:\n{before}\n{after}");
+        // Update 7 of a 3-update cosine cycle from update 6 (restart), of a 9-update cosine (stretch).
+        let lr7: f64 = after.lines().nth(8).unwrap().split(',').nth(3).unwrap().parse().unwrap();
+        let progress = if rule == "restart" { 1.0 / 3.0 } else { 6.0 / 8.0 };
+        let expect = 0.01 * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
+        assert!((lr7 - expect).abs() < 1e-12, "{rule}: update 7 at {lr7}, expected {expect}");
+    }
+    // A rule with nothing to decide is refused; so is one for a constant schedule.
+    let err = fails(&plexus(&["train", "--resume", s(&run), "--extend", "hold"], tmp.path()));
+    assert!(err.contains("nothing to decide") && err.contains("stays at 9"), "{err}");
+    let constant = tmp.path().join("constant");
+    let tiny = tmp.path().join("tiny.yaml");
+    ok(&plexus(&["train", s(&tiny), "--out", s(&constant)], tmp.path()));
+    let err = fails(&plexus(
+        &["train", "--resume", s(&constant), "--set", "train.steps=6", "--extend", "stretch"],
+        tmp.path(),
+    ));
+    assert!(err.contains("does not depend on its length (constant schedule)"), "{err}");
+}
+
 /// Resuming with anything that changes what is trained is refused, naming the keys; config.yaml
 /// and the checkpoints are left as they were.
 #[test]

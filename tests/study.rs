@@ -554,6 +554,44 @@ fn raising_train_steps_extends_a_finished_sweep_and_lowering_it_is_refused() {
     );
 }
 
+/// A sweep that lengthens runs on a cosine schedule follows `train --resume`'s rule: without a
+/// rule for the added updates it is refused before any run starts, naming the choices and how to
+/// give one; with `--extend hold` each run records the rule, and a later sweep of the same spec
+/// (the rule now in every run) finds them finished.
+#[test]
+fn a_sweep_lengthening_cosine_runs_needs_a_rule_and_records_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = |steps: &str, extra: &[&str]| {
+        let mut a = short_sweep("cos", steps);
+        a.extend(["--set".into(), "train.schedule=cosine".into()]);
+        a.extend(extra.iter().map(|x| x.to_string()));
+        a
+    };
+    let go = |a: Vec<String>| plexus(&a.iter().map(String::as_str).collect::<Vec<_>>(), tmp.path());
+    assert!(go(args("200", &[])).status.success());
+    let metrics = std::fs::read_to_string(tmp.path().join("cos/1-none-seed=1/metrics.csv")).unwrap();
+    let o = go(args("300", &[]));
+    let (_, err) = text(&o);
+    assert!(
+        !o.status.success()
+            && err.contains("grows from 200 to 300")
+            && err.contains("--extend hold")
+            && err.contains("extend: hold|restart|stretch"),
+        "{err}"
+    );
+    let run = tmp.path().join("cos/1-none-seed=1");
+    assert_eq!(std::fs::read_to_string(run.join("metrics.csv")).unwrap(), metrics, "nothing ran");
+    let o = go(args("300", &["--extend", "hold"]));
+    assert!(o.status.success(), "{:?}", text(&o));
+    let config = std::fs::read_to_string(run.join("config.yaml")).unwrap();
+    assert!(config.contains("from_steps: 200") && config.contains("rule: hold"), "{config}");
+    let lengthened = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    assert!(lengthened.starts_with(&metrics), "the rows of the finished run are kept");
+    let o = go(args("300", &[]));
+    let (_, err) = text(&o);
+    assert!(o.status.success() && err.contains("2 finished before"), "{err}");
+}
+
 /// One config file per setting (each with its own `name`, and options only one topology has):
 /// the default grouping includes those keys, and `--baseline topology.kind=residual` still pairs
 /// each setting with the residual runs on shared seeds instead of answering "no shared seeds".

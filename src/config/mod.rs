@@ -160,6 +160,72 @@ pub struct TrainConfig {
     pub ema: Option<f64>,
     /// Capture the step as a CUDA graph and replay it (`auto`, `on`, `off`; see [`CudaGraphs`]).
     pub cuda_graphs: CudaGraphs,
+    /// How each lengthening of the run scheduled the updates it added, oldest first (written by
+    /// `plexus train --resume RUN --set train.steps=N --extend RULE`; see [`Extension`]). Empty
+    /// for a run trained as first planned, and then absent from `config.yaml`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub extensions: Vec<Extension>,
+}
+
+/// What the learning rate does over the updates a lengthened run adds, for a schedule that
+/// depends on the run's length (cosine): the choice `--extend` makes, recorded in the run.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ExtendRule {
+    /// Continue at the learning rate of the run's last update (no jump).
+    Hold,
+    /// A new cosine cycle over the added updates: back to the peak `lr` (no warm-up), down to
+    /// the floor at the new end (a warm restart, as SGDR's).
+    Restart,
+    /// The schedule planned again over the new length, as if it had been planned so from the
+    /// start: the learning rate jumps up to where the longer cosine is at that update.
+    Stretch,
+}
+
+impl ExtendRule {
+    /// Every rule, as `--extend` spells them.
+    pub const ALL: [ExtendRule; 3] = [ExtendRule::Hold, ExtendRule::Restart, ExtendRule::Stretch];
+
+    /// The rule's name (`hold`, `restart`, `stretch`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ExtendRule::Hold => "hold",
+            ExtendRule::Restart => "restart",
+            ExtendRule::Stretch => "stretch",
+        }
+    }
+}
+
+impl std::fmt::Display for ExtendRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ExtendRule {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        ExtendRule::ALL.into_iter().find(|r| r.name() == s).ok_or_else(|| {
+            format!(
+                "`{s}` is not a rule for the added updates: hold (continue at the last learning rate), restart (a new \
+                 cosine cycle over them) or stretch (the schedule planned again over the new length)"
+            )
+        })
+    }
+}
+
+/// One lengthening of a run (`train.extensions`): from update `at` on, the run that had been
+/// planned for `from_steps` updates follows `rule` up to its new end (the next lengthening's
+/// `from_steps`, or `train.steps`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Extension {
+    /// The first update the rule schedules: the step of the checkpoint the lengthened run
+    /// continued from.
+    pub at: u64,
+    /// `train.steps` before this lengthening.
+    pub from_steps: u64,
+    pub rule: ExtendRule,
 }
 
 impl Default for TrainConfig {
@@ -180,6 +246,7 @@ impl Default for TrainConfig {
             topology_decay: false,
             ema: None,
             cuda_graphs: CudaGraphs::Auto,
+            extensions: Vec::new(),
         }
     }
 }
@@ -573,6 +640,7 @@ impl Config {
                 format!("auto or off with device: {} (CUDA graphs need a CUDA device)", self.device),
             ));
         }
+        check_extensions(t)?;
         if self.log.keep_checkpoints == 0 {
             return Err(OptionError::new("log.keep_checkpoints", 0, "an integer ≥ 1"));
         }
@@ -587,6 +655,47 @@ impl Config {
         serde_yaml::to_string(self).expect("a Config always serialises")
     }
 }
+
+/// `train.extensions` as plexus writes them: each lengthens the run (its `from_steps` below the
+/// next one's, and below `train.steps`), starts at an update `1 ≤ at ≤ from_steps` no earlier than
+/// the one before, and applies to a schedule that depends on the length (cosine).
+fn check_extensions(t: &TrainConfig) -> Result<(), OptionError> {
+    for (k, e) in t.extensions.iter().enumerate() {
+        let key = |field: &str| format!("train.extensions[{k}].{field}");
+        if t.schedule != Schedule::Cosine {
+            return Err(OptionError::new(
+                format!("train.extensions[{k}]"),
+                format!("{{at: {}, from_steps: {}, rule: {}}}", e.at, e.from_steps, e.rule),
+                "no extensions with `schedule: constant` (its learning rate does not depend on the run's length)",
+            ));
+        }
+        let end = t.extensions.get(k + 1).map_or(t.steps, |next| next.from_steps);
+        if !(1..end).contains(&e.from_steps) {
+            return Err(OptionError::new(
+                key("from_steps"),
+                e.from_steps,
+                format!("the run's length before this lengthening: an integer in 1..{end} (the length after it)"),
+            ));
+        }
+        let earliest = if k == 0 { 1 } else { t.extensions[k - 1].at.max(1) };
+        if !(earliest..=e.from_steps).contains(&e.at) {
+            return Err(OptionError::new(
+                key("at"),
+                e.at,
+                format!(
+                    "the update the lengthening continued from: an integer in {earliest}..={} (no earlier than the \
+                     previous lengthening's, at most the length before it)",
+                    e.from_steps
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The key of a run's lengthenings ([`Extension`]): a resumed run that grows `train.steps` may
+/// add one entry after those it holds (plexus writes it).
+pub const EXTENSIONS_KEY: &str = "train.extensions";
 
 /// The key of a `plexus train` run's length: a resumed run may grow it, not shrink it.
 pub const RUN_LENGTH_KEY: &str = "train.steps";
@@ -629,12 +738,19 @@ impl ResumeDiff {
     ) -> Self {
         let mut changed = Vec::new();
         diff_values("", old, new, &mut changed);
-        let at = |v: &serde_yaml::Value| {
-            length.split('.').try_fold(v, |v, k| v.get(k)).and_then(|v| v.as_f64()).unwrap_or(f64::NAN)
+        let get = |v: &'_ serde_yaml::Value, key: &str| key.split('.').try_fold(v, |v, k| v.get(k)).cloned();
+        let at = |v: &serde_yaml::Value| get(v, length).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
+        // The lengthenings plexus records: a resumed run may add one after those the run holds.
+        let appended = |key: &str| {
+            let list = |v| get(v, key).and_then(|v| v.as_sequence().cloned()).unwrap_or_default();
+            let (a, b) = (list(old), list(new));
+            // A config that names none continues with those the run holds (they are its record).
+            let inherited = get(new, key).is_none();
+            key == EXTENSIONS_KEY && (inherited || (b.len() == a.len() + 1 && b.starts_with(&a)))
         };
         let mut d = ResumeDiff::default();
         for (key, a, b) in changed {
-            if may_change(&key) || (key == length && at(new) >= at(old)) {
+            if may_change(&key) || (key == length && at(new) >= at(old)) || appended(&key) {
                 d.allowed.push(key);
             } else {
                 d.refused.push((key, a, b));

@@ -4,6 +4,7 @@
 
 use super::spec::PlannedRun;
 use super::Manifest;
+use crate::config::ExtendRule;
 use crate::run_dir::RunDir;
 use crate::train::lifecycle;
 use anyhow::{bail, Context, Result};
@@ -161,13 +162,30 @@ pub fn damage(rd: &RunDir, kind: &dyn crate::kinds::RunKind) -> Option<String> {
     check().err().map(|e| format!("{e:#}"))
 }
 
-/// The command line of one attempt at `run`.
-fn command(exe: &Path, dir: &Path, run: &PlannedRun, state: &RunState) -> Command {
+/// The rule the resumed sweep run `run` (in `out`, continuing with `yaml`) gives the updates a
+/// lengthening adds: the sweep's `extend` where its schedule needs one, an error naming the
+/// choices where it needs one and the sweep gives none.
+fn lengthening(out: &Path, run: &PlannedRun, yaml: &str, manifest: &Manifest) -> Result<Option<ExtendRule>> {
+    let kind = crate::kinds::by_verb(&run.verb)?;
+    kind.lengthening(&RunDir::new(&out.join(&run.name)), yaml, manifest.spec.extend_rule).with_context(|| {
+        format!(
+            "sweep run {}: the sweep lengthens it; give the sweep `extend: hold|restart|stretch` (or --extend) for \
+             every run it lengthens",
+            run.name
+        )
+    })
+}
+
+/// The command line of one attempt at `run` (`rule`: what a lengthening's added updates do).
+fn command(exe: &Path, dir: &Path, run: &PlannedRun, state: &RunState, rule: Option<ExtendRule>) -> Command {
     let mut cmd = Command::new(exe);
     cmd.arg(&run.verb);
     match state {
         RunState::Resume => {
             cmd.arg("--resume").arg(dir);
+            if let Some(r) = rule {
+                cmd.arg("--extend").arg(r.name());
+            }
         }
         _ => {
             cmd.arg(&run.config).arg("--out").arg(dir).arg("--overwrite");
@@ -228,8 +246,13 @@ pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quie
                     out.join(&r.name).display()
                 ),
             )),
-            // Fresh or to resume: which, is read again just before the run starts.
-            _ => todo.push((i, yaml)),
+            // Fresh or to resume: which, is read again just before the run starts. A lengthening
+            // whose schedule needs a rule the sweep does not give is refused now, before any run.
+            RunState::Resume => {
+                lengthening(out, r, &yaml, manifest)?;
+                todo.push((i, yaml))
+            }
+            RunState::Fresh => todo.push((i, yaml)),
         }
     }
     let total = outcome.skipped + todo.len();
@@ -290,7 +313,11 @@ pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quie
                 .append(true)
                 .open(&log_path)
                 .with_context(|| format!("opening {}", log_path.display()))?;
-            let mut cmd = command(&exe, &dir, r, &state);
+            let rule = match state {
+                RunState::Resume => lengthening(out, r, &yaml, manifest)?,
+                _ => None,
+            };
+            let mut cmd = command(&exe, &dir, r, &state, rule);
             use std::io::Write;
             writeln!(log, "=== {cmd:?}").ok();
             cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);

@@ -97,6 +97,12 @@ pub struct SweepSpec {
     /// ([`super::claims`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub claims: Vec<super::claims::Claim>,
+    /// What the updates do that a raised run length adds to finished or killed runs whose
+    /// schedule depends on their length (cosine): `hold`, `restart` or `stretch`, as
+    /// `plexus train --resume --extend` takes it. Without it such a lengthening is refused before
+    /// any run starts, naming the choices.
+    #[serde(default, rename = "extend", skip_serializing_if = "Option::is_none")]
+    pub extend_rule: Option<crate::config::ExtendRule>,
 }
 
 /// One run a sweep plans.

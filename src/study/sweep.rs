@@ -22,6 +22,8 @@ pub struct SweepRequest {
     pub only: Vec<String>,
     pub dry_run: bool,
     pub quiet: bool,
+    /// `--extend`: the spec's `extend`.
+    pub extend: Option<crate::config::ExtendRule>,
 }
 
 /// The sweep a request stands for, before its plan.
@@ -125,6 +127,9 @@ fn open(r: &SweepRequest, inputs: &[PathBuf]) -> Result<Opened> {
     }
     let origin = spec_file.as_ref().map_or_else(|| "the sweep flags".to_string(), |p| p.display().to_string());
     spec.extend(&configs, &r.overrides, &r.grid, &r.seeds)?;
+    if r.extend.is_some() {
+        spec.extend_rule = r.extend;
+    }
     let Some(out) = r.out.clone().or(spec.out.clone()) else {
         bail!("{origin}: where should the runs go? Give --out DIR (or `out:` in the sweep spec)");
     };

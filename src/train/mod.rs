@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod divergence;
 pub mod engine;
 pub mod eval;
+pub mod extend;
 pub mod lifecycle;
 pub mod optim;
 pub mod resolved;
@@ -470,8 +471,10 @@ fn resume(
     let start = state.step;
     Ok(Resumed {
         rows: crate::run_dir::MetricsRow::read(dir, start)?,
-        evals: dir.evals()?.into_iter().filter(|e| e.step < start).collect(),
-        eps_by_t: if main { dir.eps_by_t()?.into_iter().filter(|r| r.0 < start).collect() } else { Vec::new() },
+        // Up to the checkpoint's step: what a finished run measured there is kept when it is
+        // lengthened (a resumed run never rewrites a row its files hold).
+        evals: dir.evals()?.into_iter().filter(|e| e.step <= start).collect(),
+        eps_by_t: if main { dir.eps_by_t()?.into_iter().filter(|r| r.0 <= start).collect() } else { Vec::new() },
         start,
     })
 }

@@ -51,9 +51,10 @@ impl LogRow for MetricsRow {
         dir.write_metrics(rows)
     }
 
-    /// The rows before `step` (the checkpoint's step is the next to be logged).
+    /// The rows up to `step` (the checkpoint's step; a row there is a finished run's last
+    /// measurement, which a lengthened run keeps).
     fn read(dir: &RunDir, step: u64) -> Result<Vec<Self>> {
-        Ok(dir.metrics()?.into_iter().filter(|r| r.step < step).collect())
+        Ok(dir.metrics()?.into_iter().filter(|r| r.step <= step).collect())
     }
 }
 
@@ -109,7 +110,21 @@ impl<R: LogRow> RunLog<R> {
     }
 
     /// A row: kept, its scalars and `extra` ones to TensorBoard at its step, its message on the bar.
+    /// A row at a step the log already holds (a finished run's last measurement, when the run is
+    /// lengthened from there) is not replaced: a resumed run never rewrites a row its files hold;
+    /// the held row's scalars go to TensorBoard again (a resumed run's events restart at its step).
     pub fn row(&mut self, row: R, extra: Vec<(String, f64)>) -> Result<()> {
+        // Rows come in step order: only one at or before the last held step can be held already.
+        let relogged = self.rows.last().is_some_and(|last| last.step() >= row.step());
+        let held = if relogged { self.rows.iter().rev().find(|r| r.step() == row.step()) } else { None };
+        if let Some(held) = held {
+            if let Some(b) = self.board.as_mut() {
+                let values = held.scalars();
+                let refs: Vec<(&str, f64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+                b.scalars(held.step(), &refs)?;
+            }
+            return Ok(());
+        }
         if let Some(b) = self.board.as_mut() {
             let mut values = row.scalars();
             values.extend(extra);
@@ -264,24 +279,39 @@ impl TrainLog {
         self.log.warn(line);
     }
 
-    /// An evaluation (with a diffusion run's ε-MSE per timestep bucket), said and kept.
+    /// An evaluation (with a diffusion run's ε-MSE per timestep bucket), said and kept. One at a
+    /// step `eval.csv` already holds (a finished run's last, when the run is lengthened from
+    /// there) is not replaced: the held one is kept, and sent to TensorBoard again.
     pub fn eval(&mut self, dir: &RunDir, e: EvalResult, buckets: Option<Vec<f64>>) -> Result<()> {
+        let e = match self.evals.iter().rposition(|h| h.step == e.step) {
+            Some(i) => {
+                let held = self.evals[i].clone();
+                return self.eval_scalars(&held);
+            }
+            None => e,
+        };
         let name = self.log.name();
         match &buckets {
             Some(_) => self.say(format!("{name} step {}: eval ε-MSE {:.4}", e.step, e.loss)),
             None => self.say(format!("{name} step {}: eval {e}", e.step)),
         }
-        if let Some(b) = self.log.board() {
-            let mut values = vec![("eval/loss", e.loss)];
-            values.extend(e.accuracy.map(|a| ("eval/accuracy", a)));
-            values.extend(e.perplexity.map(|p| ("eval/perplexity", p)));
-            b.scalars(e.step, &values)?;
-        }
+        self.eval_scalars(&e)?;
         let step = e.step;
         self.evals.push(e);
         if let Some(buckets) = buckets {
             self.eps_by_t.push((step, buckets));
             dir.write_eps_by_t(&self.eps_by_t, crate::task::ddpm::STEPS as usize)?;
+        }
+        Ok(())
+    }
+
+    /// An evaluation's TensorBoard scalars.
+    fn eval_scalars(&mut self, e: &EvalResult) -> Result<()> {
+        if let Some(b) = self.log.board() {
+            let mut values = vec![("eval/loss", e.loss)];
+            values.extend(e.accuracy.map(|a| ("eval/accuracy", a)));
+            values.extend(e.perplexity.map(|p| ("eval/perplexity", p)));
+            b.scalars(e.step, &values)?;
         }
         Ok(())
     }
