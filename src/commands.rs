@@ -331,12 +331,12 @@ pub fn train_resume(r: &Resume, overrides: &[Override], dist_timeout: std::time:
 /// The experiment a resumed run continues: `config` with `overrides`. Where the config is fine and
 /// a `--set` makes it invalid, the error names the `--set`s that would change what the run keeps.
 fn resumed_experiment(run: &Path, config: &Path, overrides: &[Override]) -> Result<Experiment> {
-    match Experiment::from_file(config, overrides) {
+    match Experiment::of_run(run, config, overrides) {
         Ok(exp) => Ok(exp),
         // The run's config is fine and a --set makes it invalid: name the --set that changes what
         // a resumed run keeps (`topology.kind=residual` on an H-ACN run leaves `topology.init`
         // behind, and the error would otherwise blame the run's own config.yaml).
-        Err(e) if !overrides.is_empty() && Experiment::from_file(config, &[]).is_ok() => {
+        Err(e) if !overrides.is_empty() && Experiment::of_run(run, config, &[]).is_ok() => {
             let p = &crate::train::RESUME_POLICY;
             let refused: Vec<String> = overrides
                 .iter()
@@ -344,7 +344,7 @@ fn resumed_experiment(run: &Path, config: &Path, overrides: &[Override]) -> Resu
                 .map(Override::to_string)
                 .collect();
             if refused.is_empty() {
-                return Err(e.into());
+                return Err(e);
             }
             bail!(
                 "--resume {}: --set {} would change what the run trains; only {} (which may grow, to extend the \
@@ -356,7 +356,7 @@ fn resumed_experiment(run: &Path, config: &Path, overrides: &[Override]) -> Resu
                 p.describe
             );
         }
-        Err(e) => Err(e.into()),
+        Err(e) => Err(e),
     }
 }
 

@@ -103,6 +103,18 @@ pub const SAMPLE_CHUNK: i64 = 256;
 pub const MAX_CFG: f64 = 100.0;
 
 impl SampleOptions {
+    /// The options in words, as `plexus fd` prints and records them (`ddim, 50 steps, cfg 1, seed
+    /// 0, weights auto, final weights` / `…, checkpoint of step 500`).
+    pub fn describe(&self) -> String {
+        let sampler = match self.sampler {
+            Sampler::Ddim => format!("ddim, {} steps", self.steps),
+            Sampler::Ddpm => format!("ddpm, {STEPS} steps"),
+        };
+        let weights = format!("{:?}", self.weights).to_lowercase();
+        let at = self.step.map_or("final weights".to_string(), |s| format!("checkpoint of step {s}"));
+        format!("{sampler}, cfg {}, seed {}, weights {weights}, {at}", self.cfg, self.seed)
+    }
+
     /// The flags `plexus sample` and `plexus fd` share, checked once for both: `--cfg` a finite
     /// scale in 0..=[`MAX_CFG`], `--steps` in 1..=1000.
     pub fn check(&self) -> anyhow::Result<()> {
@@ -220,7 +232,7 @@ pub fn sample_run(
     use anyhow::Context;
     let dir = crate::run_dir::RunDir::open(run)?;
     crate::train::trained::refuse_rl_run(&dir)?;
-    let exp = crate::experiment::Experiment::from_file(&dir.config_file(), &[])?;
+    let exp = crate::experiment::Experiment::of_run(&dir.path, &dir.config_file(), &[])?;
     let crate::data::Task::Diffusion(d) = exp.task() else {
         anyhow::bail!("{}: not a diffusion run (model.kind is `{}`, not `dit`)", run.display(), exp.model.kind());
     };

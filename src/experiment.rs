@@ -14,14 +14,41 @@ pub struct Experiment {
     pub data: Box<dyn DataSpec>,
     pub model: Box<dyn ModelSpec>,
     pub topology: Box<dyn TopologySpec>,
+    /// The files outside the run the parse read ([`crate::pins`]): what a new run pins. Empty for
+    /// a run's own config, whose inputs come from its record (`pinned`).
+    pub inputs: Vec<crate::pins::Taken>,
+    /// The run's record of its inputs, when this is a run's config parsed against it ([`Experiment::of_run`]).
+    pub pinned: Option<crate::pins::Manifest>,
 }
 
 impl Experiment {
     /// Resolves a loaded config against the registries: its data, model and topology sections parsed
     /// by their kinds (the model seeing the data's shape, the topology the model's stack), and a
     /// `diffusion` section only with a diffusion backbone and a label dropout in [0, 1). The errors
-    /// name the file, key and line.
+    /// name the file, key and line. The files outside a run that the config names (a C, a
+    /// `meta.json`) are read as named, and kept in `inputs` for a new run to pin.
     pub fn resolve(loaded: LoadedConfig) -> Result<Self, ConfigError> {
+        let (exp, taken) = crate::pins::scope(crate::pins::Scope::Take, || Self::parse(loaded));
+        Ok(Self { inputs: taken, ..exp? })
+    }
+
+    /// The config of the run in `dir` (its `config.yaml`, or `config` for a resumed run given
+    /// another file) with `overrides`, parsed against what the run pinned when it started: a C or
+    /// `meta.json` the config names is read from the run's copy, never from where the config
+    /// points (which may have changed since). A run made before inputs were pinned reads them as
+    /// named.
+    pub fn of_run(dir: &Path, config: &Path, overrides: &[Override]) -> anyhow::Result<Self> {
+        let loaded = config::load_file(config, overrides)?;
+        let scope = crate::pins::of_run(dir)?;
+        let pinned = match &scope {
+            crate::pins::Scope::Run { manifest, .. } => Some(manifest.clone()),
+            crate::pins::Scope::Take => None,
+        };
+        let (exp, _) = crate::pins::scope(scope, || Self::parse(loaded));
+        Ok(Self { pinned, ..exp? })
+    }
+
+    fn parse(loaded: LoadedConfig) -> Result<Self, ConfigError> {
         let c = &loaded.config;
         let data = data::parse(&c.data.kind, &c.data.options).map_err(|e| loaded.error("data", e))?;
         let model =
@@ -46,7 +73,7 @@ impl Experiment {
                 ));
             }
         }
-        Ok(Self { loaded, data, model, topology })
+        Ok(Self { loaded, data, model, topology, inputs: Vec::new(), pinned: None })
     }
 
     /// Loads the config file at `path`, applies the `--set` `overrides`, and [`resolve`](Self::resolve)s it.

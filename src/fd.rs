@@ -61,10 +61,32 @@ pub struct FdResult {
     pub extractor_accuracy: f64,
     pub classes: i64,
     pub samples: usize,
-    /// How the images were drawn: sampler, steps, guidance scale, seed, weights, checkpoint step.
+    /// How the images were drawn: sampler, steps, guidance scale, seed, weights, checkpoint step
+    /// ([`crate::diffusion::SampleOptions::describe`]).
     pub sampling: String,
-    /// The extractor run.
+    /// The extractor run, as given.
     pub extractor: std::path::PathBuf,
+    /// The SHA-256 of the extractor's weights that were loaded (its `final.safetensors`): what
+    /// identifies it, whatever the path's spelling, and what tells a retrained one apart.
+    pub extractor_sha256: String,
+}
+
+/// The run in `dir` on `dev` in fp32, with the weights `weights` and `step` choose.
+fn load_on(
+    dir: &std::path::Path,
+    weights: crate::diffusion::Weights,
+    step: Option<u64>,
+    dev: Device,
+) -> Result<(crate::experiment::Experiment, crate::model::Model)> {
+    let choose = |d: &crate::run_dir::RunDir| crate::diffusion::weights_file(d, weights, step);
+    let open = crate::train::trained::OpenOptions {
+        device: Some(dev),
+        compute: Some(Kind::Float),
+        weights: &choose,
+        ..Default::default()
+    };
+    let run = crate::train::trained::open(dir, &open)?;
+    Ok((run.exp, run.model))
 }
 
 /// `plexus fd`: `samples` images drawn from the DiT run `run` (labels cycling over the classes)
@@ -80,26 +102,13 @@ pub fn fd_command(
     device: &str,
 ) -> Result<FdResult> {
     use crate::data::{InputTransform, Task};
-    use crate::experiment::Experiment;
     use crate::run_dir::RunDir;
     anyhow::ensure!(samples >= 2, "--samples must be at least 2");
     o.check()?;
     let dev = crate::device::from_flag("--device", device)?;
     // The diffusion run's weights as `o.weights` says; the extractor's as trained.
-    let load = |dir: &std::path::Path,
-                weights: crate::diffusion::Weights,
-                step: Option<u64>|
-     -> Result<(Experiment, crate::model::Model)> {
-        let choose = |d: &RunDir| crate::diffusion::weights_file(d, weights, step);
-        let open = crate::train::trained::OpenOptions {
-            device: Some(dev),
-            compute: Some(Kind::Float),
-            weights: &choose,
-            ..Default::default()
-        };
-        let run = crate::train::trained::open(dir, &open)?;
-        Ok((run.exp, run.model))
-    };
+    let load = |dir: &std::path::Path, weights, step| load_on(dir, weights, step, dev);
+    let (extractor_sha256, _) = crate::pins::sha256_file(&RunDir::open(extractor)?.final_checkpoint())?;
     let (gen_exp, gen) = load(run, o.weights, o.step)?;
     let Task::Diffusion(d) = gen_exp.task() else {
         bail!("{}: not a diffusion run (model.kind `{}`)", run.display(), gen_exp.model.kind());
@@ -199,8 +208,9 @@ pub fn fd_command(
         extractor_accuracy,
         classes: d.num_classes,
         samples,
-        sampling: format!("{o:?}"),
+        sampling: o.describe(),
         extractor: extractor.to_path_buf(),
+        extractor_sha256,
     })
 }
 
@@ -222,6 +232,24 @@ struct StepRow {
     samples: usize,
     sampling: String,
     extractor: String,
+    /// Absent in the rows plexus wrote before it identified extractors by their weights.
+    #[serde(default)]
+    extractor_sha256: String,
+}
+
+impl StepRow {
+    /// Whether `self` was measured in the setting of `row`: the same sample count, sampling
+    /// options (but the step) and extractor weights (by their SHA-256; a row written before plexus
+    /// recorded it, by the extractor's path). Rows written before plexus described the sampling in
+    /// words hold its debug form, `old_sampling`.
+    fn same_setting(&self, row: &StepRow, old_sampling: &str) -> bool {
+        let sampling = self.sampling == row.sampling || self.sampling == old_sampling;
+        let extractor = match self.extractor_sha256.is_empty() {
+            true => self.extractor == row.extractor,
+            false => self.extractor_sha256 == row.extractor_sha256,
+        };
+        self.samples == row.samples && sampling && extractor
+    }
 }
 
 /// Keeps `r` with the run `run`: the final weights' measurement (`step` `None`) as `fd.json`
@@ -248,9 +276,11 @@ pub fn record(
         class_agreement: r.class_agreement,
         extractor_accuracy: r.extractor_accuracy,
         samples: r.samples,
-        sampling: format!("{:?}", crate::diffusion::SampleOptions { step: None, ..*o }),
+        sampling: crate::diffusion::SampleOptions { step: None, ..*o }.describe(),
         extractor: r.extractor.display().to_string(),
+        extractor_sha256: r.extractor_sha256.clone(),
     };
+    let old_sampling = format!("{:?}", crate::diffusion::SampleOptions { step: None, ..*o });
     let mut rows: Vec<StepRow> = Vec::new();
     if file.is_file() {
         let bytes = crate::input_file::read_bounded(&file, crate::input_file::MAX_RECORD_BYTES, "an FD record")?;
@@ -260,21 +290,25 @@ pub fn record(
             })?);
         }
     }
-    if let Some(other) =
-        rows.iter().find(|x| (x.samples, &x.sampling, &x.extractor) != (row.samples, &row.sampling, &row.extractor))
-    {
+    if let Some(other) = rows.iter().find(|x| !x.same_setting(&row, &old_sampling)) {
+        let weights = |r: &StepRow| match r.extractor_sha256.is_empty() {
+            true => String::new(),
+            false => format!(" (weights SHA-256 {})", r.extractor_sha256),
+        };
         bail!(
-            "{}: its step {} was measured with {} samples, {} and the extractor {}; this measurement uses {} samples, \
-             {} and {}. One run's distances over training must share their setting: measure with the same flags, \
-             or remove the file to start the curve anew",
+            "{}: its step {} was measured with {} samples ({}) and the extractor {}{}; this measurement uses {} \
+             samples ({}) and {}{}. One run's distances over training must share their setting, the extractor's \
+             weights included: measure with the same flags and extractor, or remove the file to start the curve anew",
             file.display(),
             other.step,
             other.samples,
             other.sampling,
             other.extractor,
+            weights(other),
             row.samples,
             row.sampling,
-            row.extractor
+            row.extractor,
+            weights(&row)
         );
     }
     rows.retain(|x| x.step != step);

@@ -148,8 +148,11 @@ impl RunKind for Train {
     }
 
     fn train(&self, file: &Path, overrides: &[Override], out: &Path, launch: &Launch) -> Result<()> {
-        let mut exp = crate::experiment::Experiment::from_file(file, overrides)?;
         let dir = if launch.resume { RunDir::open(out)? } else { RunDir::new(out) };
+        let mut exp = match launch.resume {
+            true => crate::experiment::Experiment::of_run(&dir.path, file, overrides)?,
+            false => crate::experiment::Experiment::from_file(file, overrides)?,
+        };
         if launch.resume {
             crate::train::extend::plan(&mut exp.loaded.config, &dir, launch.extend)?;
         }

@@ -24,6 +24,7 @@ pub mod malloc;
 pub mod model;
 pub mod native;
 pub mod parity;
+pub mod pins;
 pub mod plot;
 pub mod report;
 pub mod rl;

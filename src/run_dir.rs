@@ -745,6 +745,61 @@ pub fn read_matrix(path: &Path) -> Result<Matrix> {
     Ok(Matrix::from_shape_vec((rows, cols), values).expect("rows × cols values"))
 }
 
+/// A connectivity matrix C given as data (`topology.init: {file: C.csv}` of `graph`, or another
+/// run's `connectivity/step_N.csv`), from the CSV text `text` that `origin` names: the layout
+/// [`matrix_csv`] writes (a header `node,0,1,…`, then one row per source node, its label first),
+/// with rows and columns matched by their labels, not their positions: the labels must be the node
+/// numbers `0..n` (n ≥ 2), each once, in the header and in the rows. Every entry must be a finite
+/// number. Errors name the file, the line and what is wrong.
+pub fn parse_labelled_matrix(text: &str, origin: &str) -> Result<Matrix> {
+    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+    let Some((_, header)) = lines.next() else {
+        bail!("{origin}: empty; a C is a header `node,0,1,…` and one row per node");
+    };
+    let label = |cell: &str, what: &str, line: usize| -> Result<usize> {
+        cell.trim()
+            .parse::<usize>()
+            .ok()
+            .with_context(|| format!("{origin} line {line}: {what} `{}` is not a node number (0, 1, …)", cell.trim()))
+    };
+    let columns: Vec<usize> =
+        header.split(',').skip(1).map(|c| label(c, "the column label", 1)).collect::<Result<_>>()?;
+    let n = columns.len();
+    let is_permutation = |labels: &[usize]| {
+        let mut seen = vec![false; labels.len()];
+        labels.iter().all(|&l| l < labels.len() && !std::mem::replace(&mut seen[l], true))
+    };
+    if n < 2 || !is_permutation(&columns) {
+        bail!(
+            "{origin} line 1: the columns are labelled {columns:?}; a C of n ≥ 2 nodes labels them 0..n-1, each once \
+             (`node,0,1,…`)"
+        );
+    }
+    let mut m = Matrix::zeros((n, n));
+    let mut rows = Vec::new();
+    for (i, line) in lines {
+        let cells: Vec<&str> = line.split(',').collect();
+        let row = label(cells[0], "the row label", i + 1)?;
+        if cells.len() != n + 1 {
+            bail!("{origin} line {}: {} values, but the header names {n} columns", i + 1, cells.len() - 1);
+        }
+        if row >= n || rows.contains(&row) {
+            bail!("{origin} line {}: row label {row}: each node 0..{} labels one row", i + 1, n - 1);
+        }
+        rows.push(row);
+        for (&col, cell) in columns.iter().zip(&cells[1..]) {
+            let v: f64 = cell.trim().parse().ok().filter(|v: &f64| v.is_finite()).with_context(|| {
+                format!("{origin} line {}: C[{row}][{col}] = `{}` is not a finite number", i + 1, cell.trim())
+            })?;
+            m[[row, col]] = v;
+        }
+    }
+    if rows.len() != n {
+        bail!("{origin}: {} rows for {n} columns; a C has one row per node, labelled 0..{}", rows.len(), n - 1);
+    }
+    Ok(m)
+}
+
 /// A square matrix of at least 2×2 (C, or ANCRe's p), as [`read_matrix`].
 pub fn read_square_matrix(path: &Path) -> Result<Matrix> {
     let m = read_matrix(path)?;

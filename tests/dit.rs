@@ -628,6 +628,29 @@ fn plexus_sample_and_fd_run_from_the_command_line() {
     assert_eq!(std::fs::read(tmp.path().join("d/fd_steps.csv")).unwrap(), before);
     let (ok, text) = run(&["fd", "d", "--extractor", "c", "--every-checkpoint", "--step", "2"]);
     assert!(!ok && text.contains("--every-checkpoint") && text.contains("--step"), "{text}");
+    // The extractor is its weights, not its path's spelling: the same run named otherwise joins the
+    // curve; a classifier retrained in place is another extractor, refused with both hashes. The
+    // record says how the images were drawn in words.
+    let steps = std::fs::read_to_string(tmp.path().join("d/fd_steps.csv")).unwrap();
+    assert!(
+        steps.contains("ddim, 2 steps, cfg 1, seed 0, weights auto") && !steps.contains("SampleOptions"),
+        "{steps}"
+    );
+    std::os::unix::fs::symlink(tmp.path().join("c"), tmp.path().join("c-link")).unwrap();
+    let absolute = tmp.path().join("c/").display().to_string();
+    for spelling in ["./c/", "c-link", absolute.as_str()] {
+        let (ok, text) = run(&["fd", "d", "--extractor", spelling, "--samples", "8", "--steps", "2", "--step", "2"]);
+        assert!(ok, "{spelling}: {text}");
+    }
+    let sha = |p: &str| plexus::pins::sha256_file(&tmp.path().join(p)).unwrap().0;
+    let trained = sha("c/checkpoints/final.safetensors");
+    let (ok, text) = run(&["train", &cls, "--out", "c", "--overwrite", "--quiet", "--set", "seed=5"]);
+    assert!(ok, "{text}");
+    let retrained = sha("c/checkpoints/final.safetensors");
+    let before = std::fs::read(tmp.path().join("d/fd_steps.csv")).unwrap();
+    let (ok, text) = run(&["fd", "d", "--extractor", "c", "--samples", "8", "--steps", "2", "--step", "2"]);
+    assert!(!ok && text.contains(&trained) && text.contains(&retrained), "{text}");
+    assert_eq!(std::fs::read(tmp.path().join("d/fd_steps.csv")).unwrap(), before);
     let (ok, text) = run(&["sample", "d", "--steps", "2", "--per-class", "1", "--step", "4"]);
     assert!(ok && tmp.path().join("d/figures/samples-ddim2-cfg1-step4.png").is_file(), "{text}");
     let (ok, text) = run(&["sample", "d", "--steps", "2", "--step", "3"]);

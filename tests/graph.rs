@@ -341,9 +341,9 @@ fn init_from_a_run_frozen_and_fixed() {
         );
     }
     // Without `step`, the last saved step (40, not 10).
-    let last = format!("{{init: {{from: {:?}}}, pattern: chain}}", dir.path().display().to_string());
+    let last = format!("{{init: {{from: {:?}}}}}", dir.path().display().to_string());
     let c = topology::common::to_matrix(&connectivity(build("graph", &last, l).1.as_ref(), &s));
-    assert!((c[[2, 3]] - saved[[2, 3]]).abs() < 1e-6 && c[[0, 3]] == 0.0, "{c}");
+    assert!((c[[2, 3]] - saved[[2, 3]]).abs() < 1e-6 && (c[[0, 3]] - saved[[0, 3]]).abs() < 1e-6, "{c}");
     // A step it did not save names the ones it did.
     let err = parse_err(&format!("{{init: {{from: {:?}, step: 5}}}}", dir.path().display().to_string()), l);
     assert!(err.contains("init.from") && err.contains("10, 40"), "{err}");
@@ -361,6 +361,67 @@ fn init_from_a_run_frozen_and_fixed() {
     assert!(parse_err(&format!("{{init: {{file: {file:?}, step: 40}}}}"), l).contains("init"), "a step with a file");
     let err = parse_err(&format!("{{init: {{file: {file:?}}}}}"), l + 1);
     assert!(err.contains("init.file") && err.contains("this one is 5×5"), "{err}");
+}
+
+/// A C given as data is checked against the graph it starts: rows and columns are matched by
+/// their labels (a file with its rows in another order reads the same), and an entry the graph has
+/// no edge for — on or below the diagonal (a transposed C), or off the pattern — is an error naming
+/// it, as are a NaN, a weight past fp32's range, a duplicated label and a C of another size; an
+/// `init` number or a softmax temperature that fp32 cannot hold is refused too.
+#[test]
+fn a_c_given_as_data_is_checked_against_the_graph() {
+    let l = 3;
+    let s = setup(l, 7);
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = ndarray::Array2::<f64>::zeros((l + 2, l + 2));
+    for j in 1..l + 2 {
+        for i in 0..j {
+            c[[i, j]] = 0.5 + (i + 2 * j) as f64 / 8.0;
+        }
+    }
+    let csv = plexus::run_dir::matrix_csv(&c);
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        format!("{{init: {{file: {:?}}}}}", path.display().to_string())
+    };
+    // Rows in reverse order, matched by label.
+    let mut lines: Vec<&str> = csv.lines().collect();
+    lines[1..].reverse();
+    let (_, g) = build("graph", &write("reversed.csv", &(lines.join("\n") + "\n")), l);
+    let got = topology::common::to_matrix(&connectivity(g.as_ref(), &s));
+    let off = (&got - &c).iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    assert!(off < 1e-6, "{got} against {c}");
+    let transposed = plexus::run_dir::matrix_csv(&c.t().to_owned());
+    for (name, text, extra, words) in [
+        ("t.csv", transposed.clone(), "", "C[1][0] = 0.75: on or below the diagonal"),
+        ("t.csv", transposed, "", "a transposed C?"),
+        ("chain.csv", csv.clone(), ", pattern: chain", "C[0][2] = 1: node 0 is not a source of node 2"),
+        ("nan.csv", csv.replace("0.75", "NaN"), "", "C[0][1] = `NaN` is not a finite number"),
+        ("big.csv", csv.replace("0.75", "1e39"), "", "C[0][1] = 1e39: weights are fp32"),
+        ("dup.csv", csv.replacen("\n1,", "\n0,", 1), "", "row label 0: each node 0..4 labels one row"),
+        ("cols.csv", csv.replacen("node,0,1", "node,0,0", 1), "", "the columns are labelled [0, 0, 2, 3, 4]"),
+        ("label.csv", csv.replacen("\n2,", "\nx,", 1), "", "the row label `x` is not a node number"),
+    ] {
+        let options = write(name, &text);
+        let options = format!("{}{extra}}}", options.strip_suffix('}').unwrap());
+        let err = parse_err(&options, l);
+        assert!(err.contains("key: \"init.file\"") && err.contains(words), "{name}{extra}: {err}");
+    }
+    for (options, key, words) in [
+        ("{init: 1e39}", "init", "within fp32's range"),
+        ("{init: .nan}", "init", "finite weights"),
+        ("{normalize: softmax, temperature: 1e-300}", "temperature", "fp32's normal range"),
+        ("{normalize: softmax, temperature: 1e39}", "temperature", "fp32's normal range"),
+        (
+            "{normalize: softmax, temperature: 1e37, init: 1e-30}",
+            "temperature",
+            "hold the initial weights (weight 1e-30",
+        ),
+    ] {
+        let err = parse_err(options, l);
+        assert!(err.contains(&format!("key: \"{key}\"")) && err.contains(words), "{options}: {err}");
+    }
 }
 
 fn parse_err(options: &str, l: usize) -> String {

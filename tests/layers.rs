@@ -15,7 +15,10 @@ use std::path::{Path, PathBuf};
 /// Bottom to top. Within a layer, imports are allowed as long as they form no cycle.
 const LAYERS: &[(&str, &[&str])] = &[
     // No domain knowledge: host reads, allocator, libtorch FFI, processes, devices, files.
-    ("foundation", &["host", "input_file", "malloc", "sets", "tensorboard", "native", "dist", "device", "run_dir"]),
+    (
+        "foundation",
+        &["host", "input_file", "pins", "malloc", "sets", "tensorboard", "native", "dist", "device", "run_dir"],
+    ),
     // Plain data types of the YAML schema.
     ("config", &["config"]),
     // What a model learns from a batch (losses, DDPM noising), and the batch.

@@ -137,6 +137,139 @@ fn lengthening_a_cosine_run_takes_a_recorded_rule_and_rewrites_no_row() {
     assert!(err.contains("does not depend on its length (constant schedule)"), "{err}");
 }
 
+/// A graph run started from a C in a file pins that C when it starts (a copy in `inputs/`, its
+/// SHA-256 in `inputs.yaml`): the file edited before a resume changes nothing (the resumed run
+/// equals the uninterrupted one byte for byte), `plexus connectivity` prints the pinned C, and a
+/// pinned copy that was changed is refused naming both hashes.
+#[test]
+fn a_c_from_a_file_is_pinned_and_an_edit_of_the_file_changes_no_reader() {
+    let (tmp, _) = setup();
+    let c_file = tmp.path().join("c.csv");
+    // L = 2 units at sublayer granularity of the 2-layer MLP: C is 4×4.
+    let c = "node,0,1,2,3\n0,0,1,0.5,0.25\n1,0,0,1,0.5\n2,0,0,0,1\n3,0,0,0,0\n";
+    std::fs::write(&c_file, c).unwrap();
+    let cfg = tmp.path().join("graph.yaml");
+    let text = TINY
+        .replace("topology: {kind: hacn}", "topology: {kind: graph, weights: fixed, init: {file: c.csv}}")
+        .replace("steps: 4}", "steps: 6}");
+    std::fs::write(&cfg, text).unwrap();
+    let whole = tmp.path().join("whole");
+    ok(&plexus(&["train", s(&cfg), "--out", s(&whole)], tmp.path()));
+    let record = std::fs::read_to_string(whole.join("inputs.yaml")).unwrap();
+    assert!(record.contains("key: topology.init") && record.contains(&sha256_hex(c.as_bytes())), "{record}");
+    assert_eq!(std::fs::read_to_string(whole.join("inputs/topology.init.csv")).unwrap(), c);
+    // Stopped after the checkpoint at step 2, the file edited, then resumed.
+    let run = tmp.path().join("r");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_plexus"))
+        .args(["train", s(&cfg), "--out", s(&run)])
+        .env("PLEXUS_CRASH_AFTER", "2")
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    assert!(!o.status.success() && run.join("checkpoints/step_2.json").is_file(), "{:?}", text_of(&o));
+    std::fs::write(&c_file, c.replace("0.5", "3")).unwrap();
+    ok(&plexus(&["train", "--resume", s(&run)], tmp.path()));
+    let read = |r: &Path, f: &str| std::fs::read_to_string(r.join(f)).unwrap();
+    assert_eq!(read(&run, "metrics.csv"), read(&whole, "metrics.csv"), "the edit reached the resumed run");
+    let printed = |r: &Path| text_of(&plexus(&["connectivity", s(r)], tmp.path())).0;
+    assert_eq!(printed(&run), printed(&whole));
+    assert!(printed(&run).contains("0.5"), "{}", printed(&run));
+    // A changed copy is refused, by every reader.
+    std::fs::write(run.join("inputs/topology.init.csv"), c.replace("0.25", "0.3")).unwrap();
+    for args in [vec!["connectivity", s(&run)], vec!["train", "--resume", s(&run), "--set", "train.steps=8"]] {
+        let err = fails(&plexus(&args, tmp.path()));
+        assert!(
+            err.contains("inputs/topology.init.csv has SHA-256") && err.contains(&sha256_hex(c.as_bytes())),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// `init: {from: RUN}` without a step pins the step it read: the source run training on (saving
+/// C at later steps) changes neither the dependent run's record nor what its readers see.
+#[test]
+fn a_c_from_another_run_pins_the_step_it_read() {
+    let (tmp, _) = setup();
+    let source = tmp.path().join("source");
+    let src_cfg = tmp.path().join("src.yaml");
+    std::fs::write(
+        &src_cfg,
+        TINY.replace("kind: hacn}", "kind: layercomb}").replace("every: 1,", "every: 1, connectivity_every: 2,"),
+    )
+    .unwrap();
+    ok(&plexus(&["train", s(&src_cfg), "--out", s(&source)], tmp.path()));
+    let cfg = tmp.path().join("graph.yaml");
+    let graph = format!("topology: {{kind: graph, weights: fixed, init: {{from: {}}}}}", s(&source));
+    std::fs::write(&cfg, TINY.replace("topology: {kind: hacn}", &graph)).unwrap();
+    let run = tmp.path().join("r");
+    ok(&plexus(&["train", s(&cfg), "--out", s(&run)], tmp.path()));
+    let record = std::fs::read_to_string(run.join("inputs.yaml")).unwrap();
+    assert!(record.contains("step: 4") && record.contains("connectivity/step_4.csv"), "{record}");
+    let before = text_of(&plexus(&["connectivity", s(&run)], tmp.path())).0;
+    ok(&plexus(&["train", "--resume", s(&source), "--set", "train.steps=8"], tmp.path()));
+    assert!(source.join("connectivity/step_8.csv").is_file());
+    assert_eq!(text_of(&plexus(&["connectivity", s(&run)], tmp.path())).0, before);
+    let summary = std::fs::read_to_string(run.join("summary.json")).unwrap();
+    assert!(summary.contains(&format!("C of {} at step 4", s(&source))), "{summary}");
+}
+
+/// A run records the SHA-256 of its dataset's files when it starts, and a resume on files that
+/// changed since is refused, naming the file and both hashes (nothing is trained or written).
+#[test]
+fn a_resume_on_changed_data_files_is_refused_naming_both_hashes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data/tiny-mnist");
+    std::fs::create_dir_all(&data).unwrap();
+    let idx = |magic: u32, dims: &[u32], body: Vec<u8>| {
+        let mut b = magic.to_be_bytes().to_vec();
+        dims.iter().for_each(|d| b.extend(d.to_be_bytes()));
+        b.extend(body);
+        b
+    };
+    for (split, n) in [("train", 32u32), ("t10k", 8)] {
+        let pixels: Vec<u8> = (0..n * 784).map(|i| (i * 7 % 251) as u8).collect();
+        let labels: Vec<u8> = (0..n).map(|i| (i % 10) as u8).collect();
+        std::fs::write(data.join(format!("{split}-images-idx3-ubyte")), idx(2051, &[n, 28, 28], pixels)).unwrap();
+        std::fs::write(data.join(format!("{split}-labels-idx1-ubyte")), idx(2049, &[n], labels)).unwrap();
+    }
+    let cfg = tmp.path().join("mnist.yaml");
+    let root = tmp.path().join("data").display().to_string();
+    std::fs::write(
+        &cfg,
+        format!(
+            "name: m\nseed: 1\ndevice: cpu\nmodel: {{kind: mlp, width: 8, depth: 2}}\ntopology: {{kind: residual}}\n\
+             data: {{kind: mnist, root: {root:?}, dataset: tiny-mnist, batch_size: 8}}\n\
+             train: {{optimizer: adamw, lr: 0.01, steps: 4}}\nlog: {{every: 1, checkpoint_every: 2}}\n"
+        ),
+    )
+    .unwrap();
+    let run = tmp.path().join("r");
+    ok(&plexus(&["train", s(&cfg), "--out", s(&run)], tmp.path()));
+    let record = std::fs::read_to_string(run.join("inputs.yaml")).unwrap();
+    let labels = data.join("train-labels-idx1-ubyte");
+    let old = sha256_hex(&std::fs::read(&labels).unwrap());
+    assert!(record.contains("data.files[1]") && record.contains(&old), "{record}");
+    let mut changed = std::fs::read(&labels).unwrap();
+    changed[8] = 9;
+    std::fs::write(&labels, &changed).unwrap();
+    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    let err = fails(&plexus(&["train", "--resume", s(&run), "--set", "train.steps=6"], tmp.path()));
+    assert!(
+        err.contains("train-labels-idx1-ubyte") && err.contains(&old) && err.contains(&sha256_hex(&changed)),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(run.join("metrics.csv")).unwrap(), metrics);
+}
+
+fn text_of(o: &std::process::Output) -> (String, String) {
+    text(o)
+}
+
+/// The SHA-256 of `bytes` in hex, as `sha256sum` prints it.
+fn sha256_hex(bytes: &[u8]) -> String {
+    plexus::pins::sha256(bytes)
+}
+
 /// Resuming with anything that changes what is trained is refused, naming the keys; config.yaml
 /// and the checkpoints are left as they were.
 #[test]

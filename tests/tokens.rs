@@ -441,3 +441,44 @@ fn the_vocabulary_comes_from_the_tokens_meta_json() {
     std::fs::remove_file(root.join("chars/meta.json")).unwrap();
     assert_eq!(info("{dir: chars, seq_len: 16}").unwrap(), 50304);
 }
+
+/// `meta.json` is read like every other input: a FIFO, a directory, text that is not JSON and a
+/// vocabulary that is not an integer uint16 ids can index (a string, 65,537, 2⁶⁴−1) are refused at
+/// once, naming meta.json and the range, instead of hanging or falling back to GPT-2's 50,304.
+#[test]
+fn a_meta_json_that_is_not_a_vocabulary_is_refused_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    corpus(root, "chars", &generated_text(200, 4), &opts(Tokenizer::Char, 1, 1 << 12));
+    let meta = root.join("chars/meta.json");
+    let err = || {
+        let e = data::parse_at("tokens", root, &yaml("{dir: chars, seq_len: 16}")).unwrap_err();
+        format!("key {}: {}", e.key, e.allowed)
+    };
+    let t = std::time::Instant::now();
+    std::fs::remove_file(&meta).unwrap();
+    let c = std::ffi::CString::new(meta.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let e = err();
+    assert!(e.contains("meta.json is a FIFO"), "{e}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(10), "{:?}", t.elapsed());
+    std::fs::remove_file(&meta).unwrap();
+    std::fs::create_dir(&meta).unwrap();
+    assert!(err().contains("meta.json is a directory"), "{}", err());
+    std::fs::remove_dir(&meta).unwrap();
+    for (text, words) in [
+        ("garbage", "not JSON"),
+        (r#"{"vocab": "50257"}"#, "`vocab` is \"50257\", not an integer in 2..=65536"),
+        (r#"{"vocab": 65537}"#, "`vocab` is 65537, not an integer in 2..=65536"),
+        (r#"{"vocab": 18446744073709551615}"#, "not an integer in 2..=65536"),
+        (r#"{"encoding": "char"}"#, "no `vocab`"),
+    ] {
+        std::fs::write(&meta, text).unwrap();
+        let e = err();
+        assert!(e.starts_with("key dir:") && e.contains("chars/meta.json") && e.contains(words), "{text}: {e}");
+    }
+    std::fs::write(&meta, r#"{"vocab": 65536, "encoding": "test"}"#).unwrap();
+    let info = data::parse_at("tokens", root, &yaml("{dir: chars, seq_len: 16}")).unwrap().info();
+    assert_eq!(info.output_dim, 65536);
+}

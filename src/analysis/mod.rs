@@ -35,7 +35,7 @@ impl Run {
     pub fn load_on(path: &Path, device: Option<Device>) -> Result<Run> {
         let dir = RunDir::open(path)?;
         crate::train::trained::refuse_rl_run(&dir)?;
-        let exp = Experiment::from_file(&dir.config_file(), &[])?;
+        let exp = Experiment::of_run(&dir.path, &dir.config_file(), &[])?;
         anyhow::ensure!(
             exp.model.diffusion().is_none(),
             "{}: a diffusion run (model.kind `{}`): plexus analyze measures classifiers and language models \

@@ -35,10 +35,11 @@ impl fmt::Display for ConfigError {
     }
 }
 
-/// `text` with every word (a run without blanks) longer than 60 characters shortened to its first
-/// 30, an ellipsis and its length: a 300-digit number or a pasted blob is named, not echoed.
+/// `text` with every word (a run without blanks) longer than 100 characters shortened to its first
+/// 30, an ellipsis and its length: a 300-digit number or a pasted blob is named, not echoed (a
+/// SHA-256, 64 hex digits, or a path of ordinary length is shown whole).
 pub(crate) fn elide(text: &str) -> String {
-    const LONG: usize = 60;
+    const LONG: usize = 100;
     if !text.split_whitespace().any(|w| w.chars().count() > LONG) {
         return text.to_string();
     }
@@ -67,6 +68,16 @@ pub(crate) fn elide(text: &str) -> String {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// A number as an error shows it: plainly where it is short (`0.25`, `1000`), in scientific
+/// notation where its plain form would run to dozens of digits (`1e39`, `1e-300`).
+pub fn show_number(x: f64) -> String {
+    let plain = x.to_string();
+    match plain.len() > 16 && x.is_finite() {
+        true => format!("{x:e}"),
+        false => plain,
+    }
+}
 
 /// A problem found below some key, before we know the file: topology/model/data option parsers
 /// return these and the config loader adds the file, the prefix and the line.

@@ -9,7 +9,7 @@ mod error;
 mod overrides;
 
 pub(crate) use error::{clean_serde_message, serde_key};
-pub use error::{locate_key, ConfigError, OptionError};
+pub use error::{locate_key, show_number, ConfigError, OptionError};
 pub use overrides::{join as join_overrides, Override, OverrideError};
 
 use serde::{Deserialize, Serialize};

@@ -192,6 +192,10 @@ impl DataSpec for Spec {
             seed: self.seed,
             transform,
             eval_rows: self.eval_record(test_file, rows),
+            files: match binary_dir(&root, self.format) {
+                Some(dir) => TRAIN_FILES.iter().chain([&TEST_FILE]).map(|f| dir.join(f)).collect(),
+                None => Vec::new(),
+            },
         };
         Ok(Box::new(CifarSource { inner, normalize: self.normalize, augment: self.augment, seed: self.seed }))
     }
@@ -555,6 +559,10 @@ impl CifarSource {
 }
 
 impl DataSource for CifarSource {
+    fn files(&self) -> Vec<PathBuf> {
+        self.inner.files()
+    }
+
     fn train_batch(&self, index: u64) -> anyhow::Result<Batch> {
         let b = self.inner.train_batch(index)?;
         let x = match self.augment {

@@ -128,7 +128,11 @@ impl DataSpec for Spec {
         record.insert("rows".into(), super::files::rows_yaml(rows));
         let eval_rows = Some(record);
         let eval = (ex, ey);
-        Ok(Box::new(InMemory { x, y, eval, batch: self.batch_size.min(n), seed: self.seed, transform, eval_rows }))
+        let stems =
+            ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"];
+        let files = stems.iter().map(|s| find(&dir, s, &self.dataset)).collect::<anyhow::Result<_>>()?;
+        let batch = self.batch_size.min(n);
+        Ok(Box::new(InMemory { x, y, eval, batch, seed: self.seed, transform, eval_rows, files }))
     }
 }
 

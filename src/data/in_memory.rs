@@ -22,6 +22,8 @@ pub struct InMemory {
     /// The held-out rows as the dataset's files number them ([`DataSource::eval_record`], less the
     /// batch size, which is added here); `None` where they are not recorded.
     pub eval_rows: Option<serde_yaml::Mapping>,
+    /// The dataset's files the arrays were read from ([`DataSource::files`]).
+    pub files: Vec<std::path::PathBuf>,
 }
 
 /// The permutation of `n` samples for `epoch`, a pure function of `(seed, epoch)`.
@@ -49,6 +51,10 @@ impl DataSource for InMemory {
     fn input_transform(&self) -> InputTransform {
         self.transform.clone()
     }
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        self.files.clone()
+    }
+
     fn eval_record(&self) -> Option<serde_yaml::Mapping> {
         let mut m = self.eval_rows.clone()?;
         m.insert("batch_size".into(), (self.batch as u64).into());

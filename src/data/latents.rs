@@ -168,6 +168,11 @@ impl DataSpec for Spec {
             seed: self.o.seed,
             transform: InputTransform::Identity,
             eval_rows: None,
+            files: ["train_latents.f32", "train_labels.i64", "val_latents.f32", "val_labels.i64"]
+                .iter()
+                .map(|f| dir.join(f))
+                .filter(|p| p.is_file())
+                .collect(),
         }))
     }
 }

@@ -187,6 +187,14 @@ pub trait DataSource: Send {
         let _ = device;
         false
     }
+    /// The dataset's files whose bytes the source serves, in a fixed order: a run records their
+    /// content hashes when it starts and refuses to resume (or be analysed) on files that changed
+    /// since ([`crate::pins`]). Empty for generated data, and for image folders (their hundreds
+    /// of thousands of files are identified by the decode cache's key instead: names, sizes and
+    /// modification times).
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        Vec::new()
+    }
 }
 
 /// A validated dataset configuration.

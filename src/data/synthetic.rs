@@ -234,6 +234,7 @@ impl DataSpec for ImageSpec {
             seed: o.seed,
             transform: InputTransform::Identity,
             eval_rows: None,
+            files: Vec::new(),
         }))
     }
 }

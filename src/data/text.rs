@@ -173,6 +173,7 @@ impl DataSpec for Spec {
             eval_batches: if n_val == 0 { 0 } else { self.eval_batches },
             seed: self.seed,
             token_file,
+            file: path,
         }))
     }
 }
@@ -264,6 +265,8 @@ struct TextSource {
     eval_batches: usize,
     seed: u64,
     token_file: Option<TokenFile>,
+    /// The text file the tokens come from.
+    file: PathBuf,
 }
 
 impl TextSource {
@@ -296,6 +299,10 @@ impl TextSource {
 }
 
 impl DataSource for TextSource {
+    fn files(&self) -> Vec<PathBuf> {
+        vec![self.file.clone()]
+    }
+
     fn train_batch(&self, index: u64) -> anyhow::Result<Batch> {
         let mut rng = rng_for(self.seed, &[0x7E47, index]);
         let last = self.n_train - self.seq_len - 1;
@@ -346,6 +353,7 @@ mod tests {
             eval_batches: 2,
             seed: 1,
             token_file: None,
+            file: PathBuf::from("corpus.txt"),
         };
         let b = src.train_batch(5).unwrap();
         assert_eq!(b.input.size(), vec![3, 4]);

@@ -103,7 +103,8 @@ fn parse(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn Da
     check_ranges(&[("eval_batches", o.eval_batches, 0, 1 << 20)])?;
     let root = Root::new(pinned, o.root.clone());
     // The tokens' own vocabulary, where `plexus tokenize` recorded it: the default, and a check.
-    let meta = tokens_vocab(&root.resolve().join(&dir).join("meta.json"));
+    let meta = tokens_meta(&root.resolve().join(&dir).join("meta.json"))
+        .map_err(|e| OptionError::new("dir", dir.display(), e))?;
     let vocab = match (o.vocab, &meta) {
         (None, Some((v, _))) => padded(*v),
         (None, None) => super::text::GPT2_PADDED_VOCAB,
@@ -126,16 +127,41 @@ fn parse(opts: &serde_yaml::Mapping, pinned: Option<&Path>) -> Result<Box<dyn Da
     Ok(Box::new(Spec { root, dir, o, vocab }))
 }
 
-/// `v` rounded up to a multiple of 64 (nanoGPT's padding of GPT-2's 50,257 to 50,304).
+/// `v` rounded up to a multiple of 64 (nanoGPT's padding of GPT-2's 50,257 to 50,304), at most
+/// 65,536 (what uint16 token ids can index).
 fn padded(v: usize) -> usize {
-    v.div_ceil(64) * 64
+    (v.div_ceil(64) * 64).min(1 << 16)
 }
 
-/// The vocabulary and encoding recorded in a `meta.json`, if the file is there and says.
-fn tokens_vocab(path: &Path) -> Option<(usize, String)> {
-    let meta: serde_json::Value = crate::input_file::read_json(path, "a tokens meta.json").ok()?;
-    let v = meta.get("vocab")?.as_u64()? as usize;
-    Some((v, meta.get("encoding").and_then(|e| e.as_str()).unwrap_or("unknown encoding").to_string()))
+/// The largest `meta.json` read (plexus tokenize writes about a hundred bytes).
+const MAX_META_BYTES: u64 = 64 << 10;
+
+/// The vocabulary and encoding recorded in a tokens folder's `meta.json` (`None`: no such file),
+/// read once, when a run starts, and pinned in the run ([`crate::pins`]: a run's readers use its
+/// copy). A `meta.json` that is there must be a regular file of JSON whose `vocab` is an integer
+/// in 2..=65536 (uint16 token ids); the error, a sentence for the option's "allowed" text, names
+/// the file and what is wrong with it.
+fn tokens_meta(path: &Path) -> Result<Option<(usize, String)>, String> {
+    let served = crate::pins::input("data.meta", || {
+        if std::fs::symlink_metadata(path).is_err() {
+            return Ok(crate::pins::Found { path: path.to_path_buf(), step: None, bytes: None });
+        }
+        let bytes = crate::input_file::read_bounded(path, MAX_META_BYTES, "a tokens meta.json")
+            .map_err(|e| format!("a folder whose meta.json is readable ({e:#})"))?;
+        Ok(crate::pins::Found { path: path.to_path_buf(), step: None, bytes: Some(bytes) })
+    })?;
+    let Some(bytes) = served.bytes else { return Ok(None) };
+    let bad = |what: String| {
+        format!("a folder whose meta.json (written by plexus tokenize) says its vocabulary: {}: {what}", path.display())
+    };
+    let meta: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| bad(format!("not JSON ({e})")))?;
+    let vocab = meta.get("vocab").ok_or_else(|| bad("no `vocab`".into()))?;
+    let v = vocab
+        .as_u64()
+        .filter(|v| (2..=1 << 16).contains(v))
+        .ok_or_else(|| bad(format!("`vocab` is {vocab}, not an integer in 2..=65536 (uint16 token ids)")))?;
+    let encoding = meta.get("encoding").and_then(|e| e.as_str()).unwrap_or("unknown encoding").to_string();
+    Ok(Some((v as usize, encoding)))
 }
 
 impl DataSpec for Spec {
@@ -147,7 +173,6 @@ impl DataSpec for Spec {
     }
     fn load(&self) -> anyhow::Result<Box<dyn DataSource>> {
         let dir = self.root.resolve().join(&self.dir);
-        check_meta(&dir, self.vocab)?;
         let need = self.o.seq_len + 1;
         let train = TokenFile::open(&dir.join("train.bin"), need, self.vocab, false)?;
         // The validation split is small (nanoGPT's: 0.05 %): checked whole, so evaluation never fails.
@@ -164,25 +189,6 @@ impl DataSpec for Spec {
             seed: self.o.seed,
         }))
     }
-}
-
-/// `meta.json` (from `plexus tokenize`), when present: its vocabulary must fit `vocab`.
-fn check_meta(dir: &Path, vocab: usize) -> anyhow::Result<()> {
-    let path = dir.join("meta.json");
-    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(()) };
-    let meta: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))?;
-    if let Some(v) = meta.get("vocab").and_then(|v| v.as_u64()) {
-        if v as usize > vocab {
-            bail!(
-                "{}: the tokens were written with vocabulary {v} ({}), but data.vocab is {vocab}: set data.vocab to at \
-                 least {v}",
-                path.display(),
-                meta.get("encoding").and_then(|e| e.as_str()).unwrap_or("unknown encoding")
-            );
-        }
-    }
-    Ok(())
 }
 
 /// One file of uint16 little-endian token ids, read with positional reads (`pread`): a training
@@ -357,6 +363,10 @@ impl TokenSource {
 }
 
 impl DataSource for TokenSource {
+    fn files(&self) -> Vec<PathBuf> {
+        std::iter::once(&self.train).chain(&self.val).map(|f| f.path.clone()).collect()
+    }
+
     /// A corrupt token id is an error naming file and offset; the trainer stops at this batch.
     fn train_batch(&self, index: u64) -> anyhow::Result<Batch> {
         self.train

@@ -50,7 +50,7 @@ pub fn open_runs(dirs: &[PathBuf]) -> Result<Vec<PlotRun>> {
     for d in dirs {
         let rd = RunDir::open(d)?;
         crate::train::trained::refuse_rl_run(&rd)?;
-        let exp = Experiment::from_file(&rd.config_file(), &[])?;
+        let exp = Experiment::of_run(&rd.path, &rd.config_file(), &[])?;
         let key = setting_of(&rd)?;
         let setting = settings.iter().position(|k| *k == key).unwrap_or_else(|| {
             settings.push(key);

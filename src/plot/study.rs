@@ -255,7 +255,7 @@ fn group_labels(r: &StudyReport) -> Vec<String> {
 fn task_of(r: &StudyReport) -> (&'static str, bool) {
     use crate::data::Task;
     let Some(run) = r.runs.first() else { return ("", false) };
-    match crate::experiment::Experiment::from_file(&run.dir.join("config.yaml"), &[]).map(|e| e.task()) {
+    match crate::experiment::Experiment::of_run(&run.dir, &run.dir.join("config.yaml"), &[]).map(|e| e.task()) {
         Ok(Task::Classification) => (" (nats)", false),
         Ok(Task::LanguageModel) => (" (nats)", true),
         Ok(Task::Diffusion(_)) => (" (ε-MSE)", false),

@@ -216,19 +216,10 @@ struct Running {
     started: Instant,
 }
 
-/// Runs `manifest`'s runs (only those named in `only`, when given) in `out`, `slots` at a time.
-/// Each run's output goes to `out/logs/<name>.log`. Finished runs are skipped, killed ones
-/// resumed; a failed run does not stop the others.
-pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quiet: bool) -> Result<Outcome> {
-    let exe = std::env::current_exe().context("locating the plexus binary")?;
-    let logs = out.join("logs");
-    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-    for name in only {
-        if !manifest.runs.iter().any(|r| &r.name == name) {
-            bail!("--only {name}: the sweep in {} has no such run", out.display());
-        }
-    }
-    // Every run's config is checked, and every directory's state read, before the first starts.
+/// The runs of `manifest` (those in `only`, when given) that `run` trains, with their resolved
+/// configs, and the outcome so far: finished ones skipped, damaged ones failed. A lengthening
+/// whose schedule needs a rule the sweep does not give is refused here, before any run starts.
+fn plan(out: &Path, manifest: &Manifest, only: &[String], logs: &Path) -> Result<(Vec<(usize, String)>, Outcome)> {
     let mut todo = Vec::new();
     let mut outcome = Outcome::default();
     for (i, r) in manifest.runs.iter().enumerate() {
@@ -246,8 +237,7 @@ pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quie
                     out.join(&r.name).display()
                 ),
             )),
-            // Fresh or to resume: which, is read again just before the run starts. A lengthening
-            // whose schedule needs a rule the sweep does not give is refused now, before any run.
+            // Fresh or to resume: which, is read again just before the run starts.
             RunState::Resume => {
                 lengthening(out, r, &yaml, manifest)?;
                 todo.push((i, yaml))
@@ -255,6 +245,23 @@ pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quie
             RunState::Fresh => todo.push((i, yaml)),
         }
     }
+    Ok((todo, outcome))
+}
+
+/// Runs `manifest`'s runs (only those named in `only`, when given) in `out`, `slots` at a time.
+/// Each run's output goes to `out/logs/<name>.log`. Finished runs are skipped, killed ones
+/// resumed; a failed run does not stop the others.
+pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quiet: bool) -> Result<Outcome> {
+    let exe = std::env::current_exe().context("locating the plexus binary")?;
+    let logs = out.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    for name in only {
+        if !manifest.runs.iter().any(|r| &r.name == name) {
+            bail!("--only {name}: the sweep in {} has no such run", out.display());
+        }
+    }
+    // Every run's config is checked, and every directory's state read, before the first starts.
+    let (todo, mut outcome) = plan(out, manifest, only, &logs)?;
     let total = outcome.skipped + todo.len();
     let show = !quiet && std::io::stderr().is_terminal();
     let pb = if show { ProgressBar::new(total as u64) } else { ProgressBar::hidden() };

@@ -168,7 +168,9 @@ fn parse_readout(v: Option<&Value>, depth: usize) -> Result<Option<Vec<usize>>, 
 
 /// `init: {from, step}`: a run directory's saved C; `init: {file}`: a C written as CSV (what
 /// `plexus connectivity` prints, or a run's `connectivity/step_N.csv`), so that a study can commit
-/// the exact C it transplants.
+/// the exact C it transplants. Either is read once, when a run starts, and pinned in the run
+/// ([`crate::pins`]): the run's readers use its copy, and `from` without `step` records the step
+/// it read.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FromRun {
@@ -177,62 +179,133 @@ struct FromRun {
     file: Option<std::path::PathBuf>,
 }
 
-/// The initial weight of every edge, `init[j-1][n]` for the n-th source of node j.
-fn parse_init(v: Option<&Value>, sources: &[Vec<usize>]) -> Result<Vec<Vec<f64>>, OptionError> {
+/// The config key of the C a graph starts from (its pin in a run's record).
+const INIT_KEY: &str = "topology.init";
+
+/// The largest magnitude of an edge weight: the weights are fp32 parameters.
+const MAX_WEIGHT: f64 = f32::MAX as f64;
+
+/// A weight `x` as the config gives it: finite and within fp32's range.
+fn check_weight(key: &str, x: f64, value: impl std::fmt::Display) -> Result<(), OptionError> {
+    match x.is_finite() && x.abs() <= MAX_WEIGHT {
+        true => Ok(()),
+        false => {
+            Err(OptionError::new(key, value, format!("finite weights within fp32's range (|w| ≤ {MAX_WEIGHT:e})")))
+        }
+    }
+}
+
+/// The initial weight of every edge, `init[j-1][n]` for the n-th source of node j, and how the
+/// label names where they came from.
+fn parse_init(v: Option<&Value>, sources: &[Vec<usize>]) -> Result<(Vec<Vec<f64>>, String), OptionError> {
     let l = sources.len() - 1;
     let each = |f: &dyn Fn(usize, usize, usize) -> f64| -> Vec<Vec<f64>> {
         sources.iter().enumerate().map(|(j0, s)| s.iter().map(|&i| f(i, j0 + 1, s.len())).collect()).collect()
     };
     let allowed = "`residual`, `acn`, `uniform`, a finite number, `{from: RUN_DIR, step: N}` or `{file: C.csv}`";
-    let Some(v) = v else { return Ok(each(&|_, _, _| 1.0)) };
+    let Some(v) = v else { return Ok((each(&|_, _, _| 1.0), "residual".into())) };
     match v {
-        Value::String(s) if s == "residual" => Ok(each(&|_, _, _| 1.0)),
+        Value::String(s) if s == "residual" => Ok((each(&|_, _, _| 1.0), s.clone())),
         // ACN's C (docs/topologies.md, `acn`): 1 on the chain edges j−1 → j and on the readout column.
-        Value::String(s) if s == "acn" => Ok(each(&|i, j, _| f64::from(u8::from(j == l + 1 || i + 1 == j)))),
-        Value::String(s) if s == "uniform" => Ok(each(&|_, _, n| 1.0 / n as f64)),
+        Value::String(s) if s == "acn" => {
+            Ok((each(&|i, j, _| f64::from(u8::from(j == l + 1 || i + 1 == j))), s.clone()))
+        }
+        Value::String(s) if s == "uniform" => Ok((each(&|_, _, n| 1.0 / n as f64), s.clone())),
         Value::Number(n) => match n.as_f64() {
-            Some(x) if x.is_finite() => Ok(each(&|_, _, _| x)),
-            _ => Err(OptionError::new("init", show(v), allowed)),
+            Some(x) => {
+                check_weight("init", x, show(v))?;
+                Ok((each(&|_, _, _| x), show(v)))
+            }
+            None => Err(OptionError::new("init", show(v), allowed)),
         },
         Value::Mapping(m) => {
             let o: FromRun = parse_options(m).map_err(|mut e| {
-                e.key = if e.key.is_empty() { "init".into() } else { format!("init.{}", e.key) };
+                e.key = if e.key.is_empty() { "init".into() } else { format!("init.{e_key}", e_key = e.key) };
                 e
             })?;
-            let (key, path, c) = match (&o.from, &o.file, o.step) {
-                (Some(run), None, step) => (
-                    "init.from",
-                    run,
-                    saved_connectivity(run, step).map_err(|e| OptionError::new("init.from", run.display(), e))?,
-                ),
+            let (key, shown, served) = match (&o.from, &o.file, o.step) {
+                (Some(run), None, step) => {
+                    let served = crate::pins::input(INIT_KEY, || saved_connectivity(run, step))
+                        .map_err(|e| OptionError::new("init.from", run.display(), e))?;
+                    ("init.from", run.display().to_string(), served)
+                }
                 (None, Some(file), None) => {
-                    let c = crate::run_dir::read_square_matrix(file).map_err(|e| {
-                        OptionError::new("init.file", file.display(), format!("a readable C as CSV ({e:#})"))
-                    })?;
-                    ("init.file", file, c)
+                    let served = crate::pins::input(INIT_KEY, || {
+                        let bytes = crate::input_file::read_bounded(file, crate::pins::MAX_COPY_BYTES, "a C as CSV")
+                            .map_err(|e| format!("a readable C as CSV ({e:#})"))?;
+                        Ok(crate::pins::Found { path: file.clone(), step: None, bytes: Some(bytes) })
+                    })
+                    .map_err(|e| OptionError::new("init.file", file.display(), e))?;
+                    ("init.file", file.display().to_string(), served)
                 }
                 _ => return Err(OptionError::new("init", show(v), format!("one of {allowed}"))),
             };
-            if c.nrows() != l + 2 || c.ncols() != l + 2 {
+            let bytes = served.bytes.unwrap_or_default();
+            let origin = match served.step {
+                Some(step) => format!("{shown} (its C at step {step})"),
+                None => shown.clone(),
+            };
+            let c = std::str::from_utf8(&bytes)
+                .map_err(|_| anyhow::anyhow!("{origin}: not UTF-8 text"))
+                .and_then(|text| crate::run_dir::parse_labelled_matrix(text, &origin))
+                .map_err(|e| OptionError::new(key, &shown, format!("a C as CSV ({e:#})")))?;
+            if c.nrows() != l + 2 {
                 return Err(OptionError::new(
                     key,
-                    path.display(),
+                    &shown,
                     format!(
-                        "a C of L = {l} units at this granularity ({0}×{0}; this one is {1}×{2})",
+                        "a C of L = {l} units at this granularity ({0}×{0}; this one is {1}×{1})",
                         l + 2,
-                        c.nrows(),
-                        c.ncols()
+                        c.nrows()
                     ),
                 ));
             }
-            Ok(each(&|i, j, _| c[[i, j]]))
+            check_against_edges(&c, sources).map_err(|e| OptionError::new(key, &shown, e))?;
+            let label = match (o.from.is_some(), served.step) {
+                (true, Some(step)) => format!("C of {shown} at step {step}"),
+                _ => format!("C from {}", file_name(&shown)),
+            };
+            Ok((each(&|i, j, _| c[[i, j]]), label))
         }
         _ => Err(OptionError::new("init", show(v), allowed)),
     }
 }
 
-/// The C a run saved at `step` (its last saved step if none is given), `[(L+2), (L+2)]`.
-fn saved_connectivity(dir: &std::path::Path, step: Option<u64>) -> Result<crate::run_dir::Matrix, String> {
+/// The last part of a path, for labels.
+fn file_name(path: &str) -> String {
+    std::path::Path::new(path).file_name().map_or(path.to_string(), |f| f.to_string_lossy().into_owned())
+}
+
+/// A C given as data against the graph's edges (`sources[j-1]`: what node j reads): every entry
+/// within fp32's range, and 0 off the edges (on or below the diagonal — a transposed C — and where
+/// the pattern or edge list has no edge). The error names the first entry that is not.
+fn check_against_edges(c: &crate::run_dir::Matrix, sources: &[Vec<usize>]) -> Result<(), String> {
+    let n = c.nrows();
+    for i in 0..n {
+        for j in 0..n {
+            let v = c[[i, j]];
+            if v.abs() > MAX_WEIGHT {
+                return Err(format!("C[{i}][{j}] = {v:e}: weights are fp32, |w| ≤ {MAX_WEIGHT:e}"));
+            }
+            let edge = j >= 1 && sources[j - 1].contains(&i);
+            if v != 0.0 && !edge {
+                let why = if j <= i {
+                    "on or below the diagonal, where C is 0 (rows are sources, columns targets: C[i][j] is node \
+                     i's weight in node j's input, i < j; a transposed C?)"
+                        .to_string()
+                } else {
+                    format!("node {i} is not a source of node {j} in this graph's pattern or edges, so C[{i}][{j}] must be 0")
+                };
+                return Err(format!("C[{i}][{j}] = {v}: {why}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Finds the C a run saved at `step` (its last saved step if none is given): the file, the step
+/// and its bytes.
+fn saved_connectivity(dir: &std::path::Path, step: Option<u64>) -> Result<crate::pins::Found, String> {
     let run = crate::run_dir::RunDir::open(dir).map_err(|e| format!("a run directory ({e:#})"))?;
     let steps = run.connectivity_steps().unwrap_or_default();
     let step = match step.or_else(|| steps.last().copied()) {
@@ -242,7 +315,10 @@ fn saved_connectivity(dir: &std::path::Path, step: Option<u64>) -> Result<crate:
             return Err(format!("a run with C saved at that step (it saved C at steps: {saved})"));
         }
     };
-    run.connectivity(step).map_err(|e| format!("a readable connectivity/step_{step}.csv ({e:#})"))
+    let path = run.connectivity_file(step);
+    let bytes = crate::input_file::read_bounded(&path, crate::pins::MAX_COPY_BYTES, "a C as CSV")
+        .map_err(|e| format!("a readable connectivity/step_{step}.csv ({e:#})"))?;
+    Ok(crate::pins::Found { path, step: Some(step), bytes: Some(bytes) })
 }
 
 #[derive(Debug)]
@@ -305,7 +381,7 @@ fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn Topolog
             format!("edges that give every unit and the readout at least one input ({node} has none)"),
         ));
     }
-    let init = parse_init(o.init.as_ref(), &sources)?;
+    let (init, init_label) = parse_init(o.init.as_ref(), &sources)?;
     if o.frozen && o.weights == Weights::Fixed {
         return Err(OptionError::new(
             "frozen",
@@ -320,8 +396,17 @@ fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn Topolog
         (Normalize::None, None) => None,
         (Normalize::Softmax, t) => {
             let t = t.unwrap_or(1.0);
-            if !(t.is_finite() && t > 0.0) {
-                return Err(OptionError::new("temperature", t, "a finite temperature > 0"));
+            // fp32 holds the logits and divides them by τ: τ must be a normal fp32 number.
+            if !(t.is_finite() && (f32::MIN_POSITIVE as f64..=f32::MAX as f64).contains(&t)) {
+                return Err(OptionError::new(
+                    "temperature",
+                    crate::config::show_number(t),
+                    format!(
+                        "a finite temperature > 0 within fp32's normal range ({:e} to {:e})",
+                        f32::MIN_POSITIVE,
+                        f32::MAX
+                    ),
+                ));
             }
             // The logits start at τ·ln w, so that the softmax starts at w / Σ w: w must be > 0.
             if let Some(x) = init.iter().flatten().find(|x| x.is_nan() || **x <= 0.0) {
@@ -331,13 +416,26 @@ fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn Topolog
                     format!("weights > 0 on every edge under `normalize: softmax` (this one gives {x})"),
                 ));
             }
+            // … and fp32 logits τ·ln w must give back ln w when divided by τ (a τ so small that
+            // they underflow would start the softmax uniform instead).
+            for &w in init.iter().flatten() {
+                let logit = (t * w.ln()) as f32;
+                let back = f64::from(logit / t as f32);
+                if !(logit.is_finite() && (back - w.ln()).abs() <= 1e-4 * w.ln().abs().max(1.0)) {
+                    return Err(OptionError::new(
+                        "temperature",
+                        crate::config::show_number(t),
+                        format!(
+                            "a temperature whose fp32 logits τ·ln w hold the initial weights (weight {} gives the \
+                             logit {logit:e}, which gives back {back:e} for ln w = {:e}); use a temperature nearer 1",
+                            crate::config::show_number(w),
+                            w.ln()
+                        ),
+                    ));
+                }
+            }
             Some(t)
         }
-    };
-    let init_label = match o.init.as_ref() {
-        None => "residual".to_string(),
-        Some(Value::Mapping(_)) => "from a run".into(),
-        Some(v) => show(v),
     };
     let readout_label = match o.readout.as_ref() {
         None => String::new(),
@@ -348,7 +446,7 @@ fn parse(opts: &serde_yaml::Mapping, stack: StackInfo) -> Result<Box<dyn Topolog
         (_, true) => "frozen",
         _ => "learned",
     };
-    let norm = temperature.map_or(String::new(), |t| format!(", softmax τ={t}"));
+    let norm = temperature.map_or(String::new(), |t| format!(", softmax τ={}", crate::config::show_number(t)));
     let label = format!("{what}{readout_label}, {init_label} {kind}{norm}");
     Ok(Box::new(Spec { granularity, sources, init, weights: o.weights, frozen: o.frozen, temperature, label }))
 }

@@ -305,6 +305,8 @@ struct Setup {
     recorder: Recorder,
     /// `(rank, world size)`.
     place: (usize, usize),
+    /// The dataset's files ([`crate::data::DataSource::files`]), whose hashes the run records.
+    files: Vec<std::path::PathBuf>,
 }
 
 impl Setup {
@@ -320,6 +322,7 @@ impl Setup {
             eprintln!("{}: training on {}", cfg.name, device::describe(dev));
         }
         let mut data = exp.data.load()?;
+        let files = data.files();
         let transform = data.input_transform();
         let eval_set = EvalSet::new(data.eval_batches(), &transform, dev);
         let eval_record = data.eval_record();
@@ -338,7 +341,8 @@ impl Setup {
                 cfg.name
             );
         }
-        Ok(Setup { dev, data: Some(data), transform, eval_record, eval_set, per_epoch, recorder, place: (rank, world) })
+        let place = (rank, world);
+        Ok(Setup { dev, data: Some(data), transform, eval_record, eval_set, per_epoch, recorder, place, files })
     }
 
     /// The training batches from the `index`-th on (batches are addressed by index over the run),
@@ -428,15 +432,36 @@ fn open_run(
     let main = crate::dist::DistInfo::is_main(opts.dist.as_ref());
     let mut resumed = Resumed { rows: Vec::new(), evals: Vec::new(), eps_by_t: Vec::new(), start: 0 };
     let how = engine::OpenMode { resume: opts.resume, overwrite: opts.overwrite, writer: main };
+    let files = crate::pins::data_file_keys(&setup.files);
     let run = engine::open(dir, config_yaml, how, &RESUME_POLICY, |state, run| {
+        pinned_inputs(exp, dir, &files)?;
         resumed = resume(exp, dir, state, &run.changed, t, setup.dev, main)?;
         Ok(())
     })?;
+    // A new run pins what it read from outside its directory, before its first checkpoint.
+    if main && !opts.resume {
+        crate::pins::write(&dir.path, &exp.inputs, &files)?;
+    }
     if main {
         let text = resolved::resolved_yaml(exp, &setup.transform, setup.eval_record.take())?;
         crate::run_dir::atomic_write(&dir.path.join(resolved::RESOLVED_FILE), text.as_bytes())?;
     }
     Ok((run, resumed))
+}
+
+/// A resumed run continues on the inputs it pinned when it started: its config parsed against
+/// its record ([`Experiment::of_run`]), and the dataset's `files` as they were (same content).
+fn pinned_inputs(exp: &Experiment, dir: &RunDir, files: &[(String, std::path::PathBuf)]) -> Result<()> {
+    let manifest = crate::pins::read(&dir.path)?;
+    if manifest.is_some() && exp.pinned.is_none() {
+        bail!(
+            "--resume {}: the config was read without the inputs the run pinned ({}); resume it with plexus \
+             train --resume",
+            dir.path.display(),
+            dir.path.join(crate::pins::MANIFEST_FILE).display()
+        );
+    }
+    crate::pins::verify_files(&dir.path, manifest.as_ref(), files)
 }
 
 /// Loads the checkpoint `state` of a resumed run into `t` (saying so when the allowed keys that

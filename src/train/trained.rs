@@ -65,7 +65,7 @@ pub fn refuse_rl_run(dir: &RunDir) -> Result<()> {
 pub fn open(path: &Path, o: &OpenOptions) -> Result<TrainedRun> {
     let dir = RunDir::open(path)?;
     refuse_rl_run(&dir)?;
-    let exp = Experiment::from_file(&dir.config_file(), o.overrides)?;
+    let exp = Experiment::of_run(&dir.path, &dir.config_file(), o.overrides)?;
     let cfg = exp.config();
     let device = match o.device {
         Some(d) => d,
