@@ -269,7 +269,9 @@ pub fn sample_run(
             .collect::<Vec<_>>(),
         0,
     );
-    let transform = exp.data.load()?.input_transform();
+    let data = exp.data.load()?;
+    exp.check_data(&dir.path, data.as_ref())?;
+    let transform = data.input_transform();
     let x = match transform {
         crate::data::InputTransform::Pixels { mean, std } => {
             let col = |v: &[f64]| {

@@ -86,6 +86,13 @@ impl Experiment {
         Self::resolve(config::load_str(source, Path::new(origin), overrides)?)
     }
 
+    /// Checks `data` (this experiment's, loaded) against the files the run in `dir` recorded when
+    /// it started, for a run's config parsed against its record ([`Experiment::of_run`]): a reader
+    /// of the run never measures on a dataset that changed since ([`crate::pins::verify_files`]).
+    pub fn check_data(&self, dir: &Path, data: &dyn data::DataSource) -> anyhow::Result<()> {
+        crate::pins::verify_files(dir, self.pinned.as_ref(), &crate::pins::data_file_keys(&data.files()))
+    }
+
     /// The training objective: the dataset's, or DDPM for a diffusion backbone.
     pub fn task(&self) -> data::Task {
         match self.model.diffusion() {

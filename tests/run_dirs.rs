@@ -213,8 +213,9 @@ fn a_c_from_another_run_pins_the_step_it_read() {
     assert!(summary.contains(&format!("C of {} at step 4", s(&source))), "{summary}");
 }
 
-/// A run records the SHA-256 of its dataset's files when it starts, and a resume on files that
-/// changed since is refused, naming the file and both hashes (nothing is trained or written).
+/// A run records the SHA-256 of its dataset's files when it starts, and a resume, `analyze` or
+/// `connectivity` on files that changed since is refused, naming the file and both hashes (nothing
+/// is trained or written).
 #[test]
 fn a_resume_on_changed_data_files_is_refused_naming_both_hashes() {
     let tmp = tempfile::tempdir().unwrap();
@@ -253,12 +254,19 @@ fn a_resume_on_changed_data_files_is_refused_naming_both_hashes() {
     changed[8] = 9;
     std::fs::write(&labels, &changed).unwrap();
     let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
-    let err = fails(&plexus(&["train", "--resume", s(&run), "--set", "train.steps=6"], tmp.path()));
-    assert!(
-        err.contains("train-labels-idx1-ubyte") && err.contains(&old) && err.contains(&sha256_hex(&changed)),
-        "{err}"
-    );
+    for args in [
+        vec!["train", "--resume", s(&run), "--set", "train.steps=6"],
+        vec!["analyze", s(&run)],
+        vec!["connectivity", s(&run)],
+    ] {
+        let err = fails(&plexus(&args, tmp.path()));
+        assert!(
+            err.contains("train-labels-idx1-ubyte") && err.contains(&old) && err.contains(&sha256_hex(&changed)),
+            "{args:?}: {err}"
+        );
+    }
     assert_eq!(std::fs::read_to_string(run.join("metrics.csv")).unwrap(), metrics);
+    assert!(!run.join("analysis.json").exists());
 }
 
 fn text_of(o: &std::process::Output) -> (String, String) {

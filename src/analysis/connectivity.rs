@@ -50,7 +50,12 @@ pub fn matrix(path: &Path, overrides: &[Override]) -> Result<crate::run_dir::Mat
     };
     let cfg = exp.config();
     let c = match exp.data.load() {
-        Ok(data) => model.connectivity(&exp.probe_input(&data.train_batch(0)?, &data.input_transform(), dev)),
+        Ok(data) => {
+            if path.is_dir() {
+                exp.check_data(path, data.as_ref())?;
+            }
+            model.connectivity(&exp.probe_input(&data.train_batch(0)?, &data.input_transform(), dev))
+        }
         // C needs the model and the data's shape, not the data: without it, a random batch of
         // that shape, and a second one to say whether C depends on the input at all.
         Err(e) => {

@@ -47,6 +47,7 @@ impl Run {
         let crate::train::trained::TrainedRun { dir, exp, model } = crate::train::trained::open(path, &open)?;
         let dev = model.vs.device();
         let data = exp.data.load()?;
+        exp.check_data(&dir.path, data.as_ref())?;
         let mut eval = data.eval_batches();
         if eval.is_empty() {
             eval = vec![data.train_batch(0)?];
