@@ -5,7 +5,8 @@ h_0 = x0; node j = 1..L+1 reads input_j = sum_n c_j[n] * h_{S_j[n]} over its sou
 
 Options: `pattern` (all | chain | {window: k} | {dilation: d} | {blocks: b}) or `edges`
 (["i:j", ...], 0 <= i < j <= L+1), `readout` (pattern | last | all | [i, ...]), `weights`
-(learnable | fixed), `init` (residual | acn | uniform | number | {from: RUN_DIR, step: N}),
+(learnable | fixed), `init` (residual | acn | uniform | number | {from: RUN_DIR, step: N} |
+{file: C.csv}),
 `frozen`, `normalize` (none | softmax), `temperature` (softmax only, default 1).
 c_j = w_j (none) or softmax(logits_j / temperature) (softmax, logits start at temperature*ln w_j).
 Parameters (learnable): `topology.weights.{j-1}` or `topology.logits.{j-1}`, shape [|S_j|].
@@ -65,17 +66,64 @@ def edge_sources(where, edges, L):
     return [sorted(s) for s in sources]
 
 
+def read_c(where, path):
+    """A C written as CSV (`plexus connectivity`'s output, a run's `connectivity/step_N.csv`, or a
+    run's pinned copy): a header `node,0,1,...`, then a row per source node with its label first;
+    rows and columns are matched by their labels (each of 0..n-1 once), every entry a finite number
+    (docs/graph.md)."""
+    with open(path, encoding="utf-8") as fh:
+        rows = [r for r in csv.reader(fh) if r]
+    try:
+        cols = [int(x) for x in rows[0][1:]]
+        n = len(cols)
+        if n < 2 or sorted(cols) != list(range(n)) or len(rows) != n + 1:
+            raise ValueError
+        c = [[0.0] * n for _ in range(n)]
+        seen = set()
+        for r in rows[1:]:
+            i = int(r[0])
+            if i in seen or not 0 <= i < n or len(r) != n + 1:
+                raise ValueError
+            seen.add(i)
+            for j, v in zip(cols, r[1:]):
+                c[i][j] = float(v)
+                if not math.isfinite(c[i][j]):
+                    raise ValueError
+    except (ValueError, IndexError):
+        raise common.OptionError(f"{where}: {path} is not a C as CSV (header node,0,1,...; one labelled row per "
+                                 f"node; finite entries)") from None
+    return c
+
+
 def saved_connectivity(where, spec):
-    """C saved by a run (`connectivity/step_N.csv`: a header row, then `i, C[i][0], ...`)."""
+    """C of `init`: `{file: C.csv}`, or `{from: RUN_DIR, step: N}` (the run's
+    `connectivity/step_N.csv`; without `step`, its last saved step). `parity/load.py` passes a
+    run's pinned copy as `{file}`."""
+    if "file" in spec:
+        if set(spec) != {"file"}:
+            raise common.OptionError(f"{where}: init.file takes no other key, got {sorted(spec)}")
+        return read_c(where, spec["file"])
+    if set(spec) - {"from", "step"} or "from" not in spec:
+        raise common.OptionError(f"{where}: init must be {{from: RUN_DIR, step: N}} or {{file: C.csv}}, got {spec!r}")
     run = spec["from"]
     folder = os.path.join(run, "connectivity")
     steps = sorted(int(f[5:-4]) for f in os.listdir(folder) if f.startswith("step_") and f.endswith(".csv"))
     step = spec.get("step", steps[-1] if steps else None)
     if step not in steps:
         raise common.OptionError(f"{where}: init.from {run!r} has no C at step {step!r} (saved: {steps})")
-    with open(os.path.join(folder, f"step_{step}.csv"), encoding="utf-8") as fh:
-        rows = list(csv.reader(fh))[1:]
-    return [[float(v) for v in r[1:]] for r in rows]
+    return read_c(where, os.path.join(folder, f"step_{step}.csv"))
+
+
+def check_against_edges(where, c, sources):
+    """Every entry the graph has no edge for is 0 (docs/graph.md): on or below the diagonal, or off
+    the pattern or edge list."""
+    n = len(c)
+    if n != len(sources) + 1:
+        raise common.OptionError(f"{where}: a C of {n} nodes for a graph of {len(sources) + 1}")
+    for i in range(n):
+        for j in range(n):
+            if c[i][j] != 0.0 and not (j >= 1 and i in sources[j - 1]):
+                raise common.OptionError(f"{where}: C[{i}][{j}] = {c[i][j]} is off the graph's edges (must be 0)")
 
 
 class Topology(nn.Module):
@@ -122,9 +170,11 @@ class Topology(nn.Module):
             w = [[float(init)] * len(s) for s in sources]
         elif isinstance(init, dict):
             c = saved_connectivity(where, init)
+            check_against_edges(where, c, sources)
             w = [[c[i][j] for i in s] for j, s in enumerate(sources, start=1)]
         else:
-            raise common.OptionError(f"{where}: option 'init' must be residual, acn, uniform, a number or {{from}}")
+            raise common.OptionError(f"{where}: option 'init' must be residual, acn, uniform, a number, {{from}} "
+                                     f"or {{file}}")
 
         self.normalize = common.as_choice(where, "normalize", opts["normalize"], ("none", "softmax"))
         if self.normalize == "softmax":

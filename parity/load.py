@@ -33,10 +33,12 @@ is not stated here).
 
 import argparse
 import gzip
+import hashlib
 import json
 import os
 import struct
 import sys
+import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -106,19 +108,65 @@ def case_of(resolved):
     return {"model": resolved["model"], "topology": resolved["topology"], "precision": resolved["precision"]}
 
 
+def sha256_of(path):
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def pinned(path, case):
+    """`case` with the inputs the run pinned when it started (`inputs.yaml`: docs/configs-and-runs.md,
+    "A run pins its inputs") in place of the files its config names: a graph's C is the run's copy
+    (`inputs/topology.init.csv`), whatever the file or run it was read from holds now. A copy that
+    no longer matches its recorded SHA-256 is refused, naming both. Runs made before inputs were
+    pinned have no record, and their config's files are read as named."""
+    record = os.path.join(path, "inputs.yaml")
+    if not os.path.isfile(record):
+        return case
+    pins = {p["key"]: p for p in (read_yaml(record, "inputs.yaml") or {}).get("inputs", [])}
+    pin = pins.get("topology.init")
+    if pin is not None and isinstance(case["topology"].get("init"), dict):
+        copy = os.path.join(path, pin["copy"])
+        got = sha256_of(copy)
+        if got != pin["sha256"]:
+            raise ValueError(f"{copy}: SHA-256 {got}, but {record} records {pin['sha256']} (read from "
+                             f"{pin['source']} when the run started): the pinned copy was changed")
+        case = dict(case, topology=dict(case["topology"], init={"file": copy}))
+    return case
+
+
+def check_weights(file):
+    """`file` against the CRC-32 and size plexus recorded when it wrote it (`weights.json` beside it),
+    as plexus checks it before loading: a flipped bit or a truncated file is refused, naming both.
+    Runs written before checksums have no record."""
+    manifest = os.path.join(os.path.dirname(file), "weights.json")
+    if not os.path.isfile(manifest):
+        return
+    with open(manifest) as fh:
+        want = json.load(fh).get(os.path.basename(file))
+    if want is None:
+        return
+    with open(file, "rb") as fh:
+        data = fh.read()
+    got = {"crc32": f"{zlib.crc32(data) & 0xFFFFFFFF:08x}", "bytes": len(data)}
+    if got != {"crc32": want["crc32"], "bytes": want["bytes"]}:
+        raise ValueError(f"{file} is corrupt: {got['bytes']} bytes with CRC-32 {got['crc32']}, but {manifest} "
+                         f"recorded {want['bytes']} bytes with CRC-32 {want['crc32']} when it was written")
+
+
 def load_run(path, weights="checkpoints/final.safetensors", float64=False):
     """Builds the run's model from `resolved.yaml` and loads `weights` (a file in the run directory)
     into it, strictly (every name, every shape). `float64`: the model and transform in float64 (the
     error model's exact answer; set torch's default dtype to float64 while using it)."""
     resolved = read_yaml(os.path.join(path, "resolved.yaml"), "resolved.yaml")
     config = read_yaml(os.path.join(path, "config.yaml"), "config.yaml")
-    case = case_of(resolved)
+    case = pinned(path, case_of(resolved))
     if float64:
         case["precision"] = "fp32"
     model = parity_run.build_model(case)
     file = os.path.join(path, weights)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file}: no weights (a run leaves checkpoints/final.safetensors when it finishes)")
+    check_weights(file)
     state = load_file(file)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:

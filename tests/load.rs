@@ -216,3 +216,81 @@ fn a_text_run_loads_into_pytorch_bytes_and_gpt2_tokens() {
         check_bound(&bound(&run), &s);
     }
 }
+
+/// Every topology kind loads into PyTorch from its run's own files and evaluates to plexus' loss
+/// within the error model: one tiny GPT per kind (defaults), and `graph` started from a C in a
+/// file and from another run's C (the form of the committed graph-transplant study), each read
+/// from the run's pinned copy after the file and the source run have changed. One Python process
+/// for all of them (torch's import costs seconds). Then a flipped bit in the final weights is
+/// refused by the CRC-32 plexus recorded, as plexus refuses it.
+#[test]
+#[ignore = "slow tier: one run per topology kind, loaded into PyTorch"]
+fn every_topology_kind_loads_into_pytorch_from_its_pinned_inputs() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("corpus.txt"), words(2000)).unwrap();
+    let config = |name: &str, topology: &str| {
+        format!(
+            "name: {name}\nseed: 2\ndevice: cpu\nmodel: {{kind: gpt, width: 16, depth: 2, heads: 2}}\n\
+             topology: {topology}\ndata: {{kind: text, root: {}, file: corpus.txt, tokenizer: char, seq_len: 8, \
+             batch_size: 4, eval_batches: 2}}\ntrain: {{optimizer: adamw, lr: 2.0e-3, steps: 6}}\n\
+             log: {{every: 3, eval_every: 6, connectivity_every: 3}}\n",
+            tmp.path().display()
+        )
+    };
+    let mut runs: Vec<(PathBuf, train::Summary)> = Vec::new();
+    for entry in plexus::topology::REGISTRY {
+        let run = tmp.path().join(entry.name);
+        let s = train_yaml(&config(entry.name, &format!("{{kind: {}}}", entry.name)), &run);
+        runs.push((run, s));
+    }
+    // A C as a file (L = 4 sublayers: 6×6), and another run's C at its last saved step.
+    let c_file = tmp.path().join("c.csv");
+    let mut c = ndarray::Array2::<f64>::zeros((6, 6));
+    for j in 1..6 {
+        for i in 0..j {
+            c[[i, j]] = 1.0 / (1 + j - i) as f64;
+        }
+    }
+    std::fs::write(&c_file, plexus::run_dir::matrix_csv(&c)).unwrap();
+    let layercomb = tmp.path().join("layercomb");
+    for (name, init) in [
+        ("graph-file", format!("{{file: {}}}", c_file.display())),
+        ("graph-run", format!("{{from: {}}}", layercomb.display())),
+    ] {
+        let run = tmp.path().join(name);
+        // Fixed weights are no parameters: the model's C is the pinned one, not in the weights.
+        let s = train_yaml(&config(name, &format!("{{kind: graph, weights: fixed, init: {init}}}")), &run);
+        runs.push((run, s));
+    }
+    // What the configs name changes after the runs started: load.py reads the pinned copies.
+    std::fs::write(&c_file, plexus::run_dir::matrix_csv(&(&c * 3.0))).unwrap();
+    std::fs::remove_dir_all(layercomb.join("connectivity")).unwrap();
+    let script = "import json, sys\nsys.path.insert(0, sys.argv[1])\nimport load\n\
+                  for p in sys.argv[2:]:\n    print(json.dumps(load.bound(p)), flush=True)\n";
+    let out = std::process::Command::new(plexus::parity::python())
+        .args(["-c", script])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("parity"))
+        .args(runs.iter().map(|(r, _)| r))
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    let answers: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(answers.len(), runs.len(), "{stdout}");
+    for ((run, s), b) in runs.iter().zip(&answers) {
+        println!("{}:", run.display());
+        check_bound(b, s);
+    }
+    // A flipped bit in the final weights: refused by the recorded CRC-32, naming both.
+    let fin = tmp.path().join("residual/checkpoints/final.safetensors");
+    let mut bytes = std::fs::read(&fin).unwrap();
+    *bytes.last_mut().unwrap() ^= 1;
+    std::fs::write(&fin, &bytes).unwrap();
+    let out = std::process::Command::new(plexus::parity::python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("parity/load.py"))
+        .arg(tmp.path().join("residual"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("is corrupt") && stderr.contains("CRC-32"), "{stderr}");
+}
