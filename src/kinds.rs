@@ -81,6 +81,14 @@ pub trait RunKind: Sync {
         let _ = (dir, yaml, rule);
         Ok(None)
     }
+    /// The length of the vector metric `metric` (`final.a`, whose entries a report reads as
+    /// `final.a[0]` …) that a run of the config at `file` with `overrides` will have, where the
+    /// config alone tells it; `None` where it does not (the check of an `across_seeds` claim's
+    /// `size` before a sweep's runs then waits for the runs).
+    fn vector_len(&self, file: &Path, overrides: &[Override], metric: &str) -> Result<Option<usize>> {
+        let _ = (file, overrides, metric);
+        Ok(None)
+    }
     /// Prints the table of finished runs (their `summary.json`) on stdout.
     fn print(&self, runs: &[PathBuf]) -> Result<()>;
     /// The figure a kind draws of its own runs, if any (train runs' figures are the analysis').
@@ -145,6 +153,19 @@ impl RunKind for Train {
     ) -> Result<Option<crate::config::ExtendRule>> {
         let cfg: crate::config::Config = serde_yaml::from_str(yaml).context("the resolved config")?;
         crate::train::extend::rule_for(dir, &cfg, rule)
+    }
+
+    /// `final.<view>`: the topology's one-row parameter view at the end (H-ACN's residual weights
+    /// `a`), whose length its parameters give before any training.
+    fn vector_len(&self, file: &Path, overrides: &[Override], metric: &str) -> Result<Option<usize>> {
+        let Some(view) = metric.strip_prefix("final.") else { return Ok(None) };
+        let exp = crate::experiment::Experiment::from_file(file, overrides)?;
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let topology = exp.topology.build(&(vs.root() / "topology"), tch::Kind::Float);
+        Ok(topology.parameter_view().and_then(|(name, m)| match (name == view, m.size().as_slice()) {
+            (true, &[1, n]) => Some(n as usize),
+            _ => None,
+        }))
     }
 
     fn train(&self, file: &Path, overrides: &[Override], out: &Path, launch: &Launch) -> Result<()> {

@@ -592,6 +592,39 @@ fn a_sweep_lengthening_cosine_runs_needs_a_rule_and_records_it() {
     assert!(o.status.success() && err.contains("2 finished before"), "{err}");
 }
 
+/// An `across_seeds` claim whose `size` is not the length of the vector its runs will have is
+/// refused before any run trains (it would have trained everything and left the claim without a
+/// verdict), naming both lengths; the right size plans.
+#[test]
+fn an_across_seeds_size_other_than_the_vector_is_refused_before_the_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(
+        tmp.path().join("tiny.yaml"),
+        "name: tiny\ndevice: cpu\nmodel: {kind: mlp, width: 8, depth: 4}\ntopology: {kind: hacn}\n\
+         data: {kind: synthetic_images, image_size: 4, channels: 1, classes: 3, samples: 32, batch_size: 8}\n\
+         train: {optimizer: adamw, lr: 0.01, steps: 4}\n",
+    )
+    .unwrap();
+    let spec = |size: usize| {
+        format!(
+            "configs: [tiny.yaml]\nseeds: [0, 1, 2]\nout: sw\nclaims:\n  - id: a-shared\n    statement: s\n    \
+             source: t\n    metric: final.a\n    a: name=tiny\n    across_seeds: correlation\n    size: {size}\n    \
+             expect: greater\n"
+        )
+    };
+    std::fs::write(tmp.path().join("bad.yaml"), spec(5)).unwrap();
+    let o = plexus(&["sweep", "bad.yaml", "--quiet"], tmp.path());
+    let (_, err) = text(&o);
+    assert!(
+        !o.status.success() && err.contains("`size: 5`, but the runs of arm a (name=tiny) will have 4 entries"),
+        "{err}"
+    );
+    assert!(!tmp.path().join("sw").exists(), "nothing was trained or written");
+    std::fs::write(tmp.path().join("good.yaml"), spec(4)).unwrap();
+    let o = plexus(&["sweep", "good.yaml", "--dry-run"], tmp.path());
+    assert!(o.status.success(), "{:?}", text(&o));
+}
+
 /// One config file per setting (each with its own `name`, and options only one topology has):
 /// the default grouping includes those keys, and `--baseline topology.kind=residual` still pairs
 /// each setting with the residual runs on shared seeds instead of answering "no shared seeds".

@@ -25,6 +25,7 @@
 //! below what the permutations give, else inconclusive; its interval is the bootstrap over seeds.
 
 use super::collect::RunRecord;
+use super::metric::{one_value_at, one_value_per_step, Metric};
 use super::stats::{self, Stats};
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
@@ -374,42 +375,25 @@ pub fn metric_value(run: &RunRecord, metric: &str) -> Result<f64> {
     if let Some(v) = run.metrics.get(metric) {
         return Ok(*v);
     }
-    if let Some((curve, step)) = metric.rsplit_once('@') {
-        if let Some((when, threshold)) = step.split_once(">=") {
-            return value_at_first_reach(run, metric, curve, when, threshold);
-        }
-        let step: f64 = step.parse().map_err(|_| {
-            anyhow::anyhow!(
-                "metric `{metric}`: after `@` comes a step (loss@300) or a stop rule (gamma@eval.accuracy>=0.69)"
-            )
-        })?;
-        let points = run.curve(curve)?;
-        let at: Vec<f64> = points.iter().filter(|(x, _)| *x == step).map(|p| p.1).collect();
-        if let Some(&y) = at.first() {
-            // Two different values at one step (a file edited by hand, two logs run together):
-            // which one a verdict read would be chance.
-            if at.iter().any(|v| v.to_bits() != y.to_bits()) {
-                bail!(
-                    "run {}: curve `{curve}` has {} different values at step {step} ({}); one step, one value",
-                    run.dir.display(),
-                    at.len(),
-                    at.iter().map(f64::to_string).collect::<Vec<_>>().join(", ")
-                );
+    let name = run.dir.display().to_string();
+    match Metric::parse(metric)? {
+        Metric::AtStep { curve, step } => {
+            let points = run.curve(&curve)?;
+            if let Some(y) = one_value_at(&name, &curve, &points, step)? {
+                return Ok(y);
             }
-            return Ok(y);
+            let logged: Vec<String> = points.iter().map(|(x, _)| x.to_string()).collect();
+            bail!(
+                "run {name}: curve `{curve}` has no value at step {step}; it is logged at steps {}",
+                if logged.is_empty() { "none".to_string() } else { logged.join(", ") }
+            );
         }
-        let logged: Vec<String> = points.iter().map(|(x, _)| x.to_string()).collect();
-        bail!(
-            "run {}: curve `{curve}` has no value at step {step}; it is logged at steps {}",
-            run.dir.display(),
-            if logged.is_empty() { "none".to_string() } else { logged.join(", ") }
-        );
+        Metric::AtFirstReach { curve, when, threshold } => value_at_first_reach(run, metric, &curve, &when, threshold),
+        Metric::Number(_) => bail!(
+            "run {name}: no metric `{metric}`; it has: {}",
+            run.metrics.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
+        ),
     }
-    bail!(
-        "run {}: no metric `{metric}`; it has: {}",
-        run.dir.display(),
-        run.metrics.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
-    )
 }
 
 /// `CURVE@WHEN>=V`: the value of `curve` at the first logged step where the curve `when` reaches
@@ -417,11 +401,12 @@ pub fn metric_value(run: &RunRecord, metric: &str) -> Result<f64> {
 /// since a run stopped there holds exactly the weights this run held at that step. An error
 /// (the claim is then not computable for the run) when `when` never reaches `threshold`, or
 /// `curve` is not logged at that step.
-fn value_at_first_reach(run: &RunRecord, metric: &str, curve: &str, when: &str, threshold: &str) -> Result<f64> {
-    let threshold: f64 = threshold.trim().parse().ok().filter(|t: &f64| t.is_finite()).ok_or_else(|| {
-        anyhow::anyhow!("metric `{metric}`: the stop rule's threshold `{threshold}` must be a finite number")
-    })?;
+fn value_at_first_reach(run: &RunRecord, metric: &str, curve: &str, when: &str, threshold: f64) -> Result<f64> {
+    let name = run.dir.display().to_string();
     let stops = run.curve(when)?;
+    // The first step that reaches the level must be one step with one value, as must the
+    // curve read there (two rows of one step would make the stop, or the value, chance).
+    one_value_per_step(&name, when, &stops)?;
     if stops.is_empty() {
         bail!("run {}: metric `{metric}`: the run logs no curve `{when}` to stop on", run.dir.display());
     }
@@ -435,8 +420,8 @@ fn value_at_first_reach(run: &RunRecord, metric: &str, curve: &str, when: &str, 
         );
     };
     let points = run.curve(curve)?;
-    match points.iter().find(|(x, _)| *x == step) {
-        Some((_, y)) => Ok(*y),
+    match one_value_at(&name, curve, &points, step)? {
+        Some(y) => Ok(y),
         None => bail!(
             "run {}: metric `{metric}`: `{when}` reaches {threshold} at step {step}, where `{curve}` is not logged \
              (log both at common steps: log.eval_every a multiple of log.every)",
@@ -487,6 +472,9 @@ pub fn check(claims: &[Claim]) -> Result<()> {
             );
         }
         arm(&c.a, "a", &c.id)?;
+        for m in std::iter::once(&c.metric).chain(&c.b_metric) {
+            Metric::parse(m).map_err(|e| anyhow::anyhow!("claim `{}`: {e}", c.id))?;
+        }
         if c.across_seeds.is_some() {
             check_across_seeds(c)?;
             continue;
@@ -516,11 +504,30 @@ pub fn check(claims: &[Claim]) -> Result<()> {
                 c.id,
                 if c.expect == Expect::AtMost { "at_most" } else { "at_least" }
             ),
-            (_, Some(m)) if !(m.is_finite() && m > 0.0) => bail!("claim `{}`: margin {m} must be > 0", c.id),
+            (_, Some(m)) if !(m.is_finite() && m > 0.0) => {
+                bail!("claim `{}`: margin must be a finite number > 0, got {m}", c.id)
+            }
             _ => {}
         }
-        if c.effect.is_some_and(|e| !e.is_finite() || e == 0.0) {
-            bail!("claim `{}`: effect must be a non-zero number", c.id);
+        if let Some(e) = c.effect.filter(|e| !e.is_finite() || *e == 0.0) {
+            bail!("claim `{}`: effect must be a finite, non-zero number (the paper's Δ), got {e}", c.id);
+        }
+        // The paper's effect points the way the claim expects: a negative effect on a claim that
+        // A is greater would make the power line and "the paper's effect excluded" test another
+        // claim than the one written.
+        let against = match c.expect {
+            Expect::Greater => c.effect.filter(|e| *e < 0.0),
+            Expect::Less => c.effect.filter(|e| *e > 0.0),
+            _ => None,
+        };
+        if let Some(e) = against {
+            let want = if c.expect == Expect::Greater { "positive (A above B)" } else { "negative (A below B)" };
+            bail!(
+                "claim `{}`: effect {e} points against `expect: {}`: the paper's Δ = A − B (ln A/B on scale: log) of \
+                 this claim is {want}",
+                c.id,
+                if c.expect == Expect::Greater { "greater" } else { "less" }
+            );
         }
         // An accuracy is a fraction in the runs' files and a percentage in the tables: a margin or
         // effect of 2 meant as 2 points would be a 200-point one, and the claim would hold trivially.
@@ -1530,5 +1537,47 @@ mod tests {
         assert_eq!(metric_value(&r, "loss@10").unwrap(), 2.0);
         let e = metric_value(&r, "loss@20").unwrap_err().to_string();
         assert!(e.contains("2 different values at step 20") && e.contains("1.8, 1.7"), "{e}");
+        // A stop rule too: the curve it stops on, and the one it reads there, one value a step.
+        std::fs::write(dir.path().join("eval.csv"), "step,loss,accuracy\n10,2.0,0.3\n10,2.0,0.5\n").unwrap();
+        let e = metric_value(&r, "loss@eval.accuracy>=0.45").unwrap_err().to_string();
+        assert!(e.contains("curve `eval.accuracy` has 2 different values at step 10"), "{e}");
+        std::fs::write(dir.path().join("eval.csv"), "step,loss,accuracy\n10,2.0,0.3\n20,2.0,0.5\n").unwrap();
+        let e = metric_value(&r, "loss@eval.accuracy>=0.45").unwrap_err().to_string();
+        assert!(e.contains("curve `loss` has 2 different values at step 20"), "{e}");
+    }
+
+    /// The unit guard knows every form of an accuracy (`eval.accuracy@400` is one): a bare 0.5
+    /// (50 points) is refused in a margin and an effect, `1 pp` is accepted; an effect pointing
+    /// against `expect` is refused; a metric whose `@` part is not a step or a stop rule is
+    /// refused before any run.
+    #[test]
+    fn every_form_of_a_metric_gets_every_check() {
+        let yaml = |body: &str| -> serde_yaml::Value {
+            serde_yaml::from_str(&format!("- {{id: x, metric: eval.accuracy@400, {body}}}")).unwrap()
+        };
+        for body in ["margin: 0.5", "effect: 0.5"] {
+            assert!(check_written_units(Some(&yaml(body))).is_err(), "{body}");
+        }
+        let mut c = claim("x", Expect::Greater, Some(1.0));
+        c.metric = "eval.accuracy@400".into();
+        let e = check(&[c]).unwrap_err().to_string();
+        assert!(e.contains("margin 1") && e.contains("did you mean 0.01"), "{e}");
+        check_written_units(Some(&yaml("margin: 1 pp"))).unwrap();
+        let e = check_written_units(Some(&yaml("margin: 0.5"))).unwrap_err().to_string();
+        assert!(e.contains("50 points of accuracy") && e.contains("50 pp") && e.contains("0.005"), "{e}");
+        let mut c = claim("x", Expect::Greater, None);
+        c.metric = "eval.accuracy@400".into();
+        c.effect = Some(-0.02);
+        let e = check(std::slice::from_ref(&c)).unwrap_err().to_string();
+        assert!(e.contains("effect -0.02 points against `expect: greater`"), "{e}");
+        c.expect = Expect::Less;
+        check(std::slice::from_ref(&c)).unwrap();
+        c.margin = Some(f64::INFINITY);
+        let e = check(std::slice::from_ref(&c)).unwrap_err().to_string();
+        assert!(e.contains("margin must be a finite number > 0, got inf"), "{e}");
+        c.margin = None;
+        c.metric = "eval.accuracy@soon".into();
+        let e = check(&[c]).unwrap_err().to_string();
+        assert!(e.contains("after `@` comes a step"), "{e}");
     }
 }

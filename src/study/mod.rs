@@ -6,6 +6,7 @@
 
 pub mod claims;
 pub mod collect;
+pub mod metric;
 pub mod runner;
 pub mod spec;
 pub mod stats;
@@ -595,9 +596,10 @@ pub fn curves_csv(r: &StudyReport) -> Result<String> {
     Ok(String::from_utf8(w.into_inner()?)?)
 }
 
-/// Whether `metric` is an accuracy (or a drop of one), which tables and figures show in percent.
+/// Whether `metric` is an accuracy (or a drop of one), which tables and figures show in percent:
+/// in every form (`eval.accuracy`, `eval.accuracy@400`; [`metric::Metric`]).
 pub fn in_percent(metric: &str) -> bool {
-    metric.ends_with("accuracy") || metric.ends_with("accuracy_drop")
+    metric::is_accuracy(metric)
 }
 
 /// The curve `name` of a group over its runs: at each step every run logged, the mean and the

@@ -46,7 +46,9 @@ pub fn sweep(r: &SweepRequest, inputs: &[PathBuf]) -> Result<Option<PathBuf>> {
     };
     let runs = spec.plan(&origin)?;
     // Every claim must be judgeable on what the sweep plans: refused now, not after the training.
-    super::claims::check_against_plan(&spec.claims, &super::planned_records(&runs)?)
+    let planned = super::planned_records(&runs)?;
+    super::claims::check_against_plan(&spec.claims, &planned)
+        .and_then(|()| check_vector_sizes(&spec.claims, &runs, &planned))
         .with_context(|| format!("{origin}: the claims against the planned runs"))?;
     let manifest = Manifest { spec, runs, registration };
     if r.slurm.is_some() && manifest.runs.len() > runner::SLURM_MAX_ARRAY {
@@ -92,6 +94,37 @@ pub fn sweep(r: &SweepRequest, inputs: &[PathBuf]) -> Result<Option<PathBuf>> {
     }
     train_runs(r, &out, &manifest)?;
     Ok(r.only.is_empty().then_some(out))
+}
+
+/// Each `across_seeds` claim's `size` against the vector its arm's planned runs will have, where
+/// their config tells it ([`crate::kinds::RunKind::vector_len`]): a `size` past the vector would
+/// leave the claim without a verdict after the whole sweep has trained, one short of it would test
+/// a prefix. `planned`: the runs' records, in `runs`' order.
+fn check_vector_sizes(
+    claims: &[super::claims::Claim],
+    runs: &[PlannedRun],
+    planned: &[super::collect::RunRecord],
+) -> Result<()> {
+    for c in claims.iter().filter(|c| c.across_seeds.is_some()) {
+        let Some(run) = runs.iter().zip(planned).find(|(_, r)| super::claims::in_an_arm(c, r)).map(|(run, _)| run)
+        else {
+            continue;
+        };
+        let kind = crate::kinds::by_verb(&run.verb)?;
+        if let (Some(len), Some(size)) = (kind.vector_len(&run.config, &run.overrides, &c.metric)?, c.size) {
+            if len != size {
+                bail!(
+                    "claim `{}`: `size: {size}`, but the runs of arm a ({}) will have {len} entries of `{}` ({}[0..{len}]); \
+                     `size` must be the vector's length",
+                    c.id,
+                    c.a,
+                    c.metric,
+                    c.metric
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The sweep recorded in the folder `dir` (`--resume DIR`).
