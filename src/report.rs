@@ -14,7 +14,7 @@ use std::path::Path;
 /// `header`. `plexus bench` calls it before it measures anything, [`append_csv`] again when it writes.
 pub fn csv_to_append_to(path: &Path, header: &str) -> Result<Option<String>> {
     (|| -> Result<Option<String>> {
-        crate::run_dir::check_output_file(path, "--csv")?;
+        crate::run_dir::check_append_file(path, "--csv")?;
         if !path.exists() {
             return Ok(None);
         }

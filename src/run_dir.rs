@@ -86,6 +86,20 @@ pub fn check_output_file(path: &Path, what: &str) -> Result<()> {
     }
 }
 
+/// [`check_output_file`] for a file that rows are appended to (`bench --csv`): the same paths are
+/// refused, with words that say what happens to the file (its rows kept, the new ones added).
+pub fn check_append_file(path: &Path, what: &str) -> Result<()> {
+    check_ancestors(path).with_context(|| format!("{what} {}", path.display()))?;
+    match output_kind(path)? {
+        None | Some((_, true, _)) => Ok(()),
+        Some((kind, false, _)) => bail!(
+            "{what} {} is {kind}: the CSV rows are appended to must be a new path or a regular file (its rows kept, \
+             the new ones added after them); give another path",
+            path.display()
+        ),
+    }
+}
+
 /// Checks an output folder before any work: `path` must be absent (it is created) or a directory (a
 /// symbolic link to one included: the files go inside it); a regular file, a device, a FIFO, a
 /// socket or a link to one of them is refused, naming the path and what it is.
@@ -192,7 +206,15 @@ pub fn atomic_write_with(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -
         let tmp = output_tempfile()
             .suffix(&suffix)
             .tempfile_in(dir)
-            .with_context(|| format!("creating a temporary file in {}", dir.display()))?
+            // tempfile's message ends in the name it tried (`at path "/proc/.tmp-siXdP0.csv"`): a
+            // name nobody asked for, which the user cannot act on.
+            .map_err(|e| {
+                let plain = std::io::Error::new(
+                    e.kind(),
+                    e.to_string().split(" at path \"").next().unwrap_or_default().to_string(),
+                );
+                anyhow::anyhow!("creating a temporary file in {}: {plain}", dir.display())
+            })?
             .into_temp_path();
         write(&tmp).map_err(|e| anyhow::anyhow!(strip_path(&format!("{e:#}"), &tmp)))?;
         std::fs::File::open(&tmp).and_then(|f| f.sync_all()).context("syncing to disk")?;

@@ -736,6 +736,75 @@ fn surprising_inputs_get_errors_that_name_them_or_warnings() {
     let words = s(&write(&t.join("words.txt"), "a few words\n"));
     says(&["tokenize", &words, &words, "--out", "tk"], false, "is given twice (also as");
     says(&["tokenize", &words, "--out", "tk", "--encoding", "char"], true, "val.bin holds no tokens");
+
+    // Numbers past what a type holds are refused with the option's own range, shown as written.
+    let graph = s(&write(
+        &t.join("graph.yaml"),
+        TINY.replace("{kind: hacn}", "{kind: graph, pattern: {blocks: 99999999999999999999}}"),
+    ));
+    says(
+        &["train", &graph, "--out", "g"],
+        false,
+        "`topology.pattern.blocks` has value `99999999999999999999`: an integer in 1..=3",
+    );
+    says(
+        &[
+            "train",
+            &tiny,
+            "--out",
+            "g",
+            "--set",
+            "topology.kind=graph",
+            "--set",
+            "topology.pattern.blocks=99999999999999999999",
+        ],
+        false,
+        "an integer in 1..=3",
+    );
+    says(
+        &["train", &tiny, "--out", "g", "--set", "train.steps=99999999999999999999"],
+        false,
+        "has value `99999999999999999999`: an integer from 0 to 18446744073709551615",
+    );
+    says(
+        &["train", &tiny, "--out", "g", "--set", "train.lr=1e400"],
+        false,
+        "a finite number (`1e400` is past the range of a 64-bit float",
+    );
+    let long = format!("train.steps={}", "9".repeat(300));
+    let o = plexus(&["train", &tiny, "--out", "g", "--set", &long], t);
+    let (_, err) = text(&o);
+    assert!(
+        !o.status.success() && err.len() < 400 && !err.contains(&"9".repeat(100)),
+        "a 300-digit value echoed: {err}"
+    );
+    // bench --csv: a folder is refused in words that say rows are appended; a temporary name
+    // plexus tried is never shown.
+    std::fs::create_dir_all(t.join("csvdir")).unwrap();
+    says(
+        &["bench", &tiny, "--steps", "1", "--warmup", "0", "--csv", "csvdir"],
+        false,
+        "the CSV rows are appended to must be",
+    );
+    let o = plexus(&["bench", &tiny, "--steps", "1", "--warmup", "0", "--csv", "/proc/plexus-x.csv"], t);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("/proc/plexus-x.csv") && !err.contains(".tmp-"), "{err}");
+    // A curve value that is not finite (a damaged fd_steps.csv) is an error naming file, row and
+    // column, not a group of one with an empty mean.
+    let fd = t.join("fd-run");
+    std::fs::create_dir_all(&fd).unwrap();
+    std::fs::write(fd.join("config.yaml"), "name: fd-run\nseed: 0\n").unwrap();
+    std::fs::write(fd.join("summary.json"), r#"{"final_loss": 1.0}"#).unwrap();
+    std::fs::write(
+        fd.join("fd_steps.csv"),
+        "step,fd,real_floor,class_agreement,extractor_accuracy,samples,sampling,extractor\n2,NaN,,0.5,0.9,8,ddim,c\n",
+    )
+    .unwrap();
+    says(
+        &["report", "fd-run", "--metric", "fd.fd@2", "--format", "csv"],
+        false,
+        "fd_steps.csv: row 2, column `fd`: `NaN` is not a finite number",
+    );
 }
 
 /// Where a dataset is looked for: `data.root` (the file or `--set`) wins over `PLEXUS_DATA`, which

@@ -158,6 +158,8 @@ fn a_c_from_a_file_is_pinned_and_an_edit_of_the_file_changes_no_reader() {
     let record = std::fs::read_to_string(whole.join("inputs.yaml")).unwrap();
     assert!(record.contains("key: topology.init") && record.contains(&sha256_hex(c.as_bytes())), "{record}");
     assert_eq!(std::fs::read_to_string(whole.join("inputs/topology.init.csv")).unwrap(), c);
+    let summary = std::fs::read_to_string(whole.join("summary.json")).unwrap();
+    assert!(summary.contains("C from c.csv fixed"), "a C from a file is labelled as one: {summary}");
     // Stopped after the checkpoint at step 2, the file edited, then resumed.
     let run = tmp.path().join("r");
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_plexus"))

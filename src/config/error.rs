@@ -21,7 +21,8 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid config {}", self.file.display())?;
+        // The file names the `--set` an error came from, whose value may be a pasted blob too.
+        write!(f, "invalid config {}", elide(&self.file.display().to_string()))?;
         if let Some(line) = self.line {
             write!(f, " (line {line})")?;
         }
@@ -129,12 +130,33 @@ pub(crate) fn serde_key(path: &str, msg: &str) -> String {
     }
 }
 
-/// serde_yaml appends " at line L column C" to messages; we report the line separately.
+/// serde_yaml appends " at line L column C" to messages; we report the line separately. A number
+/// where an integer type is expected is said as the range that type allows (serde says
+/// "invalid type: floating point `1e20`, expected u64").
 pub(crate) fn clean_serde_message(msg: &str) -> String {
-    match msg.find(" at line ") {
-        Some(i) => msg[..i].to_string(),
-        None => msg.to_string(),
+    let msg = match msg.find(" at line ") {
+        Some(i) => &msg[..i],
+        None => msg,
+    };
+    let ranges = [
+        ("u64", "an integer from 0 to 18446744073709551615"),
+        ("usize", "an integer from 0 to 18446744073709551615"),
+        ("u32", "an integer from 0 to 4294967295"),
+        ("i64", "an integer from -9223372036854775808 to 9223372036854775807"),
+    ];
+    // YAML reads a number past f64's range (`1e400`) as a string.
+    if let Some(rest) = msg.strip_prefix("invalid type: string \"") {
+        let text = rest.split('"').next().unwrap_or_default();
+        if msg.ends_with("expected f64") && text.parse::<f64>().is_ok_and(f64::is_infinite) {
+            return format!("a finite number (`{text}` is past the range of a 64-bit float, ±1.8e308)");
+        }
     }
+    if msg.starts_with("invalid type: floating point `") {
+        if let Some((_, range)) = ranges.iter().find(|(t, _)| msg.ends_with(&format!("expected {t}"))) {
+            return range.to_string();
+        }
+    }
+    msg.to_string()
 }
 
 /// Finds the 1-based line of a dotted key path (`a.b[2].c`) by following indentation in block

@@ -309,8 +309,27 @@ pub fn locate_error(file: &Path, source: &str, overrides: &[Override], prefix: &
     if let Some(ov) = override_of(overrides, &err.key) {
         err.file = PathBuf::from(format!("{} (--set {ov})", file.display()));
         err.line = None;
+        err.value = err.value.map(|v| as_written(&v, ov.written()));
+    } else {
+        err.value = err.value.map(|v| as_written(&v, source));
     }
     err
+}
+
+/// `value` (a number as an error shows it) as `text` wrote it, where it is an integer literal
+/// past 64 bits that [`widen_big_integers`] read as the float nearest it (`1e20` →
+/// `99999999999999999999`); else `value` itself.
+fn as_written(value: &str, text: &str) -> String {
+    let Ok(v) = value.parse::<f64>() else { return value.to_string() };
+    if v.abs() < 2f64.powi(63) {
+        return value.to_string();
+    }
+    text.split(|c: char| c.is_whitespace() || ",:[]{}'\"#".contains(c))
+        .find(|w| {
+            let digits = w.strip_prefix(['-', '+']).unwrap_or(w);
+            digits.len() >= 20 && digits.chars().all(|c| c.is_ascii_digit()) && w.parse::<f64>().ok() == Some(v)
+        })
+        .map_or_else(|| value.to_string(), str::to_string)
 }
 
 /// The last override that set `key`, a key above it or a key below it.
@@ -386,6 +405,54 @@ fn too_deep(text: &str, limit: usize) -> Option<usize> {
         }
     }
     None
+}
+
+/// `text` with every plain integer literal too long for 64 bits (20 digits or more, outside quotes
+/// and comments) written as a float (`99999999999999999999` → `99999999999999999999.0`, read as
+/// 1e20); `None` when it has none (the text is then parsed as it is).
+pub(crate) fn widen_big_integers(text: &str) -> Option<String> {
+    let mut out = String::with_capacity(text.len() + 8);
+    let (mut changed, mut quote, mut comment) = (false, None::<char>, false);
+    let mut token = String::new();
+    let flush = |token: &mut String, out: &mut String, changed: &mut bool| {
+        let digits = token.strip_prefix(['-', '+']).unwrap_or(token);
+        if digits.len() >= 20 && digits.chars().all(|c| c.is_ascii_digit()) {
+            token.push_str(".0");
+            *changed = true;
+        }
+        out.push_str(token);
+        token.clear();
+    };
+    for c in text.chars() {
+        match (quote, comment, c) {
+            (_, true, '\n') => {
+                comment = false;
+                out.push(c);
+            }
+            (_, true, _) => out.push(c),
+            (Some(q), _, _) => {
+                if c == q {
+                    quote = None;
+                }
+                out.push(c);
+            }
+            (None, _, '"' | '\'') if token.is_empty() => {
+                quote = Some(c);
+                out.push(c);
+            }
+            (None, _, '#') if token.is_empty() => {
+                comment = true;
+                out.push(c);
+            }
+            (None, _, c) if c.is_whitespace() || ",:[]{}".contains(c) => {
+                flush(&mut token, &mut out, &mut changed);
+                out.push(c);
+            }
+            _ => token.push(c),
+        }
+    }
+    flush(&mut token, &mut out, &mut changed);
+    changed.then_some(out)
 }
 
 /// Rejects YAML tags (`!foo value`): the schema has no use for them, and ignoring one would
@@ -502,7 +569,11 @@ pub fn parse_document<T: serde::de::DeserializeOwned>(
         let allowed = format!("mappings and lists nested at most {MAX_CONFIG_DEPTH} deep");
         return Err(err(String::new(), None, allowed, Some(line)));
     }
-    let mut doc: serde_yaml::Value = serde_yaml::from_str(source).map_err(|e| {
+    // An integer past 64 bits (YAML allows it, serde_yaml's values do not hold it) is read as the
+    // float nearest it, so that the option it sets refuses it with its own range ("an integer in
+    // 1..=4"), not with the width of a machine word.
+    let widened = widen_big_integers(source);
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(widened.as_deref().unwrap_or(source)).map_err(|e| {
         let line = e.location().map(|l| l.line());
         let msg = clean_serde_message(&e.to_string());
         // An integer past 64 bits: YAML allows it, serde_yaml's values do not hold it.
@@ -535,6 +606,8 @@ pub fn parse_document<T: serde::de::DeserializeOwned>(
     let config: T = serde_path_to_error::deserialize(doc.clone()).map_err(|e| {
         let key = serde_key(&e.path().to_string(), &e.inner().to_string());
         let value = lookup(&doc, &key).and_then(scalar_text);
+        let written = override_of(overrides, &key).map_or(source, |ov| ov.written());
+        let value = value.map(|v| as_written(&v, written));
         match override_of(overrides, &key) {
             Some(ov) => ConfigError {
                 file: PathBuf::from(format!("{} (--set {ov})", file.display())),

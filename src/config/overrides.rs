@@ -48,7 +48,9 @@ impl Override {
             let allowed = format!("a value of at most {MAX_CONFIG_BYTES} bytes nested at most {MAX_CONFIG_DEPTH} deep");
             return Err(fail(key, allowed));
         }
-        let value: serde_yaml::Value = serde_yaml::from_str(written)
+        // An integer past 64 bits as the float nearest it: the option refuses it with its range.
+        let widened = super::widen_big_integers(written);
+        let value: serde_yaml::Value = serde_yaml::from_str(widened.as_deref().unwrap_or(written))
             .map_err(|e| fail(key, format!("a YAML value: {}", clean_serde_message(&e.to_string()))))?;
         if let Some((_, tag)) = find_tag(&value, key) {
             return Err(fail(key, format!("a plain value: YAML tags (`{tag}`) are not part of the config schema")));

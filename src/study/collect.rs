@@ -512,6 +512,22 @@ pub fn curve(dir: &Path, name: &str) -> Result<Vec<(f64, f64)>> {
     else {
         return Ok(vec![]);
     };
+    // plexus writes no value that is not finite (a missing one is an empty cell): a NaN or an
+    // infinity in a curve is a damaged or hand-edited file, and would reach a mean unseen.
+    if let Some((i, c)) = rows
+        .iter()
+        .enumerate()
+        .find_map(|(i, r)| [x, y].into_iter().find(|&c| r[c].is_some_and(|v| !v.is_finite())).map(|c| (i, c)))
+    {
+        bail!(
+            "{}: row {}, column `{}`: `{}` is not a finite number (plexus writes none; a value it has not is an empty \
+             cell): the file is damaged or was edited",
+            path.display(),
+            i + 2,
+            cols[c],
+            rows[i][c].unwrap_or(f64::NAN)
+        );
+    }
     let points: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((r[x]?, r[y]?))).collect();
     if file != "noise.csv" {
         return Ok(points);
@@ -541,7 +557,7 @@ pub fn curve_names(dir: &Path) -> Vec<String> {
         ("eval.csv", "eval.", &["step"]),
         ("layerwise.csv", "layerwise.", &["units", "kind"]),
         ("noise.csv", "noise.", &["kind", "level", "repeat"]),
-        (crate::fd::STEPS_FILE, "fd.", &["step", "samples", "sampling", "extractor"]),
+        (crate::fd::STEPS_FILE, "fd.", &["step", "samples", "sampling", "extractor", "extractor_sha256"]),
     ];
     let mut names = Vec::new();
     for (file, prefix, not_curves) in files {
