@@ -269,9 +269,7 @@ pub fn sample_run(
             .collect::<Vec<_>>(),
         0,
     );
-    let data = exp.data.load()?;
-    exp.check_data(&dir.path, data.as_ref())?;
-    let transform = data.input_transform();
+    let transform = exp.load_run_data(&dir.path)?.input_transform();
     let x = match transform {
         crate::data::InputTransform::Pixels { mean, std } => {
             let col = |v: &[f64]| {

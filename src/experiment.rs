@@ -93,6 +93,14 @@ impl Experiment {
         crate::pins::verify_files(dir, self.pinned.as_ref(), &crate::pins::data_file_keys(&data.files()))
     }
 
+    /// The data of the run in `dir` (this experiment its config, [`Experiment::of_run`]), loaded and
+    /// checked against the files the run recorded ([`Experiment::check_data`]).
+    pub fn load_run_data(&self, dir: &Path) -> anyhow::Result<Box<dyn data::DataSource>> {
+        let data = self.data.load()?;
+        self.check_data(dir, data.as_ref())?;
+        Ok(data)
+    }
+
     /// The training objective: the dataset's, or DDPM for a diffusion backbone.
     pub fn task(&self) -> data::Task {
         match self.model.diffusion() {

@@ -130,11 +130,8 @@ pub fn fd_command(
         );
     }
     let (c, s) = (gi.input_shape[0] as i64, gi.input_shape[1] as i64);
-    let gen_data = gen_exp.data.load()?;
-    gen_exp.check_data(run, gen_data.as_ref())?;
-    let gen_transform = gen_data.input_transform();
-    let cls_data = cls_exp.data.load()?;
-    cls_exp.check_data(extractor, cls_data.as_ref())?;
+    let gen_transform = gen_exp.load_run_data(run)?.input_transform();
+    let cls_data = cls_exp.load_run_data(extractor)?;
     let cls_transform = cls_data.input_transform();
     let per_channel = |v: &[f64]| {
         let v: Vec<f32> = (0..c as usize).map(|i| v[i.min(v.len() - 1)] as f32).collect();

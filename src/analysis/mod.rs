@@ -46,8 +46,7 @@ impl Run {
         let open = crate::train::trained::OpenOptions { device, ..Default::default() };
         let crate::train::trained::TrainedRun { dir, exp, model } = crate::train::trained::open(path, &open)?;
         let dev = model.vs.device();
-        let data = exp.data.load()?;
-        exp.check_data(&dir.path, data.as_ref())?;
+        let data = exp.load_run_data(&dir.path)?;
         let mut eval = data.eval_batches();
         if eval.is_empty() {
             eval = vec![data.train_batch(0)?];

@@ -85,6 +85,16 @@ impl Shown {
         }
     }
 
+    /// A difference of the metric as a verdict's note says it: a ratio on a log scale (`×1.41`),
+    /// points of an accuracy (`1.03 points`), else the number.
+    fn amount(&self, x: f64) -> String {
+        match (self.log, self.percent) {
+            (true, _) => format!("×{}", sig3(x.exp())),
+            (_, true) => format!("{} points", sig3(100.0 * x)),
+            _ => sig3(x),
+        }
+    }
+
     fn unit(&self) -> f64 {
         if self.percent {
             100.0
@@ -305,8 +315,12 @@ fn claim_cells(c: &crate::study::claims::ClaimResult) -> (Shown, [String; 4], [S
             if c.diff.mean.is_finite() { format!("r̄ = {:.3} [{lo:.3}, {hi:.3}]", c.diff.mean) } else { "—".into() };
         return (sh, head, [c.diff.n.to_string(), stat]);
     }
+    let id = match &cl.reregistered {
+        Some(r) => format!("{} *(re-registered after results, {})*", md_cell(&cl.id), md_cell(&r.date)),
+        None => md_cell(&cl.id),
+    };
     let head = [
-        md_cell(&cl.id),
+        id,
         md_cell(&cl.source),
         format!("{}{}", md_cell(&cl.metrics().join(" vs ")), if sh.percent { " (%)" } else { "" }),
         format!("{} vs {}", md_cell(&cl.a), md_cell(&cl.b)),
@@ -325,11 +339,15 @@ fn claim_cells(c: &crate::study::claims::ClaimResult) -> (Shown, [String; 4], [S
 pub fn verdicts(studies: &[(String, Vec<crate::study::claims::ClaimResult>)]) -> String {
     use std::fmt::Write;
     let mut s = String::new();
-    let _ = writeln!(s, "| study | claim | source | metric | A vs B | n | Δ [interval] | p (Holm) | verdict |");
+    let _ = writeln!(
+        s,
+        "| study | claim | source | metric | A vs B | n | Δ [interval: 1 − α/m; 1 − 2α/m for equivalence and \
+         non-inferiority] | p (Holm) | verdict |"
+    );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
     for (study, claims) in studies {
         for c in claims {
-            let (_, head, tail) = claim_cells(c);
+            let (sh, head, tail) = claim_cells(c);
             let _ = writeln!(
                 s,
                 "| `{}` | {} | {} | {} | **{}** |",
@@ -337,7 +355,7 @@ pub fn verdicts(studies: &[(String, Vec<crate::study::claims::ClaimResult>)]) ->
                 head.join(" | "),
                 tail.join(" | "),
                 p_text(c.p_holm),
-                c.verdict_text()
+                c.verdict_text(&|x| sh.amount(x))
             );
         }
     }
@@ -371,8 +389,12 @@ pub fn claims_markdown(claims: &[crate::study::claims::ClaimResult]) -> String {
         s,
         "Claims, by the rule of docs/studies.md (\"Claims and verdicts\"): Δ = A − B over the seeds both \
          arms ran (on a log scale the ratio A/B), its interval at the level corrected for the family \
-         (1 − α/m; equivalence 1 − 2α/m), p of the paired t-test (equivalence: TOST) after Holm's \
-         correction, p_sf the exact sign-flip p, and the smallest |Δ| these seeds detect with 80 % power.{}\n",
+         (1 − α/m for a direction; 1 − 2α/m for equivalence and non-inferiority, the level of their \
+         one-sided tests at α/m), p of the paired t-test (equivalence: TOST; non-inferiority: the \
+         one-sided test against the margin) after Holm's correction, p_sf the exact sign-flip p of a \
+         directional claim (it tests Δ = 0, not a margin: — on the others), and the smallest |Δ| these \
+         seeds detect with 80 % power at α/m. A verdict that changes under another reading of the \
+         claim's question (docs/studies.md, \"The sensitivity line\") is marked metric-sensitive.{}\n",
         if claims.iter().any(|c| c.claim.across_seeds.is_some()) {
             " A claim across seeds has one arm: r̄, the mean correlation of its vector over the pairs of seeds, its \
              bootstrap interval over seeds at the corrected level, and p of the layer permutations after Holm's \
@@ -401,6 +423,11 @@ pub fn claims_markdown(claims: &[crate::study::claims::ClaimResult]) -> String {
             (Expect::AtLeast, Some(m)) => format!("A − B > −{}", sig3(m * sh.unit())),
             (Expect::Equivalent | Expect::AtMost | Expect::AtLeast, None) => unreachable!("checked"),
         };
+        let expected = match cl.margin_source.as_deref() {
+            Some("plexus") if cl.margin.is_some() => format!("{expected} (plexus' margin)"),
+            Some(source) if cl.margin.is_some() => format!("{expected} (margin: {})", md_cell(source)),
+            _ => expected,
+        };
         let detectable = match () {
             _ if !c.detectable.is_finite() => "—".to_string(),
             _ if sh.log => format!("×÷{}", sig3(c.detectable.exp())),
@@ -414,8 +441,11 @@ pub fn claims_markdown(claims: &[crate::study::claims::ClaimResult]) -> String {
             p_text(c.p_holm),
             p_text(c.p),
             c.family_size,
-            c.p_sign_flip.map_or("—".into(), p_text),
-            c.verdict_text()
+            match cl.expect {
+                Expect::Less | Expect::Greater => c.p_sign_flip.map_or("—".into(), p_text),
+                _ => "—".into(),
+            },
+            c.verdict_text(&|x| sh.amount(x))
         );
     }
     s.push('\n');
@@ -426,6 +456,19 @@ pub fn claims_markdown(claims: &[crate::study::claims::ClaimResult]) -> String {
         }
         if let Some(a) = &c.claim.amendment {
             let _ = write!(s, " *Amended after the runs ({}):* {} — {}", a.date, a.change, a.reason);
+        }
+        if let Some(r) = &c.claim.reregistered {
+            let _ = write!(s, " *Re-registered after results ({}):* {} — {}", r.date, r.change, r.reason);
+        }
+        if !c.sensitivity.is_empty() {
+            let readings: Vec<String> =
+                c.sensitivity.iter().map(|(name, v)| format!("{name}: {}", v.short())).collect();
+            let _ = write!(
+                s,
+                " *Under the other readings:* {}{}.",
+                readings.join("; "),
+                if c.metric_sensitive() { " — **metric-sensitive**" } else { " — the same verdict" }
+            );
         }
         s.push('\n');
     }

@@ -124,6 +124,14 @@ pub struct Claim {
     /// pre-registered claim changed later says so on the page).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub amendment: Option<Amendment>,
+    /// Who chose the margin: `plexus` (this project's choice, said beside the margin on the page)
+    /// or the paper's words that give it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub margin_source: Option<String>,
+    /// A registration made after the results of an earlier one were seen (the page labels the
+    /// claim "re-registered after results"); it is judged on seeds the earlier one did not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reregistered: Option<Amendment>,
 }
 
 /// A change to a claim after its runs.
@@ -268,6 +276,18 @@ pub enum Verdict {
     NotComputable(String),
 }
 
+impl Verdict {
+    /// The verdict in a few words (a not-computable one without its reason), for the sensitivity
+    /// line.
+    pub fn short(&self) -> String {
+        match self {
+            Verdict::NotComputable(why) if why.contains("does not get there") => "not computable (a run does not get there)".into(),
+            Verdict::NotComputable(_) => "not computable".into(),
+            v => v.to_string(),
+        }
+    }
+}
+
 impl std::fmt::Display for Verdict {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         match self {
@@ -310,14 +330,44 @@ pub struct ClaimResult {
     /// The power these seeds had for the paper's `effect` (at α/m, with the spread they showed).
     pub power: Option<f64>,
     pub verdict: Verdict,
+    /// The verdict under each other reading of the claim's question ([`super::sensitivity`]),
+    /// by the same rule: `(reading, verdict)`.
+    pub sensitivity: Vec<(String, Verdict)>,
+}
+
+/// A verdict's outcome for comparing readings: an underpowered claim is an inconclusive one.
+fn outcome(v: &Verdict) -> Option<u8> {
+    match v {
+        Verdict::Holds => Some(0),
+        Verdict::DoesNotHold => Some(1),
+        Verdict::Inconclusive | Verdict::Underpowered(_) => Some(2),
+        Verdict::EffectExcluded => Some(3),
+        Verdict::NotComputable(_) => None,
+    }
 }
 
 impl ClaimResult {
-    /// The verdict with its power line: where the claim gives the paper's effect, the power these
-    /// seeds had for it, and "underpowered" beside any verdict (holds included: an effect found
-    /// with little power is likely overstated) where that power is below 80 %.
-    pub fn verdict_text(&self) -> String {
-        match (self.power, &self.verdict) {
+    /// Whether the verdict changes under another reading of the claim's question (one that can be
+    /// computed): the verdict rests on the choice of metric.
+    pub fn metric_sensitive(&self) -> bool {
+        let own = outcome(&self.verdict);
+        own.is_some() && self.sensitivity.iter().any(|(_, v)| outcome(v).is_some_and(|o| Some(o) != own))
+    }
+
+    /// The verdict with what a reviewer must read with it (`amount` shows a difference in the
+    /// metric's unit as the tables print it: points of accuracy, a ratio on a log scale):
+    /// - where the claim gives the paper's effect, the power these seeds had for it, and
+    ///   "underpowered" beside any verdict (holds included: an effect found with little power is
+    ///   likely overstated) where that power is below 80 %;
+    /// - where it gives a margin and the smallest difference these seeds detect (80 % power at
+    ///   α/m) is larger, "underpowered" with both, whatever the verdict;
+    /// - for equivalence and non-inferiority, a difference from 0 that is itself significant at
+    ///   α/m ("within the margin; A significantly above B");
+    /// - a directional claim that holds by Holm's p while its 1 − α/m interval (Bonferroni's level)
+    ///   reaches 0: both are said;
+    /// - "metric-sensitive" where another reading of the claim's question gives another verdict.
+    pub fn verdict_text(&self, amount: &dyn Fn(f64) -> String) -> String {
+        let mut text = match (self.power, &self.verdict) {
             (Some(p), Verdict::Underpowered(need)) => format!(
                 "underpowered (needs {}; {:.0} % power for the paper's effect)",
                 need.map_or("> 100,000 seeds".into(), |n| format!("{n} seeds")),
@@ -328,7 +378,38 @@ impl ClaimResult {
             }
             (Some(p), v) => format!("{v} ({:.0} % power for the paper's effect)", 100.0 * p),
             (None, v) => v.to_string(),
+        };
+        let computed = !matches!(self.verdict, Verdict::NotComputable(_)) && self.claim.across_seeds.is_none();
+        let alpha_m = self.claim.alpha / self.family_size.max(1) as f64;
+        let mut notes = Vec::new();
+        if let (true, Some(m)) = (computed, self.claim.margin) {
+            if self.detectable.is_finite() && self.detectable > m {
+                notes.push(format!(
+                    "underpowered: these seeds detect a difference of {} or more, the margin is {}",
+                    amount(self.detectable),
+                    amount(m)
+                ));
+            }
+            let zero_p = stats::t_test_p(&self.diff);
+            let margin_kind = matches!(self.claim.expect, Expect::Equivalent | Expect::AtMost | Expect::AtLeast);
+            if margin_kind && self.verdict == Verdict::Holds && zero_p < alpha_m {
+                let way = if self.diff.mean > 0.0 { "above" } else { "below" };
+                let p = if zero_p < 0.001 { "< 0.001".to_string() } else { format!("= {zero_p:.3}") };
+                notes.push(format!("within the margin; A significantly {way} B, p {p} at α/m"));
+            }
         }
+        let directional = matches!(self.claim.expect, Expect::Less | Expect::Greater);
+        let (lo, hi) = self.interval;
+        if computed && directional && self.verdict == Verdict::Holds && lo <= 0.0 && hi >= 0.0 {
+            notes.push("by Holm's p; its 1 − α/m interval, Bonferroni's level, still reaches 0".into());
+        }
+        if !notes.is_empty() {
+            text += &format!(" ({})", notes.join("; "));
+        }
+        if self.metric_sensitive() {
+            text += " — metric-sensitive";
+        }
+        text
     }
 }
 
@@ -376,6 +457,15 @@ pub fn metric_value(run: &RunRecord, metric: &str) -> Result<f64> {
         return Ok(*v);
     }
     let name = run.dir.display().to_string();
+    // How fast the loss falls, read from the loss curve where the record does not hold it (a
+    // runs.csv holds what its report read; the sensitivity line reads the others).
+    if super::sensitivity::derived_from_loss(metric) {
+        let loss = run.curve("loss")?;
+        return super::sensitivity::from_loss_curve(metric, &loss).ok_or_else(|| match loss.is_empty() {
+            true => anyhow::anyhow!("run {name}: no metric `{metric}`, and no loss curve to read it from"),
+            false => anyhow::anyhow!("run {name}: `{metric}`: the loss does not get there in the run"),
+        });
+    }
     match Metric::parse(metric)? {
         Metric::AtStep { curve, step } => {
             let points = run.curve(&curve)?;
@@ -1000,10 +1090,13 @@ pub fn evaluate(claims: &[Claim], runs: &[RunRecord]) -> Result<Vec<ClaimResult>
             family_size[i] = idx.len();
         }
     }
+    let sensitivity: Vec<Vec<(String, Verdict)>> =
+        (0..partial.len()).map(|i| sensitivity_of(i, &partial, &family_size, runs)).collect();
     Ok(partial
         .into_iter()
+        .zip(sensitivity)
         .enumerate()
-        .map(|(i, Partial { claim, pairs, diff, p, p_sign_flip, profiles, not_computable })| {
+        .map(|(i, (Partial { claim, pairs, diff, p, p_sign_flip, profiles, not_computable }, sensitivity))| {
             let seeds: Vec<u64> = pairs.iter().map(|p| p.0).collect();
             let values: Vec<(f64, f64)> = pairs.iter().map(|&(_, a, b)| (a, b)).collect();
             let m = family_size[i];
@@ -1028,9 +1121,42 @@ pub fn evaluate(claims: &[Claim], runs: &[RunRecord]) -> Result<Vec<ClaimResult>
                 seeds_needed,
                 power,
                 verdict,
+                sensitivity,
             }
         })
         .collect())
+}
+
+/// The verdict of claim `i` under each other reading of its question ([`super::sensitivity`]):
+/// the reading's numbers on the same runs, its p put in the claim's place among its family's for
+/// Holm's correction, and the same rule. A reading the runs cannot give is "not computable".
+fn sensitivity_of(i: usize, partial: &[Partial], family_size: &[usize], runs: &[RunRecord]) -> Vec<(String, Verdict)> {
+    let claim = &partial[i].claim;
+    let family: Vec<usize> = (0..partial.len()).filter(|&k| partial[k].claim.family == claim.family).collect();
+    let alpha_m = claim.alpha / family_size[i] as f64;
+    super::sensitivity::alternatives(claim)
+        .into_iter()
+        .map(|alt| {
+            let verdict = match paired_partial(&alt.claim, runs) {
+                Err(e) => Verdict::NotComputable(format!("{e:#}")),
+                Ok(Partial { not_computable: Some(why), .. }) => Verdict::NotComputable(why),
+                Ok(p) => {
+                    let ps: Vec<f64> = family
+                        .iter()
+                        .map(|&k| match (k == i, &partial[k].not_computable) {
+                            (true, _) => p.p,
+                            (false, Some(_)) => 1.0,
+                            (false, None) => partial[k].p,
+                        })
+                        .collect();
+                    let at = family.iter().position(|&k| k == i).expect("a claim is in its family");
+                    let significant = stats::holm(&ps)[at] < claim.alpha;
+                    paired_verdict(&alt.claim, &p.diff, significant, alpha_m).0
+                }
+            };
+            (alt.name, verdict)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -1067,6 +1193,8 @@ mod tests {
             family: "study".into(),
             deviation: None,
             amendment: None,
+            margin_source: None,
+            reregistered: None,
         }
     }
 
@@ -1424,7 +1552,10 @@ mod tests {
         let res = evaluate(std::slice::from_ref(&c), &near_zero).unwrap().remove(0);
         assert_eq!(res.verdict, Verdict::EffectExcluded);
         assert!(res.interval.0 > -5.0, "{:?}", res.interval);
-        assert_eq!(res.verdict_text(), "the paper's effect excluded at this size (100 % power for the paper's effect)");
+        assert_eq!(
+            res.verdict_text(&|x| x.to_string()),
+            "the paper's effect excluded at this size (100 % power for the paper's effect)"
+        );
         // Non-inferiority: A at most 0.1 above B.
         let mut at_most = claim("x", Expect::AtMost, Some(0.1));
         assert_eq!(evaluate(std::slice::from_ref(&at_most), &near_zero).unwrap()[0].verdict, Verdict::Holds);
@@ -1446,7 +1577,11 @@ mod tests {
         assert_eq!(res.verdict, Verdict::Holds);
         let power = res.power.unwrap();
         assert!(power < 0.8, "{power}");
-        assert!(res.verdict_text().starts_with("holds (underpowered:"), "{}", res.verdict_text());
+        assert!(
+            res.verdict_text(&|x| x.to_string()).starts_with("holds (underpowered:"),
+            "{}",
+            res.verdict_text(&|x| x.to_string())
+        );
     }
 
     /// A margin or effect on an accuracy is a fraction: 2 (meant as 2 points) is refused with the

@@ -8,6 +8,7 @@ pub mod claims;
 pub mod collect;
 pub mod metric;
 pub mod runner;
+pub mod sensitivity;
 pub mod spec;
 pub mod stats;
 pub mod sweep;

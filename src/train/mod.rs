@@ -157,7 +157,7 @@ pub fn train(exp: &Experiment, dir: &RunDir, opts: &TrainOptions) -> Result<Summ
     let checkpoints = Checkpointer::of(cfg);
     let clock = Instant::now();
     let mut steps =
-        Steps { exp, dir, setup: &setup, t, log, batches, checkpoints, main, step: start, clock, wall: 0.0 };
+        Steps { exp, dir, setup: &setup, t, log, batches, checkpoints, main, step: start, start, clock, wall: 0.0 };
     engine::run(&mut steps, engine::CrashAfter(opts.crash_after), &cfg.name)?;
     let time = TrainingTime { wall: steps.wall, start, resumed: opts.resume };
     let summary = summarize(exp, &steps.t.model, &steps.log, &setup, time);
@@ -181,6 +181,8 @@ struct Steps<'a> {
     main: bool,
     /// The step the next iteration takes (= updates done).
     step: u64,
+    /// The step this process started from (a resumed run's checkpoint; 0 for a new run).
+    start: u64,
     /// When the loop started, and this process's training time once it ended.
     clock: Instant,
     wall: f64,
@@ -231,7 +233,11 @@ impl engine::Trainer for Steps<'_> {
                 self.log.eval(self.dir, e, buckets)?;
             }
         }
-        if self.main && every(cfg.log.connectivity_every) {
+        // A C the run's files already hold at the step it resumed from (a finished run's last,
+        // when it is lengthened) is kept, as its rows are.
+        let c = self.dir.connectivity_file(step);
+        let held = step == self.start && step > 0 && c.is_file() && c.with_extension("npy").is_file();
+        if self.main && every(cfg.log.connectivity_every) && !held {
             self.setup.recorder.record(self.dir, &mut self.log, &self.t.model, step)?;
         }
         let lr = schedule::lr_at(tc, step.min(tc.steps - 1));
