@@ -281,7 +281,9 @@ impl Verdict {
     /// line.
     pub fn short(&self) -> String {
         match self {
-            Verdict::NotComputable(why) if why.contains("does not get there") => "not computable (a run does not get there)".into(),
+            Verdict::NotComputable(why) if why.contains("does not get there") => {
+                "not computable (a run does not get there)".into()
+            }
             Verdict::NotComputable(_) => "not computable".into(),
             v => v.to_string(),
         }

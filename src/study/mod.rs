@@ -187,12 +187,13 @@ const PREFERRED: &[&str] = &[
 pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) -> Result<StudyReport> {
     let paths = distinct(paths);
     let (from_sweep, axes, claims) = sweep_settings(spec, &paths)?;
-    // `CURVE@STEP` values read from the runs' curves: the claims' and the table's.
+    // `CURVE@STEP` values read from the runs' curves, and the speeds read from the loss curve
+    // where a run's record lacks them (`decades_per_1k`): the claims' and the table's.
     let at_step: Vec<String> = claims
         .iter()
         .flat_map(|c| c.metrics())
         .chain(opts.metrics.iter().chain(&from_sweep.metrics).cloned())
-        .filter(|m| m.contains('@'))
+        .filter(|m| m.contains('@') || sensitivity::derived_from_loss(m))
         .collect();
     let Collected { runs, unfinished, from_tables } = collect_runs(&paths, &at_step)?;
     let by = grouping_keys(opts, &from_sweep, axes, &runs)?;
@@ -345,7 +346,7 @@ fn report_metrics(
     let metrics = if !opts.metrics.is_empty() {
         for name in &opts.metrics {
             if let Some(r) = runs.iter().find(|r| !r.metrics.contains_key(name)) {
-                if name.contains('@') {
+                if name.contains('@') || sensitivity::derived_from_loss(name) {
                     // Its own error: the curve missing, or the steps it is logged at.
                     claims::metric_value(r, name).map_err(|e| anyhow::anyhow!("--metric {name}: {e}"))?;
                 }
