@@ -629,7 +629,8 @@ fn the_tree_check_reads_relative_paths_not_basenames() {
 }
 
 /// The linear-network verdicts and figures come from the same committed files: every run's
-/// `steps_to_1e3`, `steps_to_1e6`, `steps_to_1e9`, `loss_rate` and `final_loss` in
+/// `steps_to_1e3`, `steps_to_1e6`, `steps_to_1e9`, the rate (`loss_rate`, `decades_per_1k`), the
+/// mean log-loss and `final_loss` in
 /// docs/claims/ancre-fig2*.csv are what its per-step loss in the companion `.curves.csv` gives
 /// (the definitions of `summary.json`, recomputed here), and the report drawn from the tables
 /// has the curves to draw.
@@ -651,6 +652,8 @@ fn the_committed_loss_curves_give_the_committed_rate_metrics() {
                 ("steps_to_1e6", steps_to(1e-6)),
                 ("steps_to_1e9", steps_to(1e-9)),
                 ("loss_rate", plexus::train::loss_rate(&loss)),
+                ("decades_per_1k", plexus::train::loss_rate(&loss).map(|r| -r)),
+                ("mean_log_loss", plexus::study::sensitivity::from_loss_curve("mean_log_loss", &loss)),
                 ("final_loss", loss.last().map(|p| p.1)),
             ] {
                 // A column the table has (the report shows a metric every run has, plus the
@@ -669,6 +672,6 @@ fn the_committed_loss_curves_give_the_committed_rate_metrics() {
             }
         }
     }
-    // 150 runs, each with steps_to_1e3, loss_rate and final_loss at least.
+    // 150 runs, each with steps_to_1e3, the rate (decades_per_1k), the mean log-loss and final_loss.
     assert!(checked >= 450, "only {checked} values checked");
 }

@@ -185,11 +185,24 @@ fn markdown_of(r: &crate::study::StudyReport, full: bool) -> String {
     if !r.unfinished.is_empty() {
         let _ = writeln!(s, "\n{} runs not finished, left out: {}", r.unfinished.len(), names(&r.unfinished));
     }
-    if !r.missing.is_empty() {
+    // A speed a run's loss never reaches (steps to 10⁻⁹ within the budget) is not a metric it has
+    // yet to compute: said apart.
+    let (unreached, later): (Vec<&String>, Vec<&String>) =
+        r.missing.iter().partition(|m| crate::study::sensitivity::derived_from_loss(m));
+    if !later.is_empty() {
+        let later: Vec<&str> = later.iter().map(|m| m.as_str()).collect();
         let _ = writeln!(
             s,
             "\nNot every run has {} yet (`analysis.*` come from `plexus analyze`, `fd.*` from `plexus fd`): left out.",
-            r.missing.join(", ")
+            later.join(", ")
+        );
+    }
+    if !unreached.is_empty() {
+        let unreached: Vec<&str> = unreached.iter().map(|m| m.as_str()).collect();
+        let _ = writeln!(
+            s,
+            "\nNot every run's loss gets as low as {} asks within its steps: left out of the table.",
+            unreached.join(", ")
         );
     }
     let key_cols: Vec<String> = if r.by.is_empty() { vec!["runs".into()] } else { r.by.clone() };
@@ -586,12 +599,71 @@ pub fn csv(r: &crate::study::StudyReport) -> Result<String> {
     Ok(String::from_utf8(w.into_inner()?)?)
 }
 
+/// `s` as LaTeX text: its special characters escaped, and the symbols the tables use (Γ, μ, ×, ÷,
+/// superscript exponents) in math mode, so that pdfLaTeX without Unicode fonts sets them.
 fn tex(s: &str) -> String {
-    s.replace('\\', "\\textbackslash{}").replace('_', "\\_").replace('%', "\\%").replace('&', "\\&").replace('#', "\\#")
+    let escaped = s
+        .replace('\\', "\\textbackslash{}")
+        .replace('_', "\\_")
+        .replace('%', "\\%")
+        .replace('&', "\\&")
+        .replace('#', "\\#");
+    let mut out = String::new();
+    let mut chars = escaped.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            'Γ' => out.push_str("$\\Gamma$"),
+            'μ' => out.push_str("$\\mu$"),
+            'α' => out.push_str("$\\alpha$"),
+            '×' => out.push_str("$\\times$"),
+            '÷' => out.push_str("$\\div$"),
+            '≤' => out.push_str("$\\le$"),
+            '≥' => out.push_str("$\\ge$"),
+            '−' => out.push_str("$-$"),
+            '⁻' | '⁰'..='⁹' | '¹' | '²' | '³' => {
+                let mut sup = String::new();
+                let mut push = |c: char| match c {
+                    '⁻' => sup.push('-'),
+                    '⁰' => sup.push('0'),
+                    '¹' => sup.push('1'),
+                    '²' => sup.push('2'),
+                    '³' => sup.push('3'),
+                    c => sup.push(char::from_digit(c as u32 - '⁰' as u32, 10).unwrap_or('?')),
+                };
+                push(c);
+                while let Some(&n) = chars.peek() {
+                    if matches!(n, '⁻' | '⁰' | '¹' | '²' | '³' | '⁴'..='⁹') {
+                        push(n);
+                        chars.next();
+                    } else {
+                        break;
+                    }
+                }
+                out.push_str(&format!("$^{{{sup}}}$"));
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
-/// The report as a LaTeX (booktabs) table: one row per setting, `mean ± sd` per metric.
+/// A cell of the tables' math (`mean ± sd`, `gm ×÷ gsd`, an interval) as LaTeX math.
+fn tex_math(cell: &str) -> String {
+    format!(
+        "${}$",
+        cell.replace('±', "\\pm ")
+            .replace("×÷", "\\times\\!/\\!\\div ")
+            .replace('×', "\\times ")
+            .replace('—', "\\text{---}")
+    )
+}
+
+/// The report as LaTeX (booktabs) tables, labelled for a paper: one row per setting with `mean ±
+/// sd` per metric (keys, values and metrics by their display names: `topology`, `H-ACN`, `rate
+/// (decades / 1,000 steps)`), then, where the report has claims, one row per claim with its
+/// expected direction, n, Δ and interval, Holm's p and verdict.
 pub fn latex(r: &crate::study::StudyReport) -> String {
+    use crate::study::names;
     use std::fmt::Write;
     let mut s = String::new();
     let keys = r.by.len().max(1);
@@ -599,24 +671,70 @@ pub fn latex(r: &crate::study::StudyReport) -> String {
     let _ = writeln!(s, "\\begin{{tabular}}{{{}r{}}}", "l".repeat(keys), "c".repeat(r.metrics.len()));
     let _ = writeln!(s, "\\toprule");
     let key_cols: Vec<String> =
-        if r.by.is_empty() { vec!["runs".into()] } else { r.by.iter().map(|k| tex(k)).collect() };
-    let metric_cols: Vec<String> = r.metrics.iter().enumerate().map(|(i, m)| tex(&Shown::of(r, i).title(m))).collect();
+        if r.by.is_empty() { vec!["runs".into()] } else { r.by.iter().map(|k| tex(&names::key(k))).collect() };
+    let metric_cols: Vec<String> =
+        r.metrics.iter().enumerate().map(|(i, m)| tex(&Shown::of(r, i).title(&names::metric(m)))).collect();
     let _ = writeln!(s, "{} & $n$ & {} \\\\", key_cols.join(" & "), metric_cols.join(" & "));
     let _ = writeln!(s, "\\midrule");
     for g in &r.groups {
-        let key: Vec<String> =
-            if r.by.is_empty() { vec!["all".into()] } else { g.key.iter().map(|k| tex(k)).collect() };
-        let cells: Vec<String> = g
-            .stats
-            .iter()
-            .enumerate()
-            .map(|(i, st)| {
-                format!("${}$", Shown::of(r, i).cell(st).replace('±', "\\pm").replace("×÷", "\\times\\!/\\!\\div"))
-            })
-            .collect();
+        let key: Vec<String> = if r.by.is_empty() {
+            vec!["all".into()]
+        } else {
+            r.by.iter().zip(&g.key).map(|(k, v)| tex(&names::value(k, v))).collect()
+        };
+        let cells: Vec<String> =
+            g.stats.iter().enumerate().map(|(i, st)| tex_math(&Shown::of(r, i).cell(st))).collect();
         let _ = writeln!(s, "{} & {} & {} \\\\", key.join(" & "), g.runs.len(), cells.join(" & "));
     }
     let _ = writeln!(s, "\\bottomrule\n\\end{{tabular}}");
+    if !r.claims.is_empty() {
+        s.push_str(&latex_claims(&r.claims));
+    }
+    s
+}
+
+/// The claims as a LaTeX table: claim, metric, what is expected, n, Δ [interval], Holm's p and the
+/// verdict (with its notes), under a caption line that names the levels.
+fn latex_claims(claims: &[crate::study::claims::ClaimResult]) -> String {
+    use crate::study::names;
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\n% Claims (docs/studies.md): Δ = A − B over shared seeds (a ratio A/B on a log scale), its interval at \
+         1 − α/m (1 − 2α/m for equivalence and non-inferiority), p after Holm's correction within the family."
+    );
+    let _ = writeln!(s, "\\begin{{tabular}}{{lllrclp{{4.5cm}}}}\n\\toprule");
+    let _ =
+        writeln!(s, "claim & metric & expected & $n$ & $\\Delta$ [interval] & $p$ (Holm) & verdict \\\\\n\\midrule");
+    for c in claims {
+        let (sh, head, tail) = claim_cells(c);
+        let cl = &c.claim;
+        let metric = tex(&cl.metrics().iter().map(|m| names::metric(m)).collect::<Vec<_>>().join(" vs "));
+        let expected = match cl.expect {
+            crate::study::claims::Expect::Less => "A < B",
+            crate::study::claims::Expect::Greater => "A > B",
+            crate::study::claims::Expect::Equivalent => "A ≈ B",
+            crate::study::claims::Expect::AtMost => "A not above B",
+            crate::study::claims::Expect::AtLeast => "A not below B",
+        };
+        let id = tex(&cl.id) + if cl.reregistered.is_some() { "$^\\dagger$" } else { "" };
+        let _ = writeln!(
+            s,
+            "{id} & {metric}{} & {} & {} & {} & {} & {} \\\\",
+            if sh.percent { " (\\%)" } else { "" },
+            tex(expected),
+            tail[0],
+            tex_math(&tail[1]),
+            tex(&p_text(c.p_holm)),
+            tex(&c.verdict_text(&|x| sh.amount(x)))
+        );
+        let _ = head;
+    }
+    let _ = writeln!(s, "\\bottomrule\n\\end{{tabular}}");
+    if claims.iter().any(|c| c.claim.reregistered.is_some()) {
+        let _ = writeln!(s, "% $^\\dagger$ re-registered after the results of an earlier registration were seen.");
+    }
     s
 }
 

@@ -7,6 +7,7 @@
 pub mod claims;
 pub mod collect;
 pub mod metric;
+pub mod names;
 pub mod runner;
 pub mod sensitivity;
 pub mod spec;
