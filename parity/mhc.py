@@ -10,7 +10,7 @@ u = sum_s H_pre[s] H_s; o = f_k(u); H'_t = sum_s H_res[s, t] H_s + H_post[t] o.
 Init (alpha = 0.01 in each): `residual` starts as the pre-norm residual network, HC's static init
 through mHC's maps: bias_pre = +8 at stream (k-1) mod n and -8 elsewhere, bias_res = 0 on the
 diagonal and -8 off it, bias_post = 0, phi = 0. `lucidrains`: bias_pre = one-hot(k-1 mod n),
-bias_res = I, bias_post = 0, phi = 0. `symmetric`: biases 0, phi ~ N(0, 0.02^2).
+bias_res = I, bias_post = 1 (H_post = 2 sigmoid(1)), phi = 0. `symmetric`: biases 0, phi ~ N(0, 0.02^2).
 """
 
 import torch
@@ -52,7 +52,8 @@ class MHCLayer(nn.Module):
         self.alpha_post = nn.Parameter(torch.tensor(0.01))
         self.alpha_res = nn.Parameter(torch.tensor(0.01))
         self.bias_pre = nn.Parameter(bias_pre)
-        self.bias_post = nn.Parameter(torch.zeros(n))
+        # lucidrains' port starts its static beta at 1 (H_post = 2 sigmoid(1)).
+        self.bias_post = nn.Parameter(torch.full((n,), 1.0 if init == "lucidrains" else 0.0))
         self.bias_res = nn.Parameter(bias_res)
 
     def coefficients(self, H):

@@ -265,6 +265,48 @@ fn mhc_starts_as_the_residual_network_with_streams_that_differ() {
     assert!(alike < 0.1, "the planted symmetric start passes the check ({alike:.3}): it cannot fail");
 }
 
+/// A unit that returns a fixed vector whatever it reads, and keeps what it read.
+struct Constant {
+    out: Tensor,
+    read: std::cell::RefCell<Option<Tensor>>,
+}
+
+impl plexus::topology::Unit for Constant {
+    fn forward(&self, x: &Tensor, _norm: plexus::topology::Norm, _train: bool) -> Tensor {
+        *self.read.borrow_mut() = Some(x.shallow_clone());
+        self.out.expand_as(x)
+    }
+}
+
+/// mHC's presets at step 0 against the ports they are named after, on one unit that returns a
+/// constant c: the unit reads `Σ_s H_pre[s] · x0` and the output is `x0 + mean_t H_post[t] · c`
+/// (the columns of a doubly stochastic H_res sum to 1). `lucidrains` is the static init of
+/// lucidrains' `hyper-connections` port (manifold_constrained_hyper_connections.py at 4775103):
+/// `H_pre = σ(one-hot)` (σ(1) on the unit's stream, σ(0) on the others) and `H_post = 2σ(1)`
+/// (its static beta starts at 1); `residual` reads one stream (σ(8) + 3σ(−8)) and writes 1.
+#[test]
+fn mhc_presets_start_where_the_ports_they_are_named_after_do() {
+    let (n, d) = (4.0f64, 5i64);
+    let sigma = |x: f64| 1.0 / (1.0 + (-x).exp());
+    for (init, reads, writes) in [
+        ("lucidrains", sigma(1.0) + (n - 1.0) * sigma(0.0), 2.0 * sigma(1.0)),
+        ("residual", sigma(8.0) + (n - 1.0) * sigma(-8.0), 1.0),
+    ] {
+        let stack = plexus::topology::StackInfo { sublayers: 1, block_size: 1, width: d as usize, pre_norm: true };
+        let opts: serde_yaml::Mapping = serde_yaml::from_str(&format!("{{init: {init}}}")).unwrap();
+        let vs = tch::nn::VarStore::new(Device::Cpu);
+        let t = plexus::topology::parse("mhc", &opts, stack).unwrap().build(&(vs.root() / "topology"), Kind::Float);
+        // No draw from libtorch's generator: other tests of this binary seed and draw from it.
+        let x0 = (Tensor::arange(3 * d, (Kind::Float, Device::Cpu)).view([3, d]) * 0.37).sin();
+        let c = Tensor::from_slice(&[0.5f32, -1.0, 2.0, 0.25, 1.5]);
+        let unit = Constant { out: c.shallow_clone(), read: Default::default() };
+        let y = tch::no_grad(|| t.forward(&x0, &[&unit], false));
+        let read = unit.read.borrow().as_ref().unwrap().shallow_clone();
+        assert!(max_diff(&read, &(&x0 * reads)) < 1e-5, "{init}: the unit reads {reads} · x0");
+        assert!(max_diff(&y, &(&x0 + &c * writes)) < 1e-5, "{init}: the output is x0 + {writes} · c");
+    }
+}
+
 /// ReZero at step 0 is the identity: every α is 0, so C takes node 0 (the stem) alone into every
 /// unit and the readout, and no unit's output anywhere.
 #[test]

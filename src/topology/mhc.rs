@@ -12,8 +12,9 @@
 //!   tokenbender's logits), `H_post = 1` (`b_post = 0`), `φ = 0` (as lucidrains' port): the network
 //!   starts as the pre-norm residual network, and the streams are not interchangeable (each unit
 //!   reads its own), so they specialise.
-//! - `lucidrains`: his port's static init — `b_pre` = one-hot(k mod n) (so `H_pre` = σ(1) = 0.73
-//!   there and 0.5 elsewhere), `b_res = I` (`H_res` = Sinkhorn(e^I)), `b_post = 0`, `φ = 0`.
+//! - `lucidrains`: his port's static init (`hyper-connections` at 4775103) — `b_pre` =
+//!   one-hot(k mod n) (so `H_pre` = σ(1) = 0.73 there and 0.5 elsewhere), `b_res = I` (`H_res` =
+//!   Sinkhorn(e^I)), `b_post = 1` (`H_post` = 2σ(1) = 1.46), `φ = 0`.
 //! - `symmetric`: every bias 0 and `φ ~ N(0, 0.02²)` (`H_pre` = 0.5, `H_post` = 1, `H_res` ≈ 1/n on
 //!   every stream): the streams start as copies and every map treats them alike, so only the ~1 %
 //!   φ term tells them apart; kept to reproduce runs made before 2026-11-28.
@@ -144,6 +145,11 @@ impl TopologySpec for Spec {
                     Init::Lucidrains => (onehot(1.0, 0.0), diagonal(1.0, 0.0)),
                     Init::Symmetric => (Tensor::zeros([n], opts), Tensor::zeros([n, n], opts)),
                 };
+                // lucidrains' port starts its static beta at 1: `H_post = 2σ(1)` = 1.46.
+                let bias_post = match self.init {
+                    Init::Lucidrains => Tensor::ones([n], opts),
+                    Init::Residual | Init::Symmetric => Tensor::zeros([n], opts),
+                };
                 let bias_res = match self.res_bias {
                     None => bias_res,
                     Some(ResBias::Zeros) => Tensor::zeros([n, n], opts),
@@ -159,7 +165,7 @@ impl TopologySpec for Spec {
                     alpha_post: p.var("alpha_post", &[], nn::Init::Const(0.01)),
                     alpha_res: p.var("alpha_res", &[], nn::Init::Const(0.01)),
                     bias_pre: common::param_from(&p, "bias_pre", &bias_pre, true),
-                    bias_post: p.zeros("bias_post", &[n]),
+                    bias_post: common::param_from(&p, "bias_post", &bias_post, true),
                     bias_res: common::param_from(&p, "bias_res", &bias_res, true),
                 }
             })
