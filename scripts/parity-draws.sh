@@ -3,7 +3,7 @@
 # (PLEXUS_FUSED_KERNELS=1, the default), the composite libtorch code (0) and the GPU paths' host
 # build (cuda-host). Draw k seeds the reference's weights, input and cotangent with the case's
 # seed + 1000003·k (`plexus parity --draws N`; parity/SPEC.md "Tolerance"). The slow test tier
-# runs 2 draws per mode (tests/parity.rs, parity_holds_on_random_draws_in_every_kernel_mode);
+# runs 2 draws per mode (tests/it/parity.rs, parity_holds_on_random_draws_in_every_kernel_mode);
 # this runs the full set and writes a summary.
 #
 #   scripts/parity-draws.sh [--draws N] [--threads T] [--only NAME] [--out FILE]

@@ -29,7 +29,7 @@ if ! have_env; then
   mkdir -p "$(dirname "$VENV")"
   [ -x "$PY" ] || "$PYTHON_BIN" -m venv "$VENV"
   "$PY" -m pip install --quiet --upgrade pip
-  # tensorboard: its event reader checks plexus's event files in the tests (tests/tensorboard.rs).
+  # tensorboard: its event reader checks plexus's event files in the tests (tests/it/tensorboard.rs).
   "$PY" -m pip install --quiet "torch==$TORCH_VERSION" numpy safetensors pyyaml tensorboard
   have_env || { log "torch $TORCH_VERSION is not importable from $VENV after install"; exit 1; }
 else

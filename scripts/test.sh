@@ -14,7 +14,7 @@
 #                                   (`cargo test --release -- --include-ignored`).
 #
 # Real-data tests read $PLEXUS_DATA (scripts/fetch-data.sh: Fashion-MNIST always; CIFAR-10 and the
-# text corpora where ../shared/data provides them; see tests/data.rs). Where a test's dataset is
+# text corpora where ../shared/data provides them; see tests/it/data.rs). Where a test's dataset is
 # absent and no shared data folder sits next to the clone (a user's machine), the test is not run:
 # it is passed to the runner as --skip and listed below as skipped, with the reason. Where
 # ../shared/data exists (development and CI machines), nothing is skipped and a missing dataset
@@ -47,7 +47,7 @@ while [ $# -gt 0 ]; do
 done
 
 # Every `#[ignore = "needs real data: DATASET"]` test, as "NAME DATASET" lines. Only attributes
-# that open a line count: a doc comment that quotes one (tests/data.rs) named its next function,
+# that open a line count: a doc comment that quotes one (tests/it/data.rs) named its next function,
 # `shared`, and `--skip shared` skipped every test with "shared" in its name.
 real_data_tests() {
   awk '
@@ -55,7 +55,7 @@ real_data_tests() {
       s = substr($0, RSTART, RLENGTH); sub(/.*needs real data: /, "", s); sub(/"\]$/, "", s); ds = s; next
     }
     ds != "" && match($0, /fn [A-Za-z0-9_]+/) { print substr($0, RSTART + 3, RLENGTH - 3), ds; ds = "" }
-  ' tests/*.rs
+  ' tests/it/*.rs
 }
 
 skips=()
@@ -72,7 +72,7 @@ fi
 # thread pool on top of that oversubscribes the cores — its idle threads spin, and the ANCRe Fig. 2b
 # case study took 648 s beside another test against 20 s with one thread (bench/test-times/). A
 # caller's setting is kept; the tests that need other thread counts set them themselves
-# (tests/parity.rs).
+# (tests/it/parity.rs).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}"
 
 # Same profile as the binary the README runs, so the tch build is shared.

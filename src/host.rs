@@ -3,7 +3,7 @@
 //! On a GPU every read of a tensor's value (`double_value`, `Vec::try_from`, `.to_device(Cpu)` of
 //! a result) waits for all queued kernels: one read per parameter or per micro-batch turns a
 //! training step into a series of stalls. So the training step never reads a value directly: it
-//! goes through these functions, which count what they do. `tests/device_discipline.rs` asserts
+//! goes through these functions, which count what they do. `tests/it/device_discipline.rs` asserts
 //! that a non-logging step reads nothing and a logging step exactly once, for every topology on
 //! every backbone, and that `src/topology`, `src/model` and `src/train` call no reading method of
 //! tch outside this module. A CPU run therefore catches a sync that would stall a GPU.

@@ -3,7 +3,7 @@
 //! or a run directory is — sweeps (study/spec.rs, study/runner.rs), the commands, the figures —
 //! asks here instead of matching on the verb: how to tell a kind's config, load it (its resolved
 //! text and name), train or resume it, where its final weights are, what a resume may change, how
-//! its runs are printed and which figure a kind draws of its own. tests/layers.rs checks that no
+//! its runs are printed and which figure a kind draws of its own. tests/it/layers.rs checks that no
 //! other file above the trainers names the RL verb.
 
 use crate::config::Override;

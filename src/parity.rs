@@ -51,7 +51,7 @@ use tch::{Device, Kind, Tensor};
 /// covers a tensor that every run computes (nearly) exactly, where another order of the same sums
 /// may still round a few times. Each tensor is judged by its own r(t), so a noisy tensor does not
 /// loosen the rest of its case: a planted error of 1e-5 (relative to max(1, max |high|)) fails
-/// any tensor with r(t) below about 1.2e-6, which is most of them (tests/parity.rs plants one in
+/// any tensor with r(t) below about 1.2e-6, which is most of them (tests/it/parity.rs plants one in
 /// real cases); a wrong formula is off by O(1). On the same 4260 case-draws no tensor came past
 /// 0.7 of its bound.
 pub const GROWTH: f64 = 8.0;

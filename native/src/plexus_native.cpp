@@ -816,7 +816,7 @@ char* plexus_op_count_end(uint64_t* out, char** names) {
 // A CUDA graph replays the kernels it captured with the arguments they had then: a learning rate
 // or a step index passed as a host number is frozen into the graph. Recording every operator call
 // on this thread with its non-tensor arguments (numbers, bools, lists, strings) and its tensors'
-// shapes and dtypes, two steps of a graph-safe step must give the same trace (tests/train.rs). On a
+// shapes and dtypes, two steps of a graph-safe step must give the same trace (tests/it/train.rs). On a
 // CPU a 0-dim tensor cannot be told from a host number this way, so those are compared by shape.
 
 namespace op_trace {
@@ -893,7 +893,7 @@ char* plexus_op_trace_end(char** text) {
 //
 // `plexus::host` counts the reads plexus makes on purpose; this counts what libtorch's dispatcher
 // runs, so a read hidden inside an operator (an `.item()` in some composite, a `nonzero`, a copy to
-// the CPU) is seen at run time, not only by the source scan of tests/device_discipline.rs. The
+// the CPU) is seen at run time, not only by the source scan of tests/it/device_discipline.rs. The
 // operators that wait for a CUDA device: `_local_scalar_dense` (what `item`, `is_nonzero` and every
 // `*_value` call), `nonzero`, `equal`, the `unique` family, `masked_select`, and a `copy_` from a
 // CUDA tensor into a CPU one. Only the outermost of nested ones counts (`masked_select` may call

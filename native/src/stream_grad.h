@@ -51,7 +51,7 @@ inline std::pair<at::Tensor, bool> target(const Cell& c, at::IntArrayRef sizes) 
 
 // Empties the cell, letting go of its storage (a view taken before keeps it). Through the
 // TensorImpl, not set_: that operator records a storage pointer, which changes every step and which
-// a captured step must not take (tests/train.rs holds the step's trace to the same operators).
+// a captured step must not take (tests/it/train.rs holds the step's trace to the same operators).
 inline void release(const Cell& c) {
   auto* impl = c.grad.unsafeGetTensorImpl();
   impl->set_storage_keep_dtype(at::empty({0}, c.grad.options()).storage());

@@ -58,7 +58,7 @@ pub struct ModelEntry {
     /// Parses and validates `model.*` options for a dataset.
     pub parse: ParseFn,
     /// Every `model.*` option with its default ([`crate::config::option_defaults`]): `plexus list`
-    /// prints them and tests/docs.rs holds docs/configs-and-runs.md's backbone table to them.
+    /// prints them and tests/it/docs.rs holds docs/configs-and-runs.md's backbone table to them.
     pub options: fn() -> serde_yaml::Mapping,
     /// The `model:` and `data:` sections of a tiny config (seconds to train on a CPU): the
     /// self-test (`plexus doctor --selftest`) and the tests that run every topology on every

@@ -173,22 +173,13 @@ pub fn summary(r: &crate::study::StudyReport) -> String {
     markdown_of(r, false)
 }
 
-fn markdown_of(r: &crate::study::StudyReport, full: bool) -> String {
+/// The lines on the report's metrics that not every run has: those a run has yet to compute
+/// (`analysis.*`, `fd.*`), and the speeds a run's loss never reaches within its steps.
+fn missing_note(missing: &[String]) -> String {
     use std::fmt::Write;
     let mut s = String::new();
-    let by = if r.by.is_empty() { "all runs".to_string() } else { r.by.join(", ") };
-    let _ = writeln!(
-        s,
-        "{} finished runs, grouped by {by}; cells are mean ± standard deviation over the runs (seeds) of a setting.",
-        r.runs.len()
-    );
-    if !r.unfinished.is_empty() {
-        let _ = writeln!(s, "\n{} runs not finished, left out: {}", r.unfinished.len(), names(&r.unfinished));
-    }
-    // A speed a run's loss never reaches (steps to 10⁻⁹ within the budget) is not a metric it has
-    // yet to compute: said apart.
     let (unreached, later): (Vec<&String>, Vec<&String>) =
-        r.missing.iter().partition(|m| crate::study::sensitivity::derived_from_loss(m));
+        missing.iter().partition(|m| crate::study::sensitivity::derived_from_loss(m));
     if !later.is_empty() {
         let later: Vec<&str> = later.iter().map(|m| m.as_str()).collect();
         let _ = writeln!(
@@ -205,6 +196,22 @@ fn markdown_of(r: &crate::study::StudyReport, full: bool) -> String {
             unreached.join(", ")
         );
     }
+    s
+}
+
+fn markdown_of(r: &crate::study::StudyReport, full: bool) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let by = if r.by.is_empty() { "all runs".to_string() } else { r.by.join(", ") };
+    let _ = writeln!(
+        s,
+        "{} finished runs, grouped by {by}; cells are mean ± standard deviation over the runs (seeds) of a setting.",
+        r.runs.len()
+    );
+    if !r.unfinished.is_empty() {
+        let _ = writeln!(s, "\n{} runs not finished, left out: {}", r.unfinished.len(), names(&r.unfinished));
+    }
+    s.push_str(&missing_note(&r.missing));
     let key_cols: Vec<String> = if r.by.is_empty() { vec!["runs".into()] } else { r.by.clone() };
     let key_of = |g: &crate::study::GroupResult| {
         if r.by.is_empty() {
@@ -651,9 +658,9 @@ fn tex(s: &str) -> String {
 fn tex_math(cell: &str) -> String {
     format!(
         "${}$",
-        cell.replace('±', "\\pm ")
-            .replace("×÷", "\\times\\!/\\!\\div ")
-            .replace('×', "\\times ")
+        cell.replace('±', "\\pm")
+            .replace("×÷", "\\times\\!/\\!\\div")
+            .replace('×', "\\times")
             .replace('—', "\\text{---}")
     )
 }

@@ -119,7 +119,7 @@ pub struct Summary {
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "view_as_rows", skip_deserializing)]
     pub parameter_view: Option<(String, crate::run_dir::Matrix)>,
     /// Device → host reads of each step this process ran (evaluation, connectivity and the
-    /// step's own numbers included), in order: what `tests/device_discipline.rs` checks.
+    /// step's own numbers included), in order: what `tests/it/device_discipline.rs` checks.
     #[serde(skip)]
     pub host_reads: Vec<u64>,
     /// Host-device syncs of each step as libtorch's dispatcher ran them ([`crate::native::profile::SyncCount`]:

@@ -194,6 +194,8 @@ pub struct TrainLog {
     /// Per step: device → host reads, and host-device syncs where they are counted.
     pub host_reads: Vec<u64>,
     pub device_syncs: Vec<u64>,
+    /// The run trains on the CPU (its syncs are counted on this thread: [`syncs`]).
+    cpu: bool,
 }
 
 /// Where a [`TrainLog`] starts: the rows of the run it resumes (empty for a new run) and the step.
@@ -261,6 +263,7 @@ impl TrainLog {
             tokens: 0,
             host_reads: Vec::new(),
             device_syncs: Vec::new(),
+            cpu: !dev.is_cuda(),
         })
     }
 
@@ -342,13 +345,13 @@ impl TrainLog {
 
     /// The counters at the start of a step, for [`TrainLog::step_done`].
     pub fn step_start(&self) -> StepCounters {
-        StepCounters { host_reads: crate::host::reads(), device_syncs: syncs() }
+        StepCounters { host_reads: crate::host::reads(), device_syncs: syncs(self.cpu) }
     }
 
     /// One step done: its reads and syncs since `start` counted, the bar moved (but after the last).
     pub fn step_done(&mut self, start: StepCounters, step: u64, last: bool) {
         self.host_reads.push(crate::host::reads() - start.host_reads);
-        if let (Some(before), Some(now)) = (start.device_syncs, syncs()) {
+        if let (Some(before), Some(now)) = (start.device_syncs, syncs(self.cpu)) {
             self.device_syncs.push(now - before);
         }
         if !last {
@@ -423,8 +426,12 @@ impl Rates {
 }
 
 /// libtorch's host-device syncs so far in this process, when they are counted.
-fn syncs() -> Option<u64> {
-    crate::native::profile::sync_count().map(|c| c.total)
+/// The host-device syncs libtorch's dispatcher counted so far, where counting is on: on a CPU
+/// the calling thread's (a step runs there, its backward included, so runs beside it in one
+/// process — tests, a sweep's in-process runs — do not add theirs), on a GPU every thread's (its
+/// backward runs on libtorch's device threads).
+fn syncs(cpu: bool) -> Option<u64> {
+    crate::native::profile::sync_count().map(|c| if cpu { c.this_thread } else { c.total })
 }
 
 /// The plain progress line of a run without a terminal, one per logged step (nanoGPT's `iter …:

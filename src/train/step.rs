@@ -84,7 +84,7 @@ const GRAPH_WARMUP_STEPS: u32 = 3;
 /// storage — the micro-batches are copied into static buffers, the learning rate and the update
 /// count into the optimizer's device tensors ([`Optim::stage`]), the step index into a device
 /// scalar — and what it leaves (loss, gradient norm, divergence record) is written in place into
-/// tensors that live across steps. `tests/train.rs` checks both on the CPU: the storage, and an
+/// tensors that live across steps. `tests/it/train.rs` checks both on the CPU: the storage, and an
 /// operator trace with every scalar argument, identical from step to step.
 pub struct Stepper {
     pub model: Model,

@@ -3,7 +3,7 @@
 //! a killed and resumed run shows each step once, C is an image per connectivity step, and the
 //! config is there as text.
 
-mod common;
+use crate::common;
 
 use common::{plexus, text};
 use plexus::experiment::Experiment;

@@ -2,7 +2,7 @@
 //! over existing files, one writer at a time, leftovers of a killed run are cleaned, checkpoints
 //! are checksummed, and failures before training leave no directory behind.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::{Path, PathBuf};
 

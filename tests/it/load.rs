@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 /// Trains `config` (YAML text) into `dir`.
 fn train_yaml(config: &str, dir: &Path) -> train::Summary {
-    let exp = Experiment::from_str(config, "<tests/load.rs>", &[]).unwrap_or_else(|e| panic!("{e}"));
+    let exp = Experiment::from_str(config, "<tests/it/load.rs>", &[]).unwrap_or_else(|e| panic!("{e}"));
     train::train(&exp, &RunDir::create(dir).unwrap(), &TrainOptions::default()).unwrap()
 }
 
@@ -99,7 +99,7 @@ fn a_char_corpus_run_loads_into_pytorch_and_evaluates_to_plexus_loss() {
     check_bound(&bound(&run), &s);
 }
 
-/// The data root holding `dataset`: `$PLEXUS_DATA`, else `../shared/data` (tests/data.rs).
+/// The data root holding `dataset`: `$PLEXUS_DATA`, else `../shared/data` (tests/it/data.rs).
 fn data_root(dataset: &str) -> PathBuf {
     let dir = match std::env::var_os(plexus::data::DATA_ENV) {
         Some(v) if !v.is_empty() => PathBuf::from(v),

@@ -38,11 +38,13 @@ struct Setup {
 }
 
 fn setup(l: usize, seed: i64) -> Setup {
-    tch::manual_seed(seed);
-    let opts = (Kind::Double, Device::Cpu);
-    let x0 = Tensor::randn([3, 4, D], opts);
-    let ws = (0..l).map(|_| Tensor::randn([D, D], opts) / (D as f64).sqrt()).collect();
-    Setup { x0, ws, g: Tensor::randn([3, 4, D], opts) }
+    // Under the process's seed lock: the tests of this binary share libtorch's generator.
+    plexus::device::with_seed(seed as u64, || {
+        let opts = (Kind::Double, Device::Cpu);
+        let x0 = Tensor::randn([3, 4, D], opts);
+        let ws = (0..l).map(|_| Tensor::randn([D, D], opts) / (D as f64).sqrt()).collect();
+        Setup { x0, ws, g: Tensor::randn([3, 4, D], opts) }
+    })
 }
 
 /// Output, then the gradients of x0, of every unit weight, and of `params` (the topology's own
@@ -146,13 +148,14 @@ fn a_learnable_dense_graph_is_layercomb_and_learns_the_same() {
         let (lvs, lc) = build("layercomb", &format!("{{init: {lc_init}}}"), l);
         let (gvs, g) = build("graph", &format!("{{init: {lc_init}}}"), l);
         if init == "random" {
-            tch::manual_seed(9);
-            tch::no_grad(|| {
-                for ((_, a), (_, b)) in params(&lvs).iter().zip(params(&gvs)) {
-                    let r = a.randn_like();
-                    a.shallow_clone().copy_(&r);
-                    b.shallow_clone().copy_(&r);
-                }
+            plexus::device::with_seed(9, || {
+                tch::no_grad(|| {
+                    for ((_, a), (_, b)) in params(&lvs).iter().zip(params(&gvs)) {
+                        let r = a.randn_like();
+                        a.shallow_clone().copy_(&r);
+                        b.shallow_clone().copy_(&r);
+                    }
+                })
             });
         }
         let (lp, gp) = (params(&lvs), params(&gvs));
@@ -191,12 +194,13 @@ fn a_graph_with_another_topologys_c_computes_what_it_computes() {
     ];
     for (n, (kind, options)) in others.iter().enumerate() {
         let (vs, reference) = build(kind, options, l);
-        tch::manual_seed(20 + n as i64);
-        tch::no_grad(|| {
-            for (_, t) in vs.variables() {
-                let r = t.randn_like() * 0.5 + t.detach();
-                t.shallow_clone().copy_(&r);
-            }
+        plexus::device::with_seed(20 + n as u64, || {
+            tch::no_grad(|| {
+                for (_, t) in vs.variables() {
+                    let r = t.randn_like() * 0.5 + t.detach();
+                    t.shallow_clone().copy_(&r);
+                }
+            })
         });
         let c = connectivity(reference.as_ref(), &s);
         let (gvs, graph) = build("graph", "{}", l);
@@ -271,11 +275,12 @@ fn softmax_normalises_each_nodes_incoming_weights() {
             assert!((c0[[i, j]] - 1.0 / n as f64).abs() < 1e-7, "init C[{i}][{j}] = {}", c0[[i, j]]);
         }
     }
-    tch::manual_seed(11);
-    tch::no_grad(|| {
-        for (_, t) in svs.variables() {
-            t.shallow_clone().copy_(&t.randn_like());
-        }
+    plexus::device::with_seed(11, || {
+        tch::no_grad(|| {
+            for (_, t) in svs.variables() {
+                t.shallow_clone().copy_(&t.randn_like());
+            }
+        })
     });
     let logits: Vec<Tensor> = params(&svs).into_iter().map(|p| p.1).collect();
     let c = connectivity(soft.as_ref(), &s);

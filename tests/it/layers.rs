@@ -7,7 +7,7 @@
 //! (`native/src/`, below all of plexus, which Cargo enforces) is held to its own layers the same
 //! way, its top-level files' `super::` paths read as the `crate::` paths they are.
 
-mod common;
+use crate::common;
 use common::rust_files;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -141,11 +141,11 @@ fn check_layers(root: &Path, label: &str, layers: &[(&str, &[&str])]) {
     for m in &declared {
         assert!(
             layer_of.contains_key(m.as_str()),
-            "{label}/lib.rs declares `{m}`, which has no layer in tests/layers.rs"
+            "{label}/lib.rs declares `{m}`, which has no layer in tests/it/layers.rs"
         );
     }
     for m in layer_of.keys() {
-        assert!(declared.contains(*m), "tests/layers.rs places `{m}`, which {label}/lib.rs does not declare");
+        assert!(declared.contains(*m), "tests/it/layers.rs places `{m}`, which {label}/lib.rs does not declare");
     }
 
     let mut files = Vec::new();
@@ -160,7 +160,7 @@ fn check_layers(root: &Path, label: &str, layers: &[(&str, &[&str])]) {
         }
         let me = module_of(root, f);
         let Some(&(mine, my_layer)) = layer_of.get(me.as_str()) else {
-            panic!("{}: module `{me}` has no layer in tests/layers.rs", f.display());
+            panic!("{}: module `{me}` has no layer in tests/it/layers.rs", f.display());
         };
         let mut text = std::fs::read_to_string(f).unwrap();
         // In a file directly under the crate root, `super::` is `crate::`.

@@ -408,7 +408,7 @@ fn every_figure_kind_is_laid_out_as_a_papers_figure_at_both_widths() {
         let mut md = String::from(
             "# Figure gallery\n\nEvery figure kind of `plexus plot` and `plexus report`, at a column's width (`--width \
              single`, 3.25 in) and at the text width (`--width double`, 6.75 in, the default), drawn from tiny runs \
-             (a 4-unit MLP on generated images, 40 steps) that `tests/figures.rs` trains; the per-run figures are \
+             (a 4-unit MLP on generated images, 40 steps) that `tests/it/figures.rs` trains; the per-run figures are \
              those of one H-ACN seed. The same test checks each at both widths: no text overlaps another or leaves \
              the canvas, no tick label reads `1e1`, the legend covers no line or point, and each topology has one \
              colour in every figure. Regenerate with\n\n```sh\nPLEXUS_REGENERATE_DOCS=1 cargo test --release --test \

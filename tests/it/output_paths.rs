@@ -5,7 +5,7 @@
 //! refused with an error naming the path and what it is, and is left as it was, with nothing
 //! written beside it. A table printed into a pipe closed early ends the verb quietly.
 
-mod common;
+use crate::common;
 
 use common::{plexus, text};
 use std::os::unix::fs::FileTypeExt;

@@ -1,6 +1,6 @@
 //! The ANCRe §3 case study (Fig. 2): the claims the paper makes, asserted on our runs.
 
-mod common;
+use crate::common;
 use common::*;
 
 #[test]

@@ -73,7 +73,9 @@ fn free_port() -> u16 {
 
 fn spawn_child(role: &str, port: u16) -> Child {
     Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_rank", "--nocapture", "--test-threads=1"])
+        // The test's name in this binary: its module's path without the crate (`native::child_rank`).
+        .args(["--exact", &format!("{}::child_rank", module_path!().split_once("::").map_or("", |p| p.1))])
+        .args(["--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, role)
         .env(PORT_ENV, port.to_string())
         .stdin(Stdio::piped())

@@ -243,8 +243,8 @@ fn mhc_starts_as_the_residual_network_with_streams_that_differ() {
     let spread = |topology: &str| -> f64 {
         let (m, x) = build(MIXER, topology);
         let y = m.forward(&x, true);
-        tch::manual_seed(11);
-        (&y * Tensor::randn(y.size(), (Kind::Float, Device::Cpu))).sum(Kind::Float).backward();
+        let g = plexus::device::with_seed(11, || Tensor::randn(y.size(), (Kind::Float, Device::Cpu)));
+        (&y * g).sum(Kind::Float).backward();
         let vars = m.vs.variables();
         let units = m.depth();
         // The last unit's streams are read only by the readout's mean: alike by construction.

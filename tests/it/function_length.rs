@@ -3,7 +3,7 @@
 //! grows fails, and one that shrinks fails too until its entry is lowered (or removed, once it
 //! fits under the ceiling), so that the list only ever shrinks.
 
-mod common;
+use crate::common;
 
 use common::rust_files;
 use std::collections::BTreeMap;

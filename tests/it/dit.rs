@@ -2,7 +2,7 @@
 //! parity of the dit cases, the diffusion task through the trainer (resume, validation buckets),
 //! loss on real Fashion-MNIST, and config errors.
 
-mod common;
+use crate::common;
 
 use plexus::data::Task;
 use plexus::experiment::Experiment;

@@ -2,7 +2,7 @@
 //! `data.kind: tokens` (memory-mapped nanoGPT `train.bin` / `val.bin`). Everything runs on text
 //! generated here, so no data root is needed.
 
-mod common;
+use crate::common;
 
 use plexus::data::text::{gpt2_encode, Tokenizer};
 use plexus::data::tokenize::{self, TokenizeOptions, GPT2_EOT};

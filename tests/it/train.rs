@@ -1,7 +1,7 @@
 //! The trainer: resumed runs match uninterrupted ones, checkpoints survive a crash mid-write,
 //! bf16 tracks fp32, gradient accumulation and schedules behave, every topology trains.
 
-mod common;
+use crate::common;
 
 use plexus::experiment::Experiment;
 use plexus::run_dir::RunDir;

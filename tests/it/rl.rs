@@ -2,7 +2,7 @@
 //! against its PyTorch reference, the encoders under every topology, the config checks, and a
 //! short training run that must beat the random policy on the same evaluation tasks.
 
-mod common;
+use crate::common;
 
 use plexus::rl::config::{InfoNce, RlExperiment};
 use plexus::rl::crl::{infonce, normals, Agent};

@@ -1,6 +1,6 @@
 //! The binary as a user meets it: bad configs, overrides, doctor, linking, demo and plot.
 
-mod common;
+use crate::common;
 use common::*;
 use std::path::Path;
 
@@ -317,8 +317,8 @@ fn connectivity_of_an_hacn_config_with_sigma_0_is_the_product_of_its_weights() {
 
 /// Every shipped config resolves against the registries (catches option drift); the GPU-size ones
 /// are not trained here, but they must at least be valid. `configs/crl-maze/` holds `plexus rl`
-/// configs, another schema, which `tests/rl.rs` validates; `configs/studies/` sweep specs, which
-/// `tests/study.rs` plans.
+/// configs, another schema, which `tests/it/rl.rs` validates; `configs/studies/` sweep specs, which
+/// `tests/it/study.rs` plans.
 #[test]
 fn every_shipped_config_is_valid() {
     fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {

@@ -363,16 +363,16 @@ fn every_plexus_command_on_the_pages_parses() {
 /// The pages' commands that `the_pages_commands_run_at_tiny_size` does not run, and why. Each must
 /// still be on a page (checked), so the list cannot outlive what it excuses.
 const NOT_RUN: &[(&str, &str)] = &[
-    ("plexus report runs/studies/hacn-mu", "reads a finished study (hours); tests/study.rs reports on a tiny sweep"),
+    ("plexus report runs/studies/hacn-mu", "reads a finished study (hours); tests/it/study.rs reports on a tiny sweep"),
     ("plexus report runs/a runs/b runs/c --by topology.kind", "an example over any three runs the reader has"),
     (
         "plexus report runs/studies/llama-char --metric eval.perplexity --baseline topology.kind=residual",
-        "reads a finished study (hours); tests/study.rs checks --metric and --baseline",
+        "reads a finished study (hours); tests/it/study.rs checks --metric and --baseline",
     ),
     (
         "plexus bench configs/depth-mixing/cpu/denseformer.yaml --set model.depth=12 --compare \
          denseformer,graph+granularity=block --steps 30 --warmup 3 --csv bench/graph-vs-denseformer.csv --case gpt-char-d12",
-        "a benchmark of 30 paired rounds that appends to the repository's bench/ (minutes); tests/bench.rs checks --compare",
+        "a benchmark of 30 paired rounds that appends to the repository's bench/ (minutes); tests/it/bench.rs checks --compare",
     ),
 ];
 

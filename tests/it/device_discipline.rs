@@ -11,7 +11,7 @@
 //!   `src/topology`, `src/model`, `src/train`, `src/rl` and `src/diffusion.rs` is scanned for both,
 //!   and `src/diffusion.rs` (the DiT task, which runs inside the step) for uploads to the device.
 
-mod common;
+use crate::common;
 use common::rust_files;
 
 use plexus::experiment::Experiment;
@@ -22,7 +22,8 @@ use std::path::Path;
 #[test]
 fn only_logging_steps_read_from_the_device_for_every_topology_on_every_backbone() {
     // libtorch's own count as well: a read hidden inside an operator (an `.item()` in a composite,
-    // a `nonzero`) is a sync that plexus::host never sees. Only this test trains in this binary.
+    // a `nonzero`) is a sync that plexus::host never sees. On the CPU the trainer counts the syncs of
+    // its own thread, so the tests training beside it in this binary add none.
     plexus::native::profile::watch_syncs().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     for m in plexus::model::REGISTRY {

@@ -92,7 +92,7 @@ fn every_backbone_is_complete() {
     let references = std::fs::read_to_string(parity_dir().join("backbones.py")).unwrap();
     let readme = std::fs::read_to_string(parity_dir().join("../README.md")).unwrap();
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/model");
-    // The deep linear network is checked against its closed form instead (tests/lnn_case_study.rs).
+    // The deep linear network is checked against its closed form instead (tests/it/lnn_case_study.rs).
     let without_reference = ["lnn"];
     for e in plexus::model::REGISTRY {
         let name = e.name;

@@ -3,7 +3,7 @@
 //! the uninterrupted one, and a rank that dies or never arrives ends the others with an error
 //! within the timeout instead of a hang.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::Path;

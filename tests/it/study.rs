@@ -2,7 +2,7 @@
 //! uninterrupted one, the report's statistics equal a hand computation, and the Slurm array
 //! names every run once.
 
-mod common;
+use crate::common;
 
 use common::{plexus, repo, text};
 use std::ops::Sub;
@@ -239,7 +239,8 @@ fn report_statistics_equal_a_hand_computation() {
     let o = plexus(&["report", "runs", "--metric", "eval.accuracy", "--format", "latex"], tmp.path());
     let (tex, _) = text(&o);
     // Accuracy in percent; the sd to two significant figures, the mean to the same place.
-    assert!(tex.contains("residual & 3 & $83.0 \\pm 3.6$"), "{tex}");
+    // Topology kinds by their display names.
+    assert!(tex.contains("Residual & 3 & $83.0 \\pm 3.6$"), "{tex}");
     // Printing a table in another format leaves the folder as it is; the default report writes it.
     assert!(!tmp.path().join("runs/report").exists(), "a csv or latex table printed wrote runs/report/");
     let o = plexus(&["report", "runs", "--metric", "eval.accuracy"], tmp.path());
