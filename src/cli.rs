@@ -1,8 +1,11 @@
 //! The command line: `plexus train | sweep | report | demo | analyze | plot | bench | connectivity | parity | sample | fd | doctor | tokenize | rl | list`.
 
+pub mod args;
+
 use crate::commands;
 use crate::config::{ConfigError, Override};
 use anyhow::Result;
+use args::{DistArgs, SamplingArgs, SweepArgs};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -217,35 +220,7 @@ pub enum Cmd {
     /// Check every topology and backbone against its PyTorch reference (parity/), forward and
     /// every gradient. Prints one line per case; exits non-zero if any fails.
     #[command(after_help = "Example:\n  plexus parity --only hyper --threads 1")]
-    Parity {
-        /// Only cases whose name contains this.
-        #[arg(long)]
-        only: Option<String>,
-        /// Directory of the references and their cases.
-        #[arg(long, default_value = "parity")]
-        dir: PathBuf,
-        /// Keep the reference files here (default: a temporary directory), and reuse them: a case
-        /// whose file is already there from the same case file, parity/*.py, draw, device, thread
-        /// count, kernel path and torch version is not run again (DIR/references.json records
-        /// each). The reference is most of a parity run's time.
-        #[arg(long, value_name = "DIR")]
-        keep: Option<PathBuf>,
-        /// Device of both sides, the Rust model and the PyTorch reference (`cpu`, `cuda`, `cuda:N`).
-        #[arg(long, default_value = "cpu")]
-        device: String,
-        /// CPU threads of both sides (libtorch's intra-op threads; default: libtorch's, at most one
-        /// per core). More threads than cores are allowed: the order of the sums changes with it.
-        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
-        threads: Option<u16>,
-        /// Run every case on N random draws instead of the one it is written with: draw k (1..=N)
-        /// seeds the reference's weights, input and cotangent with the case's seed + 1000003·k.
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000))]
-        draws: Option<u64>,
-        /// Also write every tensor's errors here, one row per case, draw and tensor (plexus's,
-        /// the reference's run and its furthest spread run against float64, direct, bound).
-        #[arg(long, value_name = "FILE")]
-        csv: Option<PathBuf>,
-    },
+    Parity(args::ParityArgs),
     /// Print the direct layer connectivity matrix C as CSV (row = source node, column = target):
     /// of the initialised model for a config, of the final checkpoint (or a saved step) for a run.
     #[command(after_help = "Example:\n  plexus connectivity runs/mixer/hacn --step 500 > C.csv")]
@@ -266,55 +241,7 @@ pub enum Cmd {
     #[command(
         after_help = "Examples:\n  plexus bench configs/gpt-owt/res.yaml --device cuda --profile\n  plexus bench CONFIG --compare residual,hacn,mhc --csv bench.csv"
     )]
-    Bench {
-        /// The config whose training step is timed.
-        config: PathBuf,
-        /// Timed steps.
-        #[arg(long, default_value_t = 20)]
-        steps: usize,
-        #[command(flatten)]
-        dist: DistArgs,
-        /// Untimed warm-up steps.
-        #[arg(long, default_value_t = 5)]
-        warmup: usize,
-        /// Override a config key, e.g. --set data.batch_size=32 (repeatable).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        overrides: Vec<Override>,
-        /// Device to time on (`auto`, `cpu`, `cuda`, `cuda:N`): the same as --set device=…
-        #[arg(long)]
-        device: Option<String>,
-        /// Append the row(s) to this CSV (header written when the file is new).
-        #[arg(long)]
-        csv: Option<PathBuf>,
-        /// Name of the case in the CSV (default: the config's name).
-        #[arg(long)]
-        case: Option<String>,
-        /// Also print where a step's time goes: forward + loss, backward, optimizer (medians); one
-        /// eager step under libtorch's profiler, its GPU kernel time (CPU operator time on the CPU)
-        /// by category — GEMM, attention, norm, activation, RoPE, loss, cast/copy, optimizer,
-        /// topology-own, other — with a Chrome trace (--trace); on the CPU also the operators of
-        /// one step, counted and timed (PLEXUS_OPS_ALL=1 lists them all).
-        #[arg(long)]
-        profile: bool,
-        /// With --profile: the Chrome trace of the profiled step (chrome://tracing or
-        /// ui.perfetto.dev) [default: runs/bench-profile/CASE.json]; a new path or a regular file,
-        /// which is replaced.
-        #[arg(long, value_name = "FILE", requires = "profile")]
-        trace: Option<PathBuf>,
-        /// Topology overhead in one process: these topologies (the first is the baseline) stepped
-        /// round-robin; prints the paired overhead and appends rows to --csv.
-        #[arg(long, value_delimiter = ',')]
-        compare: Vec<String>,
-        /// Depth sweep: values of model.depth, e.g. 8,16,32,64.
-        #[arg(long, value_delimiter = ',')]
-        depths: Vec<usize>,
-        /// Topologies of the sweep, comma-separated; options after `+`, e.g. attnres+blocks=4.
-        #[arg(long, value_delimiter = ',', default_value = "residual")]
-        topologies: Vec<String>,
-        /// Directory of the sweep's CSV and figures.
-        #[arg(long, default_value = "runs/bench-depth")]
-        out: PathBuf,
-    },
+    Bench(args::BenchArgs),
     /// Report the torch version, the CUDA driver and runtime, each GPU (name, compute capability,
     /// memory), bf16 support and threads; exit non-zero on a broken CUDA set-up. With
     /// --selftest, also train every topology on every backbone at tiny size on the device
@@ -403,87 +330,6 @@ pub enum Cmd {
     },
 }
 
-/// Data parallelism of `plexus train` and `plexus bench` (which times the data-parallel step and
-/// the share of the gradient all-reduce in it).
-#[derive(Debug, Clone, clap::Args)]
-pub struct DistArgs {
-    /// Data-parallel training in N processes on this machine (Gloo on CPUs, NCCL on GPUs, rank r
-    /// on cuda:r). The config's batch is the global batch. Under torchrun or srun (RANK,
-    /// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set) leave this at 1.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
-    pub nproc: u16,
-    /// Seconds a rank waits for the others (rendezvous, each all-reduce) before failing.
-    #[arg(long = "dist-timeout", value_name = "SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
-    pub timeout: u64,
-}
-
-impl DistArgs {
-    /// `--nproc N > 1` typed by a user (not inside a rank, which has WORLD_SIZE set): launch.
-    fn launches(&self) -> bool {
-        self.nproc > 1 && std::env::var_os("WORLD_SIZE").is_none()
-    }
-    fn timeout(&self) -> Duration {
-        Duration::from_secs(self.timeout)
-    }
-}
-
-/// `plexus sweep`'s spec flags and where its runs go.
-#[derive(Debug, Clone, clap::Args)]
-pub struct SweepArgs {
-    /// A sweep spec (YAML: configs, set, grid, seeds, out, report) or config files; flags
-    /// below extend the spec.
-    #[arg(required_unless_present = "resume")]
-    pub inputs: Vec<PathBuf>,
-    /// Continue the sweep in this folder with the spec it recorded (sweep.json).
-    #[arg(long, value_name = "SWEEP_DIR", conflicts_with_all = ["inputs", "out", "grid", "seeds", "overrides"])]
-    pub resume: Option<PathBuf>,
-    /// A grid axis, e.g. --grid topology.init.mu=0.25,0.75,1 (repeatable; replaces the spec's axis of that key).
-    #[arg(long, value_name = "KEY=V1,V2,…")]
-    pub grid: Vec<String>,
-    /// Seeds, comma-separated (replace the spec's; default 0).
-    #[arg(long, value_delimiter = ',')]
-    pub seeds: Vec<u64>,
-    /// Override a config key in every run (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub overrides: Vec<Override>,
-    /// The sweep folder (default: the spec's `out`).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// Runs at a time on the CPU (each with its share of the cores).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub jobs: u16,
-    /// One run per GPU: `all` (those in CUDA_VISIBLE_DEVICES) or indices such as 0,1.
-    #[arg(long, conflicts_with = "jobs")]
-    pub gpus: Option<String>,
-    /// Write a Slurm job-array script (one task per run) to this file instead of running.
-    #[arg(long, value_name = "FILE")]
-    pub slurm: Option<PathBuf>,
-    /// Run only these runs of the sweep (names as in the sweep folder; repeatable).
-    #[arg(long, value_name = "RUN")]
-    pub only: Vec<String>,
-    /// What the updates do that a raised train.steps adds to runs on a cosine schedule: `hold`,
-    /// `restart` or `stretch` (as `plexus train --resume --extend`; the spec's `extend`),
-    /// recorded in the sweep.
-    #[arg(long, value_name = "RULE", conflicts_with = "resume")]
-    pub extend: Option<crate::config::ExtendRule>,
-    /// Print the plan (each run and whether it is done, to resume or new) and stop.
-    #[arg(long)]
-    pub dry_run: bool,
-    /// No progress bar or per-run lines.
-    #[arg(long)]
-    pub quiet: bool,
-}
-
-/// How `plexus sample` and `plexus fd` draw from a diffusion run, and on which device.
-#[derive(Debug, Clone, clap::Args)]
-pub struct SamplingArgs {
-    #[command(flatten)]
-    pub options: crate::diffusion::SampleOptions,
-    /// `auto` (a GPU if there is one), `cpu`, `cuda` or `cuda:N`.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
-}
-
 /// Exit code for configuration errors (usage errors), as opposed to 1 for failures at run time.
 pub const EXIT_CONFIG: u8 = 2;
 
@@ -498,7 +344,7 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
 }
 
 /// `--device D` is `--set device=D`, given last so that it wins.
-fn with_device(mut overrides: Vec<Override>, device: Option<String>) -> Result<Vec<Override>> {
+pub(crate) fn with_device(mut overrides: Vec<Override>, device: Option<String>) -> Result<Vec<Override>> {
     if let Some(d) = device {
         overrides.push(Override::of("device", &d).map_err(|e| anyhow::anyhow!("--device {d}: {e}"))?);
     }
@@ -512,28 +358,31 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Train { dist, .. } if dist.launches() => crate::dist::launch(dist.nproc as usize),
         Cmd::Train { configs, resume: Some(run), overrides, device, quiet, dist, extend, .. } => {
-            let resume = commands::Resume { run: &run, configs: &configs, extend, quiet };
-            commands::train_resume(&resume, &with_device(overrides, device)?, dist.timeout())
+            let overrides = with_device(overrides, device)?;
+            let r = commands::ResumeRequest {
+                run: &run,
+                configs: &configs,
+                overrides: &overrides,
+                extend,
+                quiet,
+                dist_timeout: dist.timeout(),
+            };
+            commands::kind_resume(&crate::kinds::TRAIN, &r)
         }
         Cmd::Train { configs, resume: None, out, overrides, device, quiet, overwrite, dist, .. } => {
             let overrides = with_device(overrides, device)?;
-            commands::train_new(&configs, out.as_deref(), &overrides, quiet, overwrite, dist.timeout())
+            let r = commands::RunRequest {
+                inputs: &configs,
+                out: out.as_deref(),
+                overrides: &overrides,
+                overwrite,
+                plot_only: false,
+                quiet,
+                dist_timeout: dist.timeout(),
+            };
+            commands::kind_run(&crate::kinds::TRAIN, &r)
         }
-        Cmd::Sweep(a) => commands::study::sweep(&commands::study::SweepRequest {
-            inputs: a.inputs,
-            resume: a.resume,
-            grid: a.grid,
-            seeds: a.seeds,
-            overrides: a.overrides,
-            out: a.out,
-            jobs: a.jobs as usize,
-            gpus: a.gpus,
-            slurm: a.slurm,
-            only: a.only,
-            dry_run: a.dry_run,
-            quiet: a.quiet,
-            extend: a.extend,
-        }),
+        Cmd::Sweep(a) => commands::study::sweep(&a.into()),
         Cmd::Report { paths, spec, by, metrics, baseline, curves, format, formats, width, out } => {
             // Checked here, set from the report (the flag, else the spec's) when it draws.
             formats.as_deref().map(crate::plot::Formats::parse).transpose()?;
@@ -542,33 +391,8 @@ pub fn run(cli: Cli) -> Result<()> {
             commands::study::report(&paths, &spec, &options, &format, out.as_deref())
         }
         Cmd::Demo { figure, out, overrides } => commands::demo(&figure, &out, &overrides),
-        Cmd::Bench { dist, .. } if dist.launches() => crate::dist::launch(dist.nproc as usize),
-        Cmd::Bench {
-            config,
-            steps,
-            warmup,
-            overrides,
-            device,
-            csv,
-            case,
-            profile,
-            trace,
-            compare,
-            depths,
-            topologies,
-            out,
-            dist,
-        } => commands::bench::bench(&commands::bench::BenchRequest {
-            config,
-            overrides: with_device(overrides, device)?,
-            options: crate::bench::BenchOptions { steps, warmup, case, profile, trace },
-            csv,
-            compare,
-            depths,
-            topologies,
-            out,
-            dist_timeout: dist.timeout(),
-        }),
+        Cmd::Bench(a) if a.dist.launches() => crate::dist::launch(a.dist.nproc as usize),
+        Cmd::Bench(a) => commands::bench::bench(&a.request()?),
         Cmd::Plot { runs, out, title, step, formats, width } => {
             let style = crate::plot::Style::parse(&formats, &width)?;
             commands::runs::plot(&runs, &style, out.as_deref(), title.as_deref(), step)
@@ -582,17 +406,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Fd { run, extractor, samples, every_checkpoint, sampling } => {
             commands::runs::fd(&run, &extractor, samples, &sampling.options, every_checkpoint, &sampling.device)
         }
-        Cmd::Parity { only, dir, keep, device, threads, draws, csv } => {
-            crate::parity::command::run(&crate::parity::command::ParityRequest {
-                dir: &dir,
-                only: only.as_deref(),
-                keep: keep.as_deref(),
-                device: &device,
-                threads,
-                draws,
-                csv: csv.as_deref(),
-            })
-        }
+        Cmd::Parity(a) => a.run(),
         Cmd::Connectivity { config_or_run, step, overrides } => {
             commands::runs::connectivity(&config_or_run, step, &overrides)
         }
@@ -601,20 +415,33 @@ pub fn run(cli: Cli) -> Result<()> {
             commands::tokenize(&files, &out, &encoding, val_fraction, threads, quiet)
         }
         Cmd::Rl { resume: Some(run), overrides, device, quiet, .. } => {
-            commands::kind_resume(&crate::kinds::RL, &run, &with_device(overrides, device)?, quiet)
+            let overrides = with_device(overrides, device)?;
+            let r = commands::ResumeRequest {
+                run: &run,
+                configs: &[],
+                overrides: &overrides,
+                extend: None,
+                quiet,
+                dist_timeout: Duration::MAX,
+            };
+            commands::kind_resume(&crate::kinds::RL, &r)
         }
         Cmd::Rl { inputs, eval: true, episodes, device, .. } => {
             commands::runs::held_out_eval(&inputs, episodes as usize, device.as_deref())
         }
-        Cmd::Rl { inputs, out, overrides, device, overwrite, plot, quiet, resume: None, .. } => commands::kind_run(
-            &crate::kinds::RL,
-            &inputs,
-            out.as_deref(),
-            &with_device(overrides, device)?,
-            overwrite,
-            plot,
-            quiet,
-        ),
+        Cmd::Rl { inputs, out, overrides, device, overwrite, plot, quiet, resume: None, .. } => {
+            let overrides = with_device(overrides, device)?;
+            let r = commands::RunRequest {
+                inputs: &inputs,
+                out: out.as_deref(),
+                overrides: &overrides,
+                overwrite,
+                plot_only: plot,
+                quiet,
+                dist_timeout: Duration::MAX,
+            };
+            commands::kind_run(&crate::kinds::RL, &r)
+        }
         Cmd::List => {
             crate::report::print_registries();
             Ok(())

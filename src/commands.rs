@@ -212,46 +212,80 @@ pub fn default_figure_dir(runs: &[PathBuf]) -> PathBuf {
     }
 }
 
-/// `plexus <verb> CONFIG_OR_DIR... [--out DIR] [--set k=v ...] [--overwrite] [--quiet]` for a kind
-/// of run the registry launches (`plexus rl`): trains each config (a directory stands for its
-/// `*.yaml` files) and draws the kind's own figure; with `plot_only`, only draws it for finished
-/// runs.
-pub fn kind_run(
-    kind: &dyn RunKind,
-    inputs: &[PathBuf],
-    out: Option<&Path>,
-    overrides: &[Override],
-    overwrite: bool,
-    plot_only: bool,
-    quiet: bool,
-) -> Result<()> {
+/// What `plexus <verb> CONFIG_OR_DIR...` asks of a kind of run: its configs (a directory stands
+/// for its `*.yaml` files), where the runs go, the `--set`s, and how to run them.
+pub struct RunRequest<'a> {
+    pub inputs: &'a [PathBuf],
+    pub out: Option<&'a Path>,
+    pub overrides: &'a [Override],
+    pub overwrite: bool,
+    /// Only draw the kind's figure of finished runs (`plexus rl --plot`).
+    pub plot_only: bool,
+    pub quiet: bool,
+    /// How long a data-parallel rank waits for the others (`--dist-timeout`).
+    pub dist_timeout: std::time::Duration,
+}
+
+/// `plexus <verb> CONFIG_OR_DIR... [--out DIR] [--set k=v ...] [--overwrite] [--quiet]`, one path
+/// for every kind of run (`plexus train`, `plexus rl`): every config and run directory checked
+/// before the first run starts, each config trained into its directory (rank 0 of a
+/// data-parallel run alone writes and prints), then the runs' table and the kind's own figure.
+pub fn kind_run(kind: &dyn RunKind, r: &RunRequest) -> Result<()> {
     let verb = kind.verb();
-    if plot_only {
-        let inputs = runs_among(inputs, &format!("{verb} --plot"))?;
-        let dir = out.map(Path::to_path_buf).unwrap_or_else(|| default_figure_dir(&inputs));
+    if r.plot_only {
+        let inputs = runs_among(r.inputs, &format!("{verb} --plot"))?;
+        let dir = r.out.map(Path::to_path_buf).unwrap_or_else(|| default_figure_dir(&inputs));
         crate::run_dir::check_output_dir(&dir, "the figure folder")?;
         for p in crate::plot::curves::kind_figure(kind, &inputs, &Style::default(), &dir)? {
             println!("{}", p.display());
         }
         return Ok(());
     }
-    // Every config is checked, and every run directory, before the first run starts.
-    let files = config_files(inputs)?;
-    let loaded: Vec<crate::kinds::Loaded> = files.iter().map(|f| kind.load(f, overrides)).collect::<Result<_>>()?;
+    let files = config_files(r.inputs)?;
+    let loaded: Vec<crate::kinds::Loaded> = files.iter().map(|f| kind.load(f, r.overrides)).collect::<Result<_>>()?;
+    let launch = launch_of(kind, r.quiet, r.dist_timeout, files.len())?;
+    let main = crate::dist::DistInfo::is_main(launch.dist.as_ref());
     let names: Vec<&str> = loaded.iter().map(|l| l.name.as_str()).collect();
-    let dirs = dirs_of(&names, out)?;
-    for d in &dirs {
-        crate::run_dir::check_new(d, overwrite)?;
+    let dirs = dirs_of(&names, r.out)?;
+    for d in dirs.iter().filter(|_| main) {
+        crate::run_dir::check_new(d, r.overwrite)?;
     }
-    let launch = Launch { overwrite, quiet, crash_after: crash_after()?, ..Default::default() };
     for ((f, l), d) in files.iter().zip(&loaded).zip(&dirs) {
-        eprintln!("{verb} {} → {}", l.name, d.display());
-        kind.train(f, overrides, d, &launch)?;
+        if main && !launch.progress {
+            eprintln!("{verb} {} → {}", l.name, d.display());
+        }
+        kind.train(f, r.overrides, d, &Launch { overwrite: r.overwrite, ..launch.clone() })?;
+    }
+    if main {
+        finished(kind, &dirs)?;
+    }
+    Ok(())
+}
+
+/// How this process launches its runs of `kind`: quiet or not, with a progress bar where stderr
+/// is a terminal, `PLEXUS_CRASH_AFTER`, and its place in a data-parallel run (from the
+/// environment torchrun, srun or `--nproc` set), which trains one config (`configs`).
+fn launch_of(kind: &dyn RunKind, quiet: bool, dist_timeout: std::time::Duration, configs: usize) -> Result<Launch> {
+    let dist = crate::dist::DistInfo::from_env(dist_timeout)?;
+    if dist.is_some() && !kind.data_parallel() {
+        bail!("`plexus {}` trains in one process; it has no data-parallel runs", kind.verb());
+    }
+    if dist.is_some() && configs != 1 {
+        bail!("a data-parallel run trains one config; {configs} were given");
+    }
+    let main = crate::dist::DistInfo::is_main(dist.as_ref());
+    let progress = main && !quiet && std::io::stderr().is_terminal();
+    Ok(Launch { quiet, progress, crash_after: crash_after()?, dist, ..Default::default() })
+}
+
+/// After a kind's runs: their table, the kind's own figure of each run and of all of them.
+fn finished(kind: &dyn RunKind, dirs: &[PathBuf]) -> Result<()> {
+    for d in dirs {
         crate::plot::curves::kind_figure(kind, std::slice::from_ref(d), &Style::default(), &d.join("figures"))?;
     }
-    kind.print(&dirs)?;
+    kind.print(dirs)?;
     if dirs.len() > 1 {
-        for p in crate::plot::curves::kind_figure(kind, &dirs, &Style::default(), &default_figure_dir(&dirs))? {
+        for p in crate::plot::curves::kind_figure(kind, dirs, &Style::default(), &default_figure_dir(dirs))? {
             println!("figure: {}", p.display());
         }
     } else if let Some(f) = kind.figure() {
@@ -260,136 +294,56 @@ pub fn kind_run(
     Ok(())
 }
 
-/// `plexus <verb> --resume RUN_DIR [--set <length key>=N]` for a kind the registry launches
-/// (`plexus rl`): continues a run from its latest checkpoint with the config it was trained with
-/// (plus the overrides the trainer accepts).
-pub fn kind_resume(kind: &dyn RunKind, run: &Path, overrides: &[Override], quiet: bool) -> Result<()> {
-    let verb = kind.verb();
-    let file = run.join("config.yaml");
-    if !file.is_file() {
-        bail!("--resume: {} is not a `plexus {verb}` run directory (no config.yaml)", run.display());
-    }
-    let loaded = kind.load(&file, overrides)?;
-    eprintln!("{verb} {} → {} (resuming)", loaded.name, run.display());
-    let launch = Launch { resume: true, quiet, crash_after: crash_after()?, ..Default::default() };
-    kind.train(&file, overrides, run, &launch)?;
-    let runs = [run.to_path_buf()];
-    crate::plot::curves::kind_figure(kind, &runs, &Style::default(), &run.join("figures"))?;
-    kind.print(&runs)?;
-    if let Some(f) = kind.figure() {
-        println!("figure: {}", run.join("figures").join(format!("{}.png", f.file)).display());
-    }
-    Ok(())
-}
-
-// ---- The verbs, one function each (cli.rs parses and calls them).
-
-/// `plexus train --resume RUN [CONFIG]`: continues a run (its config.yaml, or the one CONFIG).
-/// What `plexus train --resume` continues: the run, the config given (none: its `config.yaml`),
-/// the rule for the updates a lengthening adds, and whether to hide the progress lines.
-pub struct Resume<'a> {
+/// What `plexus <verb> --resume RUN_DIR [CONFIG]` continues: the run, the config given (none: its
+/// `config.yaml`), the `--set`s, the rule for the updates a lengthening adds.
+pub struct ResumeRequest<'a> {
     pub run: &'a Path,
     pub configs: &'a [PathBuf],
+    pub overrides: &'a [Override],
     pub extend: Option<crate::config::ExtendRule>,
     pub quiet: bool,
+    pub dist_timeout: std::time::Duration,
 }
 
-/// `plexus train --resume RUN [CONFIG] [--extend RULE]`.
-pub fn train_resume(r: &Resume, overrides: &[Override], dist_timeout: std::time::Duration) -> Result<()> {
-    let Resume { run, configs, extend, quiet } = *r;
-    let dist = crate::dist::DistInfo::from_env(dist_timeout)?;
-    let main = crate::dist::DistInfo::is_main(dist.as_ref());
-    let dir = RunDir::open(run)?;
-    let config = match configs {
+/// `plexus <verb> --resume RUN_DIR [CONFIG] [--set <length key>=N] [--extend RULE]` for every kind
+/// of run: continues a run from its latest checkpoint with the config it was trained with (or the
+/// one given), plus the changes its trainer accepts.
+pub fn kind_resume(kind: &dyn RunKind, r: &ResumeRequest) -> Result<()> {
+    let verb = kind.verb();
+    let dir = RunDir::open(r.run)?;
+    crate::kinds::expect_kind(&dir, kind).map_err(|e| {
+        anyhow::anyhow!(
+            "{e:#}; to continue it, `plexus {} --resume {}`",
+            crate::kinds::of_run(&dir).verb(),
+            r.run.display()
+        )
+    })?;
+    let file = match r.configs {
         [] => dir.config_file(),
         [one] if !one.is_dir() => one.clone(),
         _ => bail!(
             "--resume {} continues one run: give at most one config file (its config.yaml is used when none is \
              given), not {}",
-            run.display(),
-            configs.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
+            r.run.display(),
+            r.configs.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
         ),
     };
-    let mut exp = resumed_experiment(run, &config, overrides)?;
-    train::extend::plan(&mut exp.loaded.config, &dir, extend)?;
-    let progress = main && !quiet && std::io::stderr().is_terminal();
-    let opts = TrainOptions {
-        progress,
-        log_lines: main && !quiet && !progress,
-        resume: true,
-        crash_after: crash_after()?,
-        dist,
-        ..Default::default()
-    };
-    train::train(&exp, &dir, &opts)?;
+    if !file.is_file() {
+        bail!("--resume: {} is not a `plexus {verb}` run directory (no config.yaml)", r.run.display());
+    }
+    let launch = Launch { resume: true, extend: r.extend, ..launch_of(kind, r.quiet, r.dist_timeout, 1)? };
+    let main = crate::dist::DistInfo::is_main(launch.dist.as_ref());
+    if main && !launch.progress {
+        eprintln!("{verb} {} (resuming)", r.run.display());
+    }
+    kind.train(&file, r.overrides, r.run, &launch)?;
     if main {
-        crate::kinds::TRAIN.print(&[run.to_path_buf()])?;
+        finished(kind, &[r.run.to_path_buf()])?;
     }
     Ok(())
 }
 
-/// The experiment a resumed run continues: `config` with `overrides`. Where the config is fine and
-/// a `--set` makes it invalid, the error names the `--set`s that would change what the run keeps.
-fn resumed_experiment(run: &Path, config: &Path, overrides: &[Override]) -> Result<Experiment> {
-    match Experiment::of_run(run, config, overrides) {
-        Ok(exp) => Ok(exp),
-        // The run's config is fine and a --set makes it invalid: name the --set that changes what
-        // a resumed run keeps (`topology.kind=residual` on an H-ACN run leaves `topology.init`
-        // behind, and the error would otherwise blame the run's own config.yaml).
-        Err(e) if !overrides.is_empty() && Experiment::of_run(run, config, &[]).is_ok() => {
-            let p = &crate::train::RESUME_POLICY;
-            let refused: Vec<String> = overrides
-                .iter()
-                .filter(|o| o.key() != p.length && !(p.may_change)(o.key()))
-                .map(Override::to_string)
-                .collect();
-            if refused.is_empty() {
-                return Err(e);
-            }
-            bail!(
-                "--resume {}: --set {} would change what the run trains; only {} (which may grow, to extend the \
-                 run, but not shrink) and {} may change on resume; start a new run (another --out, or \
-                 --overwrite) for anything else",
-                run.display(),
-                refused.join(" --set "),
-                p.length,
-                p.describe
-            );
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// `plexus train CONFIG...`: new runs (one per config; a directory is a set).
-pub fn train_new(
-    configs: &[PathBuf],
-    out: Option<&Path>,
-    overrides: &[Override],
-    quiet: bool,
-    overwrite: bool,
-    dist_timeout: std::time::Duration,
-) -> Result<()> {
-    let dist = crate::dist::DistInfo::from_env(dist_timeout)?;
-    let main = crate::dist::DistInfo::is_main(dist.as_ref());
-    let exps = resolve_paths(configs, overrides)?;
-    if dist.is_some() && exps.len() != 1 {
-        bail!("a data-parallel run trains one config; {} were given", exps.len());
-    }
-    let progress = main && !quiet && std::io::stderr().is_terminal();
-    let dirs = run_dirs(&exps, out)?;
-    let opts = TrainOptions {
-        progress,
-        log_lines: main && !quiet && !progress,
-        crash_after: crash_after()?,
-        dist,
-        ..Default::default()
-    };
-    train_all(&exps, &dirs, &opts, &vec![overwrite; dirs.len()])?;
-    if main {
-        crate::kinds::TRAIN.print(&dirs)?;
-    }
-    Ok(())
-}
+// ---- The verbs, one function each (cli.rs parses and calls them).
 
 /// `plexus doctor [--selftest]`.
 pub fn doctor(selftest: bool, device: &str) -> Result<()> {

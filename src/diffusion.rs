@@ -231,7 +231,7 @@ pub fn sample_run(
 ) -> anyhow::Result<std::path::PathBuf> {
     use anyhow::Context;
     let dir = crate::run_dir::RunDir::open(run)?;
-    crate::train::trained::refuse_rl_run(&dir)?;
+    crate::kinds::expect_kind(&dir, &crate::kinds::TRAIN)?;
     let exp = crate::experiment::Experiment::of_run(&dir.path, &dir.config_file(), &[])?;
     let crate::data::Task::Diffusion(d) = exp.task() else {
         anyhow::bail!("{}: not a diffusion run (model.kind is `{}`, not `dit`)", run.display(), exp.model.kind());

@@ -85,6 +85,7 @@ fn load_on(
         weights: &choose,
         ..Default::default()
     };
+    crate::kinds::expect_kind(&crate::run_dir::RunDir::open(dir)?, &crate::kinds::TRAIN)?;
     let run = crate::train::trained::open(dir, &open)?;
     Ok((run.exp, run.model))
 }

@@ -29,6 +29,10 @@ pub struct Launch {
     pub overwrite: bool,
     /// No progress lines on stderr.
     pub quiet: bool,
+    /// A progress bar on stderr (a terminal, not `--quiet`, rank 0); else plain lines.
+    pub progress: bool,
+    /// This process's place in a data-parallel run (kinds that have them: [`RunKind::data_parallel`]).
+    pub dist: Option<crate::dist::DistInfo>,
     /// `PLEXUS_CRASH_AFTER` (see [`crate::train::engine::CrashAfter`]).
     pub crash_after: Option<u64>,
     /// What the updates a lengthened run adds do, where its schedule depends on its length
@@ -61,10 +65,19 @@ pub trait RunKind: Sync {
     fn verb(&self) -> &'static str;
     /// Whether the top-level sections of a config (a YAML mapping) make it one of this kind's.
     fn tells(&self, config: &serde_yaml::Mapping) -> bool;
+    /// The top-level sections that are this kind's own, for messages (`model, data, topology`).
+    fn sections(&self) -> &'static [&'static str];
+    /// What can be done with a finished run of this kind, for a command that reads another kind's
+    /// runs (`run`: the run directory).
+    fn offers(&self, run: &Path) -> String;
     /// The config at `file` with `overrides`, resolved and checked.
     fn load(&self, file: &Path, overrides: &[Override]) -> Result<Loaded>;
     /// What a resumed run may change (the run's length key among it).
     fn resume_policy(&self) -> &'static ResumePolicy;
+    /// Whether its runs may be data-parallel (several processes, one run).
+    fn data_parallel(&self) -> bool {
+        false
+    }
     /// Trains the config at `file` into `out` (new, or resumed with `launch.resume`, when `file` is
     /// the run's own `config.yaml`).
     fn train(&self, file: &Path, overrides: &[Override], out: &Path, launch: &Launch) -> Result<()>;
@@ -104,6 +117,61 @@ pub struct Train;
 /// `plexus rl`: contrastive RL in the point maze.
 pub struct Rl;
 
+/// `e`, a config error from loading a config as `kind`'s, where the config is another kind's: an
+/// unknown field of `kind`'s schema in a config another kind tells is that kind's config given to
+/// the wrong verb, said so (its section, its line, the verb to run it with) instead of as the
+/// field. Any other error is `e`.
+fn another_kinds(e: crate::config::ConfigError, kind: &dyn RunKind) -> anyhow::Error {
+    if !e.allowed.contains("unknown field") {
+        return e.into();
+    }
+    let Ok(text) = crate::config::read_config_text(&e.file) else { return e.into() };
+    let other = of_config(&text);
+    let Ok(serde_yaml::Value::Mapping(m)) = serde_yaml::from_str::<serde_yaml::Value>(&text) else { return e.into() };
+    if other.verb() == kind.verb() || !other.tells(&m) {
+        return e.into();
+    }
+    let key = other.sections().iter().find(|k| m.contains_key(**k)).copied().unwrap_or_default();
+    crate::config::ConfigError {
+        allowed: format!(
+            "this is a `plexus {o}` config ({}), not a `plexus {k}` one ({}): run it with `plexus {o} {}`",
+            other.sections().join(", "),
+            kind.sections().join(", "),
+            e.file.display(),
+            o = other.verb(),
+            k = kind.verb()
+        ),
+        key: key.into(),
+        value: None,
+        line: crate::config::locate_key(&text, key),
+        file: e.file,
+    }
+    .into()
+}
+
+/// An error when `dir` holds a run of another kind than `kind` (the command's): its config would
+/// otherwise be refused as an unknown section, which reads as advice to retrain a finished run;
+/// this says what can be done with it instead.
+pub fn expect_kind(dir: &RunDir, kind: &dyn RunKind) -> Result<()> {
+    let Ok(text) = crate::config::read_config_text(&dir.config_file()) else { return Ok(()) };
+    let other = of_config(&text);
+    if other.verb() != kind.verb() {
+        anyhow::bail!(
+            "{} is a `plexus {}` run; this command reads `plexus {}` runs. For it, {}",
+            dir.path.display(),
+            other.verb(),
+            kind.verb(),
+            other.offers(&dir.path)
+        );
+    }
+    Ok(())
+}
+
+/// The kind of the run in `dir`, by its `config.yaml` ([`TRAIN`] where it has none it can read).
+pub fn of_run(dir: &RunDir) -> &'static dyn RunKind {
+    crate::config::read_config_text(&dir.config_file()).map_or(&TRAIN, |t| of_config(&t))
+}
+
 /// The kind of every `plexus train` run.
 pub static TRAIN: Train = Train;
 /// The kind of every `plexus rl` run.
@@ -136,8 +204,17 @@ impl RunKind for Train {
         config.contains_key("model") || config.contains_key("data")
     }
 
+    fn sections(&self) -> &'static [&'static str] {
+        &["model", "data", "topology"]
+    }
+
+    fn offers(&self, run: &Path) -> String {
+        let p = run.display();
+        format!("`plexus analyze {p}`, `plexus plot {p}` and `plexus connectivity {p}` read it")
+    }
+
     fn load(&self, file: &Path, overrides: &[Override]) -> Result<Loaded> {
-        let exp = crate::experiment::Experiment::from_file(file, overrides)?;
+        let exp = crate::experiment::Experiment::from_file(file, overrides).map_err(|e| another_kinds(e, self))?;
         Ok(Loaded { yaml: exp.config().to_yaml(), name: exp.config().name.clone() })
     }
 
@@ -168,21 +245,28 @@ impl RunKind for Train {
         }))
     }
 
+    fn data_parallel(&self) -> bool {
+        true
+    }
+
     fn train(&self, file: &Path, overrides: &[Override], out: &Path, launch: &Launch) -> Result<()> {
         let dir = if launch.resume { RunDir::open(out)? } else { RunDir::new(out) };
-        let mut exp = match launch.resume {
-            true => crate::experiment::Experiment::of_run(&dir.path, file, overrides)?,
+        let exp = match launch.resume {
+            true => {
+                let mut exp = resumed_experiment(&dir.path, file, overrides)?;
+                crate::train::extend::plan(&mut exp.loaded.config, &dir, launch.extend)?;
+                exp
+            }
             false => crate::experiment::Experiment::from_file(file, overrides)?,
         };
-        if launch.resume {
-            crate::train::extend::plan(&mut exp.loaded.config, &dir, launch.extend)?;
-        }
+        let main = crate::dist::DistInfo::is_main(launch.dist.as_ref());
         let opts = crate::train::TrainOptions {
-            log_lines: !launch.quiet,
+            progress: launch.progress,
+            log_lines: main && !launch.quiet && !launch.progress,
             resume: launch.resume,
             overwrite: launch.overwrite,
             crash_after: launch.crash_after,
-            ..Default::default()
+            dist: launch.dist.clone(),
         };
         crate::train::train(&exp, &dir, &opts).map(drop)
     }
@@ -208,8 +292,20 @@ impl RunKind for Rl {
         (has("env") || has("network") || has("crl")) && !TRAIN.tells(config)
     }
 
+    fn sections(&self) -> &'static [&'static str] {
+        &["env", "network", "crl"]
+    }
+
+    fn offers(&self, run: &Path) -> String {
+        let p = run.display();
+        format!(
+            "`plexus rl --plot {p}` draws its success curve and `plexus rl --eval {p}` evaluates its final policy on \
+             held-out tasks"
+        )
+    }
+
     fn load(&self, file: &Path, overrides: &[Override]) -> Result<Loaded> {
-        let exp = RlExperiment::from_file(file, overrides)?;
+        let exp = RlExperiment::from_file(file, overrides).map_err(|e| another_kinds(e, self))?;
         Ok(Loaded { yaml: exp.config.to_yaml(), name: exp.config.name.clone() })
     }
 
@@ -236,6 +332,40 @@ impl RunKind for Rl {
 
     fn figure(&self) -> Option<&'static Figure> {
         Some(&RL_SUCCESS)
+    }
+}
+
+/// The experiment a resumed `plexus train` run continues: `config` with `overrides`, parsed
+/// against what the run pinned. Where the config is fine and a `--set` makes it invalid, the error
+/// names the `--set`s that would change what the run keeps.
+fn resumed_experiment(run: &Path, config: &Path, overrides: &[Override]) -> Result<crate::experiment::Experiment> {
+    use crate::experiment::Experiment;
+    match Experiment::of_run(run, config, overrides) {
+        Ok(exp) => Ok(exp),
+        // The run's config is fine and a --set makes it invalid: name the --set that changes what
+        // a resumed run keeps (`topology.kind=residual` on an H-ACN run leaves `topology.init`
+        // behind, and the error would otherwise blame the run's own config.yaml).
+        Err(e) if !overrides.is_empty() && Experiment::of_run(run, config, &[]).is_ok() => {
+            let p = &crate::train::RESUME_POLICY;
+            let refused: Vec<String> = overrides
+                .iter()
+                .filter(|o| o.key() != p.length && !(p.may_change)(o.key()))
+                .map(Override::to_string)
+                .collect();
+            if refused.is_empty() {
+                return Err(e);
+            }
+            anyhow::bail!(
+                "--resume {}: --set {} would change what the run trains; only {} (which may grow, to extend the \
+                 run, but not shrink) and {} may change on resume; start a new run (another --out, or \
+                 --overwrite) for anything else",
+                run.display(),
+                refused.join(" --set "),
+                p.length,
+                p.describe
+            );
+        }
+        Err(e) => Err(e),
     }
 }
 

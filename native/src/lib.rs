@@ -371,8 +371,8 @@ pub enum NativeError {
     /// the wrong shape.
     #[error("{0}")]
     Malformed(String),
-    /// A collective on a [`process_group::ProcessGroup`] failed: which one, on which rank, and the
-    /// error of the call (kept whole, so its kind is still there to match).
+    /// A collective of a process group failed: which one, on which rank, and the error of the call
+    /// (kept whole, so its kind is still there to match).
     #[error("{op} on rank {rank} of {world_size} ({backend:?}) failed: {error}")]
     Collective {
         /// The collective: `all_reduce`, `broadcast` or `barrier`.
@@ -382,10 +382,19 @@ pub enum NativeError {
         /// The group's size.
         world_size: usize,
         /// The group's backend.
-        backend: process_group::Backend,
+        backend: Backend,
         /// The call's own error.
         error: Box<NativeError>,
     },
+}
+
+/// The c10d backend a process group runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Gloo: CPU tensors, TCP between processes.
+    Gloo,
+    /// NCCL: CUDA tensors, one GPU per rank.
+    Nccl,
 }
 
 /// What every binding of this crate returns.

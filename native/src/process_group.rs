@@ -20,14 +20,9 @@ pub fn gloo_built() -> bool {
     unsafe { ffi::plexus_gloo_built() != 0 }
 }
 
-/// The c10d backend a [`ProcessGroup`] runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// Gloo: CPU tensors, TCP between processes.
-    Gloo,
-    /// NCCL: CUDA tensors, one GPU per rank.
-    Nccl,
-}
+/// The c10d backend a [`ProcessGroup`] runs on (defined at the crate's root, below every module,
+/// as the errors that name it are).
+pub use super::Backend;
 
 /// A group of `world_size` processes running the same sequence of collectives (c10d's contract:
 /// every rank issues the same collectives in the same order, with tensors of the same shapes).

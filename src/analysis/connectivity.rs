@@ -11,7 +11,7 @@ use std::path::Path;
 pub fn csv(path: &Path, step: Option<u64>, overrides: &[Override]) -> Result<String> {
     if let (true, Some(step)) = (path.is_dir(), step) {
         let run = RunDir::open(path)?;
-        crate::train::trained::refuse_rl_run(&run)?;
+        crate::kinds::expect_kind(&run, &crate::kinds::TRAIN)?;
         let f = run.connectivity_file(step);
         if !f.is_file() {
             let saved = run.connectivity_steps().unwrap_or_default();
@@ -32,7 +32,7 @@ pub fn csv(path: &Path, step: Option<u64>, overrides: &[Override]) -> Result<Str
 pub fn matrix(path: &Path, overrides: &[Override]) -> Result<crate::run_dir::Matrix> {
     let dev = tch::Device::Cpu;
     let (exp, model) = if path.is_dir() {
-        crate::train::trained::refuse_rl_run(&RunDir::open(path)?)?;
+        crate::kinds::expect_kind(&RunDir::open(path)?, &crate::kinds::TRAIN)?;
         let open = crate::train::trained::OpenOptions {
             device: Some(dev),
             compute: Some(tch::Kind::Float),

@@ -34,7 +34,7 @@ impl Run {
     /// Loads the run onto `device`, or the config's device if `None`.
     pub fn load_on(path: &Path, device: Option<Device>) -> Result<Run> {
         let dir = RunDir::open(path)?;
-        crate::train::trained::refuse_rl_run(&dir)?;
+        crate::kinds::expect_kind(&dir, &crate::kinds::TRAIN)?;
         let exp = Experiment::of_run(&dir.path, &dir.config_file(), &[])?;
         anyhow::ensure!(
             exp.model.diffusion().is_none(),

@@ -471,73 +471,9 @@ fn find_tag(v: &serde_yaml::Value, path: &str) -> Option<(String, String)> {
     }
 }
 
-/// The two kinds of config: `plexus train` reads `model`, `data` (and `topology`, `train`);
-/// `plexus rl` reads `env`, `network` (and `crl`, `train`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verb {
-    Train,
-    Rl,
-}
-
-/// Where parsing `source` for `verb` failed with `e`: if `e` is an unknown field and the text is
-/// a config of the other verb, an error naming the verb to run it with instead; else `e`. (Called
-/// only on that error, after the size and depth bounds have passed.)
-pub fn other_verb(e: ConfigError, source: &str, file: &Path, verb: Verb) -> ConfigError {
-    if !e.allowed.contains("unknown field") {
-        return e;
-    }
-    check_verb(source, file, verb).err().unwrap_or(e)
-}
-
-/// The verb a config's text is for: `plexus rl` when it has `env`, `network` or `crl` and neither
-/// `model` nor `data`; else `plexus train` (whose parser then reports what is wrong).
-pub fn verb_of(source: &str) -> Verb {
-    let Ok(serde_yaml::Value::Mapping(m)) = serde_yaml::from_str::<serde_yaml::Value>(source) else {
-        return Verb::Train;
-    };
-    let has = |k: &str| m.contains_key(k);
-    match (has("env") || has("network") || has("crl"), has("model") || has("data")) {
-        (true, false) => Verb::Rl,
-        _ => Verb::Train,
-    }
-}
-
-fn check_verb(source: &str, file: &Path, verb: Verb) -> Result<(), ConfigError> {
-    let Ok(serde_yaml::Value::Mapping(m)) = serde_yaml::from_str::<serde_yaml::Value>(source) else { return Ok(()) };
-    let has = |k: &str| m.contains_key(k);
-    let (rl, train) = (has("env") || has("network") || has("crl"), has("model") || has("data"));
-    let (key, allowed) = match verb {
-        Verb::Train if rl && !train => (
-            if has("env") {
-                "env"
-            } else if has("network") {
-                "network"
-            } else {
-                "crl"
-            },
-            format!(
-                "this is a `plexus rl` config (env, network, crl), not a `plexus train` one (model, data, topology): \
-                 run it with `plexus rl {}`",
-                file.display()
-            ),
-        ),
-        Verb::Rl if train && !rl => (
-            if has("model") { "model" } else { "data" },
-            format!(
-                "this is a `plexus train` config (model, data, topology), not a `plexus rl` one (env, network, crl): \
-                 run it with `plexus train {}`",
-                file.display()
-            ),
-        ),
-        _ => return Ok(()),
-    };
-    Err(ConfigError { file: file.to_path_buf(), key: key.into(), value: None, allowed, line: locate_key(source, key) })
-}
-
 /// Parses YAML text as a config (`file` is only used in messages).
 pub fn load_str(source: &str, file: &Path, overrides: &[Override]) -> Result<LoadedConfig, ConfigError> {
-    let (config, source) =
-        parse_document::<Config>(source, file, overrides).map_err(|e| other_verb(e, source, file, Verb::Train))?;
+    let (config, source) = parse_document::<Config>(source, file, overrides)?;
     let loaded = LoadedConfig { config, file: file.to_path_buf(), source, overrides: overrides.to_vec() };
     loaded.config.validate().map_err(|e| loaded.error("", e))?;
     Ok(loaded)

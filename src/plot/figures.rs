@@ -49,7 +49,7 @@ pub fn open_runs(dirs: &[PathBuf]) -> Result<Vec<PlotRun>> {
     let mut facts = Vec::new();
     for d in dirs {
         let rd = RunDir::open(d)?;
-        crate::train::trained::refuse_rl_run(&rd)?;
+        crate::kinds::expect_kind(&rd, &crate::kinds::TRAIN)?;
         let exp = Experiment::of_run(&rd.path, &rd.config_file(), &[])?;
         let key = setting_of(&rd)?;
         let setting = settings.iter().position(|k| *k == key).unwrap_or_else(|| {

@@ -324,11 +324,9 @@ impl RlExperiment {
     }
 
     /// Parses an RL config from YAML `source` (named `file` in messages) with the `--set`
-    /// `overrides`, validates it and resolves its topology against the network's stack; a `plexus
-    /// train` config is refused with the verb to use.
+    /// `overrides`, validates it and resolves its topology against the network's stack.
     pub fn from_str(source: &str, file: &Path, overrides: &[Override]) -> Result<Self, ConfigError> {
-        let (config, source) = parse_document::<RlConfig>(source, file, overrides)
-            .map_err(|e| crate::config::other_verb(e, source, file, crate::config::Verb::Rl))?;
+        let (config, source) = parse_document::<RlConfig>(source, file, overrides)?;
         let at = |e: OptionError| locate_error(file, &source, overrides, "", e);
         config.validate().map_err(at)?;
         let n = &config.network;

@@ -7,7 +7,7 @@ use super::checkpoint::load_final;
 use crate::experiment::Experiment;
 use crate::model::Model;
 use crate::run_dir::RunDir;
-use anyhow::{bail, Result};
+use anyhow::Result;
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind};
 
@@ -44,27 +44,10 @@ impl Default for OpenOptions<'_> {
     }
 }
 
-/// An error when `dir` holds a `plexus rl` run: its config would otherwise be refused as "a `plexus
-/// rl` config: run it with plexus rl", which reads as advice to retrain a finished run; this says
-/// what can be done with it instead.
-pub fn refuse_rl_run(dir: &RunDir) -> Result<()> {
-    if let Ok(text) = crate::config::read_config_text(&dir.config_file()) {
-        if crate::config::verb_of(&text) == crate::config::Verb::Rl {
-            let p = dir.path.display();
-            bail!(
-                "{p} is a `plexus rl` run; this command reads `plexus train` runs. For an RL run, `plexus rl --plot \
-                 {p}` draws its success curve and `plexus rl --eval {p}` evaluates its final policy on held-out tasks"
-            );
-        }
-    }
-    Ok(())
-}
-
 /// Opens the run at `path` as `o` says. The model is built from the config's seed, so a run whose
 /// weights do not cover a buffer still starts as training did.
 pub fn open(path: &Path, o: &OpenOptions) -> Result<TrainedRun> {
     let dir = RunDir::open(path)?;
-    refuse_rl_run(&dir)?;
     let exp = Experiment::of_run(&dir.path, &dir.config_file(), o.overrides)?;
     let cfg = exp.config();
     let device = match o.device {

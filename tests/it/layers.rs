@@ -118,6 +118,44 @@ fn imports(text: &str) -> Vec<(usize, String)> {
     out
 }
 
+/// `(line, module)` of every reference the crate root `lib.rs` makes to one of its `declared`
+/// modules: `crate::m` or `m::` (the root names its children without `crate::`), outside its
+/// `mod` lines (which declare them), its `//!` overview (which lists them) and plain comments;
+/// item doc comments count, as everywhere.
+fn root_references(text: &str, declared: &BTreeSet<String>) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut in_tests = false;
+    for (n, line) in text.lines().enumerate() {
+        let t = line.trim_start();
+        if t.starts_with("#[cfg(test)]") {
+            in_tests = true;
+        }
+        let declaration = t.starts_with("mod ") || t.starts_with("pub mod ") || t.starts_with("pub(crate) mod ");
+        if in_tests || declaration || t.starts_with("//!") || (t.starts_with("//") && !t.starts_with("///")) {
+            continue;
+        }
+        for m in declared {
+            let hit = line.match_indices(&format!("{m}::")).any(|(i, _)| {
+                let before = line[..i].chars().last();
+                before.is_none_or(|c| !(c.is_alphanumeric() || c == '_')) || line[..i].ends_with("crate::")
+            });
+            if hit {
+                out.push((n + 1, m.clone()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_crate_roots_refer_to_no_module_of_theirs_but_by_declaring_it() {
+    let declared: BTreeSet<String> = ["process_group", "kernels"].iter().map(|s| s.to_string()).collect();
+    let planted = "//! see [`process_group::ProcessGroup`]\npub mod process_group;\n\
+                   /// One [`kernels::x`] kind.\nstruct A { b: process_group::Backend }\n// kernels::y\n";
+    let found = root_references(planted, &declared);
+    assert_eq!(found, [(3, "kernels".to_string()), (4, "process_group".to_string())]);
+}
+
 #[test]
 fn modules_import_only_from_their_layer_or_below_and_form_no_cycle() {
     check_layers(&src(), "src", LAYERS);
@@ -154,8 +192,18 @@ fn check_layers(root: &Path, label: &str, layers: &[(&str, &[&str])]) {
     let mut violations = Vec::new();
     let mut edges: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     for f in &files {
-        let name = f.file_name().unwrap();
-        if name == "lib.rs" || name == "main.rs" {
+        // The crate's root files, by path (a `lib.rs` or `main.rs` deeper down is a module like any
+        // other): the binary's `main.rs` is above every layer; `lib.rs` is below them all.
+        if f.parent() == Some(root) && f.file_name().is_some_and(|n| n == "main.rs") {
+            continue;
+        }
+        if f.parent() == Some(root) && f.file_name().is_some_and(|n| n == "lib.rs") {
+            let text = std::fs::read_to_string(f).unwrap();
+            violations.extend(
+                root_references(&text, &declared).into_iter().map(|(line, m)| {
+                    format!("{label}/lib.rs:{line}: the crate root (below every layer) refers to `{m}`")
+                }),
+            );
             continue;
         }
         let me = module_of(root, f);
