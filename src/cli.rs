@@ -5,10 +5,9 @@ pub mod args;
 use crate::commands;
 use crate::config::{ConfigError, Override};
 use anyhow::Result;
-use args::{DistArgs, SamplingArgs, SweepArgs};
+use args::{SamplingArgs, SweepArgs};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
-use std::time::Duration;
 
 #[derive(Debug, Parser)]
 #[command(name = "plexus", version, about = "Study how the layers of deep networks connect across depth")]
@@ -23,40 +22,7 @@ pub enum Cmd {
     #[command(
         after_help = "Examples:\n  plexus train configs/showcase/res.yaml --set train.steps=200\n  plexus train configs/mixer-cifar10/cpu --out runs/mixer      # every config of a set\n  plexus train --resume runs/mixer/hacn --set train.steps=2000 --extend hold   # lengthen a run"
     )]
-    Train {
-        /// Config files (YAML), or directories whose *.yaml files are trained one after another.
-        #[arg(required_unless_present = "resume")]
-        configs: Vec<PathBuf>,
-        /// Continue the run in this directory from its latest checkpoint. The config is the run's
-        /// config.yaml, or the one CONFIG given; either way only train.steps (to extend the run),
-        /// log.*, train.cuda_graphs and device may differ from what the run was trained with.
-        #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["out", "overwrite"])]
-        resume: Option<PathBuf>,
-        /// With --resume and a larger train.steps on a cosine schedule: what the added updates
-        /// do: `hold` (continue at the last update's learning rate), `restart` (a new cosine cycle
-        /// from the peak lr over them) or `stretch` (the cosine planned again over the new length:
-        /// the rate jumps up). Recorded in the run's config.yaml (train.extensions).
-        #[arg(long, value_name = "RULE", requires = "resume")]
-        extend: Option<crate::config::ExtendRule>,
-        /// Clear a run directory that already holds files before training into it (a new run
-        /// into a non-empty directory is refused otherwise).
-        #[arg(long)]
-        overwrite: bool,
-        /// Run directory (one config) or parent directory of the runs (several). Default: `runs/<name>`.
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Override a config key, e.g. --set model.depth=4 (repeatable; validated like the file).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        overrides: Vec<Override>,
-        /// Device of the run (`auto`, `cpu`, `cuda`, `cuda:N`): the same as --set device=…
-        #[arg(long)]
-        device: Option<String>,
-        /// Hide the progress bar.
-        #[arg(long)]
-        quiet: bool,
-        #[command(flatten)]
-        dist: DistArgs,
-    },
+    Train(args::TrainArgs),
     /// Run a study: configs × a grid of --set values × seeds, each an ordinary run directory in
     /// one sweep folder, on free slots (--jobs N on the CPU, one run per GPU with --gpus) or as a
     /// Slurm job array. Re-running skips finished runs and resumes killed ones; then prints the
@@ -293,41 +259,7 @@ pub enum Cmd {
         after_help = "Examples:\n  plexus rl configs/crl-maze/cpu --out runs/crl\n  plexus rl --plot runs/crl/*\n  \
                       plexus rl --eval runs/crl/* --episodes 2000"
     )]
-    Rl {
-        /// Config files or directories of configs to train; with --plot, run directories.
-        #[arg(required_unless_present = "resume", value_name = "CONFIG_OR_DIR|RUN_DIR")]
-        inputs: Vec<PathBuf>,
-        /// Continue the run in this directory from its latest checkpoint, with its own config
-        /// (`--set train.env_steps=N` extends it; other keys may not change).
-        #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["inputs", "out", "overwrite", "plot", "eval"])]
-        resume: Option<PathBuf>,
-        /// Run directory (one config) or parent of the runs (several); with --plot, the figure
-        /// directory. Default: `runs/<name>`.
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Override a config key, e.g. --set network.depth=16 (repeatable; validated like the file).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        overrides: Vec<Override>,
-        /// Device of the runs (`auto`, `cpu`, `cuda`, `cuda:N`): the same as --set device=…
-        #[arg(long, conflicts_with = "plot")]
-        device: Option<String>,
-        /// Clear a run directory that already holds files first.
-        #[arg(long)]
-        overwrite: bool,
-        /// Only draw the success figure of existing run directories.
-        #[arg(long, conflicts_with_all = ["overrides", "overwrite"])]
-        plot: bool,
-        /// Evaluate finished runs again: each final policy, the straight-line walker and the
-        /// random policy on --episodes tasks the run never saw (writes held_out_eval.json).
-        #[arg(long, conflicts_with_all = ["overrides", "overwrite", "plot", "out"])]
-        eval: bool,
-        /// Tasks of --eval, one episode each (at most 1,000,000: every task is held in memory).
-        #[arg(long, default_value_t = 1000, requires = "eval", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-        episodes: u32,
-        /// No per-evaluation lines on stderr.
-        #[arg(long)]
-        quiet: bool,
-    },
+    Rl(args::RlArgs),
 }
 
 /// Exit code for configuration errors (usage errors), as opposed to 1 for failures at run time.
@@ -356,32 +288,7 @@ pub(crate) fn with_device(mut overrides: Vec<Override>, device: Option<String>) 
 pub fn run(cli: Cli) -> Result<()> {
     crate::native::setting::check_fused_kernels_setting()?;
     match cli.cmd {
-        Cmd::Train { dist, .. } if dist.launches() => crate::dist::launch(dist.nproc as usize),
-        Cmd::Train { configs, resume: Some(run), overrides, device, quiet, dist, extend, .. } => {
-            let overrides = with_device(overrides, device)?;
-            let r = commands::ResumeRequest {
-                run: &run,
-                configs: &configs,
-                overrides: &overrides,
-                extend,
-                quiet,
-                dist_timeout: dist.timeout(),
-            };
-            commands::kind_resume(&crate::kinds::TRAIN, &r)
-        }
-        Cmd::Train { configs, resume: None, out, overrides, device, quiet, overwrite, dist, .. } => {
-            let overrides = with_device(overrides, device)?;
-            let r = commands::RunRequest {
-                inputs: &configs,
-                out: out.as_deref(),
-                overrides: &overrides,
-                overwrite,
-                plot_only: false,
-                quiet,
-                dist_timeout: dist.timeout(),
-            };
-            commands::kind_run(&crate::kinds::TRAIN, &r)
-        }
+        Cmd::Train(a) => a.run(),
         Cmd::Sweep(a) => commands::study::sweep(&a.into()),
         Cmd::Report { paths, spec, by, metrics, baseline, curves, format, formats, width, out } => {
             // Checked here, set from the report (the flag, else the spec's) when it draws.
@@ -414,34 +321,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Tokenize { files, out, encoding, val_fraction, threads, quiet } => {
             commands::tokenize(&files, &out, &encoding, val_fraction, threads, quiet)
         }
-        Cmd::Rl { resume: Some(run), overrides, device, quiet, .. } => {
-            let overrides = with_device(overrides, device)?;
-            let r = commands::ResumeRequest {
-                run: &run,
-                configs: &[],
-                overrides: &overrides,
-                extend: None,
-                quiet,
-                dist_timeout: Duration::MAX,
-            };
-            commands::kind_resume(&crate::kinds::RL, &r)
-        }
-        Cmd::Rl { inputs, eval: true, episodes, device, .. } => {
-            commands::runs::held_out_eval(&inputs, episodes as usize, device.as_deref())
-        }
-        Cmd::Rl { inputs, out, overrides, device, overwrite, plot, quiet, resume: None, .. } => {
-            let overrides = with_device(overrides, device)?;
-            let r = commands::RunRequest {
-                inputs: &inputs,
-                out: out.as_deref(),
-                overrides: &overrides,
-                overwrite,
-                plot_only: plot,
-                quiet,
-                dist_timeout: Duration::MAX,
-            };
-            commands::kind_run(&crate::kinds::RL, &r)
-        }
+        Cmd::Rl(a) => a.run(),
         Cmd::List => {
             crate::report::print_registries();
             Ok(())

@@ -2,6 +2,7 @@
 //! several verbs share (data parallelism, sampling), each with the request it makes for
 //! [`crate::commands`]: clap's side of the command line, so that `cli::run` only dispatches.
 
+use crate::commands::{ResumeRequest, RunRequest};
 use crate::config::Override;
 use anyhow::Result;
 use std::path::PathBuf;
@@ -228,5 +229,130 @@ impl ParityArgs {
             draws: self.draws,
             csv: self.csv.as_deref(),
         })
+    }
+}
+
+/// `plexus train`'s flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TrainArgs {
+    /// Config files (YAML), or directories whose *.yaml files are trained one after another.
+    #[arg(required_unless_present = "resume")]
+    pub configs: Vec<PathBuf>,
+    /// Continue the run in this directory from its latest checkpoint. The config is the run's
+    /// config.yaml, or the one CONFIG given; either way only train.steps (to extend the run),
+    /// log.*, train.cuda_graphs and device may differ from what the run was trained with.
+    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["out", "overwrite"])]
+    pub resume: Option<PathBuf>,
+    /// With --resume and a larger train.steps on a cosine schedule: what the added updates
+    /// do: `hold` (continue at the last update's learning rate), `restart` (a new cosine cycle
+    /// from the peak lr over them) or `stretch` (the cosine planned again over the new length:
+    /// the rate jumps up). Recorded in the run's config.yaml (train.extensions).
+    #[arg(long, value_name = "RULE", requires = "resume")]
+    pub extend: Option<crate::config::ExtendRule>,
+    /// Clear a run directory that already holds files before training into it (a new run
+    /// into a non-empty directory is refused otherwise).
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Run directory (one config) or parent directory of the runs (several). Default: `runs/<name>`.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Override a config key, e.g. --set model.depth=4 (repeatable; validated like the file).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<Override>,
+    /// Device of the run (`auto`, `cpu`, `cuda`, `cuda:N`): the same as --set device=…
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Hide the progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub dist: DistArgs,
+}
+
+impl TrainArgs {
+    /// Trains the configs (or continues the run), through the registry of run kinds; `--nproc N`
+    /// launches N ranks of this command instead.
+    pub fn run(self) -> Result<()> {
+        if self.dist.launches() {
+            return crate::dist::launch(self.dist.nproc as usize);
+        }
+        let overrides = super::with_device(self.overrides, self.device)?;
+        let (quiet, dist_timeout) = (self.quiet, self.dist.timeout());
+        match &self.resume {
+            Some(run) => {
+                let (configs, extend) = (&self.configs, self.extend);
+                let r = ResumeRequest { run, configs, overrides: &overrides, extend, quiet, dist_timeout };
+                crate::commands::kind_resume(&crate::kinds::TRAIN, &r)
+            }
+            None => {
+                let (inputs, out, overwrite) = (&self.configs, self.out.as_deref(), self.overwrite);
+                let r =
+                    RunRequest { inputs, out, overrides: &overrides, overwrite, plot_only: false, quiet, dist_timeout };
+                crate::commands::kind_run(&crate::kinds::TRAIN, &r)
+            }
+        }
+    }
+}
+
+/// `plexus rl`'s flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RlArgs {
+    /// Config files or directories of configs to train; with --plot, run directories.
+    #[arg(required_unless_present = "resume", value_name = "CONFIG_OR_DIR|RUN_DIR")]
+    pub inputs: Vec<PathBuf>,
+    /// Continue the run in this directory from its latest checkpoint, with its own config
+    /// (`--set train.env_steps=N` extends it; other keys may not change).
+    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["inputs", "out", "overwrite", "plot", "eval"])]
+    pub resume: Option<PathBuf>,
+    /// Run directory (one config) or parent of the runs (several); with --plot, the figure
+    /// directory. Default: `runs/<name>`.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Override a config key, e.g. --set network.depth=16 (repeatable; validated like the file).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<Override>,
+    /// Device of the runs (`auto`, `cpu`, `cuda`, `cuda:N`): the same as --set device=…
+    #[arg(long, conflicts_with = "plot")]
+    pub device: Option<String>,
+    /// Clear a run directory that already holds files first.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Only draw the success figure of existing run directories.
+    #[arg(long, conflicts_with_all = ["overrides", "overwrite"])]
+    pub plot: bool,
+    /// Evaluate finished runs again: each final policy, the straight-line walker and the
+    /// random policy on --episodes tasks the run never saw (writes held_out_eval.json).
+    #[arg(long, conflicts_with_all = ["overrides", "overwrite", "plot", "out"])]
+    pub eval: bool,
+    /// Tasks of --eval, one episode each (at most 1,000,000: every task is held in memory).
+    #[arg(long, default_value_t = 1000, requires = "eval", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub episodes: u32,
+    /// No per-evaluation lines on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl RlArgs {
+    /// Trains the RL configs (or continues the run, draws the success figure, or evaluates
+    /// finished runs on held-out tasks), through the registry of run kinds.
+    pub fn run(self) -> Result<()> {
+        if self.eval {
+            return crate::commands::runs::held_out_eval(&self.inputs, self.episodes as usize, self.device.as_deref());
+        }
+        let overrides = super::with_device(self.overrides, self.device)?;
+        // One process always: no data-parallel RL runs to wait for.
+        let (quiet, dist_timeout) = (self.quiet, Duration::MAX);
+        match &self.resume {
+            Some(run) => {
+                let r = ResumeRequest { run, configs: &[], overrides: &overrides, extend: None, quiet, dist_timeout };
+                crate::commands::kind_resume(&crate::kinds::RL, &r)
+            }
+            None => {
+                let (inputs, out, overwrite, plot_only) =
+                    (&self.inputs, self.out.as_deref(), self.overwrite, self.plot);
+                let r = RunRequest { inputs, out, overrides: &overrides, overwrite, plot_only, quiet, dist_timeout };
+                crate::commands::kind_run(&crate::kinds::RL, &r)
+            }
+        }
     }
 }

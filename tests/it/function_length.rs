@@ -223,8 +223,10 @@ fn functions_are_measured_from_fn_to_closing_brace() {
 #[test]
 fn the_command_layer_stays_short() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = vec![root.join("src/commands.rs")];
+    // The commands and the command line that dispatches to them (cli::run: dispatch only).
+    let mut files = vec![root.join("src/commands.rs"), root.join("src/cli.rs")];
     rust_files(&root.join("src/commands"), &mut files);
+    rust_files(&root.join("src/cli"), &mut files);
     assert!(files.len() > 1, "src/commands/ holds the verbs' files");
     let mut long = Vec::new();
     for f in &files {
