@@ -102,6 +102,26 @@ pub trait RunKind: Sync {
         let _ = (file, overrides, metric);
         Ok(None)
     }
+    /// The numbers of its runs' `summary.json` that are not results (counts, times, sizes): left
+    /// out of a study's metrics.
+    fn not_results(&self) -> &'static [&'static str];
+    /// Whether a larger value of the evaluation column `column` is better (its best over a run's
+    /// evaluations is then the largest).
+    fn higher_is_better(&self, column: &str) -> bool;
+    /// The column of its runs' `metrics.csv` that a curve is drawn against (`step`).
+    fn x_column(&self) -> &'static str;
+    /// The metrics a study's table shows of its runs by default, in this order, where every run
+    /// has them.
+    fn preferred_metrics(&self) -> &'static [&'static str];
+    /// The curves a study draws of its runs by default, where every run logs them.
+    fn default_curves(&self) -> &'static [&'static str];
+    /// Its own metrics in words, for tables and figures (`time_at_goal` → `time at goal`).
+    fn metric_names(&self) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
+    /// The metrics its runs hold beyond their summary, from the files the kind writes beside it
+    /// (`analysis.json`, `fd.json`, `held_out_eval.json`, …), added to `metrics`.
+    fn run_metrics(&self, dir: &Path, metrics: &mut std::collections::BTreeMap<String, f64>) -> Result<()>;
     /// Prints the table of finished runs (their `summary.json`) on stdout.
     fn print(&self, runs: &[PathBuf]) -> Result<()>;
     /// The figure a kind draws of its own runs, if any (train runs' figures are the analysis').
@@ -249,6 +269,93 @@ impl RunKind for Train {
         true
     }
 
+    fn not_results(&self) -> &'static [&'static str] {
+        &["steps", "eval.step", "num_params", "wall_seconds", "samples_per_second", "tokens_per_second", "resumed_from"]
+    }
+
+    fn higher_is_better(&self, column: &str) -> bool {
+        column.ends_with("accuracy")
+    }
+
+    fn x_column(&self) -> &'static str {
+        "step"
+    }
+
+    fn preferred_metrics(&self) -> &'static [&'static str] {
+        &[
+            "eval.accuracy",
+            "best.eval.accuracy",
+            "eval.perplexity",
+            "eval.loss",
+            "best.eval.loss",
+            "final_loss",
+            "steps_to_1e3",
+            "gamma",
+        ]
+    }
+
+    fn default_curves(&self) -> &'static [&'static str] {
+        &["loss", "gamma"]
+    }
+
+    /// A diffusion run's ε-MSE per timestep bucket at its last evaluation (`eps_by_t.*`), what
+    /// `plexus fd` measured of its final weights (`fd.*`) and what `plexus analyze` measured
+    /// (`analysis.*`: the half-depth exit and the accuracy under noise, and its drop).
+    fn run_metrics(&self, dir: &Path, metrics: &mut std::collections::BTreeMap<String, f64>) -> Result<()> {
+        use crate::run_dir::{flatten_json, read_number_table as read_csv};
+        use std::collections::BTreeMap;
+        let eps = dir.join("eps_by_t.csv");
+        if eps.is_file() {
+            let (cols, rows) = read_csv(&eps)?;
+            if let Some(last) = rows.last() {
+                for (c, name) in cols.iter().enumerate().filter(|(_, n)| *n != "step") {
+                    if let Some(v) = last[c] {
+                        metrics.insert(format!("eps_by_t.{name}"), v);
+                    }
+                }
+            }
+        }
+        let fd = dir.join("fd.json");
+        if fd.is_file() {
+            let json: serde_json::Value = crate::input_file::read_json(&fd, "an FD record")?;
+            for k in ["fd", "real_floor", "class_agreement"] {
+                if let Some(v) = json[k].as_f64() {
+                    metrics.insert(format!("fd.{k}"), v);
+                }
+            }
+        }
+        let analysis = dir.join("analysis.json");
+        if analysis.is_file() {
+            let json: serde_json::Value = crate::input_file::read_json(&analysis, "an analysis record")?;
+            let mut flat = BTreeMap::new();
+            flatten_json(&json["half_depth"], "analysis.half_depth", &mut flat);
+            flat.remove("analysis.half_depth.units");
+            for row in json["noise"].as_array().into_iter().flatten() {
+                let Some(level) = row["level"].as_f64() else { continue };
+                for (k, name) in
+                    [("mean_accuracy", "accuracy"), ("mean_loss", "loss"), ("mean_perplexity", "perplexity")]
+                {
+                    if let Some(v) = row[k].as_f64() {
+                        flat.insert(format!("analysis.noise[{level}].{name}"), v);
+                    }
+                }
+            }
+            // Robustness is the accuracy lost to the noise, not the accuracy under it (which also
+            // carries the clean accuracy's differences).
+            if let Some(clean) = flat.get("analysis.noise[0].accuracy").copied() {
+                let drops: Vec<(String, f64)> = flat
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.strip_suffix(".accuracy")?.to_string(), clean - v)))
+                    .filter(|(k, _)| k.starts_with("analysis.noise[") && k != "analysis.noise[0]")
+                    .map(|(k, d)| (format!("{k}.accuracy_drop"), d))
+                    .collect();
+                flat.extend(drops);
+            }
+            metrics.extend(flat);
+        }
+        Ok(())
+    }
+
     fn train(&self, file: &Path, overrides: &[Override], out: &Path, launch: &Launch) -> Result<()> {
         let dir = if launch.resume { RunDir::open(out)? } else { RunDir::new(out) };
         let exp = match launch.resume {
@@ -294,6 +401,57 @@ impl RunKind for Rl {
 
     fn sections(&self) -> &'static [&'static str] {
         &["env", "network", "crl"]
+    }
+
+    fn not_results(&self) -> &'static [&'static str] {
+        &["params", "env_steps", "updates", "depth", "units", "seconds", "resumed_from"]
+    }
+
+    fn higher_is_better(&self, column: &str) -> bool {
+        ["success", "time_at_goal"].iter().any(|m| column.ends_with(m))
+    }
+
+    fn x_column(&self) -> &'static str {
+        "env_steps"
+    }
+
+    fn preferred_metrics(&self) -> &'static [&'static str] {
+        &["success", "time_at_goal", "straight_success", "random_success"]
+    }
+
+    fn default_curves(&self) -> &'static [&'static str] {
+        &["success"]
+    }
+
+    fn metric_names(&self) -> &'static [(&'static str, &'static str)] {
+        &[("time_at_goal", "time at goal"), ("success", "success rate")]
+    }
+
+    /// What the trained policy adds to walking straight at the goal, on all tasks and on those where
+    /// a wall is in the way (`success_over_straight`, `success_blocked_over_straight`: the paired
+    /// comparison of a run with its own baseline), and after `plexus rl --eval` the final policy
+    /// on held-out tasks (`held_out.*`).
+    fn run_metrics(&self, dir: &Path, metrics: &mut std::collections::BTreeMap<String, f64>) -> Result<()> {
+        for (trained, straight, name) in [
+            ("success", "straight_success", "success_over_straight"),
+            ("success_blocked", "straight_success_blocked", "success_blocked_over_straight"),
+        ] {
+            if let (Some(a), Some(b)) = (metrics.get(trained), metrics.get(straight)) {
+                metrics.insert(name.into(), a - b);
+            }
+        }
+        // After `plexus rl --eval`: the final policy on held-out tasks (each value's first entry; the
+        // other two are its interval).
+        let held_out = dir.join("held_out_eval.json");
+        if held_out.is_file() {
+            let json: serde_json::Value = crate::input_file::read_json(&held_out, "a held-out evaluation")?;
+            for k in ["success", "time_at_goal", "success_blocked", "straight_success", "straight_success_blocked"] {
+                if let Some(v) = json[k][0].as_f64() {
+                    metrics.insert(format!("held_out.{k}"), v);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn offers(&self, run: &Path) -> String {

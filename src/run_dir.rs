@@ -767,6 +767,40 @@ pub fn read_matrix(path: &Path) -> Result<Matrix> {
     Ok(Matrix::from_shape_vec((rows, cols), values).expect("rows × cols values"))
 }
 
+/// The numbers of a JSON record (`summary.json`, `analysis.json`) as flat keys: `eval.accuracy`
+/// for `{"eval": {"accuracy": …}}`; other values are left out.
+pub fn flatten_json(v: &serde_json::Value, prefix: &str, out: &mut std::collections::BTreeMap<String, f64>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                flatten_json(v, &if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") }, out);
+            }
+        }
+        serde_json::Value::Number(n) => {
+            if let Some(x) = n.as_f64() {
+                out.insert(prefix.to_string(), x);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A CSV of numbers: its header, and its rows (an empty or non-numeric cell is `None`).
+pub type NumberTable = (Vec<String>, Vec<Vec<Option<f64>>>);
+
+/// A CSV of a run's numbers (`eval.csv`, `eps_by_t.csv`, a curve's file) as a [`NumberTable`].
+pub fn read_number_table(path: &Path) -> Result<NumberTable> {
+    let mut r = csv::Reader::from_reader(crate::input_file::open_regular(path)?);
+    let cols: Vec<String> =
+        r.headers().with_context(|| format!("reading {}", path.display()))?.iter().map(String::from).collect();
+    let mut rows = Vec::new();
+    for rec in r.records() {
+        let rec = rec.with_context(|| format!("reading {}", path.display()))?;
+        rows.push((0..cols.len()).map(|i| rec.get(i).and_then(|c| c.parse::<f64>().ok())).collect());
+    }
+    Ok((cols, rows))
+}
+
 /// A connectivity matrix C given as data (`topology.init: {file: C.csv}` of `graph`, or another
 /// run's `connectivity/step_N.csv`), from the CSV text `text` that `origin` names: the layout
 /// [`matrix_csv`] writes (a header `node,0,1,…`, then one row per source node, its label first),

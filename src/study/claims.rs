@@ -140,7 +140,7 @@ pub struct Claim {
 pub struct Amendment {
     /// When (`2026-11-27`).
     pub date: String,
-    /// What changed (`metric: time_at_goal@48000 → time_at_goal@53760`).
+    /// What changed (`metric: fd.fd@400 → fd.fd@500`).
     pub change: String,
     /// Why, and what had been seen of the results when it was made.
     pub reason: String,

@@ -11,12 +11,11 @@ pub struct RunRecord {
     pub dir: PathBuf,
     /// Every scalar of `config.yaml`, keyed `section.key` (lists as `key[i]`), as text.
     pub config: BTreeMap<String, String>,
-    /// `summary.json`'s numbers keyed the same way (`final_loss`, `eval.accuracy`, `gamma`,
-    /// `success`, …; RL runs also `success_over_straight` and `success_blocked_over_straight`, the
-    /// trained policy's success minus the straight-line policy's); `best.eval.<column>`: the best value over the run's evaluations (`eval.csv`;
-    /// highest for accuracy and success, lowest otherwise); `initial.gamma` (the first logged Γ);
+    /// `summary.json`'s numbers keyed the same way (`final_loss`, `eval.accuracy`, `gamma`, …);
+    /// `best.eval.<column>`: the best value over the run's evaluations (`eval.csv`; highest where
+    /// its kind says higher is better, lowest otherwise); `initial.gamma` (the first logged Γ);
     /// `final.<view>[i]` (a topology's one-row parameter view at the end: H-ACN's `final.a[i]`);
-    /// after `plexus rl --eval`, `held_out.success`, `held_out.time_at_goal`, … (held-out tasks);
+    /// and the metrics its kind reads from its other files ([`crate::kinds::RunKind::run_metrics`]:
     /// `eps_by_t.<bucket>` (a diffusion run's last validation ε-MSE per timestep bucket); and
     /// after `plexus analyze`, `analysis.half_depth.<metric>` (the exit after ⌊L/2⌋ units) and
     /// `analysis.noise[<level>].<metric>` (under input noise of that σ or probability; also
@@ -53,29 +52,6 @@ impl RunRecord {
     pub fn seed(&self) -> Option<u64> {
         self.config.get("seed").and_then(|s| s.parse().ok())
     }
-}
-
-/// Numbers of a summary that describe the run's bookkeeping or speed, not what it learned: not
-/// shown unless asked for.
-const NOT_RESULTS: &[&str] = &[
-    "steps",
-    "eval.step",
-    "num_params",
-    "params",
-    "wall_seconds",
-    "seconds",
-    "samples_per_second",
-    "tokens_per_second",
-    "resumed_from",
-    "env_steps",
-    "updates",
-    "depth",
-    "units",
-];
-
-/// Whether a larger value of `metric` is better (accuracy, success, time at the goal).
-pub fn higher_is_better(metric: &str) -> bool {
-    ["accuracy", "success", "time_at_goal"].iter().any(|m| metric.ends_with(m))
 }
 
 /// The run directories `paths` stand for, in order: a sweep folder (`sweep.json`) for its runs,
@@ -292,12 +268,28 @@ fn read_one_runs_csv(path: &Path) -> Result<Vec<(usize, RunRecord)>> {
     Ok(runs)
 }
 
-/// Reads a run; `Ok(None)` when it has not finished (no `summary.json`).
+/// Reads a run; `Ok(None)` when it has not finished (no `summary.json`). One reader per source:
+/// its config (and what a sweep recorded of it), its summary, its evaluations, its first Γ, and
+/// the files its kind writes beside them ([`crate::kinds::RunKind::run_metrics`]).
 pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
     let summary = dir.join("summary.json");
     if !summary.is_file() {
         return Ok(None);
     }
+    let kind = crate::kinds::of_run(&crate::run_dir::RunDir::new(dir));
+    let config = run_config(dir)?;
+    let mut metrics = summary_metrics(&summary, kind)?;
+    best_evaluations(dir, kind, &mut metrics)?;
+    if let Some(g) = curve(dir, "gamma")?.first() {
+        metrics.insert("initial.gamma".into(), g.1);
+    }
+    kind.run_metrics(dir, &mut metrics)?;
+    Ok(Some(RunRecord { dir: dir.to_path_buf(), config, metrics, curves: BTreeMap::new() }))
+}
+
+/// A run's config, flattened (`topology.init.mu`), with what a sweep made it under: its claims'
+/// fingerprint and the spec's commit (`study.claims`, `study.spec_commit`).
+fn run_config(dir: &Path) -> Result<BTreeMap<String, String>> {
     let text =
         crate::input_file::read_text(&dir.join("config.yaml"), crate::input_file::MAX_CONFIG_BYTES, "a config file")
             .with_context(|| format!("reading the run {}", dir.display()))?;
@@ -305,7 +297,6 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
         serde_yaml::from_str(&text).with_context(|| format!("parsing {}", dir.join("config.yaml").display()))?;
     let mut config = BTreeMap::new();
     flatten_yaml(&yaml, "", &mut config);
-    // What a sweep made the run under: its claims' fingerprint and the spec's commit.
     let registration = dir.join(super::REGISTRATION_FILE);
     if registration.is_file() {
         let r: super::Registration = crate::input_file::read_json(&registration, "a study registration")?;
@@ -317,34 +308,17 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
         };
         config.insert("study.spec_commit".into(), commit);
     }
-    let json: serde_json::Value = crate::input_file::read_json(&summary, "a run summary")?;
+    Ok(config)
+}
+
+/// The numbers of a run's `summary.json` (flattened: `eval.accuracy`), but those its kind says
+/// are not results (counts, times), and the topology's one-row parameter view at the end (H-ACN's
+/// residual weights as `final.a[0]` …).
+fn summary_metrics(summary: &Path, kind: &dyn crate::kinds::RunKind) -> Result<BTreeMap<String, f64>> {
+    let json: serde_json::Value = crate::input_file::read_json(summary, "a run summary")?;
     let mut metrics = BTreeMap::new();
     flatten_json(&json, "", &mut metrics);
-    metrics.retain(|k, _| !NOT_RESULTS.contains(&k.as_str()));
-    let eval = dir.join("eval.csv");
-    if eval.is_file() {
-        let (cols, rows) = read_csv(&eval)?;
-        for (c, name) in cols.iter().enumerate().filter(|(_, n)| *n != "step") {
-            let vals = rows.iter().filter_map(|r| r[c]);
-            let best =
-                if higher_is_better(name) { vals.fold(f64::NAN, f64::max) } else { vals.fold(f64::NAN, f64::min) };
-            if best.is_finite() {
-                metrics.insert(format!("best.eval.{name}"), best);
-            }
-        }
-    }
-    // RL: what the trained policy adds to walking straight at the goal, on all tasks and on those
-    // where a wall is in the way (the paired comparison of a run with its own baseline).
-    for (trained, straight, name) in [
-        ("success", "straight_success", "success_over_straight"),
-        ("success_blocked", "straight_success_blocked", "success_blocked_over_straight"),
-    ] {
-        if let (Some(a), Some(b)) = (metrics.get(trained), metrics.get(straight)) {
-            metrics.insert(name.into(), a - b);
-        }
-    }
-    // The topology's parameter view at the end (`summary.json`'s `parameter_view`: a name and a
-    // matrix), where it is one row: H-ACN's residual weights as `final.a[0]` …
+    metrics.retain(|k, _| !kind.not_results().contains(&k.as_str()));
     if let Some([name, serde_json::Value::Array(rows)]) = json["parameter_view"].as_array().map(Vec::as_slice) {
         if let (Some(name), [serde_json::Value::Array(row)]) = (name.as_str(), rows.as_slice()) {
             for (i, v) in row.iter().enumerate() {
@@ -354,68 +328,27 @@ pub fn read_run(dir: &Path) -> Result<Option<RunRecord>> {
             }
         }
     }
-    if let Some(g) = curve(dir, "gamma")?.first() {
-        metrics.insert("initial.gamma".into(), g.1);
-    }
-    let eps = dir.join("eps_by_t.csv");
-    if eps.is_file() {
-        let (cols, rows) = read_csv(&eps)?;
-        if let Some(last) = rows.last() {
-            for (c, name) in cols.iter().enumerate().filter(|(_, n)| *n != "step") {
-                if let Some(v) = last[c] {
-                    metrics.insert(format!("eps_by_t.{name}"), v);
-                }
+    Ok(metrics)
+}
+
+/// `best.eval.<column>`: the best value of each column of the run's `eval.csv` over its
+/// evaluations (highest where the kind says higher is better, lowest otherwise).
+fn best_evaluations(dir: &Path, kind: &dyn crate::kinds::RunKind, metrics: &mut BTreeMap<String, f64>) -> Result<()> {
+    let eval = dir.join("eval.csv");
+    if eval.is_file() {
+        let (cols, rows) = read_csv(&eval)?;
+        for (c, name) in cols.iter().enumerate().filter(|(_, n)| *n != "step") {
+            let vals = rows.iter().filter_map(|r| r[c]);
+            let best = match kind.higher_is_better(name) {
+                true => vals.fold(f64::NAN, f64::max),
+                false => vals.fold(f64::NAN, f64::min),
+            };
+            if best.is_finite() {
+                metrics.insert(format!("best.eval.{name}"), best);
             }
         }
     }
-    // After `plexus rl --eval`: the final policy on held-out tasks (each value's first entry; the
-    // other two are its interval).
-    let held_out = dir.join("held_out_eval.json");
-    if held_out.is_file() {
-        let json: serde_json::Value = crate::input_file::read_json(&held_out, "a held-out evaluation")?;
-        for k in ["success", "time_at_goal", "success_blocked", "straight_success", "straight_success_blocked"] {
-            if let Some(v) = json[k][0].as_f64() {
-                metrics.insert(format!("held_out.{k}"), v);
-            }
-        }
-    }
-    let fd = dir.join("fd.json");
-    if fd.is_file() {
-        let json: serde_json::Value = crate::input_file::read_json(&fd, "an FD record")?;
-        for k in ["fd", "real_floor", "class_agreement"] {
-            if let Some(v) = json[k].as_f64() {
-                metrics.insert(format!("fd.{k}"), v);
-            }
-        }
-    }
-    let analysis = dir.join("analysis.json");
-    if analysis.is_file() {
-        let json: serde_json::Value = crate::input_file::read_json(&analysis, "an analysis record")?;
-        let mut flat = BTreeMap::new();
-        flatten_json(&json["half_depth"], "analysis.half_depth", &mut flat);
-        flat.remove("analysis.half_depth.units");
-        for row in json["noise"].as_array().into_iter().flatten() {
-            let Some(level) = row["level"].as_f64() else { continue };
-            for (k, name) in [("mean_accuracy", "accuracy"), ("mean_loss", "loss"), ("mean_perplexity", "perplexity")] {
-                if let Some(v) = row[k].as_f64() {
-                    flat.insert(format!("analysis.noise[{level}].{name}"), v);
-                }
-            }
-        }
-        // Robustness is the accuracy lost to the noise, not the accuracy under it (which also
-        // carries the clean accuracy's differences).
-        if let Some(clean) = flat.get("analysis.noise[0].accuracy").copied() {
-            let drops: Vec<(String, f64)> = flat
-                .iter()
-                .filter_map(|(k, v)| Some((k.strip_suffix(".accuracy")?.to_string(), clean - v)))
-                .filter(|(k, _)| k.starts_with("analysis.noise[") && k != "analysis.noise[0]")
-                .map(|(k, d)| (format!("{k}.accuracy_drop"), d))
-                .collect();
-            flat.extend(drops);
-        }
-        metrics.extend(flat);
-    }
-    Ok(Some(RunRecord { dir: dir.to_path_buf(), config, metrics, curves: BTreeMap::new() }))
+    Ok(())
 }
 
 /// A config's YAML as a report keys it: every scalar as `section.key` (lists as `key[i]`), as text.
@@ -452,45 +385,18 @@ fn flatten_yaml(v: &serde_yaml::Value, prefix: &str, out: &mut BTreeMap<String, 
     }
 }
 
-fn flatten_json(v: &serde_json::Value, prefix: &str, out: &mut BTreeMap<String, f64>) {
-    match v {
-        serde_json::Value::Object(m) => {
-            for (k, v) in m {
-                flatten_json(v, &if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") }, out);
-            }
-        }
-        serde_json::Value::Number(n) => {
-            if let Some(x) = n.as_f64() {
-                out.insert(prefix.to_string(), x);
-            }
-        }
-        _ => {}
-    }
-}
-
-/// A CSV of numbers: its header, and its rows (an empty or non-numeric cell is `None`).
-type NumberTable = (Vec<String>, Vec<Vec<Option<f64>>>);
-
-fn read_csv(path: &Path) -> Result<NumberTable> {
-    let mut r = csv::Reader::from_reader(crate::input_file::open_regular(path)?);
-    let cols: Vec<String> =
-        r.headers().with_context(|| format!("reading {}", path.display()))?.iter().map(String::from).collect();
-    let mut rows = Vec::new();
-    for rec in r.records() {
-        let rec = rec.with_context(|| format!("reading {}", path.display()))?;
-        rows.push((0..cols.len()).map(|i| rec.get(i).and_then(|c| c.parse::<f64>().ok())).collect());
-    }
-    Ok((cols, rows))
-}
+use crate::run_dir::{flatten_json, read_number_table as read_csv};
 
 /// The curve `name` of a run, as `(x, value)`: `eval.<column>` from `eval.csv`, any other name a
-/// column of `metrics.csv` (`loss`, `gamma`, `grad_norm`; `success` of RL runs, against environment
+/// column of `metrics.csv` (`loss`, `gamma`, `grad_norm`; against the column the run's kind logs its progress in
 /// steps), both against the step; after `plexus analyze`, `layerwise.<column>` from
 /// `layerwise.csv` against the units before the exit, and `noise.<column>` from `noise.csv` against
 /// the noise level (the mean over its draws); after `plexus fd --every-checkpoint` (or `--step`),
 /// `fd.<column>` from `fd_steps.csv` against the checkpoint's step. Empty when the run does not log
 /// it.
 pub fn curve(dir: &Path, name: &str) -> Result<Vec<(f64, f64)>> {
+    // `metrics.csv` is drawn against the column the run's kind logs its progress in.
+    let x_metrics = [crate::kinds::of_run(&crate::run_dir::RunDir::new(dir)).x_column()];
     let (file, col, x_cols): (&str, &str, &[&str]) = if let Some(c) = name.strip_prefix("eval.") {
         ("eval.csv", c, &["step"])
     } else if let Some(c) = name.strip_prefix("layerwise.") {
@@ -500,7 +406,7 @@ pub fn curve(dir: &Path, name: &str) -> Result<Vec<(f64, f64)>> {
     } else if let Some(c) = name.strip_prefix("fd.") {
         (crate::fd::STEPS_FILE, c, &["step"])
     } else {
-        ("metrics.csv", name, &["step", "env_steps"])
+        ("metrics.csv", name, &x_metrics)
     };
     let path = dir.join(file);
     if !path.is_file() {
@@ -552,8 +458,9 @@ pub fn curve(dir: &Path, name: &str) -> Result<Vec<(f64, f64)>> {
 pub fn curve_names(dir: &Path) -> Vec<String> {
     // Each file, the prefix of its curves and its columns that are not curves (the x axes, labels,
     // an FD measurement's setting).
+    let x_metrics = [crate::kinds::of_run(&crate::run_dir::RunDir::new(dir)).x_column()];
     let files: [(&str, &str, &[&str]); 5] = [
-        ("metrics.csv", "", &["step", "env_steps"]),
+        ("metrics.csv", "", &x_metrics),
         ("eval.csv", "eval.", &["step"]),
         ("layerwise.csv", "layerwise.", &["units", "kind"]),
         ("noise.csv", "noise.", &["kind", "level", "repeat"]),
@@ -637,7 +544,8 @@ mod tests {
     #[test]
     fn final_parameter_views_and_held_out_evaluations_are_metrics() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("config.yaml"), "name: r\nseed: 3\n").unwrap();
+        // An RL run (its kind reads the held-out file): `network` is that kind's section.
+        std::fs::write(dir.path().join("config.yaml"), "name: r\nseed: 3\nnetwork: {depth: 4}\n").unwrap();
         std::fs::write(
             dir.path().join("summary.json"),
             r#"{"final_loss": 0.5, "parameter_view": ["a", [[0.2, 0.3, 0.25]]]}"#,

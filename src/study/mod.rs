@@ -162,21 +162,11 @@ pub struct StudyReport {
     pub formats: Option<String>,
 }
 
-/// Metrics a table shows by default, in this order, when every run has them.
-const PREFERRED: &[&str] = &[
-    "eval.accuracy",
-    "best.eval.accuracy",
-    "eval.perplexity",
-    "eval.loss",
-    "best.eval.loss",
-    "final_loss",
-    "steps_to_1e3",
-    "gamma",
-    "success",
-    "time_at_goal",
-    "straight_success",
-    "random_success",
-];
+/// Metrics a table shows by default, in this order, when every run has them: each kind's
+/// ([`crate::kinds::RunKind::preferred_metrics`]).
+fn preferred() -> Vec<&'static str> {
+    crate::kinds::KINDS.iter().flat_map(|k| k.preferred_metrics().iter().copied()).collect()
+}
 
 /// Reads the runs `paths` stand for (see [`collect::find_runs`]; or the rows of a report's
 /// `runs.csv`) and computes the report, with the claims of `spec` (else of the sweep folder's own
@@ -336,7 +326,7 @@ fn grouping_keys(
 /// The metrics of the tables, and those of the sweep's spec that not every run has yet. Metrics
 /// asked for on the command line must exist in every run; those of the sweep's spec may wait for
 /// `plexus analyze` and are left out (and named) until every run has them; without either, the
-/// [`PREFERRED`] ones every run has, else every metric every run has.
+/// [`preferred`] ones every run has, else every metric every run has.
 fn report_metrics(
     opts: &ReportOptions,
     from_sweep: &ReportSpec,
@@ -364,7 +354,7 @@ fn report_metrics(
         missing = lack;
         have
     } else {
-        let mut m: Vec<String> = PREFERRED.iter().filter(|m| common(m)).map(|s| s.to_string()).collect();
+        let mut m: Vec<String> = preferred().iter().filter(|m| common(m)).map(|s| s.to_string()).collect();
         if m.is_empty() {
             m = runs[0].metrics.keys().filter(|k| common(k)).cloned().collect();
         }
@@ -430,8 +420,9 @@ fn report_curves(
         }
     }
     if curves.is_empty() {
-        curves = ["loss", "gamma", "success"]
-            .into_iter()
+        curves = crate::kinds::KINDS
+            .iter()
+            .flat_map(|k| k.default_curves().iter().copied())
             .filter(|c| runs.iter().all(|r| r.curve(c).is_ok_and(|p| !p.is_empty())))
             .map(String::from)
             .collect();

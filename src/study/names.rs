@@ -39,9 +39,10 @@ fn quantity(name: &str) -> String {
         "loss" => "training loss".into(),
         "gamma" => "Γ".into(),
         "fd.fd" => "Fréchet distance".into(),
-        "time_at_goal" => "time at goal".into(),
-        "success" => "success rate".into(),
-        n => n.to_string(),
+        n => crate::kinds::KINDS
+            .iter()
+            .find_map(|k| k.metric_names().iter().find(|(m, _)| *m == n))
+            .map_or_else(|| n.to_string(), |(_, words)| words.to_string()),
     }
 }
 

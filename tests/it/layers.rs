@@ -332,6 +332,31 @@ fn only_the_rl_module_and_the_registry_name_the_rl_verb() {
     assert!(found.is_empty(), "ask crate::kinds instead of naming the verb:\n{}", found.join("\n"));
 }
 
+/// The study pipeline (src/study/) knows no kind's own fields: a run's metrics beyond its
+/// summary, the column its curves are drawn against, which direction is better, what is not a
+/// result — each kind says (`crate::kinds::RunKind`). None of the RL kind's own names
+/// (`env_steps`, `success`, `time_at_goal`, `straight_success`, `held_out_eval`) may appear in
+/// study/'s code or docs.
+#[test]
+fn the_study_pipeline_names_no_fields_of_a_kind() {
+    let mut files = Vec::new();
+    rust_files(&src().join("study"), &mut files);
+    let mut found = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        // The tests at the end of a file may hold a kind's runs as data.
+        let code = text.split("\n#[cfg(test)]\nmod tests").next().unwrap_or(&text);
+        for (n, line) in code.lines().enumerate() {
+            for name in ["env_steps", "\"success", "`success", "time_at_goal", "straight_success", "held_out_eval"] {
+                if line.contains(name) {
+                    found.push(format!("{}:{}: {}", f.strip_prefix(src()).unwrap().display(), n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "study/ names a kind's own fields; let crate::kinds say them:\n{}", found.join("\n"));
+}
+
 /// `train::train` and `rl::trainer::train` stay runs that read top-down on the run engine
 /// (train/engine.rs; issue: at most 80 lines each, signature to closing brace); what they do is in
 /// components (train/run_log.rs, checkpoint.rs' Checkpointer, the trainers' loop states, …).
