@@ -203,107 +203,7 @@ impl KernelProfile {
 /// Sorts the events of a profile into categories (see the module doc). `gpu`: count the device's
 /// kernels, copies and fills; else the host's working leaf operators.
 pub fn categorize(events: &[ProfileEvent], gpu: bool) -> KernelProfile {
-    // The records of autograd nodes themselves (`MulBackward0`, `torch::autograd::AccumulateGrad`,
-    // `…CppNode<…>`): what runs inside them is counted, not they.
-    let node_record = |e: &ProfileEvent| {
-        e.name.starts_with("torch::autograd::") || (!e.name.contains("::") && e.name.contains("Backward"))
-    };
-    let host = |e: &ProfileEvent| matches!(e.kind, EventKind::Op | EventKind::Scope | EventKind::Launch);
-    // The innermost enclosing host event of each host event, per thread: a sweep over the events
-    // sorted by start (longer first on a tie), with a stack of the open ones.
-    let mut parent: Vec<Option<usize>> = vec![None; events.len()];
-    // Whether an operator calls another that does work (not a view or an allocation).
-    let mut has_child = vec![false; events.len()];
-    let mut by_thread: HashMap<u64, Vec<usize>> = HashMap::new();
-    for (i, e) in events.iter().enumerate().filter(|(_, e)| host(e)) {
-        by_thread.entry(e.thread).or_default().push(i);
-    }
-    for ids in by_thread.values_mut() {
-        ids.sort_by_key(|&i| (events[i].start_ns, std::cmp::Reverse(events[i].duration_ns)));
-        let mut open: Vec<usize> = Vec::new();
-        for &i in ids.iter() {
-            while open
-                .last()
-                .is_some_and(|&j| events[j].end_ns() < events[i].end_ns() || events[j].end_ns() <= events[i].start_ns)
-            {
-                open.pop();
-            }
-            if let Some(&j) = open.last() {
-                parent[i] = Some(j);
-                if events[i].kind == EventKind::Op && !crate::native::kineto::is_metadata_op(&events[i].name) {
-                    has_child[j] = true;
-                }
-            }
-            open.push(i);
-        }
-    }
-    let is_backward_node = |e: &ProfileEvent| e.name.starts_with("autograd::engine::evaluate_function");
-    // Forward operators by thread and sequence number: of those with one number, the last to start
-    // made the autograd node (views before it peek the same number). Backward records (a node's
-    // own, `MulBackward0`, carries its forward's number too) have a forward thread; forward ones
-    // have none.
-    let mut forward: HashMap<u64, std::collections::BTreeMap<i64, usize>> = HashMap::new();
-    for (i, e) in events.iter().enumerate() {
-        if e.kind == EventKind::Op
-            && e.sequence_nr >= 0
-            && e.forward_thread == 0
-            && !node_record(e)
-            && !is_backward_node(e)
-        {
-            let slot = forward.entry(e.thread).or_default().entry(e.sequence_nr).or_insert(i);
-            if events[*slot].start_ns <= e.start_ns {
-                *slot = i;
-            }
-        }
-    }
-    // The forward operator behind a backward node: the one with its number, else the nearest
-    // before it (a custom autograd function's forward records no operator of its own: the
-    // operators just before it are in the same code).
-    let forward_of = |node: &ProfileEvent| {
-        forward.get(&node.forward_thread).and_then(|m| m.range(..=node.sequence_nr).next_back()).map(|(_, &i)| i)
-    };
-    // The category of host event `i` and what it ran under.
-    let classify = |i: usize| -> Option<Category> {
-        let mut names: Vec<&str> = Vec::new(); // innermost first
-        let mut at = Some(i);
-        while let Some(j) = at {
-            let e = &events[j];
-            if e.kind == EventKind::Scope {
-                if let Some(scoped) = scope_category(&e.name) {
-                    if scoped.is_some() {
-                        return scoped;
-                    }
-                    break; // a unit: the names decide
-                }
-            }
-            if e.kind == EventKind::Op {
-                names.push(&e.name);
-                if is_backward_node(e) {
-                    // The scope of the forward operator that made this node, if it had one that
-                    // decides; else the names so far.
-                    if let Some(f) = forward_of(e) {
-                        if let Some(c) = scope_of(events, &parent, f) {
-                            return Some(c);
-                        }
-                    }
-                    break;
-                }
-            }
-            at = parent[j];
-        }
-        names.iter().rev().find_map(|n| category_of_name(n))
-    };
-    // Whether host event `i` runs in the backward pass (under an autograd node).
-    let in_backward = |i: usize| {
-        let mut at = Some(i);
-        while let Some(j) = at {
-            if is_backward_node(&events[j]) {
-                return true;
-            }
-            at = parent[j];
-        }
-        false
-    };
+    let tree = EventTree::new(events);
     let mut rows: HashMap<Category, CategoryTime> = Category::ALL
         .iter()
         .map(|&c| (c, CategoryTime { category: c, ms: 0.0, backward_ms: 0.0, launches: 0 }))
@@ -317,64 +217,177 @@ pub fn categorize(events: &[ProfileEvent], gpu: bool) -> KernelProfile {
         r.launches += 1;
     };
     if gpu {
-        // A kernel's operator: the one it is linked to (as torch.profiler pairs them), else the
-        // one around its runtime call on the host.
-        let ops: HashMap<u64, usize> = events
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.kind == EventKind::Op && e.correlation != 0)
-            .map(|(i, e)| (e.correlation, i))
-            .collect();
-        let launches: HashMap<u64, usize> = events
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.kind == EventKind::Launch && e.correlation != 0)
-            .map(|(i, e)| (e.correlation, i))
-            .collect();
-        for e in events.iter().filter(|e| matches!(e.kind, EventKind::Kernel | EventKind::Memcpy | EventKind::Memset)) {
+        tree.gpu_work(&mut add);
+    } else {
+        tree.cpu_work(&mut add);
+    }
+    KernelProfile { gpu, rows: Category::ALL.iter().map(|c| rows[c].clone()).collect() }
+}
+
+/// The records of autograd nodes themselves (`MulBackward0`, `torch::autograd::AccumulateGrad`,
+/// `…CppNode<…>`): what runs inside them is counted, not they.
+fn node_record(e: &ProfileEvent) -> bool {
+    e.name.starts_with("torch::autograd::") || (!e.name.contains("::") && e.name.contains("Backward"))
+}
+
+fn is_backward_node(e: &ProfileEvent) -> bool {
+    e.name.starts_with("autograd::engine::evaluate_function")
+}
+
+/// A profile's host events as a tree (each one's innermost enclosing host event, per thread),
+/// with the forward operator behind each autograd node.
+struct EventTree<'a> {
+    events: &'a [ProfileEvent],
+    parent: Vec<Option<usize>>,
+    /// Whether an operator calls another that does work (not a view or an allocation).
+    has_child: Vec<bool>,
+    /// Forward operators by thread and sequence number: of those with one number, the last to
+    /// start made the autograd node (views before it peek the same number).
+    forward: HashMap<u64, std::collections::BTreeMap<i64, usize>>,
+}
+
+impl<'a> EventTree<'a> {
+    fn new(events: &'a [ProfileEvent]) -> Self {
+        let host = |e: &ProfileEvent| matches!(e.kind, EventKind::Op | EventKind::Scope | EventKind::Launch);
+        // A sweep over each thread's host events sorted by start (longer first on a tie), with a
+        // stack of the open ones.
+        let mut parent: Vec<Option<usize>> = vec![None; events.len()];
+        let mut has_child = vec![false; events.len()];
+        let mut by_thread: HashMap<u64, Vec<usize>> = HashMap::new();
+        for (i, e) in events.iter().enumerate().filter(|(_, e)| host(e)) {
+            by_thread.entry(e.thread).or_default().push(i);
+        }
+        for ids in by_thread.values_mut() {
+            ids.sort_by_key(|&i| (events[i].start_ns, std::cmp::Reverse(events[i].duration_ns)));
+            let mut open: Vec<usize> = Vec::new();
+            for &i in ids.iter() {
+                while open.last().is_some_and(|&j| {
+                    events[j].end_ns() < events[i].end_ns() || events[j].end_ns() <= events[i].start_ns
+                }) {
+                    open.pop();
+                }
+                if let Some(&j) = open.last() {
+                    parent[i] = Some(j);
+                    if events[i].kind == EventKind::Op && !crate::native::kineto::is_metadata_op(&events[i].name) {
+                        has_child[j] = true;
+                    }
+                }
+                open.push(i);
+            }
+        }
+        // Backward records (a node's own, `MulBackward0`, carries its forward's number too) have
+        // a forward thread; forward ones have none.
+        let mut forward: HashMap<u64, std::collections::BTreeMap<i64, usize>> = HashMap::new();
+        for (i, e) in events.iter().enumerate() {
+            if e.kind == EventKind::Op
+                && e.sequence_nr >= 0
+                && e.forward_thread == 0
+                && !node_record(e)
+                && !is_backward_node(e)
+            {
+                let slot = forward.entry(e.thread).or_default().entry(e.sequence_nr).or_insert(i);
+                if events[*slot].start_ns <= e.start_ns {
+                    *slot = i;
+                }
+            }
+        }
+        EventTree { events, parent, has_child, forward }
+    }
+
+    /// The enclosing events of `i`, innermost first (`i` itself included when `with_self`).
+    fn ancestors(&self, i: usize, with_self: bool) -> impl Iterator<Item = usize> + '_ {
+        let first = if with_self { Some(i) } else { self.parent[i] };
+        std::iter::successors(first, |&j| self.parent[j])
+    }
+
+    /// The forward operator behind a backward node: the one with its number, else the nearest
+    /// before it (a custom autograd function's forward records no operator of its own: the
+    /// operators just before it are in the same code).
+    fn forward_of(&self, node: &ProfileEvent) -> Option<usize> {
+        self.forward.get(&node.forward_thread).and_then(|m| m.range(..=node.sequence_nr).next_back()).map(|(_, &i)| i)
+    }
+
+    /// The category of host event `i` and what it ran under.
+    fn classify(&self, i: usize) -> Option<Category> {
+        let mut names: Vec<&str> = Vec::new(); // innermost first
+        for j in self.ancestors(i, true) {
+            let e = &self.events[j];
+            if e.kind == EventKind::Scope {
+                if let Some(scoped) = scope_category(&e.name) {
+                    if scoped.is_some() {
+                        return scoped;
+                    }
+                    break; // a unit: the names decide
+                }
+            }
+            if e.kind == EventKind::Op {
+                names.push(&e.name);
+                if is_backward_node(e) {
+                    // The scope of the forward operator that made this node, if it had one that
+                    // decides; else the names so far.
+                    if let Some(c) = self.forward_of(e).and_then(|f| scope_of(self.events, &self.parent, f)) {
+                        return Some(c);
+                    }
+                    break;
+                }
+            }
+        }
+        names.iter().rev().find_map(|n| category_of_name(n))
+    }
+
+    /// Whether host event `i` runs in the backward pass (under an autograd node).
+    fn in_backward(&self, i: usize) -> bool {
+        self.ancestors(i, true).any(|j| is_backward_node(&self.events[j]))
+    }
+
+    /// Each GPU kernel, copy and fill, in the category of its operator: the one it is linked to
+    /// (as torch.profiler pairs them), else the one around its runtime call on the host.
+    fn gpu_work(&self, add: &mut impl FnMut(Category, u64, bool)) {
+        let by_correlation = |kind: EventKind| -> HashMap<u64, usize> {
+            self.events
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.kind == kind && e.correlation != 0)
+                .map(|(i, e)| (e.correlation, i))
+                .collect()
+        };
+        let (ops, launches) = (by_correlation(EventKind::Op), by_correlation(EventKind::Launch));
+        let device = |e: &&ProfileEvent| matches!(e.kind, EventKind::Kernel | EventKind::Memcpy | EventKind::Memset);
+        for e in self.events.iter().filter(device) {
             let host = (e.linked != 0).then(|| ops.get(&e.linked)).flatten().or_else(|| launches.get(&e.correlation));
-            let by_host = host.and_then(|&i| classify(i));
+            let by_host = host.and_then(|&i| self.classify(i));
             let by_kernel = match e.kind {
                 EventKind::Kernel => category_of_name(&e.name),
                 _ => Some(Category::CastCopy),
             };
-            let backward = host.is_some_and(|&i| in_backward(i));
+            let backward = host.is_some_and(|&i| self.in_backward(i));
             add(by_host.or(by_kernel).unwrap_or(Category::Other), e.duration_ns, backward);
         }
-    } else {
-        // What would be one kernel on a GPU: a product or an attention operator whole (what it
-        // calls on the CPU — packing, zero-filling — is its own business), else an operator that
-        // calls no other working one. Not: views and allocations, and the records of autograd
-        // nodes that only pass gradients on (`AddBackward0` with nothing inside).
+    }
+
+    /// What would be one kernel on a GPU: a product or an attention operator whole (what it
+    /// calls on the CPU — packing, zero-filling — is its own business), else an operator that
+    /// calls no other working one. Not: views and allocations, and the records of autograd nodes
+    /// that only pass gradients on (`AddBackward0` with nothing inside).
+    fn cpu_work(&self, add: &mut impl FnMut(Category, u64, bool)) {
         let whole = |e: &ProfileEvent| {
             e.kind == EventKind::Op
                 && !is_backward_node(e)
                 && !node_record(e)
                 && matches!(category_of_name(&e.name), Some(Category::Gemm | Category::Attention))
         };
-        let inside_whole = |i: usize| {
-            let mut at = parent[i];
-            while let Some(j) = at {
-                if whole(&events[j]) {
-                    return true;
-                }
-                at = parent[j];
-            }
-            false
-        };
-        for (i, e) in events.iter().enumerate() {
+        for (i, e) in self.events.iter().enumerate() {
             let counted = e.kind == EventKind::Op
-                && (whole(e) || !has_child[i])
+                && (whole(e) || !self.has_child[i])
                 && !is_backward_node(e)
                 && !node_record(e)
                 && !crate::native::kineto::is_metadata_op(&e.name)
-                && !inside_whole(i);
+                && !self.ancestors(i, false).any(|j| whole(&self.events[j]));
             if counted {
-                add(classify(i).unwrap_or(Category::Other), e.duration_ns, in_backward(i));
+                add(self.classify(i).unwrap_or(Category::Other), e.duration_ns, self.in_backward(i));
             }
         }
     }
-    KernelProfile { gpu, rows: Category::ALL.iter().map(|c| rows[c].clone()).collect() }
 }
 
 /// The category a plexus scope around host event `i` decides (topology, RoPE, loss, optimizer),

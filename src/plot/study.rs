@@ -4,6 +4,7 @@
 //! show them.
 
 use super::{display_name, line_chart, quantity, Dash, LineChart, Series, Style, PALETTE};
+use crate::study::claims::Arm;
 use crate::study::{self, StudyReport};
 use anyhow::Result;
 use std::path::{Path, PathBuf};
@@ -177,22 +178,16 @@ pub fn claim_figures(r: &StudyReport, style: &Style, out: &Path) -> Result<Vec<P
 }
 
 /// An arm as a legend names it: `topology.kind=hacn,topology.init.mu=0.25` → `H-ACN, μ = 0.25`.
-fn arm_label(arm: &str) -> String {
-    arm.split(',')
-        .map(|kv| match kv.split_once('=') {
-            Some((k, v)) => setting_label(k.trim(), v.trim()),
-            None => kv.trim().to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
+fn arm_label(arm: &Arm) -> String {
+    arm.settings().iter().map(|(k, v)| setting_label(k, v)).collect::<Vec<_>>().join(", ")
 }
 
 /// An arm's colour: its topology's where it names one, else the palette's.
-fn arm_color(arm: &str, i: usize) -> plotters::style::RGBColor {
-    arm.split(',')
-        .filter_map(|kv| kv.split_once('='))
-        .find(|(k, _)| k.trim().ends_with("topology.kind"))
-        .map_or(PALETTE[i], |(_, v)| super::topology_color(v.trim(), 0))
+fn arm_color(arm: &Arm, i: usize) -> plotters::style::RGBColor {
+    arm.settings()
+        .iter()
+        .find(|(k, _)| k.ends_with("topology.kind"))
+        .map_or(PALETTE[i], |(_, v)| super::topology_color(v, 0))
 }
 
 /// One grouping key's value as a legend shows it: a topology by its name (`H-ACN`), a key by its

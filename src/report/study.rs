@@ -328,7 +328,7 @@ fn claim_cells(c: &crate::study::claims::ClaimResult) -> (Shown, [String; 4], [S
             md_cell(&cl.id),
             md_cell(&cl.source),
             format!("{}[0..{}]", md_cell(&cl.metric), cl.size.unwrap_or(0)),
-            format!("{} across seeds", md_cell(&cl.a)),
+            format!("{} across seeds", md_cell(cl.a.as_str())),
         ];
         let (lo, hi) = c.interval;
         let stat =
@@ -343,7 +343,7 @@ fn claim_cells(c: &crate::study::claims::ClaimResult) -> (Shown, [String; 4], [S
         id,
         md_cell(&cl.source),
         format!("{}{}", md_cell(&cl.metrics().join(" vs ")), if sh.percent { " (%)" } else { "" }),
-        format!("{} vs {}", md_cell(&cl.a), md_cell(&cl.b)),
+        format!("{} vs {}", md_cell(cl.a.as_str()), md_cell(cl.b.as_str())),
     ];
     let stat = if c.diff.mean.is_finite() {
         format!("{} {}", sh.diff(c.diff.mean), sh.interval(Some(c.interval), true))
@@ -502,7 +502,7 @@ pub fn runs_csv(r: &crate::study::StudyReport) -> Result<String> {
     let mut keys: Vec<String> = r.by.clone();
     for c in &r.claims {
         for arm in [&c.claim.a, &c.claim.b] {
-            keys.extend(arm.split(',').filter_map(|kv| kv.split_once('=')).map(|(k, _)| k.trim().to_string()));
+            keys.extend(arm.settings().iter().map(|(k, _)| k.clone()));
         }
     }
     keys.push("seed".into());

@@ -211,6 +211,7 @@ pub struct Outcome {
 }
 
 struct Running {
+    slot: usize,
     index: usize,
     child: Child,
     started: Instant,
@@ -252,7 +253,6 @@ fn plan(out: &Path, manifest: &Manifest, only: &[String], logs: &Path) -> Result
 /// Each run's output goes to `out/logs/<name>.log`. Finished runs are skipped, killed ones
 /// resumed; a failed run does not stop the others.
 pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quiet: bool) -> Result<Outcome> {
-    let exe = std::env::current_exe().context("locating the plexus binary")?;
     let logs = out.join("logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
     for name in only {
@@ -261,94 +261,21 @@ pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quie
         }
     }
     // Every run's config is checked, and every directory's state read, before the first starts.
-    let (todo, mut outcome) = plan(out, manifest, only, &logs)?;
-    let total = outcome.skipped + todo.len();
-    let show = !quiet && std::io::stderr().is_terminal();
-    let pb = if show { ProgressBar::new(total as u64) } else { ProgressBar::hidden() };
-    pb.set_style(
-        ProgressStyle::with_template("{bar:30.cyan/blue} {pos}/{len} runs done · {msg}")
-            .expect("static template")
-            .progress_chars("=> "),
-    );
-    pb.set_position(outcome.skipped as u64);
-    let say = |line: String| {
-        if show {
-            pb.println(line)
-        } else if !quiet {
-            eprintln!("{line}")
-        }
-    };
-    if outcome.skipped > 0 {
-        say(format!("sweep {}: {} of {total} runs already finished, skipped", out.display(), outcome.skipped));
-    }
-    let threads = match slots {
-        Slots::Cpu(n) => (std::thread::available_parallelism().map_or(1, |c| c.get()) / n).max(1),
-        Slots::Gpus(_) => 0,
-    };
+    let (todo, outcome) = plan(out, manifest, only, &logs)?;
+    let mut sweep = Sweep::new(out, manifest, slots, outcome, todo.len(), quiet)?;
     let mut free: Vec<usize> = (0..slots.count()).rev().collect();
-    let mut running: Vec<(usize, Running)> = Vec::new();
+    let mut running: Vec<Running> = Vec::new();
     let mut queue = todo.into_iter();
-    let mut durations = Vec::new();
     loop {
         while let Some(slot) = free.pop() {
             let Some((i, yaml)) = queue.next() else {
                 free.push(slot);
                 break;
             };
-            let r = &manifest.runs[i];
-            let dir = out.join(&r.name);
-            // Read again just before starting: another process (a Slurm task of the same run, a
-            // sweep with --only) may have finished it since, and a fresh start would delete it.
-            let state = match state_of(&dir, r, &yaml)? {
-                RunState::Done => {
-                    outcome.skipped += 1;
-                    pb.inc(1);
-                    say(format!("{} was finished by another process meanwhile; skipped", r.name));
-                    free.push(slot);
-                    continue;
-                }
-                RunState::Damaged(why) => {
-                    outcome.failed.push((r.name.clone(), logs.join(format!("{}.log", r.name)), why));
-                    free.push(slot);
-                    continue;
-                }
-                now => now,
-            };
-            let log_path = logs.join(format!("{}.log", r.name));
-            let mut log = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&log_path)
-                .with_context(|| format!("opening {}", log_path.display()))?;
-            let rule = match state {
-                RunState::Resume => lengthening(out, r, &yaml, manifest)?,
-                _ => None,
-            };
-            let mut cmd = command(&exe, &dir, r, &state, rule);
-            use std::io::Write;
-            writeln!(log, "=== {cmd:?}").ok();
-            cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
-            match slots {
-                Slots::Cpu(_) if std::env::var_os("OMP_NUM_THREADS").is_none() => {
-                    cmd.env("OMP_NUM_THREADS", threads.to_string());
-                }
-                Slots::Gpus(ids) => {
-                    cmd.env("CUDA_VISIBLE_DEVICES", &ids[slot]);
-                }
-                _ => {}
+            match sweep.start(slot, i, &yaml)? {
+                Some(started) => running.push(started),
+                None => free.push(slot),
             }
-            crate::dist::stop_with_parent(&mut cmd);
-            let child = cmd.spawn().with_context(|| format!("starting {}", exe.display()))?;
-            let verb = if state == RunState::Resume { "resumed" } else { "started" };
-            let place = match slots {
-                Slots::Gpus(ids) => format!(" on GPU {}", ids[slot]),
-                Slots::Cpu(_) => String::new(),
-            };
-            say(format!("{verb} {}{place}", r.name));
-            if state == RunState::Resume {
-                outcome.resumed += 1;
-            }
-            running.push((slot, Running { index: i, child, started: Instant::now() }));
         }
         if running.is_empty() {
             break;
@@ -356,56 +283,189 @@ pub fn run(out: &Path, manifest: &Manifest, only: &[String], slots: &Slots, quie
         std::thread::sleep(Duration::from_millis(100));
         let mut k = 0;
         while k < running.len() {
-            let status = running[k].1.child.try_wait()?;
-            let Some(status) = status else {
+            let Some(status) = running[k].child.try_wait()? else {
                 k += 1;
                 continue;
             };
-            let (slot, done) = running.swap_remove(k);
-            free.push(slot);
-            let r = &manifest.runs[done.index];
-            let secs = done.started.elapsed().as_secs_f64();
-            if status.success() {
-                durations.push(secs);
-                outcome.finished += 1;
-                pb.inc(1);
-                say(format!("finished {} ({secs:.0} s)", r.name));
-                if let Err(e) = write_hparams(&out.join(&r.name), r) {
-                    say(format!("{}: its TensorBoard hparams were not written: {e:#}", r.name));
-                }
-                if let Some(reg) = &manifest.registration {
-                    let file = out.join(&r.name).join(super::REGISTRATION_FILE);
-                    let json = serde_json::to_string_pretty(reg).expect("a registration serialises") + "\n";
-                    if let Err(e) = crate::run_dir::atomic_write(&file, json.as_bytes()) {
-                        say(format!("{}: what it was made under was not recorded ({}): {e:#}", r.name, file.display()));
-                    }
-                }
-            } else {
-                let log = logs.join(format!("{}.log", r.name));
-                let tail = match last_lines(&log, 3) {
-                    t if t.is_empty() => format!("it exited ({status}) without writing a line to its log"),
-                    t => t,
-                };
-                say(format!("FAILED {} ({status}): {tail} (log: {})", r.name, log.display()));
-                outcome.failed.push((r.name.clone(), log, tail));
+            let done = running.swap_remove(k);
+            free.push(done.slot);
+            sweep.finished(done, status);
+        }
+        sweep.show_state(queue.len() + running.len(), running.len());
+    }
+    sweep.progress.finish_and_clear();
+    Ok(sweep.outcome)
+}
+
+/// A sweep under way: where it starts runs, with what, and how it has gone so far.
+struct Sweep<'a> {
+    out: &'a Path,
+    manifest: &'a Manifest,
+    slots: &'a Slots,
+    exe: PathBuf,
+    logs: PathBuf,
+    /// OMP_NUM_THREADS for a CPU slot: the cores shared evenly.
+    threads: usize,
+    outcome: Outcome,
+    /// How long each run this invocation finished took, seconds (for the ETA).
+    durations: Vec<f64>,
+    progress: ProgressBar,
+    /// The bar is drawn (a terminal, not --quiet); else lines go to stderr unless quiet.
+    show: bool,
+    quiet: bool,
+}
+
+impl<'a> Sweep<'a> {
+    /// A sweep of `todo` runs still to make after `outcome` (what [`plan`] found).
+    fn new(
+        out: &'a Path,
+        manifest: &'a Manifest,
+        slots: &'a Slots,
+        outcome: Outcome,
+        todo: usize,
+        quiet: bool,
+    ) -> Result<Self> {
+        let exe = std::env::current_exe().context("locating the plexus binary")?;
+        let logs = out.join("logs");
+        let total = outcome.skipped + todo;
+        let show = !quiet && std::io::stderr().is_terminal();
+        let progress = if show { ProgressBar::new(total as u64) } else { ProgressBar::hidden() };
+        progress.set_style(
+            ProgressStyle::with_template("{bar:30.cyan/blue} {pos}/{len} runs done · {msg}")
+                .expect("static template")
+                .progress_chars("=> "),
+        );
+        progress.set_position(outcome.skipped as u64);
+        let threads = match slots {
+            Slots::Cpu(n) => (std::thread::available_parallelism().map_or(1, |c| c.get()) / n).max(1),
+            Slots::Gpus(_) => 0,
+        };
+        let sweep =
+            Sweep { out, manifest, slots, exe, logs, threads, outcome, durations: Vec::new(), progress, show, quiet };
+        if sweep.outcome.skipped > 0 {
+            sweep.say(format!(
+                "sweep {}: {} of {total} runs already finished, skipped",
+                out.display(),
+                sweep.outcome.skipped
+            ));
+        }
+        Ok(sweep)
+    }
+
+    fn say(&self, line: String) {
+        if self.show {
+            self.progress.println(line)
+        } else if !self.quiet {
+            eprintln!("{line}")
+        }
+    }
+
+    fn log_of(&self, name: &str) -> PathBuf {
+        self.logs.join(format!("{name}.log"))
+    }
+
+    /// Starts planned run `i` (its resolved config `yaml`) on `slot`, or returns `None` when it
+    /// needs no start after all (finished meanwhile, or found damaged).
+    fn start(&mut self, slot: usize, i: usize, yaml: &str) -> Result<Option<Running>> {
+        let r = &self.manifest.runs[i];
+        let dir = self.out.join(&r.name);
+        // Read again just before starting: another process (a Slurm task of the same run, a
+        // sweep with --only) may have finished it since, and a fresh start would delete it.
+        let state = match state_of(&dir, r, yaml)? {
+            RunState::Done => {
+                self.outcome.skipped += 1;
+                self.progress.inc(1);
+                self.say(format!("{} was finished by another process meanwhile; skipped", r.name));
+                return Ok(None);
+            }
+            RunState::Damaged(why) => {
+                self.outcome.failed.push((r.name.clone(), self.log_of(&r.name), why));
+                return Ok(None);
+            }
+            now => now,
+        };
+        let log_path = self.log_of(&r.name);
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("opening {}", log_path.display()))?;
+        let rule = match state {
+            RunState::Resume => lengthening(self.out, r, yaml, self.manifest)?,
+            _ => None,
+        };
+        let mut cmd = command(&self.exe, &dir, r, &state, rule);
+        use std::io::Write;
+        writeln!(log, "=== {cmd:?}").ok();
+        cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        match self.slots {
+            Slots::Cpu(_) if std::env::var_os("OMP_NUM_THREADS").is_none() => {
+                cmd.env("OMP_NUM_THREADS", self.threads.to_string());
+            }
+            Slots::Gpus(ids) => {
+                cmd.env("CUDA_VISIBLE_DEVICES", &ids[slot]);
+            }
+            _ => {}
+        }
+        crate::dist::stop_with_parent(&mut cmd);
+        let child = cmd.spawn().with_context(|| format!("starting {}", self.exe.display()))?;
+        let verb = if state == RunState::Resume { "resumed" } else { "started" };
+        let place = match self.slots {
+            Slots::Gpus(ids) => format!(" on GPU {}", ids[slot]),
+            Slots::Cpu(_) => String::new(),
+        };
+        self.say(format!("{verb} {}{place}", r.name));
+        if state == RunState::Resume {
+            self.outcome.resumed += 1;
+        }
+        Ok(Some(Running { slot, index: i, child, started: Instant::now() }))
+    }
+
+    /// Records a run that exited with `status`: a finished one gets its hparams and the
+    /// registration it was made under; a failed one, the last lines of its log.
+    fn finished(&mut self, done: Running, status: std::process::ExitStatus) {
+        let r = &self.manifest.runs[done.index];
+        let secs = done.started.elapsed().as_secs_f64();
+        if !status.success() {
+            let log = self.log_of(&r.name);
+            let tail = match last_lines(&log, 3) {
+                t if t.is_empty() => format!("it exited ({status}) without writing a line to its log"),
+                t => t,
+            };
+            self.say(format!("FAILED {} ({status}): {tail} (log: {})", r.name, log.display()));
+            self.outcome.failed.push((r.name.clone(), log, tail));
+            return;
+        }
+        self.durations.push(secs);
+        self.outcome.finished += 1;
+        self.progress.inc(1);
+        self.say(format!("finished {} ({secs:.0} s)", r.name));
+        if let Err(e) = write_hparams(&self.out.join(&r.name), r) {
+            self.say(format!("{}: its TensorBoard hparams were not written: {e:#}", r.name));
+        }
+        if let Some(reg) = &self.manifest.registration {
+            let file = self.out.join(&r.name).join(super::REGISTRATION_FILE);
+            let json = serde_json::to_string_pretty(reg).expect("a registration serialises") + "\n";
+            if let Err(e) = crate::run_dir::atomic_write(&file, json.as_bytes()) {
+                self.say(format!("{}: what it was made under was not recorded ({}): {e:#}", r.name, file.display()));
             }
         }
-        let left = queue.len() + running.len();
-        let eta = match durations.len() {
+    }
+
+    /// The bar's message: how many run and failed, and when the `left` runs should be done.
+    fn show_state(&self, left: usize, running: usize) {
+        let eta = match self.durations.len() {
             0 => String::new(),
             n => {
-                let mean = durations.iter().sum::<f64>() / n as f64;
-                let secs = mean * left as f64 / slots.count() as f64;
+                let mean = self.durations.iter().sum::<f64>() / n as f64;
+                let secs = mean * left as f64 / self.slots.count() as f64;
                 format!(" · ETA {}", indicatif::HumanDuration(Duration::from_secs_f64(secs)))
             }
         };
-        pb.set_message(format!("{} running, {} failed{eta}", running.len(), outcome.failed.len()));
+        self.progress.set_message(format!("{running} running, {} failed{eta}", self.outcome.failed.len()));
     }
-    pb.finish_and_clear();
-    Ok(outcome)
 }
 
-/// The last `n` non-empty lines of a log, joined by ` | `.
 /// The event file of a sweep run's hyperparameters, in its `tensorboard/` folder.
 pub const HPARAMS_EVENTS: &str = "events.out.tfevents.hparams.plexus";
 
@@ -423,6 +483,7 @@ pub fn write_hparams(dir: &Path, run: &PlannedRun) -> Result<()> {
     Ok(())
 }
 
+/// The last `n` non-empty lines of a log, joined by ` | `.
 fn last_lines(path: &Path, n: usize) -> String {
     use std::io::{Read, Seek, SeekFrom};
     // The last 64 KiB hold the last lines of any log; a run's log can be far longer.

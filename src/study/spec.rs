@@ -264,52 +264,14 @@ impl SweepSpec {
         let set = self.set_overrides(origin)?;
         let axes = self.axes(origin)?;
         let seeds = if self.seeds.is_empty() { vec![0] } else { self.seeds.clone() };
-        // Counted before anything is planned: a grid of 10⁶ points is refused at once, not after
-        // gigabytes of run names.
-        let count = axes
-            .iter()
-            .map(|(_, v)| v.len())
-            .chain([self.configs.len(), seeds.len()])
-            .try_fold(1usize, |n, k| n.checked_mul(k))
-            .filter(|&n| n <= MAX_RUNS);
-        let Some(_) = count else {
-            let sizes: Vec<String> = [("configs", self.configs.len())]
-                .into_iter()
-                .map(|(k, n)| format!("{n} {k}"))
-                .chain(axes.iter().map(|(k, v)| format!("{} values of {k}", v.len())))
-                .chain([format!("{} seeds", seeds.len())])
-                .collect();
-            bail!(
-                "{origin}: {} make more than the {MAX_RUNS} runs a sweep may have; split it into \
-                 several sweeps (each with its own --out)",
-                sizes.join(" × ")
-            );
-        };
+        self.check_count(&axes, &seeds, origin)?;
         let mut unique = std::collections::BTreeSet::new();
         if !seeds.iter().all(|s| unique.insert(*s)) {
             bail!("{origin}: `seeds` lists a seed twice: {seeds:?}");
         }
         let shorts = short_names(&axes);
-        // Each config's label in run names: its file stem, or its `name` where stems collide
-        // (`mixer-cifar10/cpu/hacn.yaml` and `mixer-cifar2/cpu/hacn.yaml`).
-        let mut configs = Vec::new();
-        for config in &self.configs {
-            let config =
-                std::path::absolute(config).with_context(|| format!("{origin}: config {}", config.display()))?;
-            let text = crate::input_file::read_text(&config, crate::input_file::MAX_CONFIG_BYTES, "a config file")
-                .with_context(|| format!("{origin}: reading the config {}", config.display()))?;
-            let stem = config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-            let name = serde_yaml::from_str::<serde_yaml::Value>(&text)
-                .ok()
-                .and_then(|v| v.get("name").and_then(|n| n.as_str()).map(String::from))
-                .unwrap_or_else(|| stem.clone());
-            configs.push((config, crate::kinds::of_config(&text).verb(), stem, name));
-        }
-        let stems: std::collections::BTreeSet<&String> = configs.iter().map(|c| &c.2).collect();
-        let by_name = stems.len() < configs.len();
         let mut runs = Vec::new();
-        for (config, verb, stem, name) in &configs {
-            let stem = if by_name { name.clone() } else { stem.clone() };
+        for (config, verb, stem) in self.labelled_configs(origin)? {
             for point in product(&axes) {
                 for &seed in &seeds {
                     let mut name = stem.clone();
@@ -329,7 +291,7 @@ impl SweepSpec {
                     overrides.push(config::Override::of("seed", seed)?);
                     runs.push(PlannedRun {
                         name,
-                        config: config.to_path_buf(),
+                        config: config.clone(),
                         verb: verb.to_string(),
                         overrides,
                         point: labelled,
@@ -339,22 +301,62 @@ impl SweepSpec {
             }
         }
         let mut names = std::collections::BTreeSet::new();
-        for r in &runs {
-            if !names.insert(&r.name) {
-                bail!(
-                    "{origin}: two runs would share the directory `{}`: give the configs different file names",
-                    r.name
-                );
-            }
+        if let Some(r) = runs.iter().find(|r| !names.insert(&r.name)) {
+            bail!("{origin}: two runs would share the directory `{}`: give the configs different file names", r.name);
         }
         Ok(runs)
+    }
+
+    /// Refuses a plan of more than [`MAX_RUNS`] runs, counted before anything is planned: a grid
+    /// of 10⁶ points is refused at once, not after gigabytes of run names.
+    fn check_count(&self, axes: &[(String, Vec<String>)], seeds: &[u64], origin: &str) -> Result<()> {
+        let count = axes
+            .iter()
+            .map(|(_, v)| v.len())
+            .chain([self.configs.len(), seeds.len()])
+            .try_fold(1usize, |n, k| n.checked_mul(k))
+            .filter(|&n| n <= MAX_RUNS);
+        if count.is_none() {
+            let sizes: Vec<String> = [format!("{} configs", self.configs.len())]
+                .into_iter()
+                .chain(axes.iter().map(|(k, v)| format!("{} values of {k}", v.len())))
+                .chain([format!("{} seeds", seeds.len())])
+                .collect();
+            bail!(
+                "{origin}: {} make more than the {MAX_RUNS} runs a sweep may have; split it into \
+                 several sweeps (each with its own --out)",
+                sizes.join(" × ")
+            );
+        }
+        Ok(())
+    }
+
+    /// Each config as (absolute path, its kind's verb, its label in run names): its file stem, or
+    /// its `name` where stems collide (`mixer-cifar10/cpu/hacn.yaml` and `mixer-cifar2/cpu/hacn.yaml`).
+    fn labelled_configs(&self, origin: &str) -> Result<Vec<(PathBuf, &'static str, String)>> {
+        let mut configs = Vec::new();
+        for config in &self.configs {
+            let config =
+                std::path::absolute(config).with_context(|| format!("{origin}: config {}", config.display()))?;
+            let text = crate::input_file::read_text(&config, crate::input_file::MAX_CONFIG_BYTES, "a config file")
+                .with_context(|| format!("{origin}: reading the config {}", config.display()))?;
+            let stem = config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = serde_yaml::from_str::<serde_yaml::Value>(&text)
+                .ok()
+                .and_then(|v| v.get("name").and_then(|n| n.as_str()).map(String::from))
+                .unwrap_or_else(|| stem.clone());
+            configs.push((config, crate::kinds::of_config(&text).verb(), stem, name));
+        }
+        let stems: std::collections::BTreeSet<&String> = configs.iter().map(|c| &c.2).collect();
+        let by_name = stems.len() < configs.len();
+        Ok(configs.into_iter().map(|(c, verb, stem, name)| (c, verb, if by_name { name } else { stem })).collect())
     }
 }
 
 /// `KEY=VALUE` of a flag.
 fn split_kv<'a>(s: &'a str, flag: &str) -> Result<(&'a str, &'a str)> {
-    match s.split_once('=') {
-        Some((k, v)) if !k.trim().is_empty() && !v.trim().is_empty() => Ok((k.trim(), v.trim())),
+    match super::claims::key_value(s) {
+        Some((k, v)) if !v.is_empty() => Ok((k, v)),
         _ => bail!("{flag} {s}: expected KEY=VALUE, e.g. {flag} topology.init.mu=0.25"),
     }
 }

@@ -675,3 +675,21 @@ fn the_committed_loss_curves_give_the_committed_rate_metrics() {
     // 150 runs, each with steps_to_1e3, the rate (decades_per_1k), the mean log-loss and final_loss.
     assert!(checked >= 450, "only {checked} values checked");
 }
+
+/// The count the architecture page states in prose is the code's: "All N cases" of its parity
+/// section is the number of cases under parity/cases (the page said 71 while there were 83).
+#[test]
+fn the_parity_count_in_prose_is_the_codes() {
+    let cases = plexus::parity::cases(&repo().join("parity/cases"), None).unwrap().len();
+    let arch = std::fs::read_to_string(repo().join("docs/architecture.md")).unwrap();
+    let stated: Vec<usize> = arch
+        .split("All ")
+        .skip(1)
+        .filter_map(|rest| rest.split_once(" cases").and_then(|(n, _)| n.trim().parse().ok()))
+        .collect();
+    assert!(!stated.is_empty(), "docs/architecture.md states how many parity cases pass (\"All N cases\")");
+    assert!(
+        stated.iter().all(|&n| n == cases),
+        "docs/architecture.md says All {stated:?} cases; parity/cases holds {cases}"
+    );
+}
