@@ -636,6 +636,203 @@ fn widest<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, labels: impl Iterat
         .fold((0, 0), |a, b| (a.0.max(b.0), a.1.max(b.1)))
 }
 
+/// A pixel segment of drawn data, end to end.
+type Segment = ((f64, f64), (f64, f64));
+
+/// A range of values, `(lo, hi)`.
+type Span = (f64, f64);
+
+/// How a chart's values map to its axes: which points can be drawn, and where a value sits on
+/// the y axis (a log axis draws exact zeros a decade below the smallest positive value).
+struct Scales {
+    log_x: bool,
+    log_y: bool,
+    floor: f64,
+}
+
+impl Scales {
+    fn ok_x(&self, x: f64) -> bool {
+        x.is_finite() && (!self.log_x || x > 0.0)
+    }
+
+    fn y_of(&self, v: f64) -> f64 {
+        if self.log_y {
+            v.max(self.floor)
+        } else {
+            v
+        }
+    }
+
+    /// A series' drawable points in drawing space (`x`, `y` axes as drawn).
+    fn drawn(&self, s: &Series, x: &Axis, y: &Axis) -> Vec<(f64, f64)> {
+        s.points
+            .iter()
+            .filter(|p| self.ok_x(p.0) && p.1.is_finite())
+            .map(|p| (x.at(p.0), y.at(self.y_of(p.1))))
+            .collect()
+    }
+
+    /// A series' band outline in drawing space, if it has one.
+    fn band(&self, s: &Series, x: &Axis, y: &Axis) -> Option<Vec<(f64, f64)>> {
+        let poly = band_polygon(s, |v| y.at(self.y_of(v)))?;
+        Some(poly.into_iter().filter(|p| self.ok_x(p.0)).map(|p| (x.at(p.0), p.1)).collect())
+    }
+}
+
+/// The chart's scales and the ranges its axes must span: every finite point and band edge.
+fn extent(chart: &LineChart, log_x: bool) -> Result<(Scales, Span, Span)> {
+    let mut scales = Scales { log_x, log_y: chart.log_y, floor: f64::NAN };
+    let mut all: Vec<(f64, f64)> = Vec::new();
+    for s in &chart.series {
+        all.extend(s.points.iter().cloned().filter(|p| scales.ok_x(p.0) && p.1.is_finite()));
+        for (&(x, _), &(lo, hi)) in s.points.iter().zip(s.band.iter().flatten()) {
+            all.extend([(x, lo), (x, hi)].into_iter().filter(|p| scales.ok_x(p.0) && p.1.is_finite()));
+        }
+    }
+    anyhow::ensure!(!all.is_empty(), "nothing to plot: no data points");
+    let range = |v: &mut dyn Iterator<Item = f64>| v.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
+    if chart.log_y {
+        // Log axes need positive values: exact zeros (a loss converged to machine precision) are
+        // drawn a decade below the smallest positive value, so they stay visible.
+        let (lo, _) = range(&mut all.iter().map(|p| p.1).filter(|v| *v > 0.0));
+        anyhow::ensure!(lo.is_finite() && lo < f64::MAX, "nothing positive to plot on a log axis");
+        scales.floor = if all.iter().any(|p| p.1 <= 0.0) { lo / 10.0 } else { lo };
+    }
+    let x = range(&mut all.iter().map(|p| p.0));
+    let y = range(&mut all.iter().map(|p| scales.y_of(p.1)));
+    Ok((scales, x, y))
+}
+
+/// The x axis with as many ticks as fit their labels in `plot_w` with room between them (at most
+/// 7, at least 2).
+fn fitting_x_axis<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    (lo, hi): (f64, f64),
+    log_x: bool,
+    pad: f64,
+    plot_w: f64,
+) -> Axis {
+    let mut x = log_axis(1.0, 10.0, 2);
+    for max in (2..=7).rev() {
+        x = match log_x {
+            true => log_axis(lo, hi, max),
+            false => linear_axis(lo, hi, pad, max),
+        };
+        let (lw, _) = widest(area, x.ticks.iter().map(|t| t.1.clone()));
+        if x.ticks.len() as f64 * (f64::from(lw) + f64::from(pt(10.0))) <= plot_w {
+            break;
+        }
+    }
+    x
+}
+
+/// Every line, marker cross and band edge of `chart` as pixel segments of `ctx`: what a legend
+/// placed inside the plot must not touch.
+fn data_segments<DB: DrawingBackend>(
+    ctx: &ChartContext<'_, DB, Coord>,
+    chart: &LineChart,
+    (x, y, scales): (&Axis, &Axis, &Scales),
+    markers: bool,
+) -> Vec<Segment> {
+    let px = |p: (f64, f64)| {
+        let c = ctx.backend_coord(&p);
+        (f64::from(c.0), f64::from(c.1))
+    };
+    let r = f64::from(pt(DOT_PT));
+    let mut segments = Vec::new();
+    for s in &chart.series {
+        let pts: Vec<(f64, f64)> = scales.drawn(s, x, y).into_iter().map(px).collect();
+        segments.extend(pts.windows(2).map(|w| (w[0], w[1])));
+        if markers || pts.len() == 1 {
+            // A point as the cross of its marker.
+            segments
+                .extend(pts.iter().flat_map(|p| [((p.0 - r, p.1), (p.0 + r, p.1)), ((p.0, p.1 - r), (p.0, p.1 + r))]));
+        }
+        if let Some(poly) = scales.band(s, x, y) {
+            let poly: Vec<(f64, f64)> = poly.into_iter().map(px).collect();
+            segments.extend(poly.windows(2).map(|w| (w[0], w[1])));
+        }
+    }
+    segments
+}
+
+/// Where a `size` legend goes inside the plot area `(xr, yr)` (pixels): the first corner, then
+/// edge middle, whose box touches none of `segments`; `None` where every place does.
+fn legend_inside(
+    (xr, yr): (std::ops::Range<i32>, std::ops::Range<i32>),
+    (lw, lh): (i32, i32),
+    segments: &[Segment],
+) -> Option<(i32, i32)> {
+    let inset = pt(4.0) as i32;
+    let (l, rgt, t, b) = (xr.start + inset, xr.end - inset - lw, yr.start + inset, yr.end - inset - lh);
+    let (cx, cy) = ((xr.start + xr.end - lw) / 2, (yr.start + yr.end - lh) / 2);
+    let fits = lw <= xr.end - xr.start - 2 * inset && lh <= yr.end - yr.start - 2 * inset;
+    [(rgt, t), (l, t), (rgt, b), (l, b), (cx, t), (cx, b), (rgt, cy), (l, cy)].into_iter().find(|&(x0, y0)| {
+        let rect = (f64::from(x0) - 2.0, f64::from(y0) - 2.0, f64::from(x0 + lw) + 2.0, f64::from(y0 + lh) + 2.0);
+        fits && !segments.iter().any(|(a, b)| segment_hits_rect(*a, *b, rect))
+    })
+}
+
+/// The plot's area and the legend's top-left corner (`i32::MIN` for none): inside where it
+/// fits, else to the right where it takes at most 40 % of the width, else below. A single line's
+/// legend only where it fits inside (it names the topology of the line).
+fn legend_layout<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    inside: Option<(i32, i32)>,
+    series: usize,
+    (lw, lh): (i32, i32),
+) -> (DrawingArea<DB, Shift>, (i32, i32)) {
+    let (w, h) = area.dim_in_pixel();
+    match inside {
+        Some(p) => (area.clone(), p),
+        None if series <= 1 => (area.clone(), (i32::MIN, 0)),
+        None if lw as u32 <= w * 2 / 5 => {
+            let (left, right) = area.split_horizontally(w - lw as u32 - pt(4.0));
+            let base = right.get_base_pixel();
+            (left, (base.0, base.1 + pt(4.0) as i32))
+        }
+        None => {
+            let (top, bottom) = area.split_vertically(h.saturating_sub(lh as u32 + pt(4.0)));
+            let base = bottom.get_base_pixel();
+            (top, (base.0 + (w as i32 - lw) / 2, base.1 + pt(2.0) as i32))
+        }
+    }
+}
+
+/// The bands (under every line), then the lines, dashed where a series asks, and their markers.
+fn draw_lines<DB: DrawingBackend>(
+    ctx: &mut ChartContext<'_, DB, Coord>,
+    chart: &LineChart,
+    (x, y, scales): (&Axis, &Axis, &Scales),
+    markers: bool,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    for (i, s) in chart.series.iter().enumerate() {
+        if let Some(poly) = scales.band(s, x, y) {
+            ctx.draw_series(std::iter::once(Polygon::new(poly, series_color(i, s).mix(0.2).filled())))?;
+        }
+    }
+    for (i, s) in chart.series.iter().enumerate() {
+        let c = series_color(i, s);
+        let pts = scales.drawn(s, x, y);
+        let stroke = c.stroke_width(pt(LINE_PT));
+        match s.dash.pattern() {
+            None => ctx.draw_series(LineSeries::new(pts.clone(), stroke))?,
+            Some((on, off)) => {
+                ctx.draw_series(DashedLineSeries::new(pts.clone(), pt(on).max(1), pt(off).max(1), stroke))?
+            }
+        };
+        if markers || pts.len() == 1 {
+            ctx.draw_series(pts.into_iter().map(|p| Circle::new(p, pt(DOT_PT), c.filled())))?;
+        }
+    }
+    Ok(())
+}
+
+/// A series' colour: its own, else the palette's by position.
+fn series_color(i: usize, s: &Series) -> RGBColor {
+    s.color.unwrap_or(PALETTE[i % PALETTE.len()])
+}
+
 /// Lines, log or linear axes: ticks from [`linear_axis`] / [`log_axis`], ranges fitted to the data,
 /// points marked where series are short, the legend in the first corner (or edge) of the plot where
 /// it covers no line, band edge or point, else outside the plot.
@@ -646,150 +843,38 @@ where
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing: {e:?}");
     root.fill(&WHITE).map_err(err)?;
     let (title, title_size) = fit_title(&chart.title, root.dim_in_pixel().0, TITLE_PT);
-    let ok_x = |x: f64| x.is_finite() && (!log_x || x > 0.0);
-    let mut all: Vec<(f64, f64)> = Vec::new();
-    for s in &chart.series {
-        all.extend(s.points.iter().cloned().filter(|p| ok_x(p.0) && p.1.is_finite()));
-        for (&(x, _), &(lo, hi)) in s.points.iter().zip(s.band.iter().flatten()) {
-            all.extend([(x, lo), (x, hi)].into_iter().filter(|p| ok_x(p.0) && p.1.is_finite()));
-        }
-    }
-    anyhow::ensure!(!all.is_empty(), "nothing to plot: no data points");
-    let fold = |f: fn(f64, f64) -> f64, init: f64, it: &mut dyn Iterator<Item = f64>| it.fold(init, f);
-    let (x_lo, x_hi) = (
-        fold(f64::min, f64::MAX, &mut all.iter().map(|p| p.0)),
-        fold(f64::max, f64::MIN, &mut all.iter().map(|p| p.0)),
-    );
-    // Log axes need positive values: exact zeros (a loss converged to machine precision) are drawn
-    // a decade below the smallest positive value, so they stay visible.
-    let pos = || all.iter().map(|p| p.1).filter(|v| *v > 0.0);
-    let floor = match chart.log_y {
-        true => {
-            let lo = fold(f64::min, f64::MAX, &mut pos());
-            anyhow::ensure!(lo.is_finite() && lo < f64::MAX, "nothing positive to plot on a log axis");
-            if all.iter().any(|p| p.1 <= 0.0) {
-                lo / 10.0
-            } else {
-                lo
-            }
-        }
-        false => f64::NAN,
-    };
-    let y_of = |v: f64| if chart.log_y { v.max(floor) } else { v };
-    let (y_lo, y_hi) = (
-        fold(f64::min, f64::MAX, &mut all.iter().map(|p| y_of(p.1))),
-        fold(f64::max, f64::MIN, &mut all.iter().map(|p| y_of(p.1))),
-    );
+    let (scales, x_range, (y_lo, y_hi)) = extent(chart, log_x)?;
     let markers = chart.series.iter().all(|s| s.points.len() <= MARKED_UP_TO);
     let y = match chart.log_y {
         true => log_axis(y_lo, y_hi, 6),
         false => linear_axis(y_lo, y_hi, 0.05, 6),
     };
     let area = root.margin(pt(3.0), 0, 0, 0).titled(&title, ("sans-serif", title_size)).map_err(err)?;
-    let (w, _) = area.dim_in_pixel();
     let y_w = widest(&area, y.ticks.iter().map(|t| t.1.clone())).0;
     let axis_h = area.estimate_text_size("Mg", &("sans-serif", font(AXIS_PT)).into()).map_err(err)?.1;
     let y_area = y_w + axis_h + pt(10.0);
-    // As many x ticks as fit their labels with room between them (at most 7).
-    let plot_w = w.saturating_sub(y_area + pt(14.0)) as f64;
-    let mut x = log_axis(1.0, 10.0, 2);
-    for max in (2..=7).rev() {
-        x = match log_x {
-            true => log_axis(x_lo, x_hi, max),
-            false => linear_axis(x_lo, x_hi, if markers { 0.03 } else { 0.0 }, max),
-        };
-        let (lw, _) = widest(&area, x.ticks.iter().map(|t| t.1.clone()));
-        if x.ticks.len() as f64 * (f64::from(lw) + f64::from(pt(10.0))) <= plot_w {
-            break;
-        }
-    }
-    let tick_h = widest(&area, x.ticks.iter().map(|t| t.1.clone())).1;
-    let x_area = tick_h + axis_h + pt(10.0);
-    let color = |i: usize, s: &Series| s.color.unwrap_or(PALETTE[i % PALETTE.len()]);
+    let plot_w = area.dim_in_pixel().0.saturating_sub(y_area + pt(14.0)) as f64;
+    let x = fitting_x_axis(&area, x_range, log_x, if markers { 0.03 } else { 0.0 }, plot_w);
+    let x_area = widest(&area, x.ticks.iter().map(|t| t.1.clone())).1 + axis_h + pt(10.0);
     let entries: Vec<Entry> = chart
         .series
         .iter()
         .enumerate()
-        .map(|(i, s)| Entry { label: &s.label, color: color(i, s), dash: s.dash })
+        .map(|(i, s)| Entry { label: &s.label, color: series_color(i, s), dash: s.dash })
         .collect();
-    let at = |p: &(f64, f64)| (x.at(p.0), y.at(y_of(p.1)));
-    let drawn =
-        |s: &Series| -> Vec<(f64, f64)> { s.points.iter().filter(|p| ok_x(p.0) && p.1.is_finite()).map(at).collect() };
-    // Where the legend goes: the first place inside the plot whose box touches no data.
-    let (lw, lh) = legend_size(&area, &entries);
+    let size = legend_size(&area, &entries);
     let inside = {
         let ctx = xy_context(&area, &x, &y, (x_area, y_area)).map_err(err)?;
-        let (xr, yr) = ctx.plotting_area().get_pixel_range();
-        let mut segments: Vec<((f64, f64), (f64, f64))> = Vec::new();
-        let px = |p: (f64, f64)| {
-            let c = ctx.backend_coord(&p);
-            (f64::from(c.0), f64::from(c.1))
-        };
-        let r = f64::from(pt(DOT_PT));
-        for s in &chart.series {
-            let pts: Vec<(f64, f64)> = drawn(s).into_iter().map(px).collect();
-            segments.extend(pts.windows(2).map(|w| (w[0], w[1])));
-            if markers || pts.len() == 1 {
-                // A point as the cross of its marker.
-                segments.extend(
-                    pts.iter().flat_map(|p| [((p.0 - r, p.1), (p.0 + r, p.1)), ((p.0, p.1 - r), (p.0, p.1 + r))]),
-                );
-            }
-            if let Some(poly) = band_polygon(s, |v| y.at(y_of(v))) {
-                let poly: Vec<(f64, f64)> =
-                    poly.into_iter().filter(|p| ok_x(p.0)).map(|p| px((x.at(p.0), p.1))).collect();
-                segments.extend(poly.windows(2).map(|w| (w[0], w[1])));
-            }
-        }
-        let inset = pt(4.0) as i32;
-        let (l, rgt, t, b) = (xr.start + inset, xr.end - inset - lw, yr.start + inset, yr.end - inset - lh);
-        let (cx, cy) = ((xr.start + xr.end - lw) / 2, (yr.start + yr.end - lh) / 2);
-        let fits = lw <= xr.end - xr.start - 2 * inset && lh <= yr.end - yr.start - 2 * inset;
-        [(rgt, t), (l, t), (rgt, b), (l, b), (cx, t), (cx, b), (rgt, cy), (l, cy)].into_iter().find(|&(x0, y0)| {
-            let rect = (f64::from(x0) - 2.0, f64::from(y0) - 2.0, f64::from(x0 + lw) + 2.0, f64::from(y0 + lh) + 2.0);
-            fits && !segments.iter().any(|(a, b)| segment_hits_rect(*a, *b, rect))
-        })
+        legend_inside(
+            ctx.plotting_area().get_pixel_range(),
+            size,
+            &data_segments(&ctx, chart, (&x, &y, &scales), markers),
+        )
     };
-    // Outside: to the right where the legend takes at most 40 % of the width, else below.
-    let (plot_area, legend_at) = match inside {
-        Some(p) => (area.clone(), p),
-        // A single line's legend only where it fits inside (it names the topology of the line).
-        None if chart.series.len() <= 1 => (area.clone(), (i32::MIN, 0)),
-        None if lw as u32 <= w * 2 / 5 => {
-            let (left, right) = area.split_horizontally(w - lw as u32 - pt(4.0));
-            let base = right.get_base_pixel();
-            (left, (base.0, base.1 + pt(4.0) as i32))
-        }
-        None => {
-            let h = area.dim_in_pixel().1;
-            let (top, bottom) = area.split_vertically(h.saturating_sub(lh as u32 + pt(4.0)));
-            let base = bottom.get_base_pixel();
-            (top, (base.0 + (w as i32 - lw) / 2, base.1 + pt(2.0) as i32))
-        }
-    };
+    let (plot_area, legend_at) = legend_layout(&area, inside, chart.series.len(), size);
     let mut ctx = xy_context(&plot_area, &x, &y, (x_area, y_area)).map_err(err)?;
     draw_axes(&mut ctx, (&x, &y), (&chart.x_label, &chart.y_label)).map_err(err)?;
-    for (i, s) in chart.series.iter().enumerate() {
-        let c = color(i, s);
-        if let Some(poly) = band_polygon(s, |v| y.at(y_of(v))) {
-            let poly: Vec<(f64, f64)> = poly.into_iter().filter(|p| ok_x(p.0)).map(|p| (x.at(p.0), p.1)).collect();
-            ctx.draw_series(std::iter::once(Polygon::new(poly, c.mix(0.2).filled()))).map_err(err)?;
-        }
-    }
-    for (i, s) in chart.series.iter().enumerate() {
-        let c = color(i, s);
-        let pts = drawn(s);
-        let stroke = c.stroke_width(pt(LINE_PT));
-        match s.dash.pattern() {
-            None => ctx.draw_series(LineSeries::new(pts.clone(), stroke)).map_err(err)?,
-            Some((on, off)) => ctx
-                .draw_series(DashedLineSeries::new(pts.clone(), pt(on).max(1), pt(off).max(1), stroke))
-                .map_err(err)?,
-        };
-        if markers || pts.len() == 1 {
-            ctx.draw_series(pts.into_iter().map(|p| Circle::new(p, pt(DOT_PT), c.filled()))).map_err(err)?;
-        }
-    }
+    draw_lines(&mut ctx, chart, (&x, &y, &scales), markers).map_err(err)?;
     if legend_at.0 != i32::MIN {
         draw_legend(root, &entries, legend_at, markers).map_err(err)?;
     }
@@ -854,6 +939,182 @@ fn viridis(t: f64) -> RGBColor {
     ViridisRGB.get_color(t.clamp(0.0, 1.0))
 }
 
+/// The colour range every panel shares: the union of each panel's `range`, else its finite
+/// values' min and max (a constant matrix gets a unit range around its value).
+fn color_range(panels: &[Heatmap]) -> (f64, f64) {
+    let (lo, hi) = panels.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
+        let (a, b) = p.range.unwrap_or_else(|| {
+            let v = p.values.iter().filter(|v| v.is_finite());
+            v.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)))
+        });
+        (lo.min(a), hi.max(b))
+    });
+    if hi > lo {
+        (lo, hi)
+    } else {
+        (lo - 0.5, lo + 0.5)
+    }
+}
+
+/// How one heatmap panel is ticked: the tick size, the label areas (pixels), the nodes ticked on
+/// each axis (cell centres) and the cell width.
+struct PanelTicks {
+    tick_pt: f64,
+    x_area: u32,
+    y_area: u32,
+    x_keys: Vec<f64>,
+    y_keys: Vec<f64>,
+    cell_w: f64,
+}
+
+/// The columns ticked on cells `cell` wide with labels `widths` wide: from the last (the readout,
+/// `out`, always ticked) leftwards, each whose label clears the previous one ticked by a tenth of
+/// their widths — so a wide `out` beside narrow digits costs one tick, not every other one.
+fn ticked_columns(cell: f64, widths: &[f64]) -> Vec<usize> {
+    let cols = widths.len();
+    let mut shown = vec![cols.saturating_sub(1)];
+    for c in (0..cols.saturating_sub(1)).rev() {
+        let last = *shown.last().expect("one");
+        if (last - c) as f64 * cell >= 1.1 * (widths[c] + widths.get(last).copied().unwrap_or(0.0)) / 2.0 {
+            shown.push(c);
+        }
+    }
+    shown.reverse();
+    shown
+}
+
+/// The ticks of panel `p` in `area`, with the axis titles on the outer panels only (`left`: the
+/// left column's y, `bottom`: the bottom row's x); tick labels at 8 pt, or 7 pt where that puts
+/// one on more nodes.
+fn panel_ticks<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    p: &Heatmap,
+    (left, bottom): (bool, bool),
+    axis_h: u32,
+) -> PanelTicks {
+    let (rows, cols) = p.values.dim();
+    let (pw, ph) = area.dim_in_pixel();
+    let measure = |points: f64| {
+        let style: TextStyle = ("sans-serif", font(points)).into();
+        let size = |l: &String| area.estimate_text_size(l, &style).unwrap_or((0, 0));
+        let row_w = p.row_labels.iter().map(|l| size(l).0).max().unwrap_or(0);
+        let mut col_ws: Vec<f64> = p.col_labels.iter().map(|l| f64::from(size(l).0)).collect();
+        col_ws.resize(cols, 0.0);
+        let tick_h = p.col_labels.iter().chain(&p.row_labels).map(|l| size(l).1).max().unwrap_or(0);
+        (row_w, col_ws, tick_h)
+    };
+    // The cells' width as in a panel of the left column (with the axis title), so that every
+    // panel ticks the same nodes.
+    let cell_of = |row_w: u32| f64::from(pw.saturating_sub(row_w + axis_h + pt(19.0))) / cols.max(1) as f64;
+    let count_at = |points: f64| {
+        let (row_w, col_ws, _) = measure(points);
+        ticked_columns(cell_of(row_w), &col_ws).len()
+    };
+    let tick_pt = if count_at(TICK_PT - 1.0) > count_at(TICK_PT) { TICK_PT - 1.0 } else { TICK_PT };
+    let (row_w, col_ws, tick_h) = measure(tick_pt);
+    // Room for the tick labels, a gap and (outer panels) the axis title beside them.
+    let y_area = row_w + pt(6.0) + if left { axis_h + pt(3.0) } else { 0 };
+    let x_area = tick_h + pt(6.0) + if bottom { axis_h + pt(3.0) } else { 0 };
+    let cell_w = cell_of(row_w);
+    let cell_h = f64::from(ph.saturating_sub(x_area + pt(20.0))) / rows.max(1) as f64;
+    let sy = (1..).find(|s| cell_h * *s as f64 >= 1.1 * f64::from(tick_h)).unwrap_or(1);
+    PanelTicks {
+        tick_pt,
+        x_area,
+        y_area,
+        x_keys: ticked_columns(cell_w, &col_ws).into_iter().map(|c| c as f64 + 0.5).collect(),
+        y_keys: (0..rows).step_by(sy).map(|r| r as f64 + 0.5).collect(),
+        cell_w,
+    }
+}
+
+/// One panel: its title, ticked axes, and each cell in the shared colour range `(lo, hi)` (grey
+/// where not finite), its value printed where `annotate` asks and "0.00" fits a cell.
+fn draw_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    p: &Heatmap,
+    outer: (bool, bool),
+    (lo, hi): (f64, f64),
+    axis_h: u32,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let (rows, cols) = p.values.dim();
+    let t = panel_ticks(area, p, outer, axis_h);
+    let mut chart = ChartBuilder::on(area)
+        .caption(&p.title, ("sans-serif", font(AXIS_PT)))
+        .margin(pt(4.0))
+        .x_label_area_size(t.x_area)
+        .y_label_area_size(t.y_area)
+        .build_cartesian_2d(Ticked::new(0.0..cols as f64, t.x_keys), Ticked::new(rows as f64..0.0, t.y_keys))?;
+    let (rl, cl) = (&p.row_labels, &p.col_labels);
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .x_desc(if outer.1 { p.x_label.as_str() } else { "" })
+        .y_desc(if outer.0 { p.y_label.as_str() } else { "" })
+        .x_label_formatter(&|v| cl.get(v.floor() as usize).cloned().unwrap_or_default())
+        .y_label_formatter(&|v| rl.get(v.floor() as usize).cloned().unwrap_or_default())
+        .label_style(("sans-serif", font(t.tick_pt)))
+        .axis_desc_style(("sans-serif", font(AXIS_PT)))
+        .set_all_tick_mark_size(pt(2.0))
+        .draw()?;
+    let annotate = p.annotate && t.cell_w >= 1.15 * text_width("0.00", font(CELL_PT));
+    let centred = plotters::style::text_anchor::Pos::new(
+        plotters::style::text_anchor::HPos::Center,
+        plotters::style::text_anchor::VPos::Center,
+    );
+    for ((r, c), v) in p.values.indexed_iter() {
+        let (x, y) = (c as f64, r as f64);
+        let color = if v.is_finite() { viridis((v - lo) / (hi - lo)) } else { RGBColor(235, 235, 235) };
+        chart.draw_series(std::iter::once(Rectangle::new([(x, y), (x + 1.0, y + 1.0)], color.filled())))?;
+        if annotate && v.is_finite() {
+            let ink = if (v - lo) / (hi - lo) > 0.6 { BLACK } else { WHITE };
+            let style = ("sans-serif", font(CELL_PT)).into_font().color(&ink).pos(centred);
+            chart.draw_series(std::iter::once(Text::new(format!("{v:.2}"), (x + 0.5, y + 0.5), style)))?;
+        }
+    }
+    Ok(())
+}
+
+/// The colour bar: its ticks and title on its right, as matplotlib draws one, ticked at nice
+/// values (one per 24 pt of height at most).
+fn draw_colorbar<DB: DrawingBackend>(
+    bar: &DrawingArea<DB, Shift>,
+    label: &str,
+    (lo, hi): (f64, f64),
+    axis_h: u32,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let max_ticks = ((bar.dim_in_pixel().1.saturating_sub(pt(48.0))) / pt(24.0)).clamp(2, 8) as usize;
+    let axis = linear_axis(lo, hi, 0.0, max_ticks);
+    let label_w = widest(bar, axis.ticks.iter().map(|t| t.1.clone())).0;
+    let mut cb = ChartBuilder::on(bar)
+        .margin_top(pt(22.0))
+        .margin_bottom(pt(26.0))
+        .margin_left(pt(6.0))
+        .margin_right(axis_h)
+        .right_y_label_area_size(label_w + axis_h + pt(14.0))
+        .build_cartesian_2d(Ticked::new(0.0..1.0, vec![]), Ticked::new(lo..hi, axis.points()))?;
+    cb.configure_mesh()
+        .disable_mesh()
+        .disable_x_axis()
+        .y_desc(label)
+        .label_style(("sans-serif", font(TICK_PT)))
+        .axis_desc_style(("sans-serif", font(AXIS_PT)))
+        .y_label_formatter(&|v| axis.label(*v))
+        .set_all_tick_mark_size(pt(2.0))
+        .draw()?;
+    let steps = 100;
+    for i in 0..steps {
+        let a = lo + (hi - lo) * i as f64 / steps as f64;
+        let b = lo + (hi - lo) * (i + 1) as f64 / steps as f64;
+        cb.draw_series(std::iter::once(Rectangle::new(
+            [(0.0, a), (1.0, b)],
+            viridis(i as f64 / steps as f64).filled(),
+        )))?;
+    }
+    Ok(())
+}
+
+/// The panels in a `grid` (rows, columns) under the figure's title, then the shared colour bar.
 fn draw_heatmaps<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     panels: &[Heatmap],
@@ -865,149 +1126,17 @@ where
 {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing: {e:?}");
     root.fill(&WHITE).map_err(err)?;
-    let (lo, hi) = panels.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
-        let (a, b) = p.range.unwrap_or_else(|| {
-            let v = p.values.iter().filter(|v| v.is_finite());
-            v.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)))
-        });
-        (lo.min(a), hi.max(b))
-    });
-    let (lo, hi) = if hi > lo { (lo, hi) } else { (lo - 0.5, lo + 0.5) };
+    let range = color_range(panels);
     let (title, title_size) = fit_title(title, root.dim_in_pixel().0, TITLE_PT);
     let area = root.margin(pt(3.0), 0, 0, 0).titled(&title, ("sans-serif", title_size)).map_err(err)?;
     let (main, bar) = area.split_horizontally(area.dim_in_pixel().0.saturating_sub(COLORBAR));
     let (grid_rows, grid_cols) = (grid.0 as usize, grid.1 as usize);
     let axis_h = area.estimate_text_size("Mg", &("sans-serif", font(AXIS_PT)).into()).map_err(err)?.1;
     for (i, (p, panel_area)) in panels.iter().zip(main.split_evenly((grid_rows, grid_cols))).enumerate() {
-        // Axis titles on the outer panels only: the left column's y, the bottom row's x.
-        let (left, bottom) = (i % grid_cols == 0, i + grid_cols >= panels.len());
-        let (rows, cols) = p.values.dim();
-        // Tick labels at 8 pt, or 7 pt where that puts one on more nodes.
-        let (pw, ph) = panel_area.dim_in_pixel();
-        let measure = |points: f64| {
-            let style: TextStyle = ("sans-serif", font(points)).into();
-            let size = |l: &String| panel_area.estimate_text_size(l, &style).unwrap_or((0, 0));
-            let row_w = p.row_labels.iter().map(|l| size(l).0).max().unwrap_or(0);
-            let col_ws: Vec<f64> = p.col_labels.iter().map(|l| f64::from(size(l).0)).collect();
-            let tick_h = p.col_labels.iter().chain(&p.row_labels).map(|l| size(l).1).max().unwrap_or(0);
-            (row_w, col_ws, tick_h)
-        };
-        // The cells' width as in a panel of the left column (with the axis title), so that every
-        // panel ticks the same nodes.
-        let cell_of = |row_w: u32| f64::from(pw.saturating_sub(row_w + axis_h + pt(19.0))) / cols.max(1) as f64;
-        // The columns ticked: from the last (the readout, `out`, always ticked) leftwards, each
-        // whose label clears the previous one ticked by a tenth of their widths — so a wide `out`
-        // beside narrow digits costs one tick, not every other one.
-        let ticked = |cell: f64, widths: &[f64]| -> Vec<usize> {
-            let width = |c: usize| widths.get(c).copied().unwrap_or(0.0);
-            let mut shown = vec![cols.saturating_sub(1)];
-            for c in (0..cols.saturating_sub(1)).rev() {
-                let last = *shown.last().expect("one");
-                if (last - c) as f64 * cell >= 1.1 * (width(c) + width(last)) / 2.0 {
-                    shown.push(c);
-                }
-            }
-            shown.reverse();
-            shown
-        };
-        let count_at = |points: f64| {
-            let (row_w, col_ws, _) = measure(points);
-            ticked(cell_of(row_w), &col_ws).len()
-        };
-        let tick_pt = if count_at(TICK_PT - 1.0) > count_at(TICK_PT) { TICK_PT - 1.0 } else { TICK_PT };
-        let (row_w, col_ws, tick_h) = measure(tick_pt);
-        // Room for the tick labels, a gap and (outer panels) the axis title beside them.
-        let y_area = row_w + pt(6.0) + if left { axis_h + pt(3.0) } else { 0 };
-        let x_area = tick_h + pt(6.0) + if bottom { axis_h + pt(3.0) } else { 0 };
-        let cell_w = cell_of(row_w);
-        let cell_h = f64::from(ph.saturating_sub(x_area + pt(20.0))) / rows.max(1) as f64;
-        let sy = (1..).find(|s| cell_h * *s as f64 >= 1.1 * f64::from(tick_h)).unwrap_or(1);
-        let x_keys: Vec<f64> = ticked(cell_w, &col_ws).into_iter().map(|c| c as f64 + 0.5).collect();
-        let y_keys: Vec<f64> = (0..rows).step_by(sy).map(|r| r as f64 + 0.5).collect();
-        // Numbers in the cells only where "0.00" fits one (with a margin), centred.
-        let annotate = p.annotate && cell_w >= 1.15 * text_width("0.00", font(CELL_PT));
-        let mut chart = ChartBuilder::on(&panel_area)
-            .caption(&p.title, ("sans-serif", font(AXIS_PT)))
-            .margin(pt(4.0))
-            .x_label_area_size(x_area)
-            .y_label_area_size(y_area)
-            .build_cartesian_2d(Ticked::new(0.0..cols as f64, x_keys), Ticked::new(rows as f64..0.0, y_keys))
-            .map_err(err)?;
-        let (rl, cl) = (p.row_labels.clone(), p.col_labels.clone());
-        chart
-            .configure_mesh()
-            .disable_mesh()
-            .x_desc(if bottom { p.x_label.as_str() } else { "" })
-            .y_desc(if left { p.y_label.as_str() } else { "" })
-            .x_label_formatter(&|v| cl.get(v.floor() as usize).cloned().unwrap_or_default())
-            .y_label_formatter(&|v| rl.get(v.floor() as usize).cloned().unwrap_or_default())
-            .label_style(("sans-serif", font(tick_pt)))
-            .axis_desc_style(("sans-serif", font(AXIS_PT)))
-            .set_all_tick_mark_size(pt(2.0))
-            .draw()
-            .map_err(err)?;
-        for (r, row) in p.values.rows().into_iter().enumerate() {
-            for (c, v) in row.iter().enumerate() {
-                let color = if v.is_finite() { viridis((v - lo) / (hi - lo)) } else { RGBColor(235, 235, 235) };
-                chart
-                    .draw_series(std::iter::once(Rectangle::new(
-                        [(c as f64, r as f64), (c as f64 + 1.0, r as f64 + 1.0)],
-                        color.filled(),
-                    )))
-                    .map_err(err)?;
-                if annotate && v.is_finite() {
-                    let t = (v - lo) / (hi - lo);
-                    let ink = if t > 0.6 { BLACK } else { WHITE };
-                    chart
-                        .draw_series(std::iter::once(Text::new(
-                            format!("{v:.2}"),
-                            (c as f64 + 0.5, r as f64 + 0.5),
-                            ("sans-serif", font(CELL_PT)).into_font().color(&ink).pos(
-                                plotters::style::text_anchor::Pos::new(
-                                    plotters::style::text_anchor::HPos::Center,
-                                    plotters::style::text_anchor::VPos::Center,
-                                ),
-                            ),
-                        )))
-                        .map_err(err)?;
-                }
-            }
-        }
+        let outer = (i % grid_cols == 0, i + grid_cols >= panels.len());
+        draw_panel(&panel_area, p, outer, range, axis_h).map_err(err)?;
     }
-    // The colour bar: its ticks and title on its right, as matplotlib draws one, ticked at nice
-    // values (one per 24 pt of height at most).
-    let max_ticks = ((bar.dim_in_pixel().1.saturating_sub(pt(48.0))) / pt(24.0)).clamp(2, 8) as usize;
-    let axis = linear_axis(lo, hi, 0.0, max_ticks);
-    let label_w = widest(&bar, axis.ticks.iter().map(|t| t.1.clone())).0;
-    let mut cb = ChartBuilder::on(&bar)
-        .margin_top(pt(22.0))
-        .margin_bottom(pt(26.0))
-        .margin_left(pt(6.0))
-        .margin_right(axis_h)
-        .right_y_label_area_size(label_w + axis_h + pt(14.0))
-        .build_cartesian_2d(Ticked::new(0.0..1.0, vec![]), Ticked::new(lo..hi, axis.points()))
-        .map_err(err)?;
-    cb.configure_mesh()
-        .disable_mesh()
-        .disable_x_axis()
-        .y_desc(&panels[0].colorbar_label)
-        .label_style(("sans-serif", font(TICK_PT)))
-        .axis_desc_style(("sans-serif", font(AXIS_PT)))
-        .y_label_formatter(&|v| axis.label(*v))
-        .set_all_tick_mark_size(pt(2.0))
-        .draw()
-        .map_err(err)?;
-    let steps = 100;
-    for i in 0..steps {
-        let a = lo + (hi - lo) * i as f64 / steps as f64;
-        let b = lo + (hi - lo) * (i + 1) as f64 / steps as f64;
-        cb.draw_series(std::iter::once(Rectangle::new(
-            [(0.0, a), (1.0, b)],
-            viridis(i as f64 / steps as f64).filled(),
-        )))
-        .map_err(err)?;
-    }
-    Ok(())
+    draw_colorbar(&bar, &panels[0].colorbar_label, range, axis_h).map_err(err)
 }
 
 /// A topology's name as the papers print it (`hacn` → `H-ACN`), for legends; the registry
