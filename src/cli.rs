@@ -294,7 +294,15 @@ pub fn run(cli: Cli) -> Result<()> {
             // Checked here, set from the report (the flag, else the spec's) when it draws.
             formats.as_deref().map(crate::plot::Formats::parse).transpose()?;
             width.as_deref().map(crate::plot::Width::parse).transpose()?;
-            let options = crate::study::ReportOptions { by, metrics, baseline, curves, width, formats };
+            let options = crate::study::ReportOptions {
+                by,
+                metrics,
+                baseline,
+                curves,
+                width,
+                formats,
+                labels: Default::default(),
+            };
             commands::study::report(&paths, &spec, &options, &format, out.as_deref())
         }
         Cmd::Demo { figure, out, overrides } => commands::demo(&figure, &out, &overrides),

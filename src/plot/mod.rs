@@ -1,11 +1,13 @@
-//! Figures with `plotters`, written as PNG, SVG and PDF (vector, converted from the SVG drawing by
-//! `svg2pdf`, its fonts embedded: what pdflatex's `\includegraphics` takes). Text uses the DejaVu
-//! Sans font embedded in the binary (the `dejavu` crate), so figures render on machines without
-//! system fonts.
+//! Figures with `plotters`, drawn once as SVG and written as SVG, PNG (rasterised from it by
+//! `resvg`) and PDF (vector, converted from it by `svg2pdf`, its fonts embedded: what pdflatex's
+//! `\includegraphics` takes). Text uses the DejaVu Sans font embedded in the binary (the `dejavu`
+//! crate), so figures render on machines without system fonts.
 
 pub mod curves;
 pub mod figures;
 pub mod study;
+#[cfg(test)]
+mod tests;
 
 use anyhow::{anyhow, Result};
 use plotters::coord::Shift;
@@ -253,9 +255,9 @@ impl Style {
     }
 }
 
-/// Converts the SVG at `svg` into a vector PDF at `pdf` (atomically), with the embedded DejaVu
-/// fonts subset into it, its page `PDF_DPI` pixels to the inch.
-pub fn svg_to_pdf(svg: &Path, pdf: &Path) -> Result<()> {
+/// An SVG drawing parsed as usvg lays it out: text shaped (kerning included) with the embedded
+/// DejaVu Sans, the family plotters' `sans-serif` is mapped to.
+fn svg_tree(svg: &str, origin: &Path) -> Result<svg2pdf::usvg::Tree> {
     use svg2pdf::usvg;
     static DB: std::sync::OnceLock<std::sync::Arc<usvg::fontdb::Database>> = std::sync::OnceLock::new();
     let db = DB.get_or_init(|| {
@@ -266,16 +268,31 @@ pub fn svg_to_pdf(svg: &Path, pdf: &Path) -> Result<()> {
         std::sync::Arc::new(db)
     });
     let options = usvg::Options { font_family: "DejaVu Sans".into(), fontdb: db.clone(), ..Default::default() };
-    let text = std::fs::read_to_string(svg).map_err(|e| anyhow!("reading {}: {e}", svg.display()))?;
-    let tree = usvg::Tree::from_str(&text, &options).map_err(|e| anyhow!("{}: {e}", svg.display()))?;
-    let bytes = svg2pdf::to_pdf(&tree, svg2pdf::ConversionOptions::default(), svg2pdf::PageOptions { dpi: PDF_DPI })
-        .map_err(|e| anyhow!("{}: converting to PDF: {e}", svg.display()))?;
-    crate::run_dir::atomic_write(pdf, &bytes)
+    usvg::Tree::from_str(svg, &options).map_err(|e| anyhow!("{}: {e}", origin.display()))
 }
 
-/// Renders `$draw(&root, args…)` into `<out_base>.png` and `<out_base>.svg` of `size` pixels (one
-/// drawing function serves both backends) and `<out_base>.pdf` from the SVG drawing, each as
-/// `$style`'s formats ask, and evaluates to `Ok(paths written)`.
+/// The SVG drawing `svg` as a vector PDF, its fonts subset into it, its page `PDF_DPI` pixels to
+/// the inch (what pdflatex's `\includegraphics` takes).
+fn svg_to_pdf(svg: &str, origin: &Path) -> Result<Vec<u8>> {
+    let tree = svg_tree(svg, origin)?;
+    svg2pdf::to_pdf(&tree, svg2pdf::ConversionOptions::default(), svg2pdf::PageOptions { dpi: PDF_DPI })
+        .map_err(|e| anyhow!("{}: converting to PDF: {e}", origin.display()))
+}
+
+/// The SVG drawing `svg` rasterised by resvg into PNG bytes of `size` pixels: the PNG is the SVG
+/// as drawn, its text placed by the same shaping (plotters' own bitmap text drops each glyph's
+/// left side bearing, so kerned pairs such as the "Tr" of "Training" overprint).
+fn svg_to_png(svg: &str, (w, h): (u32, u32), origin: &Path) -> Result<Vec<u8>> {
+    let tree = svg_tree(svg, origin)?;
+    let mut pixmap = resvg::tiny_skia::Pixmap::new(w, h).ok_or_else(|| anyhow!("a canvas of {w}×{h} pixels"))?;
+    resvg::render(&tree, resvg::tiny_skia::Transform::identity(), &mut pixmap.as_mut());
+    pixmap.encode_png().map_err(|e| anyhow!("{}: encoding the PNG: {e}", origin.display()))
+}
+
+/// Renders `$draw(&root, args…)` once, as an SVG drawing of `size` pixels, and writes from it
+/// `<out_base>.png` (rasterised), `.svg` and `.pdf` (vector), each as `$style`'s formats ask;
+/// evaluates to `Ok(paths written)`. One drawing serves every format, so what the layout test
+/// checks in the SVG is what the PNG shows.
 macro_rules! render_png_and_svg {
     ($out_base:expr, $style:expr, $size:expr, $draw:ident($($arg:expr),*)) => {{
         register_fonts();
@@ -283,34 +300,26 @@ macro_rules! render_png_and_svg {
         let want = $style.formats;
         let (png, svg, pdf) =
             (out_base.with_extension("png"), out_base.with_extension("svg"), out_base.with_extension("pdf"));
-        let mut written = Vec::new();
-        // Each file drawn into a temporary file and renamed into place: a full disk or a crash
+        let mut drawing = String::new();
+        {
+            let root = SVGBackend::with_string(&mut drawing, $size).into_drawing_area();
+            $draw(&root, $($arg),*)?;
+            root.present().map_err(|e| anyhow!("{e}"))?;
+        }
+        // Each file written to a temporary file and renamed into place: a full disk or a crash
         // leaves the previous figure, never a truncated one.
+        let mut written = Vec::new();
         if want.png {
-            crate::run_dir::atomic_write_with(&png, |p| {
-                let root = BitMapBackend::new(p, $size).into_drawing_area();
-                $draw(&root, $($arg),*)?;
-                root.present().map_err(|e| anyhow!("{e}"))
-            })?;
+            crate::run_dir::atomic_write(&png, &svg_to_png(&drawing, $size, &png)?)?;
             written.push(png);
         }
-        if want.svg || want.pdf {
-            crate::run_dir::atomic_write_with(&svg, |p| {
-                let root = SVGBackend::new(p, $size).into_drawing_area();
-                $draw(&root, $($arg),*)?;
-                root.present().map_err(|e| anyhow!("{e}"))
-            })?;
-            if want.pdf {
-                svg_to_pdf(&svg, &pdf)?;
-            }
-            if want.svg {
-                written.push(svg);
-            } else {
-                std::fs::remove_file(&svg).map_err(|e| anyhow!("removing {}: {e}", svg.display()))?;
-            }
-            if want.pdf {
-                written.push(pdf);
-            }
+        if want.svg {
+            crate::run_dir::atomic_write(&svg, drawing.as_bytes())?;
+            written.push(svg);
+        }
+        if want.pdf {
+            crate::run_dir::atomic_write(&pdf, &svg_to_pdf(&drawing, &pdf)?)?;
+            written.push(pdf);
         }
         Ok(written)
     }};
@@ -364,19 +373,54 @@ impl Axis {
 /// `max_ticks` ticks at steps of 1, 2, 2.5 or 5 × 10^k, labelled with the decimals the step needs
 /// (`70`, not `70.0`; `0.25`; `20k` from 10⁴ on).
 pub fn linear_axis(lo: f64, hi: f64, pad: f64, max_ticks: usize) -> Axis {
-    let (lo, hi) = match hi > lo {
-        true => (lo, hi),
-        false => {
-            let d = if lo == 0.0 { 1.0 } else { 0.1 * lo.abs() };
-            (lo - d, hi + d)
-        }
-    };
+    let (lo, hi) = widen_flat(lo, hi);
     let span = hi - lo;
     let (lo, hi) = (lo - pad * span, hi + pad * span);
     let raw = (hi - lo) / (max_ticks.max(2) - 1) as f64;
     let mag = 10f64.powf(raw.log10().floor());
     let (m, step) =
         [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| (*m, m * mag)).find(|(_, s)| *s >= raw * (1.0 - 1e-9)).unwrap();
+    ticked_axis(lo, hi, m, step)
+}
+
+/// A range of one value widened to show it: ±10 % of it (±1 around 0).
+fn widen_flat(lo: f64, hi: f64) -> (f64, f64) {
+    match hi > lo {
+        true => (lo, hi),
+        false => {
+            let d = if lo == 0.0 { 1.0 } else { 0.1 * lo.abs() };
+            (lo - d, hi + d)
+        }
+    }
+}
+
+/// A linear axis for values: like [`linear_axis`], but its ends are ticks that enclose the data
+/// `lo..hi` (padded by `pad` of the span, and not below 0 for data that are not), as matplotlib's
+/// round-number limits, so that no value lies beyond the labelled range; 3 to `max_ticks` ticks.
+/// Accuracies of 8 to 53 % get 0, 20, 40, 60, not 20 and 40 alone.
+pub fn enclosing_axis(lo: f64, hi: f64, pad: f64, max_ticks: usize) -> Axis {
+    let (lo, hi) = widen_flat(lo, hi);
+    let span = hi - lo;
+    let floor = if lo >= 0.0 { 0.0 } else { f64::NEG_INFINITY };
+    let (lo, hi) = ((lo - pad * span).max(floor), hi + pad * span);
+    let max_ticks = max_ticks.max(3);
+    let mag = 10f64.powf(((hi - lo) / (max_ticks - 1) as f64).log10().floor());
+    // Within a millionth of a step of a tick is at it (a quotient's rounding, not the data).
+    let ends = |step: f64| ((lo / step + 1e-6).floor(), (hi / step - 1e-6).ceil());
+    let (m, step) = [mag, 10.0 * mag]
+        .iter()
+        .flat_map(|e| [1.0, 2.0, 2.5, 5.0].map(|m| (m, m * e)))
+        .find(|&(_, step)| {
+            let (a, b) = ends(step);
+            b - a < max_ticks as f64
+        })
+        .unwrap_or((1.0, 100.0 * mag));
+    let (a, b) = ends(step);
+    ticked_axis(a * step, b * step, m, step)
+}
+
+/// The linear axis over `lo..hi` ticked at the multiples of `step` (`m` × 10^k) inside it.
+fn ticked_axis(lo: f64, hi: f64, m: f64, step: f64) -> Axis {
     // Thousands as k and millions as M: `250k` reads where `250000` crowds its neighbours.
     let top = lo.abs().max(hi.abs());
     let (unit, suffix) = match () {
@@ -386,7 +430,8 @@ pub fn linear_axis(lo: f64, hi: f64, pad: f64, max_ticks: usize) -> Axis {
     };
     let k = (step / unit).log10().floor() as i32;
     let decimals = (-k).max(0) as usize + usize::from(m == 2.5);
-    let (first, last) = ((lo / step).ceil() as i64, (hi / step).floor() as i64);
+    // Within a millionth of a step: an end that is a tick (`enclosing_axis`) keeps its label.
+    let (first, last) = ((lo / step - 1e-6).ceil() as i64, (hi / step + 1e-6).floor() as i64);
     let ticks = (first..=last)
         .map(|i| {
             let v = i as f64 * step;
@@ -847,7 +892,7 @@ where
     let markers = chart.series.iter().all(|s| s.points.len() <= MARKED_UP_TO);
     let y = match chart.log_y {
         true => log_axis(y_lo, y_hi, 6),
-        false => linear_axis(y_lo, y_hi, 0.05, 6),
+        false => enclosing_axis(y_lo, y_hi, 0.0, 6),
     };
     let area = root.margin(pt(3.0), 0, 0, 0).titled(&title, ("sans-serif", title_size)).map_err(err)?;
     let y_w = widest(&area, y.ticks.iter().map(|t| t.1.clone())).0;
@@ -1219,7 +1264,7 @@ where
     let ok = |v: &f64| v.is_finite() && (!c.log || *v > 0.0);
     let span =
         |v: &mut dyn Iterator<Item = f64>| v.filter(ok).fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
-    let axis = |(lo, hi): (f64, f64)| if c.log { log_axis(lo, hi, 5) } else { linear_axis(lo, hi, 0.08, 6) };
+    let axis = |(lo, hi): (f64, f64)| if c.log { log_axis(lo, hi, 5) } else { enclosing_axis(lo, hi, 0.08, 6) };
     let (lo, hi) = span(&mut c.values.iter().flat_map(|v| [v.0, v.1]));
     anyhow::ensure!(lo <= hi, "nothing to plot: no paired values");
     let y = axis((lo, hi));

@@ -7,6 +7,7 @@ use super::{display_name, line_chart, quantity, Dash, LineChart, Series, Style, 
 use crate::study::claims::Arm;
 use crate::study::{self, StudyReport};
 use anyhow::Result;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Draws `curve-<name>.{png,svg}` into `out` for each of the report's curves that the runs log;
@@ -161,7 +162,7 @@ pub fn claim_figures(r: &StudyReport, style: &Style, out: &Path) -> Result<Vec<P
         let chart = super::Paired {
             title: format!("{} — {delta}, {}", cl.id, c.verdict),
             y_label: metric,
-            arms: [arm_label(&cl.a), arm_label(&cl.b)],
+            arms: [arm_label(&cl.a, &r.labels), arm_label(&cl.b, &r.labels)],
             colors: [arm_color(&cl.a, 0), arm_color(&cl.b, 1)],
             values: c.values.iter().map(|v| (unit * v.0, unit * v.1)).collect(),
             log,
@@ -177,9 +178,16 @@ pub fn claim_figures(r: &StudyReport, style: &Style, out: &Path) -> Result<Vec<P
     Ok(files)
 }
 
-/// An arm as a legend names it: `topology.kind=hacn,topology.init.mu=0.25` → `H-ACN, μ = 0.25`.
-fn arm_label(arm: &Arm) -> String {
-    arm.settings().iter().map(|(k, v)| setting_label(k, v)).collect::<Vec<_>>().join(", ")
+/// An arm as a legend names it: its label in the spec's `report.labels` (the arm as written, else
+/// its one setting's value), else `topology.kind=hacn,topology.init.mu=0.25` → `H-ACN, μ = 0.25`.
+fn arm_label(arm: &Arm, labels: &BTreeMap<String, String>) -> String {
+    let named = labels.get(arm.as_str()).or(match arm.settings() {
+        [(_, v)] => labels.get(v),
+        _ => None,
+    });
+    named
+        .cloned()
+        .unwrap_or_else(|| arm.settings().iter().map(|(k, v)| setting_label(k, v)).collect::<Vec<_>>().join(", "))
 }
 
 /// An arm's colour: its topology's where it names one, else the palette's.
@@ -212,37 +220,54 @@ fn symbol(key: &str) -> &str {
     }
 }
 
-/// Each group's legend label from its grouping keys; configs' names shortened by what they all
-/// start with (`lnn-fig2b-none`, `lnn-fig2b-ancre` → `none`, `ancre`).
+/// Each group's legend label from its grouping keys: a value's label in the spec's
+/// `report.labels`, else configs' names shortened by the words they all start and end with
+/// (`lnn-fig2b-none`, `lnn-fig2b-ancre` → `none`, `ancre`; `mixer-cifar10-cpu-hacn`,
+/// `mixer-cifar2-cpu-hacn` → `cifar10`, `cifar2`).
 fn group_labels(r: &StudyReport) -> Vec<String> {
     if r.by.is_empty() {
         return r.groups.iter().map(|_| "all runs".to_string()).collect();
     }
-    let prefix = |i: usize| -> usize {
-        let vals: Vec<&String> = r.groups.iter().map(|g| &g.key[i]).collect();
-        if vals.len() < 2 {
-            return 0;
-        }
-        let first = vals[0];
-        let mut n = first.len();
-        for v in &vals[1..] {
-            n = n.min(first.bytes().zip(v.bytes()).take_while(|(a, b)| a == b).count());
-        }
-        // Cut at a word boundary only.
-        first[..n].rfind(['-', '_']).map_or(0, |p| p + 1)
-    };
-    let cuts: Vec<usize> = (0..r.by.len()).map(|i| if r.by[i] == "name" { prefix(i) } else { 0 }).collect();
+    let cuts: Vec<(usize, usize)> = (0..r.by.len())
+        .map(|i| match r.by[i].as_str() {
+            "name" => shared_words(&r.groups.iter().map(|g| g.key[i].as_str()).collect::<Vec<_>>()),
+            _ => (0, 0),
+        })
+        .collect();
     r.groups
         .iter()
         .map(|g| {
             r.by.iter()
                 .zip(&g.key)
                 .zip(&cuts)
-                .map(|((k, v), cut)| setting_label(k, v.get(*cut..).unwrap_or(v)))
+                .map(|((k, v), &(head, tail))| match r.labels.get(v) {
+                    Some(label) => label.clone(),
+                    None => setting_label(
+                        k,
+                        v.get(head..v.len().saturating_sub(tail)).filter(|s| !s.is_empty()).unwrap_or(v),
+                    ),
+                })
                 .collect::<Vec<_>>()
                 .join(", ")
         })
         .collect()
+}
+
+/// How many bytes every one of `values` (two or more) starts with and ends with, cut at a word
+/// boundary (`-` or `_`), so that each keeps at least one word of its own.
+fn shared_words(values: &[&str]) -> (usize, usize) {
+    let [first, rest @ ..] = values else { return (0, 0) };
+    if rest.is_empty() {
+        return (0, 0);
+    }
+    let common = |a: &[u8], b: &[u8]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let shortest = values.iter().map(|v| v.len()).min().unwrap_or(0);
+    let head_n = rest.iter().map(|v| common(first.as_bytes(), v.as_bytes())).min().unwrap_or(0);
+    let head = first.get(..head_n.min(shortest)).and_then(|p| p.rfind(['-', '_'])).map_or(0, |p| p + 1);
+    let rev = |v: &str| v.bytes().rev().collect::<Vec<u8>>();
+    let tail_n = rest.iter().map(|v| common(&rev(first), &rev(v))).min().unwrap_or(0).min(shortest - head);
+    let tail = first.get(first.len() - tail_n..).and_then(|t| t.find(['-', '_'])).map_or(0, |p| tail_n - p);
+    (head, tail)
 }
 
 /// What the report's runs' loss is measured in (for its axis title) and whether they are language
@@ -348,4 +373,26 @@ fn group_colors(r: &StudyReport) -> Vec<(plotters::style::RGBColor, Dash)> {
 /// `topology.init.mu` → `mu` in legends.
 fn short(key: &str) -> &str {
     key.rsplit('.').next().unwrap_or(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shared_words;
+
+    /// What a legend drops of configs' names: the words every one starts and ends with, never a
+    /// part of a word or a whole name.
+    #[test]
+    fn names_lose_the_words_they_share() {
+        let cut = |values: &[&str]| {
+            let (head, tail) = shared_words(values);
+            values.iter().map(|v| v[head..v.len() - tail].to_string()).collect::<Vec<_>>()
+        };
+        assert_eq!(cut(&["lnn-fig2b-none", "lnn-fig2b-ancre"]), ["none", "ancre"]);
+        assert_eq!(cut(&["mixer-cifar10-cpu-hacn", "mixer-cifar2-cpu-hacn"]), ["cifar10", "cifar2"]);
+        assert_eq!(cut(&["lnn-fig2b-0to1", "lnn-fig2b-0to2"]), ["0to1", "0to2"]);
+        assert_eq!(cut(&["res-a", "acn-a"]), ["res", "acn"]);
+        assert_eq!(cut(&["ab-x", "ab-x-y"]), ["x", "x-y"]);
+        assert_eq!(cut(&["only"]), ["only"]);
+        assert_eq!(shared_words(&["é-a", "é-b"]), (3, 0));
+    }
 }

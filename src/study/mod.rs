@@ -89,6 +89,9 @@ pub struct StudyReport {
     /// section's (`None`: the defaults).
     pub width: Option<String>,
     pub formats: Option<String>,
+    /// The legends' names for grouping values and arms: the spec's `report.labels`, the
+    /// options' over them.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// Metrics a table shows by default, in this order, when every run has them: each kind's
@@ -137,6 +140,7 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
         registration,
         width: opts.width.clone().or(from_sweep.width.clone()),
         formats: opts.formats.clone().or(from_sweep.formats.clone()),
+        labels: from_sweep.labels.iter().chain(&opts.labels).map(|(k, v)| (k.clone(), v.clone())).collect(),
     })
 }
 

@@ -45,6 +45,12 @@ pub struct ReportSpec {
     /// flag wins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub formats: Option<String>,
+    /// How the figures' legends name a grouping value or a claim's arm, as a paper prints it
+    /// (`lnn-fig2b-0to1: "0:1"`, `name=mixer-cifar10-cpu-hacn-per-layer: CIFAR-10`): a value of a
+    /// grouping key, or an arm as written. Values it does not name are shown as they are (a
+    /// topology by its display name, configs' names without what they all share).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 impl ReportSpec {

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Redraws the figures of docs/claims.md that come from committed per-run tables
+# (docs/claims/*.csv and their .curves.csv), with the binary of this checkout, into docs/figures/.
+# Each is `plexus report TABLE --spec SPEC --out DIR` and one figure of DIR, as the page says
+# under the figure. Figures whose runs' curves are not committed (the DiT eval loss, the RL success
+# curve, the showcase's layer-wise and noise curves) are not redrawn here: they need their runs.
+#
+#   scripts/docs-figures.sh
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+"$ROOT/scripts/setup.sh" >&2
+PLEXUS="$ROOT/target/release/plexus"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+# docs/figures name ← table (under docs/claims/), spec (under configs/studies/), figure of the report.
+while read -r name table spec figure; do
+  out="$work/$name"
+  "$PLEXUS" report "docs/claims/$table" --spec "configs/studies/$spec" --out "$out" --formats png > "$out.log" 2>&1 ||
+    { cat "$out.log" >&2; exit 1; }
+  [ -f "$out/$figure" ] || { echo "docs-figures: $table drew no $figure (it drew: $(ls "$out" | tr '\n' ' '))" >&2; exit 1; }
+  cp "$out/$figure" "docs/figures/$name"
+  echo "docs/figures/$name  ← $table: $figure"
+done <<'TABLE'
+ancre-fig2b-loss.png ancre-fig2b.csv ancre-fig2b.yaml curve-loss.png
+hacn-mu-layer-gamma.png hacn-mu-layer.csv hacn-mu-layer.yaml curve-gamma.png
+hacn-layer-gamma.png hacn-layer.csv hacn-layer.yaml curve-gamma.png
+hacn-a-seeds.png hacn-a-seeds.csv hacn-a-seeds.yaml claim-hacn-a-correlates-across-seeds.png
+llama-char-loss.png replications/llama-char-2026-11-28.csv llama-char.yaml curve-loss.png
+dit-fd-curve-fd.png dit-fd-curve.csv dit-fd-curve.yaml curve-fd_fd.png
+hacn-fig7-accuracy.png hacn-fig7.csv hacn-fig7.yaml curve-eval_accuracy.png
+hacn-appendix-h-gamma.png hacn-appendix-h.csv hacn-appendix-h.yaml curve-gamma.png
+graph-transplant-accuracy.png graph-transplant.csv graph-transplant.yaml curve-eval_accuracy.png
+TABLE
