@@ -1,6 +1,6 @@
 //! The axes' ticks: what every figure's numbers are read against.
 
-use super::{enclosing_axis, linear_axis};
+use super::{enclosing_axis, enclosing_log_axis, linear_axis};
 
 /// A value axis's ends are ticks around the data, with 3 to `max` labelled ticks: no value lies
 /// beyond the labelled range, and no axis has two ticks (20 and 40 for data up to 53 %).
@@ -36,4 +36,23 @@ fn a_step_axis_ends_at_the_data() {
     let a = linear_axis(0.0, 1600.0, 0.0, 7);
     assert_eq!((a.lo, a.hi), (0.0, 1600.0));
     assert_eq!(a.ticks.iter().map(|t| t.1.as_str()).collect::<Vec<_>>(), ["0", "500", "1000", "1500"]);
+}
+
+/// A log value axis continues its ticks' pattern until they enclose the data: a loss of 0.15 is
+/// not drawn under a lowest tick of 0.5, nor 10⁻¹³ under 10⁻¹².
+#[test]
+fn a_log_value_axis_encloses_its_data_between_ticks() {
+    for i in 0..2000 {
+        let x = (i as f64 * 0.618_034).fract();
+        let y = (i as f64 * 0.414_214).fract();
+        let lo = 10f64.powf(-14.0 + 16.0 * x);
+        let hi = lo * 10f64.powf(if i % 9 == 0 { 0.0 } else { 14.0 * y });
+        let a = enclosing_log_axis(lo, hi, 6);
+        assert!(a.ticks.len() >= 2, "{lo}..{hi}: {:?}", a.ticks);
+        let (first, last) = (10f64.powf(a.ticks[0].0), 10f64.powf(a.ticks.last().unwrap().0));
+        assert!(first <= lo * (1.0 + 1e-9) && last >= hi * (1.0 - 1e-9), "{lo}..{hi}: ticks {first}..{last}");
+        assert!((a.lo - first.log10()).abs() < 1e-9 && (a.hi - last.log10()).abs() < 1e-9);
+    }
+    let labels = |lo: f64, hi: f64| enclosing_log_axis(lo, hi, 6).ticks.into_iter().map(|t| t.1).collect::<Vec<_>>();
+    assert_eq!(labels(0.15, 4.0), ["0.1", "0.2", "0.5", "1", "2", "5"]);
 }
