@@ -1270,7 +1270,8 @@ pub fn quantity(name: &str, loss_unit: &str) -> String {
         "fd" if prefix == "fd" => "Fréchet distance".into(),
         "real_floor" if prefix == "fd" => "real-vs-real distance".into(),
         "class_agreement" if prefix == "fd" => "class agreement".into(),
-        _ => name.to_string(),
+        // A summary number (`final_loss`, `decades_per_1k`) as the report's tables name it.
+        _ => crate::study::names::metric(name),
     }
 }
 

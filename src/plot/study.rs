@@ -108,7 +108,7 @@ pub fn band_curves(r: &StudyReport, style: &Style, out: &Path) -> Result<Vec<Pat
 
 /// Draws `claim-<id>.{png,svg,pdf}` into `out` for each of the report's claims: the metric of arm
 /// A and of arm B on each shared seed (a log axis where the claim compares on a log scale), titled
-/// with the claim, its mean difference and its verdict; returns the files written.
+/// with the claim's quantity, its mean difference and its verdict; returns the files written.
 pub fn claim_figures(r: &StudyReport, style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
     use crate::study::claims::Scale;
     let mut files = Vec::new();
@@ -160,7 +160,8 @@ pub fn claim_figures(r: &StudyReport, style: &Style, out: &Path) -> Result<Vec<P
             ),
         };
         let chart = super::Paired {
-            title: format!("{} — {delta}, {}", cl.id, c.verdict),
+            // The claim's quantity, not its id: a figure in a paper is read without the spec.
+            title: format!("{metric}: {delta}, {}", c.verdict),
             y_label: metric,
             arms: [arm_label(&cl.a, &r.labels), arm_label(&cl.b, &r.labels)],
             colors: [arm_color(&cl.a, 0), arm_color(&cl.b, 1)],
@@ -307,7 +308,13 @@ fn profiles_figure(c: &crate::study::claims::ClaimResult, style: &Style, out: &P
         .collect();
     let chart = LineChart {
         // "mean r", not r̄: the combining macron is set beside the r, not over it, in the figures' font.
-        title: format!("{} — mean r = {:.3}, {} seeds, {}", cl.id, c.diff.mean, c.seeds.len(), c.verdict),
+        title: format!(
+            "{} of each seed: mean r = {:.3}, {} seeds, {}",
+            vector_label(&cl.metric),
+            c.diff.mean,
+            c.seeds.len(),
+            c.verdict
+        ),
         x_label: "unit".into(),
         y_label: vector_label(&cl.metric),
         log_y: false,
