@@ -211,24 +211,24 @@ fn loss_unit(runs: &[PlotRun]) -> &'static str {
 /// Training loss of every run (log axis) → `loss.{png,svg}`; eval loss → `eval_loss.{png,svg}`.
 pub fn losses(runs: &[PlotRun], style: &Style, out: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
     let unit = loss_unit(runs);
+    // A log axis where the loss spans decades, as `plexus report` draws it ([`super::spans_decades`]).
+    let log = |series: &[Series]| super::spans_decades(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
+    let train = curves(runs, |d| Ok(d.metrics()?.iter().map(|m| (m.step as f64, m.loss)).collect()))?;
+    let held_out = curves(runs, |d| Ok(d.evals()?.iter().map(|e| (e.step as f64, e.loss)).collect()))?;
+    let (log_train, log_held_out) = (log(&train), log(&held_out));
+    let train_label = format!("training loss{unit}");
     let mut files = chart(
         title.unwrap_or("Training loss"),
         "training step",
-        &format!("training loss{unit}"),
-        true,
-        curves(runs, |d| Ok(d.metrics()?.iter().map(|m| (m.step as f64, m.loss)).collect()))?,
+        &train_label,
+        log_train,
+        train,
         style,
         &out.join("loss"),
     )?;
-    files.extend(chart(
-        "Evaluation loss",
-        "training step",
-        &format!("held-out loss{unit}"),
-        true,
-        curves(runs, |d| Ok(d.evals()?.iter().map(|e| (e.step as f64, e.loss)).collect()))?,
-        style,
-        &out.join("eval_loss"),
-    )?);
+    let held_out_label = format!("held-out loss{unit}");
+    let eval_out = out.join("eval_loss");
+    files.extend(chart("Evaluation loss", "training step", &held_out_label, log_held_out, held_out, style, &eval_out)?);
     Ok(files)
 }
 

@@ -325,6 +325,15 @@ macro_rules! render_png_and_svg {
     }};
 }
 
+/// Whether a loss is drawn on a log axis: every value positive, the largest more than 20 times
+/// the smallest (1.3 decades). One rule for `plexus plot` and `plexus report`, so that the same
+/// runs' loss has one scale in both.
+pub fn spans_decades(values: impl Iterator<Item = f64>) -> bool {
+    let (lo, hi) =
+        values.filter(|v| v.is_finite()).fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
+    lo > 0.0 && hi / lo > 20.0
+}
+
 /// Draws `chart` to `<out_base>.png`, `.svg` and `.pdf` (as `style`'s formats ask) at `style`'s
 /// printed width, two thirds as tall; returns the paths written.
 pub fn line_chart(chart: &LineChart, style: &Style, out_base: &Path) -> Result<Vec<PathBuf>> {

@@ -28,9 +28,7 @@ pub fn band_curves(r: &StudyReport, style: &Style, out: &Path) -> Result<Vec<Pat
         };
         let linear: Vec<Vec<(f64, f64, f64, f64)>> =
             r.groups.iter().map(|g| study::band(r, g, name, false).map(scale)).collect::<Result<_>>()?;
-        let ys: Vec<f64> = linear.iter().flatten().map(|p| p.1).collect();
-        let (lo, hi) = ys.iter().fold((f64::MAX, f64::MIN), |(a, b), &y| (a.min(y), b.max(y)));
-        let log_y = name.ends_with("loss") && lo > 0.0 && hi / lo > 20.0;
+        let log_y = name.ends_with("loss") && super::spans_decades(linear.iter().flatten().map(|p| p.1));
         let mut series = Vec::new();
         let colors = group_colors(r);
         for (i, (g, band)) in r.groups.iter().zip(linear).enumerate() {

@@ -33,7 +33,8 @@ pub const ENTRY: TopologyEntry = TopologyEntry {
     display: "mHC",
     about: "manifold-constrained hyper-connections: doubly stochastic stream mixing (Sinkhorn)",
     parse,
-    color: (188, 189, 34),
+    // A dark olive: Tableau's (188, 189, 34) is too light on white for a thin line (contrast 2.0).
+    color: (128, 128, 0),
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
