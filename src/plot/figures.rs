@@ -232,6 +232,22 @@ pub fn losses(runs: &[PlotRun], style: &Style, out: &Path, title: Option<&str>) 
     Ok(files)
 }
 
+/// The held-out metric over training, from each run's eval.csv: perplexity for language models
+/// (`eval_perplexity`, on a log axis where it spans more than a factor of 20), else accuracy in %
+/// (`eval_accuracy`); nothing for runs that log neither (RL, diffusion).
+pub fn eval_metric(runs: &[PlotRun], style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
+    let ppl = curves(runs, |d| Ok(d.evals()?.iter().filter_map(|e| Some((e.step as f64, e.perplexity?))).collect()))?;
+    if ppl.iter().any(|s| !s.points.is_empty()) {
+        let log = super::spans_decades(ppl.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
+        let file = out.join("eval_perplexity");
+        return chart("Held-out perplexity", "training step", "held-out perplexity", log, ppl, style, &file);
+    }
+    let accuracy =
+        curves(runs, |d| Ok(d.evals()?.iter().filter_map(|e| Some((e.step as f64, 100.0 * e.accuracy?))).collect()))?;
+    let file = out.join("eval_accuracy");
+    chart("Held-out accuracy", "training step", "held-out accuracy (%)", false, accuracy, style, &file)
+}
+
 /// Diffusion runs: the validation ε-MSE per bucket of timesteps at the last evaluation, against
 /// the bucket's mid `t` (log axis) → `eps_by_t.{png,svg}`; nothing for other runs.
 pub fn eps_by_t(runs: &[PlotRun], style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
@@ -517,6 +533,7 @@ pub fn all(
     }
     let runs = open_runs(dirs)?;
     let mut files = losses(&runs, style, out, title)?;
+    files.extend(eval_metric(&runs, style, out)?);
     files.extend(gamma_delta(&runs, style, out)?);
     files.extend(eps_by_t(&runs, style, out)?);
     files.extend(analysis_curves(&runs, style, out)?);

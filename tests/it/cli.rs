@@ -222,7 +222,7 @@ fn showcase_demo_trains_analyses_plots_and_its_table_matches_the_csvs() {
             assert!(std::fs::metadata(&png).map(|m| m.len() > 10_000).unwrap_or(false), "{} missing", png.display());
         }
     }
-    for f in ["loss", "eval_loss", "gamma", "layerwise", "noise", "pruning"] {
+    for f in ["loss", "eval_loss", "eval_accuracy", "gamma", "layerwise", "noise", "pruning"] {
         let png = dir.join(format!("figures/{f}.png"));
         assert!(std::fs::metadata(&png).map(|m| m.len() > 10_000).unwrap_or(false), "{} missing", png.display());
         assert!(out.contains(&format!("{f}.png")), "figure path {f}.png not printed");
