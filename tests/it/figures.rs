@@ -400,7 +400,18 @@ fn every_figure_kind_is_laid_out_as_a_papers_figure_at_both_widths() {
     let mut all: Vec<String> = kinds["double"].iter().map(|s| kind(s)).collect();
     all.sort();
     all.dedup();
-    for must in ["loss", "eval_loss", "eval_accuracy", "gamma", "delta", "layerwise", "pruning", "noise", "connectivity", "ancre_p"] {
+    for must in [
+        "loss",
+        "eval_loss",
+        "eval_accuracy",
+        "gamma",
+        "delta",
+        "layerwise",
+        "pruning",
+        "noise",
+        "connectivity",
+        "ancre_p",
+    ] {
         assert!(all.iter().any(|k| k == must), "no {must} figure among {all:?}");
     }
     let gallery_md = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/gallery.md");
