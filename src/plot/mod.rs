@@ -271,21 +271,19 @@ fn svg_tree(svg: &str, origin: &Path) -> Result<svg2pdf::usvg::Tree> {
     usvg::Tree::from_str(svg, &options).map_err(|e| anyhow!("{}: {e}", origin.display()))
 }
 
-/// The SVG drawing `svg` as a vector PDF, its fonts subset into it, its page `PDF_DPI` pixels to
+/// The SVG drawing (parsed: [`svg_tree`]) as a vector PDF, its fonts subset into it, its page `PDF_DPI` pixels to
 /// the inch (what pdflatex's `\includegraphics` takes).
-fn svg_to_pdf(svg: &str, origin: &Path) -> Result<Vec<u8>> {
-    let tree = svg_tree(svg, origin)?;
-    svg2pdf::to_pdf(&tree, svg2pdf::ConversionOptions::default(), svg2pdf::PageOptions { dpi: PDF_DPI })
+fn svg_to_pdf(tree: &svg2pdf::usvg::Tree, origin: &Path) -> Result<Vec<u8>> {
+    svg2pdf::to_pdf(tree, svg2pdf::ConversionOptions::default(), svg2pdf::PageOptions { dpi: PDF_DPI })
         .map_err(|e| anyhow!("{}: converting to PDF: {e}", origin.display()))
 }
 
-/// The SVG drawing `svg` rasterised by resvg into PNG bytes of `size` pixels: the PNG is the SVG
+/// The SVG drawing (parsed: [`svg_tree`]) rasterised by resvg into PNG bytes of `size` pixels: the PNG is the SVG
 /// as drawn, its text placed by the same shaping (plotters' own bitmap text drops each glyph's
 /// left side bearing, so kerned pairs such as the "Tr" of "Training" overprint).
-fn svg_to_png(svg: &str, (w, h): (u32, u32), origin: &Path) -> Result<Vec<u8>> {
-    let tree = svg_tree(svg, origin)?;
+fn svg_to_png(tree: &svg2pdf::usvg::Tree, (w, h): (u32, u32), origin: &Path) -> Result<Vec<u8>> {
     let mut pixmap = resvg::tiny_skia::Pixmap::new(w, h).ok_or_else(|| anyhow!("a canvas of {w}×{h} pixels"))?;
-    resvg::render(&tree, resvg::tiny_skia::Transform::identity(), &mut pixmap.as_mut());
+    resvg::render(tree, resvg::tiny_skia::Transform::identity(), &mut pixmap.as_mut());
     pixmap.encode_png().map_err(|e| anyhow!("{}: encoding the PNG: {e}", origin.display()))
 }
 
@@ -309,16 +307,18 @@ macro_rules! render_png_and_svg {
         // Each file written to a temporary file and renamed into place: a full disk or a crash
         // leaves the previous figure, never a truncated one.
         let mut written = Vec::new();
-        if want.png {
-            crate::run_dir::atomic_write(&png, &svg_to_png(&drawing, $size, &png)?)?;
+        // Parsed (text shaped) once for the PNG and the PDF.
+        let tree = if want.png || want.pdf { Some(svg_tree(&drawing, &svg)?) } else { None };
+        if let (true, Some(tree)) = (want.png, &tree) {
+            crate::run_dir::atomic_write(&png, &svg_to_png(tree, $size, &png)?)?;
             written.push(png);
         }
         if want.svg {
             crate::run_dir::atomic_write(&svg, drawing.as_bytes())?;
             written.push(svg);
         }
-        if want.pdf {
-            crate::run_dir::atomic_write(&pdf, &svg_to_pdf(&drawing, &pdf)?)?;
+        if let (true, Some(tree)) = (want.pdf, &tree) {
+            crate::run_dir::atomic_write(&pdf, &svg_to_pdf(tree, &pdf)?)?;
             written.push(pdf);
         }
         Ok(written)

@@ -126,6 +126,7 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
     let log_scale = log_scales(&metrics, &runs);
     let groups = group_statistics(&runs, &by, &metrics, &log_scale, baseline.as_ref());
     let (claims, registration) = judge_claims(claims, spec.is_some(), &runs, &mut missing)?;
+    let labels = legend_labels(opts, &from_sweep, &groups, &claims);
     Ok(StudyReport {
         by,
         metrics,
@@ -140,8 +141,36 @@ pub fn build(paths: &[PathBuf], opts: &ReportOptions, spec: Option<&SweepSpec>) 
         registration,
         width: opts.width.clone().or(from_sweep.width.clone()),
         formats: opts.formats.clone().or(from_sweep.formats.clone()),
-        labels: from_sweep.labels.iter().chain(&opts.labels).map(|(k, v)| (k.clone(), v.clone())).collect(),
+        labels,
     })
+}
+
+/// The legends' names: the spec's `report.labels`, the options' over them. A label that names no
+/// grouping value and no claim's arm (or its one setting's value) of these runs is said, as a
+/// misspelt one would otherwise be silently unused.
+fn legend_labels(
+    opts: &ReportOptions,
+    from_sweep: &ReportSpec,
+    groups: &[GroupResult],
+    claims: &[claims::ClaimResult],
+) -> std::collections::BTreeMap<String, String> {
+    let labels: std::collections::BTreeMap<String, String> =
+        from_sweep.labels.iter().chain(&opts.labels).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let arms = claims.iter().flat_map(|c| [&c.claim.a, &c.claim.b]);
+    let named: std::collections::BTreeSet<&str> = groups
+        .iter()
+        .flat_map(|g| g.key.iter().map(String::as_str))
+        .chain(arms.flat_map(|a| std::iter::once(a.as_str()).chain(a.settings().iter().map(|(_, v)| v.as_str()))))
+        .collect();
+    let unused: Vec<&str> = labels.keys().map(String::as_str).filter(|k| !named.contains(k)).collect();
+    if !unused.is_empty() {
+        eprintln!(
+            "report: report.labels names {} that no group or claim arm of these runs has: {}",
+            if unused.len() == 1 { "a value" } else { "values" },
+            unused.join(", ")
+        );
+    }
+    labels
 }
 
 /// `paths` with a folder given twice read once (`report SWEEP SWEEP` is `report SWEEP`), said.

@@ -433,14 +433,7 @@ fn a_killed_run_resumes_to_the_uninterrupted_one() {
 fn plexus_rl_resume_extends_a_run_from_the_command_line() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = tmp.path().join("tiny.yaml");
-    std::fs::write(
-        &cfg,
-        "name: t\nseed: 1\ndevice: cpu\nenv: {layout: u, num_envs: 8, episode_length: 20, max_step: 0.1, \
-         goal_radius: 0.1}\nnetwork: {width: 16, depth: 4, block_size: 4, repr_dim: 8, topology: {kind: residual}}\n\
-         train: {env_steps: 320, batch_size: 32, updates_per_rollout: 2, replay_episodes: 64}\n\
-         log: {eval_every: 160, eval_envs: 8}\n",
-    )
-    .unwrap();
+    std::fs::write(&cfg, common::TINY_RL_CONFIG).unwrap();
     let run = tmp.path().join("run");
     let (r, c) = (run.to_str().unwrap(), cfg.to_str().unwrap());
     // PLEXUS_CRASH_AFTER stops `plexus rl` as it stops `plexus train`, after the checkpoint due then.

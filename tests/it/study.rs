@@ -733,14 +733,7 @@ fn claims_are_judged_from_runs_and_again_from_their_runs_csv() {
 fn an_rl_study_swept_twice_resumed_and_requeued_keeps_its_finished_runs() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = tmp.path().join("tiny-rl.yaml");
-    std::fs::write(
-        &cfg,
-        "name: t\nseed: 1\ndevice: cpu\nenv: {layout: u, num_envs: 8, episode_length: 20, max_step: 0.1, \
-         goal_radius: 0.1}\nnetwork: {width: 16, depth: 4, block_size: 4, repr_dim: 8, topology: {kind: residual}}\n\
-         train: {env_steps: 320, batch_size: 32, updates_per_rollout: 2, replay_episodes: 64}\n\
-         log: {eval_every: 160, eval_envs: 8}\n",
-    )
-    .unwrap();
+    std::fs::write(&cfg, common::TINY_RL_CONFIG).unwrap();
     swept_twice_resumed_and_requeued(tmp.path(), &[cfg.to_str().unwrap()]);
 }
 

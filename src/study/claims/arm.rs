@@ -47,8 +47,9 @@ impl From<Arm> for String {
     }
 }
 
+#[cfg(test)]
 impl From<&str> for Arm {
-    /// An arm written in code (tests, planned runs); panics on text that is no arm.
+    /// An arm written in a test; panics on text that is no arm (specs go through `TryFrom`).
     fn from(text: &str) -> Arm {
         Arm::try_from(text.to_string()).unwrap_or_else(|e| panic!("{e}"))
     }

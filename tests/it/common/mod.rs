@@ -48,3 +48,10 @@ pub fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
         }
     }
 }
+
+/// A goal-conditioned RL run of seconds on CPU (8 environments, a 4-layer residual encoder, 320
+/// environment steps, evaluated at 160 and 320): the run the resume and sweep tests extend.
+pub const TINY_RL_CONFIG: &str = "name: t\nseed: 1\ndevice: cpu\nenv: {layout: u, num_envs: 8, episode_length: 20, \
+     max_step: 0.1, goal_radius: 0.1}\nnetwork: {width: 16, depth: 4, block_size: 4, repr_dim: 8, topology: {kind: \
+     residual}}\ntrain: {env_steps: 320, batch_size: 32, updates_per_rollout: 2, replay_episodes: 64}\n\
+     log: {eval_every: 160, eval_envs: 8}\n";
