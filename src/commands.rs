@@ -7,6 +7,7 @@ use crate::analysis::{self, AnalyzeOptions};
 use crate::config::Override;
 use crate::experiment::Experiment;
 use crate::kinds::{Launch, RunKind};
+use crate::plot;
 use crate::plot::Style;
 use crate::run_dir::{atomic_write, RunDir};
 use crate::sets;
@@ -159,21 +160,25 @@ pub fn demo(figure: &str, out: &Path, overrides: &[Override]) -> Result<()> {
         let summaries =
             runs.iter().map(|r| analysis::analyze(r, &AnalyzeOptions::default())).collect::<Result<Vec<_>>>()?;
         crate::report::print_analysis(&summaries);
-        figures.extend(crate::plot::figures::all(&runs, &style, &dir.join("figures"), Some(set.about), None)?);
+        figures.extend(plot::write_all(
+            &plot::figures::all(&runs, Some(set.about), None)?,
+            &style,
+            &dir.join("figures"),
+        )?);
         // The ANCRe case study rides along: seconds, and the clearest picture of why topology matters.
         let (set, exps) = embedded("lnn-fig2b", &[])?;
         let dir = out.join("lnn-fig2b");
         let runs = run_set(set, &exps, &dir)?;
-        figures.extend(crate::plot::figures::losses(
-            &crate::plot::figures::open_runs(&runs)?,
-            &style,
-            &dir.join("figures"),
-            Some(set.about),
-        )?);
+        let losses = plot::figures::losses(&plot::figures::open_runs(&runs)?, Some(set.about))?;
+        figures.extend(plot::write_all(&losses, &style, &dir.join("figures"))?);
     } else {
         let (set, exps) = embedded(figure, overrides)?;
         let runs = run_set(set, &exps, out)?;
-        figures.extend(crate::plot::figures::all(&runs, &style, &out.join("figures"), Some(set.about), None)?);
+        figures.extend(plot::write_all(
+            &plot::figures::all(&runs, Some(set.about), None)?,
+            &style,
+            &out.join("figures"),
+        )?);
     }
     println!();
     for f in figures.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
@@ -236,7 +241,7 @@ pub fn kind_run(kind: &dyn RunKind, r: &RunRequest) -> Result<()> {
         let inputs = runs_among(r.inputs, &format!("{verb} --plot"))?;
         let dir = r.out.map(Path::to_path_buf).unwrap_or_else(|| default_figure_dir(&inputs));
         crate::run_dir::check_output_dir(&dir, "the figure folder")?;
-        for p in crate::plot::curves::kind_figure(kind, &inputs, &Style::default(), &dir)? {
+        for p in plot::write_all(&plot::curves::kind_figure(kind, &inputs)?, &Style::default(), &dir)? {
             println!("{}", p.display());
         }
         return Ok(());
@@ -281,11 +286,16 @@ fn launch_of(kind: &dyn RunKind, quiet: bool, dist_timeout: std::time::Duration,
 /// After a kind's runs: their table, the kind's own figure of each run and of all of them.
 fn finished(kind: &dyn RunKind, dirs: &[PathBuf]) -> Result<()> {
     for d in dirs {
-        crate::plot::curves::kind_figure(kind, std::slice::from_ref(d), &Style::default(), &d.join("figures"))?;
+        plot::write_all(
+            &plot::curves::kind_figure(kind, std::slice::from_ref(d))?,
+            &Style::default(),
+            &d.join("figures"),
+        )?;
     }
     kind.print(dirs)?;
     if dirs.len() > 1 {
-        for p in crate::plot::curves::kind_figure(kind, dirs, &Style::default(), &default_figure_dir(dirs))? {
+        for p in plot::write_all(&plot::curves::kind_figure(kind, dirs)?, &Style::default(), &default_figure_dir(dirs))?
+        {
             println!("figure: {}", p.display());
         }
     } else if let Some(f) = kind.figure() {

@@ -51,8 +51,9 @@ pub struct Figure {
     pub y: &'static str,
     pub x_label: &'static str,
     pub y_label: &'static str,
-    /// A run's topology kind (its colour) and its legend label.
-    pub describe: fn(&Path) -> Result<(String, String)>,
+    /// A run's topology kind (its colour), its legend label and its seed (said where two runs
+    /// share a label).
+    pub describe: fn(&Path) -> Result<(String, String, u64)>,
     /// The baselines' names and grey levels, and a run's value of each (none where its summary
     /// lacks it): the figure draws the mean over the runs that have one.
     pub baselines: &'static [(&'static str, u8)],
@@ -545,8 +546,8 @@ static RL_SUCCESS: Figure = Figure {
         let exp = RlExperiment::from_file(&dir.join("config.yaml"), &[])
             .with_context(|| format!("{} is not a `plexus rl` run directory", dir.display()))?;
         let kind = exp.topology.kind().to_string();
-        let label = format!("{}, depth {} ({})", display_name(&kind), exp.config.network.depth, exp.config.name);
-        Ok((kind, label))
+        let label = format!("{}, depth {}", display_name(&kind), exp.config.network.depth);
+        Ok((kind, label, exp.config.seed))
     },
     baselines: &[("random policy", 150), ("straight at the goal", 60)],
     baseline_values: |dir| match summary_of::<RlSummary>(dir) {

@@ -45,7 +45,7 @@ pub fn compare(
 }
 
 /// Cost versus depth: every topology at every depth, `depth.csv`, log-log figures of step time and
-/// step memory, and the fitted exponent k of `cost ∝ L^k` per topology.
+/// step memory, and the fitted exponent k of `cost ∝ L^k` per topology; returns the figures drawn.
 pub fn sweep(
     config: &Path,
     overrides: &[Override],
@@ -53,8 +53,8 @@ pub fn sweep(
     depths: &[usize],
     topologies: &[String],
     out: &Path,
-) -> Result<()> {
-    use crate::plot::{loglog_chart, topology_color, Dash, LineChart, Series, Style};
+) -> Result<Vec<crate::plot::Figure>> {
+    use crate::plot::{topology_color, Dash, Series, Style};
     std::fs::create_dir_all(out).with_context(|| format!("creating the output directory {}", out.display()))?;
     let mut rows = Vec::new();
     for t in topologies {
@@ -97,31 +97,46 @@ pub fn sweep(
     }
     atomic_write(&out.join("growth.csv"), summary.as_bytes())?;
     let name = config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut files = loglog_chart(
-        &LineChart {
-            title: format!("Step time versus depth — {name}"),
-            x_label: "model.depth L (log scale)".into(),
-            y_label: "ms per training step (log scale)".into(),
-            log_y: true,
-            series: time_series,
-        },
-        &Style::default(),
-        &out.join("depth_time"),
-    )?;
-    files.extend(loglog_chart(
-        &LineChart {
-            title: format!("Activation memory versus depth — {name}"),
-            x_label: "model.depth L (log scale)".into(),
-            y_label: "activation memory (held for backward), MiB (log scale)".into(),
-            log_y: true,
-            series: mem_series,
-        },
-        &Style::default(),
-        &out.join("depth_memory"),
-    )?);
+    let figures = depth_figures(&name, time_series, mem_series);
+    let files = crate::plot::write_all(&figures, &Style::default(), out)?;
     for f in files.iter().filter(|f| f.extension().is_some_and(|e| e == "png")) {
         println!("figure: {}", f.display());
     }
     println!("csv: {}", out.join("depth.csv").display());
-    Ok(())
+    Ok(figures)
+}
+
+/// `bench --depths`' two figures: step time and activation memory against depth, both axes log
+/// (a growth law reads as a slope), one line per topology with its fitted exponent in the legend.
+pub fn depth_figures(
+    config: &str,
+    time: Vec<crate::plot::Series>,
+    memory: Vec<crate::plot::Series>,
+) -> Vec<crate::plot::Figure> {
+    use crate::plot::{Chart, Figure, Kind, LineChart};
+    let chart = |title: String, y_label: &str, series| {
+        Chart::LogLog(LineChart {
+            title,
+            x_label: "depth L (units)".into(),
+            y_label: y_label.into(),
+            log_y: true,
+            series,
+        })
+    };
+    vec![
+        Figure {
+            file: "depth_time".into(),
+            kind: Kind::DepthTime,
+            chart: chart(format!("Step time versus depth, {config}"), "time per training step (ms)", time),
+        },
+        Figure {
+            file: "depth_memory".into(),
+            kind: Kind::DepthMemory,
+            chart: chart(
+                format!("Activation memory held for backward versus depth, {config}"),
+                "activation memory (MiB)",
+                memory,
+            ),
+        },
+    ]
 }

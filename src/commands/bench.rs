@@ -50,7 +50,7 @@ pub fn bench(r: &BenchRequest) -> Result<()> {
         bench_one(r)
     } else {
         crate::run_dir::check_output_dir(&r.out, "--out")?;
-        crate::bench::depth::sweep(&r.config, &r.overrides, opts, &r.depths, &r.topologies, &r.out)
+        crate::bench::depth::sweep(&r.config, &r.overrides, opts, &r.depths, &r.topologies, &r.out).map(drop)
     }
 }
 

@@ -22,7 +22,7 @@ pub fn plot(runs: &[PathBuf], style: &Style, out: Option<&Path>, title: Option<&
         if config.is_file() {
             let out = out.map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("figures"));
             crate::run_dir::check_output_dir(&out, "the figure folder")?;
-            for p in crate::plot::figures::config_connectivity(config, style, &out)? {
+            for p in crate::plot::write_all(&crate::plot::figures::config_connectivity(config)?, style, &out)? {
                 println!("{}", p.display());
             }
             return Ok(());
@@ -31,7 +31,7 @@ pub fn plot(runs: &[PathBuf], style: &Style, out: Option<&Path>, title: Option<&
     let runs = &runs_among(runs, "plot")?;
     let out = out.map(Path::to_path_buf).unwrap_or_else(|| default_figure_dir(runs));
     crate::run_dir::check_output_dir(&out, "the figure folder")?;
-    let written = crate::plot::figures::all(runs, style, &out, title, step)?;
+    let written = crate::plot::write_all(&crate::plot::figures::all(runs, title, step)?, style, &out)?;
     if written.is_empty() {
         let names: Vec<String> = runs.iter().map(|r| r.display().to_string()).collect();
         bail!(

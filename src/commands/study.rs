@@ -152,8 +152,8 @@ fn write_report(
             crate::run_dir::atomic_write(&dir.join(name), text.as_bytes())?;
             files.push(dir.join(name));
         }
-        files.extend(crate::plot::study::band_curves(r, &style, dir)?);
-        files.extend(crate::plot::study::claim_figures(r, &style, dir)?);
+        files.extend(crate::plot::write_all(&crate::plot::study::band_curves(r)?, &style, dir)?);
+        files.extend(crate::plot::write_all(&crate::plot::study::claim_figures(r)?, &style, dir)?);
         Ok(files)
     })?;
     let figures = &written[tables.len()..];

@@ -3,7 +3,7 @@
 //! `metrics.csv` (colours by topology, as in every plexus figure), and the kind's baselines as grey
 //! horizontal lines at their mean over the runs.
 
-use super::{line_chart, topology_color, Dash, LineChart, Series, Style};
+use super::{topology_color, Chart, Dash, Kind, LineChart, Series};
 use crate::kinds::{Figure, RunKind};
 use anyhow::{Context, Result};
 use std::collections::HashMap;
@@ -32,21 +32,24 @@ fn curve(dir: &Path, x: &str, y: &str) -> Result<Vec<(f64, f64)>> {
     Ok(out)
 }
 
-/// Draws `kind`'s own figure of `runs` into `out` (`<figure>.{png,svg,pdf}`); nothing for a kind
-/// without one.
-pub fn kind_figure(kind: &dyn RunKind, runs: &[PathBuf], style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
+/// `kind`'s own figure of `runs` (`<figure>`, e.g. `success`); none for a kind without one.
+pub fn kind_figure(kind: &dyn RunKind, runs: &[PathBuf]) -> Result<Vec<super::Figure>> {
     match kind.figure() {
-        Some(f) => draw(f, runs, style, out),
+        Some(f) => Ok(vec![figure(f, runs)?]),
         None => Ok(Vec::new()),
     }
 }
 
-fn draw(f: &Figure, runs: &[PathBuf], style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
+/// One line per run, colours by topology, the kind's baselines as grey dotted lines.
+fn figure(f: &Figure, runs: &[PathBuf]) -> Result<super::Figure> {
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut series = Vec::new();
     let (mut baselines, mut x_max) = (vec![Vec::new(); f.baselines.len()], 0.0f64);
-    for dir in runs {
-        let (kind, label) = (f.describe)(dir)?;
+    let described: Vec<(String, String, u64)> = runs.iter().map(|d| (f.describe)(d)).collect::<Result<_>>()?;
+    for (dir, (kind, label, seed)) in runs.iter().zip(&described) {
+        let shared = described.iter().filter(|d| d.1 == *label).count() > 1;
+        let label = if shared { format!("{label}, seed {seed}") } else { label.clone() };
+        let kind = kind.clone();
         let v = seen.entry(kind.clone()).or_default();
         let (color, dash) = (topology_color(&kind, *v), Dash::of_variant(*v));
         *v += 1;
@@ -72,5 +75,5 @@ fn draw(f: &Figure, runs: &[PathBuf], style: &Style, out: &Path) -> Result<Vec<P
     }
     let chart =
         LineChart { title: f.title.into(), x_label: f.x_label.into(), y_label: f.y_label.into(), log_y: false, series };
-    line_chart(&chart, style, &out.join(f.file))
+    Ok(super::Figure { file: f.file.into(), kind: Kind::RlSuccess, chart: Chart::Lines(chart) })
 }

@@ -3,13 +3,16 @@
 //! `log(p_ij / max_i p_ij)`, Γ and Δ_t over training, layer-wise exits, noise and pruning curves.
 //! Colours are fixed per topology ([`super::topology_color`]) so figures can be compared.
 
-use super::{heatmaps, line_chart, topology_color, Dash, Heatmap, LineChart, Series, Style};
+use super::{topology_color, Chart, Dash, Figure, Heatmap, Kind, LineChart, Series};
 use crate::analysis;
 use crate::experiment::Experiment;
 use crate::run_dir::RunDir;
 use anyhow::{bail, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+
+/// The figures of one producer.
+type Figures = Result<Vec<Figure>>;
 
 /// A run as the figures see it: its directory, legend label and colour, and the setting (runs
 /// whose configs differ only in `seed` and `name`) it belongs to.
@@ -26,6 +29,9 @@ pub struct PlotRun {
     pub setting: usize,
     /// The run's objective: what its loss is measured in.
     pub task: crate::data::Task,
+    pub seed: u64,
+    /// The entries of C its wiring never carries (a sparse `graph`'s).
+    pub absent: Vec<(usize, usize)>,
 }
 
 /// A run's config with `seed` and `name` left out: equal for the seeds of one setting.
@@ -68,6 +74,8 @@ pub fn open_runs(dirs: &[PathBuf]) -> Result<Vec<PlotRun>> {
             dash: Dash::Solid,
             setting,
             task: exp.task(),
+            seed: exp.config().seed,
+            absent: exp.topology.absent_edges(),
         });
     }
     // One (kind, layout, config name) per setting, in the order the settings first appear.
@@ -163,18 +171,13 @@ fn mean_band(curves: &[Points]) -> (Points, Points) {
     (points, band)
 }
 
-fn chart(
-    title: &str,
-    x: &str,
-    y: &str,
-    log_y: bool,
-    mut series: Vec<Series>,
-    style: &Style,
-    out: &Path,
-) -> Result<Vec<PathBuf>> {
+/// A line chart of `series` (none where no series has a point), its title saying what the bands
+/// are; on a log axis where `log_y` asks and the values span decades ([`super::spans_decades`]).
+fn chart(kind: Kind, title: &str, (x, y): (&str, &str), log_y: bool, mut series: Vec<Series>) -> Vec<Figure> {
     if series.iter().all(|s| s.points.is_empty()) {
-        return Ok(Vec::new());
+        return Vec::new();
     }
+    let log_y = log_y && super::spans_decades(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
     // Every line the mean of as many seeds: said once in the title, not in each legend entry;
     // else the entries with seeds say how many and the title what their bands are.
     let seeds =
@@ -190,7 +193,8 @@ fn chart(
         _ if series.iter().any(|s| seeds(s).is_some()) => title = format!("{title}, mean ± sd over n seeds"),
         _ => {}
     }
-    line_chart(&LineChart { title, x_label: x.into(), y_label: y.into(), log_y, series }, style, out)
+    let chart = Chart::Lines(LineChart { title, x_label: x.into(), y_label: y.into(), log_y, series });
+    vec![Figure { file: kind.name().into(), kind, chart }]
 }
 
 /// What the runs' loss is measured in, for an axis title: nats for cross-entropy, the ε-MSE of a
@@ -208,49 +212,41 @@ fn loss_unit(runs: &[PlotRun]) -> &'static str {
     }
 }
 
-/// Training loss of every run (log axis) → `loss.{png,svg}`; eval loss → `eval_loss.{png,svg}`.
-pub fn losses(runs: &[PlotRun], style: &Style, out: &Path, title: Option<&str>) -> Result<Vec<PathBuf>> {
+/// Training loss of every run → `loss`; held-out loss → `eval_loss`. Each on a log axis where it
+/// spans decades, as `plexus report` draws it ([`super::spans_decades`]).
+pub fn losses(runs: &[PlotRun], title: Option<&str>) -> Figures {
     let unit = loss_unit(runs);
-    // A log axis where the loss spans decades, as `plexus report` draws it ([`super::spans_decades`]).
     let log = |series: &[Series]| super::spans_decades(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
     let train = curves(runs, |d| Ok(d.metrics()?.iter().map(|m| (m.step as f64, m.loss)).collect()))?;
     let held_out = curves(runs, |d| Ok(d.evals()?.iter().map(|e| (e.step as f64, e.loss)).collect()))?;
     let (log_train, log_held_out) = (log(&train), log(&held_out));
     let train_label = format!("training loss{unit}");
-    let mut files = chart(
-        title.unwrap_or("Training loss"),
-        "training step",
-        &train_label,
-        log_train,
-        train,
-        style,
-        &out.join("loss"),
-    )?;
+    let mut figures =
+        chart(Kind::Loss, title.unwrap_or("Training loss"), ("training step", &train_label), log_train, train);
     let held_out_label = format!("held-out loss{unit}");
-    let eval_out = out.join("eval_loss");
-    files.extend(chart("Evaluation loss", "training step", &held_out_label, log_held_out, held_out, style, &eval_out)?);
-    Ok(files)
+    let axes = ("training step", held_out_label.as_str());
+    figures.extend(chart(Kind::EvalLoss, "Held-out loss", axes, log_held_out, held_out));
+    Ok(figures)
 }
 
 /// The held-out metric over training, from each run's eval.csv: perplexity for language models
 /// (`eval_perplexity`, on a log axis where it spans more than a factor of 20), else accuracy in %
 /// (`eval_accuracy`); nothing for runs that log neither (RL, diffusion).
-pub fn eval_metric(runs: &[PlotRun], style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
+pub fn eval_metric(runs: &[PlotRun]) -> Figures {
     let ppl = curves(runs, |d| Ok(d.evals()?.iter().filter_map(|e| Some((e.step as f64, e.perplexity?))).collect()))?;
     if ppl.iter().any(|s| !s.points.is_empty()) {
         let log = super::spans_decades(ppl.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
-        let file = out.join("eval_perplexity");
-        return chart("Held-out perplexity", "training step", "held-out perplexity", log, ppl, style, &file);
+        let axes = ("training step", "held-out perplexity");
+        return Ok(chart(Kind::EvalPerplexity, "Held-out perplexity", axes, log, ppl));
     }
     let accuracy =
         curves(runs, |d| Ok(d.evals()?.iter().filter_map(|e| Some((e.step as f64, 100.0 * e.accuracy?))).collect()))?;
-    let file = out.join("eval_accuracy");
-    chart("Held-out accuracy", "training step", "held-out accuracy (%)", false, accuracy, style, &file)
+    Ok(chart(Kind::EvalAccuracy, "Held-out accuracy", ("training step", "held-out accuracy (%)"), false, accuracy))
 }
 
 /// Diffusion runs: the validation ε-MSE per bucket of timesteps at the last evaluation, against
-/// the bucket's mid `t` (log axis) → `eps_by_t.{png,svg}`; nothing for other runs.
-pub fn eps_by_t(runs: &[PlotRun], style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
+/// the bucket's mid `t` (log axis) → `eps_by_t`; nothing for other runs.
+pub fn eps_by_t(runs: &[PlotRun]) -> Figures {
     let series = curves(runs, |d| {
         let rows = d.eps_by_t()?;
         let Some((_, last)) = rows.last() else { return Ok(Vec::new()) };
@@ -262,19 +258,12 @@ pub fn eps_by_t(runs: &[PlotRun], style: &Style, out: &Path) -> Result<Vec<PathB
             .map(|(k, v)| ((k as f64 + 0.5) * width, *v))
             .collect())
     })?;
-    chart(
-        "Validation ε-MSE by timestep (last evaluation)",
-        "diffusion timestep t (bucket mid)",
-        "ε-MSE",
-        true,
-        series,
-        style,
-        &out.join("eps_by_t"),
-    )
+    let title = "Validation ε-MSE by timestep (last evaluation)";
+    Ok(chart(Kind::EpsByT, title, ("diffusion timestep t (bucket mid)", "ε-MSE"), true, series))
 }
 
-/// Γ over training (H-ACN Fig. 5) and Δ_t (Fig. 6a) for runs that have residual weights.
-pub fn gamma_delta(runs: &[PlotRun], style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
+/// Γ over training (H-ACN Fig. 5) and Δₜ (Fig. 6a) for runs that have residual weights.
+pub fn gamma_delta(runs: &[PlotRun]) -> Figures {
     // Γ is drawn for runs with trainable residual weights (those that save them), not for the
     // constant Γ of residual (1) or ACN (0).
     let gamma = curves(runs, |d| {
@@ -293,72 +282,61 @@ pub fn gamma_delta(runs: &[PlotRun], style: &Style, out: &Path) -> Result<Vec<Pa
             }
         }
     })?;
-    let mut files = chart(
-        "Total connectivity strength Γ = ‖a‖₂/√L",
-        "training step",
-        "Γ",
-        false,
-        gamma,
-        style,
-        &out.join("gamma"),
-    )?;
-    files.extend(chart(
-        "Convergence distance Δ_t = ‖a_T − a_t‖₂",
-        "training step",
-        "Δ_t",
-        true,
-        delta,
-        style,
-        &out.join("delta"),
-    )?);
-    Ok(files)
+    let mut figures =
+        chart(Kind::Gamma, "Total connectivity strength Γ = ‖a‖₂/√L", ("training step", "Γ"), false, gamma);
+    let title = "Convergence distance Δₜ = ‖a(T) − a(t)‖₂";
+    figures.extend(chart(Kind::Delta, title, ("training step", "Δₜ"), true, delta));
+    Ok(figures)
 }
 
-/// Layer-wise exits (H-ACN Fig. 2a, 4), depth pruning (Fig. 10) and input-noise robustness
-/// (Fig. 3c), from the CSVs `plexus analyze` writes.
-pub fn analysis_curves(runs: &[PlotRun], style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
+/// A row's metric: perplexity for language models, else accuracy in percent (as the tables show it).
+fn metric_of(lm: bool, accuracy: Option<f64>, perplexity: Option<f64>) -> Option<f64> {
+    if lm {
+        perplexity
+    } else {
+        accuracy.map(|a| 100.0 * a)
+    }
+}
+
+/// Layer-wise exits (H-ACN Fig. 2a, 4) against the fraction of the depth used — comparable
+/// between a residual net of 8 sublayer units and an H-ACN of 4 layers — and depth pruning (Fig.
+/// 10), from the CSVs `plexus analyze` writes.
+fn exits(runs: &[PlotRun], lm: bool, (ylab, log_y): (&str, bool)) -> Figures {
+    let layerwise = curves(runs, |d| {
+        let rows = analysis::read_layerwise(d)?;
+        let depth = rows.iter().map(|e| e.units).max().unwrap_or(0).max(1) as f64;
+        Ok(rows
+            .iter()
+            .filter_map(|e| Some((e.units as f64 / depth, metric_of(lm, e.accuracy, e.perplexity)?)))
+            .collect())
+    })?;
+    let title = "Layer-wise exits: final norm and shared head after unit i of L";
+    let mut figures = chart(Kind::Layerwise, title, ("fraction of the depth used (i / L)", ylab), log_y, layerwise);
+    let pruning = curves(runs, |d| {
+        Ok(analysis::read_pruning(d)?
+            .iter()
+            .filter_map(|e| Some((e.removed as f64, metric_of(lm, e.accuracy, e.perplexity)?)))
+            .collect())
+    })?;
+    figures.extend(chart(Kind::Pruning, "Depth pruning: top units removed", ("units removed", ylab), log_y, pruning));
+    Ok(figures)
+}
+
+/// Layer-wise exits, depth pruning ([`exits`]) and input-noise robustness (Fig. 3c), from the
+/// CSVs `plexus analyze` writes.
+pub fn analysis_curves(runs: &[PlotRun]) -> Figures {
     let mut lm = false;
     for r in runs {
         lm |= analysis::read_layerwise(&RunDir::new(&r.dir))?.iter().any(|e| e.perplexity.is_some());
     }
+    // Perplexity on a log axis where it spans decades (the rule of every loss-like figure).
     let (ylab, log_y) = if lm { ("perplexity", true) } else { ("accuracy (%)", false) };
-    // The metric of a row: perplexity for language models, accuracy (in percent, as the tables
-    // show it) otherwise.
-    let metric =
-        move |accuracy: Option<f64>, perplexity: Option<f64>| if lm { perplexity } else { accuracy.map(|a| 100.0 * a) };
-    let mut files = chart(
-        "Layer-wise exits: final norm + shared head after unit i",
-        "units used (i)",
-        ylab,
-        log_y,
-        curves(runs, |d| {
-            Ok(analysis::read_layerwise(d)?
-                .iter()
-                .filter_map(|e| Some((e.units as f64, metric(e.accuracy, e.perplexity)?)))
-                .collect())
-        })?,
-        style,
-        &out.join("layerwise"),
-    )?;
-    files.extend(chart(
-        "Depth pruning: top units removed",
-        "units removed",
-        ylab,
-        log_y,
-        curves(runs, |d| {
-            Ok(analysis::read_pruning(d)?
-                .iter()
-                .filter_map(|e| Some((e.removed as f64, metric(e.accuracy, e.perplexity)?)))
-                .collect())
-        })?,
-        style,
-        &out.join("pruning"),
-    )?);
+    let mut figures = exits(runs, lm, (ylab, log_y))?;
     // Noise: the mean over repeats at each level, per run (then over the seeds of a setting).
     let noise = curves(runs, |d| {
         let pts: Vec<(f64, f64)> = analysis::read_noise(d)?
             .iter()
-            .filter_map(|n| Some((n.level, metric(n.accuracy, n.perplexity)?)))
+            .filter_map(|n| Some((n.level, metric_of(lm, n.accuracy, n.perplexity)?)))
             .collect();
         let mut levels: Vec<f64> = pts.iter().map(|p| p.0).collect();
         levels.dedup();
@@ -370,16 +348,9 @@ pub fn analysis_curves(runs: &[PlotRun], style: &Style, out: &Path) -> Result<Ve
             })
             .collect())
     })?;
-    files.extend(chart(
-        "Robustness to input noise (mean over repeats)",
-        if lm { "character noise probability p" } else { "input noise σ" },
-        ylab,
-        log_y,
-        noise,
-        style,
-        &out.join("noise"),
-    )?);
-    Ok(files)
+    let x = if lm { "character noise probability p" } else { "input noise σ" };
+    figures.extend(chart(Kind::Noise, "Robustness to input noise (mean over repeats)", (x, ylab), log_y, noise));
+    Ok(figures)
 }
 
 fn node_labels(n: usize) -> Vec<String> {
@@ -396,8 +367,9 @@ fn node_labels(n: usize) -> Vec<String> {
         .collect()
 }
 
-/// C as a heatmap panel: rows = sources (embedding, units), columns = targets (units, readout).
-fn c_panel(c: &crate::run_dir::Matrix, title: String) -> Heatmap {
+/// C as a heatmap panel: rows = sources (embedding, units), columns = targets (units, readout);
+/// the entries `absent` (i, j) of C that the wiring does not have drawn as no edge.
+fn c_panel(c: &crate::run_dir::Matrix, title: String, absent: &[(usize, usize)]) -> Heatmap {
     let n = c.nrows();
     let labels = node_labels(n);
     let values =
@@ -417,13 +389,47 @@ fn c_panel(c: &crate::run_dir::Matrix, title: String) -> Heatmap {
         colorbar_label: "connection strength C".into(),
         // Anchored at 0 and at least 1 (the identity shortcut), so "all ones" reads as full strength.
         range: Some(range),
+        absent: absent.iter().filter(|&&(_, j)| j >= 1 && j < n).map(|&(i, j)| (i, j - 1)).collect(),
+    }
+}
+
+/// A run as a per-run figure's title names it: its label, and its seed where runs share a label.
+fn run_title(r: &PlotRun, runs: &[PlotRun]) -> String {
+    match runs.iter().filter(|o| o.label == r.label).count() {
+        1 => r.label.clone(),
+        _ => format!("{}, seed {}", r.label, r.seed),
+    }
+}
+
+/// ANCRe's `log(p_ij / max_i p_ij)` at step `s` as a heatmap panel: each state's coefficients
+/// against the largest into the same target.
+fn ancre_panel(p: &crate::run_dir::Matrix, s: u64) -> Heatmap {
+    let n = p.nrows();
+    let mut values = ndarray::Array2::from_elem((n - 1, n - 1), f64::NAN);
+    for j in 1..n {
+        let max = (0..j).map(|i| p[[i, j]]).fold(f64::MIN, f64::max);
+        for i in 0..j {
+            values[[i, j - 1]] = (p[[i, j]] / max).ln();
+        }
+    }
+    Heatmap {
+        title: format!("step {s}"),
+        annotate: n <= 14,
+        values,
+        row_labels: (0..n - 1).map(|i| format!("s{i}")).collect(),
+        col_labels: (1..n).map(|j| format!("s{j}")).collect(),
+        x_label: "target state j".into(),
+        y_label: "source state i".into(),
+        colorbar_label: "log(pᵢⱼ / maxᵢ pᵢⱼ)".into(),
+        range: None,
+        absent: Vec::new(),
     }
 }
 
 /// The C heatmap at `step` (default: the last saved) of every run, plus ANCRe's
 /// `log(p_ij / max_i p_ij)` view where a run saved `p`.
-pub fn connectivity(runs: &[PlotRun], step: Option<u64>, style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
+pub fn connectivity(runs: &[PlotRun], step: Option<u64>) -> Figures {
+    let mut figures = Vec::new();
     for r in runs {
         let run = RunDir::new(&r.dir);
         let steps = run.connectivity_steps()?;
@@ -434,110 +440,90 @@ pub fn connectivity(runs: &[PlotRun], step: Option<u64>, style: &Style, out: &Pa
             continue;
         };
         let c = run.connectivity(s)?;
-        files.extend(heatmaps(
-            &[c_panel(&c, format!("step {s}"))],
-            &format!("Direct connectivity C — {} ({})", r.label, r.name),
-            style,
-            &out.join(format!("connectivity_{}", r.name)),
-        )?);
+        let who = run_title(r, runs);
+        let title = format!("Direct connectivity C — {who}");
+        let chart = Chart::Heatmaps { title, panels: vec![c_panel(&c, format!("step {s}"), &r.absent)] };
+        figures.push(Figure { file: format!("connectivity_{}", r.name), kind: Kind::Connectivity, chart });
         let view = crate::topology::SHORTCUT_WEIGHTS;
         if run.param_view_file(view, s).exists() {
             let p = crate::run_dir::read_square_matrix(&run.param_view_file(view, s))?;
-            let n = p.nrows();
-            let labels = node_labels(n + 1);
-            let mut values = ndarray::Array2::from_elem((n - 1, n - 1), f64::NAN);
-            for j in 1..n {
-                let max = (0..j).map(|i| p[[i, j]]).fold(f64::MIN, f64::max);
-                for i in 0..j {
-                    values[[i, j - 1]] = (p[[i, j]] / max).ln();
-                }
-            }
-            let panel = Heatmap {
-                title: format!("step {s}"),
-                annotate: n <= 14,
-                values,
-                row_labels: labels[..n - 1]
-                    .iter()
-                    .map(|l| if l == "emb" { "s0".into() } else { format!("s{l}") })
-                    .collect(),
-                col_labels: (1..n).map(|j| format!("s{j}")).collect(),
-                x_label: "target state j".into(),
-                y_label: "source state i".into(),
-                colorbar_label: "log(p_ij / max_i p_ij)".into(),
-                range: None,
-            };
-            files.extend(heatmaps(
-                &[panel],
-                &format!("ANCRe coefficients — {} ({})", r.label, r.name),
-                style,
-                &out.join(format!("ancre_p_{}", r.name)),
-            )?);
+            let title = format!("ANCRe coefficients — {who}");
+            let chart = Chart::Heatmaps { title, panels: vec![ancre_panel(&p, s)] };
+            figures.push(Figure { file: format!("ancre_p_{}", r.name), kind: Kind::AncreCoefficients, chart });
         }
     }
-    Ok(files)
+    Ok(figures)
 }
 
 /// The C a config will train with, drawn before any training (`plexus plot CONFIG`): its
-/// initialised model's C as a heatmap, `<out>/connectivity_<name>.{png,svg,pdf}`.
-pub fn config_connectivity(config: &Path, style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
+/// initialised model's C as a heatmap, `connectivity_<name>`.
+pub fn config_connectivity(config: &Path) -> Figures {
     let exp = crate::experiment::Experiment::from_file(config, &[])?;
     let c = analysis::connectivity::matrix(config, &[])?;
     let name = exp.config().name.clone();
-    let title = format!("Direct connectivity C — {} ({name})", super::display_name(exp.topology.kind()));
-    heatmaps(&[c_panel(&c, "at initialisation".into())], &title, style, &out.join(format!("connectivity_{name}")))
+    let title = format!("Direct connectivity C — {} at initialisation", super::display_name(exp.topology.kind()));
+    let chart =
+        Chart::Heatmaps { title, panels: vec![c_panel(&c, "at initialisation".into(), &exp.topology.absent_edges())] };
+    Ok(vec![Figure { file: format!("connectivity_{name}"), kind: Kind::Connectivity, chart }])
 }
 
-/// C at several fractions of training, side by side with one colour scale (H-ACN Fig. 9).
-pub fn connectivity_grid(runs: &[PlotRun], style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
+/// The saved steps nearest to 0, ¼, ½, ¾ and all of training, each once.
+fn snapshots(steps: &[u64]) -> Vec<u64> {
+    let last = *steps.last().unwrap_or(&0) as f64;
+    let mut picked: Vec<u64> = Vec::new();
+    for f in [0.0, 0.25, 0.5, 0.75, 1.0] {
+        let want = f * last;
+        let near = steps.iter().min_by(|a, b| (**a as f64 - want).abs().total_cmp(&(**b as f64 - want).abs()));
+        if let Some(&best) = near.filter(|b| !picked.contains(b)) {
+            picked.push(best);
+        }
+    }
+    picked
+}
+
+/// C at several fractions of training, side by side with one colour scale (H-ACN Fig. 9); one
+/// panel, titled so, where C does not move over training (residual's all-ones matrix).
+pub fn connectivity_grid(runs: &[PlotRun]) -> Figures {
+    let mut figures = Vec::new();
     for r in runs {
         let run = RunDir::new(&r.dir);
         let steps = run.connectivity_steps()?;
         if steps.len() < 2 {
             continue;
         }
-        let last = *steps.last().unwrap() as f64;
-        let mut picked: Vec<u64> = Vec::new();
-        for f in [0.0, 0.25, 0.5, 0.75, 1.0] {
-            let want = f * last;
-            let best =
-                *steps.iter().min_by(|a, b| (**a as f64 - want).abs().total_cmp(&(**b as f64 - want).abs())).unwrap();
-            if !picked.contains(&best) {
-                picked.push(best);
+        let last = *steps.last().unwrap_or(&1) as f64;
+        let picked = snapshots(&steps);
+        let cs: Vec<_> = picked.iter().map(|s| run.connectivity(*s)).collect::<Result<_>>()?;
+        let unchanged =
+            cs.windows(2).all(|w| w[0].iter().zip(w[1].iter()).all(|(a, b)| a == b || (a.is_nan() && b.is_nan())));
+        let panels: Vec<Heatmap> = match unchanged {
+            true => {
+                vec![c_panel(&cs[0], format!("steps {}–{}: unchanged", picked[0], picked[picked.len() - 1]), &r.absent)]
             }
-        }
-        let panels: Vec<Heatmap> = picked
-            .iter()
-            .map(|s| Ok(c_panel(&run.connectivity(*s)?, format!("step {s} ({:.0}%)", 100.0 * *s as f64 / last))))
-            .collect::<Result<_>>()?;
-        files.extend(heatmaps(
-            &panels,
-            &format!("C over training — {} ({})", r.label, r.name),
-            style,
-            &out.join(format!("connectivity_grid_{}", r.name)),
-        )?);
+            false => picked
+                .iter()
+                .zip(&cs)
+                .map(|(s, c)| c_panel(c, format!("step {s} ({:.0}%)", 100.0 * *s as f64 / last), &r.absent))
+                .collect(),
+        };
+        let chart = Chart::Heatmaps { title: format!("C over training — {}", run_title(r, runs)), panels };
+        figures.push(Figure { file: format!("connectivity_grid_{}", r.name), kind: Kind::ConnectivityGrid, chart });
     }
-    Ok(files)
+    Ok(figures)
 }
 
-/// Every figure the runs have data for.
-pub fn all(
-    dirs: &[PathBuf],
-    style: &Style,
-    out: &Path,
-    title: Option<&str>,
-    step: Option<u64>,
-) -> Result<Vec<PathBuf>> {
+/// Every figure the runs have data for (`plexus plot RUN…`).
+pub fn all(dirs: &[PathBuf], title: Option<&str>, step: Option<u64>) -> Figures {
     if dirs.is_empty() {
         bail!("no run directory given");
     }
     let runs = open_runs(dirs)?;
-    let mut files = losses(&runs, style, out, title)?;
-    files.extend(eval_metric(&runs, style, out)?);
-    files.extend(gamma_delta(&runs, style, out)?);
-    files.extend(eps_by_t(&runs, style, out)?);
-    files.extend(analysis_curves(&runs, style, out)?);
-    files.extend(connectivity(&runs, step, style, out)?);
-    files.extend(connectivity_grid(&runs, style, out)?);
-    Ok(files)
+    let mut figures = losses(&runs, title)?;
+    figures.extend(eval_metric(&runs)?);
+    figures.extend(gamma_delta(&runs)?);
+    figures.extend(eps_by_t(&runs)?);
+    figures.extend(analysis_curves(&runs)?);
+    figures.extend(connectivity(&runs, step)?);
+    figures.extend(connectivity_grid(&runs)?);
+    Ok(figures)
 }

@@ -3,36 +3,100 @@
 //! seeds with a band of ± one standard deviation. Accuracies are drawn in percent, as the tables
 //! show them.
 
-use super::{display_name, line_chart, quantity, Dash, LineChart, Series, Style, PALETTE};
+use super::{display_name, quantity, Chart, Dash, Figure, Kind, LineChart, Series, PALETTE};
 use crate::study::claims::Arm;
 use crate::study::{self, StudyReport};
 use anyhow::Result;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
-/// Draws `curve-<name>.{png,svg}` into `out` for each of the report's curves that the runs log;
-/// returns the files written.
-pub fn band_curves(r: &StudyReport, style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
+/// One group's curve as drawn: its mean at each x with the band, `(x, mean, low, high)`.
+type Band = Vec<(f64, f64, f64, f64)>;
+
+/// Each group's band of the curve `name`: accuracies in percent; on a log scale (geometric mean
+/// ×÷ geometric sd) where a loss spans decades; a layer-wise curve against the fraction of the
+/// depth used (`i / L`, so that 8 sublayer units and 4 layers share one axis). → (bands, log).
+fn group_bands(r: &StudyReport, name: &str) -> Result<(Vec<Band>, bool)> {
+    let percent = study::in_percent(name);
+    let scale = |band: Band| match percent {
+        true => band.into_iter().map(|(x, m, lo, hi)| (x, 100.0 * m, 100.0 * lo, 100.0 * hi)).collect(),
+        false => band,
+    };
+    let linear: Vec<Band> =
+        r.groups.iter().map(|g| study::band(r, g, name, false).map(scale)).collect::<Result<_>>()?;
+    let log_y = name.ends_with("loss") && super::spans_decades(linear.iter().flatten().map(|p| p.1));
+    let mut bands = Vec::new();
+    for (g, band) in r.groups.iter().zip(linear) {
+        let mut band = if log_y { study::band(r, g, name, true)? } else { band };
+        if name.starts_with("layerwise.") {
+            let depth = band.iter().map(|p| p.0).fold(0.0, f64::max).max(1.0);
+            band.iter_mut().for_each(|p| p.0 /= depth);
+        }
+        bands.push(band);
+    }
+    Ok((bands, log_y))
+}
+
+/// RL success: the baselines of the same tasks as flat grey dotted lines (their mean over runs).
+fn rl_baselines(r: &StudyReport, series: &[Series]) -> Vec<Series> {
+    let x_max = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).fold(0.0, f64::max);
+    let mut out = Vec::new();
+    for (metric, label, grey) in
+        [("straight_success", "straight at the goal", 60), ("random_success", "random policy", 150)]
+    {
+        let v: Vec<f64> = r.runs.iter().filter_map(|run| run.metrics.get(metric).copied()).collect();
+        if !v.is_empty() {
+            let mean = v.iter().sum::<f64>() / v.len() as f64;
+            out.push(Series {
+                label: format!("{label} (mean of the runs' tasks)"),
+                points: vec![(0.0, mean), (x_max, mean)],
+                color: Some(plotters::style::RGBColor(grey, grey, grey)),
+                band: None,
+                dash: Dash::Dotted,
+            });
+        }
+    }
+    out
+}
+
+/// A report curve's title (the quantity in words, what the x axis varies, what the bands are) and
+/// x axis title.
+fn curve_titles(name: &str, y_label: &str, log_y: bool, seeds: &str, lm: bool) -> (String, &'static str) {
+    let x = match name.split('.').next() {
+        Some("success") => "environment steps",
+        Some("layerwise") => "fraction of the depth used (i / L)",
+        Some("noise") if lm => "character noise probability p",
+        Some("noise") => "input noise σ",
+        _ => "training step",
+    };
+    let mut title = y_label.split(" (").next().unwrap_or(y_label).to_string();
+    if let Some(first) = title.get(..1) {
+        title = first.to_uppercase() + &title[1..];
+    }
+    // What the x axis varies, in the title: the axis title stays short enough for a column.
+    if name.starts_with("noise.") {
+        title += " under input noise";
+    }
+    let title = match log_y {
+        true => format!("{title}: geometric mean ×÷ geometric sd over {seeds}"),
+        false => format!("{title}: mean ± sd over {seeds}"),
+    };
+    (title, x)
+}
+
+/// `curve-<name>` for each of the report's curves that the runs log: each group's mean over its
+/// seeds with a band.
+pub fn band_curves(r: &StudyReport) -> Result<Vec<Figure>> {
+    let mut figures = Vec::new();
     let labels = group_labels(r);
     let (unit, lm) = task_of(r);
     // Every group of one size: the title says it once, not each legend entry.
     let sizes: std::collections::BTreeSet<usize> = r.groups.iter().map(|g| g.runs.len()).collect();
     let one_n = (sizes.len() == 1).then(|| sizes.first().copied().unwrap_or(0));
+    let colors = group_colors(r);
     for name in &r.curves {
-        // A loss spanning decades is drawn on a log axis, its band in log space.
-        let percent = study::in_percent(name);
-        let scale = |band: Vec<(f64, f64, f64, f64)>| match percent {
-            true => band.into_iter().map(|(x, m, lo, hi)| (x, 100.0 * m, 100.0 * lo, 100.0 * hi)).collect(),
-            false => band,
-        };
-        let linear: Vec<Vec<(f64, f64, f64, f64)>> =
-            r.groups.iter().map(|g| study::band(r, g, name, false).map(scale)).collect::<Result<_>>()?;
-        let log_y = name.ends_with("loss") && super::spans_decades(linear.iter().flatten().map(|p| p.1));
+        let (bands, log_y) = group_bands(r, name)?;
         let mut series = Vec::new();
-        let colors = group_colors(r);
-        for (i, (g, band)) in r.groups.iter().zip(linear).enumerate() {
-            let band = if log_y { study::band(r, g, name, true)? } else { band };
+        for (i, (g, band)) in r.groups.iter().zip(bands).enumerate() {
             if band.is_empty() {
                 continue;
             }
@@ -51,65 +115,25 @@ pub fn band_curves(r: &StudyReport, style: &Style, out: &Path) -> Result<Vec<Pat
         if series.is_empty() {
             continue;
         }
-        // RL success: the baselines of the same tasks as flat grey lines (their mean over runs).
         if name == "success" {
-            let x_max = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).fold(0.0, f64::max);
-            for (metric, label, grey) in
-                [("straight_success", "straight at the goal", 60), ("random_success", "random policy", 150)]
-            {
-                let v: Vec<f64> = r.runs.iter().filter_map(|run| run.metrics.get(metric).copied()).collect();
-                if !v.is_empty() {
-                    let mean = v.iter().sum::<f64>() / v.len() as f64;
-                    series.push(Series {
-                        label: format!("{label} (mean of the runs' tasks)"),
-                        points: vec![(0.0, mean), (x_max, mean)],
-                        color: Some(plotters::style::RGBColor(grey, grey, grey)),
-                        band: None,
-                        dash: Dash::Dotted,
-                    });
-                }
-            }
+            series.extend(rl_baselines(r, &series));
         }
-        let x = match name.split('.').next() {
-            Some("success") => "environment steps",
-            Some("layerwise") => "units before the exit",
-            Some("noise") if lm => "character noise probability p",
-            Some("noise") => "input noise σ",
-            _ => "training step",
-        };
         let y_label = quantity(name, unit);
         let seeds = one_n.map_or("seeds".to_string(), |n| format!("{n} seeds"));
-        let mut title = y_label.split(" (").next().unwrap_or(&y_label).to_string();
-        if let Some(first) = title.get(..1) {
-            title = first.to_uppercase() + &title[1..];
-        }
-        // What the x axis varies, in the title: the axis title stays short enough for a column.
-        if name.starts_with("noise.") {
-            title += " under input noise";
-        }
-        let chart = LineChart {
-            title: match log_y {
-                true => format!("{title}: geometric mean ×÷ geometric sd over {seeds}"),
-                false => format!("{title}: mean ± sd over {seeds}"),
-            },
-            x_label: x.into(),
-            y_label,
-            log_y,
-            series,
-        };
-        std::fs::create_dir_all(out)?;
+        let (title, x) = curve_titles(name, &y_label, log_y, &seeds, lm);
+        let chart = LineChart { title, x_label: x.into(), y_label, log_y, series };
         let file = format!("curve-{}", name.replace(['.', '/'], "_"));
-        files.extend(line_chart(&chart, style, &out.join(file))?);
+        figures.push(Figure { file, kind: Kind::ReportCurve, chart: Chart::Lines(chart) });
     }
-    Ok(files)
+    Ok(figures)
 }
 
-/// Draws `claim-<id>.{png,svg,pdf}` into `out` for each of the report's claims: the metric of arm
-/// A and of arm B on each shared seed (a log axis where the claim compares on a log scale), titled
-/// with the claim's quantity, its mean difference and its verdict; returns the files written.
-pub fn claim_figures(r: &StudyReport, style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
+/// `claim-<id>` for each of the report's claims: the metric of arm A and of arm B on each shared
+/// seed (a log axis where the claim compares on a log scale), titled with the claim's quantity,
+/// its mean difference and its verdict.
+pub fn claim_figures(r: &StudyReport) -> Result<Vec<Figure>> {
     use crate::study::claims::Scale;
-    let mut files = Vec::new();
+    let mut figures = Vec::new();
     for c in &r.claims {
         let cl = &c.claim;
         // Numbers no statistic could take (a value that is not finite) draw no figure either.
@@ -117,7 +141,7 @@ pub fn claim_figures(r: &StudyReport, style: &Style, out: &Path) -> Result<Vec<P
             continue;
         }
         if cl.across_seeds.is_some() {
-            files.extend(profiles_figure(c, style, out)?);
+            figures.push(profiles_figure(c));
             continue;
         }
         let log = cl.scale == Scale::Log;
@@ -135,7 +159,8 @@ pub fn claim_figures(r: &StudyReport, style: &Style, out: &Path) -> Result<Vec<P
             true => format!("A/B = ×{}", num(c.diff.mean.exp())),
             false => format!("Δ = {}", num(unit * c.diff.mean)),
         };
-        let metric = cl.metrics().iter().map(|m| quantity(m, "")).collect::<Vec<_>>().join(" vs ");
+        let quantities: Vec<String> = cl.metrics().iter().map(|m| quantity(m, "")).collect();
+        let metric = quantities.join(" vs ");
         // The differences in the unit they are judged in: A − B, or log(A/B) shown as the ratio.
         // The margin where the claim has one: ±m for equivalence, +m for "at most", −m for "at least".
         use crate::study::claims::Expect;
@@ -160,8 +185,8 @@ pub fn claim_figures(r: &StudyReport, style: &Style, out: &Path) -> Result<Vec<P
         let chart = super::Paired {
             // The claim's quantity, not its id: a figure in a paper is read without the spec.
             title: format!("{metric}: {delta}, {}", c.verdict),
-            y_label: metric,
-            arms: [arm_label(&cl.a, &r.labels), arm_label(&cl.b, &r.labels)],
+            y_label: shared_quantity(&quantities),
+            arms: arm_names(cl, &quantities, &r.labels),
             colors: [arm_color(&cl.a, 0), arm_color(&cl.b, 1)],
             values: c.values.iter().map(|v| (unit * v.0, unit * v.1)).collect(),
             log,
@@ -170,11 +195,35 @@ pub fn claim_figures(r: &StudyReport, style: &Style, out: &Path) -> Result<Vec<P
             interval,
             margin,
         };
-        std::fs::create_dir_all(out)?;
         let file = crate::study::claims::figure_stem(&cl.id);
-        files.extend(super::paired_chart(&chart, style, &out.join(file))?);
+        figures.push(Figure { file, kind: Kind::Claim, chart: Chart::Paired(chart) });
     }
-    Ok(files)
+    Ok(figures)
+}
+
+/// The names under a claim's two columns: its arms' ([`arm_label`]), or, where both columns are
+/// one arm's runs under two metrics (Γ at the end against Γ at the start), the metrics'.
+fn arm_names(
+    cl: &crate::study::claims::Claim,
+    quantities: &[String],
+    labels: &BTreeMap<String, String>,
+) -> [String; 2] {
+    match (cl.a == cl.b, quantities) {
+        (true, [qa, qb]) => [qa.clone(), qb.clone()],
+        _ => [arm_label(&cl.a, labels), arm_label(&cl.b, labels)],
+    }
+}
+
+/// A claim's y axis title: its one metric, or what its two metrics measure (`Γ when accuracy
+/// first reaches 32.5 %` and `… 62.5 %` → `Γ`), the words they share up to a `when`, `at` or
+/// `after`, else the two joined.
+fn shared_quantity(quantities: &[String]) -> String {
+    let [a, b] = quantities else { return quantities.join(" vs ") };
+    let words: Vec<&str> = a.split(' ').zip(b.split(' ')).take_while(|(x, y)| x == y).map(|(x, _)| x).collect();
+    match words.iter().position(|w| ["when", "at", "after"].contains(w)) {
+        Some(k) if k > 0 => words[..k].join(" "),
+        _ => format!("{a} vs {b}"),
+    }
 }
 
 /// An arm as a legend names it: its label in the spec's `report.labels` (the arm as written, else
@@ -289,7 +338,7 @@ fn task_of(r: &StudyReport) -> (&'static str, bool) {
 
 /// An `across_seeds` claim's figure: each seed's vector against its index (the residual weights
 /// unit by unit), titled with r̄ and the verdict.
-fn profiles_figure(c: &crate::study::claims::ClaimResult, style: &Style, out: &Path) -> Result<Vec<PathBuf>> {
+fn profiles_figure(c: &crate::study::claims::ClaimResult) -> Figure {
     let cl = &c.claim;
     let series = c
         .seeds
@@ -318,9 +367,8 @@ fn profiles_figure(c: &crate::study::claims::ClaimResult, style: &Style, out: &P
         log_y: false,
         series,
     };
-    std::fs::create_dir_all(out)?;
     let file = crate::study::claims::figure_stem(&cl.id);
-    line_chart(&chart, style, &out.join(file))
+    Figure { file, kind: Kind::ClaimProfiles, chart: Chart::Lines(chart) }
 }
 
 /// The axis title of a claim's vector metric (`final.a[0..8]` → `final residual weight a`).

@@ -461,6 +461,10 @@ impl TopologySpec for Spec {
     fn granularity(&self) -> Granularity {
         self.granularity
     }
+    fn absent_edges(&self) -> Vec<(usize, usize)> {
+        let read = |i: usize, j: usize| self.sources[j - 1].contains(&i);
+        (1..=self.sources.len()).flat_map(|j| (0..j).filter(move |&i| !read(i, j)).map(move |i| (i, j))).collect()
+    }
     fn build(&self, vs: &nn::Path, _compute: Kind) -> Box<dyn Topology> {
         let group = vs / if self.temperature.is_some() { "logits" } else { "weights" };
         let params = self

@@ -183,6 +183,12 @@ pub trait TopologySpec: Debug {
     fn connection_flops(&self) -> u64 {
         0
     }
+    /// The entries `(i, j)` of C (i < j) that this wiring never carries — node j does not read
+    /// node i — so that figures draw them as absent, not as a learned 0. None for topologies whose
+    /// every later node may read every earlier one.
+    fn absent_edges(&self) -> Vec<(usize, usize)> {
+        Vec::new()
+    }
     /// Builds the topology; `vs` is the `topology` sub-path, so parameters are named
     /// `topology.<name>` like PyTorch `state_dict` keys. `compute` is the dtype the topology's own
     /// matmuls (projections, low-rank maps, dynamic mixing weights) run in, like every `Linear` of

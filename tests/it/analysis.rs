@@ -174,14 +174,7 @@ fn heatmaps_at_init_show_the_residual_and_acn_patterns_of_hacn_fig8() {
             }
         }
         // The figure drawn from it exists.
-        let figs = plexus::plot::figures::all(
-            std::slice::from_ref(&dir),
-            &Default::default(),
-            &dir.join("figures"),
-            None,
-            None,
-        )
-        .unwrap();
+        let figs = plot_runs(&dir, &dir.join("figures"));
         // Named by the run directory (`<tmp>/<topology>`), not by the config's name.
         let png = dir.join(format!("figures/connectivity_{topology}.png"));
         assert!(figs.contains(&png), "{} not among {figs:?}", png.display());
@@ -268,9 +261,7 @@ fn every_figure_is_also_a_pdf_with_its_fonts_embedded() {
     let dir = trained(&tiny("hacn"), &tmp.path().join("run"));
     let opts = AnalyzeOptions { repeats: 1, ..Default::default() };
     analysis::analyze(&dir, &opts).unwrap();
-    let figs =
-        plexus::plot::figures::all(std::slice::from_ref(&dir), &Default::default(), &dir.join("figures"), None, None)
-            .unwrap();
+    let figs = plot_runs(&dir, &dir.join("figures"));
     let pdfs: Vec<&PathBuf> = figs.iter().filter(|f| f.extension().is_some_and(|x| x == "pdf")).collect();
     let pngs = figs.iter().filter(|f| f.extension().is_some_and(|x| x == "png")).count();
     assert_eq!(pdfs.len(), pngs, "one PDF per figure: {figs:?}");
@@ -308,4 +299,10 @@ fn which_pdflatex() -> Result<PathBuf, ()> {
     std::env::var_os("PATH")
         .and_then(|p| std::env::split_paths(&p).map(|d| d.join("pdflatex")).find(|p| p.is_file()))
         .ok_or(())
+}
+
+/// The files `plexus plot RUN` writes of `run` into `out` (double width, PNG, SVG and PDF).
+fn plot_runs(run: &Path, out: &Path) -> Vec<PathBuf> {
+    let figures = plexus::plot::figures::all(std::slice::from_ref(&run.to_path_buf()), None, None).unwrap();
+    plexus::plot::write_all(&figures, &Default::default(), out).unwrap()
 }

@@ -154,12 +154,23 @@ fn demo_prints_the_fig2b_table_and_writes_the_figure() {
     let png = std::fs::read(tmp.path().join("demo/figures/loss.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     assert!(png.len() > 20_000, "suspiciously small figure: {} bytes", png.len());
+    // The SVG's text is set as the font's outlines (it looks the same without DejaVu Sans).
     let svg = std::fs::read_to_string(tmp.path().join("demo/figures/loss.svg")).unwrap();
-    // Topologies by their display names, the layout only where two lines share a topology, the
-    // loss with its unit.
+    assert!(!svg.contains("<text") && svg.contains("<path"), "text in the SVG is not outlines");
+    // What it prints: topologies by their display names, the layout only where two lines share a
+    // topology, the loss with its unit (the figure the command drew, from its producer).
+    let mut runs: Vec<std::path::PathBuf> = std::fs::read_dir(tmp.path().join("demo"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|d| d.join("config.yaml").is_file())
+        .collect();
+    runs.sort();
+    let figures = plexus::plot::figures::all(&runs, None, None).unwrap();
+    let loss = figures.iter().find(|f| f.file == "loss").expect("a loss figure");
+    let plexus::plot::Chart::Lines(c) = &loss.chart else { panic!("the loss is a line chart") };
+    let texts: Vec<&str> = c.series.iter().map(|s| s.label.as_str()).chain([c.y_label.as_str()]).collect();
     for label in ["Shortcuts (0:2)", "Shortcuts (0:1)", "Residual", "ANCRe", "training loss (½ squared error)"] {
-        // Each text element on lines of its own.
-        assert!(svg.contains(&format!("\n{label}\n")), "legend/axis text `{label}` not in the SVG");
+        assert!(texts.contains(&label), "legend/axis text `{label}` not among {texts:?}");
     }
     let results = std::fs::read_to_string(tmp.path().join("demo/results.csv")).unwrap();
     assert_eq!(results.lines().count(), 6, "{results}");
@@ -729,14 +740,17 @@ fn plot_width_sets_the_printed_width_of_every_figure() {
                 let w: f64 = media.split_whitespace().nth(2).unwrap().parse().unwrap();
                 assert!((w - points).abs() < 0.5, "{}: page {w} pt wide, expected {points}", path.display());
             }
-            if path.extension().is_some_and(|x| x == "svg") {
-                let svg = std::fs::read_to_string(&path).unwrap();
-                let sizes: Vec<String> =
-                    svg.split("font-size=\"").skip(1).filter_map(|s| s.split('"').next()).map(str::to_string).collect();
-                font_sizes.push((width, path.file_name().unwrap().to_string_lossy().into_owned(), sizes));
-            }
         }
         assert!(pdfs >= 2, "{width}: {pdfs} PDFs");
+        // The text sizes of the drawing the files are made from (the SVG file sets text as
+        // outlines): the same figures, drawn by the one renderer at this width.
+        let style = plexus::plot::Style::parse("svg", width).unwrap();
+        for f in plexus::plot::figures::all(&[t.join("run")], None, None).unwrap() {
+            let svg = plexus::plot::render(&f, &style, &t.join("drawn").join(width)).unwrap().svg;
+            let sizes: Vec<String> =
+                svg.split("font-size=\"").skip(1).filter_map(|s| s.split('"').next()).map(str::to_string).collect();
+            font_sizes.push((width, f.file.clone(), sizes));
+        }
     }
     // Text at 7–9.5 pt on the printed page (drawing units are PDF_DPI to the inch, sizes rounded to
     // them), and the same

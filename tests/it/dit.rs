@@ -165,9 +165,8 @@ fn a_diffusion_run_trains_evaluates_per_timestep_bucket_and_resumes_exactly() {
     let e = plexus::analysis::analyze(&a, &Default::default()).map(|_| ()).unwrap_err().to_string();
     assert!(e.contains("a diffusion run") && e.contains("eps_by_t.csv"), "{e}");
     // `plexus plot` draws them.
-    let figs =
-        plexus::plot::figures::all(std::slice::from_ref(&a), &Default::default(), &tmp.path().join("fig"), None, None)
-            .unwrap();
+    let figures = plexus::plot::figures::all(std::slice::from_ref(&a), None, None).unwrap();
+    let figs = plexus::plot::write_all(&figures, &Default::default(), &tmp.path().join("fig")).unwrap();
     assert!(figs.iter().any(|f| f.ends_with("eps_by_t.png")), "{figs:?}");
     // At init every bucket's ε-MSE is E[ε²] ≈ 1 (the prediction is 0).
     for v in rows[0].1.iter().filter(|v| v.is_finite()) {

@@ -509,7 +509,7 @@ fn a_configs_c_is_printed_and_drawn_before_training() {
         let f = tmp.path().join(format!("figs/connectivity_graph-blocks.{ext}"));
         assert!(f.is_file() && std::fs::metadata(&f).unwrap().len() > 1000, "{} not written: {written}", f.display());
     }
-    let svg = std::fs::read_to_string(tmp.path().join("figs/connectivity_graph-blocks.svg")).unwrap();
-    assert!(svg.contains("at initialisation") && svg.contains("Graph (graph-blocks)"), "the figure's titles");
+    let figures = plexus::plot::figures::config_connectivity(&tmp.path().join("blocks.yaml")).unwrap();
+    assert_eq!(figures[0].chart.title(), "Direct connectivity C — Graph at initialisation");
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 2, "only the config and the figures' folder");
 }

@@ -328,13 +328,8 @@ fn a_short_training_run_beats_the_random_policy() {
         assert!(dir.join(f).is_file(), "{f}");
     }
     // The figure is the command's (`plexus rl` draws it after training).
-    let figures = plexus::plot::curves::kind_figure(
-        &plexus::kinds::RL,
-        std::slice::from_ref(&dir),
-        &Default::default(),
-        &dir.join("figures"),
-    )
-    .unwrap();
+    let figures = plexus::plot::curves::kind_figure(&plexus::kinds::RL, std::slice::from_ref(&dir)).unwrap();
+    let figures = plexus::plot::write_all(&figures, &Default::default(), &dir.join("figures")).unwrap();
     assert_eq!(
         figures,
         [dir.join("figures/success.png"), dir.join("figures/success.svg"), dir.join("figures/success.pdf")]
