@@ -3,7 +3,10 @@
 # (docs/claims/*.csv and their .curves.csv), with the binary of this checkout, into docs/figures/.
 # Each is `plexus report TABLE --spec SPEC --out DIR` and one figure of DIR, as the page says
 # under the figure. Figures whose runs' curves are not committed (the DiT eval loss, the RL success
-# curve, the showcase's layer-wise and noise curves) are not redrawn here: they need their runs.
+# curve) are not redrawn here: they need their runs; their claims' figures, drawn from the
+# committed tables, are. The showcase's curves were committed on
+# 2026-12-02 from a rerun of its sweep whose runs.csv matched docs/claims/showcase-seeds.csv byte
+# for byte.
 #
 #   scripts/docs-figures.sh
 set -euo pipefail
@@ -31,4 +34,8 @@ dit-fd-curve-fd.png dit-fd-curve.csv dit-fd-curve.yaml curve-fd_fd.png
 hacn-fig7-accuracy.png hacn-fig7.csv hacn-fig7.yaml curve-eval_accuracy.png
 hacn-appendix-h-gamma.png hacn-appendix-h.csv hacn-appendix-h.yaml curve-gamma.png
 graph-transplant-accuracy.png graph-transplant.csv graph-transplant.yaml curve-eval_accuracy.png
+showcase-seeds-layerwise.png showcase-seeds.csv showcase-seeds.yaml curve-layerwise_accuracy.png
+showcase-seeds-noise.png showcase-seeds.csv showcase-seeds.yaml curve-noise_accuracy.png
+dit-fmnist-claim-eps.png dit-fmnist.csv dit-fmnist.yaml claim-dit-ancre-lowers-eps.png
+rl-serpentine-claim-time-at-goal.png rl-serpentine.csv rl-serpentine.yaml claim-rl-ancre-d16-time-at-goal.png
 TABLE
