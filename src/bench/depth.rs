@@ -92,8 +92,16 @@ pub fn sweep(
         let kind = mine.first().map(|r| r.1.clone()).unwrap_or_default();
         let variant = topologies[..i].iter().filter(|o| o.split('+').next() == Some(&kind)).count();
         let (color, dash) = (Some(topology_color(&kind, variant)), Dash::of_variant(variant));
-        time_series.push(Series { label: format!("{t} (k = {kt:.2})"), points: time, color, band: None, dash });
-        mem_series.push(Series { label: format!("{t} (k = {km:.2})"), points: mem, color, band: None, dash });
+        // The topology by its display name, its settings after it (`hacn+init.mu=0.25` →
+        // `H-ACN, μ = 0.25`).
+        let setting = |s: &str| match s.split_once('=') {
+            Some((k, v)) => format!("{} = {v}", crate::study::names::key(&format!("topology.{k}"))),
+            None => s.to_string(),
+        };
+        let settings: Vec<String> = t.split('+').skip(1).map(setting).collect();
+        let name = std::iter::once(crate::plot::display_name(&kind)).chain(settings).collect::<Vec<_>>().join(", ");
+        time_series.push(Series { label: format!("{name} (k = {kt:.2})"), points: time, color, band: None, dash });
+        mem_series.push(Series { label: format!("{name} (k = {km:.2})"), points: mem, color, band: None, dash });
     }
     atomic_write(&out.join("growth.csv"), summary.as_bytes())?;
     let name = config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();

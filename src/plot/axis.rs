@@ -104,7 +104,8 @@ pub(super) fn ticked_axis(lo: f64, hi: f64, m: f64, step: f64) -> Axis {
             // No "-0" (nor "-0.0").
             let s =
                 if s.starts_with('-') && s[1..].chars().all(|c| c == '0' || c == '.') { s[1..].to_string() } else { s };
-            (v, format!("{s}{suffix}"))
+            // A minus sign, not a hyphen, as a paper sets numbers.
+            (v, format!("{}{suffix}", s.replacen('-', "−", 1)))
         })
         .collect();
     Axis { log: false, lo, hi, ticks }

@@ -151,15 +151,18 @@ pub fn claim_figures(r: &StudyReport) -> Result<Vec<Figure>> {
             false => 1.0,
         };
         // Three significant digits, an exponent where the fixed point would hide them.
-        let num = |v: f64| match v.abs() {
-            a if a != 0.0 && !(1e-3..1e6).contains(&a) => format!("{v:.2e}"),
-            _ => format!("{v:.3}").trim_end_matches('0').trim_end_matches('.').to_string(),
+        let num = |v: f64| {
+            match v.abs() {
+                a if a != 0.0 && !(1e-3..1e6).contains(&a) => format!("{v:.2e}"),
+                _ => format!("{v:.3}").trim_end_matches('0').trim_end_matches('.').to_string(),
+            }
+            .replacen('-', "−", 1)
         };
         let delta = match log {
             true => format!("A/B = ×{}", num(c.diff.mean.exp())),
             false => format!("Δ = {}", num(unit * c.diff.mean)),
         };
-        let quantities: Vec<String> = cl.metrics().iter().map(|m| quantity(m, "")).collect();
+        let quantities: Vec<String> = cl.metrics().iter().map(|m| quantity(m, task_of(r).0)).collect();
         let metric = quantities.join(" vs ");
         // The differences in the unit they are judged in: A − B, or log(A/B) shown as the ratio.
         // The margin where the claim has one: ±m for equivalence, +m for "at most", −m for "at least".
@@ -184,7 +187,7 @@ pub fn claim_figures(r: &StudyReport) -> Result<Vec<Figure>> {
         };
         let chart = super::Paired {
             // The claim's quantity, not its id: a figure in a paper is read without the spec.
-            title: format!("{metric}: {delta}, {}", c.verdict),
+            title: capitalised(&format!("{metric}: {delta}, {}", c.verdict)),
             y_label: shared_quantity(&quantities),
             arms: arm_names(cl, &quantities, &r.labels),
             colors: [arm_color(&cl.a, 0), arm_color(&cl.b, 1)],
@@ -355,13 +358,13 @@ fn profiles_figure(c: &crate::study::claims::ClaimResult) -> Figure {
         .collect();
     let chart = LineChart {
         // "mean r", not r̄: the combining macron is set beside the r, not over it, in the figures' font.
-        title: format!(
+        title: capitalised(&format!(
             "{} of each seed: mean r = {:.3}, {} seeds, {}",
             vector_label(&cl.metric),
             c.diff.mean,
             c.seeds.len(),
             c.verdict
-        ),
+        )),
         x_label: "unit".into(),
         y_label: vector_label(&cl.metric),
         log_y: false,
@@ -426,6 +429,12 @@ fn group_colors(r: &StudyReport) -> Vec<(plotters::style::RGBColor, Dash)> {
 /// `topology.init.mu` → `mu` in legends.
 fn short(key: &str) -> &str {
     key.rsplit('.').next().unwrap_or(key)
+}
+
+/// `text` with its first letter upper-case, as a figure's title starts.
+fn capitalised(text: &str) -> String {
+    let mut c = text.chars();
+    c.next().map_or_else(String::new, |f| f.to_uppercase().chain(c).collect())
 }
 
 #[cfg(test)]
