@@ -94,7 +94,8 @@ pub(super) fn ticked_axis(lo: f64, hi: f64, m: f64, step: f64) -> Axis {
         _ => (1.0, ""),
     };
     let k = (step / unit).log10().floor() as i32;
-    let decimals = (-k).max(0) as usize + usize::from(m == 2.5);
+    // 2.5 × 10^k needs one more decimal than its step only below 10 (0.25, 2.5; not 25).
+    let decimals = (-k).max(0) as usize + usize::from(m == 2.5 && k <= 0);
     // Within a millionth of a step: an end that is a tick (`enclosing_axis`) keeps its label.
     let (first, last) = ((lo / step - 1e-6).ceil() as i64, (hi / step + 1e-6).floor() as i64);
     let ticks = (first..=last)

@@ -18,7 +18,11 @@ type Band = Vec<(f64, f64, f64, f64)>;
 fn group_bands(r: &StudyReport, name: &str) -> Result<(Vec<Band>, bool)> {
     let percent = study::in_percent(name);
     let scale = |band: Band| match percent {
-        true => band.into_iter().map(|(x, m, lo, hi)| (x, 100.0 * m, 100.0 * lo, 100.0 * hi)).collect(),
+        // A band held to 0–100 %: a mean + sd past 100 is not an accuracy any seed had.
+        true => band
+            .into_iter()
+            .map(|(x, m, lo, hi)| (x, 100.0 * m, (100.0 * lo).max(0.0), (100.0 * hi).min(100.0)))
+            .collect(),
         false => band,
     };
     let linear: Vec<Band> =

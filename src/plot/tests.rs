@@ -56,3 +56,11 @@ fn a_log_value_axis_encloses_its_data_between_ticks() {
     let labels = |lo: f64, hi: f64| enclosing_log_axis(lo, hi, 6).ticks.into_iter().map(|t| t.1).collect::<Vec<_>>();
     assert_eq!(labels(0.15, 4.0), ["0.1", "0.2", "0.5", "1", "2", "5"]);
 }
+
+/// Steps of 2.5 × 10^k print the decimals they need: `2.5`, `0.25`, but `25`, not `25.0`.
+#[test]
+fn steps_of_two_and_a_half_print_only_the_decimals_they_need() {
+    let labels = |lo: f64, hi: f64| enclosing_axis(lo, hi, 0.0, 5).ticks.into_iter().map(|t| t.1).collect::<Vec<_>>();
+    assert_eq!(labels(8.0, 100.0), ["0", "25", "50", "75", "100"]);
+    assert_eq!(labels(0.8, 10.0), ["0.0", "2.5", "5.0", "7.5", "10.0"]);
+}
