@@ -2,9 +2,9 @@
 # Redraws the figures of docs/claims.md that come from committed per-run tables
 # (docs/claims/*.csv and their .curves.csv), with the binary of this checkout, into docs/figures/.
 # Each is `plexus report TABLE --spec SPEC --out DIR` and one figure of DIR, as the page says
-# under the figure. Figures whose runs' curves are not committed (the DiT eval loss, the RL success
-# curve) are not redrawn here: they need their runs; their claims' figures, drawn from the
-# committed tables, are. The showcase's curves were committed on
+# under the figure. The RL success curve is not redrawn here: its runs' curves are not committed;
+# its claim's figure, drawn from the committed table, is. The DiT eval loss is drawn from a rerun
+# of its sweep (docs/claims/replications/dit-fmnist-2026-12-02.csv and .curves.csv). The showcase's curves were committed on
 # 2026-12-02 from a rerun of its sweep whose runs.csv matched docs/claims/showcase-seeds.csv byte
 # for byte.
 #
@@ -16,10 +16,13 @@ cd "$ROOT"
 PLEXUS="$ROOT/target/release/plexus"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-# docs/figures name ← table (under docs/claims/), spec (under configs/studies/), figure of the report.
-while read -r name table spec figure; do
+# docs/figures name ← table (under docs/claims/), spec (under configs/studies/; `-` for none: a
+# replication table without the spec's metrics, reported with the flags after the figure),
+# figure of the report.
+while read -r name table spec figure flags; do
   out="$work/$name"
-  "$PLEXUS" report "docs/claims/$table" --spec "configs/studies/$spec" --out "$out" --formats png > "$out.log" 2>&1 ||
+  if [ "$spec" = - ]; then set -- $flags; else set -- --spec "configs/studies/$spec"; fi
+  "$PLEXUS" report "docs/claims/$table" "$@" --out "$out" --formats png > "$out.log" 2>&1 ||
     { cat "$out.log" >&2; exit 1; }
   [ -f "$out/$figure" ] || { echo "docs-figures: $table drew no $figure (it drew: $(ls "$out" | tr '\n' ' '))" >&2; exit 1; }
   cp "$out/$figure" "docs/figures/$name"
@@ -37,5 +40,6 @@ graph-transplant-accuracy.png graph-transplant.csv graph-transplant.yaml curve-e
 showcase-seeds-layerwise.png showcase-seeds.csv showcase-seeds.yaml curve-layerwise_accuracy.png
 showcase-seeds-noise.png showcase-seeds.csv showcase-seeds.yaml curve-noise_accuracy.png
 dit-fmnist-claim-eps.png dit-fmnist.csv dit-fmnist.yaml claim-dit-ancre-lowers-eps.png
+dit-fmnist-eval-loss.png replications/dit-fmnist-2026-12-02.csv - curve-eval_loss.png --by topology.kind --metric eval.loss --curves loss,eval.loss
 rl-serpentine-claim-time-at-goal.png rl-serpentine.csv rl-serpentine.yaml claim-rl-ancre-d16-time-at-goal.png
 TABLE

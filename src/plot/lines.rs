@@ -174,7 +174,8 @@ pub(super) fn data_segments<DB: DrawingBackend>(
 }
 
 /// The bands (under every line), then the lines, dashed where a series asks, then the markers of
-/// the series [`marked`] marks (over every line); each curve as drawn goes to `drawn`.
+/// the series [`marked`] marks (over every line, the first series' last); each curve as drawn goes
+/// to `drawn`.
 pub(super) fn draw_lines<DB: DrawingBackend>(
     ctx: &mut ChartContext<'_, DB, Coord>,
     chart: &LineChart,
@@ -195,12 +196,17 @@ pub(super) fn draw_lines<DB: DrawingBackend>(
             Some((on, off)) => ctx.draw_series(DashedLineSeries::new(pts, pt(on).max(1), pt(off).max(1), stroke))?,
         };
     }
+    // Markers from the last series to the first: an earlier curve that a later one covers keeps
+    // its points on top, where its line is hidden.
+    for (i, s) in chart.series.iter().enumerate().rev() {
+        if marks[i] {
+            let c = series_color(i, s);
+            ctx.draw_series(scales.drawn(s, x, y).into_iter().map(|p| Circle::new(p, pt(DOT_PT), c.filled())))?;
+        }
+    }
     let placed = pixels(ctx, chart, (x, y, scales));
     for ((i, s), (px, &marked)) in chart.series.iter().enumerate().zip(placed.into_iter().zip(marks)) {
         let c = series_color(i, s);
-        if marked {
-            ctx.draw_series(scales.drawn(s, x, y).into_iter().map(|p| Circle::new(p, pt(DOT_PT), c.filled())))?;
-        }
         drawn.lines.push(DrawnLine { label: s.label.clone(), color: c, dash: s.dash, pixels: px, markers: marked });
     }
     Ok(())
