@@ -153,6 +153,9 @@ pub fn log_axis(lo: f64, hi: f64, max_ticks: usize) -> Axis {
     Axis { log: true, lo: a, hi: b, ticks: log_labels(values) }
 }
 
+/// Ticks at every digit of a decade: as a pattern for [`next_log_tick`], the next digit.
+const EVERY_DIGIT: [f64; 9] = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0];
+
 /// A log axis for values: [`log_axis`]'s ticks, continued in their own pattern (the same decade
 /// stride, or the same mantissas) until they enclose the data `lo..hi`, the axis ending at its
 /// first and last ticks, so that no value lies below the lowest label (a loss of 0.15 under a
@@ -178,11 +181,10 @@ pub fn enclosing_log_axis(lo: f64, hi: f64, max_ticks: usize) -> Axis {
     // Two ticks around a narrow range (14–16 between 10 and 20): a third at the next digit on the
     // side the data are nearer (30), so that the axis reads as a scale.
     if values.len() < 3 {
-        let digits = [1.0, 3.0, 7.0];
         let up = (last / hi).log10() < (lo / first).log10();
         match up {
-            true => values.push(next_log_tick(&digits, last, true)),
-            false => values.insert(0, next_log_tick(&digits, first, false)),
+            true => values.push(next_log_tick(&EVERY_DIGIT, last, true)),
+            false => values.insert(0, next_log_tick(&EVERY_DIGIT, first, false)),
         }
         (first, last) = (values[0], values[values.len() - 1]);
     }
@@ -378,4 +380,13 @@ pub(super) fn thinned(mut axis: Axis, length: f64) -> Axis {
         }
     }
     axis
+}
+
+/// A value axis: ticks that enclose `(lo, hi)` (padded by `pad` of the span on a linear axis), at
+/// most `max_ticks` of them on a linear axis and about as many on a log one.
+pub(super) fn value_axis(log: bool, (lo, hi): (f64, f64), pad: f64, max_ticks: usize) -> Axis {
+    match log {
+        true => enclosing_log_axis(lo, hi, max_ticks),
+        false => enclosing_axis(lo, hi, pad, max_ticks),
+    }
 }

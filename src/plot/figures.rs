@@ -173,7 +173,7 @@ fn mean_band(curves: &[Points]) -> (Points, Points) {
 
 /// Accuracy curves in percent with their bands held to 0–100 (a mean + sd past 100 % is not an
 /// accuracy any seed had).
-fn in_percent(mut series: Vec<Series>) -> Vec<Series> {
+fn held_to_percent(mut series: Vec<Series>) -> Vec<Series> {
     for s in &mut series {
         for b in s.band.iter_mut().flatten() {
             *b = (b.0.max(0.0), b.1.min(100.0));
@@ -252,7 +252,7 @@ pub fn eval_metric(runs: &[PlotRun]) -> Figures {
     }
     let accuracy =
         curves(runs, |d| Ok(d.evals()?.iter().filter_map(|e| Some((e.step as f64, 100.0 * e.accuracy?))).collect()))?;
-    let accuracy = in_percent(accuracy);
+    let accuracy = held_to_percent(accuracy);
     Ok(chart(Kind::EvalAccuracy, "Held-out accuracy", ("training step", "held-out accuracy (%)"), false, accuracy))
 }
 
@@ -322,7 +322,7 @@ fn exits(runs: &[PlotRun], lm: bool, (ylab, log_y): (&str, bool)) -> Figures {
             .filter_map(|e| Some((e.units as f64 / depth, metric_of(lm, e.accuracy, e.perplexity)?)))
             .collect())
     })?;
-    let layerwise = if lm { layerwise } else { in_percent(layerwise) };
+    let layerwise = if lm { layerwise } else { held_to_percent(layerwise) };
     let title = "Layer-wise exits: final norm and shared head after unit i of L";
     let mut figures = chart(Kind::Layerwise, title, ("fraction of the depth used (i / L)", ylab), log_y, layerwise);
     let pruning = curves(runs, |d| {
@@ -331,7 +331,7 @@ fn exits(runs: &[PlotRun], lm: bool, (ylab, log_y): (&str, bool)) -> Figures {
             .filter_map(|e| Some((e.removed as f64, metric_of(lm, e.accuracy, e.perplexity)?)))
             .collect())
     })?;
-    let pruning = if lm { pruning } else { in_percent(pruning) };
+    let pruning = if lm { pruning } else { held_to_percent(pruning) };
     figures.extend(chart(Kind::Pruning, "Depth pruning: top units removed", ("units removed", ylab), log_y, pruning));
     Ok(figures)
 }
@@ -362,7 +362,7 @@ pub fn analysis_curves(runs: &[PlotRun]) -> Figures {
             })
             .collect())
     })?;
-    let noise = if lm { noise } else { in_percent(noise) };
+    let noise = if lm { noise } else { held_to_percent(noise) };
     let x = if lm { "character noise probability p" } else { "input noise σ" };
     figures.extend(chart(Kind::Noise, "Robustness to input noise (mean over repeats)", (x, ylab), log_y, noise));
     Ok(figures)

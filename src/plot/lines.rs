@@ -212,14 +212,6 @@ pub(super) fn draw_lines<DB: DrawingBackend>(
     Ok(())
 }
 
-/// A line chart's value axis: ticks that enclose `(lo, hi)`, at most `max_ticks` of them.
-fn value_axis(log: bool, (lo, hi): Span, max_ticks: usize) -> Axis {
-    match log {
-        true => enclosing_log_axis(lo, hi, max_ticks),
-        false => enclosing_axis(lo, hi, 0.0, max_ticks),
-    }
-}
-
 /// Lines, log or linear axes: ticks from [`linear_axis`] / [`log_axis`], ranges fitted to the data,
 /// points marked where series are short, the legend in the first corner (or edge) of the plot where
 /// it covers no line, band edge or point, else outside the plot.
@@ -236,7 +228,7 @@ where
     let area = titled_page(root, &chart.title, drawn)?;
     let (scales, x_range, (y_lo, y_hi)) = extent(chart, log_x)?;
     let markers = chart.series.iter().all(|s| s.points.len() <= MARKED_UP_TO);
-    let y = value_axis(chart.log_y, (y_lo, y_hi), 6);
+    let y = value_axis(chart.log_y, (y_lo, y_hi), 0.0, 6);
     let y_w = widest(&area, y.ticks.iter().map(|t| t.1.clone())).0;
     let axis_h = area.estimate_text_size("Mg", &("sans-serif", font(AXIS_PT)).into()).map_err(err)?.1;
     let y_area = y_w + axis_h + pt(10.0);
@@ -262,9 +254,9 @@ where
     let plot_h = f64::from(plot_area.dim_in_pixel().1.saturating_sub(x_area + pt(8.0)));
     let y = (3..=6)
         .rev()
-        .map(|max| value_axis(chart.log_y, (y_lo, y_hi), max))
+        .map(|max| value_axis(chart.log_y, (y_lo, y_hi), 0.0, max))
         .find(|a| ticks_fit(a, plot_h))
-        .unwrap_or_else(|| thinned(value_axis(chart.log_y, (y_lo, y_hi), 3), plot_h));
+        .unwrap_or_else(|| thinned(value_axis(chart.log_y, (y_lo, y_hi), 0.0, 3), plot_h));
     let mut ctx = xy_context(&plot_area, &x, &y, (x_area, y_area)).map_err(err)?;
     // Which curves a later one covers, as placed in the final plot.
     let marks = marked(&pixels(&ctx, chart, (&x, &y, &scales)), markers);

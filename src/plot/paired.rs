@@ -51,7 +51,7 @@ where
     let line_h = (f64::from(tick_h) * 1.25) as u32;
     let x_area = tick_h + pt(8.0) + if fits { 0 } else { 2 * line_h + pt(2.0) };
     let plot_h = f64::from(left.dim_in_pixel().1.saturating_sub(x_area + pt(8.0)));
-    let y = thinned(value_axis(c.log, (lo, hi)), plot_h);
+    let y = thinned(value_axis(c.log, (lo, hi), 0.08, if c.log { 5 } else { 6 }), plot_h);
     let y_area = widest(left, y.ticks.iter().map(|t| t.1.clone())).0 + axis_h + pt(10.0);
     let mut ctx = xy_context(left, &x, &y, (x_area, y_area)).map_err(err)?;
     draw_axes(&mut ctx, (&x, &y), ("", &c.y_label)).map_err(err)?;
@@ -110,14 +110,6 @@ fn span(log: bool, values: &mut dyn Iterator<Item = f64>) -> (f64, f64) {
     values.filter(|v| finite_on(log, *v)).fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)))
 }
 
-/// A value axis of the paired figure: ticks that enclose `(lo, hi)`, log or linear.
-fn value_axis(log: bool, (lo, hi): (f64, f64)) -> Axis {
-    match log {
-        true => enclosing_log_axis(lo, hi, 5),
-        false => enclosing_axis(lo, hi, 0.08, 6),
-    }
-}
-
 /// The paired panel's right half: each seed's difference, the mean's interval, the line of no
 /// effect and the margins.
 fn draw_differences<DB: DrawingBackend>(
@@ -135,7 +127,7 @@ where
     let all = c.diffs.iter().copied().chain([c.interval.0, c.interval.1, none]).chain(c.margin.iter().copied());
     let (dlo, dhi) = span(c.log, &mut all.clone());
     let plot_h = f64::from(right.dim_in_pixel().1.saturating_sub(x_area + pt(8.0)));
-    let dy = thinned(value_axis(c.log, (dlo, dhi)), plot_h);
+    let dy = thinned(value_axis(c.log, (dlo, dhi), 0.08, if c.log { 5 } else { 6 }), plot_h);
     let dx = Axis { log: false, lo: -1.0, hi: 1.0, ticks: vec![] };
     let dy_area = widest(right, dy.ticks.iter().map(|t| t.1.clone())).0 + axis_h + pt(10.0);
     let mut dctx = xy_context(right, &dx, &dy, (x_area, dy_area)).map_err(err)?;

@@ -578,13 +578,7 @@ fn a_character_the_font_lacks_is_found() {
 
 #[test]
 fn colours_too_close_or_too_pale_are_found() {
-    finds(
-        |f, r| {
-            r.drawn.lines[1].color = r.drawn.lines[0].color;
-            let _ = f;
-        },
-        "ΔE",
-    );
+    finds(|_, r| r.drawn.lines[1].color = r.drawn.lines[0].color, "ΔE");
     finds(|_, r| r.drawn.lines[2].color = plotters::style::RGBColor(255, 230, 150), "on white");
     // The same colour in another line pattern is told apart by the pattern.
     let (f, mut r, _tmp) = clean(three(), "Training loss");
