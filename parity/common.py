@@ -205,7 +205,9 @@ def build_topology(cfg, backbone):
         raise OptionError("topology: missing 'kind'")
     module = topology_module(kind)
     COMPUTE["bf16"] = bool(getattr(backbone, "bf16", False))
-    granularity = cfg.pop("granularity", DEFAULT_GRANULARITY.get(kind, "sublayer"))
+    # A reference may choose its default from its options (`compose`: its depth rule's default).
+    default = getattr(module, "default_granularity", lambda _cfg: DEFAULT_GRANULARITY.get(kind, "sublayer"))
+    granularity = cfg.pop("granularity", default(cfg))
     as_choice(f"topology '{kind}'", "granularity", granularity, GRANULARITIES)
     units, block_size = make_units(backbone, granularity)
     topo = module.Topology(cfg, len(units), backbone.width, block_size)

@@ -31,7 +31,9 @@ class HyperLayer(nn.Module):
             self.alpha_scale = nn.Parameter(torch.tensor(0.01))
             self.beta_scale = nn.Parameter(torch.tensor(0.01))
 
-    def forward(self, H, f):
+    def mixing(self, H):
+        """Unit input weights and write weights from the streams H [..., n, D]: pre [..., n, 1]
+        (or [n, 1]), res [..., n, n], post [..., n]."""
         if self.dynamic:
             # Both projections as one product with [dynamic_alpha | dynamic_beta] (one read of
             # norm(H), one bf16 rounding of its gradient), then split, as the Rust side does.
@@ -47,9 +49,17 @@ class HyperLayer(nn.Module):
         # side does. Indexing A[..., 0] and A[..., 1:] instead computes the same, but
         # torch.compile's CPU code for that graph corrupts the heap (torch 2.11, bench/README).
         pre, res = torch.split(A, [1, self.n], dim=-1)
-        u = (pre * H).sum(dim=-2)
+        return pre, res, Bv
+
+    def read(self, H):
+        """(u, res, post): the unit's input [..., D] and the write's weights."""
+        pre, res, post = self.mixing(H)
+        return (pre * H).sum(dim=-2), res, post
+
+    def forward(self, H, f):
+        u, res, post = self.read(H)
         o = f(u)
-        return res.transpose(-1, -2) @ H + Bv.unsqueeze(-1) * o.unsqueeze(-2)
+        return res.transpose(-1, -2) @ H + post.unsqueeze(-1) * o.unsqueeze(-2)
 
 
 class Topology(nn.Module):

@@ -70,9 +70,14 @@ class MHCLayer(nn.Module):
         h_res = sinkhorn(R, self.iters)
         return h_pre, h_post, h_res
 
-    def forward(self, H, f):
+    def read(self, H):
+        """(u, res, post): the unit's input [..., D] and the write's weights H_res [..., n, n],
+        H_post [..., n]."""
         h_pre, h_post, h_res = self.coefficients(H)
-        u = (h_pre.unsqueeze(-1) * H).sum(dim=-2)
+        return (h_pre.unsqueeze(-1) * H).sum(dim=-2), h_res, h_post
+
+    def forward(self, H, f):
+        u, h_res, h_post = self.read(H)
         o = f(u)
         return h_res.transpose(-1, -2) @ H + h_post.unsqueeze(-1) * o.unsqueeze(-2)
 

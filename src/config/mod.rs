@@ -873,7 +873,8 @@ fn lookup<'a>(doc: &'a serde_yaml::Value, key: &str) -> Option<&'a serde_yaml::V
     Some(node)
 }
 
-fn scalar_text(v: &serde_yaml::Value) -> Option<String> {
+/// A scalar YAML value as its text (`4`, `block`), for an error message; None for a mapping or sequence.
+pub fn scalar_text(v: &serde_yaml::Value) -> Option<String> {
     match v {
         serde_yaml::Value::Mapping(_) | serde_yaml::Value::Sequence(_) => None,
         other => serde_yaml::to_string(other).ok().map(|s| s.trim().to_string()),

@@ -102,12 +102,24 @@ impl Source {
         Source { value, members, slot, inv_rms: OnceCell::new() }
     }
 
-    /// 1/√(mean(v²) + ε) `[..]` from one norm over D (one read of v, forward and backward), not a
-    /// squared temporary and a mean.
+    /// What the attention weights are computed from: the value, or under a paired trace
+    /// ([`common::paired_trace`]) its first half, the values (the second, coefficients, is mixed
+    /// with the values' weights).
+    fn key(&self) -> Tensor {
+        if common::paired_trace() {
+            self.value.get(0)
+        } else {
+            self.value.shallow_clone()
+        }
+    }
+
+    /// 1/√(mean(v²) + ε) `[..]` of the key from one norm over D (one read of v, forward and
+    /// backward), not a squared temporary and a mean.
     fn inv_rms(&self) -> &Tensor {
         self.inv_rms.get_or_init(|| {
-            let d = *self.value.size().last().expect("a source has a feature axis") as f64;
-            let norm = self.value.norm_scalaropt_dim_dtype(2.0, [-1i64].as_slice(), false, Kind::Float);
+            let key = self.key();
+            let d = *key.size().last().expect("a source has a feature axis") as f64;
+            let norm = key.norm_scalaropt_dim_dtype(2.0, [-1i64].as_slice(), false, common::stream_kind(key.kind()));
             (norm.square() / d + 1e-6).rsqrt()
         })
     }
@@ -130,8 +142,9 @@ impl AttnRes {
             }
         }
         let logits: Vec<Tensor> =
-            sources.iter().map(|s| s.value.to_kind(Kind::Float).matmul(query) * s.inv_rms()).collect();
-        let alpha = Tensor::stack(&logits, -1).softmax(-1, Kind::Float);
+            sources.iter().map(|s| common::in_stream_kind(&s.key()).matmul(query) * s.inv_rms()).collect();
+        let alpha = Tensor::stack(&logits, -1);
+        let alpha = alpha.softmax(-1, common::stream_kind(alpha.kind()));
         let weight = |i: usize, s: &Source| alpha.select(-1, i as i64).unsqueeze(-1).to_kind(s.value.kind());
         let first = &sources[0].value * weight(0, sources[0]);
         let mixture = sources.iter().enumerate().skip(1).fold(first, |y, (i, s)| y.addcmul(&s.value, &weight(i, s)));
@@ -158,8 +171,10 @@ impl AttnRes {
         };
         // The fused path's history: x0, then every unit's output (full) or its group's partial sum
         // after it (block), one row each.
-        let fused =
-            native::choice::takes_gpu_paths(x0) && x0.kind() == Kind::Float && l < native::kernels::ATTNRES_MAX_SOURCES;
+        let fused = native::choice::takes_gpu_paths(x0)
+            && x0.kind() == Kind::Float
+            && l < native::kernels::ATTNRES_MAX_SOURCES
+            && !common::paired_trace();
         let mut history = fused.then(|| common::History::new(l + 1, x0));
         let mut done: Vec<Source> = vec![Source::new(x0.shallow_clone(), vec![0], history.as_mut())];
         let mut partial: Option<Source> = None;

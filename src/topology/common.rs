@@ -3,7 +3,7 @@
 use super::{Granularity, Norm, StackInfo, Unit};
 use crate::config::OptionError;
 use crate::native::{self, choice::stream_read, choice::stream_write, kernels::StreamGrad};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use tch::{nn, Device, Kind, Tensor};
 
 /// A stand-in unit for tracing connectivity: it records the input it is given (a vector of
@@ -47,6 +47,32 @@ pub fn probe_connectivity(run: impl Fn(&Tensor, &[&dyn Unit]) -> Tensor, depth: 
     }
     c.narrow(1, n, 1).narrow(0, 0, n).copy_(&y.to_kind(Kind::Double).view([n, 1]));
     crate::host::to_cpu(&c)
+}
+
+thread_local! {
+    static PAIRED_TRACE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether a paired trace is running (`compose`'s C, docs/topologies.md "compose"): every state
+/// tensor a topology sees has a leading axis of 2, `[values, coefficients]`, the second the
+/// coefficients of the same state over `h_0 … h_L` (a chunk of them, in the feature channels). A
+/// topology whose mixing weights depend on the states' values (AttnRes) computes them from
+/// index 0 only and applies them to both, so that the coefficients go through the mixing the
+/// values went through; scalar-weight topologies need do nothing.
+pub fn paired_trace() -> bool {
+    PAIRED_TRACE.with(Cell::get)
+}
+
+/// Runs `f` as a paired trace (see [`paired_trace`]), restoring the previous setting after.
+pub fn with_paired_trace<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            PAIRED_TRACE.with(|p| p.set(self.0));
+        }
+    }
+    let _restore = Restore(PAIRED_TRACE.with(|p| p.replace(true)));
+    f()
 }
 
 /// Builds C from per-target coefficient columns: `cols[k-1]` = coefficients over `h_0…h_{k-1}`
@@ -126,9 +152,25 @@ pub fn parse_edge(s: &str, depth: usize) -> Result<(usize, usize), String> {
 }
 
 /// `a @ b` computed in `compute` (bf16 under `precision: bf16`, as every `Linear` of the backbones),
-/// returned in fp32: `a` `[.., m, k]`, `b` `[k, n]` → `[.., m, n]`.
+/// returned in fp32 (fp64 where `compute` is fp64, as the reductions' tests run):
+/// `a` `[.., m, k]`, `b` `[k, n]` → `[.., m, n]`.
 pub fn matmul(a: &Tensor, b: &Tensor, compute: Kind) -> Tensor {
-    a.to_kind(compute).matmul(&b.to_kind(compute)).to_kind(Kind::Float)
+    a.to_kind(compute).matmul(&b.to_kind(compute)).to_kind(stream_kind(compute))
+}
+
+/// The dtype the stream arithmetic runs in for a tensor of `kind`: fp32, or fp64 for fp64 (the
+/// reductions' tests run whole topologies in fp64; no run of a model does).
+pub fn stream_kind(kind: Kind) -> Kind {
+    if kind == Kind::Double {
+        Kind::Double
+    } else {
+        Kind::Float
+    }
+}
+
+/// `t` in [`stream_kind`]: a bf16 tensor cast to fp32, an fp32 or fp64 one as it is.
+pub fn in_stream_kind(t: &Tensor) -> Tensor {
+    t.to_kind(stream_kind(t.kind()))
 }
 
 /// The spec of a topology with no options but `granularity` and no parameters (plain, residual,
@@ -316,6 +358,8 @@ pub fn stream_read_write_flops(n: usize, d: usize) -> u64 {
 /// `H'_t = Σ_s res[s, t] H_s + post[t] · f_k(u)`.
 pub trait StreamMixing {
     fn streams(&self) -> usize;
+    /// The name of the stream-mixing view ([`StreamTrace::res`]): `A_res` (HC), `H_res` (mHC).
+    fn view_name(&self) -> &'static str;
     /// For unit `k` (0-based) and streams `h` `[.., n, D]`: `(pre [.., n], res [.., n, n], post [.., n])`
     /// (leading dims may be absent for static mixing). `grad`: h's gradient cell
     /// ([`native::choice::gather_stream_grads`]), for a fused kernel that reads h (or none).

@@ -253,7 +253,7 @@ impl Topology for Hacn {
                 (x, acc) = (xn, accn);
                 continue;
             }
-            let h = h.to_kind(Kind::Float);
+            let h = common::in_stream_kind(&h);
             x = h.addcmul(&x, &a[k]);
             acc = acc + h;
         }

@@ -79,6 +79,9 @@ impl TopologySpec for Spec {
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Topology> {
         Box::new(self.hyper(vs, compute))
     }
+    fn build_width_rule(&self, vs: &nn::Path, compute: Kind) -> Option<Box<dyn StreamMixing>> {
+        Some(Box::new(self.hyper(vs, compute)))
+    }
 }
 
 impl Spec {
@@ -150,7 +153,7 @@ impl Dynamic {
                 native::kernels::norm_project(h, gamma, beta, &w, NORM_EPS)
                     .unwrap_or_else(|e| panic!("fused norm and projection: {e:#}"))
             }
-            _ => common::matmul(&self.norm.forward(&h.to_kind(Kind::Float)), &w, compute),
+            _ => common::matmul(&self.norm.forward(&common::in_stream_kind(h)), &w, compute),
         };
         let parts = z.split_with_sizes([k, 1], -1);
         (parts[0].shallow_clone(), parts[1].squeeze_dim(-1))
@@ -172,6 +175,9 @@ struct Hyper {
 impl StreamMixing for Hyper {
     fn streams(&self) -> usize {
         self.n
+    }
+    fn view_name(&self) -> &'static str {
+        "A_res"
     }
     fn mixing(&self, k: usize, h: &Tensor, grad: Option<&native::kernels::StreamGrad>) -> (Tensor, Tensor, Tensor) {
         let l = &self.layers[k];
@@ -244,7 +250,7 @@ impl Topology for Hyper {
 
     fn parameter_view_on(&self, x0: &Tensor, units: &[&dyn Unit]) -> Option<(String, Tensor)> {
         Some((
-            "A_res".into(),
+            self.view_name().into(),
             tch::no_grad(|| common::multi_stream(self, x0, units, false, true).1.expect("traced").res),
         ))
     }

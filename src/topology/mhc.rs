@@ -129,6 +129,15 @@ impl TopologySpec for Spec {
         common::stream_read_write_flops(self.n, self.width) + 6 * n * d * (n * n + 2 * n)
     }
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Topology> {
+        Box::new(self.mhc(vs, compute))
+    }
+    fn build_width_rule(&self, vs: &nn::Path, compute: Kind) -> Option<Box<dyn StreamMixing>> {
+        Some(Box::new(self.mhc(vs, compute)))
+    }
+}
+
+impl Spec {
+    fn mhc(&self, vs: &nn::Path, compute: Kind) -> Mhc {
         let (n, d) = (self.n as i64, self.width as i64);
         let opts = (Kind::Float, vs.device());
         let layers = (0..self.depth)
@@ -171,7 +180,7 @@ impl TopologySpec for Spec {
                 }
             })
             .collect();
-        Box::new(Mhc { layers, n: self.n, iters: self.iters, compute })
+        Mhc { layers, n: self.n, iters: self.iters, compute }
     }
 }
 
@@ -217,12 +226,15 @@ impl StreamMixing for Mhc {
     fn streams(&self) -> usize {
         self.n
     }
+    fn view_name(&self) -> &'static str {
+        "H_res"
+    }
     /// (The RMS projection's backward is libtorch's products, not a kernel that adds into `h`'s
     /// gradient cell: its gradient reaches the cell through autograd.)
     fn mixing(&self, k: usize, h: &Tensor, _grad: Option<&native::kernels::StreamGrad>) -> (Tensor, Tensor, Tensor) {
         let l = &self.layers[k];
         let n = self.n as i64;
-        let v = h.to_kind(Kind::Float).flatten(-2, -1);
+        let v = common::in_stream_kind(h).flatten(-2, -1);
         let q = project(&v, &l.phi, self.compute);
         // One split (backward: one `cat`), not three narrows, whose backwards each zero-fill a
         // gradient of q's size and copy into it.
@@ -248,7 +260,7 @@ impl Topology for Mhc {
 
     fn parameter_view_on(&self, x0: &Tensor, units: &[&dyn Unit]) -> Option<(String, Tensor)> {
         Some((
-            "H_res".into(),
+            self.view_name().into(),
             tch::no_grad(|| common::multi_stream(self, x0, units, false, true).1.expect("traced").res),
         ))
     }

@@ -18,6 +18,7 @@ pub mod common;
 pub mod acn;
 pub mod ancre;
 pub mod attnres;
+pub mod compose;
 pub mod denseformer;
 pub mod densenet;
 pub mod graph;
@@ -189,6 +190,18 @@ pub trait TopologySpec: Debug {
     fn absent_edges(&self) -> Vec<(usize, usize)> {
         Vec::new()
     }
+    /// The topology's name in figures and tables: the registry's display name (`H-ACN`); a
+    /// composition names its parts (`AttnRes × mHC`).
+    fn display(&self) -> String {
+        entry(self.kind()).map_or_else(|| self.kind().to_string(), |e| e.display.to_string())
+    }
+    /// The per-unit stream mixing of a width rule (`hyper`, `mhc`), for `compose`: built as
+    /// [`TopologySpec::build`] builds the topology, under the same parameter names. None for a
+    /// topology that is not a width rule.
+    fn build_width_rule(&self, vs: &nn::Path, compute: Kind) -> Option<Box<dyn common::StreamMixing>> {
+        let _ = (vs, compute);
+        None
+    }
     /// Builds the topology; `vs` is the `topology` sub-path, so parameters are named
     /// `topology.<name>` like PyTorch `state_dict` keys. `compute` is the dtype the topology's own
     /// matmuls (projections, low-rank maps, dynamic mixing weights) run in, like every `Linear` of
@@ -233,6 +246,7 @@ pub const REGISTRY: &[TopologyEntry] = &[
     laurel::ENTRY,
     rezero::ENTRY,
     graph::ENTRY,
+    compose::ENTRY,
 ];
 
 /// Looks up `kind` and parses its options. The error lists the known kinds.

@@ -19,6 +19,7 @@ mod backbones;
 mod bench;
 mod broken_inputs;
 mod cli;
+mod compose;
 mod data;
 mod defaults;
 mod device_discipline;
