@@ -55,6 +55,7 @@ pub enum Kind {
     Pruning,
     Noise,
     Connectivity,
+    DepthWidth,
     AncreCoefficients,
     ConnectivityGrid,
     ReportCurve,
@@ -67,7 +68,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in the order the gallery shows them.
-    pub const ALL: [Kind; 19] = [
+    pub const ALL: [Kind; 20] = [
         Kind::Loss,
         Kind::EvalLoss,
         Kind::EvalAccuracy,
@@ -79,6 +80,7 @@ impl Kind {
         Kind::Pruning,
         Kind::Noise,
         Kind::Connectivity,
+        Kind::DepthWidth,
         Kind::AncreCoefficients,
         Kind::ConnectivityGrid,
         Kind::ReportCurve,
@@ -104,6 +106,7 @@ impl Kind {
             Kind::Pruning => "pruning",
             Kind::Noise => "noise",
             Kind::Connectivity => "connectivity",
+            Kind::DepthWidth => "depth_width",
             Kind::AncreCoefficients => "ancre_p",
             Kind::ConnectivityGrid => "connectivity_grid",
             Kind::ReportCurve => "report_curve",

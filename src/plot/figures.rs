@@ -63,7 +63,7 @@ pub fn open_runs(dirs: &[PathBuf]) -> Result<Vec<PlotRun>> {
             settings.len() - 1
         });
         let kind = exp.topology.kind().to_string();
-        facts.push((setting, kind.clone(), exp.topology.label(), exp.config().name.clone()));
+        facts.push((setting, kind.clone(), exp.topology.label(), exp.config().name.clone(), exp.topology.display()));
         let name = d.file_name().map_or_else(|| d.display().to_string(), |n| n.to_string_lossy().into_owned());
         runs.push(PlotRun {
             dir: d.clone(),
@@ -78,14 +78,16 @@ pub fn open_runs(dirs: &[PathBuf]) -> Result<Vec<PlotRun>> {
             absent: exp.topology.absent_edges(),
         });
     }
-    // One (kind, layout, config name) per setting, in the order the settings first appear.
-    let per_setting: Vec<&(usize, String, String, String)> =
+    // One (kind, layout, config name, display name) per setting, in the order the settings first
+    // appear.
+    let per_setting: Vec<&(usize, String, String, String, String)> =
         (0..settings.len()).map(|s| facts.iter().find(|f| f.0 == s).expect("every setting has a run")).collect();
     let labels: Vec<String> = per_setting
         .iter()
-        .map(|(_, kind, layout, name)| {
+        .map(|(_, kind, layout, name, display)| {
             let same_kind: Vec<_> = per_setting.iter().filter(|f| f.1 == *kind).collect();
-            let mut label = super::display_name(kind);
+            // The spec's display name: the registry's ("H-ACN"), a composition's parts ("AttnRes × mHC").
+            let mut label = display.clone();
             if same_kind.len() > 1 && same_kind.iter().any(|f| f.2 != *layout) {
                 label = format!("{label} ({layout})");
             }
@@ -98,7 +100,7 @@ pub fn open_runs(dirs: &[PathBuf]) -> Result<Vec<PlotRun>> {
     let mut seen: HashMap<String, usize> = HashMap::new();
     let colors: Vec<_> = per_setting
         .iter()
-        .map(|(_, kind, _, _)| {
+        .map(|(_, kind, _, _, _)| {
             let v = seen.entry(kind.clone()).or_default();
             *v += 1;
             (topology_color(kind, *v - 1), Dash::of_variant(*v - 1))
@@ -441,7 +443,41 @@ fn ancre_panel(p: &crate::run_dir::Matrix, s: u64) -> Heatmap {
     }
 }
 
-/// The C heatmap at `step` (default: the last saved) of every run, plus ANCRe's
+/// A width rule's stream mixing `[L·n, n]` (see [`crate::topology::STREAM_MIXING_VIEWS`]) as one
+/// `n × n` panel per unit: row s, column t = the weight of stream s in the new stream t. The first,
+/// middle and last units are drawn (with C: four panels, one row of a page or two of a column);
+/// every unit's is in the run's `params/` file.
+fn stream_panels(m: &crate::run_dir::Matrix, file: &Path) -> Result<Vec<Heatmap>> {
+    let n = m.ncols();
+    anyhow::ensure!(
+        n >= 1 && m.nrows().is_multiple_of(n) && m.nrows() > 0,
+        "{}: a stream mixing is L·n rows of n columns, this one is {}×{n} (a truncated file?)",
+        file.display(),
+        m.nrows()
+    );
+    let units = m.nrows() / n;
+    let mut shown = vec![0, (units - 1) / 2, units - 1];
+    shown.dedup();
+    let streams: Vec<String> = (1..=n).map(|s| s.to_string()).collect();
+    Ok(shown
+        .into_iter()
+        .map(|k| Heatmap {
+            title: format!("unit {}", k + 1),
+            annotate: n <= 4,
+            values: m.slice(ndarray::s![k * n..(k + 1) * n, ..]).to_owned(),
+            row_labels: streams.clone(),
+            col_labels: streams.clone(),
+            x_label: "to stream".into(),
+            y_label: "from stream".into(),
+            colorbar_label: "weight".into(),
+            range: None,
+            absent: Vec::new(),
+        })
+        .collect())
+}
+
+/// The C heatmap at `step` (default: the last saved) of every run; for a run with a width rule
+/// (`compose`, `hyper`, `mhc`) C beside its stream mixing per unit; and ANCRe's
 /// `log(p_ij / max_i p_ij)` view where a run saved `p`.
 pub fn connectivity(runs: &[PlotRun], step: Option<u64>) -> Figures {
     let mut figures = Vec::new();
@@ -459,6 +495,18 @@ pub fn connectivity(runs: &[PlotRun], step: Option<u64>) -> Figures {
         let title = format!("Direct connectivity C — {who}");
         let chart = Chart::Heatmaps { title, panels: vec![c_panel(&c, format!("step {s}"), &r.absent)] };
         figures.push(Figure { file: format!("connectivity_{}", r.name), kind: Kind::Connectivity, chart });
+        if let Some(view) = crate::topology::STREAM_MIXING_VIEWS.iter().find(|v| run.param_view_file(v, s).exists()) {
+            let m = crate::run_dir::read_matrix(&run.param_view_file(view, s))?;
+            let title = format!("Depth and width — {who}, step {s}");
+            let mut panels = vec![Heatmap {
+                title: "C over depth".into(),
+                colorbar_label: "weight (C; stream s in t)".into(),
+                ..c_panel(&c, String::new(), &r.absent)
+            }];
+            panels.extend(stream_panels(&m, &run.param_view_file(view, s))?);
+            let chart = Chart::Heatmaps { title, panels };
+            figures.push(Figure { file: format!("depth_width_{}", r.name), kind: Kind::DepthWidth, chart });
+        }
         let view = crate::topology::SHORTCUT_WEIGHTS;
         if run.param_view_file(view, s).exists() {
             let p = crate::run_dir::read_square_matrix(&run.param_view_file(view, s))?;
@@ -476,7 +524,7 @@ pub fn config_connectivity(config: &Path) -> Figures {
     let exp = crate::experiment::Experiment::from_file(config, &[])?;
     let c = analysis::connectivity::matrix(config, &[])?;
     let name = exp.config().name.clone();
-    let title = format!("Direct connectivity C — {} at initialisation", super::display_name(exp.topology.kind()));
+    let title = format!("Direct connectivity C — {} at initialisation", exp.topology.display());
     let chart =
         Chart::Heatmaps { title, panels: vec![c_panel(&c, "at initialisation".into(), &exp.topology.absent_edges())] };
     Ok(vec![Figure { file: format!("connectivity_{name}"), kind: Kind::Connectivity, chart }])

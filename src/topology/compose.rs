@@ -194,7 +194,7 @@ impl StreamMixing for Single {
         1
     }
     fn view_name(&self) -> &'static str {
-        "H_res"
+        super::STREAM_MIXING_VIEWS[0]
     }
     fn mixing(
         &self,

@@ -177,7 +177,7 @@ impl StreamMixing for Hyper {
         self.n
     }
     fn view_name(&self) -> &'static str {
-        "A_res"
+        super::STREAM_MIXING_VIEWS[1]
     }
     fn mixing(&self, k: usize, h: &Tensor, grad: Option<&native::kernels::StreamGrad>) -> (Tensor, Tensor, Tensor) {
         let l = &self.layers[k];

@@ -227,7 +227,7 @@ impl StreamMixing for Mhc {
         self.n
     }
     fn view_name(&self) -> &'static str {
-        "H_res"
+        super::STREAM_MIXING_VIEWS[0]
     }
     /// (The RMS projection's backward is libtorch's products, not a kernel that adds into `h`'s
     /// gradient cell: its gradient reaches the cell through autograd.)

@@ -45,6 +45,11 @@ pub const RESIDUAL_WEIGHTS: &str = "a";
 /// weight of state i in state j. Plots draw `log(p_ij / max_i p_ij)` from it.
 pub const SHORTCUT_WEIGHTS: &str = "p";
 
+/// Names of the width rules' stream-mixing views, `[L·n, n]` (row `k·n + s`, column t: the weight
+/// of stream s in the new stream t after unit k, averaged over batch and tokens): mHC's `H_res`
+/// and HC's `A_res`. Plots draw them per unit beside C (a composed run's two axes).
+pub const STREAM_MIXING_VIEWS: [&str; 2] = ["H_res", "A_res"];
+
 /// How a topology asks a unit to treat its pre-norm.
 #[derive(Clone, Copy)]
 pub enum Norm<'a> {

@@ -36,12 +36,18 @@ log: {{every: 1, eval_every: 10, checkpoint_every: 20, connectivity_every: 10}}
 }
 
 /// Trains and analyses the runs: residual and H-ACN over three seeds (a setting drawn as a mean
-/// with a band), ACN, ANCRe and a sparse `graph` (each unit reads the two nodes before it) over one.
+/// with a band), ACN, ANCRe, a sparse `graph` (each unit reads the two nodes before it) and AttnRes
+/// over mHC's 3 streams over one.
 fn runs(root: &Path) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
-    for (topology, seeds) in
-        [("residual", 3), ("acn", 1), ("hacn", 3), ("ancre", 1), ("graph, pattern: {window: 2}", 1)]
-    {
+    for (topology, seeds) in [
+        ("residual", 3),
+        ("acn", 1),
+        ("hacn", 3),
+        ("ancre", 1),
+        ("graph, pattern: {window: 2}", 1),
+        ("compose, depth: {kind: attnres}, width: {kind: mhc, n: 3}", 1),
+    ] {
         for seed in 0..seeds {
             let name = topology.split(',').next().unwrap();
             let dir = root.join(format!("{name}-seed={seed}"));
