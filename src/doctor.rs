@@ -224,22 +224,26 @@ pub fn selftest(device: &str) -> anyhow::Result<bool> {
             println!("mHC Sinkhorn, {kernel}, against the f64 log-domain graph (saturated logits: against the composite): {why}  FAILED");
         }
     }
+    // Every topology with its defaults, then compositions of two parts (`compose` alone defaults
+    // to residual over one stream).
+    let topologies: Vec<(String, String)> = crate::topology::REGISTRY
+        .iter()
+        .map(|t| (t.name.to_string(), format!("{{kind: {}}}", t.name)))
+        .chain(crate::topology::compose::EXAMPLES.iter().map(|(label, yaml)| (label.to_string(), yaml.to_string())))
+        .collect();
     for m in crate::model::REGISTRY {
-        for t in crate::topology::REGISTRY {
+        for (name, topology) in &topologies {
             let start = std::time::Instant::now();
-            let r = selftest_case(m.name, t.name, device, tmp.path());
+            let r = selftest_case(m.name, name, topology, device, tmp.path());
             let secs = start.elapsed().as_secs_f64();
             match r {
                 Ok((l32, l16, eval)) => {
                     passed += 1;
-                    println!("{:<8} {:<12} {l32:>11.4} {l16:>11.4} {eval:>11.4} {secs:>7.2}s  ok", m.name, t.name);
+                    println!("{:<8} {:<12} {l32:>11.4} {l16:>11.4} {eval:>11.4} {secs:>7.2}s  ok", m.name, name);
                 }
                 Err(e) => {
                     failed += 1;
-                    println!(
-                        "{:<8} {:<12} {:>11} {:>11} {:>11} {secs:>7.2}s  FAILED: {e:#}",
-                        m.name, t.name, "", "", ""
-                    );
+                    println!("{:<8} {:<12} {:>11} {:>11} {:>11} {secs:>7.2}s  FAILED: {e:#}", m.name, name, "", "", "");
                 }
             }
         }
@@ -248,9 +252,11 @@ pub fn selftest(device: &str) -> anyhow::Result<bool> {
     Ok(failed == 0)
 }
 
-/// One self-test case: `(fp32 final loss, bf16 final loss, eval loss)`.
+/// One self-test case, `topology` a flow mapping named `name`: `(fp32 final loss, bf16 final
+/// loss, eval loss)`.
 fn selftest_case(
     backbone: &str,
+    name: &str,
     topology: &str,
     device: &str,
     root: &std::path::Path,
@@ -260,13 +266,13 @@ fn selftest_case(
     let tiny = tiny_backbone(backbone).with_context(|| format!("no tiny config for backbone `{backbone}`"))?;
     let yaml = |precision: &str| {
         format!(
-            "name: selftest-{backbone}-{topology}\ndevice: {device}\nprecision: {precision}\n{tiny}topology: {{kind: {topology}}}\n\
+            "name: selftest-{backbone}-{name}\ndevice: {device}\nprecision: {precision}\n{tiny}topology: {topology}\n\
              train: {{optimizer: adamw, lr: 0.01, steps: 6, clip_grad_norm: 1.0}}\n\
              log: {{every: 1, eval_every: 3, connectivity_every: 3, checkpoint_every: 3}}\n"
         )
     };
     let exp32 = crate::experiment::Experiment::from_str(&yaml("fp32"), "selftest.yaml", &[])?;
-    let dir = |name: &str| crate::run_dir::RunDir::create(&root.join(format!("{backbone}-{topology}-{name}")));
+    let dir = |part: &str| crate::run_dir::RunDir::create(&root.join(format!("{backbone}-{name}-{part}")));
     let full_dir = dir("full")?;
     let full = train(&exp32, &full_dir, &TrainOptions::default())?;
     ensure!(full.final_loss.is_finite(), "fp32 final loss {}", full.final_loss);

@@ -39,6 +39,13 @@ pub const ENTRY: TopologyEntry = TopologyEntry {
 /// runs unchanged on `[.., n, D]` and carries a paired trace's coefficients.
 pub const DEPTH_RULES: &[&str] = &["residual", "hacn", "ancre", "denseformer", "layercomb", "attnres", "graph"];
 
+/// Compositions the self-test (`plexus doctor --selftest`) trains on every backbone beside every
+/// topology: `(name, topology)`, one per width rule, a depth rule at each granularity.
+pub const EXAMPLES: &[(&str, &str)] = &[
+    ("attnres.mhc", "{kind: compose, depth: {kind: attnres, blocks: 2}, width: {kind: mhc, n: 2}}"),
+    ("dense.hyper", "{kind: compose, depth: {kind: denseformer}, width: {kind: hyper, n: 2}}"),
+];
+
 /// The width rules: `single` (one stream) and every topology with a
 /// [`TopologySpec::build_width_rule`].
 pub const WIDTH_RULES: &[&str] = &["single", "hyper", "mhc"];

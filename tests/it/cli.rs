@@ -108,7 +108,7 @@ fn doctor_reports_torch_2_11_and_a_loaded_libtorch_cuda() {
 }
 
 /// The GPU self-test, run on the CPU: AdamW and mHC's Sinkhorn kernel against their f64
-/// references, then every topology on every backbone trains in fp32 (with
+/// references, then every topology (and two compositions) on every backbone trains in fp32 (with
 /// connectivity, evaluation, checkpoints, a crash and an exact resume, `analyze`) and in bf16,
 /// whose first loss must be within 2 % of fp32's. On a GPU it is the first thing to run
 /// (scripts/gpu-check.sh); here it keeps that path working for every pair.
@@ -117,7 +117,8 @@ fn doctor_selftest_passes_for_every_topology_on_every_backbone_on_the_cpu() {
     let o = plexus(&["doctor", "--selftest", "--device", "cpu"], Path::new("."));
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}{err}");
-    let pairs = plexus::model::REGISTRY.len() * plexus::topology::REGISTRY.len();
+    let topologies = plexus::topology::REGISTRY.len() + plexus::topology::compose::EXAMPLES.len();
+    let pairs = plexus::model::REGISTRY.len() * topologies;
     let summary = format!("{} passed, 0 failed", pairs + 2);
     assert!(
         out.lines().any(|l| l.starts_with(&summary)),
