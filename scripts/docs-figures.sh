@@ -38,6 +38,7 @@ hacn-fig7-accuracy.png hacn-fig7.csv hacn-fig7.yaml curve-eval_accuracy.png
 hacn-appendix-h-gamma.png hacn-appendix-h.csv hacn-appendix-h.yaml curve-gamma.png
 graph-transplant-accuracy.png graph-transplant.csv graph-transplant.yaml curve-eval_accuracy.png
 showcase-seeds-layerwise.png showcase-seeds.csv showcase-seeds.yaml curve-layerwise_accuracy.png
+compose-char-vs-mhc.png compose-char.csv compose-char.yaml claim-compose-beats-mhc.png
 showcase-seeds-noise.png showcase-seeds.csv showcase-seeds.yaml curve-noise_accuracy.png
 dit-fmnist-claim-eps.png dit-fmnist.csv dit-fmnist.yaml claim-dit-ancre-lowers-eps.png
 dit-fmnist-eval-loss.png replications/dit-fmnist-2026-12-02.csv - curve-eval_loss.png --by topology.kind --metric eval.loss --curves loss,eval.loss
