@@ -21,7 +21,7 @@
 # Groups, in the order to run them (the first ones buy the most):
 #   doctor       doctor (driver, runtime, GPU, bf16, NCCL), then `doctor --selftest --device cuda`:
 #                AdamW's fused CUDA kernel against the f64 rule, the CUDA Sinkhorn and stream kernels
-#                against their CPU reference, every topology × backbone, tiny, fp32 and bf16
+#                against their CPU reference, every topology (and two compositions) × backbone, tiny, fp32 and bf16
 #   kernels      a small GPT (bench/configs/gpu/slot-kernels.yaml) with hyper and mHC in fp32 and
 #                bf16 and AttnRes in fp32, eager, under PLEXUS_CUDA_SYNC_CHECK=1 (a fault names its kernel) and
 #                PLEXUS_COUNT_SYNCS=1 (libtorch's count of host-device syncs; must be 0 on steps that
