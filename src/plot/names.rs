@@ -9,11 +9,7 @@ pub fn spans_decades(values: impl Iterator<Item = f64>) -> bool {
     lo > 0.0 && hi / lo > 20.0
 }
 
-/// A topology's name as the papers print it (`hacn` → `H-ACN`), for legends; the registry
-/// holds it, so a new topology brings its own. Any other name is shown as it is.
-pub fn display_name(kind: &str) -> String {
-    crate::topology::entry(kind).map_or(kind, |e| e.display).to_string()
-}
+pub use crate::topology::display_name;
 
 /// The axis title of a logged quantity, with its unit: `loss` → `training loss (nats)` (the unit
 /// given), `eval.accuracy` → `held-out accuracy (%)`, `gamma` → `Γ`, `fd.fd` → `Fréchet distance`,

@@ -198,7 +198,7 @@ pub trait TopologySpec: Debug {
     /// The topology's name in figures and tables: the registry's display name (`H-ACN`); a
     /// composition names its parts (`AttnRes × mHC`).
     fn display(&self) -> String {
-        entry(self.kind()).map_or_else(|| self.kind().to_string(), |e| e.display.to_string())
+        display_name(self.kind())
     }
     /// The per-unit stream mixing of a width rule (`hyper`, `mhc`), for `compose`: built as
     /// [`TopologySpec::build`] builds the topology, under the same parameter names. None for a
@@ -232,6 +232,12 @@ pub struct TopologyEntry {
 /// The registry line of `kind`, if there is one.
 pub fn entry(kind: &str) -> Option<&'static TopologyEntry> {
     REGISTRY.iter().find(|e| e.name == kind)
+}
+
+/// A topology's name as the papers print it (`hacn` → `H-ACN`), for legends and tables; the
+/// registry holds it, so a new topology brings its own. Any other name is shown as it is.
+pub fn display_name(kind: &str) -> String {
+    entry(kind).map_or(kind, |e| e.display).to_string()
 }
 
 /// Every topology plexus knows, by `topology.kind`.
