@@ -193,7 +193,7 @@ pub fn claim_figures(r: &StudyReport) -> Result<Vec<Figure>> {
             // The claim's quantity, not its id: a figure in a paper is read without the spec.
             title: capitalised(&format!("{metric}: {delta}, {}", c.verdict)),
             y_label: shared_quantity(&quantities),
-            arms: arm_names(cl, &quantities, &r.labels, &r.runs),
+            arms: arm_names(cl, &quantities, &r.labels),
             colors: [arm_color(&cl.a, 0), arm_color(&cl.b, 1)],
             values: c.values.iter().map(|v| (unit * v.0, unit * v.1)).collect(),
             log,
@@ -214,11 +214,10 @@ fn arm_names(
     cl: &crate::study::claims::Claim,
     quantities: &[String],
     labels: &BTreeMap<String, String>,
-    runs: &[crate::study::collect::RunRecord],
 ) -> [String; 2] {
     match (cl.a == cl.b, quantities) {
         (true, [qa, qb]) => [qa.clone(), qb.clone()],
-        _ => [arm_label(&cl.a, labels, runs), arm_label(&cl.b, labels, runs)],
+        _ => [arm_label(&cl.a, labels), arm_label(&cl.b, labels)],
     }
 }
 
@@ -235,18 +234,15 @@ fn shared_quantity(quantities: &[String]) -> String {
 }
 
 /// An arm as a legend names it: its label in the spec's `report.labels` (the arm as written, else
-/// its one setting's value), else `topology.kind=hacn,topology.init.mu=0.25` → `H-ACN, μ = 0.25`
-/// (`topology.kind=compose` by its parts, as the first of `runs` in the arm has them: `AttnRes × mHC`).
-fn arm_label(arm: &Arm, labels: &BTreeMap<String, String>, runs: &[crate::study::collect::RunRecord]) -> String {
-    let empty = Default::default();
-    let config = runs.iter().find(|run| arm.matches(&run.config)).map_or(&empty, |run| &run.config);
+/// its one setting's value), else `topology.kind=hacn,topology.init.mu=0.25` → `H-ACN, μ = 0.25`.
+fn arm_label(arm: &Arm, labels: &BTreeMap<String, String>) -> String {
     let named = labels.get(arm.as_str()).or(match arm.settings() {
         [(_, v)] => labels.get(v),
         _ => None,
     });
-    named.cloned().unwrap_or_else(|| {
-        arm.settings().iter().map(|(k, v)| setting_label(k, v, config)).collect::<Vec<_>>().join(", ")
-    })
+    named
+        .cloned()
+        .unwrap_or_else(|| arm.settings().iter().map(|(k, v)| setting_label(k, v)).collect::<Vec<_>>().join(", "))
 }
 
 /// An arm's colour: its topology's where it names one, else the palette's.
@@ -258,11 +254,10 @@ fn arm_color(arm: &Arm, i: usize) -> plotters::style::RGBColor {
 }
 
 /// One grouping key's value as a legend shows it: a topology by its name (`H-ACN`), a key by its
-/// symbol (`μ = 0.25`), a config's name as it is; `config` (a run of the group's flattened config)
-/// names a composed topology by its parts (`AttnRes × mHC`).
-fn setting_label(key: &str, value: &str, config: &std::collections::BTreeMap<String, String>) -> String {
+/// symbol (`μ = 0.25`), a config's name as it is.
+fn setting_label(key: &str, value: &str) -> String {
     match short(key) {
-        _ if key.ends_with("topology.kind") => crate::study::names::value_in(key, value, config),
+        _ if key.ends_with("topology.kind") => display_name(value),
         "name" => value.to_string(),
         k => format!("{} = {value}", symbol(k)),
     }
@@ -294,11 +289,9 @@ fn group_labels(r: &StudyReport) -> Vec<String> {
             _ => (0, 0),
         })
         .collect();
-    let empty = Default::default();
     r.groups
         .iter()
         .map(|g| {
-            let config = g.runs.first().map_or(&empty, |&i| &r.runs[i].config);
             r.by.iter()
                 .zip(&g.key)
                 .zip(&cuts)
@@ -307,7 +300,6 @@ fn group_labels(r: &StudyReport) -> Vec<String> {
                     None => setting_label(
                         k,
                         v.get(head..v.len().saturating_sub(tail)).filter(|s| !s.is_empty()).unwrap_or(v),
-                        config,
                     ),
                 })
                 .collect::<Vec<_>>()

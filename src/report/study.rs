@@ -505,15 +505,6 @@ pub fn runs_csv(r: &crate::study::StudyReport) -> Result<String> {
             keys.extend(arm.settings().iter().map(|(k, _)| k.clone()));
         }
     }
-    // A composed arm's parts, which name it in a figure drawn from this table (`AttnRes × mHC`).
-    let composed: Vec<String> = keys
-        .iter()
-        .filter_map(|k| k.strip_suffix("kind").filter(|p| p.ends_with("topology.")))
-        .filter(|p| r.runs.iter().any(|run| run.config.get(&format!("{p}kind")).is_some_and(|v| v == "compose")))
-        .flat_map(|p| [format!("{p}depth.kind"), format!("{p}width.kind")])
-        .filter(|k| r.runs.iter().any(|run| run.config.contains_key(k)))
-        .collect();
-    keys.extend(composed);
     keys.push("seed".into());
     // What each run was made under, where its sweep recorded it.
     for k in ["study.claims", "study.spec_commit"] {
@@ -696,9 +687,7 @@ pub fn latex(r: &crate::study::StudyReport) -> String {
         let key: Vec<String> = if r.by.is_empty() {
             vec!["all".into()]
         } else {
-            let empty = Default::default();
-            let config = g.runs.first().map_or(&empty, |&i| &r.runs[i].config);
-            r.by.iter().zip(&g.key).map(|(k, v)| tex(&names::value_in(k, v, config))).collect()
+            r.by.iter().zip(&g.key).map(|(k, v)| tex(&names::value(k, v))).collect()
         };
         let cells: Vec<String> =
             g.stats.iter().enumerate().map(|(i, st)| tex_math(&Shown::of(r, i).cell(st))).collect();

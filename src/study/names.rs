@@ -65,22 +65,6 @@ pub fn value(key: &str, value: &str) -> String {
     }
 }
 
-/// A config value in a key's column for a group whose runs share `config` (a run's flattened
-/// config): as [`value`], except that a composed topology is named by its parts, as its spec's
-/// display name names it (`compose` with `depth.kind: attnres`, `width.kind: mhc` → `AttnRes × mHC`;
-/// no width rule, or `single`, → `… × one stream`), so that a report's arms read as a run's legend.
-pub fn value_in(key: &str, value: &str, config: &std::collections::BTreeMap<String, String>) -> String {
-    let Some(prefix) = key.strip_suffix("kind").filter(|p| p.ends_with("topology.") && value == "compose") else {
-        return self::value(key, value);
-    };
-    let Some(depth) = config.get(&format!("{prefix}depth.kind")) else { return self::value(key, value) };
-    let width = match config.get(&format!("{prefix}width.kind")).map(String::as_str) {
-        None | Some("single") => "one stream".to_string(),
-        Some(w) => crate::topology::display_name(w),
-    };
-    format!("{} × {width}", crate::topology::display_name(depth))
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -94,14 +78,5 @@ mod tests {
         assert_eq!(super::key("topology.init.mu"), "μ");
         assert_eq!(super::key("model.channel_hidden"), "channel hidden");
         assert_eq!(super::value("topology.kind", "hacn"), "H-ACN");
-        let config = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
-        };
-        let composed = config(&[("topology.depth.kind", "attnres"), ("topology.width.kind", "mhc")]);
-        assert_eq!(super::value_in("topology.kind", "compose", &composed), "AttnRes × mHC");
-        let one_stream = config(&[("topology.depth.kind", "denseformer"), ("topology.width.kind", "single")]);
-        assert_eq!(super::value_in("topology.kind", "compose", &one_stream), "DenseFormer × one stream");
-        assert_eq!(super::value_in("topology.kind", "hacn", &composed), "H-ACN");
-        assert_eq!(super::value_in("model.depth", "12", &composed), "12");
     }
 }
