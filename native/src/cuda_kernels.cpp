@@ -1668,7 +1668,8 @@ struct NormCuda : public torch::autograd::Function<NormCuda> {
     RECORD_FUNCTION("plexus::norm_bf16", std::vector<c10::IValue>({x_in}));
     auto y = at::empty(x.sizes(), x.options().dtype(at::kBFloat16));
     auto mean = at::empty({x.size(0)}, x.options()), rstd = at::empty({x.size(0)}, x.options());
-    const auto bc = b.defined() ? b.contiguous() : b;
+    // An empty b: no bias (see plexus_norm_cuda).
+    const auto bc = b.numel() > 0 ? b.contiguous() : at::Tensor();
     if (x.is_cpu()) {
       run_norm_forward_on_host(x, w.contiguous(), bc, y, mean, rstd, eps, layer);
     } else {
@@ -1677,7 +1678,7 @@ struct NormCuda : public torch::autograd::Function<NormCuda> {
     PLEXUS_RECORD_OUTPUTS(y, mean, rstd);
     ctx->save_for_backward({x, w, mean, rstd, bc});
     ctx->saved_data["layer"] = layer;
-    ctx->saved_data["bias"] = b.defined();
+    ctx->saved_data["bias"] = bc.defined();
     ctx->saved_data["eps"] = eps;
     return y.view(x_in.sizes());
   }
@@ -2040,7 +2041,9 @@ char* plexus_norm_cuda(at::Tensor* x, at::Tensor* w, at::Tensor* b, double eps, 
         (b != nullptr && (b->dim() != 1 || b->size(0) != d || !fp32_on(*b)))) {
       throw std::invalid_argument("the CUDA norm takes fp32 x [.., D] and weight (and bias) [D] on one CUDA device");
     }
-    *out = new at::Tensor(NormCuda::apply(*x, *w, b != nullptr ? *b : at::Tensor(), eps, layer != 0));
+    // No bias: an empty tensor, not an undefined one, which autograd's Function::apply cannot take
+    // as an input (its VariableInfo asks every input for its device).
+    *out = new at::Tensor(NormCuda::apply(*x, *w, b != nullptr ? *b : at::empty({0}, x->options()), eps, layer != 0));
   });
 }
 
