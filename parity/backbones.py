@@ -376,11 +376,36 @@ class GPTLayerNorm(nn.Module):
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
 
 
+VALUE_RESIDUALS = ("none", "fixed", "learnable")
+
+
+def add_value_lambda(module, mode, layer):
+    """`value_residual: learnable`: layer b >= 1's `value_lambda` [2], initialised to (0.5, 0.5)."""
+    if mode == "learnable" and layer > 0:
+        module.value_lambda = nn.Parameter(torch.full((2,), 0.5))
+
+
+def mix_values(module, mode, layer, first, v):
+    """SPEC "Shared Transformer pieces", value residual: layer 0's values v [B, T, D] are kept in
+    `first` (a dict the stack shares, emptied by the stem); a later layer's are mixed with them."""
+    if mode == "none":
+        return v
+    if layer == 0:
+        first["v"] = v
+        return v
+    v0 = first["v"]
+    if mode == "fixed":
+        return 0.5 * v0 + 0.5 * v
+    return module.value_lambda[0] * v0 + module.value_lambda[1] * v
+
+
 class GPTAttention(nn.Module):
-    def __init__(self, D, heads, bias, dropout, bf16):
+    def __init__(self, D, heads, bias, dropout, bf16, value_residual="none", layer=0, first=None):
         super().__init__()
         self.heads = heads
         self.bf16 = bf16
+        self.value_residual, self.layer, self.first = value_residual, layer, first
+        add_value_lambda(self, value_residual, layer)
         self.norm = GPTLayerNorm(D, bias)
         self.qkv = Linear(D, 3 * D, bias=bias, bf16=bf16)
         self.proj = Linear(D, D, bias=bias, bf16=bf16)
@@ -389,6 +414,28 @@ class GPTAttention(nn.Module):
     def forward(self, x, norm=None):
         B, T, D = x.shape
         q, k, v = self.qkv(pre_norm(self.norm, x, norm)).split(D, dim=2)
+        return self.attend(q, k, v)
+
+    def ports(self, q, k, v):
+        """SPEC.md "Ports": q, k, v from the query, key and value ports, each through its own
+        norm (`norm`, `key_norm`, `value_norm`; the first layer's `norm` serves all three) and its
+        third of `qkv`."""
+        D = q.shape[-1]
+        norms = (self.norm, getattr(self, "key_norm", self.norm), getattr(self, "value_norm", self.norm))
+        W, b = self.qkv.weight, self.qkv.bias
+
+        def third(x, i):
+            w = W[i * D:(i + 1) * D]
+            bb = b[i * D:(i + 1) * D] if b is not None else None
+            if self.bf16:
+                return F.linear(x.bfloat16(), w.bfloat16(), bb.bfloat16() if bb is not None else None)
+            return F.linear(x, w, bb)
+
+        return self.attend(*(third(n(x), i) for i, (n, x) in enumerate(zip(norms, (q, k, v)))))
+
+    def attend(self, q, k, v):
+        T, D = q.shape[1], q.shape[2]
+        v = mix_values(self, self.value_residual, self.layer, self.first, v)
         q, k, v = (split_heads(t, self.heads) for t in (q, k, v))
         cos, sin = (t.to(q.device, q.dtype) for t in rope_tables(T, D // self.heads))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -410,9 +457,9 @@ class GPTMlp(nn.Module):
 
 
 class GPTLayer(nn.Module):
-    def __init__(self, D, heads, bias, dropout, bf16):
+    def __init__(self, D, heads, bias, dropout, bf16, value_residual="none", layer=0, first=None):
         super().__init__()
-        self.attn = GPTAttention(D, heads, bias, dropout, bf16)
+        self.attn = GPTAttention(D, heads, bias, dropout, bf16, value_residual, layer, first)
         self.mlp = GPTMlp(D, bias, dropout, bf16)
 
 
@@ -421,7 +468,8 @@ class GPTBackbone(nn.Module):
 
     block_size = 2
 
-    def __init__(self, vocab_size, width, depth, heads, seq_len, dropout=0.0, bias=True, bf16=False):
+    def __init__(self, vocab_size, width, depth, heads, seq_len, dropout=0.0, bias=True, value_residual="none",
+                 bf16=False):
         super().__init__()
         if width % heads != 0 or (width // heads) % 2 != 0:
             raise common.OptionError(f"model 'gpt': heads {heads} must divide width {width} into even heads")
@@ -431,7 +479,10 @@ class GPTBackbone(nn.Module):
         self.width = width
         self.bf16 = bf16
         self.wte = nn.Embedding(vocab_size, width)
-        self.blocks = nn.ModuleList([GPTLayer(width, heads, bias, dropout, bf16) for _ in range(depth)])
+        common.as_choice("model 'gpt'", "value_residual", value_residual, VALUE_RESIDUALS)
+        self.first_values = {}
+        self.blocks = nn.ModuleList([GPTLayer(width, heads, bias, dropout, bf16, value_residual, b, self.first_values)
+                                     for b in range(depth)])
         self.norm = GPTLayerNorm(width, bias)
 
     @property
@@ -448,7 +499,14 @@ class GPTBackbone(nn.Module):
     def output_shape(self, batch):
         return (batch, self.seq_len, self.vocab_size)
 
+    def add_ports(self):
+        """The key and value ports' norms of every layer after the first (SPEC.md "Ports")."""
+        for blk in self.blocks[1:]:
+            blk.attn.key_norm = GPTLayerNorm(self.width, blk.attn.norm.bias is not None)
+            blk.attn.value_norm = GPTLayerNorm(self.width, blk.attn.norm.bias is not None)
+
     def embed(self, idx):
+        self.first_values.clear()
         return self.wte(idx)
 
     def readout(self, y):
@@ -472,20 +530,25 @@ class LlamaRMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, D, heads, bf16):
+    def __init__(self, D, heads, bf16, value_residual="none", layer=0, first=None):
         super().__init__()
         self.heads = heads
         self.bf16 = bf16
+        self.value_residual, self.layer, self.first = value_residual, layer, first
+        add_value_lambda(self, value_residual, layer)
         self.q_proj = Linear(D, D, bias=False, bf16=bf16)
         self.k_proj = Linear(D, D, bias=False, bf16=bf16)
         self.v_proj = Linear(D, D, bias=False, bf16=bf16)
         self.o_proj = Linear(D, D, bias=False, bf16=bf16)
 
     def forward(self, u):
-        T, D = u.shape[1], u.shape[2]
-        q = split_heads(self.q_proj(u), self.heads)
-        k = split_heads(self.k_proj(u), self.heads)
-        v = split_heads(self.v_proj(u), self.heads)
+        return self.attend(u, u, u)
+
+    def attend(self, uq, uk, uv):
+        T, D = uq.shape[1], uq.shape[2]
+        q = split_heads(self.q_proj(uq), self.heads)
+        k = split_heads(self.k_proj(uk), self.heads)
+        v = split_heads(mix_values(self, self.value_residual, self.layer, self.first, self.v_proj(uv)), self.heads)
         cos, sin = (t.to(q.device, q.dtype) for t in rope_tables(T, D // self.heads))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return self.o_proj(merge_heads(sdpa(q, k, v, causal=True, bf16=self.bf16)))
@@ -503,9 +566,9 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, D, heads, hidden, bf16):
+    def __init__(self, D, heads, hidden, bf16, value_residual="none", layer=0, first=None):
         super().__init__()
-        self.self_attn = LlamaAttention(D, heads, bf16)
+        self.self_attn = LlamaAttention(D, heads, bf16, value_residual, layer, first)
         self.mlp = LlamaMLP(D, hidden, bf16)
         self.input_layernorm = LlamaRMSNorm(D)
         self.post_attention_layernorm = LlamaRMSNorm(D)
@@ -515,12 +578,19 @@ class PreNormUnit:
     """A sublayer unit made of a layer's norm and branch (not a module: the parameters live in the
     decoder layer)."""
 
-    def __init__(self, norm_module, branch):
+    def __init__(self, norm_module, branch, port_norms=None):
         self.norm_module = norm_module
         self.branch = branch
+        self.port_norms = port_norms
 
     def __call__(self, x, norm=None):
         return self.branch(pre_norm(self.norm_module, x, norm))
+
+    def ports(self, q, k, v):
+        """SPEC.md "Ports": an attention branch from its query, key and value ports, each through
+        its own norm (the layer's norm for the query; `key_layernorm`, `value_layernorm`)."""
+        kn, vn = self.port_norms
+        return self.branch.attend(self.norm_module(q), kn(k), vn(v))
 
 
 def llama_default_hidden(width):
@@ -533,7 +603,7 @@ class LlamaBackbone(nn.Module):
 
     block_size = 2
 
-    def __init__(self, vocab_size, width, depth, heads, seq_len, hidden=None, bf16=False):
+    def __init__(self, vocab_size, width, depth, heads, seq_len, hidden=None, value_residual="none", bf16=False):
         super().__init__()
         if width % heads != 0 or (width // heads) % 2 != 0:
             raise common.OptionError(f"model 'llama': heads {heads} must divide width {width} into even heads")
@@ -543,7 +613,10 @@ class LlamaBackbone(nn.Module):
         self.seq_len = seq_len
         self.width = width
         self.embed_tokens = nn.Embedding(vocab_size, width)
-        self.layers = nn.ModuleList([LlamaDecoderLayer(width, heads, hidden, bf16) for _ in range(depth)])
+        common.as_choice("model 'llama'", "value_residual", value_residual, VALUE_RESIDUALS)
+        self.first_values = {}
+        self.layers = nn.ModuleList([LlamaDecoderLayer(width, heads, hidden, bf16, value_residual, b, self.first_values)
+                                     for b in range(depth)])
         self.norm = LlamaRMSNorm(width)
         self.lm_head = Linear(width, vocab_size, bias=False, bf16=bf16)
 
@@ -551,7 +624,9 @@ class LlamaBackbone(nn.Module):
     def units(self):
         out = []
         for layer in self.layers:
-            out.append(PreNormUnit(layer.input_layernorm, layer.self_attn))
+            ports = (getattr(layer, "key_layernorm", layer.input_layernorm),
+                     getattr(layer, "value_layernorm", layer.input_layernorm))
+            out.append(PreNormUnit(layer.input_layernorm, layer.self_attn, ports))
             out.append(PreNormUnit(layer.post_attention_layernorm, layer.mlp))
         return out
 
@@ -561,7 +636,14 @@ class LlamaBackbone(nn.Module):
     def output_shape(self, batch):
         return (batch, self.seq_len, self.vocab_size)
 
+    def add_ports(self):
+        """The key and value ports' norms of every layer after the first (SPEC.md "Ports")."""
+        for layer in self.layers[1:]:
+            layer.key_layernorm = LlamaRMSNorm(self.width)
+            layer.value_layernorm = LlamaRMSNorm(self.width)
+
     def embed(self, idx):
+        self.first_values.clear()
         return self.embed_tokens(idx)
 
     def readout(self, y):
@@ -737,8 +819,9 @@ MODELS = {
     "vit": (("image_size", "channels", "patch", "width", "depth", "heads", "num_classes"),
             {"mlp_hidden": (None, "int")}),
     "gpt": (("vocab_size", "width", "depth", "heads", "seq_len"),
-            {"dropout": (0.0, "prob"), "bias": (True, "bool")}),
-    "llama": (("vocab_size", "width", "depth", "heads", "seq_len"), {"hidden": (None, "int")}),
+            {"dropout": (0.0, "prob"), "bias": (True, "bool"), "value_residual": ("none", "str")}),
+    "llama": (("vocab_size", "width", "depth", "heads", "seq_len"),
+              {"hidden": (None, "int"), "value_residual": ("none", "str")}),
     "dit": (("image_size", "channels", "patch", "width", "depth", "heads", "num_classes"),
             {"mlp_hidden": (None, "int"), "learn_sigma": (False, "bool")}),
 }
@@ -779,6 +862,8 @@ def build_backbone(cfg, precision="fp32"):
             args[k] = common.as_int(where, k, cfg[k], minimum=1)
         elif parser == "bool":
             args[k] = common.as_bool(where, k, cfg[k])
+        elif parser == "str":
+            args[k] = cfg[k]  # the builder checks the choice
         else:
             p = common.as_float(where, k, cfg[k], nonnegative=True)
             if p >= 1.0:

@@ -150,6 +150,14 @@ class BlockUnit:
             z = z + g(z, norm)
         return z - x
 
+    def ports(self, q, k, v, r):
+        """The block run from the residual port r, its first sublayer (an attention) reading the
+        query, key and value ports; returns the delta over r (SPEC.md "Ports")."""
+        z = r + self.subunits[0].ports(q, k, v)
+        for g in self.subunits[1:]:
+            z = z + g(z)
+        return z - r
+
 
 class Float32Output:
     """A sublayer unit whose output is cast to the stream dtype, float32 (under bf16 a branch ends
@@ -160,6 +168,9 @@ class Float32Output:
 
     def __call__(self, x, norm=None):
         return stream(self.unit(x, norm))
+
+    def ports(self, q, k, v):
+        return stream(self.unit.ports(q, k, v))
 
 
 def make_units(backbone, granularity):
@@ -209,6 +220,11 @@ def build_topology(cfg, backbone):
     default = getattr(module, "default_granularity", lambda _cfg: DEFAULT_GRANULARITY.get(kind, "sublayer"))
     granularity = cfg.pop("granularity", default(cfg))
     as_choice(f"topology '{kind}'", "granularity", granularity, GRANULARITIES)
+    # A topology that feeds the units' ports (`mudd`) has the backbone build the ports' norms.
+    if getattr(module, "uses_ports", lambda _cfg, _backbone: False)(cfg, backbone):
+        if not hasattr(backbone, "add_ports"):
+            raise OptionError(f"topology '{kind}': the backbone's blocks have no query, key and value ports")
+        backbone.add_ports()
     units, block_size = make_units(backbone, granularity)
     topo = module.Topology(cfg, len(units), backbone.width, block_size)
     topo.granularity = granularity

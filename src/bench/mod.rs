@@ -750,7 +750,8 @@ mod tests {
     fn flop_bound_of_hand_computed_cases() {
         use crate::topology::common::stream_read_write_flops;
         // The GPT case's stack: 4 blocks of 2 sublayers, width 128.
-        let stack = crate::topology::StackInfo { sublayers: 8, block_size: 2, width: 128, pre_norm: true };
+        let stack =
+            crate::topology::StackInfo { sublayers: 8, block_size: 2, width: 128, pre_norm: true, ports: false };
         let spec = |kind: &str, options: &str| {
             let options: serde_yaml::Mapping = serde_yaml::from_str(options).unwrap();
             crate::topology::parse(kind, &options, stack).unwrap()

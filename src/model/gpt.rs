@@ -11,11 +11,14 @@
 //! Init (nanoGPT): Linear weights and the embedding `N(0, 0.02²)`, biases 0, the residual
 //! projections `proj` and `fc2` `N(0, (0.02/√(2·depth))²)`, LayerNorms 1 and 0.
 
-use super::layers::{attention, dropout, embed_tokens, linear, pre_norm_to, LayerNorm, Linear, Rope};
+use super::layers::{
+    attention, dropout, embed_tokens, linear, pre_norm_to, FirstValues, LayerNorm, Linear, Rope, ValueMix,
+    ValueResidual,
+};
 use super::{Backbone, ModelEntry, ModelSpec};
 use crate::config::{parse_options, required, OptionError};
 use crate::data::{DataInfo, Task};
-use crate::topology::{Norm, StackInfo, Unit};
+use crate::topology::{Norm, Ports, StackInfo, Unit};
 use serde::{Deserialize, Serialize};
 use tch::{nn, nn::Module, Kind, Tensor};
 
@@ -47,11 +50,22 @@ struct Options {
     dropout: f64,
     /// Biases in the Linears and LayerNorms (nanoGPT's `bias`).
     bias: bool,
+    /// The first layer's attention values mixed into every later layer's (ResFormer).
+    value_residual: ValueResidual,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { vocab_size: None, width: 768, depth: None, heads: 12, seq_len: None, dropout: 0.0, bias: true }
+        Options {
+            vocab_size: None,
+            width: 768,
+            depth: None,
+            heads: 12,
+            seq_len: None,
+            dropout: 0.0,
+            bias: true,
+            value_residual: ValueResidual::None,
+        }
     }
 }
 
@@ -64,6 +78,7 @@ struct Spec {
     seq_len: usize,
     dropout: f64,
     bias: bool,
+    value_residual: ValueResidual,
 }
 
 /// The data's `(vocab, seq_len)` for a language model, or an error naming `kind`.
@@ -130,7 +145,16 @@ fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpe
     if !(0.0..1.0).contains(&o.dropout) {
         return Err(OptionError::new("dropout", o.dropout, "a probability in [0, 1)"));
     }
-    Ok(Box::new(Spec { vocab_size, width: o.width, depth, heads: o.heads, seq_len, dropout: o.dropout, bias: o.bias }))
+    Ok(Box::new(Spec {
+        vocab_size,
+        width: o.width,
+        depth,
+        heads: o.heads,
+        seq_len,
+        dropout: o.dropout,
+        bias: o.bias,
+        value_residual: o.value_residual,
+    }))
 }
 
 impl ModelSpec for Spec {
@@ -145,23 +169,44 @@ impl ModelSpec for Spec {
         "gpt"
     }
     fn stack(&self) -> StackInfo {
-        StackInfo { sublayers: 2 * self.depth, block_size: 2, width: self.width, pre_norm: true }
+        StackInfo { sublayers: 2 * self.depth, block_size: 2, width: self.width, pre_norm: true, ports: true }
     }
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Backbone> {
+        self.build_gpt(vs, compute, false)
+    }
+    fn build_with_ports(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Backbone> {
+        self.build_gpt(vs, compute, true)
+    }
+}
+
+impl Spec {
+    /// The backbone; with `ports`, every layer after the first also has its key and value ports'
+    /// pre-norms.
+    fn build_gpt(&self, vs: &nn::Path, compute: Kind, ports: bool) -> Box<dyn Backbone> {
         let d = self.width as i64;
         let std = nn::Init::Randn { mean: 0.0, stdev: 0.02 };
         let resid = nn::Init::Randn { mean: 0.0, stdev: 0.02 / (2.0 * self.depth as f64).sqrt() };
         let bias = self.bias.then_some(nn::Init::Const(0.0));
         let rope = Rope::new(self.seq_len as i64, d / self.heads as i64, ROPE_BASE, vs.device(), compute);
         let wte = (vs / "wte").var("weight", &[self.vocab_size as i64, d], std);
+        let mut values = ValueMix::stack(self.value_residual, self.depth, |b| vs / "blocks" / b / "attn");
+        let first = values.iter().find_map(|m| match m {
+            Some(ValueMix::First(f)) => Some(f.clone()),
+            _ => None,
+        });
         let mut units = Vec::new();
-        for b in 0..self.depth {
+        for (b, value) in values.drain(..).enumerate() {
             let p = vs / "blocks" / b;
             let ap = &p / "attn";
+            let port_norms = (ports && b > 0).then(|| {
+                (LayerNorm::new(&(&ap / "key_norm"), d, self.bias), LayerNorm::new(&(&ap / "value_norm"), d, self.bias))
+            });
             units.push(GptUnit::Attn {
                 norm: LayerNorm::new(&(&ap / "norm"), d, self.bias),
+                port_norms,
                 qkv: Linear::with_init(&(&ap / "qkv"), d, 3 * d, std, bias, compute),
                 proj: Linear::with_init(&(&ap / "proj"), d, d, resid, bias, compute),
+                value,
                 heads: self.heads as i64,
                 rope: rope.shallow_clone(),
                 dropout: self.dropout,
@@ -175,23 +220,45 @@ impl ModelSpec for Spec {
                 dropout: self.dropout,
             });
         }
-        Box::new(Gpt { wte, units, norm: LayerNorm::new(&(vs / "norm"), d, self.bias), compute })
+        Box::new(Gpt { wte, first, units, norm: LayerNorm::new(&(vs / "norm"), d, self.bias), compute })
     }
 }
 
 /// An attention or MLP sublayer, `[B, T, D] → [B, T, D]`.
 enum GptUnit {
-    Attn { norm: LayerNorm, qkv: Linear, proj: Linear, heads: i64, rope: Rope, dropout: f64, compute: Kind },
-    Mlp { norm: LayerNorm, fc1: Linear, fc2: Linear, dropout: f64 },
+    Attn {
+        norm: LayerNorm,
+        /// The key and value ports' pre-norms `key_norm`, `value_norm` (built with ports, every
+        /// layer but the first, which MUDD feeds one input: there `norm` serves all three ports).
+        port_norms: Option<(LayerNorm, LayerNorm)>,
+        qkv: Linear,
+        proj: Linear,
+        /// `value_residual`'s mix of the values (None: off).
+        value: Option<ValueMix>,
+        heads: i64,
+        rope: Rope,
+        dropout: f64,
+        compute: Kind,
+    },
+    Mlp {
+        norm: LayerNorm,
+        fc1: Linear,
+        fc2: Linear,
+        dropout: f64,
+    },
 }
 
 impl Unit for GptUnit {
     fn forward(&self, x: &Tensor, mode: Norm, train: bool) -> Tensor {
         match self {
-            GptUnit::Attn { norm, qkv, proj, heads, rope, dropout: p, compute } => {
+            GptUnit::Attn { norm, qkv, proj, value, heads, rope, dropout: p, compute, .. } => {
                 let u = pre_norm_to(norm, x, mode, *compute);
                 let qkv = qkv.forward(&u).chunk(3, -1); // q, k, v: [B, T, D] each
-                let a = attention(&qkv[0], &qkv[1], &qkv[2], *heads, true, Some(rope), *compute);
+                let v = match value {
+                    Some(mix) => mix.mix(qkv[2].shallow_clone()),
+                    None => qkv[2].shallow_clone(),
+                };
+                let a = attention(&qkv[0], &qkv[1], &v, *heads, true, Some(rope), *compute);
                 dropout(proj.forward(&a), *p, train)
             }
             GptUnit::Mlp { norm, fc1, fc2, dropout: p } => {
@@ -200,11 +267,35 @@ impl Unit for GptUnit {
             }
         }
     }
+
+    /// The attention from its query, key and value ports, each through its own pre-norm and its
+    /// third of `qkv` (rows `0..D` for q, `D..2D` for k, `2D..3D` for v, with their biases).
+    fn forward_ports(&self, ports: &Ports, train: bool) -> Option<Tensor> {
+        let GptUnit::Attn { norm, port_norms, qkv, proj, value, heads, rope, dropout: p, compute } = self else {
+            return None;
+        };
+        let (key_norm, value_norm) = port_norms.as_ref().map_or((norm, norm), |(k, v)| (k, v));
+        let d = qkv.weight.size()[1];
+        let third = |x: &Tensor, i: i64| {
+            let bias = qkv.bias.as_ref().map(|b| b.narrow(0, i * d, d));
+            linear(x, &qkv.weight.narrow(0, i * d, d), bias.as_ref(), *compute)
+        };
+        let (q, k) = (third(&norm.forward(ports.query), 0), third(&key_norm.forward(ports.key), 1));
+        let v = third(&value_norm.forward(ports.value), 2);
+        let v = match value {
+            Some(mix) => mix.mix(v),
+            None => v,
+        };
+        let a = attention(&q, &k, &v, *heads, true, Some(rope), *compute);
+        Some(dropout(proj.forward(&a), *p, train))
+    }
 }
 
 struct Gpt {
     /// `[vocab_size, D]`: the token embedding and the (tied) LM head.
     wte: Tensor,
+    /// `value_residual`'s first-layer values, cleared by the stem (None: off).
+    first: Option<FirstValues>,
     units: Vec<GptUnit>,
     norm: LayerNorm,
     compute: Kind,
@@ -213,6 +304,9 @@ struct Gpt {
 impl Backbone for Gpt {
     /// Tokens `[B, T]` int64 → `[B, T, D]`.
     fn embed(&self, input: &Tensor, _train: bool) -> Tensor {
+        if let Some(first) = &self.first {
+            first.clear();
+        }
         embed_tokens(&self.wte, input)
     }
     fn units(&self) -> Vec<&dyn Unit> {

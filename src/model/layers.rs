@@ -341,3 +341,93 @@ pub fn dropout(x: Tensor, p: f64, train: bool) -> Tensor {
         x
     }
 }
+
+/// `model.value_residual` of the attention backbones (`gpt`, `llama`): value residual learning
+/// (ResFormer, Zhou et al., ACL 2025). The first layer's values `v₀` `[B, T, D]` (its value
+/// projection's output, before the head split) are mixed into every later layer's values:
+/// `v_b ← λ_{b,0}·v₀ + λ_{b,1}·v_b` (parity/SPEC.md, "Shared Transformer pieces").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ValueResidual {
+    /// Every layer attends over its own values (the backbone as it is).
+    #[default]
+    None,
+    /// `λ = (0.5, 0.5)`, constants: the authors' public code (ResFormer).
+    Fixed,
+    /// `λ_b` a parameter `value_lambda` `[2]` of each later layer, initialised to `(0.5, 0.5)`:
+    /// the learnable form starts as the fixed one.
+    Learnable,
+}
+
+/// The first attention layer's values of the current forward pass, shared by the stack's
+/// attention units: the stem clears it ([`FirstValues::clear`]), the first attention unit sets it,
+/// the later ones read it. A pass through the units is one call chain on one thread.
+#[derive(Clone, Default)]
+pub struct FirstValues(std::rc::Rc<std::cell::RefCell<Option<Tensor>>>);
+
+impl FirstValues {
+    /// Starts a forward pass: no first-layer values yet.
+    pub fn clear(&self) {
+        self.0.borrow_mut().take();
+    }
+}
+
+/// What one attention unit does with its values under `value_residual`.
+pub enum ValueMix {
+    /// The first layer: its values are `v₀`.
+    First(FirstValues),
+    /// A later layer: `λ[0]·v₀ + λ[1]·v` with `λ` `[2]` fp32 (`learnable`), or `0.5·v₀ + 0.5·v`
+    /// (`fixed`, `lambda` None).
+    Later { first: FirstValues, lambda: Option<Tensor> },
+}
+
+impl ValueMix {
+    /// The value mixes of a stack of `layers` attention layers (None under `value_residual: none`:
+    /// the units keep their values untouched). `path(b)` is layer b's attention module, where
+    /// layer b's `value_lambda` lives (`learnable`).
+    pub fn stack<'a>(
+        mode: ValueResidual,
+        layers: usize,
+        path: impl Fn(usize) -> nn::Path<'a>,
+    ) -> Vec<Option<ValueMix>> {
+        let first = FirstValues::default();
+        (0..layers)
+            .map(|b| match (mode, b) {
+                (ValueResidual::None, _) => None,
+                (_, 0) => Some(ValueMix::First(first.clone())),
+                (ValueResidual::Fixed, _) => Some(ValueMix::Later { first: first.clone(), lambda: None }),
+                (ValueResidual::Learnable, _) => Some(ValueMix::Later {
+                    first: first.clone(),
+                    lambda: Some(path(b).var("value_lambda", &[2], nn::Init::Const(0.5))),
+                }),
+            })
+            .collect()
+    }
+
+    /// `v` `[B, T, D]` (the projection's output, in its dtype) → the values this layer attends
+    /// over, same shape and dtype.
+    pub fn mix(&self, v: Tensor) -> Tensor {
+        match self {
+            ValueMix::First(first) => {
+                *first.0.borrow_mut() = Some(v.shallow_clone());
+                v
+            }
+            ValueMix::Later { first, lambda } => {
+                let v0 = first.0.borrow();
+                let v0 = v0.as_ref().expect(
+                    "value_residual: a later attention layer ran before the first in this forward pass \
+                     (the topology must call the units in order, starting with unit 0)",
+                );
+                assert_eq!(
+                    v0.size(),
+                    v.size(),
+                    "value_residual: the first layer's values and this layer's differ in shape (another batch?)"
+                );
+                match lambda {
+                    Some(l) => l.get(0) * v0 + l.get(1) * v,
+                    None => v0 * 0.5 + v * 0.5,
+                }
+            }
+        }
+    }
+}

@@ -13,11 +13,11 @@
 //! RMSNorm weights 1 (eps 1e-6).
 
 use super::gpt::{lm_shapes, ROPE_BASE};
-use super::layers::{attention, embed_tokens, pre_norm, Linear, RmsNorm, Rope};
+use super::layers::{attention, embed_tokens, pre_norm, FirstValues, Linear, RmsNorm, Rope, ValueMix, ValueResidual};
 use super::{Backbone, ModelEntry, ModelSpec};
 use crate::config::{parse_options, required, OptionError};
 use crate::data::DataInfo;
-use crate::topology::{Norm, StackInfo, Unit};
+use crate::topology::{Norm, Ports, StackInfo, Unit};
 use serde::{Deserialize, Serialize};
 use tch::{nn, nn::Module, Kind, Tensor};
 
@@ -48,11 +48,21 @@ struct Options {
     hidden: Option<usize>,
     /// Maximum context; defaults to the data's sequence length and may not be shorter.
     seq_len: Option<usize>,
+    /// The first layer's attention values mixed into every later layer's (ResFormer).
+    value_residual: ValueResidual,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { vocab_size: None, width: 512, depth: None, heads: 8, hidden: None, seq_len: None }
+        Options {
+            vocab_size: None,
+            width: 512,
+            depth: None,
+            heads: 8,
+            hidden: None,
+            seq_len: None,
+            value_residual: ValueResidual::None,
+        }
     }
 }
 
@@ -70,6 +80,7 @@ struct Spec {
     heads: usize,
     hidden: usize,
     seq_len: usize,
+    value_residual: ValueResidual,
 }
 
 fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpec>, OptionError> {
@@ -80,7 +91,15 @@ fn parse(opts: &serde_yaml::Mapping, data: &DataInfo) -> Result<Box<dyn ModelSpe
     if hidden == 0 || hidden > 1 << 18 {
         return Err(OptionError::new("hidden", hidden, "an integer in 1..=262144"));
     }
-    Ok(Box::new(Spec { vocab_size, width: o.width, depth, heads: o.heads, hidden, seq_len }))
+    Ok(Box::new(Spec {
+        vocab_size,
+        width: o.width,
+        depth,
+        heads: o.heads,
+        hidden,
+        seq_len,
+        value_residual: o.value_residual,
+    }))
 }
 
 impl ModelSpec for Spec {
@@ -95,28 +114,50 @@ impl ModelSpec for Spec {
         "llama"
     }
     fn stack(&self) -> StackInfo {
-        StackInfo { sublayers: 2 * self.depth, block_size: 2, width: self.width, pre_norm: true }
+        StackInfo { sublayers: 2 * self.depth, block_size: 2, width: self.width, pre_norm: true, ports: true }
     }
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Backbone> {
+        self.build_llama(vs, compute, false)
+    }
+    fn build_with_ports(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Backbone> {
+        self.build_llama(vs, compute, true)
+    }
+}
+
+impl Spec {
+    /// The backbone; with `ports`, every layer after the first also has its key and value ports'
+    /// pre-norms.
+    fn build_llama(&self, vs: &nn::Path, compute: Kind, ports: bool) -> Box<dyn Backbone> {
         let (d, h) = (self.width as i64, self.hidden as i64);
         let std = nn::Init::Randn { mean: 0.0, stdev: 0.02 };
         let rope = Rope::new(self.seq_len as i64, d / self.heads as i64, ROPE_BASE, vs.device(), compute);
         let lin = |p: &nn::Path, name: &str, i: i64, o: i64| Linear::with_init(&(p / name), i, o, std, None, compute);
         let embed = (vs / "embed_tokens").var("weight", &[self.vocab_size as i64, d], std);
+        let mut values = ValueMix::stack(self.value_residual, self.depth, |b| vs / "layers" / b / "self_attn");
+        let first = values.iter().find_map(|m| match m {
+            Some(ValueMix::First(f)) => Some(f.clone()),
+            _ => None,
+        });
         let mut units = Vec::new();
-        for b in 0..self.depth {
+        for (b, value) in values.drain(..).enumerate() {
             let p = vs / "layers" / b;
             let ap = &p / "self_attn";
-            units.push(LlamaUnit::Attn {
+            let port_norms = (ports && b > 0).then(|| {
+                let norm = |name: &str| RmsNorm::new(&(&p / name), d, RMS_EPS);
+                (norm("key_layernorm"), norm("value_layernorm"))
+            });
+            units.push(LlamaUnit::Attn(LlamaAttention {
                 norm: RmsNorm::new(&(&p / "input_layernorm"), d, RMS_EPS),
+                port_norms,
                 q: lin(&ap, "q_proj", d, d),
                 k: lin(&ap, "k_proj", d, d),
                 v: lin(&ap, "v_proj", d, d),
                 o: lin(&ap, "o_proj", d, d),
+                value,
                 heads: self.heads as i64,
                 rope: rope.shallow_clone(),
                 compute,
-            });
+            }));
             let mp = &p / "mlp";
             units.push(LlamaUnit::Mlp {
                 norm: RmsNorm::new(&(&p / "post_attention_layernorm"), d, RMS_EPS),
@@ -127,6 +168,7 @@ impl ModelSpec for Spec {
         }
         Box::new(Llama {
             embed,
+            first,
             units,
             norm: RmsNorm::new(&(vs / "norm"), d, RMS_EPS),
             lm_head: lin(vs, "lm_head", d, self.vocab_size as i64),
@@ -136,20 +178,51 @@ impl ModelSpec for Spec {
 
 /// An attention or SwiGLU sublayer, `[B, T, D] → [B, T, D]`.
 enum LlamaUnit {
-    Attn { norm: RmsNorm, q: Linear, k: Linear, v: Linear, o: Linear, heads: i64, rope: Rope, compute: Kind },
+    Attn(LlamaAttention),
     Mlp { norm: RmsNorm, gate: Linear, up: Linear, down: Linear },
+}
+
+/// `layers.{b}.self_attn` with its pre-norm `layers.{b}.input_layernorm` (and, built with ports,
+/// the key and value ports' own `layers.{b}.key_layernorm`, `layers.{b}.value_layernorm`).
+struct LlamaAttention {
+    norm: RmsNorm,
+    /// The key and value ports' pre-norms (built with ports, every layer but the first, which
+    /// MUDD feeds one input: there `norm` serves all three ports).
+    port_norms: Option<(RmsNorm, RmsNorm)>,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    /// `value_residual`'s mix of the values (None: off).
+    value: Option<ValueMix>,
+    heads: i64,
+    rope: Rope,
+    compute: Kind,
+}
+
+impl LlamaAttention {
+    /// Attention with q, k and v projected from `uq`, `uk`, `uv` `[B, T, D]` (normed), → `[B, T, D]`.
+    fn attend(&self, uq: &Tensor, uk: &Tensor, uv: &Tensor) -> Tensor {
+        // q, k, then v, as before value_residual: the order the three projections are recorded
+        // in is the order their gradients of a shared input are summed in.
+        let (q, k) = (self.q.forward(uq), self.k.forward(uk));
+        let v = match &self.value {
+            Some(mix) => mix.mix(self.v.forward(uv)),
+            None => self.v.forward(uv),
+        };
+        self.o.forward(&attention(&q, &k, &v, self.heads, true, Some(&self.rope), self.compute))
+    }
 }
 
 impl Unit for LlamaUnit {
     fn forward(&self, x: &Tensor, mode: Norm, _train: bool) -> Tensor {
         match self {
-            LlamaUnit::Attn { norm, q, k, v, o, heads, rope, compute } => {
+            LlamaUnit::Attn(a) => {
                 // fp32 (not `pre_norm_to`): q, k and v each cast it, as autocast does, so that
                 // their three input gradients add in fp32; a bf16 norm output would add them in
                 // bf16.
-                let u = pre_norm(norm, x, mode);
-                let a = attention(&q.forward(&u), &k.forward(&u), &v.forward(&u), *heads, true, Some(rope), *compute);
-                o.forward(&a)
+                let u = pre_norm(&a.norm, x, mode);
+                a.attend(&u, &u, &u)
             }
             LlamaUnit::Mlp { norm, gate, up, down } => {
                 let u = pre_norm(norm, x, mode);
@@ -157,11 +230,20 @@ impl Unit for LlamaUnit {
             }
         }
     }
+
+    /// The attention from its query, key and value ports, each through its own pre-norm.
+    fn forward_ports(&self, ports: &Ports, _train: bool) -> Option<Tensor> {
+        let LlamaUnit::Attn(a) = self else { return None };
+        let (key_norm, value_norm) = a.port_norms.as_ref().map_or((&a.norm, &a.norm), |(k, v)| (k, v));
+        Some(a.attend(&a.norm.forward(ports.query), &key_norm.forward(ports.key), &value_norm.forward(ports.value)))
+    }
 }
 
 struct Llama {
     /// `[vocab_size, D]`.
     embed: Tensor,
+    /// `value_residual`'s first-layer values, cleared by the stem (None: off).
+    first: Option<FirstValues>,
     units: Vec<LlamaUnit>,
     norm: RmsNorm,
     lm_head: Linear,
@@ -170,6 +252,9 @@ struct Llama {
 impl Backbone for Llama {
     /// Tokens `[B, T]` int64 → `[B, T, D]`.
     fn embed(&self, input: &Tensor, _train: bool) -> Tensor {
+        if let Some(first) = &self.first {
+            first.clear();
+        }
         embed_tokens(&self.embed, input)
     }
     fn units(&self) -> Vec<&dyn Unit> {

@@ -76,7 +76,7 @@ impl ModelSpec for Spec {
         "lnn"
     }
     fn stack(&self) -> StackInfo {
-        StackInfo { sublayers: self.depth, block_size: 1, width: self.width, pre_norm: false }
+        StackInfo { sublayers: self.depth, block_size: 1, width: self.width, pre_norm: false, ports: false }
     }
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Backbone> {
         let d = self.width as i64;

@@ -102,7 +102,7 @@ impl ModelSpec for Spec {
         "mixer"
     }
     fn stack(&self) -> StackInfo {
-        StackInfo { sublayers: 2 * self.depth, block_size: 2, width: self.width, pre_norm: true }
+        StackInfo { sublayers: 2 * self.depth, block_size: 2, width: self.width, pre_norm: true, ports: false }
     }
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Backbone> {
         let d = self.width as i64;

@@ -84,7 +84,7 @@ impl ModelSpec for Spec {
         "mlp"
     }
     fn stack(&self) -> StackInfo {
-        StackInfo { sublayers: self.depth, block_size: 1, width: self.width, pre_norm: true }
+        StackInfo { sublayers: self.depth, block_size: 1, width: self.width, pre_norm: true, ports: false }
     }
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Backbone> {
         let (d, h) = (self.width as i64, self.hidden as i64);

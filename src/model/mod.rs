@@ -37,6 +37,13 @@ pub trait ModelSpec: Debug {
     fn stack(&self) -> StackInfo;
     /// Builds the backbone under `vs` (the VarStore root); `compute` is the matmul dtype.
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Backbone>;
+    /// Builds the backbone with its units' ports (where [`ModelSpec::stack`] says it has them:
+    /// [`StackInfo::ports`]): the same parameters as [`ModelSpec::build`] plus the key and value
+    /// ports' own pre-norms, for a topology that feeds the ports ([`TopologySpec::ports`]). The
+    /// default, for a backbone without ports, builds it as it is.
+    fn build_with_ports(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Backbone> {
+        self.build(vs, compute)
+    }
     /// Analytic forward FLOPs of one sample: `2·m·n·k` for every matmul of the backbone (stem,
     /// units, head), attention scores and values counted dense (`4·T²·d` per layer, the PaLM
     /// convention, also for causal attention); elementwise work and the topology's mixing are not
@@ -97,7 +104,11 @@ impl Model {
     /// Builds both parts on `device`; the caller seeds torch beforehand for reproducible init.
     pub fn new(model: &dyn ModelSpec, topology: &dyn TopologySpec, device: tch::Device, compute: Kind) -> Self {
         let vs = nn::VarStore::new(device);
-        let backbone = model.build(&vs.root(), compute);
+        let backbone = if topology.ports() {
+            model.build_with_ports(&vs.root(), compute)
+        } else {
+            model.build(&vs.root(), compute)
+        };
         let built = topology.build(&(vs.root() / "topology"), compute);
         Self {
             vs,
@@ -260,6 +271,10 @@ impl Unit for Fp32Output<'_> {
     fn forward_compute(&self, x: &Tensor, norm: crate::topology::Norm, train: bool) -> Tensor {
         let _scope = crate::native::kineto::scope(crate::native::kineto::scopes::UNIT);
         self.0.forward(x, norm, train)
+    }
+    fn forward_ports(&self, ports: &crate::topology::Ports, train: bool) -> Option<Tensor> {
+        let _scope = crate::native::kineto::scope(crate::native::kineto::scopes::UNIT);
+        self.0.forward_ports(ports, train).map(|h| h.to_kind(Kind::Float))
     }
 }
 

@@ -109,7 +109,7 @@ impl ModelSpec for Spec {
         "vit"
     }
     fn stack(&self) -> StackInfo {
-        StackInfo { sublayers: 2 * self.depth, block_size: 2, width: self.width, pre_norm: true }
+        StackInfo { sublayers: 2 * self.depth, block_size: 2, width: self.width, pre_norm: true, ports: false }
     }
     fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Backbone> {
         let (d, h) = (self.width as i64, self.mlp_hidden as i64);

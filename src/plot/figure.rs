@@ -56,6 +56,7 @@ pub enum Kind {
     Noise,
     Connectivity,
     DepthWidth,
+    Ways,
     AncreCoefficients,
     ConnectivityGrid,
     ReportCurve,
@@ -68,7 +69,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in the order the gallery shows them.
-    pub const ALL: [Kind; 20] = [
+    pub const ALL: [Kind; 21] = [
         Kind::Loss,
         Kind::EvalLoss,
         Kind::EvalAccuracy,
@@ -81,6 +82,7 @@ impl Kind {
         Kind::Noise,
         Kind::Connectivity,
         Kind::DepthWidth,
+        Kind::Ways,
         Kind::AncreCoefficients,
         Kind::ConnectivityGrid,
         Kind::ReportCurve,
@@ -107,6 +109,7 @@ impl Kind {
             Kind::Noise => "noise",
             Kind::Connectivity => "connectivity",
             Kind::DepthWidth => "depth_width",
+            Kind::Ways => "mudd_ways",
             Kind::AncreCoefficients => "ancre_p",
             Kind::ConnectivityGrid => "connectivity_grid",
             Kind::ReportCurve => "report_curve",

@@ -21,6 +21,7 @@ mod lines;
 pub mod lint;
 mod names;
 mod paired;
+mod panels;
 mod render;
 pub mod study;
 mod style;

@@ -23,7 +23,7 @@ use tch::{nn, nn::Module, Kind, Tensor};
 
 /// The shape of an encoder's stack, for [`crate::topology::parse`].
 pub fn stack_info(width: usize, depth: usize, block_size: usize) -> StackInfo {
-    StackInfo { sublayers: depth, block_size, width, pre_norm: false }
+    StackInfo { sublayers: depth, block_size, width, pre_norm: false, ports: false }
 }
 
 /// One layer `Swish(LayerNorm(Linear(x)))`, `[.., D]` → `[.., D]`: a unit of the stack.

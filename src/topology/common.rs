@@ -496,7 +496,7 @@ mod tests {
             (Tensor::arange(n, (Kind::Float, Device::Cpu)) * phase).sin().reshape(shape)
         };
         let d = 13;
-        let stack = StackInfo { sublayers: 3, block_size: 1, width: d, pre_norm: true };
+        let stack = StackInfo { sublayers: 3, block_size: 1, width: d, pre_norm: true, ports: false };
         let opts: serde_yaml::Mapping = serde_yaml::from_str(options).unwrap();
         let mut vs = nn::VarStore::new(Device::Cpu);
         // Products in fp32 (fp64 states still take the fused CPU kernels in fp64).

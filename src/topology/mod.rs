@@ -27,6 +27,7 @@ pub mod hyper;
 pub mod laurel;
 pub mod layercomb;
 pub mod mhc;
+pub mod mudd;
 pub mod plain;
 pub mod residual;
 pub mod rezero;
@@ -78,6 +79,27 @@ pub trait Unit {
     fn forward_compute(&self, x: &Tensor, norm: Norm, train: bool) -> Tensor {
         self.forward(x, norm, train)
     }
+
+    /// The unit fed through its named ports (a topology that routes a different mix to each,
+    /// `mudd`), each through the port's own pre-norm: an attention sublayer computes q, k and v
+    /// from the query, key and value ports and returns its branch output `[.., D]` (it does not
+    /// read the residual port); a block runs from the residual port, its first sublayer reading
+    /// the ports, and returns its delta over `ports.residual` (as [`BlockUnit`] does over its
+    /// input). None: the unit has no ports (the backbone's [`StackInfo::ports`] is false, or this
+    /// sublayer is not an attention).
+    fn forward_ports(&self, ports: &Ports, train: bool) -> Option<Tensor> {
+        let _ = (ports, train);
+        None
+    }
+}
+
+/// The inputs of a unit's ports, each `[.., D]` fp32 (docs/topologies.md, "`mudd`").
+pub struct Ports<'a> {
+    pub query: &'a Tensor,
+    pub key: &'a Tensor,
+    pub value: &'a Tensor,
+    /// The input the unit's output is added to.
+    pub residual: &'a Tensor,
 }
 
 /// Whether a topology wires the backbone's sublayers (attention / MLP, token / channel mixing)
@@ -100,6 +122,10 @@ pub struct StackInfo {
     pub width: usize,
     /// Whether units have a pre-norm (Depth-adaptive LN and ReZero's `norm: off` need one).
     pub pre_norm: bool,
+    /// Whether the blocks have query, key, value and residual ports ([`Unit::forward_ports`]):
+    /// an attention sublayer first, whose q, k and v projections may read separate inputs, each
+    /// through its own pre-norm (the backbone builds them: `ModelSpec::build_with_ports`).
+    pub ports: bool,
 }
 
 impl StackInfo {
@@ -126,6 +152,15 @@ impl Unit for BlockUnit<'_> {
             z = &z + g.forward_compute(&z, norm, train);
         }
         z - x
+    }
+
+    fn forward_ports(&self, ports: &Ports, train: bool) -> Option<Tensor> {
+        let (first, rest) = self.sublayers.split_first()?;
+        let mut z = ports.residual + first.forward_ports(ports, train)?;
+        for g in rest {
+            z = &z + g.forward_compute(&z, Norm::Default, train);
+        }
+        Some(z - ports.residual)
     }
 }
 
@@ -207,6 +242,11 @@ pub trait TopologySpec: Debug {
         let _ = (vs, compute);
         None
     }
+    /// Whether the topology feeds units through their ports ([`Unit::forward_ports`]): the
+    /// backbone is then built with the ports' own pre-norms.
+    fn ports(&self) -> bool {
+        false
+    }
     /// Builds the topology; `vs` is the `topology` sub-path, so parameters are named
     /// `topology.<name>` like PyTorch `state_dict` keys. `compute` is the dtype the topology's own
     /// matmuls (projections, low-rank maps, dynamic mixing weights) run in, like every `Linear` of
@@ -258,6 +298,7 @@ pub const REGISTRY: &[TopologyEntry] = &[
     rezero::ENTRY,
     graph::ENTRY,
     compose::ENTRY,
+    mudd::ENTRY,
 ];
 
 /// Looks up `kind` and parses its options. The error lists the known kinds.

@@ -357,3 +357,62 @@ fn the_gpu_paths_run_on_the_cpu_under_cuda_host_and_only_there() {
         assert!((composite_loss - host_loss).abs() <= bound, "{composite_loss} vs {host_loss}");
     }
 }
+
+/// `value_residual` (docs/configs-and-runs.md): `learnable` with `λ = (0, 1)` in every later layer is
+/// the backbone without it, bit for bit (output and the gradient of every shared parameter: `0·v₀`
+/// adds exact zeros), and `fixed` is `learnable` at its initialisation `(0.5, 0.5)`, bit for bit.
+/// `learnable` adds `value_lambda` `[2]` to every layer after the first.
+#[test]
+fn value_residual_reduces_to_the_backbone_and_its_fixed_form_exactly() {
+    for (bb, names) in [(GPT, "blocks.{b}.attn.value_lambda"), (LLAMA, "layers.{b}.self_attn.value_lambda")] {
+        let with = |mode: &str| bb.replace("heads: 2}", &format!("heads: 2, value_residual: {mode}}}"));
+        let (_, plain, batch) = build(bb, "{kind: residual}");
+        let (e, learnable, _) = build(&with("learnable"), "{kind: residual}");
+        let (_, fixed, _) = build(&with("fixed"), "{kind: residual}");
+        let task = e.data.info().task;
+        assert_eq!(learnable.num_params(), plain.num_params() + 2, "{names}: one [2] per layer after the first");
+        let lambdas: Vec<String> = (1..2).map(|b| names.replace("{b}", &b.to_string())).collect();
+        let vars = learnable.vs.variables();
+        for name in &lambdas {
+            assert_eq!(Vec::<f32>::try_from(&vars[name]).unwrap(), vec![0.5, 0.5], "{name}: init");
+        }
+        // The gradients of every parameter after one backward pass, by name.
+        let grads = |m: &Model| {
+            for v in m.vs.trainable_variables() {
+                let mut g = v.grad();
+                if g.defined() {
+                    let _ = g.zero_();
+                }
+            }
+            task.loss(&m.forward(&batch.input, true), &batch.target).backward();
+            m.vs.variables().into_iter().map(|(k, v)| (k, v.grad().copy())).collect::<std::collections::HashMap<_, _>>()
+        };
+        let same = |a: &Model, b: &Model, what: &str| {
+            let (ga, gb) = (grads(a), grads(b));
+            let (ya, yb) = tch::no_grad(|| (a.forward(&batch.input, false), b.forward(&batch.input, false)));
+            assert!(ya.equal(&yb), "{names}: {what}: outputs differ");
+            for (k, g) in &ga {
+                assert!(g.equal(&gb[k]), "{names}: {what}: the gradient of {k} differs");
+            }
+        };
+        same(&fixed, &learnable, "fixed vs learnable at init");
+        tch::no_grad(|| {
+            for name in &lambdas {
+                vars[name].shallow_clone().copy_(&Tensor::from_slice(&[0.0f32, 1.0]));
+            }
+        });
+        same(&plain, &learnable, "none vs learnable at λ = (0, 1)");
+    }
+}
+
+#[test]
+fn a_value_residual_that_is_not_one_of_the_three_is_refused_with_the_choices() {
+    let yaml = format!(
+        "name: t\n{}topology: {{kind: residual}}\n",
+        LLAMA.replace("heads: 2}", "heads: 2, value_residual: yes}")
+    );
+    let err = Experiment::from_str(&yaml, "<test>", &[]).map(|_| ()).expect_err("refused").to_string();
+    for want in ["value_residual", "yes", "none", "fixed", "learnable"] {
+        assert!(err.contains(want), "the error names {want:?}: {err}");
+    }
+}

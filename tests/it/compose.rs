@@ -64,7 +64,7 @@ fn run_keeping(topology: &str, depth: usize, d: i64, keep: Option<&str>) -> Run 
     let opts: serde_yaml::Mapping = serde_yaml::from_str(topology).unwrap();
     let mut opts = opts;
     let kind = opts.remove("kind").and_then(|k| k.as_str().map(String::from)).expect("a kind");
-    let stack = StackInfo { sublayers: depth, block_size: 1, width: d as usize, pre_norm: true };
+    let stack = StackInfo { sublayers: depth, block_size: 1, width: d as usize, pre_norm: true, ports: false };
     let spec = plexus::topology::parse(&kind, &opts, stack).unwrap_or_else(|e| panic!("{topology}: {e:?}"));
     let mut vs = nn::VarStore::new(Device::Cpu);
     let built = spec.build(&(vs.root() / "topology"), Kind::Double);

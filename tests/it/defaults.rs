@@ -161,7 +161,7 @@ fn backbones_still_require_their_depth() {
 
 #[test]
 fn topology_defaults_are_the_documented_ones() {
-    let stack = StackInfo { sublayers: 8, block_size: 2, width: 32, pre_norm: true };
+    let stack = StackInfo { sublayers: 8, block_size: 2, width: 32, pre_norm: true, ports: false };
     let t = |kind: &'static str| move |o: &serde_yaml::Mapping| topology::parse(kind, o, stack);
     same("hyper", t("hyper"), "{}", "{n: 4, dynamic: true}", "{n: 2}");
     same("rezero", t("rezero"), "{}", "{norm: off}", "{norm: keep}");

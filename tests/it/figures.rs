@@ -112,6 +112,12 @@ fn other_figures(root: &Path) -> Vec<Figure> {
     );
     let lm = train_and_analyze(&gpt, &root.join("gpt"));
     figures.extend(plot::figures::all(&[lm], None, None).unwrap());
+    // MUDD's C per way (a tiny 3-layer GPT).
+    let mudd = "name: tiny-mudd\nseed: 0\nmodel: {kind: gpt, width: 8, depth: 3, heads: 2}\n\
+                data: {kind: synthetic_tokens, vocab: 16, seq_len: 6, batch_size: 2}\ntopology: {kind: mudd}\n\
+                train: {optimizer: adamw, lr: 0.01, steps: 20}\nlog: {every: 1, eval_every: 5, connectivity_every: 10}\n";
+    let run = train_and_analyze(mudd, &root.join("mudd"));
+    figures.extend(plot::figures::all(&[run], None, None).unwrap().into_iter().filter(|f| f.kind == plot::Kind::Ways));
     let dit = "name: tiny-dit\nseed: 3\nmodel: {kind: dit, patch: 2, width: 16, depth: 2, heads: 2}\n\
                topology: {kind: residual}\ndata: {kind: synthetic_images, image_size: 8, channels: 3, classes: 4, \
                samples: 32, batch_size: 8}\ntrain: {optimizer: adamw, lr: 3.0e-3, steps: 8}\nlog: {every: 1, \
@@ -394,8 +400,8 @@ fn gallery_md() -> String {
     let mut md = String::from(
         "# Figure gallery\n\nEvery kind of figure plexus draws (`plexus::plot::Kind::ALL`), at a column's width \
          (`--width single`, 3.25 in) and at the text width (`--width double`, 6.75 in, the default), drawn from \
-         tiny runs that `tests/it/figures.rs` trains in seconds (4-unit MLPs on generated images, a tiny GPT, a \
-         tiny DiT, three tiny RL runs and a two-depth `bench --depths`): the numbers are a smoke test's, the \
+         tiny runs that `tests/it/figures.rs` trains in seconds (4-unit MLPs on generated images, a tiny GPT and a \
+         tiny MUDD GPT, a tiny DiT, three tiny RL runs and a two-depth `bench --depths`): the numbers are a smoke test's, the \
          layout is the real one. The same test checks each at both widths: no text overlaps another or leaves the \
          canvas, the legend covers no line or point, every numeric axis has 3 or more labelled ticks around its \
          data, titles are set whole, labels are words (no `eval.loss`, `kind=residual` or `Δ_t`), colours are told \

@@ -20,7 +20,7 @@ impl Unit for TanhUnit {
 
 /// A topology built from YAML options for `l` units of width D, its parameters in fp64.
 fn build(kind: &str, options: &str, l: usize) -> (nn::VarStore, Box<dyn Topology>) {
-    let stack = StackInfo { sublayers: l, block_size: 1, width: D as usize, pre_norm: true };
+    let stack = StackInfo { sublayers: l, block_size: 1, width: D as usize, pre_norm: true, ports: false };
     let opts: serde_yaml::Mapping = serde_yaml::from_str(options).unwrap();
     let mut vs = nn::VarStore::new(Device::Cpu);
     let spec = topology::parse(kind, &opts, stack).unwrap_or_else(|e| panic!("{kind} {options}: {e:?}"));
@@ -430,7 +430,7 @@ fn a_c_given_as_data_is_checked_against_the_graph() {
 }
 
 fn parse_err(options: &str, l: usize) -> String {
-    let stack = StackInfo { sublayers: l, block_size: 1, width: D as usize, pre_norm: true };
+    let stack = StackInfo { sublayers: l, block_size: 1, width: D as usize, pre_norm: true, ports: false };
     let opts: serde_yaml::Mapping = serde_yaml::from_str(options).unwrap();
     match topology::parse("graph", &opts, stack) {
         Ok(spec) => panic!("{options} parsed: {spec:?}"),

@@ -32,6 +32,7 @@ mod graph;
 mod layers;
 mod lnn_case_study;
 mod load;
+mod mudd;
 mod native;
 mod output_paths;
 mod parity;

@@ -292,7 +292,13 @@ fn mhc_presets_start_where_the_ports_they_are_named_after_do() {
         ("lucidrains", sigma(1.0) + (n - 1.0) * sigma(0.0), 2.0 * sigma(1.0)),
         ("residual", sigma(8.0) + (n - 1.0) * sigma(-8.0), 1.0),
     ] {
-        let stack = plexus::topology::StackInfo { sublayers: 1, block_size: 1, width: d as usize, pre_norm: true };
+        let stack = plexus::topology::StackInfo {
+            sublayers: 1,
+            block_size: 1,
+            width: d as usize,
+            pre_norm: true,
+            ports: false,
+        };
         let opts: serde_yaml::Mapping = serde_yaml::from_str(&format!("{{init: {init}}}")).unwrap();
         let vs = tch::nn::VarStore::new(Device::Cpu);
         let t = plexus::topology::parse("mhc", &opts, stack).unwrap().build(&(vs.root() / "topology"), Kind::Float);
