@@ -167,16 +167,6 @@ impl Mix {
     }
 }
 
-/// The weight of source j in way c: `[.., 1]` (per token) or 0-dim (static).
-fn weight(w: &Tensor, c: usize, j: usize) -> Tensor {
-    let t = w.select(-2, c as i64).select(-1, j as i64);
-    if t.dim() == 0 {
-        t
-    } else {
-        t.unsqueeze(-1)
-    }
-}
-
 /// A state: its value `[.., D]` and, in a trace, its coefficients over `h_0 … h_L` `[.., L+1]`.
 struct State {
     value: Tensor,
@@ -189,14 +179,28 @@ impl State {
         State { value: self.value.shallow_clone(), coef: self.coef.as_ref().map(Tensor::shallow_clone) }
     }
 
-    /// `Σ_j w[c, j] · states[j]` for both halves.
-    fn mix(states: &[State], w: &Tensor, c: usize) -> State {
-        let sum = |part: &dyn Fn(&State) -> &Tensor| {
-            let first = part(&states[0]) * weight(w, c, 0);
-            states.iter().enumerate().skip(1).fold(first, |z, (j, s)| z.addcmul(part(s), &weight(w, c, j)))
+    /// `stack` (the states so far, on a new second-to-last axis: values `[.., m, D]`, coefficients
+    /// `[.., m, L+1]`) with `x` appended.
+    fn stacked(stack: Option<State>, x: &State) -> State {
+        let Some(stack) = stack else {
+            return State { value: x.value.unsqueeze(-2), coef: x.coef.as_ref().map(|c| c.unsqueeze(-2)) };
         };
-        let coef = states[0].coef.is_some().then(|| sum(&|s: &State| s.coef.as_ref().expect("traced")));
-        State { value: sum(&|s: &State| &s.value), coef }
+        let cat = |a: &Tensor, b: &Tensor| Tensor::cat(&[a.shallow_clone(), b.unsqueeze(-2)], -2);
+        State {
+            value: cat(&stack.value, &x.value),
+            coef: stack.coef.as_ref().zip(x.coef.as_ref()).map(|(a, b)| cat(a, b)),
+        }
+    }
+
+    /// Every way's mix of the stacked states, `Z = W X`: `W` `[.., C, m]` (or `[C, m]`, static)
+    /// times `X` `[.., m, D]`, one product for all ways (not `C·m` multiply-adds, each a kernel
+    /// and a full-size temporary each way); the coefficients through the same weights.
+    fn mixes(stack: &State, w: &Tensor) -> Vec<State> {
+        let z = w.matmul(&stack.value);
+        let zc = stack.coef.as_ref().map(|c| w.to_kind(c.kind()).matmul(c));
+        (0..w.size()[w.dim() - 2])
+            .map(|c| State { value: z.select(-2, c), coef: zc.as_ref().map(|t| t.select(-2, c)) })
+            .collect()
     }
 }
 
@@ -230,7 +234,7 @@ impl Mudd {
         let start = State { value: x0.shallow_clone(), coef: columns.is_some().then(|| basis(0)) };
         // Block 1 reads x0 on every way.
         let mut ins: Vec<State> = (0..self.ways).map(|_| start.share()).collect();
-        let mut states = vec![start];
+        let mut stack = Some(State::stacked(None, &start));
         for (k, (f, mix)) in units.iter().zip(&self.mixes).enumerate() {
             if let Some(cols) = columns.as_deref_mut() {
                 for (c, s) in ins.iter().enumerate() {
@@ -249,9 +253,9 @@ impl Mudd {
             };
             let x = State { value, coef: residual.coef.as_ref().map(|c| c + basis(k + 1)) };
             let w = mix.weights(&x.value, self.compute);
-            states.push(x);
-            let ways = mix.dense.size()[0] as usize;
-            ins = (0..ways).map(|c| State::mix(&states, &w, c)).collect();
+            let all = State::stacked(stack.take(), &x);
+            ins = State::mixes(&all, &w);
+            stack = Some(all);
         }
         let y = ins.swap_remove(0);
         if let Some(cols) = columns {
