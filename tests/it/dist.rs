@@ -79,6 +79,8 @@ fn two_processes_train_what_one_process_trains() {
         ("gpt", "ancre"),
         ("mixer", over_mhc),
         ("gpt", over_hc),
+        ("gpt", "mudd"),
+        ("mixer", "mudd"),
     ] {
         let cfg = config(t, backbone, topology, 30);
         let cfg = cfg.to_str().unwrap();
@@ -86,16 +88,25 @@ fn two_processes_train_what_one_process_trains() {
             (t.join(format!("{backbone}-{}-1", slug(topology))), t.join(format!("{backbone}-{}-2", slug(topology))));
         ok(&train(&[cfg, "--out", one.to_str().unwrap()], &[], t));
         ok(&train(&[cfg, "--out", two.to_str().unwrap(), "--nproc", "2"], &[], t));
-        let (a, b) = (losses(&one), losses(&two));
+        // The one-process run again in another valid summation order (2 threads): how far
+        // roundoff alone moves it by each step. The two-process run may be 8 times as far (the
+        // parity harness's growth factor), and at least 1e-5 relative: a topology whose training
+        // amplifies roundoff (MUDD's per-token weights at the topology's 3× learning rate) is
+        // judged by its own spread, the others by the floor as before.
+        let other = t.join(format!("{backbone}-{}-1-threads2", slug(topology)));
+        ok(&train(&[cfg, "--out", other.to_str().unwrap()], &[("OMP_NUM_THREADS", "2")], t));
+        let (a, b, c) = (losses(&one), losses(&two), losses(&other));
         assert_eq!(a.len(), 31, "{backbone}/{topology}");
         assert_eq!(a.len(), b.len(), "{backbone}/{topology}");
-        for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+        let mut spread = 0.0f64;
+        for (step, ((x, y), z)) in a.iter().zip(&b).zip(&c).enumerate() {
+            spread = spread.max((x - z).abs() / x.abs());
             assert!(
-                (x - y).abs() <= 1e-5 * x.abs(),
-                "{backbone}/{topology} step {step}: 1 process {x}, 2 processes {y}"
+                (x - y).abs() <= (8.0 * spread).max(1e-5) * x.abs(),
+                "{backbone}/{topology} step {step}: 1 process {x}, 2 processes {y} (another order of one: {z})"
             );
         }
-        let (pa, pb) = (params(&one), params(&two));
+        let (pa, pb, pc) = (params(&one), params(&two), params(&other));
         assert_eq!(pa.len(), pb.len());
         let mut bad = Vec::new();
         for (name, p) in &pa {
@@ -104,21 +115,24 @@ fn two_processes_train_what_one_process_trains() {
             // Mixer's token-mixing output bias (a per-token constant added to every channel, which
             // every LayerNorm downstream removes) and the key third of the attention's qkv bias
             // (it adds q·b to every score of a query, which the softmax removes).
-            if name.ends_with("token_mix.fc2.bias") {
+            // MUDD's key-port norm's bias likewise: it adds a constant to every key of a head.
+            if name.ends_with("token_mix.fc2.bias") || name.ends_with("attn.key_norm.bias") {
                 continue;
             }
-            let (p, q) = if name.ends_with("attn.qkv.bias") {
+            let (p, q, r) = if name.ends_with("attn.qkv.bias") {
                 let d = p.size()[0] / 3;
                 let qv = |t: &Tensor| Tensor::cat(&[t.narrow(0, 0, d), t.narrow(0, 2 * d, d)], 0);
-                (qv(p), qv(&pb[name]))
+                (qv(p), qv(&pb[name]), qv(&pc[name]))
             } else {
-                (p.shallow_clone(), pb[name].shallow_clone())
+                (p.shallow_clone(), pb[name].shallow_clone(), pc[name].shallow_clone())
             };
             let scale = f64::try_from(p.abs().max()).unwrap().max(1e-3);
             let diff = f64::try_from((&p - &q).abs().max()).unwrap();
+            let spread = f64::try_from((&p - &r).abs().max()).unwrap();
             // Losses agree to 1e-5 at every step; after 30 AdamW updates, coordinates with small
-            // gradients have amplified the summation-order rounding to a few 1e-5 of their scale.
-            if diff > 1e-4 * scale {
+            // gradients have amplified the summation-order rounding to a few 1e-5 of their scale
+            // (or, as for the losses, to 8 times what another order of one process moves them).
+            if diff > (1e-4 * scale).max(8.0 * spread) {
                 bad.push(format!("{name}: max |Δ| {diff:e} (scale {scale:e})"));
             }
         }
