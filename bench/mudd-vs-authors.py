@@ -31,25 +31,21 @@ does not share, none to the MUDD connections:
   the generators' gradients are not compared there (plexus has none).
 """
 
-import math
 import os
 import sys
 import types
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "parity"))
-import run  # noqa: E402  (parity/run.py)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from authors_check import D, HEADS, HEADER, HIDDEN, LAYERS, T, VOCAB, Reference, judge, run  # noqa: E402
 
-U32 = 2.0 ** -24
 CASES = [
     ("qkvr, dynamic", {"kind": "mudd"}),
     ("qkvr, static", {"kind": "mudd", "dynamic": False}),
     ("l, dynamic", {"kind": "mudd", "ways": "l"}),
     ("l, static", {"kind": "mudd", "ways": "l", "dynamic": False}),
 ]
-D, LAYERS, HEADS, HIDDEN, VOCAB, T = 32, 3, 4, 64, 48, 8
 
 
 def authors_model(folder, ways, n_layers):
@@ -80,7 +76,7 @@ def authors_model(folder, ways, n_layers):
     return m
 
 
-def names(ours, lidx, ways):
+def names(ways):
     """Our parameter name → theirs."""
     table = {
         "embed_tokens.weight": "tok_embeddings.weight",
@@ -111,26 +107,14 @@ def names(ours, lidx, ways):
 def main(folder):
     seed = 9100
     print(f"mudd against the authors' modeling_muddformer.py ({folder})")
-    print(f"LLaMA D={D}, {LAYERS} layers, {HEADS} heads, SwiGLU {HIDDEN}, vocab {VOCAB}, T={T}, batch {run.BATCH}; fp32")
-    print("error = max|x − float64| / max(1, max|float64|); bound = 8 × the reference's worst fp32 run + 4·2⁻²⁴\n")
+    print(HEADER)
     failed = 0
     for k, (label, topo) in enumerate(CASES):
         ways = topo.get("ways", "qkvr")
-        case = {"seed": seed + k, "precision": "fp32", "topology": topo,
-                "model": {"kind": "llama", "vocab_size": VOCAB, "width": D, "depth": LAYERS, "heads": HEADS,
-                          "seq_len": T, "hidden": HIDDEN}}
-        model = run.build_model(case)
-        torch.manual_seed(case["seed"])
-        run.redraw_parameters(model)
-        x = torch.randint(0, VOCAB, model.input_shape(run.BATCH), dtype=torch.int64)
-        g = torch.randn(model.output_shape(run.BATCH), dtype=torch.float32)
-        out, loss, grads = run.forward_backward(model, x, g)
-        high_out, high_loss, high_grads = run.high_precision(case, model, x, g)
-        spreads = run.spread(model, x, g, case["seed"])
-
+        ref = Reference(seed + k, topo)
         theirs = authors_model(folder, ways, LAYERS)
-        table = names(None, None, ways)
-        ours = dict(model.named_parameters())
+        table = names(ways)
+        ours = dict(ref.model.named_parameters())
         static = topo.get("dynamic", True) is False
         state = {}
         for ours_name, their_name in table.items():
@@ -144,44 +128,22 @@ def main(folder):
         missing, unexpected = theirs.load_state_dict(state, strict=False)
         missing = [m for m in missing if "kv_cache" not in m and "layer_cache" not in m]
         assert not missing and not unexpected, (missing, unexpected)
-        logits = theirs(x, return_tensor=True)
-        their_loss = (logits.float() * g).sum()
+        logits = theirs(ref.x, return_tensor=True)
+        their_loss = (logits.float() * ref.g).sum()
         their_loss.backward()
         their_params = dict(theirs.named_parameters())
-
-        rows = [("output.y", logits.detach(), out, high_out, [r[0] for r in spreads]),
-                ("output.loss", their_loss.detach(), loss, high_loss, [r[1] for r in spreads])]
-        for ours_name in sorted(grads):
+        grads = {}
+        for ours_name in ref.grads:
             if ours_name not in table:
                 continue
             their_name = table[ours_name]
             if their_name in their_params:
-                gt = their_params[their_name].grad
+                grads[ours_name] = their_params[their_name].grad
             else:  # `l`: their q, k, v are one `wqkv` (their load hook stacks wq, wk, wv)
                 third = "qkv".index(their_name.split(".")[-2][1])
                 fused = their_params[their_name.rsplit(".", 2)[0] + ".wqkv.weight"].grad
-                gt = fused[third * D:(third + 1) * D]
-            rows.append((f"grad.{ours_name}", gt, grads[ours_name], high_grads[ours_name],
-                         [r[2][ours_name] for r in spreads]))
-
-        def rel(a, h):
-            return (a.double() - h).abs().max().item() / max(1.0, h.abs().max().item())
-
-        worst = None
-        bad = []
-        for name, a, ref, high, runs in rows:
-            e_auth = rel(a.detach(), high)
-            e_ref = max(rel(ref.detach(), high), *(rel(r, high) for r in runs))
-            bound = 8 * e_ref + 4 * U32
-            ratio = e_auth / bound
-            if worst is None or ratio > worst[-1]:
-                worst = (name, e_auth, e_ref, bound, ratio)
-            if e_auth > bound:
-                bad.append(name)
-        status = "pass" if not bad else f"FAIL ({', '.join(bad)})"
-        failed += bool(bad)
-        print(f"{label:15s} {len(rows):3d} tensors  worst: {worst[0]:42s} authors {worst[1]:.2e}  "
-              f"reference {worst[2]:.2e}  bound {worst[3]:.2e}  ratio {worst[4]:.2f}  {status}")
+                grads[ours_name] = fused[third * D:(third + 1) * D]
+        failed += not judge(label, ref.rows(logits, their_loss, grads))
     print(f"\n{len(CASES) - failed} of {len(CASES)} cases within the error model")
     return 1 if failed else 0
 
