@@ -70,19 +70,25 @@ pub(super) fn ancre_panel(p: &crate::run_dir::Matrix, s: u64) -> Heatmap {
     }
 }
 
+/// How many square `n × n` blocks (n = the columns, at least `min`) a matrix read from `file`
+/// stacks, or an error that says what it should be (`shape`) and what it is.
+fn square_blocks(m: &crate::run_dir::Matrix, file: &Path, min: usize, shape: &str) -> Result<usize> {
+    let n = m.ncols();
+    anyhow::ensure!(
+        n >= min && m.nrows() > 0 && m.nrows().is_multiple_of(n),
+        "{}: {shape}, this one is {}×{n} (a truncated file?)",
+        file.display(),
+        m.nrows()
+    );
+    Ok(m.nrows() / n)
+}
+
 /// A width rule's stream mixing `[L·n, n]` (see [`crate::topology::STREAM_MIXING_VIEWS`]) as one
 /// `n × n` panel per unit: row s, column t = the weight of stream s in the new stream t. The first,
 /// middle and last units are drawn (with C: four panels, one row of a page or two of a column);
 /// every unit's is in the run's `params/` file.
 pub(super) fn stream_panels(m: &crate::run_dir::Matrix, file: &Path) -> Result<Vec<Heatmap>> {
-    let n = m.ncols();
-    anyhow::ensure!(
-        n >= 1 && m.nrows().is_multiple_of(n) && m.nrows() > 0,
-        "{}: a stream mixing is L·n rows of n columns, this one is {}×{n} (a truncated file?)",
-        file.display(),
-        m.nrows()
-    );
-    let units = m.nrows() / n;
+    let (n, units) = (m.ncols(), square_blocks(m, file, 1, "a stream mixing is L·n rows of n columns")?);
     let mut shown = vec![0, (units - 1) / 2, units - 1];
     shown.dedup();
     let streams: Vec<String> = (1..=n).map(|s| s.to_string()).collect();
@@ -107,14 +113,7 @@ pub(super) fn stream_panels(m: &crate::run_dir::Matrix, file: &Path) -> Result<V
 /// way, side by side on one colour scale: what each of the block's inputs (query, key, value,
 /// residual) reads.
 pub(super) fn way_panels(m: &crate::run_dir::Matrix, file: &Path) -> Result<Vec<Heatmap>> {
-    let n = m.ncols();
-    anyhow::ensure!(
-        n >= 2 && m.nrows().is_multiple_of(n) && m.nrows() > 0,
-        "{}: C per way is W·(L+2) rows of L+2 columns, this one is {}×{n} (a truncated file?)",
-        file.display(),
-        m.nrows()
-    );
-    let ways = m.nrows() / n;
+    let (n, ways) = (m.ncols(), square_blocks(m, file, 2, "C per way is W·(L+2) rows of L+2 columns")?);
     let names: &[&str] =
         if ways == crate::topology::mudd::WAYS.len() { &crate::topology::mudd::WAYS } else { &["block"] };
     let mut panels: Vec<Heatmap> = (0..ways)

@@ -93,6 +93,13 @@ pub fn to_matrix(t: &Tensor) -> ndarray::Array2<f64> {
     crate::host::matrix(t)
 }
 
+/// `t` `[.., K]` averaged over every leading axis (batch, tokens, streams): `[K]` f64 on the host
+/// (one counted read). What input-dependent topologies' traced C columns are.
+pub fn mean_over_leading(t: &Tensor) -> Vec<f64> {
+    let k = *t.size().last().expect("a last axis");
+    to_vec(&t.reshape([-1, k]).mean_dim(0, false, Kind::Double))
+}
+
 /// A tensor's values as f64 (one counted read, see [`crate::host`]).
 pub fn to_vec(t: &Tensor) -> Vec<f64> {
     crate::host::values(t)

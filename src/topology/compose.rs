@@ -257,18 +257,12 @@ struct Paired<'a> {
     res: RefCell<Option<Tensor>>,
 }
 
-/// `t` `[.., D]` averaged over every leading axis: `[D]` f64 on the host.
-fn mean_channels(t: &Tensor) -> Vec<f64> {
-    let d = *t.size().last().expect("a feature axis");
-    common::to_vec(&t.reshape([-1, d]).mean_dim(0, false, Kind::Double))
-}
-
 impl Unit for Paired<'_> {
     fn forward(&self, pair: &Tensor, norm: Norm, train: bool) -> Tensor {
         let (h, hc) = (pair.get(0), pair.get(1));
         let (pre, res, post) = self.width.mixing(self.k, &h, None);
         let (u, uc) = (stream_read(&h, &pre, None), stream_read(&hc, &pre, None));
-        *self.column.borrow_mut() = mean_channels(&uc);
+        *self.column.borrow_mut() = common::mean_over_leading(&uc);
         let n = self.width.streams() as i64;
         *self.res.borrow_mut() = Some(res.to_kind(Kind::Double).reshape([-1, n, n]).mean_dim(0, false, Kind::Double));
         let o = self.unit.forward(&u, norm, train);
@@ -322,7 +316,7 @@ impl Compose {
             let refs: Vec<&dyn Unit> = paired.iter().map(|p| p as &dyn Unit).collect();
             let pair = Tensor::stack(&[x0.shallow_clone(), coef0], 0);
             let y = tch::no_grad(|| common::with_paired_trace(|| self.depth.forward(&self.widen(&pair), &refs, false)));
-            let readout = mean_channels(&y.get(1).mean_dim(-2, false, Kind::Double));
+            let readout = common::mean_over_leading(&y.get(1).mean_dim(-2, false, Kind::Double));
             let columns = paired.iter().map(|p| p.column.take()).chain(std::iter::once(readout));
             for (col, got) in cols.iter_mut().zip(columns) {
                 for (c, v) in got.into_iter().enumerate().filter(|(c, _)| start + c <= l) {

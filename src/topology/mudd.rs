@@ -230,7 +230,6 @@ impl Mudd {
             let _ = e.narrow(-1, k as i64, 1).fill_(1.0);
             e
         };
-        let mean = |t: &Tensor| common::to_vec(&t.reshape([-1, n]).mean_dim(0, false, Kind::Double));
         let start = State { value: x0.shallow_clone(), coef: columns.is_some().then(|| basis(0)) };
         // Block 1 reads x0 on every way.
         let mut ins: Vec<State> = (0..self.ways).map(|_| start.share()).collect();
@@ -238,7 +237,7 @@ impl Mudd {
         for (k, (f, mix)) in units.iter().zip(&self.mixes).enumerate() {
             if let Some(cols) = columns.as_deref_mut() {
                 for (c, s) in ins.iter().enumerate() {
-                    cols[c].push(mean(s.coef.as_ref().expect("traced")));
+                    cols[c].push(common::mean_over_leading(s.coef.as_ref().expect("traced")));
                 }
             }
             let residual = &ins[ins.len() - 1];
@@ -259,7 +258,7 @@ impl Mudd {
         }
         let y = ins.swap_remove(0);
         if let Some(cols) = columns {
-            let readout = mean(y.coef.as_ref().expect("traced"));
+            let readout = common::mean_over_leading(y.coef.as_ref().expect("traced"));
             for col in cols.iter_mut() {
                 col.push(readout.clone());
             }
