@@ -189,6 +189,27 @@ pub fn history_attend_gpu(
     cuda_result(history_attend(buf, gbuf, slots, states, q))
 }
 
+/// AttnRes' depth attention over a history where a fused kernel takes it: the GPU's
+/// ([`history_attend_gpu`]: a CUDA device, or the CPU under [`gpu_paths_on_cpu`], fp32), else the
+/// fused CPU row loops ([`history_attend_rows`]: fp32 or fp64 CPU tensors, the kernels on); 1 to
+/// [`ATTNRES_MAX_SOURCES`] sources. `None` elsewhere (the caller runs its composite).
+pub fn history_attend_fused(
+    buf: &Tensor,
+    gbuf: &Tensor,
+    slots: &[usize],
+    states: &[&Tensor],
+    q: &Tensor,
+) -> Option<(Tensor, Tensor)> {
+    if let Some(out) = history_attend_gpu(buf, gbuf, slots, states, q) {
+        return Some(out);
+    }
+    let takes =
+        !takes_gpu_paths(buf) && fused_streams_take_all(&[buf, q]) && (1..=ATTNRES_MAX_SOURCES).contains(&slots.len());
+    takes.then(|| {
+        history_attend_rows(buf, gbuf, slots, states, q).unwrap_or_else(|e| panic!("AttnRes' CPU kernel: {e:#}"))
+    })
+}
+
 /// mHC's mixing logits ([`rms_project`]) where a step takes the GPU's fused paths (a CUDA device,
 /// or the CPU under [`gpu_paths_on_cpu`]) and `v`, `phi` are fp32 with `compute` fp32 or bf16;
 /// `None` elsewhere (the caller runs its own code).

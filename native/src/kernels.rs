@@ -639,6 +639,36 @@ pub fn history_attend(
     Ok((y, alpha))
 }
 
+/// [`history_attend`]'s arithmetic on the CPU as the fused row loops (`native/src/stream_rows.inc`,
+/// in the instruction set of [`kernel_isa`]): rows in parallel, each source read once per row each
+/// way, backward adding each source's gradient into its row of `gbuf`. fp32 or fp64 CPU tensors,
+/// 1 to [`ATTNRES_MAX_SOURCES`] sources; `(y [.., D], α [.., k])`, α without gradient.
+pub fn history_attend_rows(
+    buf: &Tensor,
+    gbuf: &Tensor,
+    slots: &[usize],
+    states: &[&Tensor],
+    q: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let (slots, mut ptrs) = history_reads("history_attend_rows", slots, states)?;
+    let mut out: [*mut torch_sys::C_tensor; 2] = [std::ptr::null_mut(); 2];
+    // SAFETY: as in `history_attend`.
+    let err = unsafe {
+        ffi::plexus_history_attend_rows(
+            buf.as_ptr() as *mut _,
+            gbuf.as_ptr() as *mut _,
+            slots.as_ptr(),
+            ptrs.as_mut_ptr(),
+            slots.len() as i64,
+            q.as_ptr() as *mut _,
+            kernel_isa().code(),
+            out.as_mut_ptr(),
+        )
+    };
+    let [y, alpha] = fused_results(err, out)?;
+    Ok((y, alpha))
+}
+
 /// `(v @ phi) / rms(v)` row by row, `rms(v) = ‖v‖₂ / √N` (mHC's mixing logits): `v` `[.., N]`,
 /// `phi` `[N, K]` → `[.., K]`, one autograd function whose backward forms the input gradient in one
 /// pass (the products are libtorch's) and keeps nothing of `v`'s size but `v`. fp32/fp64 tensors

@@ -307,6 +307,16 @@ mod ffi {
             q: *mut C_tensor,
             out: *mut *mut C_tensor,
         ) -> *mut c_char;
+        pub fn plexus_history_attend_rows(
+            buf: *mut C_tensor,
+            gbuf: *mut C_tensor,
+            slots: *const i64,
+            states: *mut *mut C_tensor,
+            k: i64,
+            q: *mut C_tensor,
+            isa: i64,
+            outs: *mut *mut C_tensor,
+        ) -> *mut c_char;
         pub fn plexus_norm_project(
             x: *mut C_tensor,
             gamma: *mut C_tensor,
@@ -880,18 +890,21 @@ mod tests {
         }
     }
 
-    /// AttnRes' depth-attention kernels' arithmetic (run on the CPU: [`history_attend`] on CPU
-    /// tensors runs their host build) against the composite they replace — per source
-    /// `(v·q)/rms(v)`, a softmax over the sources, the weighted sum — and fp64: both outputs, α,
-    /// and the gradients of both queries and of every source, through a history whose sources are
-    /// read by two attentions (all five, and three at uneven slots, as block AttnRes reads them)
-    /// and one of them also directly (as the next partial sum reads it): within 8× the
-    /// composite's error from fp64 plus 4 units of fp32, for a width under one block of threads
-    /// and one that some threads loop over twice.
+    /// AttnRes' depth-attention kernels' arithmetic — the CUDA kernels' (run on the CPU:
+    /// [`history_attend`] on CPU tensors runs their host build) and the CPU row loops'
+    /// ([`history_attend_rows`], in every instruction set this CPU runs) — against the composite
+    /// they replace — per source `(v·q)/rms(v)`, a softmax over the sources, the weighted sum —
+    /// and fp64: both outputs, α, and the gradients of both queries and of every source, through a
+    /// history whose sources are read by two attentions (all five, and three at uneven slots, as
+    /// block AttnRes reads them) and one of them also directly (as the next partial sum reads it):
+    /// within 8× the composite's error from fp64 plus 4 units of fp32, for a width under one block
+    /// of threads and one that some threads loop over twice (and, for the row loops, under one
+    /// vector and with a tail). The row loops in fp64 (what the fp64 tests of the topologies run)
+    /// within 64 units of fp64 of the fp64 composite.
     #[test]
     fn the_attnres_kernels_arithmetic_equals_the_composite() {
         use tch::{Device, Kind};
-        for d in [37i64, 300] {
+        for d in [5i64, 37, 300] {
             let grid = |phase: f64, scale: f64| {
                 (Tensor::arange(21 * d, (Kind::Double, Device::Cpu)) * phase).sin().reshape([3, 7, d]) * scale
             };
@@ -899,8 +912,16 @@ mod tests {
             let (q1, q2) = (grid(0.7, 0.3).get(0).get(0), grid(1.3, 0.8).get(1).get(2));
             let (g1, g2, g3) = (grid(2.3, 1.0), grid(0.9, 1.0), grid(1.9, 1.0));
             let picks = [0usize, 2, 4];
-            // [y1, y2, α1, α2, gq1, gq2, gv_0 .. gv_4] at `dtype`, through the kernels or the composite.
-            let run = |dtype: Kind, kernels: bool| {
+            // [y1, y2, α1, α2, gq1, gq2, gv_0 .. gv_4] at `dtype`, through the CUDA kernels' host
+            // build (`Host`), the row loops (`Rows`) or the composite (`Composite`).
+            #[derive(Clone, Copy, PartialEq)]
+            enum Path {
+                Composite,
+                Host,
+                Rows,
+            }
+            let run = |dtype: Kind, path: Path| {
+                let kernels = path != Path::Composite;
                 let leaf = |t: &Tensor| t.to_kind(dtype).detach().set_requires_grad(true);
                 let vs: Vec<Tensor> = v0.iter().map(leaf).collect();
                 let (q1, q2) = (leaf(&q1), leaf(&q2));
@@ -925,10 +946,11 @@ mod tests {
                 };
                 let all: Vec<&Tensor> = states.iter().collect();
                 let some: Vec<&Tensor> = picks.iter().map(|&i| &states[i]).collect();
+                let attend = if path == Path::Host { history_attend } else { history_attend_rows };
                 let ((y1, a1), (y2, a2)) = if kernels {
                     (
-                        history_attend(&buf, &gbuf, &[0, 1, 2, 3, 4], &all, &q1).unwrap(),
-                        history_attend(&buf, &gbuf, &picks, &some, &q2).unwrap(),
+                        attend(&buf, &gbuf, &[0, 1, 2, 3, 4], &all, &q1).unwrap(),
+                        attend(&buf, &gbuf, &picks, &some, &q2).unwrap(),
                     )
                 } else {
                     (composite(&all, &q1), composite(&some, &q2))
@@ -940,17 +962,35 @@ mod tests {
                 out.extend(vs.iter().map(|v| v.grad()));
                 out
             };
-            let (got, want, truth) = (run(Kind::Float, true), run(Kind::Float, false), run(Kind::Double, false));
+            let (want, truth) = (run(Kind::Float, Path::Composite), run(Kind::Double, Path::Composite));
+            let mut cases = vec![("host build".to_string(), run(Kind::Float, Path::Host))];
+            for isa in setting::kernel_isas() {
+                cases.push((
+                    format!("row loops ({})", isa.name()),
+                    setting::with_kernel_isa(isa, || run(Kind::Float, Path::Rows)),
+                ));
+            }
+            let exact = setting::with_kernel_isa(setting::KernelIsa::best(), || run(Kind::Double, Path::Rows));
             let max = |t: &Tensor| scalar(&t.to_kind(Kind::Double).abs().max());
-            for (i, ((g, w), t)) in got.iter().zip(&want).zip(&truth).enumerate() {
-                let what = ["y1", "y2", "α1", "α2", "q1 gradient", "q2 gradient"]
-                    .get(i)
-                    .map_or_else(|| format!("v{} gradient", i - 6), |s| s.to_string());
-                assert_eq!(g.size(), w.size(), "D {d}: {what}: shape");
-                let err = |x: &Tensor| max(&(x.to_kind(Kind::Double) - t)) / max(t).max(1e-30);
-                let (e, e_ref) = (err(g), err(w));
-                let floor = 4.0 * f64::from(f32::EPSILON);
-                assert!(e <= 8.0 * e_ref + floor, "D {d}: {what}: {e:e} against the composite's {e_ref:e}");
+            for (kernel, got) in &cases {
+                for (i, ((g, w), t)) in got.iter().zip(&want).zip(&truth).enumerate() {
+                    let what = ["y1", "y2", "α1", "α2", "q1 gradient", "q2 gradient"]
+                        .get(i)
+                        .map_or_else(|| format!("v{} gradient", i - 6), |s| s.to_string());
+                    assert_eq!(g.size(), w.size(), "D {d}, {kernel}: {what}: shape");
+                    let err = |x: &Tensor| max(&(x.to_kind(Kind::Double) - t)) / max(t).max(1e-30);
+                    let (e, e_ref) = (err(g), err(w));
+                    let floor = 4.0 * f64::from(f32::EPSILON);
+                    assert!(
+                        e <= 8.0 * e_ref + floor,
+                        "D {d}, {kernel}: {what}: {e:e} against the composite's {e_ref:e}"
+                    );
+                    let e64 = max(&(&exact[i] - t)) / max(t).max(1e-30);
+                    assert!(
+                        e64 <= 64.0 * f64::EPSILON,
+                        "D {d}, fp64 row loops: {what}: {e64:e} from the fp64 composite"
+                    );
+                }
             }
         }
     }

@@ -42,6 +42,7 @@
 
 #include "cuda_kernels.h"
 #include "guarded.h"
+#include "history.h"
 #include "record.h"
 #include "stream_grad.h"
 
@@ -57,6 +58,7 @@
 #include <type_traits>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -169,6 +171,8 @@ struct RowKernels {
   decltype(&isa_baseline::sinkhorn_rows_backward<T>) sinkhorn_backward;
   decltype(&isa_baseline::hyper_pre_rows<T>) hyper_pre;
   decltype(&isa_baseline::hyper_pre_rows_backward<T>) hyper_pre_backward;
+  decltype(&isa_baseline::attnres_rows<T>) attnres;
+  decltype(&isa_baseline::attnres_rows_backward<T>) attnres_backward;
 };
 
 // The table of namespace `k`'s copy.
@@ -176,7 +180,8 @@ struct RowKernels {
   RowKernels<T> {                                                                                    \
     &k::read_rows<T>, &k::read_rows_backward<T>, &k::write_rows<T>, &k::write_rows_backward<T>,      \
         &k::norm_project_rows<T>, &k::norm_project_rows_backward<T>, &k::sinkhorn_rows<T>,           \
-        &k::sinkhorn_rows_backward<T>, &k::hyper_pre_rows<T>, &k::hyper_pre_rows_backward<T>         \
+        &k::sinkhorn_rows_backward<T>, &k::hyper_pre_rows<T>, &k::hyper_pre_rows_backward<T>,        \
+        &k::attnres_rows<T>, &k::attnres_rows_backward<T>                                            \
   }
 
 template <typename T>
@@ -896,6 +901,119 @@ struct HyperPre : public torch::autograd::Function<HyperPre> {
   }
 };
 
+// ----------------------------------------------------------------------------------------------
+// history_attend_rows: AttnRes' depth attention over rows `slots` of a history buffer on the CPU
+// (history.cpp: buf [cap, N], fp32 or fp64) with the unit's query q [D] → (y shaped like the
+// states [.., D], α [.., m] without gradient), the row loops of stream_rows.inc: one pass over the
+// sources each way, rows in parallel. The autograd contract is cuda_kernels.cpp's HistoryAttend
+// (which runs attnres.cu's kernels, or their host build under PLEXUS_FUSED_KERNELS=cuda-host): the
+// states are inputs only so that their pushes' backwards run after this one's, which adds the
+// sources' gradients into gbuf. Saved: q; the buffers live in saved_data, as every reader's of a
+// history. gq's partial sums, one [D] per task, are added in task order.
+
+constexpr int64_t kAttnResRowsMaxSources = 64;  // PLEXUS_ATTNRES_MAX_SOURCES of attnres.cu
+
+// Element offsets of rows `slots` of a [cap, N] buffer, checked.
+std::vector<int64_t> attnres_row_offsets(const plexus_history::Buffers& h, const std::vector<int64_t>& slots) {
+  const int64_t m = static_cast<int64_t>(slots.size());
+  if (m < 1 || m > kAttnResRowsMaxSources) {
+    throw std::invalid_argument("AttnRes' CPU kernel takes 1 to " + std::to_string(kAttnResRowsMaxSources) +
+                                " sources (" + std::to_string(m) + " given)");
+  }
+  std::vector<int64_t> src;
+  src.reserve(m);
+  for (const auto s : slots) {
+    if (s < 0 || s >= h.buf.size(0)) throw std::invalid_argument("history slot out of range");
+    src.push_back(s * h.buf.size(1));
+  }
+  return src;
+}
+
+// The records' inputs: `first`, then rows `slots` of each of `histories`.
+std::vector<c10::IValue> attnres_record(std::vector<at::Tensor> first, const std::vector<int64_t>& slots,
+                                        std::initializer_list<at::Tensor> histories) {
+  std::vector<c10::IValue> out(first.begin(), first.end());
+  for (const auto& t : histories) {
+    for (const auto slot : slots) out.emplace_back(t.select(0, slot));
+  }
+  return out;
+}
+
+struct HistoryAttendRows : public torch::autograd::Function<HistoryAttendRows> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, at::TensorList states,
+                               plexus_history::Buffers h, std::vector<int64_t> slots, int64_t isa) {
+    const auto dtype = h.buf.scalar_type();
+    if (!(dtype == at::kFloat || dtype == at::kDouble)) throw std::invalid_argument("history_attend_rows takes float32/64");
+    check_cpu_float(h.buf, "history buffer", dtype);
+    check_cpu_float(q_in, "AttnRes' query", dtype);
+    if (h.buf.dim() != 2 || !h.buf.is_contiguous()) throw std::invalid_argument("history buffer must be [cap, N]");
+    const auto q = q_in.contiguous();
+    const int64_t d = q.numel(), n = h.buf.size(1);
+    if (d == 0 || n % d != 0 || states.size() != slots.size()) {
+      throw std::invalid_argument("history_attend_rows: q [D] must divide the buffer's rows, one state per slot");
+    }
+    const auto src = attnres_row_offsets(h, slots);
+    const int64_t rows = n / d, m = static_cast<int64_t>(src.size());
+    auto y = at::empty({rows, d}, h.buf.options()), alpha = at::empty({rows, m}, h.buf.options());
+    {
+      RECORD_FUNCTION("plexus::history_attend", attnres_record({q}, slots, {h.buf}));
+      PLEXUS_RECORD_OUTPUTS(y, alpha);
+      AT_DISPATCH_FLOATING_TYPES(dtype, "history_attend_rows", [&] {
+        const scalar_t* bp = h.buf.const_data_ptr<scalar_t>();
+        const scalar_t* qp = q.const_data_ptr<scalar_t>();
+        scalar_t* yp = y.mutable_data_ptr<scalar_t>();
+        scalar_t* ap = alpha.mutable_data_ptr<scalar_t>();
+        const auto kernel = row_kernels<scalar_t>(isa).attnres;
+        at::parallel_for(0, rows, grain(m * d), [&](int64_t b, int64_t e) { kernel(bp, src.data(), m, qp, yp, ap, b, e, d); });
+      });
+    }
+    ctx->save_for_backward({q});
+    ctx->saved_data["buf"] = h.buf;
+    ctx->saved_data["gbuf"] = h.gbuf;
+    ctx->saved_data["slots"] = slots;
+    ctx->saved_data["isa"] = isa;
+    ctx->mark_non_differentiable({alpha});
+    auto alpha_sizes = states[0].sizes().vec();
+    alpha_sizes.back() = m;
+    return {y.view(states[0].sizes()), alpha.view(alpha_sizes)};
+  }
+
+  // (gy, -) → (gq [D], no gradient for the states: it goes to gbuf, which their pushes return)
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    plexus_history::Buffers h{ctx->saved_data["buf"].toTensor(), ctx->saved_data["gbuf"].toTensor()};
+    const auto q = ctx->get_saved_variables()[0];
+    const auto slots = ctx->saved_data["slots"].toIntVector();
+    variable_list out(1 + slots.size() + 3);  // q, the states, the buffers, the slots and isa
+    if (!grads[0].defined()) return out;
+    const int64_t d = q.numel(), n = h.buf.size(1), rows = n / d;
+    const auto src = attnres_row_offsets(h, slots);
+    const int64_t m = static_cast<int64_t>(src.size());
+    const auto gy = grads[0].to(h.buf.scalar_type()).reshape({-1, d}).contiguous();
+    plexus_history::ensure_gradient_buffer(h);
+    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
+    auto partial = at::zeros({tasks, d}, q.options());
+    {
+      RECORD_FUNCTION("plexus::history_attend_backward", attnres_record({q, gy}, slots, {h.buf, h.gbuf}));
+      if (guard.needsOutputs()) guard.setOutputs(attnres_record({partial}, slots, {h.gbuf}));
+      AT_DISPATCH_FLOATING_TYPES(h.buf.scalar_type(), "history_attend_rows_backward", [&] {
+        const scalar_t* bp = h.buf.const_data_ptr<scalar_t>();
+        scalar_t* gbp = h.gbuf.mutable_data_ptr<scalar_t>();
+        const scalar_t* qp = q.const_data_ptr<scalar_t>();
+        const scalar_t* gyp = gy.const_data_ptr<scalar_t>();
+        scalar_t* pp = partial.mutable_data_ptr<scalar_t>();
+        const auto kernel = row_kernels<scalar_t>(ctx->saved_data["isa"].toInt()).attnres_backward;
+        at::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
+          for (int64_t task = tb; task < te; ++task) {
+            kernel(bp, gbp, src.data(), m, qp, gyp, pp + task * d, task * rows / tasks, (task + 1) * rows / tasks, d);
+          }
+        });
+      });
+    }
+    out[0] = partial.sum(0);
+    return out;
+  }
+};
+
 }  // namespace
 
 extern "C" {
@@ -957,6 +1075,20 @@ char* plexus_hyper_pre(at::Tensor* h, at::Tensor* const* params, double eps, int
     const auto& p = params;
     auto r = HyperPre::apply(*h, *p[0], *p[1], *p[2], *p[3], *p[4], *p[5], *p[6], *p[7], eps, isa);
     for (size_t i = 0; i < 3; ++i) outs[i] = new at::Tensor(std::move(r[i]));
+  });
+}
+
+// AttnRes' depth attention over rows `slots` of a CPU history (history_attend_rows above); `states`:
+// the pushes' outputs of those slots. outs: y, α (two fresh handles on success).
+char* plexus_history_attend_rows(at::Tensor* buf, at::Tensor* gbuf, const int64_t* slots, at::Tensor** states,
+                                 int64_t k, at::Tensor* q, int64_t isa, at::Tensor** outs) {
+  return guarded([&] {
+    std::vector<int64_t> s(slots, slots + k);
+    std::vector<at::Tensor> xs;
+    xs.reserve(k);
+    for (int64_t i = 0; i < k; ++i) xs.push_back(*states[i]);
+    auto r = HistoryAttendRows::apply(*q, at::TensorList(xs), plexus_history::Buffers{*buf, *gbuf}, s, isa);
+    for (size_t i = 0; i < 2; ++i) outs[i] = new at::Tensor(std::move(r[i]));
   });
 }
 

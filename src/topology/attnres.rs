@@ -7,10 +7,13 @@
 //! The RMS norm and the softmax run in fp32. Effective C: the attention weights, averaged over
 //! batch and tokens, spread over the units each source sums.
 //!
-//! Where a step takes the GPU's fused paths (a CUDA device, or the CPU under
-//! `PLEXUS_FUSED_KERNELS=cuda-host`) and the stream is fp32, every source is also pushed into a
-//! history buffer ([`common::History`]) and each unit's attention is one kernel each way over it
-//! (`native/src/attnres.cu`); elsewhere the composite below.
+//! Where a fused kernel takes the step — a CUDA device or the CPU under
+//! `PLEXUS_FUSED_KERNELS=cuda-host` with an fp32 stream (`native/src/attnres.cu`), or the CPU in an
+//! fp32 or fp64 run with the fused kernels on (the row loops of `native/src/stream_rows.inc`, the
+//! same arithmetic) — every source is also pushed into a history buffer ([`common::History`]) and
+//! each unit's attention is one kernel each way over it, reading each source once per row;
+//! elsewhere (bf16 streams, bf16 runs on the CPU, `PLEXUS_FUSED_KERNELS=0`, a paired trace) the
+//! composite below.
 
 use super::{common, Granularity, Norm, StackInfo, Topology, TopologyEntry, TopologySpec, Unit};
 use crate::config::{parse_options, OptionError};
@@ -67,10 +70,10 @@ impl TopologySpec for Spec {
     fn granularity(&self) -> Granularity {
         self.granularity
     }
-    fn build(&self, vs: &nn::Path, _compute: Kind) -> Box<dyn Topology> {
+    fn build(&self, vs: &nn::Path, compute: Kind) -> Box<dyn Topology> {
         let queries = vs.zeros("queries", &[self.depth as i64 + 1, self.width as i64]);
         let group = if self.blocks == 0 { 1 } else { self.depth.div_ceil(self.blocks) };
-        Box::new(AttnRes { queries, group, full: self.blocks == 0 })
+        Box::new(AttnRes { queries, group, full: self.blocks == 0, compute })
     }
 }
 
@@ -79,6 +82,8 @@ struct AttnRes {
     /// Units per group (block variant).
     group: usize,
     full: bool,
+    /// The units' compute dtype: the CPU row loops take only a stream in it (see `run`).
+    compute: Kind,
 }
 
 /// A source: its value `[.., D]`, which unit outputs it sums (0 = x0), its row in the history
@@ -171,10 +176,13 @@ impl AttnRes {
         };
         // The fused path's history: x0, then every unit's output (full) or its group's partial sum
         // after it (block), one row each.
-        let fused = native::choice::takes_gpu_paths(x0)
-            && x0.kind() == Kind::Float
-            && l < native::kernels::ATTNRES_MAX_SOURCES
-            && !common::paired_trace();
+        // The CPU row loops only where the units compute in the stream's dtype: their logits differ
+        // from the composite's by a float32 unit (another summation order), which a bf16 unit's
+        // rounding would turn into a bf16 unit on some tokens (parity/SPEC.md, Tolerance) — a
+        // bf16 run on the CPU keeps the composite, the reference's arithmetic.
+        let gpu = native::choice::takes_gpu_paths(x0) && x0.kind() == Kind::Float;
+        let rows = native::choice::fused_streams_take(x0) && self.compute == x0.kind();
+        let fused = (gpu || rows) && l < native::kernels::ATTNRES_MAX_SOURCES && !common::paired_trace();
         let mut history = fused.then(|| common::History::new(l + 1, x0));
         let mut done: Vec<Source> = vec![Source::new(x0.shallow_clone(), vec![0], history.as_mut())];
         let mut partial: Option<Source> = None;

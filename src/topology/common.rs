@@ -336,13 +336,14 @@ impl History {
     }
 
     /// Attention Residuals' depth attention over the states at `slots` with the query `q` `[D]`
-    /// through plexus' kernels ([`native::choice::history_attend_gpu`]): `Some((y [.., D], α [.., k]))`
-    /// where the step takes the GPU's fused paths and the kernels run; `None` otherwise (no
-    /// buffer, another device or dtype, or too many slots), and the caller runs its composite.
+    /// through plexus' kernels ([`native::choice::history_attend_fused`]): `Some((y [.., D], α [.., k]))`
+    /// where a fused kernel takes it (the GPU's, or the CPU row loops for fp32/fp64); `None`
+    /// otherwise (no buffer, another device or dtype, or too many slots), and the caller runs its
+    /// composite.
     pub fn attend(&self, slots: &[usize], q: &Tensor) -> Option<(Tensor, Tensor)> {
         let (buf, gbuf) = self.buffers.as_ref()?;
         let xs: Vec<&Tensor> = slots.iter().map(|&s| &self.states[s]).collect();
-        native::choice::history_attend_gpu(buf, gbuf, slots, &xs, q)
+        native::choice::history_attend_fused(buf, gbuf, slots, &xs, q)
     }
 
     /// [`History::mix`] over the first `k` states.
