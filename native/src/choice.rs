@@ -169,30 +169,11 @@ pub fn norm_project_gpu(
     cuda_result(norm_project_cuda(x, gamma, beta, w, eps, compute == Kind::BFloat16, grad))
 }
 
-/// [`history_attend`] where a step takes the GPU's fused paths (a CUDA device, or the CPU under
-/// [`gpu_paths_on_cpu`]) and the call fits the kernels (fp32, 1 to [`ATTNRES_MAX_SOURCES`]
-/// sources); `None` elsewhere or where the kernels cannot run (the caller runs its composite).
-pub fn history_attend_gpu(
-    buf: &Tensor,
-    gbuf: &Tensor,
-    slots: &[usize],
-    states: &[&Tensor],
-    q: &Tensor,
-) -> Option<(Tensor, Tensor)> {
-    let takes = takes_gpu_paths(buf)
-        && buf.kind() == Kind::Float
-        && q.kind() == Kind::Float
-        && (1..=ATTNRES_MAX_SOURCES).contains(&slots.len());
-    if !takes {
-        return None;
-    }
-    cuda_result(history_attend(buf, gbuf, slots, states, q))
-}
-
-/// AttnRes' depth attention over a history where a fused kernel takes it: the GPU's
-/// ([`history_attend_gpu`]: a CUDA device, or the CPU under [`gpu_paths_on_cpu`], fp32), else the
-/// fused CPU row loops ([`history_attend_rows`]: fp32 or fp64 CPU tensors, the kernels on); 1 to
-/// [`ATTNRES_MAX_SOURCES`] sources. `None` elsewhere (the caller runs its composite).
+/// AttnRes' depth attention over a history where a fused kernel takes it (1 to
+/// [`ATTNRES_MAX_SOURCES`] sources): where a step takes the GPU's fused paths (a CUDA device, or
+/// the CPU under [`gpu_paths_on_cpu`]) and `buf`, `q` are fp32, [`history_attend`]; on the CPU
+/// otherwise, with fp32 or fp64 tensors and the kernels on, its row loops ([`history_attend_rows`]).
+/// `None` elsewhere or where the GPU's kernels cannot run (the caller runs its composite).
 pub fn history_attend_fused(
     buf: &Tensor,
     gbuf: &Tensor,
@@ -200,12 +181,14 @@ pub fn history_attend_fused(
     states: &[&Tensor],
     q: &Tensor,
 ) -> Option<(Tensor, Tensor)> {
-    if let Some(out) = history_attend_gpu(buf, gbuf, slots, states, q) {
-        return Some(out);
+    if !(1..=ATTNRES_MAX_SOURCES).contains(&slots.len()) {
+        return None;
     }
-    let takes =
-        !takes_gpu_paths(buf) && fused_streams_take_all(&[buf, q]) && (1..=ATTNRES_MAX_SOURCES).contains(&slots.len());
-    takes.then(|| {
+    if takes_gpu_paths(buf) {
+        let fp32 = buf.kind() == Kind::Float && q.kind() == Kind::Float;
+        return if fp32 { cuda_result(history_attend(buf, gbuf, slots, states, q)) } else { None };
+    }
+    fused_streams_take_all(&[buf, q]).then(|| {
         history_attend_rows(buf, gbuf, slots, states, q).unwrap_or_else(|e| panic!("AttnRes' CPU kernel: {e:#}"))
     })
 }

@@ -621,22 +621,20 @@ pub fn history_attend(
     states: &[&Tensor],
     q: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    let (slots, mut ptrs) = history_reads("history_attend", slots, states)?;
-    let mut out: [*mut torch_sys::C_tensor; 2] = [std::ptr::null_mut(); 2];
-    // SAFETY: as in `history_mix`; on success two new, caller-owned tensors in `out`.
-    let err = unsafe {
-        ffi::plexus_history_attend(
-            buf.as_ptr() as *mut _,
-            gbuf.as_ptr() as *mut _,
-            slots.as_ptr(),
-            ptrs.as_mut_ptr(),
-            slots.len() as i64,
-            q.as_ptr() as *mut _,
-            out.as_mut_ptr(),
-        )
-    };
-    let [y, alpha] = fused_results(err, out)?;
-    Ok((y, alpha))
+    attend_through("history_attend", slots, states, |slots, states, k, out| {
+        // SAFETY: as in `history_mix`; on success two new, caller-owned tensors in `out`.
+        unsafe {
+            ffi::plexus_history_attend(
+                buf.as_ptr() as *mut _,
+                gbuf.as_ptr() as *mut _,
+                slots,
+                states,
+                k,
+                q.as_ptr() as *mut _,
+                out,
+            )
+        }
+    })
 }
 
 /// [`history_attend`]'s arithmetic on the CPU as the fused row loops (`native/src/stream_rows.inc`,
@@ -650,21 +648,34 @@ pub fn history_attend_rows(
     states: &[&Tensor],
     q: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    let (slots, mut ptrs) = history_reads("history_attend_rows", slots, states)?;
+    attend_through("history_attend_rows", slots, states, |slots, states, k, out| {
+        // SAFETY: as in `history_attend`.
+        unsafe {
+            ffi::plexus_history_attend_rows(
+                buf.as_ptr() as *mut _,
+                gbuf.as_ptr() as *mut _,
+                slots,
+                states,
+                k,
+                q.as_ptr() as *mut _,
+                kernel_isa().code(),
+                out,
+            )
+        }
+    })
+}
+
+/// One AttnRes entry point: the checked slots and state pointers handed to `call`
+/// `(slots, states, k, out) → error string or null`, its two results `(y, α)` taken back.
+fn attend_through(
+    what: &str,
+    slots: &[usize],
+    states: &[&Tensor],
+    call: impl FnOnce(*const i64, *mut *mut torch_sys::C_tensor, i64, *mut *mut torch_sys::C_tensor) -> *mut c_char,
+) -> Result<(Tensor, Tensor)> {
+    let (slots, mut ptrs) = history_reads(what, slots, states)?;
     let mut out: [*mut torch_sys::C_tensor; 2] = [std::ptr::null_mut(); 2];
-    // SAFETY: as in `history_attend`.
-    let err = unsafe {
-        ffi::plexus_history_attend_rows(
-            buf.as_ptr() as *mut _,
-            gbuf.as_ptr() as *mut _,
-            slots.as_ptr(),
-            ptrs.as_mut_ptr(),
-            slots.len() as i64,
-            q.as_ptr() as *mut _,
-            kernel_isa().code(),
-            out.as_mut_ptr(),
-        )
-    };
+    let err = call(slots.as_ptr(), ptrs.as_mut_ptr(), slots.len() as i64, out.as_mut_ptr());
     let [y, alpha] = fused_results(err, out)?;
     Ok((y, alpha))
 }
