@@ -1751,17 +1751,7 @@ struct HacnStep : public torch::autograd::Function<HacnStep> {
 // query q [D] fp32 → (y shaped like the states [.., D], α [.., m] without gradient). `states`: the
 // pushes' outputs of those slots, inputs only so that autograd runs their pushes' backwards after
 // this one's, which adds the sources' gradients into gbuf (history.cpp). Saved: q; the buffers.
-// For an operator's record: `first`, then rows `slots` of each of `histories` (what it reads or
-// writes of a history, not the whole buffer). Built only while a record asks for them.
-std::vector<c10::IValue> history_rows(std::vector<at::Tensor> first, const std::vector<int64_t>& slots,
-                                      std::initializer_list<at::Tensor> histories) {
-  std::vector<c10::IValue> out(first.begin(), first.end());
-  for (const auto& h : histories) {
-    for (const auto slot : slots) out.emplace_back(h.select(0, slot));
-  }
-  return out;
-}
-
+// Records name the rows of a history they read or write (plexus_history::record_rows).
 struct HistoryAttend : public torch::autograd::Function<HistoryAttend> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, at::TensorList states,
                                plexus_history::Buffers h, std::vector<int64_t> slots) {
@@ -1771,7 +1761,7 @@ struct HistoryAttend : public torch::autograd::Function<HistoryAttend> {
     const auto s = attnres_sources(slots, n);
     auto y = at::empty({rows, d}, h.buf.options()), alpha = at::empty({rows, s.m}, h.buf.options());
     {
-      RECORD_FUNCTION("plexus::history_attend", history_rows({q}, slots, {h.buf}));
+      RECORD_FUNCTION("plexus::history_attend", plexus_history::record_rows({q}, slots, {h.buf}));
       PLEXUS_RECORD_OUTPUTS(y, alpha);
       if (h.buf.is_cpu()) {
         host_attnres(cptr<float>(h.buf), s, cptr<float>(q), nullptr, mptr<float>(y), mptr<float>(alpha), nullptr,
@@ -1804,7 +1794,7 @@ struct HistoryAttend : public torch::autograd::Function<HistoryAttend> {
     plexus_history::ensure_gradient_buffer(h);
     at::Tensor gq, parts;
     {  // the kernel alone in the operator's scope (gq's sum over blocks below is libtorch's)
-      RECORD_FUNCTION("plexus::history_attend_backward", history_rows({q, gy}, slots, {h.buf, h.gbuf}));
+      RECORD_FUNCTION("plexus::history_attend_backward", plexus_history::record_rows({q, gy}, slots, {h.buf, h.gbuf}));
       if (h.buf.is_cpu()) {
         gq = at::empty({d}, q.options());
         host_attnres(cptr<float>(h.buf), s, cptr<float>(q), cptr<float>(gy), nullptr, nullptr, mptr<float>(h.gbuf),
@@ -1812,7 +1802,7 @@ struct HistoryAttend : public torch::autograd::Function<HistoryAttend> {
       } else {
         parts = launch_attnres_backward_parts(kernels_for(h.buf.device(), 1), h.buf, h.gbuf, s, q, gy);
       }
-      if (guard.needsOutputs()) guard.setOutputs(history_rows({}, slots, {h.gbuf}));
+      if (guard.needsOutputs()) guard.setOutputs(plexus_history::record_rows({}, slots, {h.gbuf}));
     }
     out[0] = h.buf.is_cpu() ? gq : parts.sum(0);
     return out;

@@ -4,6 +4,9 @@
 
 #include <ATen/ATen.h>
 
+#include <initializer_list>
+#include <vector>
+
 namespace plexus_history {
 
 // buf [cap, N]: row s holds state s, flattened. gbuf: row s gathers the gradient every reader of
@@ -21,6 +24,17 @@ inline void ensure_gradient_buffer(Buffers& h) {
     h.gbuf.resize_(h.buf.sizes());
     h.gbuf.zero_();
   }
+}
+
+// For an operator's record: `first`, then rows `slots` of each of `histories` (what it reads or
+// writes of a history, not the whole buffer). Built only while a record asks for them.
+inline std::vector<c10::IValue> record_rows(std::vector<at::Tensor> first, const std::vector<int64_t>& slots,
+                                            std::initializer_list<at::Tensor> histories) {
+  std::vector<c10::IValue> out(first.begin(), first.end());
+  for (const auto& t : histories) {
+    for (const auto slot : slots) out.emplace_back(t.select(0, slot));
+  }
+  return out;
 }
 
 }  // namespace plexus_history

@@ -929,16 +929,6 @@ std::vector<int64_t> attnres_row_offsets(const plexus_history::Buffers& h, const
   return src;
 }
 
-// The records' inputs: `first`, then rows `slots` of each of `histories`.
-std::vector<c10::IValue> attnres_record(std::vector<at::Tensor> first, const std::vector<int64_t>& slots,
-                                        std::initializer_list<at::Tensor> histories) {
-  std::vector<c10::IValue> out(first.begin(), first.end());
-  for (const auto& t : histories) {
-    for (const auto slot : slots) out.emplace_back(t.select(0, slot));
-  }
-  return out;
-}
-
 struct HistoryAttendRows : public torch::autograd::Function<HistoryAttendRows> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, at::TensorList states,
                                plexus_history::Buffers h, std::vector<int64_t> slots, int64_t isa) {
@@ -956,7 +946,7 @@ struct HistoryAttendRows : public torch::autograd::Function<HistoryAttendRows> {
     const int64_t rows = n / d, m = static_cast<int64_t>(src.size());
     auto y = at::empty({rows, d}, h.buf.options()), alpha = at::empty({rows, m}, h.buf.options());
     {
-      RECORD_FUNCTION("plexus::history_attend", attnres_record({q}, slots, {h.buf}));
+      RECORD_FUNCTION("plexus::history_attend", plexus_history::record_rows({q}, slots, {h.buf}));
       PLEXUS_RECORD_OUTPUTS(y, alpha);
       AT_DISPATCH_FLOATING_TYPES(dtype, "history_attend_rows", [&] {
         const scalar_t* bp = h.buf.const_data_ptr<scalar_t>();
@@ -993,8 +983,8 @@ struct HistoryAttendRows : public torch::autograd::Function<HistoryAttendRows> {
     const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
     auto partial = at::zeros({tasks, d}, q.options());
     {
-      RECORD_FUNCTION("plexus::history_attend_backward", attnres_record({q, gy}, slots, {h.buf, h.gbuf}));
-      if (guard.needsOutputs()) guard.setOutputs(attnres_record({partial}, slots, {h.gbuf}));
+      RECORD_FUNCTION("plexus::history_attend_backward", plexus_history::record_rows({q, gy}, slots, {h.buf, h.gbuf}));
+      if (guard.needsOutputs()) guard.setOutputs(plexus_history::record_rows({partial}, slots, {h.gbuf}));
       AT_DISPATCH_FLOATING_TYPES(h.buf.scalar_type(), "history_attend_rows_backward", [&] {
         const scalar_t* bp = h.buf.const_data_ptr<scalar_t>();
         scalar_t* gbp = h.gbuf.mutable_data_ptr<scalar_t>();
