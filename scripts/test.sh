@@ -77,7 +77,7 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREAD
 
 # Same profile as the binary the README runs, so the tch build is shared.
 status=0
-cargo test --release ${cargo_args[@]+"${cargo_args[@]}"} -- --include-ignored ${skips[@]+"${skips[@]}"} \
+cargo test --release --no-fail-fast ${cargo_args[@]+"${cargo_args[@]}"} -- --include-ignored ${skips[@]+"${skips[@]}"} \
   ${test_args[@]+"${test_args[@]}"} || status=$?
 if [ ${#skips[@]} -gt 0 ]; then
   echo "[test] $((${#skips[@]} / 2)) real-data test(s) skipped (listed above): their data is not under $PLEXUS_DATA" >&2

@@ -14,6 +14,41 @@ fn value_and_grads(f: impl Fn(&[Tensor]) -> Tensor, inputs: &[Tensor], g: &Tenso
     std::iter::once(y.detach()).chain(xs.iter().map(|x| x.grad())).collect()
 }
 
+/// The error model of both ops. The read `u = Σᵢ preᵢ Hᵢ` and the write `H' = res H + post ⊗ o`
+/// are multilinear, so each output and each input gradient is a sum of K products of the inputs
+/// (and the output gradient). Summed in any order, such a sum in unit roundoff u is within
+/// γ_K = K u / (1 − K u) of the sum of the terms' magnitudes (Higham, *Accuracy and Stability of
+/// Numerical Algorithms*, §3.1), and that magnitude is the same computation on |inputs| and |g|.
+/// Two computations in different orders, as a kernel and the composite are, differ elementwise
+/// by at most 2 γ_K Σ|terms|: this checks that, and says by how much of the bound they differ.
+fn assert_within_error_model(got: &[Tensor], want: &[Tensor], magnitude: &[Tensor], terms: i64, what: &str) {
+    for (i, ((a, b), m)) in got.iter().zip(want).zip(magnitude).enumerate() {
+        assert_eq!(a.size(), b.size(), "{what}: output {i}");
+        let u = match b.kind() {
+            Kind::Double => f64::EPSILON / 2.0,
+            Kind::Float => f64::from(f32::EPSILON) / 2.0,
+            kind => panic!("{what}: no unit roundoff for {kind:?}"),
+        };
+        // One more product than terms: the products' own roundings.
+        let k = (terms + 1) as f64;
+        let gamma = k * u / (1.0 - k * u);
+        let bound = m.to_kind(Kind::Double).abs() * (2.0 * gamma) + f64::from(f32::MIN_POSITIVE);
+        let ratio = ((a.to_kind(Kind::Double) - b.to_kind(Kind::Double)).abs() / bound).max().double_value(&[]);
+        assert!(
+            ratio <= 1.0,
+            "{what}: output {i} (0 = value, then the inputs' gradients) off by {ratio:.3} of its bound 2γ_K Σ|terms| \
+             (K = {terms})"
+        );
+    }
+}
+
+/// [`value_and_grads`] on the inputs' and the output gradient's magnitudes: each element's
+/// Σ|terms| for the ops here, which are multilinear.
+fn magnitudes(f: impl Fn(&[Tensor]) -> Tensor, inputs: &[Tensor], g: &Tensor) -> Vec<Tensor> {
+    let abs: Vec<Tensor> = inputs.iter().map(|t| t.abs()).collect();
+    value_and_grads(f, &abs, &g.abs())
+}
+
 /// The fused CPU stream kernels against their composite versions, fp64 and fp32, static
 /// (`[n]`, `[n, n]`) and per-token mixing: the value and the gradient of every input, with
 /// D = 13 and 37 (one and four chunks of the kernels' 8 lanes, and a tail), n = 2, 4, 8 (the
@@ -33,7 +68,6 @@ fn fused_stream_ops_match(d: i64, isa: setting::KernelIsa) {
     // n = 2, 4, 8: the one-pass kernels; 3, 5: the generic loops.
     let cases = [2i64, 3, 4, 5, 8].into_iter().flat_map(|n| [(n, Kind::Double), (n, Kind::Float)]);
     for (n, kind) in cases {
-        let tol = if kind == Kind::Double { 1e-12 } else { 1e-5 };
         let opts = (kind, Device::Cpu);
         let (h, o) = (Tensor::randn([2, 5, n, d], opts), Tensor::randn([2, 5, d], opts));
         let (g_read, g_write) = (Tensor::randn([2, 5, d], opts), Tensor::randn([2, 5, n, d], opts));
@@ -46,29 +80,27 @@ fn fused_stream_ops_match(d: i64, isa: setting::KernelIsa) {
             assert!(choice::fused_streams_take_all(&[&h, &res, &post, &o]));
             let read_in = [h.copy(), pre.copy()];
             let write_in = [h.copy(), res.copy(), post.copy(), o.copy()];
+            // The longest sum in each op: a shared weight's gradient, over every token and D.
+            let terms = 10 * d * (n + 1);
+            let read_mag = magnitudes(|x| stream_read_composite(&x[0], &x[1]), &read_in, &g_read);
+            let write_mag = magnitudes(|x| stream_write_composite(&x[0], &x[1], &x[2], &x[3]), &write_in, &g_write);
             let pairs = [
                 (
                     "read",
                     value_and_grads(|x| stream_read(&x[0], &x[1], None), &read_in, &g_read),
                     value_and_grads(|x| stream_read_composite(&x[0], &x[1]), &read_in, &g_read),
+                    read_mag,
                 ),
                 (
                     "write",
                     value_and_grads(|x| stream_write(&x[0], &x[1], &x[2], &x[3], None), &write_in, &g_write),
                     value_and_grads(|x| stream_write_composite(&x[0], &x[1], &x[2], &x[3]), &write_in, &g_write),
+                    write_mag,
                 ),
             ];
-            for (op, fused_out, composite_out) in &pairs {
-                for (i, (a, b)) in fused_out.iter().zip(composite_out).enumerate() {
-                    assert_eq!(a.size(), b.size(), "{op} output {i}");
-                    let err = (a - b).abs().max().double_value(&[]);
-                    let scale = b.abs().max().double_value(&[]).max(1.0);
-                    assert!(
-                        err <= tol * scale,
-                        "{isa:?}, D = {d}, n = {n}, {kind:?}, per-token {per_token}, {op}: output {i} (0 = value, \
-                         then the inputs' gradients) off by {err:e}"
-                    );
-                }
+            for (op, fused_out, composite_out, magnitude) in &pairs {
+                let what = format!("{isa:?}, D = {d}, n = {n}, {kind:?}, per-token {per_token}, {op}");
+                assert_within_error_model(fused_out, composite_out, magnitude, terms, &what);
             }
         }
     }
@@ -86,9 +118,10 @@ fn the_cuda_stream_kernels_arithmetic_matches_the_composite_versions() {
     let cases = [(13i64, Kind::Double, 1), (13, Kind::Double, 16), (200, Kind::Double, 7), (200, Kind::Float, 128)];
     for n in 1..=kernels::CUDA_KERNELS_MAX_STREAMS as i64 {
         for (d, kind, threads) in cases {
-            let tol = if kind == Kind::Double { 1e-12 } else { 1e-5 };
             let opts = (kind, Device::Cpu);
             let m = 6;
+            // The longest sum in each op: a shared weight's gradient, over every token and D.
+            let terms = m * d * (n + 1);
             let (h, o) = (Tensor::randn([m, n, d], opts), Tensor::randn([m, d], opts));
             let (gu, g) = (Tensor::randn([m, d], opts), Tensor::randn([m, n, d], opts));
             for per_token in [false, true] {
@@ -124,15 +157,15 @@ fn the_cuda_stream_kernels_arithmetic_matches_the_composite_versions() {
                     summed(&gpost).view_as(&post),
                     write[2].shallow_clone(),
                 ];
-                for (op, got, want) in [("read", &got[..], &want[..]), ("write", &got_w[..], &want_w[..])] {
-                    for (i, (a, b)) in got.iter().zip(want).enumerate() {
-                        let err = (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1.0);
-                        assert!(
-                            err <= tol,
-                            "n = {n}, D = {d}, {kind:?}, {threads} threads, per-token {per_token}, {op}: output {i} \
-                             (0 = value, then the inputs' gradients) off by {err:e}"
-                        );
-                    }
+                let mag = magnitudes(|x| stream_read_composite(&x[0], &x[1]), &[h.copy(), pre.copy()], &gu);
+                let mag_w = magnitudes(
+                    |x| stream_write_composite(&x[0], &x[1], &x[2], &x[3]),
+                    &[h.copy(), res.copy(), post.copy(), o.copy()],
+                    &g,
+                );
+                for (op, got, want, mag) in [("read", &got[..], &want, &mag), ("write", &got_w[..], &want_w, &mag_w)] {
+                    let what = format!("n = {n}, D = {d}, {kind:?}, {threads} threads, per-token {per_token}, {op}");
+                    assert_within_error_model(got, want, mag, terms, &what);
                 }
             }
         }
