@@ -6,7 +6,9 @@
 # its claim's figure, drawn from the committed table, is. The DiT eval loss is drawn from a rerun
 # of its sweep (docs/claims/replications/dit-fmnist-2026-12-02.csv and .curves.csv). The showcase's curves were committed on
 # 2026-12-02 from a rerun of its sweep whose runs.csv matched docs/claims/showcase-seeds.csv byte
-# for byte.
+# for byte. Two figures are drawn by `plexus plot RUN` from one run of a study, whose folder is not
+# committed, and are not redrawn here either: compose-depth-width.png (docs/compose.md) and
+# mudd-char-ways.png (docs/topologies.md); the page names the run under each.
 #
 #   scripts/docs-figures.sh
 set -euo pipefail
@@ -43,4 +45,6 @@ showcase-seeds-noise.png showcase-seeds.csv showcase-seeds.yaml curve-noise_accu
 dit-fmnist-claim-eps.png dit-fmnist.csv dit-fmnist.yaml claim-dit-ancre-lowers-eps.png
 dit-fmnist-eval-loss.png replications/dit-fmnist-2026-12-02.csv - curve-eval_loss.png --by topology.kind --metric eval.loss --curves loss,eval.loss
 rl-serpentine-claim-time-at-goal.png rl-serpentine.csv rl-serpentine.yaml claim-rl-ancre-d16-time-at-goal.png
+hacn-paper-training-gamma.png hacn-paper-training.csv hacn-paper-training.yaml curve-gamma.png
+mudd-char-vs-1.8x.png mudd-char.csv mudd-char.yaml claim-mudd-matches-residual-at-1_8x-steps.png
 TABLE
