@@ -2,7 +2,7 @@
 # Redraws the figures of docs/claims.md that come from committed per-run tables
 # (docs/claims/*.csv and their .curves.csv), with the binary of this checkout, into docs/figures/.
 # Each is `plexus report TABLE --spec SPEC --out DIR` and one figure of DIR, as the page says
-# under the figure. The RL success curve is not redrawn here: its runs' curves are not committed;
+# under the figure. The RL success curve (rl-serpentine-success.png) is not redrawn here: its runs' curves are not committed;
 # its claim's figure, drawn from the committed table, is. The DiT eval loss is drawn from a rerun
 # of its sweep (docs/claims/replications/dit-fmnist-2026-12-02.csv and .curves.csv). The showcase's curves were committed on
 # 2026-12-02 from a rerun of its sweep whose runs.csv matched docs/claims/showcase-seeds.csv byte

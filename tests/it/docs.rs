@@ -693,3 +693,62 @@ fn the_parity_count_in_prose_is_the_codes() {
         "docs/architecture.md says All {stated:?} cases; parity/cases holds {cases}"
     );
 }
+
+/// The figure lines of scripts/docs-figures.sh: (docs/figures name, table under docs/claims/,
+/// spec under configs/studies/ or `-`, the report's figure, the flags that stand for a spec).
+fn docs_figure_lines() -> Vec<(String, String, String, String, Vec<String>)> {
+    let script = std::fs::read_to_string(repo().join("scripts/docs-figures.sh")).unwrap();
+    let body = script.split("<<'TABLE'\n").nth(1).expect("docs-figures.sh's TABLE block");
+    let body = &body[..body.find("\nTABLE").expect("the TABLE block's end")];
+    body.lines()
+        .map(|line| {
+            let w: Vec<String> = line.split_whitespace().map(String::from).collect();
+            assert!(w.len() >= 4, "docs-figures.sh: a figure line needs 4 words: {line}");
+            (w[0].clone(), w[1].clone(), w[2].clone(), w[3].clone(), w[4..].to_vec())
+        })
+        .collect()
+}
+
+/// Figures as data: every figure docs/figures holds from a committed table is what
+/// scripts/docs-figures.sh draws from it with this checkout's binary, byte for byte (the renderer
+/// embeds its fonts, so a PNG does not depend on the machine), and every other figure there is one
+/// that the script's header names as drawn from a run. A figure committed before a renderer change
+/// and never redrawn fails here (hacn-paper-training's Γ curves did: drawn before arms got colours).
+#[test]
+#[ignore = "slow tier: redraws every report figure of docs/figures"]
+fn the_committed_report_figures_are_what_the_script_draws() {
+    let script = std::fs::read_to_string(repo().join("scripts/docs-figures.sh")).unwrap();
+    let header: String = script.lines().take_while(|l| l.starts_with('#')).collect();
+    let lines = docs_figure_lines();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut stale = Vec::new();
+    for (name, table, spec, figure, flags) in &lines {
+        let out = tmp.path().join(name);
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_plexus"));
+        cmd.current_dir(repo()).arg("report").arg(format!("docs/claims/{table}"));
+        if spec == "-" {
+            cmd.args(flags);
+        } else {
+            cmd.arg("--spec").arg(format!("configs/studies/{spec}"));
+        }
+        let o = cmd.arg("--out").arg(&out).args(["--formats", "png"]).output().unwrap();
+        assert!(o.status.success(), "report {table}: {}", String::from_utf8_lossy(&o.stderr));
+        let drawn = std::fs::read(out.join(figure)).unwrap_or_else(|e| panic!("{table} drew no {figure}: {e}"));
+        if drawn != std::fs::read(repo().join("docs/figures").join(name)).unwrap() {
+            stale.push(name.clone());
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "docs/figures differs from what scripts/docs-figures.sh draws (run it, and open each): {stale:?}"
+    );
+    let mut unlisted = Vec::new();
+    for e in std::fs::read_dir(repo().join("docs/figures")).unwrap() {
+        let path = e.unwrap().path();
+        let file = path.file_name().unwrap().to_string_lossy().to_string();
+        if path.is_file() && !lines.iter().any(|l| l.0 == file) && !header.contains(&file) {
+            unlisted.push(file);
+        }
+    }
+    assert!(unlisted.is_empty(), "docs/figures holds figures docs-figures.sh neither draws nor names: {unlisted:?}");
+}
