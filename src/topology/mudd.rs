@@ -194,12 +194,15 @@ impl State {
 
     /// Every way's mix of the stacked states, `Z = W X`: `W` `[.., C, m]` (or `[C, m]`, static)
     /// times `X` `[.., m, D]`, one product for all ways (not `C·m` multiply-adds, each a kernel
-    /// and a full-size temporary each way); the coefficients through the same weights.
+    /// and a full-size temporary each way); the coefficients through the same weights. The ways
+    /// are taken apart by one `unbind`, whose backward stacks their gradients in one operator: a
+    /// `select` per way would fill a zero tensor of all C ways' size for each way and add the C.
     fn mixes(stack: &State, w: &Tensor) -> Vec<State> {
-        let z = w.matmul(&stack.value);
-        let zc = stack.coef.as_ref().map(|c| w.to_kind(c.kind()).matmul(c));
-        (0..w.size()[w.dim() - 2])
-            .map(|c| State { value: z.select(-2, c), coef: zc.as_ref().map(|t| t.select(-2, c)) })
+        let z = w.matmul(&stack.value).unbind(-2);
+        let zc = stack.coef.as_ref().map(|c| w.to_kind(c.kind()).matmul(c).unbind(-2));
+        z.into_iter()
+            .enumerate()
+            .map(|(c, value)| State { value, coef: zc.as_ref().map(|t| t[c].shallow_clone()) })
             .collect()
     }
 }
