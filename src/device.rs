@@ -1,5 +1,6 @@
 //! Device and precision selection.
 
+use std::path::PathBuf;
 use tch::{Device, Kind};
 
 /// Parses `auto | cpu | cuda | cuda:N` without touching the GPU. The error is the allowed set.
@@ -183,6 +184,26 @@ pub fn host_memory_available() -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kb.checked_mul(1024)
+}
+
+/// The directory of the `libtorch_cpu.so` actually mapped into this process, if any.
+pub fn loaded_torch_lib_dir() -> Option<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .find(|p| p.ends_with("/libtorch_cpu.so"))
+        .and_then(|p| PathBuf::from(p).parent().map(|d| d.to_path_buf()))
+}
+
+/// The torch version of the loaded libtorch (from the wheel's `version.py`), else the one we
+/// were built against.
+pub fn torch_version() -> String {
+    loaded_torch_lib_dir()
+        .and_then(|d| std::fs::read_to_string(d.join("..").join("version.py")).ok())
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("__version__ = ").map(|v| v.trim_matches(['\'', '"']).to_string()))
+        })
+        .unwrap_or_else(|| env!("PLEXUS_TORCH_BUILD_VERSION").to_string())
 }
 
 #[cfg(test)]

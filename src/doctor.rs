@@ -1,27 +1,7 @@
 //! `plexus doctor`: what libtorch this binary runs on and what it can use.
 
-use std::path::PathBuf;
+use crate::device::{loaded_torch_lib_dir, torch_version};
 use tch::{Device, Kind, Tensor};
-
-/// The directory of the `libtorch_cpu.so` actually mapped into this process, if any.
-fn loaded_torch_lib_dir() -> Option<PathBuf> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    maps.lines()
-        .filter_map(|l| l.split_whitespace().last())
-        .find(|p| p.ends_with("/libtorch_cpu.so"))
-        .and_then(|p| PathBuf::from(p).parent().map(|d| d.to_path_buf()))
-}
-
-/// The torch version of the loaded libtorch (from the wheel's `version.py`), else the one we
-/// were built against.
-pub fn torch_version() -> String {
-    loaded_torch_lib_dir()
-        .and_then(|d| std::fs::read_to_string(d.join("..").join("version.py")).ok())
-        .and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("__version__ = ").map(|v| v.trim_matches(['\'', '"']).to_string()))
-        })
-        .unwrap_or_else(|| env!("PLEXUS_TORCH_BUILD_VERSION").to_string())
-}
 
 fn bf16_works(dev: Device) -> Result<(), String> {
     let r = std::panic::catch_unwind(|| {

@@ -1,7 +1,8 @@
 //! Run directories and atomic file writes.
 //!
 //! Layout: `config.yaml` (resolved), `resolved.yaml` (derived values: shapes, normalisation, the
-//! held-out rows; written by the trainer), `metrics.csv`, `summary.json`, `connectivity/`,
+//! held-out rows; written by the trainer), `inputs.yaml` (the pinned inputs), `numerics.yaml` (the
+//! trainers' settings record), `metrics.csv`, `summary.json`, `connectivity/`,
 //! `checkpoints/`, `figures/`. Every file is written to a temporary file in the same directory and
 //! renamed into place, so a crash leaves either the old file or the new one, never half of one.
 //! Temporary files left by a crash (`.tmp-*`) are removed when a run starts or resumes

@@ -390,7 +390,8 @@ pub fn train(exp: &RlExperiment, dir: &Path, opts: &RlOptions) -> Result<RlSumma
     let config_yaml = cfg.to_yaml();
     let mut l = Rollouts::new(exp, &run, agent, replay, device);
     let mode = engine::OpenMode { resume: opts.resume, overwrite: opts.overwrite, writer: true };
-    let _open = engine::open(&run, &config_yaml, mode, &RESUME_POLICY, |state, _| l.resume(state))?;
+    let numerics = crate::train::numerics::Numerics::here(device, 1);
+    let _open = engine::open(&run, &config_yaml, mode, &RESUME_POLICY, &numerics, |state, _| l.resume(state))?;
     // A resumed run logs again from its first evaluation after the checkpoint: TensorBoard drops
     // what the killed process logged from there on.
     let steps = l.env_steps;

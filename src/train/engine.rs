@@ -13,6 +13,7 @@
 
 use super::checkpoint::TrainerState;
 use super::lifecycle::{self, OpenRun, ResumePolicy};
+use super::numerics::{self, Numerics};
 use crate::run_dir::RunDir;
 use anyhow::{bail, Result};
 
@@ -66,19 +67,29 @@ pub struct OpenMode {
 
 /// Opens `dir` ([`lifecycle::open`]: its one writer, the returned guard, when `mode.writer`) and,
 /// on resume, hands its latest checkpoint to `load` (the trainer loads weights, optimizer and its
-/// own files) before recording a changed config.
+/// own files) before recording a changed config. The writer records the settings the run's
+/// numbers depend on (`numerics`, this process's) when the run starts, and compares them on resume
+/// ([`numerics`]).
 pub fn open(
     dir: &RunDir,
     config_yaml: &str,
     mode: OpenMode,
     policy: &ResumePolicy,
+    numerics: &Numerics,
     load: impl FnOnce(&TrainerState, &OpenRun) -> Result<()>,
 ) -> Result<OpenRun> {
     let OpenMode { resume, overwrite, writer } = mode;
     let mut run = lifecycle::open(dir, config_yaml, resume, overwrite, policy, writer)?;
-    if let Some(state) = run.checkpoint.clone() {
-        load(&state, &run)?;
-        run.resumed(dir)?;
+    match run.checkpoint.clone() {
+        Some(state) => {
+            load(&state, &run)?;
+            run.resumed(dir)?;
+            if writer {
+                numerics::resumed(dir, state.step, numerics)?;
+            }
+        }
+        None if writer => numerics::started(dir, numerics)?,
+        None => {}
     }
     Ok(run)
 }

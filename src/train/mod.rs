@@ -13,6 +13,7 @@ pub mod engine;
 pub mod eval;
 pub mod extend;
 pub mod lifecycle;
+pub mod numerics;
 pub mod optim;
 pub mod resolved;
 pub mod run_log;
@@ -439,7 +440,8 @@ fn open_run(
     let mut resumed = Resumed { rows: Vec::new(), evals: Vec::new(), eps_by_t: Vec::new(), start: 0 };
     let how = engine::OpenMode { resume: opts.resume, overwrite: opts.overwrite, writer: main };
     let files = crate::pins::data_file_keys(&setup.files);
-    let run = engine::open(dir, config_yaml, how, &RESUME_POLICY, |state, run| {
+    let numerics = numerics::Numerics::here(setup.dev, setup.place.1);
+    let run = engine::open(dir, config_yaml, how, &RESUME_POLICY, &numerics, |state, run| {
         pinned_inputs(exp, dir, &files)?;
         resumed = resume(exp, dir, state, &run.changed, t, setup.dev, main)?;
         Ok(())

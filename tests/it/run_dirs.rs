@@ -592,3 +592,35 @@ fn a_failing_write_leaves_the_previous_figure_and_csv_intact() {
     assert_eq!(std::fs::read(&csv).unwrap(), padded, "the CSV was changed");
     assert!(snapshot(tmp.path()).iter().all(|(p, _, _)| !p.to_string_lossy().contains(".tmp-")));
 }
+
+/// A resume under other settings than its run started with, of those its numbers depend on (here
+/// libtorch's CPU threads, `OMP_NUM_THREADS`), goes on, says so on stderr naming the setting and
+/// both values, and is listed in the run's numerics.yaml; a resume under the same settings says
+/// and records nothing.
+#[test]
+fn a_resume_on_other_cpu_threads_goes_on_and_says_so() {
+    let (tmp, cfg) = setup();
+    let run = tmp.path().join("r");
+    let train = |threads: &str, args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_plexus"))
+            .args(["train", s(&cfg)])
+            .args(args)
+            .env("OMP_NUM_THREADS", threads)
+            .current_dir(tmp.path())
+            .output()
+            .unwrap()
+    };
+    let record = || std::fs::read_to_string(run.join("numerics.yaml")).unwrap();
+    ok(&train("1", &["--out", s(&run)]));
+    assert!(record().contains("cpu_threads: 1") && !record().contains("\nresumed:"), "{}", record());
+    let same = train("1", &["--resume", s(&run), "--set", "train.steps=6"]);
+    ok(&same);
+    assert!(!text(&same).1.contains("warning"), "{}", text(&same).1);
+    assert!(!record().contains("\nresumed:"), "{}", record());
+    let other = train("2", &["--resume", s(&run), "--set", "train.steps=8"]);
+    ok(&other);
+    let err = text(&other).1;
+    assert!(err.contains("resumes at step 6") && err.contains("cpu_threads: 1 → 2"), "{err}");
+    assert!(record().contains("resumed:\n- step: 6\n  changed:\n  - 'cpu_threads: 1 → 2'"), "{}", record());
+    assert_eq!(read_losses(&run).last().unwrap().0, 8.0, "the resumed run went on");
+}
