@@ -594,7 +594,7 @@ fn a_failing_write_leaves_the_previous_figure_and_csv_intact() {
 }
 
 /// A resume under other settings than its run started with, of those its numbers depend on (here
-/// libtorch's CPU threads, `OMP_NUM_THREADS`), goes on, says so on stderr naming the setting and
+/// libtorch's CPU threads, `OMP_NUM_THREADS` and `MKL_NUM_THREADS`), goes on, says so on stderr naming the setting and
 /// both values, and is listed in the run's numerics.yaml; a resume under the same settings says
 /// and records nothing.
 #[test]
@@ -605,7 +605,10 @@ fn a_resume_on_other_cpu_threads_goes_on_and_says_so() {
         std::process::Command::new(env!("CARGO_BIN_EXE_plexus"))
             .args(["train", s(&cfg)])
             .args(args)
+            // Both: libtorch's threads follow MKL_NUM_THREADS where it is set (scripts/test.sh sets
+            // both to 1), else OMP_NUM_THREADS.
             .env("OMP_NUM_THREADS", threads)
+            .env("MKL_NUM_THREADS", threads)
             .current_dir(tmp.path())
             .output()
             .unwrap()
