@@ -80,10 +80,10 @@ status=0
 cargo test --release --no-fail-fast ${cargo_args[@]+"${cargo_args[@]}"} -- --include-ignored ${skips[@]+"${skips[@]}"} \
   ${test_args[@]+"${test_args[@]}"} || status=$?
 # The native kernels' tests once more with ATen's own CPU kernels in its baseline and in its AVX-512
-# build (ATEN_CPU_CAPABILITY; ATen takes the lesser of the setting and what the CPU has, and picks
-# AVX2 by default on some CPUs that have AVX-512): the composite versions they are checked against
-# then sum in other orders, as on a CPU of another kind. A tolerance that held only for one order
-# failed CI once (1cde7f7). Full suite only.
+# build (ATEN_CPU_CAPABILITY; ATen takes the lesser of the setting and what the CPU has): the
+# composite versions they are checked against then sum in other orders, as on a CPU of another
+# kind. A tolerance that held only for one order failed CI once (1cde7f7); here that old test passes
+# with the variable unset and fails with it set to avx512. Full suite only.
 if [ ${#cargo_args[@]} -eq 0 ] && [ ${#test_args[@]} -eq 0 ]; then
   for capability in default avx512; do
     echo "[test] the native kernels' tests with ATEN_CPU_CAPABILITY=$capability" >&2

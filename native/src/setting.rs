@@ -85,6 +85,24 @@ impl KernelIsa {
     }
 }
 
+impl FusedKernels {
+    /// The value of [`FUSED_KERNELS_VAR`] that selects it (`1` for the default).
+    pub fn name(self) -> &'static str {
+        match self {
+            FusedKernels::Off => "0",
+            FusedKernels::Baseline => "baseline",
+            FusedKernels::Avx2 => "avx2",
+            FusedKernels::Best => "1",
+            FusedKernels::CudaHost => "cuda-host",
+        }
+    }
+}
+
+/// The process's [`FUSED_KERNELS_VAR`] setting (not a thread's override of it).
+pub fn fused_kernels_setting() -> FusedKernels {
+    fused_kernels_env()
+}
+
 /// Parses a value of [`FUSED_KERNELS_VAR`] (`None`: unset).
 pub fn parse_fused_kernels(value: Option<&str>) -> Result<FusedKernels> {
     match value.map(|v| v.trim().to_ascii_lowercase()) {

@@ -44,17 +44,7 @@ pub struct Numerics {
 impl Numerics {
     /// This process's settings, for a run on `device` over `processes` processes.
     pub fn here(device: Device, processes: usize) -> Numerics {
-        use crate::native::setting::{self, FusedKernels};
-        let fused = setting::parse_fused_kernels(std::env::var(setting::FUSED_KERNELS_VAR).ok().as_deref());
-        let fused_kernels = match fused {
-            Ok(FusedKernels::Off) => "0",
-            Ok(FusedKernels::Baseline) => "baseline",
-            Ok(FusedKernels::Avx2) => "avx2",
-            Ok(FusedKernels::Best) => "1",
-            Ok(FusedKernels::CudaHost) => "cuda-host",
-            // The CLI refuses such a value at start; a library caller runs the default.
-            Err(_) => "1",
-        };
+        use crate::native::setting;
         Numerics {
             torch: crate::device::torch_version(),
             device: match device {
@@ -63,29 +53,31 @@ impl Numerics {
             },
             cpu_threads: tch::get_num_threads().into(),
             processes,
-            fused_kernels: fused_kernels.into(),
+            fused_kernels: setting::fused_kernels_setting().name().into(),
             kernel_isa: setting::kernel_isa().name().into(),
             aten_cpu_capability: std::env::var("ATEN_CPU_CAPABILITY").ok(),
         }
     }
 
-    /// Each setting in which `now` differs from `self`, as `name: was → now`.
+    /// Each setting in which `now` differs from `self`, as `name: was → now`, in the record's
+    /// order (a setting absent from one side reads `unset`).
     pub fn changes(&self, now: &Numerics) -> Vec<String> {
-        let unset = || "unset".to_string();
-        let pairs = [
-            ("torch", self.torch.clone(), now.torch.clone()),
-            ("device", self.device.clone(), now.device.clone()),
-            ("cpu_threads", self.cpu_threads.to_string(), now.cpu_threads.to_string()),
-            ("processes", self.processes.to_string(), now.processes.to_string()),
-            ("fused_kernels", self.fused_kernels.clone(), now.fused_kernels.clone()),
-            ("kernel_isa", self.kernel_isa.clone(), now.kernel_isa.clone()),
-            (
-                "aten_cpu_capability",
-                self.aten_cpu_capability.clone().unwrap_or_else(unset),
-                now.aten_cpu_capability.clone().unwrap_or_else(unset),
-            ),
-        ];
-        pairs.into_iter().filter(|(_, a, b)| a != b).map(|(k, a, b)| format!("{k}: {a} → {b}")).collect()
+        let fields = |n: &Numerics| match serde_yaml::to_value(n) {
+            Ok(serde_yaml::Value::Mapping(m)) => m,
+            _ => unreachable!("a struct of plain fields serialises to a mapping"),
+        };
+        let (was, is) = (fields(self), fields(now));
+        let text = |v: Option<&serde_yaml::Value>| match v {
+            None => "unset".to_string(),
+            Some(serde_yaml::Value::String(s)) => s.clone(),
+            Some(v) => serde_yaml::to_string(v).unwrap_or_default().trim_end().to_string(),
+        };
+        let mut keys: Vec<&serde_yaml::Value> = was.keys().collect();
+        keys.extend(is.keys().filter(|k| !was.contains_key(*k)));
+        keys.into_iter()
+            .filter(|k| was.get(*k) != is.get(*k))
+            .map(|k| format!("{}: {} → {}", text(Some(k)), text(was.get(k)), text(is.get(k))))
+            .collect()
     }
 }
 
